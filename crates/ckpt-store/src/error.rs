@@ -1,0 +1,101 @@
+//! Errors of the storage layer. Every variant names the file it is about.
+use std::path::PathBuf;
+
+/// What went wrong with a stored file or directory.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// An I/O call failed; `op` says which step.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// The step that failed ("open", "write", "fsync", "rename", ...).
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file does not start with the expected magic bytes.
+    #[error("{path}: not a ckpt manifest (bad magic)")]
+    BadMagic {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file was written by a newer, unknown format version.
+    #[error("{path}: manifest format version {version} is not supported (this build reads up to {supported})")]
+    UnsupportedVersion {
+        /// The file.
+        path: PathBuf,
+        /// Version found in the header.
+        version: u16,
+        /// Newest version this build reads.
+        supported: u16,
+    },
+    /// The file is shorter than its header says (a torn or truncated write).
+    #[error("{path}: truncated (expected {expected} bytes, found {actual})")]
+    Truncated {
+        /// The file.
+        path: PathBuf,
+        /// Expected length.
+        expected: u64,
+        /// Actual length.
+        actual: u64,
+    },
+    /// The file is larger than any valid file of its kind.
+    #[error("{path}: {size} bytes is larger than the limit of {limit} bytes")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        size: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// The checksum stored in the file does not match its content.
+    #[error("{path}: checksum mismatch (the file is corrupt)")]
+    ChecksumMismatch {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The manifest body is not valid.
+    #[error("{path}: cannot decode manifest: {source}")]
+    Decode {
+        /// The file.
+        path: PathBuf,
+        /// Decoder error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A file listed in a manifest is missing.
+    #[error("{path}: image file is missing")]
+    FileMissing {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A file listed in a manifest has the wrong size.
+    #[error("{path}: image file has {actual} bytes, the manifest says {expected}")]
+    FileSize {
+        /// The file.
+        path: PathBuf,
+        /// Size in the manifest.
+        expected: u64,
+        /// Size on disk.
+        actual: u64,
+    },
+    /// A file listed in a manifest has the wrong digest.
+    #[error("{path}: image file digest mismatch (the file is corrupt)")]
+    FileDigest {
+        /// The file.
+        path: PathBuf,
+    },
+}
+
+impl StoreError {
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        StoreError::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+}

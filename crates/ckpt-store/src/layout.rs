@@ -1,0 +1,110 @@
+//! Where an epoch's images live in node-local staging:
+//!
+//! ```text
+//! <local_dir>/<job>/<epoch>/<node>/            images as the engine wrote them
+//! <local_dir>/<job>/<epoch>/<node>/MANIFEST    per-node manifest (written last)
+//! ```
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::{Result, StoreError};
+
+/// Node-local staging area rooted at `local_dir`.
+#[derive(Debug, Clone)]
+pub struct Staging {
+    root: PathBuf,
+}
+
+impl Staging {
+    /// Staging rooted at `root` (created if missing).
+    pub fn open(root: impl Into<PathBuf>) -> Result<Self> {
+        let root = root.into();
+        fs::create_dir_all(&root).map_err(|e| StoreError::io("create", &root, e))?;
+        Ok(Staging { root })
+    }
+
+    /// The staging root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Directory of all epochs of a job.
+    pub fn job_dir(&self, job: u64) -> PathBuf {
+        self.root.join(job.to_string())
+    }
+
+    /// Directory of one epoch (all nodes).
+    pub fn epoch_dir(&self, job: u64, epoch: u32) -> PathBuf {
+        self.job_dir(job).join(epoch.to_string())
+    }
+
+    /// Directory of one node's images of one epoch.
+    pub fn node_dir(&self, job: u64, epoch: u32, node: &str) -> PathBuf {
+        self.epoch_dir(job, epoch).join(node)
+    }
+
+    /// Creates an empty node directory for a new epoch, removing leftovers of an earlier
+    /// attempt with the same number.
+    pub fn create_node_dir(&self, job: u64, epoch: u32, node: &str) -> Result<PathBuf> {
+        let dir = self.node_dir(job, epoch, node);
+        if dir.exists() {
+            fs::remove_dir_all(&dir).map_err(|e| StoreError::io("remove", &dir, e))?;
+        }
+        fs::create_dir_all(&dir).map_err(|e| StoreError::io("create", &dir, e))?;
+        Ok(dir)
+    }
+
+    /// Deletes one node's images of one epoch (and the epoch directory once empty).
+    pub fn remove_node_dir(&self, job: u64, epoch: u32, node: &str) -> Result<()> {
+        let dir = self.node_dir(job, epoch, node);
+        match fs::remove_dir_all(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(StoreError::io("remove", &dir, e)),
+        }
+        let _ = fs::remove_dir(self.epoch_dir(job, epoch));
+        Ok(())
+    }
+
+    /// Bytes available to an unprivileged writer on the staging file system.
+    pub fn free_bytes(&self) -> Result<u64> {
+        free_bytes(&self.root)
+    }
+}
+
+/// Bytes available to an unprivileged writer on the file system holding `path`.
+pub fn free_bytes(path: &Path) -> Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| StoreError::io("statvfs", path, std::io::Error::other(e)))?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a valid NUL-terminated string and `st` points to writable memory of the
+    // right type; statvfs initialises it on success, which is checked before reading it.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(StoreError::io("statvfs", path, std::io::Error::last_os_error()));
+    }
+    // SAFETY: statvfs returned 0, so the struct is initialised.
+    let st = unsafe { st.assume_init() };
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_paths_and_cleanup() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Staging::open(d.path().join("stage")).unwrap();
+        let n = s.create_node_dir(3, 2, "n1").unwrap();
+        assert_eq!(n, d.path().join("stage/3/2/n1"));
+        fs::write(n.join("x"), b"1").unwrap();
+        s.create_node_dir(3, 2, "n1").unwrap();
+        assert!(!n.join("x").exists(), "leftovers of an earlier attempt are removed");
+        s.remove_node_dir(3, 2, "n1").unwrap();
+        assert!(!s.epoch_dir(3, 2).exists());
+        s.remove_node_dir(3, 2, "n1").unwrap();
+        assert!(s.free_bytes().unwrap() > 0);
+    }
+}

@@ -1,0 +1,21 @@
+//! Storage for checkpoint images.
+//!
+//! This crate owns everything about how an epoch's images sit on disk and how their integrity is
+//! proven: the node-local staging layout ([`layout`]), the per-node manifest format
+//! ([`manifest`], documented in `docs/formats.md`), crash-safe file replacement ([`atomic`]), and
+//! digesting and verifying image trees ([`digest`]).
+//!
+//! Nothing here knows about processes or the protocol; the node agent writes images into a
+//! directory given by [`layout::Staging`] and asks this crate to seal and verify them.
+#![warn(missing_docs)]
+
+pub mod atomic;
+pub mod digest;
+pub mod layout;
+pub mod manifest;
+
+mod error;
+pub use error::StoreError;
+
+/// Result type of this crate.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;

@@ -1,0 +1,268 @@
+//! The per-node manifest: which files make up a node's part of an epoch, their sizes and
+//! digests, and what the restore needs besides the images.
+//!
+//! On-disk format (version 1, all integers little-endian; see `docs/formats.md`):
+//!
+//! ```text
+//! offset  size  field
+//! 0       8     magic  "CKPTMNFT"
+//! 8       2     format version (1)
+//! 10      2     reserved, 0
+//! 12      4     body length N
+//! 16      N     body: JSON of [`NodeManifest`]
+//! 16+N    32    BLAKE3 of bytes 0 .. 16+N
+//! ```
+//!
+//! Written with [`crate::atomic::write_file`]; read with a size cap, so a torn, truncated,
+//! oversized or bit-flipped manifest is refused with an error naming the file.
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::digest::FileEntry;
+use crate::{atomic, Result, StoreError};
+
+/// Magic bytes at the start of every manifest.
+pub const MAGIC: &[u8; 8] = b"CKPTMNFT";
+/// Newest format version this build writes and reads.
+pub const FORMAT_VERSION: u16 = 1;
+/// Largest manifest accepted: a manifest lists files, it never holds image data.
+pub const MAX_MANIFEST_BYTES: u64 = 64 << 20;
+/// File name of the manifest inside a node's image directory.
+pub const FILE_NAME: &str = "MANIFEST";
+
+const HEADER: usize = 16;
+const TRAILER: usize = 32;
+
+/// A regular file the job had open for writing, with its size at checkpoint time.
+///
+/// The snapshot engine refuses to restore a process whose open file changed size; the agent
+/// truncates each of these back before restoring.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenFile {
+    /// Absolute path.
+    pub path: String,
+    /// Size at checkpoint time.
+    pub size: u64,
+}
+
+/// A file outside the images that the engine does not save but the job needs at restore
+/// (for example Open MPI's shared-memory segments); saved under `extra/` in the image dir.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreservedFile {
+    /// Absolute path the file is put back to.
+    pub path: String,
+    /// Path relative to the image directory where the copy is.
+    pub saved_as: String,
+    /// Permission bits.
+    pub mode: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+}
+
+/// Everything about one node's part of one epoch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeManifest {
+    /// Job id.
+    pub job_id: u64,
+    /// Epoch number.
+    pub epoch: u32,
+    /// Node name.
+    pub node: String,
+    /// Snapshot engine that wrote the images ("criu").
+    pub engine: String,
+    /// Version of that engine.
+    pub engine_version: String,
+    /// When the dump finished, in milliseconds since the Unix epoch.
+    pub created_unix_ms: u64,
+    /// PID of the root of the dumped process tree.
+    pub root_pid: i32,
+    /// Every PID in the dumped tree: all must be free before a restore.
+    #[serde(default)]
+    pub pids: Vec<i32>,
+    /// Image files, sorted by path.
+    pub files: Vec<FileEntry>,
+    /// Files open for writing, with their sizes at checkpoint time.
+    #[serde(default)]
+    pub open_files: Vec<OpenFile>,
+    /// Files saved beside the images and put back before restore.
+    #[serde(default)]
+    pub preserved: Vec<PreservedFile>,
+    /// Free-form facts for operators (engine flags, timings).
+    #[serde(default)]
+    pub notes: BTreeMap<String, String>,
+}
+
+impl NodeManifest {
+    /// Total bytes of image files.
+    pub fn image_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.size).sum()
+    }
+}
+
+/// Encodes a manifest into its on-disk bytes.
+pub fn encode(m: &NodeManifest) -> Vec<u8> {
+    let body = serde_json::to_vec(m).expect("manifest serializes");
+    let mut out = Vec::with_capacity(HEADER + body.len() + TRAILER);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&body);
+    let sum = blake3::hash(&out);
+    out.extend_from_slice(sum.as_bytes());
+    out
+}
+
+/// Decodes on-disk bytes; `path` only names the file in errors.
+pub fn decode(path: &Path, bytes: &[u8]) -> Result<NodeManifest> {
+    let path_buf = || path.to_path_buf();
+    if bytes.len() < HEADER || &bytes[..8] != MAGIC {
+        return Err(StoreError::BadMagic { path: path_buf() });
+    }
+    let version = u16::from_le_bytes([bytes[8], bytes[9]]);
+    if version == 0 || version > FORMAT_VERSION {
+        return Err(StoreError::UnsupportedVersion {
+            path: path_buf(),
+            version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    let body_len = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes")) as usize;
+    let expected = HEADER + body_len + TRAILER;
+    if bytes.len() < expected {
+        return Err(StoreError::Truncated {
+            path: path_buf(),
+            expected: expected as u64,
+            actual: bytes.len() as u64,
+        });
+    }
+    if bytes.len() > expected {
+        return Err(StoreError::ChecksumMismatch { path: path_buf() });
+    }
+    let sum = blake3::hash(&bytes[..HEADER + body_len]);
+    if sum.as_bytes() != &bytes[HEADER + body_len..] {
+        return Err(StoreError::ChecksumMismatch { path: path_buf() });
+    }
+    serde_json::from_slice(&bytes[HEADER..HEADER + body_len]).map_err(|source| StoreError::Decode {
+        path: path_buf(),
+        source,
+    })
+}
+
+/// Writes `m` atomically as `dir/MANIFEST` and returns the BLAKE3 hex digest of the file.
+pub fn write(dir: &Path, m: &NodeManifest) -> Result<String> {
+    let bytes = encode(m);
+    atomic::write_file(&dir.join(FILE_NAME), &bytes)?;
+    Ok(blake3::hash(&bytes).to_hex().to_string())
+}
+
+/// Reads and checks `dir/MANIFEST`; returns it with the BLAKE3 hex digest of the file.
+pub fn read(dir: &Path) -> Result<(NodeManifest, String)> {
+    let path = dir.join(FILE_NAME);
+    let f = File::open(&path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => StoreError::FileMissing { path: path.clone() },
+        _ => StoreError::io("open", &path, e),
+    })?;
+    let size = f
+        .metadata()
+        .map_err(|e| StoreError::io("stat", &path, e))?
+        .len();
+    if size > MAX_MANIFEST_BYTES {
+        return Err(StoreError::TooLarge {
+            path,
+            size,
+            limit: MAX_MANIFEST_BYTES,
+        });
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    f.take(MAX_MANIFEST_BYTES)
+        .read_to_end(&mut bytes)
+        .map_err(|e| StoreError::io("read", &path, e))?;
+    let m = decode(&path, &bytes)?;
+    Ok((m, blake3::hash(&bytes).to_hex().to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> NodeManifest {
+        NodeManifest {
+            job_id: 7,
+            epoch: 2,
+            node: "n1".into(),
+            engine: "criu".into(),
+            engine_version: "4.2.1".into(),
+            created_unix_ms: 1,
+            root_pid: 100,
+            pids: vec![100, 101],
+            files: vec![FileEntry {
+                path: "criu/core-100.img".into(),
+                size: 4,
+                blake3: "00".repeat(32),
+            }],
+            open_files: vec![OpenFile {
+                path: "/tmp/out".into(),
+                size: 10,
+            }],
+            preserved: vec![],
+            notes: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn round_trip_and_digest_is_stable() {
+        let d = tempfile::tempdir().unwrap();
+        let digest = write(d.path(), &sample()).unwrap();
+        let (m, digest2) = read(d.path()).unwrap();
+        assert_eq!(m, sample());
+        assert_eq!(digest, digest2);
+    }
+
+    #[test]
+    fn every_single_bit_flip_is_rejected() {
+        let bytes = encode(&sample());
+        let p = Path::new("MANIFEST");
+        for i in 0..bytes.len() {
+            for bit in [0u8, 3, 7] {
+                let mut b = bytes.clone();
+                b[i] ^= 1 << bit;
+                assert!(decode(p, &b).is_err(), "flip at byte {i} bit {bit} accepted");
+            }
+        }
+    }
+
+    #[test]
+    fn every_truncation_is_rejected() {
+        let bytes = encode(&sample());
+        for len in 0..bytes.len() {
+            assert!(decode(Path::new("M"), &bytes[..len]).is_err(), "truncated to {len} accepted");
+        }
+    }
+
+    #[test]
+    fn trailing_garbage_and_future_versions_are_rejected() {
+        let mut b = encode(&sample());
+        b.push(0);
+        assert!(decode(Path::new("M"), &b).is_err());
+        let mut b = encode(&sample());
+        b[8] = 9;
+        let err = decode(Path::new("M"), &b).unwrap_err();
+        assert!(matches!(err, StoreError::UnsupportedVersion { version: 9, .. }), "{err}");
+    }
+
+    #[test]
+    fn missing_manifest_is_named() {
+        let d = tempfile::tempdir().unwrap();
+        let err = read(d.path()).unwrap_err();
+        assert!(matches!(err, StoreError::FileMissing { .. }));
+        assert!(err.to_string().contains("MANIFEST"));
+    }
+}
