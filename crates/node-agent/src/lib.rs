@@ -1,0 +1,122 @@
+//! ckpt-agent: the node agent.
+//!
+//! One runs on every compute node. It starts a job's processes on its node (each under a shim,
+//! see [`shim`]), keeps them in a per-job freezer cgroup ([`cgroup`]), and runs the node's side of
+//! every checkpoint phase ([`jobs`]): initial synchronization, freeze, dump with a snapshot
+//! engine ([`engine`]), thaw or kill, sealing images with a manifest, and restore. The
+//! coordinator drives it over gRPC ([`grpc`]); the agent registers and heartbeats
+//! ([`heartbeat`]).
+//!
+//! [`run`] is the whole daemon; `main.rs` only parses arguments and calls it, and the coordinator
+//! calls it too when it embeds an agent (`ckptd --standalone`).
+#![warn(missing_docs)]
+
+pub mod cgroup;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod grpc;
+pub mod heartbeat;
+pub mod jobs;
+pub mod procfs;
+pub mod shim;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ckpt_proto::v1::agent_server::AgentServer;
+use tokio::net::TcpListener;
+use tracing::info;
+
+pub use config::AgentConfig;
+pub use error::AgentError;
+
+/// Why the agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The snapshot engine is missing or unusable.
+    #[error(transparent)]
+    Engine(#[from] engine::EngineError),
+    /// No freezer cgroup.
+    #[error(transparent)]
+    Cgroup(#[from] cgroup::CgroupError),
+    /// Staging or state directory problem.
+    #[error("{what} {path}: {source}")]
+    Dir {
+        /// Which directory.
+        what: &'static str,
+        /// Path.
+        path: PathBuf,
+        /// OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Serving failed.
+    #[error("agent gRPC server: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// Checks the engine and the cgroup hierarchy and opens the node's job table.
+pub fn open_jobs(cfg: &AgentConfig, shim_exe: PathBuf) -> Result<Arc<jobs::Jobs>, StartError> {
+    let criu = engine::criu::Criu::detect(&cfg.criu)?;
+    info!(criu = criu.path(), version = %engine::SnapshotEngine::version(&criu), "snapshot engine ready");
+    let cgroups = cgroup::CgroupParent::resolve(&cfg.cgroup.parent)?;
+    let staging = ckpt_store::layout::Staging::open(&cfg.local_dir).map_err(|e| StartError::Dir {
+        what: "local_dir",
+        path: cfg.local_dir.clone(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    let jobs = jobs::Jobs::open(
+        cfg.node_name.clone(),
+        cfg.state_dir.clone(),
+        staging,
+        cgroups,
+        Arc::new(criu),
+        shim_exe,
+    )
+    .map_err(|source| StartError::Dir {
+        what: "state_dir",
+        path: cfg.state_dir.clone(),
+        source,
+    })?;
+    Ok(Arc::new(jobs))
+}
+
+/// Runs the agent until `shutdown` resolves: serves the Agent service on `listener` and, when a
+/// coordinator address is configured, registers and heartbeats.
+pub async fn run(
+    cfg: AgentConfig,
+    jobs: Arc<jobs::Jobs>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), StartError> {
+    let local = listener.local_addr().map_err(|source| StartError::Dir {
+        what: "listen",
+        path: cfg.listen.to_string().into(),
+        source,
+    })?;
+    let advertise = cfg.advertise.clone().unwrap_or_else(|| {
+        let ip = if local.ip().is_unspecified() {
+            std::net::IpAddr::from([127, 0, 0, 1])
+        } else {
+            local.ip()
+        };
+        std::net::SocketAddr::new(ip, local.port()).to_string()
+    });
+    info!(node = %cfg.node_name, %local, %advertise, "agent listening");
+    let hb = if cfg.coordinator.is_empty() {
+        None
+    } else {
+        Some(tokio::spawn(heartbeat::run(cfg.clone(), advertise, jobs.clone())))
+    };
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let r = tonic::transport::Server::builder()
+        .add_service(AgentServer::new(grpc::AgentHandler::new(jobs)))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await;
+    if let Some(h) = hb {
+        h.abort();
+    }
+    r.map_err(StartError::from)
+}

@@ -1,1 +1,108 @@
-fn main(){}
+//! `ckpt-agent`: parses arguments, loads the config, sets up logging and runs the agent.
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use node_agent::AgentConfig;
+
+/// The ckpt node agent: launches, freezes, snapshots and restores a job's processes on this node.
+///
+/// Runs as root under systemd (packaging/systemd/ckpt-agent.service). Exit codes: 0 clean
+/// shutdown, 2 bad config, 3 snapshot engine (CRIU) missing or unusable, 4 other start failure.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about)]
+struct Cli {
+    /// Config file (TOML). Keys are documented in packaging/config/agent.toml.
+    #[arg(short, long, default_value = "/etc/ckpt/agent.toml", env = "CKPT_AGENT_CONFIG")]
+    config: PathBuf,
+    /// Override `node_name`.
+    #[arg(long)]
+    node_name: Option<String>,
+    /// Override `coordinator` (host:port of ckptd's agent port).
+    #[arg(long)]
+    coordinator: Option<String>,
+    /// Override `listen`.
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Internal: the per-job shim the agent starts (not for direct use).
+    #[command(hide = true)]
+    Shim {
+        /// Shim spec written by the agent.
+        spec: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Some(Cmd::Shim { spec }) = &cli.cmd {
+        return ExitCode::from(node_agent::shim::main(spec) as u8);
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CKPT_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let mut cfg = if cli.config.exists() || cli.config != PathBuf::from("/etc/ckpt/agent.toml") {
+        match AgentConfig::load(&cli.config) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("ckpt-agent: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        AgentConfig::default()
+    };
+    if let Some(n) = cli.node_name {
+        cfg.node_name = n;
+    }
+    if let Some(c) = cli.coordinator {
+        cfg.coordinator = c;
+    }
+    if let Some(l) = cli.listen {
+        cfg.listen = l;
+    }
+    if let Err(e) = cfg.validate() {
+        eprintln!("ckpt-agent: {e}");
+        return ExitCode::from(2);
+    }
+    let exe = std::env::current_exe().unwrap_or_else(|_| "ckpt-agent".into());
+    let jobs = match node_agent::open_jobs(&cfg, exe) {
+        Ok(j) => j,
+        Err(node_agent::StartError::Engine(e)) => {
+            eprintln!("ckpt-agent: {e}");
+            return ExitCode::from(3);
+        }
+        Err(e) => {
+            eprintln!("ckpt-agent: {e}");
+            return ExitCode::from(4);
+        }
+    };
+    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let r = rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(cfg.listen).await.map_err(|source| {
+            node_agent::StartError::Dir {
+                what: "listen",
+                path: cfg.listen.to_string().into(),
+                source,
+            }
+        })?;
+        node_agent::run(cfg, jobs, listener, async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+    });
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ckpt-agent: {e}");
+            ExitCode::from(4)
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! The job's freezer cgroup: one per job per node, holding exactly the job's processes, used to
+//! freeze them all at once (cgroup v1 `freezer.state` or cgroup v2 `cgroup.freeze`), to list
+//! them, and to kill them.
+use std::fs;
+use std::io::{ErrorKind, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How long a freeze or thaw may take before it is reported as stuck. Freezing waits for every
+/// task to leave the kernel at a safe point; a task in uninterruptible sleep (D state, e.g. on a
+/// hung NFS mount) can hold it up, and 30 s is far beyond a healthy freeze (milliseconds).
+pub const FREEZE_TIMEOUT: Duration = Duration::from_secs(30);
+
+const V1_FREEZER: &str = "/sys/fs/cgroup/freezer";
+const V2_ROOTS: [&str; 2] = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"];
+
+/// Errors of cgroup handling, each naming the cgroup.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    /// No usable freezer hierarchy.
+    #[error("no freezer cgroup found: mount the cgroup v1 freezer at {V1_FREEZER} or cgroup v2 at /sys/fs/cgroup, or set [cgroup] parent")]
+    NoFreezer,
+    /// A cgroup file operation failed.
+    #[error("cgroup {path}: {op}: {source}")]
+    Io {
+        /// Step.
+        op: &'static str,
+        /// File or directory.
+        path: PathBuf,
+        /// OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The freezer did not reach the wanted state in time.
+    #[error("cgroup {path}: still {state} after {waited:?} waiting to become {wanted} (a task may be stuck in uninterruptible sleep)")]
+    Stuck {
+        /// Cgroup directory.
+        path: PathBuf,
+        /// State seen.
+        state: String,
+        /// State wanted.
+        wanted: &'static str,
+        /// Time waited.
+        waited: Duration,
+    },
+}
+
+/// Which freezer interface a cgroup has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    /// cgroup v1 freezer controller.
+    V1,
+    /// cgroup v2 core freezer.
+    V2,
+}
+
+/// The parent directory under which job cgroups are made.
+#[derive(Debug, Clone)]
+pub struct CgroupParent {
+    path: PathBuf,
+    flavor: Flavor,
+}
+
+impl CgroupParent {
+    /// Resolves the configured parent (`auto` or a path).
+    pub fn resolve(configured: &str) -> Result<Self, CgroupError> {
+        let pick = |p: &Path| -> Option<Flavor> {
+            if p.join("freezer.state").exists() || p.starts_with(V1_FREEZER) && p.join("cgroup.procs").exists() {
+                Some(Flavor::V1)
+            } else if p.join("cgroup.controllers").exists() {
+                Some(Flavor::V2)
+            } else {
+                None
+            }
+        };
+        if configured != "auto" {
+            let p = PathBuf::from(configured);
+            let flavor = pick(&p).ok_or(CgroupError::NoFreezer)?;
+            return Ok(CgroupParent { path: p, flavor });
+        }
+        let v1 = Path::new(V1_FREEZER);
+        if v1.join("cgroup.procs").exists() {
+            return Ok(CgroupParent {
+                path: v1.to_path_buf(),
+                flavor: Flavor::V1,
+            });
+        }
+        for root in V2_ROOTS {
+            let p = Path::new(root);
+            if p.join("cgroup.controllers").exists() {
+                return Ok(CgroupParent {
+                    path: p.to_path_buf(),
+                    flavor: Flavor::V2,
+                });
+            }
+        }
+        Err(CgroupError::NoFreezer)
+    }
+
+    /// The cgroup of a job (not created yet).
+    pub fn job(&self, job_id: u64) -> JobCgroup {
+        JobCgroup {
+            path: self.path.join(format!("ckpt-job-{job_id}")),
+            flavor: self.flavor,
+        }
+    }
+}
+
+/// The cgroup holding one job's processes on this node.
+#[derive(Debug, Clone)]
+pub struct JobCgroup {
+    path: PathBuf,
+    flavor: Flavor,
+}
+
+impl JobCgroup {
+    /// Cgroup directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The `cgroup.procs` file a process writes "0" to in order to join.
+    pub fn procs_file(&self) -> PathBuf {
+        self.path.join("cgroup.procs")
+    }
+
+    fn io(&self, op: &'static str, path: PathBuf) -> impl FnOnce(std::io::Error) -> CgroupError {
+        move |source| CgroupError::Io { op, path, source }
+    }
+
+    /// Creates the cgroup (thawed) if it does not exist.
+    pub fn create(&self) -> Result<(), CgroupError> {
+        fs::create_dir_all(&self.path).map_err(self.io("create", self.path.clone()))?;
+        Ok(())
+    }
+
+    /// Whether the directory exists.
+    pub fn exists(&self) -> bool {
+        self.path.exists()
+    }
+
+    /// PIDs of the processes in the cgroup.
+    pub fn pids(&self) -> Result<Vec<i32>, CgroupError> {
+        let f = self.procs_file();
+        let text = match fs::read_to_string(&f) {
+            Ok(t) => t,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(self.io("read", f)(e)),
+        };
+        let mut v: Vec<i32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        v.sort_unstable();
+        v.dedup();
+        Ok(v)
+    }
+
+    fn state_file(&self) -> PathBuf {
+        match self.flavor {
+            Flavor::V1 => self.path.join("freezer.state"),
+            Flavor::V2 => self.path.join("cgroup.freeze"),
+        }
+    }
+
+    /// Current freezer state: "THAWED", "FREEZING" or "FROZEN".
+    pub fn state(&self) -> Result<String, CgroupError> {
+        match self.flavor {
+            Flavor::V1 => {
+                let f = self.state_file();
+                Ok(fs::read_to_string(&f).map_err(self.io("read", f))?.trim().to_string())
+            }
+            Flavor::V2 => {
+                let ev = self.path.join("cgroup.events");
+                let text = fs::read_to_string(&ev).map_err(self.io("read", ev))?;
+                let frozen = text.lines().any(|l| l.trim() == "frozen 1");
+                let want = fs::read_to_string(self.state_file()).unwrap_or_default();
+                Ok(match (frozen, want.trim()) {
+                    (true, _) => "FROZEN",
+                    (false, "1") => "FREEZING",
+                    _ => "THAWED",
+                }
+                .into())
+            }
+        }
+    }
+
+    fn write_state(&self, frozen: bool) -> Result<(), CgroupError> {
+        let f = self.state_file();
+        let value = match (self.flavor, frozen) {
+            (Flavor::V1, true) => "FROZEN",
+            (Flavor::V1, false) => "THAWED",
+            (Flavor::V2, true) => "1",
+            (Flavor::V2, false) => "0",
+        };
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&f)
+            .and_then(|mut h| h.write_all(value.as_bytes()))
+            .map_err(self.io("write", f))
+    }
+
+    fn wait_for(&self, wanted: &'static str) -> Result<(), CgroupError> {
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(200);
+        loop {
+            let s = self.state()?;
+            if s == wanted {
+                return Ok(());
+            }
+            if start.elapsed() > FREEZE_TIMEOUT {
+                return Err(CgroupError::Stuck {
+                    path: self.path.clone(),
+                    state: s,
+                    wanted,
+                    waited: start.elapsed(),
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(20));
+        }
+    }
+
+    /// Freezes every process in the cgroup and waits until the kernel reports FROZEN.
+    pub fn freeze(&self) -> Result<(), CgroupError> {
+        self.write_state(true)?;
+        self.wait_for("FROZEN")
+    }
+
+    /// Thaws the cgroup and waits until it reports THAWED.
+    pub fn thaw(&self) -> Result<(), CgroupError> {
+        self.write_state(false)?;
+        self.wait_for("THAWED")
+    }
+
+    /// Sends `sig` to every process in the cgroup.
+    pub fn signal_all(&self, sig: i32) -> Result<usize, CgroupError> {
+        let pids = self.pids()?;
+        for &p in &pids {
+            // SAFETY: kill(2) has no memory-safety preconditions.
+            unsafe { libc::kill(p, sig) };
+        }
+        Ok(pids.len())
+    }
+
+    /// SIGKILLs every process (thawing first, so the kill is delivered) and waits, bounded by
+    /// [`FREEZE_TIMEOUT`], until the cgroup is empty.
+    pub fn kill_all(&self) -> Result<(), CgroupError> {
+        self.signal_all(libc::SIGKILL)?;
+        if self.state().map(|s| s != "THAWED").unwrap_or(false) {
+            self.thaw()?;
+        }
+        let start = Instant::now();
+        while !self.pids()?.is_empty() {
+            if start.elapsed() > FREEZE_TIMEOUT {
+                return Err(CgroupError::Stuck {
+                    path: self.path.clone(),
+                    state: format!("{} processes left", self.pids()?.len()),
+                    wanted: "empty",
+                    waited: start.elapsed(),
+                });
+            }
+            self.signal_all(libc::SIGKILL)?;
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
+
+    /// Removes the (empty) cgroup.
+    pub fn remove(&self) -> Result<(), CgroupError> {
+        match fs::remove_dir(&self.path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(self.io("remove", self.path.clone())(e)),
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! Agent configuration (`/etc/ckpt/agent.toml`); every key is documented in
+//! `packaging/config/agent.toml`.
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Errors reading or validating the configuration. Each names the file or the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file cannot be read.
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        /// Config file.
+        path: PathBuf,
+        /// OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this schema (unknown key, wrong type, ...).
+    #[error("invalid config {path}: {message}")]
+    Parse {
+        /// Config file.
+        path: PathBuf,
+        /// Parser message, naming the key and line.
+        message: String,
+    },
+    /// A value is out of range.
+    #[error("invalid config: `{key}` {problem}")]
+    Invalid {
+        /// The key.
+        key: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+}
+
+/// `ckpt-agent` configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentConfig {
+    /// Name of this node as jobs and operators see it. Default: the host name.
+    pub node_name: String,
+    /// Address the Agent gRPC service listens on.
+    pub listen: SocketAddr,
+    /// Address the coordinator uses to reach this agent. Default: `listen` (with the real port
+    /// when `listen` has port 0).
+    pub advertise: Option<String>,
+    /// Coordinator's agent-facing address (`host:port`). Empty when embedded in `ckptd --standalone`.
+    pub coordinator: String,
+    /// Per-job state: launch specs, stdout/stderr, exit status, engine logs.
+    pub state_dir: PathBuf,
+    /// Node-local staging for checkpoint images (fast local disk or /dev/shm).
+    pub local_dir: PathBuf,
+    /// How often the agent reports its jobs to the coordinator.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat_interval: Duration,
+    /// Snapshot engine settings.
+    pub criu: CriuConfig,
+    /// Freezer cgroup settings.
+    pub cgroup: CgroupConfig,
+}
+
+/// CRIU engine settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CriuConfig {
+    /// Path of the `criu` binary, or `auto`: `/opt/ckpt/criu/bin/criu` (installed by
+    /// `scripts/setup.sh`) if present, else `criu` on PATH.
+    pub path: String,
+    /// Network lock method during dump and restore (`nftables` or `iptables`).
+    pub network_lock: String,
+    /// Extra arguments appended to every `criu dump`.
+    pub extra_dump_args: Vec<String>,
+    /// Extra arguments appended to every `criu restore`.
+    pub extra_restore_args: Vec<String>,
+    /// Largest deleted-but-open file CRIU copies into the image (`--ghost-limit`).
+    pub ghost_limit: String,
+}
+
+/// Freezer cgroup settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CgroupConfig {
+    /// Parent cgroup under which each job gets `ckpt-job-<id>`, or `auto`: the v1 freezer
+    /// hierarchy if mounted, else the cgroup v2 root.
+    pub parent: String,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            node_name: hostname(),
+            listen: "0.0.0.0:7601".parse().expect("valid"),
+            advertise: None,
+            coordinator: "127.0.0.1:7600".into(),
+            state_dir: "/var/lib/ckpt/agent".into(),
+            local_dir: "/var/lib/ckpt/local".into(),
+            heartbeat_interval: Duration::from_secs(1),
+            criu: CriuConfig::default(),
+            cgroup: CgroupConfig::default(),
+        }
+    }
+}
+
+impl Default for CriuConfig {
+    fn default() -> Self {
+        CriuConfig {
+            path: "auto".into(),
+            network_lock: "nftables".into(),
+            extra_dump_args: Vec::new(),
+            extra_restore_args: Vec::new(),
+            ghost_limit: "256M".into(),
+        }
+    }
+}
+
+impl Default for CgroupConfig {
+    fn default() -> Self {
+        CgroupConfig { parent: "auto".into() }
+    }
+}
+
+impl AgentConfig {
+    /// Reads and validates a TOML file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        Self::from_toml(path, &text)
+    }
+
+    /// Parses and validates TOML text; `path` only names the source in errors.
+    pub fn from_toml(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        let cfg: AgentConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.into(),
+            message: e.to_string().trim().to_string(),
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks values that the schema alone cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.node_name.is_empty() || self.node_name.contains('/') {
+            return Err(ConfigError::Invalid {
+                key: "node_name",
+                problem: format!("must be a non-empty name without '/', got {:?}", self.node_name),
+            });
+        }
+        if !self.state_dir.is_absolute() {
+            return Err(ConfigError::Invalid {
+                key: "state_dir",
+                problem: "must be an absolute path".into(),
+            });
+        }
+        if !self.local_dir.is_absolute() {
+            return Err(ConfigError::Invalid {
+                key: "local_dir",
+                problem: "must be an absolute path".into(),
+            });
+        }
+        if self.heartbeat_interval < Duration::from_millis(50) {
+            return Err(ConfigError::Invalid {
+                key: "heartbeat_interval",
+                problem: "must be at least 50ms".into(),
+            });
+        }
+        if !["nftables", "iptables", "skip"].contains(&self.criu.network_lock.as_str()) {
+            return Err(ConfigError::Invalid {
+                key: "criu.network_lock",
+                problem: format!("must be nftables, iptables or skip, got {:?}", self.criu.network_lock),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// This machine's host name.
+pub fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_keys_parse() {
+        let c = AgentConfig::from_toml(
+            Path::new("a.toml"),
+            "node_name = \"n1\"\nheartbeat_interval = \"250ms\"\n[criu]\npath = \"/usr/sbin/criu\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.node_name, "n1");
+        assert_eq!(c.heartbeat_interval, Duration::from_millis(250));
+        assert_eq!(c.criu.path, "/usr/sbin/criu");
+        assert_eq!(c.criu.network_lock, "nftables");
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = AgentConfig::from_toml(Path::new("a.toml"), "[criu]\npaht = \"x\"\n").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("a.toml") && msg.contains("paht"), "{msg}");
+    }
+
+    #[test]
+    fn bad_value_is_named() {
+        let err = AgentConfig::from_toml(Path::new("a.toml"), "local_dir = \"relative\"\n").unwrap_err();
+        assert!(err.to_string().contains("local_dir"), "{err}");
+    }
+}

@@ -1,0 +1,258 @@
+//! The CRIU engine: drives the `criu` binary.
+//!
+//! Flags, and why (each was needed by a real MPI job on this platform, see docs/operations.md):
+//! * `--tcp-established` — ranks hold TCP connections (Open MPI to mpirun; MPICH over TCP).
+//! * `--ext-unix-sk` — launchers keep Unix sockets to processes outside the tree.
+//! * `--file-locks`, `--link-remap`, `--ghost-limit` — locked, unlinked and deleted-but-open files.
+//! * `--freeze-cgroup` — the agent has frozen the job's cgroup; CRIU must use that freezer and
+//!   leave the tree frozen (`--leave-running` keeps it alive), so the agent decides when to thaw.
+//! * `--network-lock` — blocks the job's TCP while it is dumped and restored.
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use super::{DumpSpec, EngineError, RestoreSpec, SnapshotEngine};
+use crate::config::CriuConfig;
+
+/// Oldest CRIU that works on current kernels (4.1 fails on TCP sockets on kernels >= 6.16;
+/// 3.17 fails on the vDSO layout).
+pub const MIN_VERSION: (u32, u32) = (4, 2);
+const MIN_VERSION_TEXT: &str = "4.2";
+/// Where `scripts/setup.sh` installs CRIU when the distribution's is too old.
+pub const PRIVATE_PREFIX_BINARY: &str = "/opt/ckpt/criu/bin/criu";
+
+/// A checked CRIU installation.
+#[derive(Debug, Clone)]
+pub struct Criu {
+    path: String,
+    version: String,
+    cfg: CriuConfig,
+}
+
+impl Criu {
+    /// Finds the binary, checks its version and runs `criu check`.
+    pub fn detect(cfg: &CriuConfig) -> Result<Self, EngineError> {
+        let path = resolve_path(&cfg.path);
+        let out = Command::new(&path)
+            .arg("--version")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|source| match source.kind() {
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => EngineError::NotFound {
+                    path: path.clone(),
+                    min: MIN_VERSION_TEXT,
+                },
+                _ => EngineError::Spawn {
+                    path: path.clone(),
+                    source,
+                },
+            })?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let version = parse_version(&text).ok_or_else(|| EngineError::CheckFailed {
+            path: path.clone(),
+            output: format!("unrecognised `--version` output: {:?}", text.trim()),
+        })?;
+        if !version_at_least(&version, MIN_VERSION) {
+            return Err(EngineError::TooOld {
+                path,
+                version,
+                min: MIN_VERSION_TEXT,
+            });
+        }
+        let check = Command::new(&path)
+            .arg("check")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|source| EngineError::Spawn {
+                path: path.clone(),
+                source,
+            })?;
+        if !check.status.success() {
+            let mut output = String::from_utf8_lossy(&check.stderr).into_owned();
+            output.push_str(&String::from_utf8_lossy(&check.stdout));
+            return Err(EngineError::CheckFailed {
+                path,
+                output: summarize(&output),
+            });
+        }
+        Ok(Criu {
+            path,
+            version,
+            cfg: cfg.clone(),
+        })
+    }
+
+    /// Path of the binary in use.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    fn common_args(&self) -> Vec<String> {
+        let mut v: Vec<String> = ["--ext-unix-sk", "--file-locks", "--tcp-established"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        if self.cfg.network_lock != "skip" {
+            v.push("--network-lock".into());
+            v.push(self.cfg.network_lock.clone());
+        }
+        v
+    }
+}
+
+fn resolve_path(configured: &str) -> String {
+    if configured != "auto" {
+        return configured.to_string();
+    }
+    if Path::new(PRIVATE_PREFIX_BINARY).exists() {
+        return PRIVATE_PREFIX_BINARY.to_string();
+    }
+    "criu".to_string()
+}
+
+/// Extracts "4.2.1" from `criu --version` output ("Version: 4.2.1").
+pub fn parse_version(text: &str) -> Option<String> {
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("Version:"))
+        .map(|v| v.trim().to_string())
+        .filter(|v| v.chars().next().is_some_and(|c| c.is_ascii_digit()))
+}
+
+/// Whether a dotted version is at least `min` (major, minor).
+pub fn version_at_least(version: &str, min: (u32, u32)) -> bool {
+    let mut parts = version.split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
+    let major = parts.next().unwrap_or(0);
+    let minor = parts.next().unwrap_or(0);
+    (major, minor) >= min
+}
+
+/// The lines of a CRIU log or output that explain a failure (at most five).
+pub fn summarize(log: &str) -> String {
+    let errors: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("Error") || l.contains("error:"))
+        .filter(|l| !l.contains("rlimit: Can't setup RLIMIT_NOFILE"))
+        .collect();
+    let picked: Vec<&str> = if errors.is_empty() {
+        log.lines().rev().take(3).collect::<Vec<_>>().into_iter().rev().collect()
+    } else {
+        errors.iter().rev().take(5).rev().copied().collect()
+    };
+    picked.iter().map(|l| l.trim()).collect::<Vec<_>>().join(" | ")
+}
+
+fn log_summary(log: &Path) -> String {
+    match std::fs::read_to_string(log) {
+        Ok(text) => summarize(&text),
+        Err(e) => format!("no log at {}: {e}", log.display()),
+    }
+}
+
+impl SnapshotEngine for Criu {
+    fn name(&self) -> &str {
+        "criu"
+    }
+
+    fn version(&self) -> &str {
+        &self.version
+    }
+
+    fn dump(&self, spec: &DumpSpec<'_>) -> Result<(), EngineError> {
+        let mut args: Vec<String> = vec![
+            "dump".into(),
+            "-t".into(),
+            spec.root_pid.to_string(),
+            "-D".into(),
+            spec.images_dir.display().to_string(),
+            "-o".into(),
+            spec.log_file.display().to_string(),
+            "-v4".into(),
+            "--leave-running".into(),
+            "--freeze-cgroup".into(),
+            spec.cgroup.display().to_string(),
+            "--link-remap".into(),
+            "--ghost-limit".into(),
+            self.cfg.ghost_limit.clone(),
+        ];
+        args.extend(self.common_args());
+        args.extend(self.cfg.extra_dump_args.iter().cloned());
+        let out = Command::new(&self.path)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .map_err(|source| EngineError::Spawn {
+                path: self.path.clone(),
+                source,
+            })?;
+        if out.status.success() {
+            return Ok(());
+        }
+        Err(EngineError::Failed {
+            op: "dump",
+            status: out.status.to_string(),
+            summary: log_summary(spec.log_file),
+            log: spec.log_file.to_path_buf(),
+        })
+    }
+
+    fn restore_argv(&self, spec: &RestoreSpec<'_>) -> Vec<String> {
+        let mut v: Vec<String> = vec![
+            self.path.clone(),
+            "restore".into(),
+            "-d".into(),
+            "-D".into(),
+            spec.images_dir.display().to_string(),
+            "-o".into(),
+            spec.log_file.display().to_string(),
+            "-v4".into(),
+            "--pidfile".into(),
+            spec.pid_file.display().to_string(),
+        ];
+        v.extend(self.common_args());
+        v.extend(self.cfg.extra_restore_args.iter().cloned());
+        v
+    }
+
+    fn restore_failed(&self, status: String, log: &Path) -> EngineError {
+        EngineError::Failed {
+            op: "restore",
+            status,
+            summary: log_summary(log),
+            log: PathBuf::from(log),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_parsing_and_comparison() {
+        assert_eq!(parse_version("Version: 4.2.1\nGitID: v4.2\n").as_deref(), Some("4.2.1"));
+        assert_eq!(parse_version("criu, no version"), None);
+        assert!(version_at_least("4.2.1", MIN_VERSION));
+        assert!(version_at_least("5.0", MIN_VERSION));
+        assert!(!version_at_least("4.1.1", MIN_VERSION));
+        assert!(!version_at_least("3.17.1", MIN_VERSION));
+    }
+
+    #[test]
+    fn summary_keeps_error_lines_and_drops_known_noise() {
+        let log = "(00.1) rlimit: Can't setup RLIMIT_NOFILE Error\n(00.2) info\n(00.3) Error (criu/sk-inet.c:1): Can't dump\n";
+        assert_eq!(summarize(log), "(00.3) Error (criu/sk-inet.c:1): Can't dump");
+        assert_eq!(summarize("a\nb\nc\nd\n"), "b | c | d");
+    }
+
+    #[test]
+    fn missing_binary_is_reported_with_the_fix() {
+        let cfg = CriuConfig {
+            path: "/nonexistent/criu".into(),
+            ..CriuConfig::default()
+        };
+        let err = Criu::detect(&cfg).unwrap_err();
+        assert!(matches!(err, EngineError::NotFound { .. }));
+        assert!(err.to_string().contains("setup.sh"), "{err}");
+    }
+}

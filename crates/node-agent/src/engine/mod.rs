@@ -1,0 +1,100 @@
+//! Snapshot engines: what turns a frozen process tree into image files and back.
+//!
+//! The agent speaks to an engine only through [`SnapshotEngine`]; [`criu::Criu`] drives the
+//! `criu` binary. Dumps run in the agent (blocking; call from `spawn_blocking`); restores are
+//! run by the job's shim, which must be the restored tree's ancestor to reap it, so the engine
+//! only supplies the command line.
+use std::fmt::Debug;
+use std::path::{Path, PathBuf};
+
+pub mod criu;
+
+/// What to dump.
+#[derive(Debug, Clone)]
+pub struct DumpSpec<'a> {
+    /// Root of the process tree.
+    pub root_pid: i32,
+    /// Empty directory for the images.
+    pub images_dir: &'a Path,
+    /// Cgroup holding the (already frozen) tree.
+    pub cgroup: &'a Path,
+    /// Where the engine writes its log.
+    pub log_file: &'a Path,
+}
+
+/// What to restore.
+#[derive(Debug, Clone)]
+pub struct RestoreSpec<'a> {
+    /// Directory with verified images.
+    pub images_dir: &'a Path,
+    /// Where the engine writes its log.
+    pub log_file: &'a Path,
+    /// Where the engine writes the PID of the restored root.
+    pub pid_file: &'a Path,
+}
+
+/// Engine failures, each naming the binary or the log to read.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The engine binary is missing.
+    #[error("criu not found at {path}: install CRIU >= {min} (scripts/setup.sh installs it into /opt/ckpt/criu) or set [criu] path in the agent config")]
+    NotFound {
+        /// Path tried.
+        path: String,
+        /// Minimum version.
+        min: &'static str,
+    },
+    /// The engine is older than supported.
+    #[error("criu at {path} is version {version}, ckpt needs >= {min} (older versions fail on this kernel): run scripts/setup.sh or set [criu] path to a newer criu")]
+    TooOld {
+        /// Binary.
+        path: String,
+        /// Version found.
+        version: String,
+        /// Minimum version.
+        min: &'static str,
+    },
+    /// `criu check` failed.
+    #[error("`{path} check` failed: {output}")]
+    CheckFailed {
+        /// Binary.
+        path: String,
+        /// What it printed.
+        output: String,
+    },
+    /// The binary could not be started.
+    #[error("cannot run {path}: {source}")]
+    Spawn {
+        /// Binary.
+        path: String,
+        /// OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A dump or restore failed.
+    #[error("criu {op} failed ({status}): {summary} (full log: {})", log.display())]
+    Failed {
+        /// "dump" or "restore".
+        op: &'static str,
+        /// Exit status text.
+        status: String,
+        /// The log's error lines.
+        summary: String,
+        /// The log file.
+        log: PathBuf,
+    },
+}
+
+/// A snapshot engine.
+pub trait SnapshotEngine: Send + Sync + Debug {
+    /// Engine name recorded in manifests ("criu").
+    fn name(&self) -> &str;
+    /// Engine version recorded in manifests.
+    fn version(&self) -> &str;
+    /// Dumps a frozen tree, leaving it frozen. Blocking.
+    fn dump(&self, spec: &DumpSpec<'_>) -> Result<(), EngineError>;
+    /// The command line that restores a tree, detached, and writes the root PID to `pid_file`.
+    fn restore_argv(&self, spec: &RestoreSpec<'_>) -> Vec<String>;
+    /// Turns a failed restore's exit status and log into an error.
+    fn restore_failed(&self, status: String, log: &Path) -> EngineError;
+}

@@ -1,0 +1,148 @@
+//! Errors of the agent's job operations. Each names the job, and where it helps the epoch, the
+//! process or the file, and says what to do. The gRPC handler maps them to status codes.
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::cgroup::CgroupError;
+use crate::engine::EngineError;
+
+/// A failed agent operation.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The job is not known on this node.
+    #[error("job {job} is not known on this node")]
+    UnknownJob {
+        /// Job id.
+        job: u64,
+    },
+    /// A phase call arrived out of order.
+    #[error("job {job} epoch {epoch}: {call} is not allowed now ({state})")]
+    WrongPhase {
+        /// Job id.
+        job: u64,
+        /// Epoch.
+        epoch: u32,
+        /// The call.
+        call: &'static str,
+        /// What the node is doing instead.
+        state: String,
+    },
+    /// The job is not running on this node.
+    #[error("job {job} is not running on this node ({state})")]
+    NotRunning {
+        /// Job id.
+        job: u64,
+        /// What it is instead.
+        state: String,
+    },
+    /// The job still has live processes.
+    #[error("job {job} still has running processes on this node ({pids:?}); cancel it first")]
+    StillRunning {
+        /// Job id.
+        job: u64,
+        /// Its processes.
+        pids: Vec<i32>,
+    },
+    /// PIDs needed by a restore are taken by other processes.
+    #[error("job {job}: cannot restore, PIDs {pids:?} are in use by other processes on this node (wait for them to exit, or restore on another node)")]
+    PidsTaken {
+        /// Job id.
+        job: u64,
+        /// Taken PIDs.
+        pids: Vec<i32>,
+    },
+    /// Not enough room in staging.
+    #[error("job {job}: staging {dir} has {free} bytes free but the checkpoint needs about {need}; free space or set local_dir to a larger file system")]
+    NoRoom {
+        /// Job id.
+        job: u64,
+        /// Staging directory.
+        dir: PathBuf,
+        /// Estimated need.
+        need: u64,
+        /// Available.
+        free: u64,
+    },
+    /// A process uses InfiniBand verbs without an ib-quiesce channel.
+    #[error("job {job}: process {pid} ({comm}) maps {device} but has no ib-quiesce channel; a snapshot cannot contain HCA state. Link its communication layer with ib-quiesce, or run it over TCP/shared memory (e.g. UCX_TLS=tcp,self,sm or OMPI_MCA_btl=tcp,self,vader)")]
+    VerbsWithoutChannel {
+        /// Job id.
+        job: u64,
+        /// Process.
+        pid: i32,
+        /// Its name.
+        comm: String,
+        /// Device path.
+        device: String,
+    },
+    /// The snapshot engine failed.
+    #[error("job {job}: {source}")]
+    Engine {
+        /// Job id.
+        job: u64,
+        /// Engine error.
+        #[source]
+        source: EngineError,
+    },
+    /// Freezing, thawing or killing failed.
+    #[error("job {job}: {source}")]
+    Cgroup {
+        /// Job id.
+        job: u64,
+        /// Cgroup error.
+        #[source]
+        source: CgroupError,
+    },
+    /// Image storage failed (including a corrupt image).
+    #[error("job {job}: {source}")]
+    Store {
+        /// Job id.
+        job: u64,
+        /// Storage error.
+        #[source]
+        source: ckpt_store::StoreError,
+    },
+    /// The manifest on this node is not the one the coordinator committed.
+    #[error("job {job} epoch {epoch}: node manifest digest {found} does not match the committed {committed}; the images were replaced or damaged")]
+    ManifestMismatch {
+        /// Job id.
+        job: u64,
+        /// Epoch.
+        epoch: u32,
+        /// Digest found.
+        found: String,
+        /// Digest committed.
+        committed: String,
+    },
+    /// Starting the job or its shim failed.
+    #[error("job {job}: {message}")]
+    Start {
+        /// Job id.
+        job: u64,
+        /// What failed.
+        message: String,
+    },
+    /// A local file operation failed.
+    #[error("job {job}: {what} {path}: {source}")]
+    Io {
+        /// Job id.
+        job: u64,
+        /// Step.
+        what: &'static str,
+        /// File.
+        path: PathBuf,
+        /// OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Something did not happen in time.
+    #[error("job {job}: {what} did not finish within {waited:?}")]
+    Timeout {
+        /// Job id.
+        job: u64,
+        /// What was awaited.
+        what: &'static str,
+        /// How long.
+        waited: Duration,
+    },
+}

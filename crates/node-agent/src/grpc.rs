@@ -1,0 +1,163 @@
+//! The Agent gRPC service: maps each protocol call onto [`Jobs`] and each [`AgentError`]
+//! variant onto a status code. Library errors never carry tonic types; this is the only place
+//! where a `Status` is made.
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use ckpt_proto::v1 as pb;
+use ckpt_proto::v1::agent_server::Agent;
+use tonic::{Request, Response, Status};
+
+use crate::error::AgentError;
+use crate::jobs::{exit_text, Jobs, LaunchSpec, Observed};
+
+/// Handler of the Agent service.
+#[derive(Debug, Clone)]
+pub struct AgentHandler {
+    jobs: Arc<Jobs>,
+}
+
+impl AgentHandler {
+    /// Handler over a node's jobs.
+    pub fn new(jobs: Arc<Jobs>) -> Self {
+        AgentHandler { jobs }
+    }
+}
+
+/// Maps an agent error to a gRPC status, variant by variant.
+pub fn to_status(e: AgentError) -> Status {
+    let msg = e.to_string();
+    match e {
+        AgentError::UnknownJob { .. } => Status::not_found(msg),
+        AgentError::WrongPhase { .. } | AgentError::NotRunning { .. } | AgentError::StillRunning { .. } => {
+            Status::failed_precondition(msg)
+        }
+        AgentError::PidsTaken { .. } | AgentError::VerbsWithoutChannel { .. } => Status::failed_precondition(msg),
+        AgentError::NoRoom { .. } => Status::resource_exhausted(msg),
+        AgentError::Store { .. } | AgentError::ManifestMismatch { .. } => Status::data_loss(msg),
+        AgentError::Timeout { .. } => Status::deadline_exceeded(msg),
+        AgentError::Engine { .. } | AgentError::Cgroup { .. } | AgentError::Start { .. } | AgentError::Io { .. } => {
+            Status::internal(msg)
+        }
+    }
+}
+
+fn us(d: std::time::Duration) -> u64 {
+    d.as_micros() as u64
+}
+
+#[tonic::async_trait]
+impl Agent for AgentHandler {
+    async fn launch(&self, req: Request<pb::LaunchRequest>) -> Result<Response<pb::LaunchReply>, Status> {
+        let r = req.into_inner();
+        let spec = LaunchSpec {
+            job: r.job_id,
+            argv: r.argv,
+            cwd: r.cwd.into(),
+            env: r.env.into_iter().collect::<BTreeMap<_, _>>(),
+            uid: r.uid,
+            gid: r.gid,
+            groups: r.groups,
+        };
+        let (pid, incarnation) = self.jobs.launch(spec).await.map_err(to_status)?;
+        Ok(Response::new(pb::LaunchReply {
+            pid,
+            job_dir: self.jobs.job_dir(r.job_id).display().to_string(),
+            incarnation,
+        }))
+    }
+
+    async fn prepare(&self, req: Request<pb::PhaseRequest>) -> Result<Response<pb::PrepareReply>, Status> {
+        let r = req.into_inner();
+        let p = self.jobs.prepare(r.job_id, r.epoch).await.map_err(to_status)?;
+        Ok(Response::new(pb::PrepareReply {
+            processes: p.processes,
+            estimated_bytes: p.estimated_bytes,
+            staging_free_bytes: p.staging_free_bytes,
+        }))
+    }
+
+    async fn quiesce(&self, req: Request<pb::PhaseRequest>) -> Result<Response<pb::PhaseReply>, Status> {
+        let r = req.into_inner();
+        let d = self.jobs.quiesce(r.job_id, r.epoch).await.map_err(to_status)?;
+        Ok(Response::new(pb::PhaseReply { elapsed_us: us(d) }))
+    }
+
+    async fn dump(&self, req: Request<pb::PhaseRequest>) -> Result<Response<pb::DumpReply>, Status> {
+        let r = req.into_inner();
+        let (d, frozen) = self.jobs.dump(r.job_id, r.epoch).await.map_err(to_status)?;
+        Ok(Response::new(pb::DumpReply {
+            elapsed_us: us(d),
+            frozen_us: us(frozen),
+        }))
+    }
+
+    async fn resume(&self, req: Request<pb::ResumeRequest>) -> Result<Response<pb::PhaseReply>, Status> {
+        let r = req.into_inner();
+        let d = self.jobs.resume(r.job_id, r.epoch, r.kill).await.map_err(to_status)?;
+        Ok(Response::new(pb::PhaseReply { elapsed_us: us(d) }))
+    }
+
+    async fn finalize(&self, req: Request<pb::PhaseRequest>) -> Result<Response<pb::FinalizeReply>, Status> {
+        let r = req.into_inner();
+        let f = self.jobs.finalize(r.job_id, r.epoch).await.map_err(to_status)?;
+        Ok(Response::new(pb::FinalizeReply {
+            image_bytes: f.image_bytes,
+            image_files: f.image_files,
+            manifest_digest: f.manifest_digest,
+        }))
+    }
+
+    async fn abort(&self, req: Request<pb::AbortRequest>) -> Result<Response<pb::PhaseReply>, Status> {
+        let r = req.into_inner();
+        self.jobs.abort(r.job_id, r.epoch, &r.reason).await.map_err(to_status)?;
+        Ok(Response::new(pb::PhaseReply { elapsed_us: 0 }))
+    }
+
+    async fn restore(&self, req: Request<pb::RestoreRequest>) -> Result<Response<pb::RestoreReply>, Status> {
+        let r = req.into_inner();
+        let begin = std::time::Instant::now();
+        let (pid, incarnation) = self
+            .jobs
+            .restore(r.job_id, r.epoch, &r.manifest_digest)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::RestoreReply {
+            pid,
+            incarnation,
+            elapsed_us: us(begin.elapsed()),
+        }))
+    }
+
+    async fn signal(&self, req: Request<pb::SignalRequest>) -> Result<Response<pb::PhaseReply>, Status> {
+        let r = req.into_inner();
+        self.jobs.signal(r.job_id, r.signal).await.map_err(to_status)?;
+        Ok(Response::new(pb::PhaseReply { elapsed_us: 0 }))
+    }
+
+    async fn inspect(&self, req: Request<pb::InspectRequest>) -> Result<Response<pb::NodeJobInfo>, Status> {
+        let r = req.into_inner();
+        let (observed, procs) = self.jobs.processes(r.job_id).await.map_err(to_status)?;
+        Ok(Response::new(pb::NodeJobInfo {
+            node: self.jobs.node().to_string(),
+            state: observed_text(&observed),
+            processes: procs
+                .into_iter()
+                .map(|p| pb::ProcessInfo {
+                    pid: p.pid,
+                    comm: p.comm,
+                    state: p.state.to_string(),
+                })
+                .collect(),
+        }))
+    }
+}
+
+/// Wire text of an observed state.
+pub fn observed_text(o: &Observed) -> String {
+    match o {
+        Observed::Running => "running".into(),
+        Observed::Exited(e) => exit_text(e),
+        Observed::Lost => "absent".into(),
+    }
+}

@@ -1,0 +1,841 @@
+//! The jobs of this node and the checkpoint phases the agent runs on them.
+//!
+//! Each job has a directory `<state_dir>/jobs/<id>/` with its persisted record (`job.json`), its
+//! stdout/stderr, engine logs, and one run directory per incarnation (`run/<n>/`) owned by that
+//! incarnation's shim. Each checkpoint epoch walks a node-side phase machine
+//! ([`NodePhase`]); a call in the wrong phase is refused with [`AgentError::WrongPhase`].
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use ckpt_store::layout::Staging;
+use ckpt_store::manifest::{self, NodeManifest, OpenFile, PreservedFile};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+use tracing::{info, instrument, warn};
+
+use crate::cgroup::{CgroupParent, JobCgroup};
+use crate::engine::{DumpSpec, RestoreSpec, SnapshotEngine};
+use crate::error::AgentError;
+use crate::procfs;
+use crate::shim::{self, Exit, ShimMode, ShimSpec, Started};
+
+/// How long a newly started shim may take to report the job's root running. Exec of a
+/// launcher is milliseconds; 30 s covers a loaded node.
+pub const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a restore may take: the engine reads every image page back; at a pessimistic
+/// 100 MB/s this covers 60 GB per node.
+pub const RESTORE_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long a restore waits for the PIDs of a just-killed incarnation to be released. Zombies
+/// of killed processes linger until reaped, which init can take over a second to do.
+pub const PID_FREE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Headroom over the resident size when checking staging room: images add metadata, and a
+/// checkpoint that fills the disk fails late.
+const ROOM_FACTOR: f64 = 1.10;
+
+/// The persisted record of a job on this node.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobRecord {
+    /// Job id.
+    pub id: u64,
+    /// Bumped by every launch and restore.
+    pub incarnation: u32,
+    /// Root of the job's process tree in the current incarnation.
+    pub root_pid: Option<i32>,
+}
+
+/// Where one epoch is on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodePhase {
+    /// Initial synchronization passed; nothing changed yet.
+    Prepared,
+    /// Processes frozen.
+    Frozen,
+    /// Images written; processes still frozen.
+    Dumped,
+    /// Processes thawed (or killed).
+    Resumed,
+}
+
+#[derive(Debug)]
+struct EpochWork {
+    epoch: u32,
+    phase: NodePhase,
+    node_dir: PathBuf,
+    frozen_at: Option<Instant>,
+    pids: Vec<i32>,
+    root_pid: i32,
+    open_files: Vec<OpenFile>,
+    preserved: Vec<PreservedFile>,
+}
+
+/// What the agent sees of a job right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Observed {
+    /// Processes alive.
+    Running,
+    /// The root exited.
+    Exited(Exit),
+    /// No processes and no recorded exit (e.g. its shim was killed).
+    Lost,
+}
+
+/// One job on this node.
+#[derive(Debug)]
+pub struct NodeJob {
+    record: JobRecord,
+    dir: PathBuf,
+    cgroup: JobCgroup,
+    work: Option<EpochWork>,
+}
+
+impl NodeJob {
+    fn run_dir(&self) -> PathBuf {
+        self.dir.join("run").join(self.record.incarnation.to_string())
+    }
+
+    fn save(&self) -> Result<(), AgentError> {
+        let path = self.dir.join("job.json");
+        ckpt_store::atomic::write_file(&path, &serde_json::to_vec_pretty(&self.record).expect("serializable"))
+            .map_err(|source| AgentError::Store {
+                job: self.record.id,
+                source,
+            })
+    }
+
+    /// Current state of the job's processes.
+    pub fn observe(&self) -> Observed {
+        if self.record.incarnation == 0 {
+            return Observed::Lost;
+        }
+        if let Some(exit) = shim::read_json::<Exit>(&self.run_dir().join(shim::EXIT)) {
+            return Observed::Exited(exit);
+        }
+        if self.cgroup.pids().map(|p| !p.is_empty()).unwrap_or(false) {
+            return Observed::Running;
+        }
+        // Between the root's exit and the shim's write, or after a kill of everything.
+        Observed::Lost
+    }
+
+    /// Job id.
+    pub fn id(&self) -> u64 {
+        self.record.id
+    }
+
+    /// Incarnation.
+    pub fn incarnation(&self) -> u32 {
+        self.record.incarnation
+    }
+
+    fn wrong_phase(&self, epoch: u32, call: &'static str) -> AgentError {
+        let state = match &self.work {
+            None => "no checkpoint in progress".to_string(),
+            Some(w) if w.epoch != epoch => format!("epoch {} is in progress", w.epoch),
+            Some(w) => format!("epoch {} is {:?}", w.epoch, w.phase),
+        };
+        AgentError::WrongPhase {
+            job: self.record.id,
+            epoch,
+            call,
+            state,
+        }
+    }
+
+    fn expect_phase(&mut self, epoch: u32, phase: NodePhase, call: &'static str) -> Result<&mut EpochWork, AgentError> {
+        match &self.work {
+            Some(w) if w.epoch == epoch && w.phase == phase => Ok(self.work.as_mut().expect("checked")),
+            _ => Err(self.wrong_phase(epoch, call)),
+        }
+    }
+}
+
+/// Result of a finished local checkpoint.
+#[derive(Debug, Clone)]
+pub struct Finalized {
+    /// Total image bytes.
+    pub image_bytes: u64,
+    /// Number of image files.
+    pub image_files: u32,
+    /// Digest of the node manifest.
+    pub manifest_digest: String,
+}
+
+/// Result of initial synchronization.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// Processes in the job on this node.
+    pub processes: u32,
+    /// Estimated image size.
+    pub estimated_bytes: u64,
+    /// Free bytes in staging.
+    pub staging_free_bytes: u64,
+}
+
+/// What a launch needs.
+#[derive(Debug, Clone)]
+pub struct LaunchSpec {
+    /// Job id.
+    pub job: u64,
+    /// Command.
+    pub argv: Vec<String>,
+    /// Working directory.
+    pub cwd: PathBuf,
+    /// Environment.
+    pub env: BTreeMap<String, String>,
+    /// User.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Supplementary groups.
+    pub groups: Vec<u32>,
+}
+
+/// The jobs of this node and everything needed to act on them.
+#[derive(Debug)]
+pub struct Jobs {
+    node: String,
+    state_dir: PathBuf,
+    staging: Staging,
+    cgroups: CgroupParent,
+    engine: Arc<dyn SnapshotEngine>,
+    shim_exe: PathBuf,
+    jobs: std::sync::Mutex<HashMap<u64, Arc<Mutex<NodeJob>>>>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+impl Jobs {
+    /// Opens the node's job table, reloading jobs persisted by an earlier agent run and
+    /// thawing any left frozen by a checkpoint that the earlier run did not finish.
+    pub fn open(
+        node: String,
+        state_dir: PathBuf,
+        staging: Staging,
+        cgroups: CgroupParent,
+        engine: Arc<dyn SnapshotEngine>,
+        shim_exe: PathBuf,
+    ) -> std::io::Result<Self> {
+        let jobs_dir = state_dir.join("jobs");
+        fs::create_dir_all(&jobs_dir)?;
+        let mut map = HashMap::new();
+        for ent in fs::read_dir(&jobs_dir)?.flatten() {
+            let Some(record) = shim::read_json::<JobRecord>(&ent.path().join("job.json")) else { continue };
+            let cgroup = cgroups.job(record.id);
+            if cgroup.exists() && cgroup.state().map(|s| s != "THAWED").unwrap_or(false) {
+                warn!(job = record.id, "thawing a job left frozen by an interrupted checkpoint");
+                if let Err(e) = cgroup.thaw() {
+                    warn!(job = record.id, error = %e, "cannot thaw");
+                }
+            }
+            let job = NodeJob {
+                dir: ent.path(),
+                cgroup,
+                record,
+                work: None,
+            };
+            map.insert(job.record.id, Arc::new(Mutex::new(job)));
+        }
+        Ok(Jobs {
+            node,
+            state_dir,
+            staging,
+            cgroups,
+            engine,
+            shim_exe,
+            jobs: std::sync::Mutex::new(map),
+        })
+    }
+
+    /// Node name.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// The snapshot engine.
+    pub fn engine(&self) -> &Arc<dyn SnapshotEngine> {
+        &self.engine
+    }
+
+    fn get(&self, job: u64) -> Result<Arc<Mutex<NodeJob>>, AgentError> {
+        self.jobs
+            .lock()
+            .expect("jobs lock")
+            .get(&job)
+            .cloned()
+            .ok_or(AgentError::UnknownJob { job })
+    }
+
+    fn get_or_create(&self, job: u64) -> Result<Arc<Mutex<NodeJob>>, AgentError> {
+        let mut map = self.jobs.lock().expect("jobs lock");
+        if let Some(j) = map.get(&job) {
+            return Ok(j.clone());
+        }
+        let dir = self.state_dir.join("jobs").join(job.to_string());
+        fs::create_dir_all(dir.join("logs")).map_err(|source| AgentError::Io {
+            job,
+            what: "create",
+            path: dir.clone(),
+            source,
+        })?;
+        let j = Arc::new(Mutex::new(NodeJob {
+            record: JobRecord {
+                id: job,
+                incarnation: 0,
+                root_pid: None,
+            },
+            dir,
+            cgroup: self.cgroups.job(job),
+            work: None,
+        }));
+        map.insert(job, j.clone());
+        Ok(j)
+    }
+
+    /// All jobs (for heartbeats), skipping any whose lock is held by a running phase.
+    pub fn snapshot(&self) -> Vec<Arc<Mutex<NodeJob>>> {
+        self.jobs.lock().expect("jobs lock").values().cloned().collect()
+    }
+
+    /// Directory of a job on this node.
+    pub fn job_dir(&self, job: u64) -> PathBuf {
+        self.state_dir.join("jobs").join(job.to_string())
+    }
+
+    async fn start_shim(&self, job: &mut NodeJob, mode: ShimMode, timeout: Duration) -> Result<i32, AgentError> {
+        let id = job.record.id;
+        job.record.incarnation += 1;
+        job.record.root_pid = None;
+        let run_dir = job.run_dir();
+        let io = |what, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| AgentError::Io { job: id, what, path, source }
+        };
+        fs::create_dir_all(&run_dir).map_err(io("create", &run_dir))?;
+        job.cgroup.create().map_err(|source| AgentError::Cgroup { job: id, source })?;
+        let spec = ShimSpec {
+            mode,
+            cgroup_procs: job.cgroup.procs_file(),
+            stdout: job.dir.join("stdout"),
+            stderr: job.dir.join("stderr"),
+            run_dir: run_dir.clone(),
+        };
+        let spec_path = run_dir.join(shim::SPEC);
+        ckpt_store::atomic::write_file(&spec_path, &serde_json::to_vec_pretty(&spec).expect("serializable"))
+            .map_err(|source| AgentError::Store { job: id, source })?;
+        job.save()?;
+        let log = fs::File::create(run_dir.join("shim.log")).map_err(io("create", &run_dir))?;
+        let log2 = log.try_clone().map_err(io("create", &run_dir))?;
+        let mut cmd = tokio::process::Command::new(&self.shim_exe);
+        cmd.arg("shim").arg(&spec_path).stdin(std::process::Stdio::null()).stdout(log).stderr(log2);
+        // SAFETY: setsid is async-signal-safe; the shim leaves the agent's session so that
+        // stopping the agent does not stop jobs.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().map_err(|e| AgentError::Start {
+            job: id,
+            message: format!("cannot start shim {}: {e}", self.shim_exe.display()),
+        })?;
+        // Reap the shim whenever it ends; the job's exit status is in its run directory.
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+        });
+        let started_file = run_dir.join(shim::STARTED);
+        let begin = Instant::now();
+        let started = loop {
+            if let Some(s) = shim::read_json::<Started>(&started_file) {
+                break s;
+            }
+            if begin.elapsed() > timeout {
+                return Err(AgentError::Timeout {
+                    job: id,
+                    what: "job start",
+                    waited: timeout,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        match started {
+            Started::Running { root_pid } => {
+                job.record.root_pid = Some(root_pid);
+                job.save()?;
+                Ok(root_pid)
+            }
+            Started::Failed { error } => Err(AgentError::Start { job: id, message: error }),
+        }
+    }
+
+    /// Starts a job's command on this node.
+    #[instrument(skip_all, fields(job = spec.job))]
+    pub async fn launch(&self, spec: LaunchSpec) -> Result<(i32, u32), AgentError> {
+        let j = self.get_or_create(spec.job)?;
+        let mut job = j.lock().await;
+        if job.observe() == Observed::Running {
+            return Err(AgentError::StillRunning {
+                job: spec.job,
+                pids: job.cgroup.pids().unwrap_or_default(),
+            });
+        }
+        let mode = ShimMode::Launch {
+            argv: spec.argv,
+            cwd: spec.cwd,
+            env: spec.env,
+            uid: spec.uid,
+            gid: spec.gid,
+            groups: spec.groups,
+        };
+        let pid = self.start_shim(&mut job, mode, LAUNCH_TIMEOUT).await?;
+        info!(pid, "job started");
+        Ok((pid, job.record.incarnation))
+    }
+
+    /// Phase 1, initial synchronization: the job runs, no process holds verbs resources without
+    /// a channel, the engine works, and staging has room.
+    #[instrument(skip_all, fields(job, epoch))]
+    pub async fn prepare(&self, job_id: u64, epoch: u32) -> Result<Prepared, AgentError> {
+        let j = self.get(job_id)?;
+        let mut job = j.lock().await;
+        if let Some(w) = &job.work {
+            return Err(AgentError::WrongPhase {
+                job: job_id,
+                epoch,
+                call: "prepare",
+                state: format!("epoch {} is {:?}", w.epoch, w.phase),
+            });
+        }
+        match job.observe() {
+            Observed::Running => {}
+            Observed::Exited(e) => {
+                return Err(AgentError::NotRunning {
+                    job: job_id,
+                    state: exit_text(&e),
+                })
+            }
+            Observed::Lost => {
+                return Err(AgentError::NotRunning {
+                    job: job_id,
+                    state: "no processes".into(),
+                })
+            }
+        }
+        let pids = job.cgroup.pids().map_err(|source| AgentError::Cgroup { job: job_id, source })?;
+        let mut estimated = 0u64;
+        for &pid in &pids {
+            if let Some(device) = procfs::verbs_device(pid) {
+                let comm = procfs::stat(pid).map(|s| s.comm).unwrap_or_default();
+                return Err(AgentError::VerbsWithoutChannel {
+                    job: job_id,
+                    pid,
+                    comm,
+                    device,
+                });
+            }
+            estimated += procfs::rss_bytes(pid);
+        }
+        let free = self.staging.free_bytes().map_err(|source| AgentError::Store { job: job_id, source })?;
+        let need = (estimated as f64 * ROOM_FACTOR) as u64;
+        if free < need {
+            return Err(AgentError::NoRoom {
+                job: job_id,
+                dir: self.staging.root().to_path_buf(),
+                need,
+                free,
+            });
+        }
+        let node_dir = self
+            .staging
+            .create_node_dir(job_id, epoch, &self.node)
+            .map_err(|source| AgentError::Store { job: job_id, source })?;
+        let root_pid = job.record.root_pid.unwrap_or(0);
+        job.work = Some(EpochWork {
+            epoch,
+            phase: NodePhase::Prepared,
+            node_dir,
+            frozen_at: None,
+            pids,
+            root_pid,
+            open_files: Vec::new(),
+            preserved: Vec::new(),
+        });
+        Ok(Prepared {
+            processes: job.work.as_ref().map(|w| w.pids.len() as u32).unwrap_or(0),
+            estimated_bytes: estimated,
+            staging_free_bytes: free,
+        })
+    }
+
+    /// Phase 2, pre-checkpoint coordination: freeze every process of the job on this node.
+    #[instrument(skip_all, fields(job, epoch))]
+    pub async fn quiesce(&self, job_id: u64, epoch: u32) -> Result<Duration, AgentError> {
+        let j = self.get(job_id)?;
+        let mut job = j.lock_owned().await;
+        job.expect_phase(epoch, NodePhase::Prepared, "quiesce")?;
+        let begin = Instant::now();
+        let job = tokio::task::spawn_blocking(move || {
+            let r = job.cgroup.freeze();
+            (job, r)
+        })
+        .await
+        .expect("freeze task");
+        let (mut job, r) = job;
+        r.map_err(|source| AgentError::Cgroup { job: job_id, source })?;
+        let pids = job.cgroup.pids().unwrap_or_default();
+        let w = job.work.as_mut().expect("checked");
+        w.frozen_at = Some(begin);
+        w.pids = pids;
+        w.phase = NodePhase::Frozen;
+        Ok(begin.elapsed())
+    }
+
+    /// Phase 3, local checkpoint: record open-file sizes, save what the engine does not, and
+    /// have the engine dump the frozen tree into staging. Returns (elapsed, frozen so far).
+    #[instrument(skip_all, fields(job, epoch))]
+    pub async fn dump(&self, job_id: u64, epoch: u32) -> Result<(Duration, Duration), AgentError> {
+        let j = self.get(job_id)?;
+        let mut job = j.lock_owned().await;
+        job.expect_phase(epoch, NodePhase::Frozen, "dump")?;
+        let engine = self.engine.clone();
+        let begin = Instant::now();
+        let (mut job, r) = tokio::task::spawn_blocking(move || {
+            let r = dump_frozen(&mut job, engine.as_ref());
+            (job, r)
+        })
+        .await
+        .expect("dump task");
+        r?;
+        let w = job.work.as_mut().expect("checked");
+        w.phase = NodePhase::Dumped;
+        let frozen = w.frozen_at.map(|t| t.elapsed()).unwrap_or_default();
+        Ok((begin.elapsed(), frozen))
+    }
+
+    /// Phase 4, post-checkpoint coordination: thaw the job (or kill it for `--kill`).
+    #[instrument(skip_all, fields(job, epoch, kill))]
+    pub async fn resume(&self, job_id: u64, epoch: u32, kill: bool) -> Result<Duration, AgentError> {
+        let j = self.get(job_id)?;
+        let mut job = j.lock_owned().await;
+        job.expect_phase(epoch, NodePhase::Dumped, "resume")?;
+        let begin = Instant::now();
+        let (mut job, r) = tokio::task::spawn_blocking(move || {
+            let r = if kill { job.cgroup.kill_all() } else { job.cgroup.thaw() };
+            (job, r)
+        })
+        .await
+        .expect("resume task");
+        r.map_err(|source| AgentError::Cgroup { job: job_id, source })?;
+        job.work.as_mut().expect("checked").phase = NodePhase::Resumed;
+        Ok(begin.elapsed())
+    }
+
+    /// Seals the epoch on this node: digest and fsync every image, write the node manifest.
+    /// Runs after the job has resumed, so it costs the job no frozen time.
+    #[instrument(skip_all, fields(job, epoch))]
+    pub async fn finalize(&self, job_id: u64, epoch: u32) -> Result<Finalized, AgentError> {
+        let j = self.get(job_id)?;
+        let mut job = j.lock_owned().await;
+        job.expect_phase(epoch, NodePhase::Resumed, "finalize")?;
+        let w = job.work.take().expect("checked");
+        let node = self.node.clone();
+        let engine = (self.engine.name().to_string(), self.engine.version().to_string());
+        let r = tokio::task::spawn_blocking(move || -> Result<Finalized, ckpt_store::StoreError> {
+            let files = ckpt_store::digest::seal_tree(&w.node_dir, &[manifest::FILE_NAME])?;
+            let m = NodeManifest {
+                job_id,
+                epoch,
+                node,
+                engine: engine.0,
+                engine_version: engine.1,
+                created_unix_ms: now_ms(),
+                root_pid: w.root_pid,
+                pids: w.pids,
+                files,
+                open_files: w.open_files,
+                preserved: w.preserved,
+                notes: BTreeMap::new(),
+            };
+            let digest = manifest::write(&w.node_dir, &m)?;
+            Ok(Finalized {
+                image_bytes: m.image_bytes(),
+                image_files: m.files.len() as u32,
+                manifest_digest: digest,
+            })
+        })
+        .await
+        .expect("finalize task");
+        r.map_err(|source| AgentError::Store { job: job_id, source })
+    }
+
+    /// Abandons an epoch: thaw the job if it is frozen, delete the epoch's images on this node.
+    /// Safe to call in any phase and more than once.
+    #[instrument(skip_all, fields(job, epoch))]
+    pub async fn abort(&self, job_id: u64, epoch: u32, reason: &str) -> Result<(), AgentError> {
+        let j = self.get(job_id)?;
+        let mut job = j.lock_owned().await;
+        if job.work.as_ref().is_some_and(|w| w.epoch == epoch) {
+            job.work = None;
+        }
+        warn!(reason, "aborting epoch");
+        let staging = self.staging.clone();
+        let node = self.node.clone();
+        let (_job, r) = tokio::task::spawn_blocking(move || {
+            let mut r = Ok(());
+            if job.cgroup.exists() && job.cgroup.state().map(|s| s != "THAWED").unwrap_or(false) {
+                r = job.cgroup.thaw().map_err(|source| AgentError::Cgroup { job: job_id, source });
+            }
+            if let Err(source) = staging.remove_node_dir(job_id, epoch, &node) {
+                r = r.and(Err(AgentError::Store { job: job_id, source }));
+            }
+            (job, r)
+        })
+        .await
+        .expect("abort task");
+        r
+    }
+
+    /// Restores this node's part of a job from a committed epoch: verify the manifest and every
+    /// image against the committed digest before anything else, then put the job's files back
+    /// as they were, then have the shim run the engine's restore.
+    #[instrument(skip_all, fields(job, epoch))]
+    pub async fn restore(&self, job_id: u64, epoch: u32, committed_digest: &str) -> Result<(i32, u32), AgentError> {
+        let j = self.get_or_create(job_id)?;
+        let mut job = j.lock().await;
+        let live = job.cgroup.pids().unwrap_or_default();
+        if !live.is_empty() {
+            return Err(AgentError::StillRunning { job: job_id, pids: live });
+        }
+        let node_dir = self.staging.node_dir(job_id, epoch, &self.node);
+        let nd = node_dir.clone();
+        let committed = committed_digest.to_string();
+        let m = tokio::task::spawn_blocking(move || -> Result<NodeManifest, AgentError> {
+            let store_err = |source| AgentError::Store { job: job_id, source };
+            let (m, digest) = manifest::read(&nd).map_err(store_err)?;
+            if !committed.is_empty() && digest != committed {
+                return Err(AgentError::ManifestMismatch {
+                    job: job_id,
+                    epoch,
+                    found: digest,
+                    committed,
+                });
+            }
+            ckpt_store::digest::verify_tree(&nd, &m.files).map_err(store_err)?;
+            Ok(m)
+        })
+        .await
+        .expect("verify task")?;
+        wait_pids_free(job_id, &m.pids).await?;
+        put_back_files(job_id, &m, &node_dir)?;
+        let inc = job.record.incarnation + 1;
+        let run_dir = job.dir.join("run").join(inc.to_string());
+        let log = job.dir.join("logs").join(format!("restore-{epoch}-{inc}.log"));
+        let pid_file = run_dir.join("restored.pid");
+        let argv = self.engine.restore_argv(&RestoreSpec {
+            images_dir: &node_dir.join("images"),
+            log_file: &log,
+            pid_file: &pid_file,
+        });
+        match self
+            .start_shim(&mut job, ShimMode::Restore { argv, pid_file }, RESTORE_TIMEOUT)
+            .await
+        {
+            Ok(pid) => {
+                info!(pid, "job restored");
+                Ok((pid, job.record.incarnation))
+            }
+            Err(AgentError::Start { message, .. }) => Err(AgentError::Engine {
+                job: job_id,
+                source: self.engine.restore_failed(message, &log),
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sends a signal to every process of the job on this node.
+    pub async fn signal(&self, job_id: u64, sig: i32) -> Result<usize, AgentError> {
+        let j = self.get(job_id)?;
+        let job = j.lock().await;
+        job.cgroup.signal_all(sig).map_err(|source| AgentError::Cgroup { job: job_id, source })
+    }
+
+    /// The job's processes on this node: (pid, comm, state).
+    pub async fn processes(&self, job_id: u64) -> Result<(Observed, Vec<procfs::ProcStat>), AgentError> {
+        let j = self.get(job_id)?;
+        let job = j.lock().await;
+        let procs = job
+            .cgroup
+            .pids()
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(procfs::stat)
+            .collect();
+        Ok((job.observe(), procs))
+    }
+}
+
+/// Human text for an exit status.
+pub fn exit_text(e: &Exit) -> String {
+    match (e.code, e.signal) {
+        (Some(c), _) => format!("exited with code {c}"),
+        (None, Some(s)) => format!("killed by signal {s}"),
+        _ => "ended".into(),
+    }
+}
+
+/// Files under these prefixes are shared memory or session state that the engine does not put in
+/// the image and that launchers delete when the job ends (Open MPI's `vader_segment.*` in
+/// /dev/shm and its session directory in /tmp/ompi.*): the agent saves the ones the job uses.
+const PRESERVE_PREFIXES: [&str; 2] = ["/dev/shm/", "/tmp/ompi."];
+
+fn dump_frozen(job: &mut NodeJob, engine: &dyn SnapshotEngine) -> Result<(), AgentError> {
+    let id = job.record.id;
+    let w = job.work.as_mut().expect("checked by caller");
+    let io = |what, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| AgentError::Io { job: id, what, path, source }
+    };
+    // Sizes of files open for writing: restore truncates them back.
+    let mut open: BTreeMap<String, u64> = BTreeMap::new();
+    let mut preserve: Vec<PathBuf> = Vec::new();
+    for &pid in &w.pids {
+        for (path, size) in procfs::files_open_for_write(pid) {
+            open.insert(path.display().to_string(), size);
+        }
+        let mut used: Vec<String> = procfs::mapped_paths(pid);
+        used.extend(procfs::fd_paths(pid).into_iter().map(|p| p.display().to_string()));
+        for p in used {
+            if PRESERVE_PREFIXES.iter().any(|pre| p.starts_with(pre)) && !p.ends_with(" (deleted)") {
+                preserve.push(PathBuf::from(p));
+            }
+        }
+    }
+    // Whole Open MPI session directories, since processes find peers' files through them.
+    let mut trees: Vec<PathBuf> = preserve
+        .iter()
+        .filter_map(|p| {
+            let s = p.to_string_lossy();
+            s.strip_prefix("/tmp/")
+                .and_then(|rest| rest.split('/').next())
+                .map(|top| Path::new("/tmp").join(top))
+        })
+        .collect();
+    trees.sort();
+    trees.dedup();
+    for t in &trees {
+        collect_files(t, &mut preserve);
+    }
+    preserve.sort();
+    preserve.dedup();
+    let extra = w.node_dir.join("extra");
+    for (i, p) in preserve.iter().enumerate() {
+        let Some((uid, gid, mode)) = procfs::owner_mode(p) else { continue };
+        if !p.is_file() {
+            continue;
+        }
+        fs::create_dir_all(&extra).map_err(io("create", &extra))?;
+        let saved = format!("extra/{i}");
+        fs::copy(p, w.node_dir.join(&saved)).map_err(io("copy", p))?;
+        w.preserved.push(PreservedFile {
+            path: p.display().to_string(),
+            saved_as: saved,
+            mode,
+            uid,
+            gid,
+        });
+    }
+    w.open_files = open.into_iter().map(|(path, size)| OpenFile { path, size }).collect();
+    let images = w.node_dir.join("images");
+    fs::create_dir_all(&images).map_err(io("create", &images))?;
+    let log = job.dir.join("logs").join(format!("dump-{}.log", w.epoch));
+    engine
+        .dump(&DumpSpec {
+            root_pid: w.root_pid,
+            images_dir: &images,
+            cgroup: job.cgroup.path(),
+            log_file: &log,
+        })
+        .map_err(|source| AgentError::Engine { job: id, source })
+}
+
+fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(rd) = fs::read_dir(dir) else { return };
+    for e in rd.flatten() {
+        let p = e.path();
+        match e.file_type() {
+            Ok(t) if t.is_dir() => collect_files(&p, out),
+            Ok(t) if t.is_file() => out.push(p),
+            _ => {}
+        }
+    }
+}
+
+async fn wait_pids_free(job: u64, pids: &[i32]) -> Result<(), AgentError> {
+    let begin = Instant::now();
+    loop {
+        let taken: Vec<i32> = pids.iter().copied().filter(|&p| procfs::pid_taken(p)).collect();
+        if taken.is_empty() {
+            return Ok(());
+        }
+        if begin.elapsed() > PID_FREE_TIMEOUT {
+            return Err(AgentError::PidsTaken { job, pids: taken });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn put_back_files(job: u64, m: &NodeManifest, node_dir: &Path) -> Result<(), AgentError> {
+    let io = |what, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| AgentError::Io { job, what, path, source }
+    };
+    for f in &m.open_files {
+        let p = Path::new(&f.path);
+        match fs::metadata(p) {
+            Ok(meta) if meta.len() > f.size => {
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(p)
+                    .and_then(|h| h.set_len(f.size))
+                    .map_err(io("truncate", p))?;
+            }
+            Ok(meta) if meta.len() < f.size => {
+                // The engine will refuse; extend with zeros is wrong, so say what happened.
+                return Err(AgentError::Start {
+                    job,
+                    message: format!(
+                        "{} is {} bytes but was {} at checkpoint time: it was truncated or replaced since; restore it or remove it and restart from an epoch taken after",
+                        f.path,
+                        meta.len(),
+                        f.size
+                    ),
+                });
+            }
+            Ok(_) => {}
+            Err(_) => {
+                // Recreate a missing output file at its checkpoint size (content was written
+                // by the job; the engine only needs the file and its size to match).
+                if let Some(parent) = p.parent() {
+                    fs::create_dir_all(parent).map_err(io("create", parent))?;
+                }
+                fs::File::create(p).and_then(|h| h.set_len(f.size)).map_err(io("create", p))?;
+            }
+        }
+    }
+    for pf in &m.preserved {
+        let dst = Path::new(&pf.path);
+        if let Some(parent) = dst.parent() {
+            fs::create_dir_all(parent).map_err(io("create", parent))?;
+        }
+        fs::copy(node_dir.join(&pf.saved_as), dst).map_err(io("restore", dst))?;
+        let _ = nix::unistd::chown(dst, Some(pf.uid.into()), Some(pf.gid.into()));
+        use std::os::unix::fs::PermissionsExt;
+        let _ = fs::set_permissions(dst, fs::Permissions::from_mode(pf.mode));
+    }
+    Ok(())
+}

@@ -1,0 +1,158 @@
+//! What the agent reads about a job's processes from `/proc`: names and states, resident size
+//! (for the staging-room estimate), regular files open for writing (their sizes are recorded at
+//! checkpoint and restored before a restore), shared-memory files the engine does not save, and
+//! verbs device mappings (which need an ib-quiesce channel).
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// One process as `/proc/<pid>/stat` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcStat {
+    /// PID.
+    pub pid: i32,
+    /// Command name.
+    pub comm: String,
+    /// One-letter state (R, S, D, T, Z, ...).
+    pub state: char,
+    /// Parent PID.
+    pub ppid: i32,
+    /// Start time in clock ticks after boot (tells a reused PID apart).
+    pub start_ticks: u64,
+}
+
+/// Reads `/proc/<pid>/stat`; `None` if the process is gone.
+pub fn stat(pid: i32) -> Option<ProcStat> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    let comm = text[open + 1..close].to_string();
+    let rest: Vec<&str> = text[close + 2..].split_whitespace().collect();
+    Some(ProcStat {
+        pid,
+        comm,
+        state: rest.first()?.chars().next()?,
+        ppid: rest.get(1)?.parse().ok()?,
+        start_ticks: rest.get(19)?.parse().ok()?,
+    })
+}
+
+/// Whether `pid` exists (zombies count: their PID is still taken).
+pub fn pid_taken(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Resident set size in bytes.
+pub fn rss_bytes(pid: i32) -> u64 {
+    let page = page_size();
+    fs::read_to_string(format!("/proc/{pid}/statm"))
+        .ok()
+        .and_then(|t| t.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map(|pages| pages * page)
+        .unwrap_or(0)
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if v > 0 {
+        v as u64
+    } else {
+        4096
+    }
+}
+
+/// Regular files the process has open with write access: (path, size now).
+pub fn files_open_for_write(pid: i32) -> Vec<(PathBuf, u64)> {
+    let mut out = Vec::new();
+    let Ok(rd) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return out;
+    };
+    for ent in rd.flatten() {
+        let fd = ent.file_name().to_string_lossy().into_owned();
+        let Ok(target) = fs::read_link(ent.path()) else { continue };
+        if !target.is_absolute() || target.to_string_lossy().ends_with(" (deleted)") {
+            continue;
+        }
+        let Ok(info) = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")) else { continue };
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+            .unwrap_or(0);
+        let access = flags & libc::O_ACCMODE as u32;
+        if access != libc::O_WRONLY as u32 && access != libc::O_RDWR as u32 {
+            continue;
+        }
+        if let Ok(meta) = fs::metadata(&target) {
+            if meta.is_file() {
+                out.push((target, meta.len()));
+            }
+        }
+    }
+    out
+}
+
+/// Paths the process maps (from `/proc/<pid>/maps`), deduplicated.
+pub fn mapped_paths(pid: i32) -> Vec<String> {
+    let Ok(text) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return Vec::new();
+    };
+    let mut v: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5).map(str::to_string))
+        .filter(|p| p.starts_with('/'))
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// Paths of the process's open file descriptors.
+pub fn fd_paths(pid: i32) -> Vec<PathBuf> {
+    fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|rd| rd.flatten().filter_map(|e| fs::read_link(e.path()).ok()).collect())
+        .unwrap_or_default()
+}
+
+/// The first verbs device the process maps or holds open, if any.
+pub fn verbs_device(pid: i32) -> Option<String> {
+    let prefix = ib_quiesce::VERBS_DEVICE_PREFIX;
+    mapped_paths(pid)
+        .into_iter()
+        .find(|p| p.starts_with(prefix))
+        .or_else(|| {
+            fd_paths(pid)
+                .into_iter()
+                .map(|p| p.to_string_lossy().into_owned())
+                .find(|p| p.starts_with(prefix))
+        })
+}
+
+/// Owner and mode of a file.
+pub fn owner_mode(path: &Path) -> Option<(u32, u32, u32)> {
+    fs::metadata(path).ok().map(|m| (m.uid(), m.gid(), m.mode() & 0o7777))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn reads_own_stat_and_open_files() {
+        let me = std::process::id() as i32;
+        let s = stat(me).unwrap();
+        assert_eq!(s.pid, me);
+        assert!(s.start_ticks > 0);
+        assert!(rss_bytes(me) > 0);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.log");
+        let mut f = fs::File::create(&p).unwrap();
+        f.write_all(b"12345").unwrap();
+        let open = files_open_for_write(me);
+        assert!(open.iter().any(|(q, size)| q == &p && *size == 5), "{open:?}");
+        assert!(verbs_device(me).is_none());
+        assert!(!pid_taken(i32::MAX - 1));
+    }
+}

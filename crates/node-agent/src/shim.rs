@@ -1,0 +1,297 @@
+//! The job shim: a small process per job incarnation (`ckpt-agent shim SPEC`) that the agent
+//! starts, and that owns the job's process tree the way a container shim does.
+//!
+//! It is a child subreaper, so it can collect the exit status of the job's root both when it
+//! started the root itself (launch) and when the snapshot engine restored it (the engine's
+//! detached restore re-parents the restored tree to the nearest subreaper). It writes
+//! `started.json` once the root runs and `exit.json` when the root exits, atomically, in its run
+//! directory; the agent reads those files, so jobs keep running and their exit is recorded even
+//! while the agent itself restarts.
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::fs::{self, OpenOptions};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde::{Deserialize, Serialize};
+
+/// What the shim starts.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ShimMode {
+    /// Start the job's command.
+    Launch {
+        /// Command and arguments.
+        argv: Vec<String>,
+        /// Working directory.
+        cwd: PathBuf,
+        /// Complete environment.
+        env: BTreeMap<String, String>,
+        /// User to run as.
+        uid: u32,
+        /// Group to run as.
+        gid: u32,
+        /// Supplementary groups.
+        groups: Vec<u32>,
+    },
+    /// Run the engine's detached restore command, then adopt the restored root.
+    Restore {
+        /// Engine command line.
+        argv: Vec<String>,
+        /// Where the engine writes the restored root's PID.
+        pid_file: PathBuf,
+    },
+}
+
+/// The shim's instructions, written by the agent to `<run_dir>/spec.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ShimSpec {
+    /// Launch or restore.
+    pub mode: ShimMode,
+    /// `cgroup.procs` of the job's cgroup; the job (or the restoring engine) joins it.
+    pub cgroup_procs: PathBuf,
+    /// File the job's stdout is appended to.
+    pub stdout: PathBuf,
+    /// File the job's stderr is appended to.
+    pub stderr: PathBuf,
+    /// Directory for `started.json` and `exit.json`.
+    pub run_dir: PathBuf,
+}
+
+/// Written once the job's root process runs (or could not be started).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum Started {
+    /// The root's PID.
+    Running {
+        /// PID.
+        root_pid: i32,
+    },
+    /// Why it did not start.
+    Failed {
+        /// Message.
+        error: String,
+    },
+}
+
+/// How the job's root ended.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Exit {
+    /// Exit code, if it exited.
+    pub code: Option<i32>,
+    /// Signal, if it was killed.
+    pub signal: Option<i32>,
+}
+
+/// File names in the run directory.
+pub const STARTED: &str = "started.json";
+/// See [`STARTED`].
+pub const EXIT: &str = "exit.json";
+/// See [`STARTED`].
+pub const SPEC: &str = "spec.json";
+
+fn write_json<T: Serialize>(path: &Path, v: &T) {
+    let bytes = serde_json::to_vec(v).expect("serializable");
+    if let Err(e) = ckpt_store::atomic::write_file(path, &bytes) {
+        eprintln!("ckpt shim: {e}");
+    }
+}
+
+/// Reads a JSON file the shim wrote, if present and complete.
+pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Option<T> {
+    serde_json::from_slice(&fs::read(path).ok()?).ok()
+}
+
+fn open_append(p: &Path) -> std::io::Result<fs::File> {
+    OpenOptions::new().create(true).append(true).open(p)
+}
+
+/// Entry point of `ckpt-agent shim SPEC`. Returns the shim's exit code.
+pub fn main(spec_path: &Path) -> i32 {
+    let spec: ShimSpec = match read_json(spec_path) {
+        Some(s) => s,
+        None => {
+            eprintln!("ckpt shim: cannot read {}", spec_path.display());
+            return 2;
+        }
+    };
+    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) takes integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let started = spec.run_dir.join(STARTED);
+    let root = match start(&spec) {
+        Ok(pid) => pid,
+        Err(error) => {
+            write_json(&started, &Started::Failed { error });
+            return 1;
+        }
+    };
+    write_json(&started, &Started::Running { root_pid: root });
+    reap_until_empty(root, &spec.run_dir.join(EXIT));
+    0
+}
+
+fn cgroup_join_path(spec: &ShimSpec) -> Result<CString, String> {
+    CString::new(spec.cgroup_procs.display().to_string()).map_err(|e| e.to_string())
+}
+
+/// Joins the cgroup from inside a freshly forked child: only async-signal-safe calls.
+fn join_cgroup(procs: &CString) -> std::io::Result<()> {
+    // SAFETY: open/write/close on a valid C string and a static buffer; async-signal-safe.
+    unsafe {
+        let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let rc = libc::write(fd, b"0".as_ptr().cast(), 1);
+        libc::close(fd);
+        if rc != 1 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Marks every inherited descriptor above stderr close-on-exec, as sshd does for a session:
+/// a leaked listening socket would otherwise be dumped in a state the engine rejects.
+fn cloexec_inherited_fds() -> std::io::Result<()> {
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    // SAFETY: close_range with the CLOEXEC flag only changes descriptor flags.
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn start(spec: &ShimSpec) -> Result<i32, String> {
+    let procs = cgroup_join_path(spec)?;
+    let stdout = open_append(&spec.stdout).map_err(|e| format!("{}: {e}", spec.stdout.display()))?;
+    let stderr = open_append(&spec.stderr).map_err(|e| format!("{}: {e}", spec.stderr.display()))?;
+    match &spec.mode {
+        ShimMode::Launch {
+            argv,
+            cwd,
+            env,
+            uid,
+            gid,
+            groups,
+        } => {
+            let (prog, args) = argv.split_first().ok_or("empty command")?;
+            let (uid, gid) = (*uid, *gid);
+            let groups: Vec<libc::gid_t> = groups.clone();
+            let mut cmd = Command::new(prog);
+            cmd.args(args)
+                .current_dir(cwd)
+                .env_clear()
+                .envs(env)
+                .stdin(Stdio::null())
+                .stdout(stdout)
+                .stderr(stderr);
+            // SAFETY: the closure runs between fork and exec and makes only async-signal-safe
+            // system calls (setsid, unshare, open/write/close, setgroups/setgid/setuid,
+            // close_range); `procs` and `groups` were allocated before the fork.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setsid() < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    // A private IPC namespace: SysV shared memory of the job is then dumped
+                    // and restored with it instead of being shared with the host.
+                    if libc::unshare(libc::CLONE_NEWIPC) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    join_cgroup(&procs)?;
+                    if libc::geteuid() == 0 && uid != 0 {
+                        if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                            || libc::setgid(gid) != 0
+                            || libc::setuid(uid) != 0
+                        {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                    }
+                    cloexec_inherited_fds()
+                });
+            }
+            let child = cmd.spawn().map_err(|e| format!("cannot start {prog}: {e}"))?;
+            Ok(child.id() as i32)
+        }
+        ShimMode::Restore { argv, pid_file } => {
+            let (prog, args) = argv.split_first().ok_or("empty restore command")?;
+            let mut cmd = Command::new(prog);
+            cmd.args(args).stdin(Stdio::null()).stdout(stdout).stderr(stderr);
+            // SAFETY: async-signal-safe calls only, on memory allocated before the fork.
+            unsafe {
+                cmd.pre_exec(move || {
+                    join_cgroup(&procs)?;
+                    cloexec_inherited_fds()
+                });
+            }
+            let child = cmd.spawn().map_err(|e| format!("cannot start {prog}: {e}"))?;
+            let status = wait_pid(child.id() as i32);
+            if status != (Exit { code: Some(0), signal: None }) {
+                return Err(match status.signal {
+                    Some(s) => format!("killed by signal {s}"),
+                    None => format!("exit status {}", status.code.unwrap_or(-1)),
+                });
+            }
+            let text = fs::read_to_string(pid_file).map_err(|e| format!("{}: {e}", pid_file.display()))?;
+            text.trim()
+                .parse()
+                .map_err(|_| format!("{}: not a pid: {text:?}", pid_file.display()))
+        }
+    }
+}
+
+fn decode(status: libc::c_int) -> Exit {
+    if libc::WIFSIGNALED(status) {
+        Exit {
+            code: None,
+            signal: Some(libc::WTERMSIG(status)),
+        }
+    } else {
+        Exit {
+            code: Some(libc::WEXITSTATUS(status)),
+            signal: None,
+        }
+    }
+}
+
+/// Waits for one specific child.
+fn wait_pid(pid: i32) -> Exit {
+    let mut status = 0;
+    loop {
+        // SAFETY: waitpid writes to a valid local int.
+        let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if rc == pid {
+            return decode(status);
+        }
+        if rc < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return Exit {
+                code: Some(-1),
+                signal: None,
+            };
+        }
+    }
+}
+
+/// Reaps every child (the root and any orphans re-parented to this subreaper) until none is
+/// left, recording the root's status as soon as it ends.
+fn reap_until_empty(root: i32, exit_file: &Path) {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes to a valid local int.
+        let rc = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if rc < 0 {
+            match std::io::Error::last_os_error().raw_os_error() {
+                Some(libc::EINTR) => continue,
+                _ => break, // ECHILD: nothing left
+            }
+        }
+        if rc == root {
+            write_json(exit_file, &decode(status));
+        }
+    }
+    if !exit_file.exists() {
+        // The root was never our descendant (it vanished before adoption).
+        write_json(exit_file, &Exit { code: None, signal: None });
+    }
+}
