@@ -63,6 +63,9 @@ pub struct PreservedFile {
     pub uid: u32,
     /// Group.
     pub gid: u32,
+    /// A named pipe: recreated with mkfifo, nothing is copied (`saved_as` is empty).
+    #[serde(default)]
+    pub fifo: bool,
 }
 
 /// Everything about one node's part of one epoch.

@@ -6,6 +6,7 @@
 //! ([`NodePhase`]); a call in the wrong phase is refused with [`AgentError::WrongPhase`].
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -646,6 +647,11 @@ impl Jobs {
             .await
         {
             Ok(pid) => {
+                // The engine recreates a missing cgroup with the freezer state it had at dump
+                // time (frozen); the job must run.
+                if job.cgroup.state().map(|s| s != "THAWED").unwrap_or(false) {
+                    job.cgroup.thaw().map_err(|source| AgentError::Cgroup { job: job_id, source })?;
+                }
                 info!(pid, "job restored");
                 Ok((pid, job.record.incarnation))
             }
@@ -715,15 +721,18 @@ fn dump_frozen(job: &mut NodeJob, engine: &dyn SnapshotEngine) -> Result<(), Age
             }
         }
     }
-    // Whole Open MPI session directories, since processes find peers' files through them.
+    // Whole Open MPI session directories (`/tmp/ompi.<host>.<uid>/pid.<launcher pid>`), since
+    // processes find each other's files through them.
     let mut trees: Vec<PathBuf> = preserve
         .iter()
         .filter_map(|p| {
-            let s = p.to_string_lossy();
-            s.strip_prefix("/tmp/")
-                .and_then(|rest| rest.split('/').next())
-                .map(|top| Path::new("/tmp").join(top))
+            let rest = p.strip_prefix("/tmp").ok()?;
+            let mut comps = rest.components();
+            let top = comps.next()?;
+            let session = comps.next()?;
+            Some(Path::new("/tmp").join(top).join(session))
         })
+        .filter(|t| t.is_dir())
         .collect();
     trees.sort();
     trees.dedup();
@@ -734,19 +743,27 @@ fn dump_frozen(job: &mut NodeJob, engine: &dyn SnapshotEngine) -> Result<(), Age
     preserve.dedup();
     let extra = w.node_dir.join("extra");
     for (i, p) in preserve.iter().enumerate() {
+        let Ok(meta) = fs::symlink_metadata(p) else { continue };
         let Some((uid, gid, mode)) = procfs::owner_mode(p) else { continue };
-        if !p.is_file() {
+        let fifo = meta.file_type().is_fifo();
+        if !fifo && !meta.is_file() {
             continue;
         }
-        fs::create_dir_all(&extra).map_err(io("create", &extra))?;
-        let saved = format!("extra/{i}");
-        fs::copy(p, w.node_dir.join(&saved)).map_err(io("copy", p))?;
+        let saved_as = if fifo {
+            String::new()
+        } else {
+            fs::create_dir_all(&extra).map_err(io("create", &extra))?;
+            let saved = format!("extra/{i}");
+            fs::copy(p, w.node_dir.join(&saved)).map_err(io("copy", p))?;
+            saved
+        };
         w.preserved.push(PreservedFile {
             path: p.display().to_string(),
-            saved_as: saved,
+            saved_as,
             mode,
             uid,
             gid,
+            fifo,
         });
     }
     w.open_files = open.into_iter().map(|(path, size)| OpenFile { path, size }).collect();
@@ -769,7 +786,7 @@ fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) {
         let p = e.path();
         match e.file_type() {
             Ok(t) if t.is_dir() => collect_files(&p, out),
-            Ok(t) if t.is_file() => out.push(p),
+            Ok(t) if t.is_file() || t.is_fifo() => out.push(p),
             _ => {}
         }
     }
@@ -832,7 +849,14 @@ fn put_back_files(job: u64, m: &NodeManifest, node_dir: &Path) -> Result<(), Age
         if let Some(parent) = dst.parent() {
             fs::create_dir_all(parent).map_err(io("create", parent))?;
         }
-        fs::copy(node_dir.join(&pf.saved_as), dst).map_err(io("restore", dst))?;
+        if pf.fifo {
+            let _ = fs::remove_file(dst);
+            nix::unistd::mkfifo(dst, nix::sys::stat::Mode::from_bits_truncate(pf.mode))
+                .map_err(|e| std::io::Error::from_raw_os_error(e as i32))
+                .map_err(io("mkfifo", dst))?;
+        } else {
+            fs::copy(node_dir.join(&pf.saved_as), dst).map_err(io("restore", dst))?;
+        }
         let _ = nix::unistd::chown(dst, Some(pf.uid.into()), Some(pf.gid.into()));
         use std::os::unix::fs::PermissionsExt;
         let _ = fs::set_permissions(dst, fs::Permissions::from_mode(pf.mode));

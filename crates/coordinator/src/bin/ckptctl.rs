@@ -1,1 +1,367 @@
-fn main(){}
+//! `ckptctl`: the command-line client of ckptd. It only maps arguments to requests and replies
+//! to text, JSON and exit codes.
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use ckpt_proto::v1 as pb;
+use clap::{Parser, Subcommand};
+use serde_json::{json, Value};
+use tonic::Code;
+
+const AFTER_HELP: &str = "\
+Examples:
+  JOB=$(ckptctl run --name heat -- mpiexec -n 4 ./heat 512 4000)
+  ckptctl checkpoint $JOB --wait        # consistent snapshot; the job keeps running
+  ckptctl checkpoint $JOB --kill        # snapshot, then stop the job (preemption)
+  ckptctl restart $JOB                  # from the latest committed epoch
+  ckptctl restart $JOB --epoch 1        # from an older one
+  ckptctl status $JOB · ckptctl epochs $JOB · ckptctl list
+
+Exit codes:
+  0 success            1 internal error          2 bad arguments
+  3 job not found      4 not allowed in the job's current state
+  5 permission denied  6 checkpoint or restart failed (epoch aborted; job unharmed)
+  7 ckptd or an agent unreachable                 8 image corrupt or missing
+  9 a deadline passed  10 staging storage full";
+
+/// Checkpoint and restart MPI jobs with ckpt.
+///
+/// Talks to ckptd over its Unix socket; you may act on your own jobs (root on all).
+#[derive(Parser, Debug)]
+#[command(version, about, long_about, after_help = AFTER_HELP)]
+struct Cli {
+    /// ckptd's control socket.
+    #[arg(long, global = true, env = "CKPT_SOCKET", default_value = coordinator::client::DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// Print machine-readable JSON on stdout instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Start a job under ckpt; prints its JOBID on stdout.
+    ///
+    /// The command runs on a node's agent with your uid, environment and working directory;
+    /// its stdout and stderr go to files in the job directory (shown on stderr).
+    Run {
+        /// Job name (default: the command's file name).
+        #[arg(long)]
+        name: Option<String>,
+        /// Node to start the command on (default: the first registered).
+        #[arg(long)]
+        node: Option<String>,
+        /// The command, usually `mpiexec ...`.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Take a coordinated checkpoint of a running job.
+    Checkpoint {
+        /// Job id.
+        job: u64,
+        /// Wait until the epoch is committed (or failed) and show progress.
+        #[arg(long)]
+        wait: bool,
+        /// Stop the job once the snapshot is taken (implies --wait).
+        #[arg(long)]
+        kill: bool,
+    },
+    /// Restart a job whose processes are gone from a committed epoch.
+    Restart {
+        /// Job id.
+        job: u64,
+        /// Epoch to restart from (default: the latest committed).
+        #[arg(long)]
+        epoch: Option<u32>,
+    },
+    /// Show a job, its nodes and processes.
+    Status {
+        /// Job id.
+        job: u64,
+    },
+    /// List jobs (yours; root sees all).
+    List,
+    /// Show a job's checkpoint epochs: state, frozen time, size, failure reason.
+    Epochs {
+        /// Job id.
+        job: u64,
+    },
+    /// Kill a running job (SIGTERM, then SIGKILL). Its checkpoints stay restorable.
+    Cancel {
+        /// Job id.
+        job: u64,
+    },
+}
+
+struct Failure {
+    code: u8,
+    message: String,
+}
+
+fn exit_code(code: Code) -> u8 {
+    match code {
+        Code::NotFound => 3,
+        Code::FailedPrecondition => 4,
+        Code::PermissionDenied | Code::Unauthenticated => 5,
+        Code::Aborted => 6,
+        Code::Unavailable => 7,
+        Code::DataLoss => 8,
+        Code::DeadlineExceeded => 9,
+        Code::ResourceExhausted => 10,
+        Code::InvalidArgument => 2,
+        _ => 1,
+    }
+}
+
+impl From<tonic::Status> for Failure {
+    fn from(s: tonic::Status) -> Self {
+        let message = if s.code() == Code::Unavailable && s.message().contains("transport") {
+            "ckptd is not reachable (is it running? see `systemctl status ckptd`)".to_string()
+        } else {
+            s.message().to_string()
+        };
+        Failure {
+            code: exit_code(s.code()),
+            message,
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    match rt.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("ckptctl: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+fn job_json(j: &pb::JobInfo) -> Value {
+    json!({
+        "id": j.id, "name": j.name, "owner_uid": j.owner_uid, "state": j.state,
+        "argv": j.argv, "cwd": j.cwd, "created_unix_ms": j.created_unix_ms,
+        "exit_code": j.exit_code, "exit_signal": j.exit_signal,
+        "last_epoch": j.last_epoch, "latest_committed_epoch": j.latest_committed_epoch,
+        "job_dir": j.job_dir,
+        "nodes": j.nodes.iter().map(|n| json!({
+            "node": n.node, "state": n.state,
+            "processes": n.processes.iter().map(|p| json!({"pid": p.pid, "comm": p.comm, "state": p.state})).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn epoch_json(e: &pb::EpochInfo) -> Value {
+    json!({
+        "job_id": e.job_id, "epoch": e.epoch, "state": e.state, "failed_phase": e.failed_phase,
+        "reason": e.reason, "started_unix_ms": e.started_unix_ms, "finished_unix_ms": e.finished_unix_ms,
+        "frozen_ms": e.frozen_ms, "total_ms": e.total_ms, "image_bytes": e.image_bytes,
+        "image_files": e.image_files, "kill": e.kill, "nodes": e.nodes,
+    })
+}
+
+fn size(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
+        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{b} B"),
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    let mut c = coordinator::client::connect(cli.socket.clone()).await.map_err(|e| Failure {
+        code: 7,
+        message: format!(
+            "cannot connect to ckptd at {}: {e} (is ckptd running? start it with `systemctl start ckptd` or `ckptd --standalone`)",
+            cli.socket.display()
+        ),
+    })?;
+    let json = cli.json;
+    match cli.cmd {
+        Cmd::Run { name, node, command } => {
+            let cwd = std::env::current_dir().map(|p| p.display().to_string()).unwrap_or_else(|_| "/".into());
+            let req = pb::RunRequest {
+                name: name.unwrap_or_default(),
+                argv: command,
+                cwd,
+                env: std::env::vars().collect(),
+                node: node.unwrap_or_default(),
+            };
+            let job = c.run(req).await?.into_inner().job.unwrap_or_default();
+            if json {
+                println!("{}", job_json(&job));
+            } else {
+                println!("{}", job.id);
+                let node = job.nodes.first().map(|n| n.node.as_str()).unwrap_or("?");
+                eprintln!("job {} ({}) started on node {node}; output in {}/stdout", job.id, job.name, job.job_dir);
+            }
+        }
+        Cmd::Checkpoint { job, wait, kill } => {
+            let stream = c.checkpoint(pb::CheckpointRequest { job_id: job, kill }).await?.into_inner();
+            follow(stream, wait || kill, json, "checkpoint").await?;
+        }
+        Cmd::Restart { job, epoch } => {
+            let stream = c
+                .restart(pb::RestartRequest {
+                    job_id: job,
+                    epoch: epoch.unwrap_or(0),
+                })
+                .await?
+                .into_inner();
+            follow(stream, true, json, "restart").await?;
+        }
+        Cmd::Status { job } => {
+            let j = c.status(pb::StatusRequest { job_id: job }).await?.into_inner().job.unwrap_or_default();
+            if json {
+                println!("{}", job_json(&j));
+            } else {
+                println!("job {} ({}): {}", j.id, j.name, j.state);
+                println!("  owner uid {}, command: {}", j.owner_uid, j.argv.join(" "));
+                println!("  epochs: {} taken, latest committed {}", j.last_epoch, j.latest_committed_epoch);
+                println!("  output: {}/stdout", j.job_dir);
+                for n in &j.nodes {
+                    println!("  node {}: {}, {} processes", n.node, n.state, n.processes.len());
+                    for p in &n.processes {
+                        println!("    {:>8} {:<16} {}", p.pid, p.comm, p.state);
+                    }
+                }
+            }
+        }
+        Cmd::List => {
+            let jobs = c.list(pb::ListRequest { all_users: true }).await?.into_inner().jobs;
+            if json {
+                println!("{}", Value::Array(jobs.iter().map(job_json).collect()));
+            } else {
+                println!("{:>6}  {:<16} {:<18} {:>6} {:>6} {:>9}  COMMAND", "JOBID", "NAME", "STATE", "OWNER", "EPOCHS", "COMMITTED");
+                for j in &jobs {
+                    println!(
+                        "{:>6}  {:<16} {:<18} {:>6} {:>6} {:>9}  {}",
+                        j.id,
+                        j.name,
+                        j.state,
+                        j.owner_uid,
+                        j.last_epoch,
+                        j.latest_committed_epoch,
+                        j.argv.join(" ")
+                    );
+                }
+            }
+        }
+        Cmd::Epochs { job } => {
+            let epochs = c.epochs(pb::EpochsRequest { job_id: job }).await?.into_inner().epochs;
+            if json {
+                println!("{}", Value::Array(epochs.iter().map(epoch_json).collect()));
+            } else {
+                println!("{:>5}  {:<28} {:>9} {:>9} {:>10} {:>6}  REASON", "EPOCH", "STATE", "FROZEN", "TOTAL", "SIZE", "FILES");
+                for e in &epochs {
+                    let reason = if e.reason.is_empty() {
+                        String::new()
+                    } else {
+                        format!("[{}] {}", e.failed_phase, e.reason)
+                    };
+                    println!(
+                        "{:>5}  {:<28} {:>7}ms {:>7}ms {:>10} {:>6}  {}",
+                        e.epoch,
+                        e.state,
+                        e.frozen_ms,
+                        e.total_ms,
+                        size(e.image_bytes),
+                        e.image_files,
+                        reason
+                    );
+                }
+            }
+        }
+        Cmd::Cancel { job } => {
+            let j = c.cancel(pb::CancelRequest { job_id: job }).await?.into_inner().job.unwrap_or_default();
+            if json {
+                println!("{}", job_json(&j));
+            } else {
+                println!("job {} {}", j.id, j.state);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Shows progress of a streamed operation; returns once it is done (or, without `wait`, once
+/// it has started).
+async fn follow(mut stream: tonic::Streaming<pb::Progress>, wait: bool, json: bool, what: &str) -> Result<(), Failure> {
+    let tty = std::io::stderr().is_terminal();
+    let bar = if tty && !json {
+        let b = indicatif::ProgressBar::new_spinner();
+        b.enable_steady_tick(std::time::Duration::from_millis(100));
+        Some(b)
+    } else {
+        None
+    };
+    loop {
+        let msg = match stream.message().await {
+            Ok(Some(m)) => m,
+            Ok(None) => {
+                return Err(Failure {
+                    code: 1,
+                    message: format!("ckptd closed the {what} stream without a result"),
+                })
+            }
+            Err(s) => return Err(s.into()),
+        };
+        if !msg.done {
+            let line = format!("[{:>6.1}s] job {} epoch {} {}: {}", msg.elapsed_ms as f64 / 1000.0, msg.job_id, msg.epoch, msg.phase, msg.message);
+            match &bar {
+                Some(b) => b.set_message(line),
+                None if !json => eprintln!("{line}"),
+                None => {}
+            }
+            if !wait {
+                if let Some(b) = &bar {
+                    b.finish_and_clear();
+                }
+                if json {
+                    println!("{}", json!({"job_id": msg.job_id, "epoch": msg.epoch, "state": "in-progress"}));
+                } else {
+                    println!("job {}: epoch {} started (follow it with `ckptctl epochs {}`)", msg.job_id, msg.epoch, msg.job_id);
+                }
+                return Ok(());
+            }
+            continue;
+        }
+        if let Some(b) = &bar {
+            b.finish_and_clear();
+        }
+        if !msg.ok {
+            return Err(Failure {
+                code: exit_code(Code::from_i32(msg.code)),
+                message: msg.message,
+            });
+        }
+        if json {
+            let mut v = msg.result.as_ref().map(epoch_json).unwrap_or(json!({}));
+            v["elapsed_ms"] = json!(msg.elapsed_ms);
+            println!("{v}");
+        } else if let Some(e) = &msg.result {
+            if what == "checkpoint" {
+                println!(
+                    "job {}: epoch {} committed: frozen {} ms, total {:.2} s, {} in {} files",
+                    e.job_id,
+                    e.epoch,
+                    e.frozen_ms,
+                    msg.elapsed_ms as f64 / 1000.0,
+                    size(e.image_bytes),
+                    e.image_files
+                );
+            } else {
+                println!("job {}: restarted from epoch {} in {:.2} s", e.job_id, e.epoch, msg.elapsed_ms as f64 / 1000.0);
+            }
+        } else {
+            println!("{}", msg.message);
+        }
+        return Ok(());
+    }
+}

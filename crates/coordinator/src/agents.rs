@@ -1,0 +1,147 @@
+//! The agents that have registered, with a gRPC client to each, and the wrapper every call to
+//! an agent goes through: a deadline, and a failure that names the node.
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::RwLock;
+use std::time::{Duration, Instant};
+
+use ckpt_proto::v1::agent_client::AgentClient;
+use tonic::transport::{Channel, Endpoint};
+
+/// How an agent call failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The agent could not be reached.
+    Unreachable,
+    /// It did not answer within the deadline.
+    Deadline,
+    /// It refused: wrong state, unknown job, verbs without channel.
+    Refused,
+    /// The job is unknown there.
+    NotFound,
+    /// Images are corrupt or missing.
+    DataLoss,
+    /// Staging is full.
+    NoRoom,
+    /// Anything else (engine failure, I/O).
+    Internal,
+}
+
+/// A failed call to one agent.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("node {node}: {message}")]
+pub struct NodeFailure {
+    /// Node name.
+    pub node: String,
+    /// Category.
+    pub kind: FailureKind,
+    /// What the agent said, or what happened.
+    pub message: String,
+}
+
+/// Calls an agent with a deadline; `what` names the step in the error.
+pub async fn call<T>(
+    node: &str,
+    what: &str,
+    deadline: Duration,
+    fut: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, NodeFailure> {
+    match tokio::time::timeout(deadline, fut).await {
+        Err(_) => Err(NodeFailure {
+            node: node.into(),
+            kind: FailureKind::Deadline,
+            message: format!("{what} did not finish within the {} deadline", humantime::format_duration(deadline)),
+        }),
+        Ok(Ok(r)) => Ok(r.into_inner()),
+        Ok(Err(s)) => {
+            use tonic::Code;
+            let kind = match s.code() {
+                Code::Unavailable | Code::Unknown | Code::Cancelled => FailureKind::Unreachable,
+                Code::DeadlineExceeded => FailureKind::Deadline,
+                Code::FailedPrecondition | Code::InvalidArgument => FailureKind::Refused,
+                Code::NotFound => FailureKind::NotFound,
+                Code::DataLoss => FailureKind::DataLoss,
+                Code::ResourceExhausted => FailureKind::NoRoom,
+                _ => FailureKind::Internal,
+            };
+            let message = if kind == FailureKind::Unreachable {
+                format!("agent unreachable during {what} ({})", s.message())
+            } else {
+                s.message().to_string()
+            };
+            Err(NodeFailure {
+                node: node.into(),
+                kind,
+                message,
+            })
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    address: String,
+    client: AgentClient<Channel>,
+    last_seen: Instant,
+}
+
+/// Registered agents by node name.
+#[derive(Debug, Default)]
+pub struct Agents {
+    map: RwLock<BTreeMap<String, Entry>>,
+}
+
+impl Agents {
+    /// Records a registration (a re-registration replaces the address and client).
+    pub fn register(&self, node: &str, address: &str) -> Result<(), String> {
+        let ep = Endpoint::from_shared(format!("http://{address}"))
+            .map_err(|e| format!("bad agent address {address:?}: {e}"))?
+            .connect_timeout(Duration::from_secs(5));
+        let client = AgentClient::new(ep.connect_lazy());
+        self.map.write().expect("agents lock").insert(
+            node.to_string(),
+            Entry {
+                address: address.to_string(),
+                client,
+                last_seen: Instant::now(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Records a heartbeat; false if the node is not registered.
+    pub fn seen(&self, node: &str) -> bool {
+        match self.map.write().expect("agents lock").get_mut(node) {
+            Some(e) => {
+                e.last_seen = Instant::now();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A client for a node.
+    pub fn client(&self, node: &str) -> Result<AgentClient<Channel>, NodeFailure> {
+        self.map
+            .read()
+            .expect("agents lock")
+            .get(node)
+            .map(|e| e.client.clone())
+            .ok_or_else(|| NodeFailure {
+                node: node.into(),
+                kind: FailureKind::Unreachable,
+                message: "no agent is registered for this node (is ckpt-agent running there and pointed at this ckptd?)"
+                    .into(),
+            })
+    }
+
+    /// Registered nodes with their address and seconds since the last heartbeat.
+    pub fn list(&self) -> Vec<(String, String, u64)> {
+        self.map
+            .read()
+            .expect("agents lock")
+            .iter()
+            .map(|(n, e)| (n.clone(), e.address.clone(), e.last_seen.elapsed().as_secs()))
+            .collect()
+    }
+}

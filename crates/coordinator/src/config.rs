@@ -1,0 +1,155 @@
+//! ckptd configuration (`/etc/ckpt/ckptd.toml`); every key is documented in
+//! `packaging/config/ckptd.toml`.
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use node_agent::config::{AgentConfig, ConfigError};
+use serde::Deserialize;
+
+/// `ckptd` configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CoordinatorConfig {
+    /// Address agents register and heartbeat on.
+    pub listen: SocketAddr,
+    /// Unix socket ckptctl connects to.
+    pub socket: PathBuf,
+    /// Job registry and epoch history (redb file).
+    pub database: PathBuf,
+    /// Phase deadlines.
+    pub deadlines: Deadlines,
+    /// The embedded agent's settings, used with `--standalone`.
+    pub agent: AgentConfig,
+}
+
+/// How long each protocol step may take on every node before the epoch is aborted.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Deadlines {
+    /// Initial synchronization: only checks, so seconds.
+    #[serde(with = "humantime_serde")]
+    pub sync: Duration,
+    /// Quiesce and freeze: the freezer answers in milliseconds unless a task is stuck in D state.
+    #[serde(with = "humantime_serde")]
+    pub quiesce: Duration,
+    /// Local checkpoint: grows with memory; 10 min covers ~60 GB per node at local-disk speed.
+    #[serde(with = "humantime_serde")]
+    pub dump: Duration,
+    /// Thaw (or kill) and rebuild.
+    #[serde(with = "humantime_serde")]
+    pub resume: Duration,
+    /// Digest and fsync of images: reads everything once more, so as long as a dump.
+    #[serde(with = "humantime_serde")]
+    pub finalize: Duration,
+    /// Restore of one node, including digest verification.
+    #[serde(with = "humantime_serde")]
+    pub restore: Duration,
+    /// Abort on every node after a failure.
+    #[serde(with = "humantime_serde")]
+    pub abort: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Deadlines {
+            sync: Duration::from_secs(30),
+            quiesce: Duration::from_secs(60),
+            dump: Duration::from_secs(600),
+            resume: Duration::from_secs(60),
+            finalize: Duration::from_secs(600),
+            restore: Duration::from_secs(900),
+            abort: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        let mut agent = AgentConfig::default();
+        agent.listen = "127.0.0.1:0".parse().expect("valid");
+        CoordinatorConfig {
+            listen: "0.0.0.0:7600".parse().expect("valid"),
+            socket: "/run/ckpt/ckptd.sock".into(),
+            database: "/var/lib/ckpt/ckptd.redb".into(),
+            deadlines: Deadlines::default(),
+            agent,
+        }
+    }
+}
+
+impl CoordinatorConfig {
+    /// Reads and validates a TOML file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        Self::from_toml(path, &text)
+    }
+
+    /// Parses and validates TOML text.
+    pub fn from_toml(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        let cfg: CoordinatorConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.into(),
+            message: e.to_string().trim().to_string(),
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks values the schema alone cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let d = &self.deadlines;
+        for (key, v) in [
+            ("deadlines.sync", d.sync),
+            ("deadlines.quiesce", d.quiesce),
+            ("deadlines.dump", d.dump),
+            ("deadlines.resume", d.resume),
+            ("deadlines.finalize", d.finalize),
+            ("deadlines.restore", d.restore),
+            ("deadlines.abort", d.abort),
+        ] {
+            if v.is_zero() {
+                return Err(ConfigError::Invalid {
+                    key,
+                    problem: "must be greater than zero".into(),
+                });
+            }
+        }
+        if !self.database.is_absolute() {
+            return Err(ConfigError::Invalid {
+                key: "database",
+                problem: "must be an absolute path".into(),
+            });
+        }
+        self.agent.validate()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_deadlines_and_agent_table() {
+        let c = CoordinatorConfig::from_toml(
+            Path::new("c.toml"),
+            "[deadlines]\ndump = \"2m\"\n[agent]\nnode_name = \"head\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.deadlines.dump, Duration::from_secs(120));
+        assert_eq!(c.deadlines.sync, Duration::from_secs(30));
+        assert_eq!(c.agent.node_name, "head");
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let e = CoordinatorConfig::from_toml(Path::new("c.toml"), "[deadlines]\ndump = \"0s\"\n").unwrap_err();
+        assert!(e.to_string().contains("deadlines.dump"), "{e}");
+        let e = CoordinatorConfig::from_toml(Path::new("c.toml"), "listen = 5\n").unwrap_err();
+        assert!(e.to_string().contains("c.toml"), "{e}");
+        let e = CoordinatorConfig::from_toml(Path::new("c.toml"), "[deadlines]\ndumpp = \"1s\"\n").unwrap_err();
+        assert!(e.to_string().contains("dumpp"), "{e}");
+    }
+}

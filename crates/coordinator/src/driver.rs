@@ -1,0 +1,713 @@
+//! The phase driver: runs one checkpoint epoch of a job as a sequence of barriers over every
+//! node hosting it, and restarts jobs from committed epochs.
+//!
+//! Each phase calls every node in parallel with the phase's deadline and waits for all answers.
+//! The first failure (an error, an unreachable agent, a missed deadline) aborts the epoch: every
+//! node thaws what it froze and deletes the epoch's partial images, the epoch is recorded failed
+//! with the phase and the reason, and the job keeps running from where it was. Nothing is
+//! restorable until the commit is written to the registry, after every node sealed its images.
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use ckpt_proto::v1 as pb;
+use futures_util::future::join_all;
+use tokio::sync::{mpsc, Mutex};
+use tracing::{info, instrument, warn};
+
+use crate::agents::{call, Agents, FailureKind, NodeFailure};
+use crate::config::CoordinatorConfig;
+use crate::model::{Epoch, Job, JobState, Phase, TransitionError};
+use crate::registry::{Registry, RegistryError};
+
+/// Why a request to the coordinator failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DriveError {
+    /// No such job.
+    #[error("job {job} not found (see `ckptctl list`)")]
+    UnknownJob {
+        /// Job id.
+        job: u64,
+    },
+    /// The caller does not own the job.
+    #[error("job {job} belongs to uid {owner}; only its owner or root may act on it")]
+    NotOwner {
+        /// Job id.
+        job: u64,
+        /// Owner.
+        owner: u32,
+    },
+    /// Wrong state for the request.
+    #[error(transparent)]
+    State(#[from] TransitionError),
+    /// The job has no committed epoch.
+    #[error("job {job} has no committed checkpoint to restart from (see `ckptctl epochs {job}`)")]
+    NoCommittedEpoch {
+        /// Job id.
+        job: u64,
+    },
+    /// The requested epoch cannot be restored.
+    #[error("job {job} epoch {epoch} is {state} and cannot be restored (see `ckptctl epochs {job}`)")]
+    EpochNotRestorable {
+        /// Job id.
+        job: u64,
+        /// Epoch.
+        epoch: u32,
+        /// Its state.
+        state: String,
+    },
+    /// Bad request.
+    #[error("{0}")]
+    Invalid(String),
+    /// No agent to run the job.
+    #[error("no agent is registered; start ckpt-agent on a node (or run ckptd --standalone)")]
+    NoAgents,
+    /// An epoch failed and was aborted.
+    #[error("job {job} epoch {epoch} failed in phase {phase}: {failure}; the epoch was aborted, the job keeps running, earlier checkpoints are still restorable")]
+    EpochFailed {
+        /// Job id.
+        job: u64,
+        /// Epoch.
+        epoch: u32,
+        /// Phase name.
+        phase: &'static str,
+        /// What failed.
+        failure: NodeFailure,
+    },
+    /// A restart failed.
+    #[error("restart of job {job} from epoch {epoch} failed: {failure}")]
+    RestartFailed {
+        /// Job id.
+        job: u64,
+        /// Epoch.
+        epoch: u32,
+        /// What failed.
+        failure: NodeFailure,
+    },
+    /// A call to an agent failed outside an epoch.
+    #[error(transparent)]
+    Node(#[from] NodeFailure),
+    /// The registry failed.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+}
+
+/// One progress message of a long operation.
+#[derive(Debug, Clone)]
+pub struct Step {
+    /// Job.
+    pub job: u64,
+    /// Epoch (0 before one is chosen).
+    pub epoch: u32,
+    /// Phase name.
+    pub phase: &'static str,
+    /// What happened.
+    pub message: String,
+}
+
+/// Who is asking: the peer credentials of the ckptctl connection.
+#[derive(Debug, Clone, Copy)]
+pub struct Caller {
+    /// User id.
+    pub uid: u32,
+    /// Group id.
+    pub gid: u32,
+    /// Process id (for supplementary groups).
+    pub pid: Option<i32>,
+}
+
+impl Caller {
+    fn may_act_on(&self, job: &Job) -> Result<(), DriveError> {
+        if self.uid == 0 || self.uid == job.owner_uid {
+            Ok(())
+        } else {
+            Err(DriveError::NotOwner {
+                job: job.id,
+                owner: job.owner_uid,
+            })
+        }
+    }
+}
+
+/// What a run needs.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    /// Job name.
+    pub name: String,
+    /// Command.
+    pub argv: Vec<String>,
+    /// Working directory.
+    pub cwd: String,
+    /// Environment.
+    pub env: std::collections::HashMap<String, String>,
+    /// Node for the launcher (empty: the first registered).
+    pub node: String,
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// The coordinator: registry, agents, configuration.
+#[derive(Debug)]
+pub struct Coordinator {
+    /// Persistent jobs and epochs.
+    pub registry: Registry,
+    /// Registered agents.
+    pub agents: Agents,
+    cfg: CoordinatorConfig,
+    /// Serializes read-modify-write of job records (short critical sections only).
+    state: Mutex<()>,
+    /// Epochs found in progress at start-up, to abort on their nodes when they register.
+    orphaned: std::sync::Mutex<Vec<(String, u64, u32)>>,
+}
+
+impl Coordinator {
+    /// A coordinator over an opened registry. Epochs left in progress by an earlier ckptd are
+    /// marked failed, and their nodes are told to abort them when they register.
+    pub fn new(registry: Registry, cfg: CoordinatorConfig) -> Result<Arc<Self>, DriveError> {
+        let mut orphaned = Vec::new();
+        for mut job in registry.jobs()? {
+            let mut changed = false;
+            for mut e in registry.epochs(job.id)? {
+                if e.phase().is_some() {
+                    warn!(job = job.id, epoch = e.number, "epoch interrupted by a coordinator restart");
+                    e.fail("the coordinator restarted during the epoch", now_ms())?;
+                    registry.put_epoch(&e)?;
+                    for n in &e.nodes {
+                        orphaned.push((n.clone(), job.id, e.number));
+                    }
+                }
+            }
+            match job.state {
+                JobState::Checkpointing => {
+                    job.state = JobState::Running;
+                    changed = true;
+                }
+                JobState::Restarting => {
+                    job.state = JobState::Lost;
+                    changed = true;
+                }
+                _ => {}
+            }
+            if changed {
+                registry.put_job(&job)?;
+            }
+        }
+        Ok(Arc::new(Coordinator {
+            registry,
+            agents: Agents::default(),
+            cfg,
+            state: Mutex::new(()),
+            orphaned: std::sync::Mutex::new(orphaned),
+        }))
+    }
+
+    /// Registers an agent, and aborts on it any epoch a coordinator restart interrupted.
+    pub async fn register_agent(&self, node: &str, address: &str) -> Result<(), String> {
+        self.agents.register(node, address)?;
+        info!(node, address, "agent registered");
+        let pending: Vec<(String, u64, u32)> = {
+            let mut o = self.orphaned.lock().expect("orphaned lock");
+            let (mine, rest) = o.drain(..).partition(|(n, _, _)| n == node);
+            *o = rest;
+            mine
+        };
+        for (_, job, epoch) in pending {
+            if let Ok(mut c) = self.agents.client(node) {
+                let req = pb::AbortRequest {
+                    job_id: job,
+                    epoch,
+                    reason: "coordinator restarted during the epoch".into(),
+                };
+                let _ = call(node, "abort", self.cfg.deadlines.abort, c.abort(req)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies an agent's report about its jobs.
+    pub async fn heartbeat(&self, node: &str, reports: Vec<pb::JobReport>) -> bool {
+        if !self.agents.seen(node) {
+            return false;
+        }
+        for r in reports {
+            let observed = match r.state.as_str() {
+                "exited" => JobState::Exited {
+                    code: r.exit_code,
+                    signal: r.exit_signal,
+                },
+                "absent" => JobState::Lost,
+                _ => continue,
+            };
+            let _g = self.state.lock().await;
+            if let Ok(Some(mut job)) = self.registry.job(r.job_id) {
+                if job.node == node && job.observe(r.incarnation, observed) {
+                    info!(job = job.id, state = %job.state.name(), "job ended");
+                    let _ = self.registry.put_job(&job);
+                }
+            }
+        }
+        true
+    }
+
+    /// A job the caller may act on.
+    pub fn job_for(&self, caller: &Caller, id: u64) -> Result<Job, DriveError> {
+        let job = self.registry.job(id)?.ok_or(DriveError::UnknownJob { job: id })?;
+        caller.may_act_on(&job)?;
+        Ok(job)
+    }
+
+    /// Asks the job's agent whether its processes still run, and records an exit the heartbeat
+    /// has not reported yet. Errors reaching the agent leave the record as it is.
+    pub async fn refresh(&self, id: u64) -> Result<Job, DriveError> {
+        let job = self.registry.job(id)?.ok_or(DriveError::UnknownJob { job: id })?;
+        if job.state != JobState::Running {
+            return Ok(job);
+        }
+        let Ok(mut c) = self.agents.client(&job.node) else { return Ok(job) };
+        let info = match call(&job.node, "inspect", self.cfg.deadlines.sync, c.inspect(pb::InspectRequest { job_id: id })).await {
+            Ok(i) => i,
+            Err(_) => return Ok(job),
+        };
+        let observed = if let Some(rest) = info.state.strip_prefix("exited with code ") {
+            JobState::Exited {
+                code: rest.parse().ok(),
+                signal: None,
+            }
+        } else if let Some(rest) = info.state.strip_prefix("killed by signal ") {
+            JobState::Exited {
+                code: None,
+                signal: rest.parse().ok(),
+            }
+        } else if info.state == "absent" {
+            JobState::Lost
+        } else {
+            return Ok(job);
+        };
+        let _g = self.state.lock().await;
+        let mut job = self.registry.job(id)?.ok_or(DriveError::UnknownJob { job: id })?;
+        let inc = job.incarnation;
+        if job.observe(inc, observed) {
+            self.registry.put_job(&job)?;
+        }
+        Ok(job)
+    }
+
+    /// Starts a job.
+    #[instrument(skip_all, fields(job))]
+    pub async fn run(&self, caller: Caller, spec: RunSpec) -> Result<Job, DriveError> {
+        if spec.argv.is_empty() {
+            return Err(DriveError::Invalid("no command given: ckptctl run -- COMMAND [ARGS...]".into()));
+        }
+        let node = if spec.node.is_empty() {
+            self.agents.list().into_iter().next().map(|(n, _, _)| n).ok_or(DriveError::NoAgents)?
+        } else {
+            spec.node.clone()
+        };
+        let mut client = self.agents.client(&node)?;
+        let groups = caller.pid.map(supplementary_groups).unwrap_or_default();
+        let (id, name) = {
+            let _g = self.state.lock().await;
+            let id = self.registry.next_job_id()?;
+            let name = if spec.name.is_empty() {
+                std::path::Path::new(&spec.argv[0])
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "job".into())
+            } else {
+                spec.name.clone()
+            };
+            let job = Job {
+                id,
+                name: name.clone(),
+                owner_uid: caller.uid,
+                owner_gid: caller.gid,
+                argv: spec.argv.clone(),
+                cwd: spec.cwd.clone(),
+                node: node.clone(),
+                state: JobState::Lost,
+                incarnation: 0,
+                last_epoch: 0,
+                latest_committed: 0,
+                created_unix_ms: now_ms(),
+                job_dir: String::new(),
+            };
+            self.registry.put_job(&job)?;
+            (id, name)
+        };
+        tracing::Span::current().record("job", id);
+        let req = pb::LaunchRequest {
+            job_id: id,
+            argv: spec.argv,
+            cwd: spec.cwd,
+            env: spec.env,
+            uid: caller.uid,
+            gid: caller.gid,
+            groups,
+        };
+        let reply = call(&node, "launch", self.cfg.deadlines.sync, client.launch(req)).await?;
+        let _g = self.state.lock().await;
+        let mut job = self.registry.job(id)?.ok_or(DriveError::UnknownJob { job: id })?;
+        job.state = JobState::Running;
+        job.incarnation = reply.incarnation;
+        job.job_dir = reply.job_dir;
+        self.registry.put_job(&job)?;
+        info!(job = id, name, node, pid = reply.pid, "job started");
+        Ok(job)
+    }
+
+    async fn update_job(&self, id: u64, f: impl FnOnce(&mut Job) -> Result<(), TransitionError>) -> Result<Job, DriveError> {
+        let _g = self.state.lock().await;
+        let mut job = self.registry.job(id)?.ok_or(DriveError::UnknownJob { job: id })?;
+        f(&mut job)?;
+        self.registry.put_job(&job)?;
+        Ok(job)
+    }
+
+    /// Validates a checkpoint request and starts the epoch; returns the job and the epoch.
+    pub async fn begin_checkpoint(&self, caller: &Caller, id: u64, kill: bool) -> Result<(Job, Epoch), DriveError> {
+        self.job_for(caller, id)?;
+        self.refresh(id).await?;
+        let _g = self.state.lock().await;
+        let mut job = self.registry.job(id)?.ok_or(DriveError::UnknownJob { job: id })?;
+        let number = match job.begin_checkpoint() {
+            Ok(n) => n,
+            Err(e) if matches!(job.state, JobState::Exited { .. } | JobState::Stopped | JobState::Cancelled | JobState::Lost) => {
+                return Err(DriveError::State(TransitionError {
+                    action: format!("checkpoint it: it has no running processes (restart it with `ckptctl restart {id}`)"),
+                    ..e
+                }))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let epoch = Epoch::begin(id, number, kill, vec![job.node.clone()], now_ms());
+        self.registry.put_job_and_epoch(&job, &epoch)?;
+        Ok((job, epoch))
+    }
+
+    /// Runs every phase of an epoch begun by [`Coordinator::begin_checkpoint`].
+    #[instrument(skip_all, fields(job = job.id, epoch = epoch.number))]
+    pub async fn drive_checkpoint(&self, job: Job, mut epoch: Epoch, progress: mpsc::UnboundedSender<Step>) -> Result<Epoch, DriveError> {
+        let begin = Instant::now();
+        let (id, number) = (job.id, epoch.number);
+        let say = |phase: Phase, message: String| {
+            let _ = progress.send(Step {
+                job: id,
+                epoch: number,
+                phase: phase.name(),
+                message,
+            });
+        };
+        let nodes = epoch.nodes.clone();
+        let d = self.cfg.deadlines.clone();
+        let phase_req = || pb::PhaseRequest { job_id: id, epoch: number };
+        let result: Result<BTreeMap<String, String>, (Phase, NodeFailure)> = async {
+            say(Phase::Sync, format!("checking {} node(s)", nodes.len()));
+            let prepared = self
+                .on_all(&nodes, "initial synchronization", d.sync, |mut c| {
+                    let r = phase_req();
+                    async move { c.prepare(r).await }
+                })
+                .await
+                .map_err(|f| (Phase::Sync, f))?;
+            let est: u64 = prepared.iter().map(|(_, p)| p.estimated_bytes).sum();
+            self.advance(&mut epoch, Phase::Quiesce).await;
+            say(Phase::Quiesce, format!("freezing {} processes (~{} MB resident)", prepared.iter().map(|(_, p)| p.processes).sum::<u32>(), est >> 20));
+            self.on_all(&nodes, "quiesce", d.quiesce, |mut c| {
+                let r = phase_req();
+                async move { c.quiesce(r).await }
+            })
+            .await
+            .map_err(|f| (Phase::Quiesce, f))?;
+            self.advance(&mut epoch, Phase::Dump).await;
+            say(Phase::Dump, "all nodes frozen; dumping".into());
+            let dumps = self
+                .on_all(&nodes, "local checkpoint", d.dump, |mut c| {
+                    let r = phase_req();
+                    async move { c.dump(r).await }
+                })
+                .await
+                .map_err(|f| (Phase::Dump, f))?;
+            epoch.frozen_ms = dumps.iter().map(|(_, r)| r.frozen_us / 1000).max().unwrap_or(0);
+            self.advance(&mut epoch, Phase::Resume).await;
+            say(Phase::Resume, if epoch.kill { "stopping the job".into() } else { "resuming the job".into() });
+            let kill = epoch.kill;
+            self.on_all(&nodes, "resume", d.resume, |mut c| async move {
+                c.resume(pb::ResumeRequest { job_id: id, epoch: number, kill }).await
+            })
+            .await
+            .map_err(|f| (Phase::Resume, f))?;
+            self.advance(&mut epoch, Phase::Finalize).await;
+            say(Phase::Finalize, format!("job {} after {} ms frozen; sealing images", if kill { "stopped" } else { "resumed" }, epoch.frozen_ms));
+            let sealed = self
+                .on_all(&nodes, "finalize", d.finalize, |mut c| {
+                    let r = phase_req();
+                    async move { c.finalize(r).await }
+                })
+                .await
+                .map_err(|f| (Phase::Finalize, f))?;
+            epoch.image_bytes = sealed.iter().map(|(_, f)| f.image_bytes).sum();
+            epoch.image_files = sealed.iter().map(|(_, f)| f.image_files).sum();
+            self.advance(&mut epoch, Phase::Commit).await;
+            Ok(sealed.into_iter().map(|(n, f)| (n, f.manifest_digest)).collect())
+        }
+        .await;
+        match result {
+            Ok(manifests) => {
+                epoch.commit(manifests, now_ms())?;
+                let _g = self.state.lock().await;
+                let mut job = self.registry.job(id)?.ok_or(DriveError::UnknownJob { job: id })?;
+                job.end_checkpoint(Some(number), epoch.kill)?;
+                self.registry.put_job_and_epoch(&job, &epoch)?;
+                say(
+                    Phase::Commit,
+                    format!(
+                        "committed: frozen {} ms, total {} ms, {} bytes in {} files",
+                        epoch.frozen_ms,
+                        begin.elapsed().as_millis(),
+                        epoch.image_bytes,
+                        epoch.image_files
+                    ),
+                );
+                info!(frozen_ms = epoch.frozen_ms, bytes = epoch.image_bytes, "epoch committed");
+                Ok(epoch)
+            }
+            Err((phase, failure)) => {
+                warn!(phase = phase.name(), error = %failure, "epoch failed; aborting");
+                say(phase, format!("failed: {failure}; aborting"));
+                let reason = failure.to_string();
+                let abort_errors = self.abort_all(&nodes, id, number, &reason).await;
+                let mut reason = reason;
+                for e in abort_errors {
+                    reason.push_str(&format!("; abort on {e}"));
+                }
+                epoch.fail(reason, now_ms())?;
+                let _g = self.state.lock().await;
+                let mut job = self.registry.job(id)?.ok_or(DriveError::UnknownJob { job: id })?;
+                // A kill that happened before the failure leaves the job stopped.
+                let killed = epoch.kill && phase > Phase::Resume;
+                job.end_checkpoint(None, killed)?;
+                self.registry.put_job_and_epoch(&job, &epoch)?;
+                Err(DriveError::EpochFailed {
+                    job: id,
+                    epoch: number,
+                    phase: phase.name(),
+                    failure,
+                })
+            }
+        }
+    }
+
+    async fn advance(&self, epoch: &mut Epoch, next: Phase) {
+        if let Err(e) = epoch.enter(next) {
+            // Phases are entered in code order; a refusal here is a bug, not a user error.
+            panic!("phase driver out of order: {e}");
+        }
+        if let Err(e) = self.registry.put_epoch(epoch) {
+            warn!(error = %e, "cannot persist epoch progress");
+        }
+    }
+
+    /// Calls every node in parallel; all must succeed. Returns (node, reply) pairs.
+    async fn on_all<T, F, Fut>(&self, nodes: &[String], what: &str, deadline: std::time::Duration, f: F) -> Result<Vec<(String, T)>, NodeFailure>
+    where
+        F: Fn(ckpt_proto::v1::agent_client::AgentClient<tonic::transport::Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let mut calls = Vec::new();
+        for n in nodes {
+            let client = self.agents.client(n)?;
+            let fut = f(client);
+            calls.push(async move { (n.clone(), call(n, what, deadline, fut).await) });
+        }
+        let mut out = Vec::new();
+        let mut first_err = None;
+        for (n, r) in join_all(calls).await {
+            match r {
+                Ok(v) => out.push((n, v)),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    async fn abort_all(&self, nodes: &[String], job: u64, epoch: u32, reason: &str) -> Vec<NodeFailure> {
+        let d = self.cfg.deadlines.abort;
+        let r = self
+            .on_all_collect(nodes, "abort", d, |mut c| {
+                let req = pb::AbortRequest {
+                    job_id: job,
+                    epoch,
+                    reason: reason.to_string(),
+                };
+                async move { c.abort(req).await }
+            })
+            .await;
+        r.into_iter().filter_map(|(_, r)| r.err()).collect()
+    }
+
+    async fn on_all_collect<T, F, Fut>(&self, nodes: &[String], what: &str, deadline: std::time::Duration, f: F) -> Vec<(String, Result<T, NodeFailure>)>
+    where
+        F: Fn(ckpt_proto::v1::agent_client::AgentClient<tonic::transport::Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let calls = nodes.iter().map(|n| {
+            let client = self.agents.client(n);
+            let fut = client.map(&f);
+            async move {
+                match fut {
+                    Ok(fut) => (n.clone(), call(n, what, deadline, fut).await),
+                    Err(e) => (n.clone(), Err(e)),
+                }
+            }
+        });
+        join_all(calls).await
+    }
+
+    /// Validates a restart request; returns the job and the epoch to restore.
+    pub async fn begin_restart(&self, caller: &Caller, id: u64, epoch: u32) -> Result<(Job, Epoch), DriveError> {
+        self.job_for(caller, id)?;
+        let job = self.refresh(id).await?;
+        let number = if epoch == 0 { job.latest_committed } else { epoch };
+        if number == 0 {
+            return Err(DriveError::NoCommittedEpoch { job: id });
+        }
+        let e = self
+            .registry
+            .epoch(id, number)?
+            .ok_or_else(|| DriveError::Invalid(format!("job {id} has no epoch {number} (see `ckptctl epochs {id}`)")))?;
+        if !e.is_restorable() {
+            return Err(DriveError::EpochNotRestorable {
+                job: id,
+                epoch: number,
+                state: e.state_name(),
+            });
+        }
+        let job = self.update_job(id, |j| j.begin_restart()).await?;
+        Ok((job, e))
+    }
+
+    /// Restores every node of an epoch begun by [`Coordinator::begin_restart`].
+    #[instrument(skip_all, fields(job = job.id, epoch = epoch.number))]
+    pub async fn drive_restart(&self, job: Job, epoch: Epoch, progress: mpsc::UnboundedSender<Step>) -> Result<Job, DriveError> {
+        let (id, number) = (job.id, epoch.number);
+        let previous = job.state.clone();
+        let _ = progress.send(Step {
+            job: id,
+            epoch: number,
+            phase: "restore",
+            message: format!("verifying and restoring {} node(s)", epoch.nodes.len()),
+        });
+        let d = self.cfg.deadlines.restore;
+        let mut incarnation = 0;
+        let mut failure = None;
+        for n in &epoch.nodes {
+            let req = pb::RestoreRequest {
+                job_id: id,
+                epoch: number,
+                manifest_digest: epoch.manifests.get(n).cloned().unwrap_or_default(),
+            };
+            let r = match self.agents.client(n) {
+                Ok(mut c) => call(n, "restore", d, c.restore(req)).await,
+                Err(e) => Err(e),
+            };
+            match r {
+                Ok(reply) => incarnation = reply.incarnation,
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        match failure {
+            None => {
+                let job = self.update_job(id, |j| j.end_restart(Ok(incarnation))).await?;
+                let _ = progress.send(Step {
+                    job: id,
+                    epoch: number,
+                    phase: "restore",
+                    message: "running again".into(),
+                });
+                Ok(job)
+            }
+            Some(f) => {
+                self.update_job(id, |j| j.end_restart(Err(previous))).await?;
+                Err(DriveError::RestartFailed {
+                    job: id,
+                    epoch: number,
+                    failure: f,
+                })
+            }
+        }
+    }
+
+    /// Kills a running job (SIGTERM, then SIGKILL). Its epochs stay restorable.
+    pub async fn cancel(&self, caller: &Caller, id: u64) -> Result<Job, DriveError> {
+        let job = self.job_for(caller, id)?;
+        let job = if job.state == JobState::Running { self.refresh(id).await? } else { job };
+        if job.state != JobState::Running {
+            let mut j = job.clone();
+            j.cancel()?;
+        }
+        let mut c = self.agents.client(&job.node)?;
+        let _ = call(&job.node, "cancel", self.cfg.deadlines.resume, c.signal(pb::SignalRequest { job_id: id, signal: libc::SIGTERM })).await;
+        // Give the job a grace period to exit on SIGTERM, then kill what is left.
+        for _ in 0..CANCEL_GRACE_STEPS {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            match call(&job.node, "inspect", self.cfg.deadlines.sync, c.inspect(pb::InspectRequest { job_id: id })).await {
+                Ok(i) if i.processes.is_empty() => break,
+                _ => {}
+            }
+        }
+        let _ = call(&job.node, "cancel", self.cfg.deadlines.resume, c.signal(pb::SignalRequest { job_id: id, signal: libc::SIGKILL })).await;
+        self.update_job(id, |j| if j.state == JobState::Running { j.cancel() } else { Ok(()) }).await
+    }
+
+    /// The job's processes per node, as the agents see them now.
+    pub async fn inspect(&self, job: &Job) -> Vec<pb::NodeJobInfo> {
+        let mut out = Vec::new();
+        for n in [job.node.clone()] {
+            let info = match self.agents.client(&n) {
+                Ok(mut c) => call(&n, "inspect", self.cfg.deadlines.sync, c.inspect(pb::InspectRequest { job_id: job.id })).await,
+                Err(e) => Err(e),
+            };
+            out.push(info.unwrap_or_else(|e| pb::NodeJobInfo {
+                node: n.clone(),
+                state: format!("unknown ({})", e.message),
+                processes: vec![],
+            }));
+        }
+        out
+    }
+
+    /// The kind of a failure, for mapping to status codes.
+    pub fn failure_kind(e: &DriveError) -> Option<FailureKind> {
+        match e {
+            DriveError::EpochFailed { failure, .. } | DriveError::RestartFailed { failure, .. } | DriveError::Node(failure) => Some(failure.kind),
+            _ => None,
+        }
+    }
+}
+
+/// SIGTERM grace period of `cancel`, in 100 ms steps: MPI launchers forward SIGTERM to ranks
+/// and need a moment to tear down.
+const CANCEL_GRACE_STEPS: u32 = 50;
+
+/// Supplementary groups of a process (from /proc/<pid>/status).
+fn supplementary_groups(pid: i32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Groups:"))
+                .map(|g| g.split_whitespace().filter_map(|x| x.parse().ok()).collect())
+        })
+        .unwrap_or_default()
+}

@@ -1,0 +1,328 @@
+//! gRPC handlers of ckptd: the Control service (ckptctl, Unix socket) and the Registry service
+//! (agents, TCP). Errors become statuses here and only here, one arm per error variant.
+use std::pin::Pin;
+use std::sync::Arc;
+
+use ckpt_proto::v1 as pb;
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tonic::transport::server::UdsConnectInfo;
+use tonic::{Code, Request, Response, Status};
+
+use crate::agents::FailureKind;
+use crate::driver::{Caller, Coordinator, DriveError, RunSpec, Step};
+use crate::model::{Epoch, EpochState, Job, JobState};
+
+/// Maps a coordinator error to a status.
+pub fn to_status(e: &DriveError) -> Status {
+    let msg = e.to_string();
+    let code = match e {
+        DriveError::UnknownJob { .. } => Code::NotFound,
+        DriveError::NotOwner { .. } => Code::PermissionDenied,
+        DriveError::State(_) | DriveError::NoCommittedEpoch { .. } | DriveError::EpochNotRestorable { .. } => {
+            Code::FailedPrecondition
+        }
+        DriveError::Invalid(_) => Code::InvalidArgument,
+        DriveError::NoAgents => Code::Unavailable,
+        DriveError::EpochFailed { failure, .. } => match failure.kind {
+            FailureKind::Deadline => Code::DeadlineExceeded,
+            FailureKind::NoRoom => Code::ResourceExhausted,
+            _ => Code::Aborted,
+        },
+        DriveError::RestartFailed { failure, .. } | DriveError::Node(failure) => match failure.kind {
+            FailureKind::Unreachable => Code::Unavailable,
+            FailureKind::Deadline => Code::DeadlineExceeded,
+            FailureKind::Refused => Code::FailedPrecondition,
+            FailureKind::NotFound => Code::NotFound,
+            FailureKind::DataLoss => Code::DataLoss,
+            FailureKind::NoRoom => Code::ResourceExhausted,
+            FailureKind::Internal => Code::Aborted,
+        },
+        DriveError::Registry(_) => Code::Internal,
+    };
+    Status::new(code, msg)
+}
+
+fn caller<T>(req: &Request<T>) -> Result<Caller, Status> {
+    let cred = req
+        .extensions()
+        .get::<UdsConnectInfo>()
+        .and_then(|i| i.peer_cred)
+        .ok_or_else(|| Status::unauthenticated("ckptd accepts control requests only on its Unix socket"))?;
+    Ok(Caller {
+        uid: cred.uid(),
+        gid: cred.gid(),
+        pid: cred.pid(),
+    })
+}
+
+/// Wire form of a job.
+pub fn job_info(job: &Job, nodes: Vec<pb::NodeJobInfo>) -> pb::JobInfo {
+    let (exit_code, exit_signal) = match &job.state {
+        JobState::Exited { code, signal } => (*code, *signal),
+        _ => (None, None),
+    };
+    pb::JobInfo {
+        id: job.id,
+        name: job.name.clone(),
+        owner_uid: job.owner_uid,
+        state: job.state.name(),
+        argv: job.argv.clone(),
+        cwd: job.cwd.clone(),
+        created_unix_ms: job.created_unix_ms,
+        exit_code,
+        exit_signal,
+        last_epoch: job.last_epoch,
+        latest_committed_epoch: job.latest_committed,
+        nodes,
+        job_dir: job.job_dir.clone(),
+        detail: String::new(),
+    }
+}
+
+/// Wire form of an epoch.
+pub fn epoch_info(e: &Epoch) -> pb::EpochInfo {
+    let (failed_phase, reason) = match &e.state {
+        EpochState::Failed { phase, reason } => (phase.name().to_string(), reason.clone()),
+        _ => (String::new(), String::new()),
+    };
+    pb::EpochInfo {
+        job_id: e.job_id,
+        epoch: e.number,
+        state: e.state_name(),
+        failed_phase,
+        reason,
+        started_unix_ms: e.started_unix_ms,
+        finished_unix_ms: e.finished_unix_ms,
+        frozen_ms: e.frozen_ms,
+        total_ms: e.finished_unix_ms.saturating_sub(e.started_unix_ms),
+        image_bytes: e.image_bytes,
+        image_files: e.image_files,
+        kill: e.kill,
+        nodes: e.nodes.clone(),
+    }
+}
+
+/// Handler of the Control service.
+#[derive(Debug, Clone)]
+pub struct ControlHandler {
+    coord: Arc<Coordinator>,
+}
+
+impl ControlHandler {
+    /// Handler over a coordinator.
+    pub fn new(coord: Arc<Coordinator>) -> Self {
+        ControlHandler { coord }
+    }
+}
+
+type ProgressStream = Pin<Box<dyn Stream<Item = Result<pb::Progress, Status>> + Send>>;
+
+fn step_msg(s: &Step, started: std::time::Instant) -> pb::Progress {
+    pb::Progress {
+        job_id: s.job,
+        epoch: s.epoch,
+        phase: s.phase.into(),
+        message: s.message.clone(),
+        done: false,
+        ok: false,
+        elapsed_ms: started.elapsed().as_millis() as u64,
+        result: None,
+        code: 0,
+    }
+}
+
+/// Streams progress steps, then one final message built from the operation's result. The
+/// operation runs in its own task: a client that disconnects does not stop it.
+fn progress_stream<F>(op: F) -> ProgressStream
+where
+    F: FnOnce(mpsc::UnboundedSender<Step>) -> Pin<Box<dyn std::future::Future<Output = pb::Progress> + Send>> + Send + 'static,
+{
+    let (out_tx, out_rx) = mpsc::unbounded_channel::<Result<pb::Progress, Status>>();
+    let (step_tx, mut step_rx) = mpsc::unbounded_channel::<Step>();
+    let started = std::time::Instant::now();
+    let fut = op(step_tx);
+    let fwd = out_tx.clone();
+    let forward = tokio::spawn(async move {
+        while let Some(s) = step_rx.recv().await {
+            let _ = fwd.send(Ok(step_msg(&s, started)));
+        }
+    });
+    tokio::spawn(async move {
+        let mut last = fut.await;
+        let _ = forward.await;
+        last.elapsed_ms = started.elapsed().as_millis() as u64;
+        last.done = true;
+        let _ = out_tx.send(Ok(last));
+    });
+    Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(out_rx))
+}
+
+fn final_msg(job: u64, epoch: u32, phase: &str, r: Result<(String, Option<pb::EpochInfo>), DriveError>) -> pb::Progress {
+    let (ok, message, result, code) = match r {
+        Ok((m, e)) => (true, m, e, 0),
+        Err(e) => {
+            let s = to_status(&e);
+            (false, s.message().to_string(), None, s.code() as i32)
+        }
+    };
+    pb::Progress {
+        job_id: job,
+        epoch,
+        phase: phase.into(),
+        message,
+        done: true,
+        ok,
+        elapsed_ms: 0,
+        result,
+        code,
+    }
+}
+
+#[tonic::async_trait]
+impl pb::control_server::Control for ControlHandler {
+    async fn run(&self, req: Request<pb::RunRequest>) -> Result<Response<pb::RunReply>, Status> {
+        let who = caller(&req)?;
+        let r = req.into_inner();
+        let spec = RunSpec {
+            name: r.name,
+            argv: r.argv,
+            cwd: r.cwd,
+            env: r.env,
+            node: r.node,
+        };
+        let job = self.coord.run(who, spec).await.map_err(|e| to_status(&e))?;
+        let nodes = self.coord.inspect(&job).await;
+        Ok(Response::new(pb::RunReply {
+            job: Some(job_info(&job, nodes)),
+        }))
+    }
+
+    type CheckpointStream = ProgressStream;
+
+    async fn checkpoint(&self, req: Request<pb::CheckpointRequest>) -> Result<Response<ProgressStream>, Status> {
+        let who = caller(&req)?;
+        let r = req.into_inner();
+        let (job, epoch) = self.coord.begin_checkpoint(&who, r.job_id, r.kill).await.map_err(|e| to_status(&e))?;
+        let coord = self.coord.clone();
+        let number = epoch.number;
+        let stream = progress_stream(move |tx| {
+            Box::pin(async move {
+                let id = job.id;
+                let r = coord
+                    .drive_checkpoint(job, epoch, tx)
+                    .await
+                    .map(|e| (format!("job {id} epoch {} committed", e.number), Some(epoch_info(&e))));
+                final_msg(id, number, "commit", r)
+            })
+        });
+        Ok(Response::new(stream))
+    }
+
+    type RestartStream = ProgressStream;
+
+    async fn restart(&self, req: Request<pb::RestartRequest>) -> Result<Response<ProgressStream>, Status> {
+        let who = caller(&req)?;
+        let r = req.into_inner();
+        let (job, epoch) = self.coord.begin_restart(&who, r.job_id, r.epoch).await.map_err(|e| to_status(&e))?;
+        let coord = self.coord.clone();
+        let stream = progress_stream(move |tx| {
+            Box::pin(async move {
+                let id = job.id;
+                let number = epoch.number;
+                let info = epoch_info(&epoch);
+                let r = coord
+                    .drive_restart(job, epoch, tx)
+                    .await
+                    .map(|_| (format!("job {id} restarted from epoch {number}"), Some(info)));
+                final_msg(id, number, "restore", r)
+            })
+        });
+        Ok(Response::new(stream))
+    }
+
+    async fn status(&self, req: Request<pb::StatusRequest>) -> Result<Response<pb::StatusReply>, Status> {
+        let who = caller(&req)?;
+        let id = req.into_inner().job_id;
+        self.coord.job_for(&who, id).map_err(|e| to_status(&e))?;
+        let job = self.coord.refresh(id).await.map_err(|e| to_status(&e))?;
+        let nodes = self.coord.inspect(&job).await;
+        Ok(Response::new(pb::StatusReply {
+            job: Some(job_info(&job, nodes)),
+        }))
+    }
+
+    async fn list(&self, req: Request<pb::ListRequest>) -> Result<Response<pb::ListReply>, Status> {
+        let who = caller(&req)?;
+        let all = req.into_inner().all_users;
+        let jobs = self.coord.registry.jobs().map_err(|e| to_status(&e.into()))?;
+        let jobs = jobs
+            .iter()
+            .filter(|j| (all && who.uid == 0) || j.owner_uid == who.uid || (who.uid == 0 && !all))
+            .map(|j| job_info(j, vec![]))
+            .collect();
+        Ok(Response::new(pb::ListReply { jobs }))
+    }
+
+    async fn epochs(&self, req: Request<pb::EpochsRequest>) -> Result<Response<pb::EpochsReply>, Status> {
+        let who = caller(&req)?;
+        let id = req.into_inner().job_id;
+        self.coord.job_for(&who, id).map_err(|e| to_status(&e))?;
+        let epochs = self.coord.registry.epochs(id).map_err(|e| to_status(&e.into()))?;
+        Ok(Response::new(pb::EpochsReply {
+            epochs: epochs.iter().map(epoch_info).collect(),
+        }))
+    }
+
+    async fn cancel(&self, req: Request<pb::CancelRequest>) -> Result<Response<pb::CancelReply>, Status> {
+        let who = caller(&req)?;
+        let id = req.into_inner().job_id;
+        let job = self.coord.cancel(&who, id).await.map_err(|e| to_status(&e))?;
+        Ok(Response::new(pb::CancelReply {
+            job: Some(job_info(&job, vec![])),
+        }))
+    }
+}
+
+/// Handler of the Registry service.
+#[derive(Debug, Clone)]
+pub struct RegistryHandler {
+    coord: Arc<Coordinator>,
+    id: String,
+}
+
+impl RegistryHandler {
+    /// Handler over a coordinator.
+    pub fn new(coord: Arc<Coordinator>) -> Self {
+        RegistryHandler {
+            coord,
+            id: format!("ckptd-{}-{}", std::process::id(), crate::driver::now_ms()),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::registry_server::Registry for RegistryHandler {
+    async fn register(&self, req: Request<pb::RegisterRequest>) -> Result<Response<pb::RegisterReply>, Status> {
+        let r = req.into_inner();
+        if r.node.is_empty() {
+            return Err(Status::invalid_argument("node name is empty"));
+        }
+        self.coord
+            .register_agent(&r.node, &r.address)
+            .await
+            .map_err(Status::invalid_argument)?;
+        Ok(Response::new(pb::RegisterReply {
+            coordinator_id: self.id.clone(),
+        }))
+    }
+
+    async fn heartbeat(&self, req: Request<pb::HeartbeatRequest>) -> Result<Response<pb::HeartbeatReply>, Status> {
+        let r = req.into_inner();
+        if self.coord.heartbeat(&r.node, r.jobs).await {
+            Ok(Response::new(pb::HeartbeatReply {}))
+        } else {
+            Err(Status::not_found(format!("node {} is not registered; register first", r.node)))
+        }
+    }
+}

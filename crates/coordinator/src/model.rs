@@ -1,0 +1,503 @@
+//! Jobs and epochs as the coordinator records them, with guarded state transitions.
+//!
+//! Every transition is: check the guard, act, persist. A call in the wrong state is refused with
+//! [`TransitionError`], which names the job or epoch, the state it is in and the state asked for.
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The protocol phases of one checkpoint epoch, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Phase {
+    /// Initial synchronization: all agents confirm the job can be checkpointed.
+    Sync,
+    /// Pre-checkpoint coordination: quiesce channels and freeze every node.
+    Quiesce,
+    /// Local checkpointing: every node dumps its frozen processes.
+    Dump,
+    /// Post-checkpoint coordination: thaw and rebuild (or kill) everywhere.
+    Resume,
+    /// Every node seals its images (digests, fsync, manifest).
+    Finalize,
+    /// The coordinator records the epoch as restorable.
+    Commit,
+}
+
+impl Phase {
+    /// Name shown to users.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Sync => "initial-sync",
+            Phase::Quiesce => "quiesce",
+            Phase::Dump => "local-checkpoint",
+            Phase::Resume => "resume",
+            Phase::Finalize => "finalize",
+            Phase::Commit => "commit",
+        }
+    }
+}
+
+/// State of an epoch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EpochState {
+    /// Running the given phase.
+    InProgress(Phase),
+    /// Restorable: every node's manifest is recorded.
+    Committed,
+    /// Aborted; never offered for restart.
+    Failed {
+        /// Phase that failed.
+        phase: Phase,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A refused state transition.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what} is {from}; cannot {action}")]
+pub struct TransitionError {
+    /// "job 3" or "job 3 epoch 2".
+    pub what: String,
+    /// Current state.
+    pub from: String,
+    /// Refused action.
+    pub action: String,
+}
+
+/// One checkpoint epoch of one job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Epoch {
+    /// Job id.
+    pub job_id: u64,
+    /// Epoch number (1, 2, ...).
+    pub number: u32,
+    /// State.
+    pub state: EpochState,
+    /// Whether the job was stopped after the snapshot.
+    pub kill: bool,
+    /// Nodes taking part.
+    pub nodes: Vec<String>,
+    /// Node manifest digest per node (set at commit).
+    #[serde(default)]
+    pub manifests: BTreeMap<String, String>,
+    /// Start time (ms since the Unix epoch).
+    pub started_unix_ms: u64,
+    /// End time (ms since the Unix epoch), once terminal.
+    #[serde(default)]
+    pub finished_unix_ms: u64,
+    /// Longest time any node was frozen, in ms.
+    #[serde(default)]
+    pub frozen_ms: u64,
+    /// Total image bytes.
+    #[serde(default)]
+    pub image_bytes: u64,
+    /// Total image files.
+    #[serde(default)]
+    pub image_files: u32,
+}
+
+impl Epoch {
+    /// A new epoch at the first phase.
+    pub fn begin(job_id: u64, number: u32, kill: bool, nodes: Vec<String>, now_ms: u64) -> Self {
+        Epoch {
+            job_id,
+            number,
+            state: EpochState::InProgress(Phase::Sync),
+            kill,
+            nodes,
+            manifests: BTreeMap::new(),
+            started_unix_ms: now_ms,
+            finished_unix_ms: 0,
+            frozen_ms: 0,
+            image_bytes: 0,
+            image_files: 0,
+        }
+    }
+
+    fn refuse(&self, action: &str) -> TransitionError {
+        TransitionError {
+            what: format!("job {} epoch {}", self.job_id, self.number),
+            from: self.state_name(),
+            action: action.into(),
+        }
+    }
+
+    /// Moves to the next phase; only the phase right after the current one is allowed.
+    pub fn enter(&mut self, next: Phase) -> Result<(), TransitionError> {
+        match self.state {
+            EpochState::InProgress(cur) if next as u8 == cur as u8 + 1 => {
+                self.state = EpochState::InProgress(next);
+                Ok(())
+            }
+            _ => Err(self.refuse(&format!("enter phase {}", next.name()))),
+        }
+    }
+
+    /// Commits; only from the commit phase, with a manifest for every node.
+    pub fn commit(&mut self, manifests: BTreeMap<String, String>, now_ms: u64) -> Result<(), TransitionError> {
+        if self.state != EpochState::InProgress(Phase::Commit) {
+            return Err(self.refuse("commit"));
+        }
+        if let Some(missing) = self.nodes.iter().find(|n| !manifests.contains_key(*n)) {
+            return Err(TransitionError {
+                what: format!("job {} epoch {}", self.job_id, self.number),
+                from: self.state_name(),
+                action: format!("commit without the manifest of node {missing}"),
+            });
+        }
+        self.manifests = manifests;
+        self.state = EpochState::Committed;
+        self.finished_unix_ms = now_ms;
+        Ok(())
+    }
+
+    /// Fails the epoch in its current phase; only an epoch in progress can fail.
+    pub fn fail(&mut self, reason: impl Into<String>, now_ms: u64) -> Result<(), TransitionError> {
+        match self.state {
+            EpochState::InProgress(phase) => {
+                self.state = EpochState::Failed {
+                    phase,
+                    reason: reason.into(),
+                };
+                self.finished_unix_ms = now_ms;
+                Ok(())
+            }
+            _ => Err(self.refuse("fail")),
+        }
+    }
+
+    /// Whether this epoch may be restored.
+    pub fn is_restorable(&self) -> bool {
+        self.state == EpochState::Committed
+    }
+
+    /// The phase in progress, if any.
+    pub fn phase(&self) -> Option<Phase> {
+        match self.state {
+            EpochState::InProgress(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// Name shown to users.
+    pub fn state_name(&self) -> String {
+        match &self.state {
+            EpochState::InProgress(p) => format!("in-progress ({})", p.name()),
+            EpochState::Committed => "committed".into(),
+            EpochState::Failed { .. } => "failed".into(),
+        }
+    }
+}
+
+/// State of a job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobState {
+    /// Processes running.
+    Running,
+    /// A checkpoint epoch is in progress.
+    Checkpointing,
+    /// A restart is in progress.
+    Restarting,
+    /// The job's root process ended by itself (or was killed from outside).
+    Exited {
+        /// Exit code.
+        code: Option<i32>,
+        /// Signal.
+        signal: Option<i32>,
+    },
+    /// Stopped by ckpt after a checkpoint (`--kill`).
+    Stopped,
+    /// Killed by `ckptctl cancel`.
+    Cancelled,
+    /// Its processes vanished without a recorded exit (node or agent lost).
+    Lost,
+}
+
+impl JobState {
+    /// Name shown to users.
+    pub fn name(&self) -> String {
+        match self {
+            JobState::Running => "running".into(),
+            JobState::Checkpointing => "checkpointing".into(),
+            JobState::Restarting => "restarting".into(),
+            JobState::Exited { code: Some(c), .. } => format!("exited ({c})"),
+            JobState::Exited { signal: Some(s), .. } => format!("killed (signal {s})"),
+            JobState::Exited { .. } => "exited".into(),
+            JobState::Stopped => "stopped".into(),
+            JobState::Cancelled => "cancelled".into(),
+            JobState::Lost => "lost".into(),
+        }
+    }
+
+    /// Whether processes are (supposed to be) alive.
+    pub fn is_active(&self) -> bool {
+        matches!(self, JobState::Running | JobState::Checkpointing | JobState::Restarting)
+    }
+}
+
+/// A job as the coordinator records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Job {
+    /// Id (1, 2, ...).
+    pub id: u64,
+    /// Name given by the user (or the command's basename).
+    pub name: String,
+    /// Owner.
+    pub owner_uid: u32,
+    /// Owner's group.
+    pub owner_gid: u32,
+    /// Command.
+    pub argv: Vec<String>,
+    /// Working directory.
+    pub cwd: String,
+    /// Node the job's launcher runs on.
+    pub node: String,
+    /// State.
+    pub state: JobState,
+    /// The agent-side incarnation that `state` describes (launches and restores bump it).
+    pub incarnation: u32,
+    /// Highest epoch number used.
+    pub last_epoch: u32,
+    /// Latest committed epoch, 0 if none.
+    pub latest_committed: u32,
+    /// Creation time (ms since the Unix epoch).
+    pub created_unix_ms: u64,
+    /// Job directory on the launcher node (stdout, stderr, logs).
+    pub job_dir: String,
+}
+
+impl Job {
+    fn refuse(&self, action: &str) -> TransitionError {
+        TransitionError {
+            what: format!("job {}", self.id),
+            from: self.state.name(),
+            action: action.into(),
+        }
+    }
+
+    /// Starts a checkpoint epoch: only a running job; returns the new epoch number.
+    pub fn begin_checkpoint(&mut self) -> Result<u32, TransitionError> {
+        if self.state != JobState::Running {
+            return Err(self.refuse("checkpoint it"));
+        }
+        self.state = JobState::Checkpointing;
+        self.last_epoch += 1;
+        Ok(self.last_epoch)
+    }
+
+    /// Ends a checkpoint epoch; `committed` if it was committed, `killed` if the job was stopped.
+    pub fn end_checkpoint(&mut self, committed: Option<u32>, killed: bool) -> Result<(), TransitionError> {
+        if self.state != JobState::Checkpointing {
+            return Err(self.refuse("end a checkpoint"));
+        }
+        if let Some(e) = committed {
+            self.latest_committed = self.latest_committed.max(e);
+        }
+        self.state = if killed { JobState::Stopped } else { JobState::Running };
+        Ok(())
+    }
+
+    /// Starts a restart: only a job whose processes are gone.
+    pub fn begin_restart(&mut self) -> Result<(), TransitionError> {
+        if self.state.is_active() {
+            return Err(self.refuse("restart it (cancel it first, or checkpoint it with --kill)"));
+        }
+        self.state = JobState::Restarting;
+        Ok(())
+    }
+
+    /// Ends a restart: running again with a new incarnation, or back to `previous` on failure.
+    pub fn end_restart(&mut self, result: Result<u32, JobState>) -> Result<(), TransitionError> {
+        if self.state != JobState::Restarting {
+            return Err(self.refuse("end a restart"));
+        }
+        match result {
+            Ok(incarnation) => {
+                self.state = JobState::Running;
+                self.incarnation = incarnation;
+            }
+            Err(previous) => self.state = previous,
+        }
+        Ok(())
+    }
+
+    /// Records what the agent reports about the current incarnation; reports about another
+    /// incarnation, or while a checkpoint or restart is in progress, are ignored.
+    pub fn observe(&mut self, incarnation: u32, report: JobState) -> bool {
+        if incarnation != self.incarnation || self.state != JobState::Running || report == JobState::Running {
+            return false;
+        }
+        self.state = report;
+        true
+    }
+
+    /// Cancels: only a running job.
+    pub fn cancel(&mut self) -> Result<(), TransitionError> {
+        if self.state != JobState::Running {
+            return Err(self.refuse("cancel it"));
+        }
+        self.state = JobState::Cancelled;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PHASES: [Phase; 6] = [
+        Phase::Sync,
+        Phase::Quiesce,
+        Phase::Dump,
+        Phase::Resume,
+        Phase::Finalize,
+        Phase::Commit,
+    ];
+
+    fn epoch() -> Epoch {
+        Epoch::begin(1, 1, false, vec!["n1".into()], 0)
+    }
+
+    fn manifests() -> BTreeMap<String, String> {
+        [("n1".to_string(), "d".to_string())].into()
+    }
+
+    #[test]
+    fn phases_only_advance_one_at_a_time() {
+        for (i, &from) in PHASES.iter().enumerate() {
+            for (j, &to) in PHASES.iter().enumerate() {
+                let mut e = epoch();
+                e.state = EpochState::InProgress(from);
+                let r = e.enter(to);
+                assert_eq!(r.is_ok(), j == i + 1, "{from:?} -> {to:?}");
+                if r.is_err() {
+                    assert_eq!(e.state, EpochState::InProgress(from), "refused transition changed state");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn commit_only_from_commit_phase_with_every_manifest() {
+        for &p in &PHASES[..5] {
+            let mut e = epoch();
+            e.state = EpochState::InProgress(p);
+            assert!(e.commit(manifests(), 1).is_err(), "commit from {p:?}");
+        }
+        let mut e = epoch();
+        e.state = EpochState::InProgress(Phase::Commit);
+        let err = e.commit(BTreeMap::new(), 1).unwrap_err();
+        assert!(err.action.contains("n1"), "{err}");
+        e.commit(manifests(), 1).unwrap();
+        assert!(e.is_restorable());
+        assert!(e.commit(manifests(), 2).is_err(), "double commit");
+        assert!(e.fail("late", 2).is_err(), "a committed epoch cannot fail");
+        assert!(e.enter(Phase::Sync).is_err());
+    }
+
+    #[test]
+    fn failed_epochs_are_terminal_and_keep_their_phase() {
+        let mut e = epoch();
+        e.enter(Phase::Quiesce).unwrap();
+        e.enter(Phase::Dump).unwrap();
+        e.fail("criu died", 5).unwrap();
+        assert_eq!(
+            e.state,
+            EpochState::Failed {
+                phase: Phase::Dump,
+                reason: "criu died".into()
+            }
+        );
+        assert!(!e.is_restorable());
+        assert!(e.fail("again", 6).is_err());
+        for &p in &PHASES {
+            assert!(e.enter(p).is_err());
+        }
+        assert!(e.commit(manifests(), 7).is_err());
+    }
+
+    fn job(state: JobState) -> Job {
+        Job {
+            id: 3,
+            name: "heat".into(),
+            owner_uid: 0,
+            owner_gid: 0,
+            argv: vec![],
+            cwd: "/".into(),
+            node: "n1".into(),
+            state,
+            incarnation: 1,
+            last_epoch: 0,
+            latest_committed: 0,
+            created_unix_ms: 0,
+            job_dir: String::new(),
+        }
+    }
+
+    fn all_states() -> Vec<JobState> {
+        vec![
+            JobState::Running,
+            JobState::Checkpointing,
+            JobState::Restarting,
+            JobState::Exited {
+                code: Some(0),
+                signal: None,
+            },
+            JobState::Stopped,
+            JobState::Cancelled,
+            JobState::Lost,
+        ]
+    }
+
+    #[test]
+    fn job_guards_refuse_every_illegal_transition() {
+        for s in all_states() {
+            let mut j = job(s.clone());
+            assert_eq!(j.begin_checkpoint().is_ok(), s == JobState::Running, "checkpoint from {s:?}");
+            let mut j2 = job(s.clone());
+            assert_eq!(j2.begin_restart().is_ok(), !s.is_active(), "restart from {s:?}");
+            let mut j3 = job(s.clone());
+            assert_eq!(j3.cancel().is_ok(), s == JobState::Running, "cancel from {s:?}");
+            let mut j4 = job(s.clone());
+            assert_eq!(j4.end_checkpoint(None, false).is_ok(), s == JobState::Checkpointing);
+            let mut j5 = job(s.clone());
+            assert_eq!(j5.end_restart(Ok(2)).is_ok(), s == JobState::Restarting);
+            if s != JobState::Running {
+                assert_eq!(j.state, s, "refused checkpoint changed state");
+            }
+        }
+        let err = job(JobState::Running).begin_restart().unwrap_err();
+        assert!(err.to_string().contains("job 3 is running"), "{err}");
+    }
+
+    #[test]
+    fn checkpoint_numbers_epochs_and_kill_stops() {
+        let mut j = job(JobState::Running);
+        assert_eq!(j.begin_checkpoint().unwrap(), 1);
+        j.end_checkpoint(Some(1), false).unwrap();
+        assert_eq!(j.begin_checkpoint().unwrap(), 2);
+        j.end_checkpoint(None, false).unwrap();
+        assert_eq!(j.latest_committed, 1, "a failed epoch is not restorable");
+        assert_eq!(j.begin_checkpoint().unwrap(), 3);
+        j.end_checkpoint(Some(3), true).unwrap();
+        assert_eq!(j.state, JobState::Stopped);
+        j.begin_restart().unwrap();
+        j.end_restart(Ok(5)).unwrap();
+        assert_eq!((j.state.clone(), j.incarnation), (JobState::Running, 5));
+    }
+
+    #[test]
+    fn reports_about_other_incarnations_are_ignored() {
+        let mut j = job(JobState::Running);
+        let exited = JobState::Exited {
+            code: Some(0),
+            signal: None,
+        };
+        assert!(!j.observe(0, exited.clone()), "stale incarnation");
+        assert!(j.observe(1, exited.clone()));
+        assert_eq!(j.state, exited);
+        let mut j = job(JobState::Checkpointing);
+        assert!(!j.observe(1, JobState::Lost), "no change during a checkpoint");
+    }
+}

@@ -1,0 +1,222 @@
+//! The job registry and epoch history, in an embedded redb database, so that a restarted ckptd
+//! loses nothing. Values are JSON of [`Job`] and [`Epoch`]; every write is one transaction.
+use std::path::{Path, PathBuf};
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+
+use crate::model::{Epoch, Job};
+
+const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
+/// Key: (job id, epoch number).
+const EPOCHS: TableDefinition<(u64, u32), &[u8]> = TableDefinition::new("epochs");
+
+/// Registry failures; each names the database file.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// The database cannot be opened or used.
+    #[error("job database {path}: {message}")]
+    Db {
+        /// File.
+        path: PathBuf,
+        /// redb's message.
+        message: String,
+    },
+    /// A stored record does not decode.
+    #[error("job database {path}: corrupt record {key}: {source}")]
+    Decode {
+        /// File.
+        path: PathBuf,
+        /// Which record.
+        key: String,
+        /// Decoder error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// The persistent registry.
+#[derive(Debug)]
+pub struct Registry {
+    db: Database,
+    path: PathBuf,
+}
+
+impl Registry {
+    /// Opens (or creates) the database.
+    pub fn open(path: &Path) -> Result<Self, RegistryError> {
+        if let Some(parent) = path.parent() {
+            let _ = std::fs::create_dir_all(parent);
+        }
+        let db = Database::create(path).map_err(|e| RegistryError::Db {
+            path: path.into(),
+            message: e.to_string(),
+        })?;
+        let r = Registry { db, path: path.into() };
+        // Create the tables so that reads of an empty database succeed.
+        let tx = r.db.begin_write().map_err(|e| r.err(e))?;
+        {
+            tx.open_table(JOBS).map_err(|e| r.err(e))?;
+            tx.open_table(EPOCHS).map_err(|e| r.err(e))?;
+        }
+        tx.commit().map_err(|e| r.err(e))?;
+        Ok(r)
+    }
+
+    fn err(&self, e: impl std::fmt::Display) -> RegistryError {
+        RegistryError::Db {
+            path: self.path.clone(),
+            message: e.to_string(),
+        }
+    }
+
+    fn decode<T: serde::de::DeserializeOwned>(&self, key: String, bytes: &[u8]) -> Result<T, RegistryError> {
+        serde_json::from_slice(bytes).map_err(|source| RegistryError::Decode {
+            path: self.path.clone(),
+            key,
+            source,
+        })
+    }
+
+    /// Next unused job id (one more than the highest stored).
+    pub fn next_job_id(&self) -> Result<u64, RegistryError> {
+        let tx = self.db.begin_read().map_err(|e| self.err(e))?;
+        let t = tx.open_table(JOBS).map_err(|e| self.err(e))?;
+        let last = t.last().map_err(|e| self.err(e))?.map(|(k, _)| k.value());
+        Ok(last.unwrap_or(0) + 1)
+    }
+
+    /// Stores a job.
+    pub fn put_job(&self, job: &Job) -> Result<(), RegistryError> {
+        let bytes = serde_json::to_vec(job).expect("serializable");
+        let tx = self.db.begin_write().map_err(|e| self.err(e))?;
+        {
+            let mut t = tx.open_table(JOBS).map_err(|e| self.err(e))?;
+            t.insert(job.id, bytes.as_slice()).map_err(|e| self.err(e))?;
+        }
+        tx.commit().map_err(|e| self.err(e))
+    }
+
+    /// Stores a job and one of its epochs in one transaction.
+    pub fn put_job_and_epoch(&self, job: &Job, epoch: &Epoch) -> Result<(), RegistryError> {
+        let jb = serde_json::to_vec(job).expect("serializable");
+        let eb = serde_json::to_vec(epoch).expect("serializable");
+        let tx = self.db.begin_write().map_err(|e| self.err(e))?;
+        {
+            let mut t = tx.open_table(JOBS).map_err(|e| self.err(e))?;
+            t.insert(job.id, jb.as_slice()).map_err(|e| self.err(e))?;
+            let mut t = tx.open_table(EPOCHS).map_err(|e| self.err(e))?;
+            t.insert((epoch.job_id, epoch.number), eb.as_slice())
+                .map_err(|e| self.err(e))?;
+        }
+        tx.commit().map_err(|e| self.err(e))
+    }
+
+    /// Stores an epoch.
+    pub fn put_epoch(&self, epoch: &Epoch) -> Result<(), RegistryError> {
+        let eb = serde_json::to_vec(epoch).expect("serializable");
+        let tx = self.db.begin_write().map_err(|e| self.err(e))?;
+        {
+            let mut t = tx.open_table(EPOCHS).map_err(|e| self.err(e))?;
+            t.insert((epoch.job_id, epoch.number), eb.as_slice())
+                .map_err(|e| self.err(e))?;
+        }
+        tx.commit().map_err(|e| self.err(e))
+    }
+
+    /// A job, if known.
+    pub fn job(&self, id: u64) -> Result<Option<Job>, RegistryError> {
+        let tx = self.db.begin_read().map_err(|e| self.err(e))?;
+        let t = tx.open_table(JOBS).map_err(|e| self.err(e))?;
+        match t.get(id).map_err(|e| self.err(e))? {
+            Some(v) => Ok(Some(self.decode(format!("job {id}"), v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every job, by id.
+    pub fn jobs(&self) -> Result<Vec<Job>, RegistryError> {
+        let tx = self.db.begin_read().map_err(|e| self.err(e))?;
+        let t = tx.open_table(JOBS).map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        for item in t.iter().map_err(|e| self.err(e))? {
+            let (k, v) = item.map_err(|e| self.err(e))?;
+            out.push(self.decode(format!("job {}", k.value()), v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// One epoch, if known.
+    pub fn epoch(&self, job: u64, number: u32) -> Result<Option<Epoch>, RegistryError> {
+        let tx = self.db.begin_read().map_err(|e| self.err(e))?;
+        let t = tx.open_table(EPOCHS).map_err(|e| self.err(e))?;
+        match t.get((job, number)).map_err(|e| self.err(e))? {
+            Some(v) => Ok(Some(self.decode(format!("job {job} epoch {number}"), v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every epoch of a job, oldest first.
+    pub fn epochs(&self, job: u64) -> Result<Vec<Epoch>, RegistryError> {
+        let tx = self.db.begin_read().map_err(|e| self.err(e))?;
+        let t = tx.open_table(EPOCHS).map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        for item in t.range((job, 0)..=(job, u32::MAX)).map_err(|e| self.err(e))? {
+            let (k, v) = item.map_err(|e| self.err(e))?;
+            let (j, n) = k.value();
+            out.push(self.decode(format!("job {j} epoch {n}"), v.value())?);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{JobState, Phase};
+
+    fn job(id: u64) -> Job {
+        Job {
+            id,
+            name: "heat".into(),
+            owner_uid: 1000,
+            owner_gid: 1000,
+            argv: vec!["mpiexec".into()],
+            cwd: "/".into(),
+            node: "n1".into(),
+            state: JobState::Running,
+            incarnation: 1,
+            last_epoch: 0,
+            latest_committed: 0,
+            created_unix_ms: 0,
+            job_dir: String::new(),
+        }
+    }
+
+    #[test]
+    fn survives_reopen() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("ckptd.redb");
+        {
+            let r = Registry::open(&p).unwrap();
+            assert_eq!(r.next_job_id().unwrap(), 1);
+            let mut j = job(1);
+            let e1 = Epoch::begin(1, 1, false, vec!["n1".into()], 0);
+            j.last_epoch = 1;
+            r.put_job_and_epoch(&j, &e1).unwrap();
+            r.put_job(&job(2)).unwrap();
+            let mut e2 = Epoch::begin(1, 2, false, vec!["n1".into()], 0);
+            e2.fail("x", 1).unwrap();
+            r.put_epoch(&e2).unwrap();
+            r.put_epoch(&Epoch::begin(2, 1, false, vec![], 0)).unwrap();
+        }
+        let r = Registry::open(&p).unwrap();
+        assert_eq!(r.next_job_id().unwrap(), 3);
+        assert_eq!(r.jobs().unwrap().len(), 2);
+        assert_eq!(r.job(1).unwrap().unwrap().last_epoch, 1);
+        let es = r.epochs(1).unwrap();
+        assert_eq!(es.iter().map(|e| e.number).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(es[0].phase(), Some(Phase::Sync));
+        assert!(r.job(9).unwrap().is_none());
+        assert!(r.epoch(1, 9).unwrap().is_none());
+    }
+}

@@ -1,0 +1,60 @@
+//! The ckptd daemon: both gRPC services on their listeners until shutdown.
+use std::future::Future;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use ckpt_proto::v1::control_server::ControlServer;
+use ckpt_proto::v1::registry_server::RegistryServer;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+use tracing::info;
+
+use crate::driver::Coordinator;
+use crate::grpc::{ControlHandler, RegistryHandler};
+
+/// Binds the control socket: removes a stale socket file, creates the directory, and makes the
+/// socket connectable by every user (each request is authorized by the caller's uid).
+pub fn bind_control_socket(path: &Path) -> std::io::Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let l = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    Ok(l)
+}
+
+/// Serves the Registry service on `agents` and the Control service on `control` until
+/// `shutdown` resolves.
+pub async fn run(
+    coord: Arc<Coordinator>,
+    agents: TcpListener,
+    control: UnixListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
+    info!(agents = %agents.local_addr().map(|a| a.to_string()).unwrap_or_default(), "ckptd listening");
+    let (tx, rx) = watch::channel(false);
+    let mut rx2 = rx.clone();
+    let mut rx1 = rx;
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = tx.send(true);
+    });
+    let reg = tonic::transport::Server::builder()
+        .add_service(RegistryServer::new(RegistryHandler::new(coord.clone())))
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(agents), async move {
+            let _ = rx1.wait_for(|v| *v).await;
+        });
+    let ctl = tonic::transport::Server::builder()
+        .add_service(ControlServer::new(ControlHandler::new(coord)))
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(control), async move {
+            let _ = rx2.wait_for(|v| *v).await;
+        });
+    let (a, b) = tokio::join!(reg, ctl);
+    a.and(b)
+}
