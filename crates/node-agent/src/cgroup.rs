@@ -59,11 +59,13 @@ pub enum Flavor {
 pub struct CgroupParent {
     path: PathBuf,
     flavor: Flavor,
+    prefix: String,
 }
 
 impl CgroupParent {
     /// Resolves the configured parent (`auto` or a path).
-    pub fn resolve(configured: &str) -> Result<Self, CgroupError> {
+    pub fn resolve(configured: &str, prefix: &str) -> Result<Self, CgroupError> {
+        let prefix = prefix.to_string();
         let pick = |p: &Path| -> Option<Flavor> {
             if p.join("freezer.state").exists() || p.starts_with(V1_FREEZER) && p.join("cgroup.procs").exists() {
                 Some(Flavor::V1)
@@ -76,13 +78,14 @@ impl CgroupParent {
         if configured != "auto" {
             let p = PathBuf::from(configured);
             let flavor = pick(&p).ok_or(CgroupError::NoFreezer)?;
-            return Ok(CgroupParent { path: p, flavor });
+            return Ok(CgroupParent { path: p, flavor, prefix });
         }
         let v1 = Path::new(V1_FREEZER);
         if v1.join("cgroup.procs").exists() {
             return Ok(CgroupParent {
                 path: v1.to_path_buf(),
                 flavor: Flavor::V1,
+                prefix,
             });
         }
         for root in V2_ROOTS {
@@ -91,6 +94,7 @@ impl CgroupParent {
                 return Ok(CgroupParent {
                     path: p.to_path_buf(),
                     flavor: Flavor::V2,
+                    prefix,
                 });
             }
         }
@@ -100,7 +104,7 @@ impl CgroupParent {
     /// The cgroup of a job (not created yet).
     pub fn job(&self, job_id: u64) -> JobCgroup {
         JobCgroup {
-            path: self.path.join(format!("ckpt-job-{job_id}")),
+            path: self.path.join(format!("{}{job_id}", self.prefix)),
             flavor: self.flavor,
         }
     }

@@ -83,9 +83,12 @@ pub struct CriuConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CgroupConfig {
-    /// Parent cgroup under which each job gets `ckpt-job-<id>`, or `auto`: the v1 freezer
+    /// Parent cgroup under which each job gets `<prefix><id>`, or `auto`: the v1 freezer
     /// hierarchy if mounted, else the cgroup v2 root.
     pub parent: String,
+    /// Name prefix of job cgroups (`<prefix><job id>`). Give each agent sharing a machine its
+    /// own prefix.
+    pub prefix: String,
 }
 
 impl Default for AgentConfig {
@@ -118,7 +121,10 @@ impl Default for CriuConfig {
 
 impl Default for CgroupConfig {
     fn default() -> Self {
-        CgroupConfig { parent: "auto".into() }
+        CgroupConfig {
+            parent: "auto".into(),
+            prefix: "ckpt-job-".into(),
+        }
     }
 }
 
@@ -166,6 +172,12 @@ impl AgentConfig {
             return Err(ConfigError::Invalid {
                 key: "heartbeat_interval",
                 problem: "must be at least 50ms".into(),
+            });
+        }
+        if self.cgroup.prefix.is_empty() || self.cgroup.prefix.contains('/') {
+            return Err(ConfigError::Invalid {
+                key: "cgroup.prefix",
+                problem: format!("must be a non-empty name without '/', got {:?}", self.cgroup.prefix),
             });
         }
         if !["nftables", "iptables", "skip"].contains(&self.criu.network_lock.as_str()) {

@@ -61,7 +61,7 @@ pub enum StartError {
 pub fn open_jobs(cfg: &AgentConfig, shim_exe: PathBuf) -> Result<Arc<jobs::Jobs>, StartError> {
     let criu = engine::criu::Criu::detect(&cfg.criu)?;
     info!(criu = criu.path(), version = %engine::SnapshotEngine::version(&criu), "snapshot engine ready");
-    let cgroups = cgroup::CgroupParent::resolve(&cfg.cgroup.parent)?;
+    let cgroups = cgroup::CgroupParent::resolve(&cfg.cgroup.parent, &cfg.cgroup.prefix)?;
     let staging = ckpt_store::layout::Staging::open(&cfg.local_dir).map_err(|e| StartError::Dir {
         what: "local_dir",
         path: cfg.local_dir.clone(),

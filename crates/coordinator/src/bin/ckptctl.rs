@@ -131,6 +131,9 @@ impl From<tonic::Status> for Failure {
 }
 
 fn main() -> ExitCode {
+    // SAFETY: restoring the default SIGPIPE disposition before any thread starts, so that
+    // `ckptctl list | head` ends quietly like other Unix tools instead of panicking.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     match rt.block_on(run(cli)) {
