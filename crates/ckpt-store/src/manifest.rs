@@ -97,6 +97,10 @@ pub struct NodeManifest {
     /// Files saved beside the images and put back before restore.
     #[serde(default)]
     pub preserved: Vec<PreservedFile>,
+    /// Local TCP ports of the job's sockets: stale TIME_WAIT entries on them (left when the
+    /// job was killed) would keep the restored connections from binding.
+    #[serde(default)]
+    pub tcp_ports: Vec<u16>,
     /// Free-form facts for operators (engine flags, timings).
     #[serde(default)]
     pub notes: BTreeMap<String, String>,
@@ -216,6 +220,7 @@ mod tests {
                 size: 10,
             }],
             preserved: vec![],
+            tcp_ports: vec![4000],
             notes: BTreeMap::new(),
         }
     }

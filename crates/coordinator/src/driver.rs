@@ -159,7 +159,8 @@ pub struct Coordinator {
     cfg: CoordinatorConfig,
     /// Serializes read-modify-write of job records (short critical sections only).
     state: Mutex<()>,
-    /// Epochs found in progress at start-up, to abort on their nodes when they register.
+    /// Epochs to abort on a node when its agent registers: found in progress at start-up, or
+    /// whose abort could not reach the node.
     orphaned: std::sync::Mutex<Vec<(String, u64, u32)>>,
 }
 
@@ -550,7 +551,13 @@ impl Coordinator {
                 async move { c.abort(req).await }
             })
             .await;
-        r.into_iter().filter_map(|(_, r)| r.err()).collect()
+        let failed: Vec<NodeFailure> = r.into_iter().filter_map(|(_, r)| r.err()).collect();
+        // A node that could not be told now is told when its agent registers again.
+        let mut o = self.orphaned.lock().expect("orphaned lock");
+        for f in &failed {
+            o.push((f.node.clone(), job, epoch));
+        }
+        failed
     }
 
     async fn on_all_collect<T, F, Fut>(&self, nodes: &[String], what: &str, deadline: std::time::Duration, f: F) -> Vec<(String, Result<T, NodeFailure>)>
@@ -571,8 +578,9 @@ impl Coordinator {
         join_all(calls).await
     }
 
-    /// Validates a restart request; returns the job and the epoch to restore.
-    pub async fn begin_restart(&self, caller: &Caller, id: u64, epoch: u32) -> Result<(Job, Epoch), DriveError> {
+    /// Validates a restart request; returns the job, the epoch to restore and the state to go
+    /// back to if the restart fails.
+    pub async fn begin_restart(&self, caller: &Caller, id: u64, epoch: u32) -> Result<(Job, Epoch, JobState), DriveError> {
         self.job_for(caller, id)?;
         let job = self.refresh(id).await?;
         let number = if epoch == 0 { job.latest_committed } else { epoch };
@@ -590,15 +598,20 @@ impl Coordinator {
                 state: e.state_name(),
             });
         }
-        let job = self.update_job(id, |j| j.begin_restart()).await?;
-        Ok((job, e))
+        let mut previous = job.state.clone();
+        let job = self
+            .update_job(id, |j| {
+                previous = j.state.clone();
+                j.begin_restart()
+            })
+            .await?;
+        Ok((job, e, previous))
     }
 
     /// Restores every node of an epoch begun by [`Coordinator::begin_restart`].
     #[instrument(skip_all, fields(job = job.id, epoch = epoch.number))]
-    pub async fn drive_restart(&self, job: Job, epoch: Epoch, progress: mpsc::UnboundedSender<Step>) -> Result<Job, DriveError> {
+    pub async fn drive_restart(&self, job: Job, epoch: Epoch, previous: JobState, progress: mpsc::UnboundedSender<Step>) -> Result<Job, DriveError> {
         let (id, number) = (job.id, epoch.number);
-        let previous = job.state.clone();
         let _ = progress.send(Step {
             job: id,
             epoch: number,

@@ -224,7 +224,7 @@ impl pb::control_server::Control for ControlHandler {
     async fn restart(&self, req: Request<pb::RestartRequest>) -> Result<Response<ProgressStream>, Status> {
         let who = caller(&req)?;
         let r = req.into_inner();
-        let (job, epoch) = self.coord.begin_restart(&who, r.job_id, r.epoch).await.map_err(|e| to_status(&e))?;
+        let (job, epoch, previous) = self.coord.begin_restart(&who, r.job_id, r.epoch).await.map_err(|e| to_status(&e))?;
         let coord = self.coord.clone();
         let stream = progress_stream(move |tx| {
             Box::pin(async move {
@@ -232,7 +232,7 @@ impl pb::control_server::Control for ControlHandler {
                 let number = epoch.number;
                 let info = epoch_info(&epoch);
                 let r = coord
-                    .drive_restart(job, epoch, tx)
+                    .drive_restart(job, epoch, previous, tx)
                     .await
                     .map(|_| (format!("job {id} restarted from epoch {number}"), Some(info)));
                 final_msg(id, number, "restore", r)

@@ -70,6 +70,7 @@ struct EpochWork {
     root_pid: i32,
     open_files: Vec<OpenFile>,
     preserved: Vec<PreservedFile>,
+    tcp_ports: Vec<u16>,
 }
 
 /// What the agent sees of a job right now.
@@ -465,6 +466,7 @@ impl Jobs {
             root_pid,
             open_files: Vec::new(),
             preserved: Vec::new(),
+            tcp_ports: Vec::new(),
         });
         Ok(Prepared {
             processes: job.work.as_ref().map(|w| w.pids.len() as u32).unwrap_or(0),
@@ -560,6 +562,7 @@ impl Jobs {
                 files,
                 open_files: w.open_files,
                 preserved: w.preserved,
+                tcp_ports: w.tcp_ports,
                 notes: BTreeMap::new(),
             };
             let digest = manifest::write(&w.node_dir, &m)?;
@@ -633,6 +636,7 @@ impl Jobs {
         .expect("verify task")?;
         wait_pids_free(job_id, &m.pids).await?;
         put_back_files(job_id, &m, &node_dir)?;
+        clear_time_wait(&m.tcp_ports).await;
         let inc = job.record.incarnation + 1;
         let run_dir = job.dir.join("run").join(inc.to_string());
         let log = job.dir.join("logs").join(format!("restore-{epoch}-{inc}.log"));
@@ -767,6 +771,7 @@ fn dump_frozen(job: &mut NodeJob, engine: &dyn SnapshotEngine) -> Result<(), Age
         });
     }
     w.open_files = open.into_iter().map(|(path, size)| OpenFile { path, size }).collect();
+    w.tcp_ports = procfs::tcp_local_ports(&w.pids);
     let images = w.node_dir.join("images");
     fs::create_dir_all(&images).map_err(io("create", &images))?;
     let log = job.dir.join("logs").join(format!("dump-{}.log", w.epoch));
@@ -803,6 +808,28 @@ async fn wait_pids_free(job: u64, pids: &[i32]) -> Result<(), AgentError> {
             return Err(AgentError::PidsTaken { job, pids: taken });
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Destroys TIME_WAIT entries on the job's TCP ports. When a job is killed, its loopback
+/// connections linger in TIME_WAIT for a minute and the restored sockets, which reuse the same
+/// addresses, could not bind. Only TIME_WAIT entries are touched, never a live socket.
+async fn clear_time_wait(ports: &[u16]) {
+    if ports.is_empty() {
+        return;
+    }
+    let filter = ports.iter().map(|p| format!("sport = :{p}")).collect::<Vec<_>>().join(" or ");
+    let r = tokio::process::Command::new("ss")
+        .args(["-K", "-t", "-a", "-n", "state", "time-wait"])
+        .arg(format!("( {filter} )"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .await;
+    match r {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => warn!(stderr = %String::from_utf8_lossy(&o.stderr), "cannot clear TIME_WAIT sockets"),
+        Err(e) => warn!(error = %e, "cannot run ss (iproute2) to clear TIME_WAIT sockets"),
     }
 }
 

@@ -129,6 +129,46 @@ pub fn verbs_device(pid: i32) -> Option<String> {
         })
 }
 
+/// Local ports of the TCP sockets the processes hold (from their network namespace's
+/// `/proc/<pid>/net/tcp{,6}`, matched by socket inode).
+pub fn tcp_local_ports(pids: &[i32]) -> Vec<u16> {
+    let mut inodes = std::collections::HashSet::new();
+    for &pid in pids {
+        for p in fd_paths(pid) {
+            let s = p.to_string_lossy();
+            if let Some(ino) = s.strip_prefix("socket:[").and_then(|r| r.strip_suffix(']')) {
+                inodes.insert(ino.to_string());
+            }
+        }
+    }
+    let mut ports = Vec::new();
+    let mut tables_seen = std::collections::HashSet::new();
+    for &pid in pids {
+        for table in ["tcp", "tcp6"] {
+            let path = format!("/proc/{pid}/net/{table}");
+            // Processes in one network namespace share the table; read it once per namespace.
+            let ns = fs::read_link(format!("/proc/{pid}/ns/net")).ok();
+            if !tables_seen.insert((ns, table)) {
+                continue;
+            }
+            let Ok(text) = fs::read_to_string(&path) else { continue };
+            for line in text.lines().skip(1) {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                let (Some(local), Some(inode)) = (f.get(1), f.get(9)) else { continue };
+                if !inodes.contains(*inode) {
+                    continue;
+                }
+                if let Some(port) = local.rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok()) {
+                    ports.push(port);
+                }
+            }
+        }
+    }
+    ports.sort_unstable();
+    ports.dedup();
+    ports
+}
+
 /// Owner and mode of a file.
 pub fn owner_mode(path: &Path) -> Option<(u32, u32, u32)> {
     fs::metadata(path).ok().map(|m| (m.uid(), m.gid(), m.mode() & 0o7777))
@@ -154,5 +194,8 @@ mod tests {
         assert!(open.iter().any(|(q, size)| q == &p && *size == 5), "{open:?}");
         assert!(verbs_device(me).is_none());
         assert!(!pid_taken(i32::MAX - 1));
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        assert!(tcp_local_ports(&[me]).contains(&port), "own listening port found");
     }
 }

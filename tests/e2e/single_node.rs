@@ -1,0 +1,264 @@
+//! End-to-end tests on one node: a real 4-rank MPI heat job under a real ckptd (with its
+//! agent), checkpointed with real CRIU, killed and restarted; failures injected in each phase;
+//! bad input. Skips with a printed reason where root, CRIU or MPI are missing.
+use std::time::Duration;
+
+use ckpt_tests::{script, skip_unless_ready, Ckptd, Mpi, Options};
+
+const RANKS: u32 = 4;
+const N: u32 = 256;
+const ITERS: u32 = 3000;
+/// Per-iteration sleep: the job runs ~6-10 s, long enough to checkpoint it twice while it runs.
+const SLEEP_US: u32 = 2000;
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn heat(mpi: Mpi) -> Vec<String> {
+    mpi.heat_argv(RANKS, N, ITERS, SLEEP_US)
+}
+
+/// The main user story: two checkpoints while the job runs, SIGKILL of the whole job, restart
+/// from the latest epoch, then (after it finished normally and its output grew) from epoch 1.
+fn checkpoint_kill_restart(mpi: Mpi) {
+    let want = mpi.reference_checksum(RANKS, N, ITERS);
+    let d = Ckptd::start(Options::default());
+    let job = d.run_job("heat", &heat(mpi));
+    d.wait_progress(job, 1, LIMIT);
+    for epoch in 1..=2 {
+        let out = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
+        assert!(out.ok().contains(&format!("epoch {epoch} committed")), "{out:?}");
+        assert_eq!(d.status(job)["state"], "running", "the job keeps running after epoch {epoch}");
+    }
+    let epochs = d.epochs(job);
+    assert_eq!(epochs.len(), 2);
+    assert!(epochs.iter().all(|e| e["state"] == "committed" && e["image_bytes"].as_u64() > Some(1 << 20)), "{epochs:?}");
+    assert!(d.output(job).contains("iter "), "job progressed");
+    assert!(!d.output(job).contains("checksum"), "job must still be running when killed; make it longer");
+
+    // A restart of a running job is refused, and does nothing.
+    let busy = d.ctl(&["restart", &job.to_string()]);
+    assert_eq!(busy.code, 4, "{busy:?}");
+    assert!(busy.stderr.contains("running"), "{busy:?}");
+
+    d.kill_job(job);
+    d.wait_state(job, "killed", LIMIT);
+    d.ctl(&["restart", &job.to_string()]).ok();
+    assert_eq!(d.wait_checksum(job, LIMIT), want, "restart from epoch 2 reaches the uninterrupted answer");
+
+    // Checkpointing a finished job is refused with the fix in the message.
+    let done = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
+    assert_eq!(done.code, 4, "{done:?}");
+    assert!(done.stderr.contains("ckptctl restart"), "{done:?}");
+
+    // The job ended normally and wrote more output since epoch 1: restart still works.
+    let out = d.ctl(&["restart", &job.to_string(), "--epoch", "1"]);
+    assert!(out.ok().contains("from epoch 1"), "{out:?}");
+    assert_eq!(d.wait_checksum(job, LIMIT), want, "restart from epoch 1 reaches the uninterrupted answer");
+}
+
+#[test]
+fn mpich_checkpoint_twice_kill_restart() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich");
+    checkpoint_kill_restart(Mpi::Mpich);
+}
+
+#[test]
+fn openmpi_checkpoint_twice_kill_restart() {
+    skip_unless_ready!("mpirun.openmpi", "mpicc.openmpi");
+    checkpoint_kill_restart(Mpi::OpenMpi);
+}
+
+#[test]
+fn corrupt_image_is_refused_before_restore_and_older_epoch_still_works() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich");
+    let want = Mpi::Mpich.reference_checksum(RANKS, N, ITERS);
+    let d = Ckptd::start(Options::default());
+    let job = d.run_job("heat", &heat(Mpi::Mpich));
+    d.wait_progress(job, 1, LIMIT);
+    d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
+    let out = d.ctl(&["checkpoint", &job.to_string(), "--kill"]);
+    assert!(out.ok().contains("epoch 2 committed"), "{out:?}");
+    d.wait_state(job, "stopped", LIMIT);
+    assert!(d.job_pids(job).is_empty(), "--kill stops every process");
+
+    // Flip one byte in the middle of the largest image file of epoch 2.
+    let images = d.images(job, 2).join("images");
+    let biggest = std::fs::read_dir(&images)
+        .unwrap()
+        .flatten()
+        .max_by_key(|e| e.metadata().unwrap().len())
+        .unwrap()
+        .path();
+    let mut bytes = std::fs::read(&biggest).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&biggest, bytes).unwrap();
+
+    let bad = d.ctl(&["restart", &job.to_string()]);
+    assert_eq!(bad.code, 8, "corrupt image has its own exit code: {bad:?}");
+    let name = biggest.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(bad.stderr.contains(&name) && bad.stderr.contains("digest"), "message names the file: {bad:?}");
+    assert!(d.job_pids(job).is_empty(), "nothing was restored from a corrupt image");
+    assert_eq!(d.status(job)["state"], "stopped", "a refused restart leaves the job as it was");
+
+    d.ctl(&["restart", &job.to_string(), "--epoch", "1"]).ok();
+    assert_eq!(d.wait_checksum(job, LIMIT), want);
+}
+
+#[test]
+fn unknown_job_and_bad_arguments_have_distinct_exit_codes() {
+    skip_unless_ready!();
+    let d = Ckptd::start(Options::default());
+    for args in [vec!["status", "99"], vec!["checkpoint", "99", "--wait"], vec!["restart", "99"], vec!["epochs", "99"], vec!["cancel", "99"]] {
+        let out = d.ctl(&args);
+        assert_eq!(out.code, 3, "{args:?}: {out:?}");
+        assert!(out.stderr.contains("job 99 not found"), "{args:?}: {out:?}");
+    }
+    let out = d.ctl(&["checkpoint", "not-a-number"]);
+    assert_eq!(out.code, 2, "{out:?}");
+    // A job with no committed epoch cannot be restarted.
+    let job = d.run_job("true", &["/bin/true".to_string()]);
+    d.wait_state(job, "exited", LIMIT);
+    let out = d.ctl(&["restart", &job.to_string()]);
+    assert_eq!(out.code, 4, "{out:?}");
+    assert!(out.stderr.contains("no committed checkpoint"), "{out:?}");
+    let missing = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(ckpt_tests::bin_dir().join("ckptctl"))
+        .args(["--socket", &missing.path().join("none.sock").display().to_string(), "list"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(7), "no ckptd: {out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ckptd --standalone"));
+}
+
+/// Every abort test: the epoch is recorded failed with its phase and reason, the job keeps
+/// running and finishes with the right answer, no partial images remain, and the earlier epoch
+/// is still restorable.
+fn assert_aborted_cleanly(d: &Ckptd, job: u64, phase: &str, reason: &str, want: &str) {
+    let epochs = d.epochs(job);
+    let e2 = &epochs[1];
+    assert_eq!(e2["state"], "failed", "{epochs:?}");
+    assert_eq!(e2["failed_phase"], phase, "{epochs:?}");
+    assert!(e2["reason"].as_str().unwrap().contains(reason), "{epochs:?}");
+    let begin = std::time::Instant::now();
+    while d.images(job, 2).exists() {
+        assert!(begin.elapsed() < LIMIT, "partial images of the failed epoch were not deleted");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let listed = d.ctl(&["epochs", &job.to_string()]);
+    assert!(listed.ok().contains("failed") && listed.stdout.contains(phase), "{listed:?}");
+    assert_eq!(d.wait_checksum(job, LIMIT), want, "the job went on and finished right");
+    d.ctl(&["restart", &job.to_string()]).ok();
+    let out = d.epochs(job);
+    assert_eq!(out.len(), 2);
+    assert_eq!(d.wait_checksum(job, LIMIT), want, "epoch 1 is still restorable");
+}
+
+/// Starts a coordinator whose criu is a wrapper around the real one that fails every dump
+/// while the returned `fail` file exists, and sleeps 4 s before every dump while `slow` exists.
+fn start_with_faulty_criu(separate_agent: bool, extra_toml: &str) -> (Ckptd, std::path::PathBuf, std::path::PathBuf) {
+    let holder = tempfile::Builder::new().prefix("ckpt-criu-").tempdir().unwrap();
+    let real = ckpt_tests::criu_path().unwrap();
+    let fail = holder.path().join("fail-dump");
+    let slow = holder.path().join("slow-dump");
+    let path = holder.path().join("criu");
+    script(
+        &path,
+        &format!(
+            "if [ \"$1\" = dump ] && [ -e {f} ]; then echo 'Error (injected): dump refused by test'; exit 1; fi\n\
+             if [ \"$1\" = dump ] && [ -e {s} ]; then sleep 4; fi\nexec {real} \"$@\"",
+            f = fail.display(),
+            s = slow.display(),
+            real = real.display()
+        ),
+    );
+    let d = Ckptd::start(Options {
+        separate_agent,
+        criu: Some(path),
+        extra_toml: extra_toml.into(),
+    });
+    // Keep the wrapper alive as long as the instance.
+    std::mem::forget(holder);
+    (d, fail, slow)
+}
+
+#[test]
+fn abort_when_criu_fails_in_local_checkpoint() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich");
+    let want = Mpi::Mpich.reference_checksum(RANKS, N, ITERS);
+    let (d, fail, _) = start_with_faulty_criu(false, "");
+    let job = d.run_job("heat", &heat(Mpi::Mpich));
+    d.wait_progress(job, 1, LIMIT);
+    d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
+    std::fs::write(&fail, b"").unwrap();
+    let out = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
+    assert_eq!(out.code, 6, "{out:?}");
+    assert!(out.stderr.contains("criu dump failed") && out.stderr.contains("keeps running"), "{out:?}");
+    assert_eq!(d.status(job)["state"], "running");
+    let frozen = std::fs::read_to_string(d.cgroup(job).join("freezer.state")).unwrap_or_else(|_| "THAWED".into());
+    assert_eq!(frozen.trim(), "THAWED", "an aborted epoch thaws the job");
+    std::fs::remove_file(&fail).unwrap();
+    assert_aborted_cleanly(&d, job, "local-checkpoint", "criu dump failed", &want);
+}
+
+#[test]
+fn abort_when_a_deadline_passes() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich");
+    let want = Mpi::Mpich.reference_checksum(RANKS, N, ITERS);
+    let (d, _, slow) = start_with_faulty_criu(false, "[deadlines]\ndump = \"1s\"\n");
+    let job = d.run_job("heat", &heat(Mpi::Mpich));
+    d.wait_progress(job, 1, LIMIT);
+    d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
+    std::fs::write(&slow, b"").unwrap();
+    let out = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
+    assert_eq!(out.code, 9, "a missed deadline has its own exit code: {out:?}");
+    assert!(out.stderr.contains("node node0") && out.stderr.contains("deadline"), "{out:?}");
+    std::fs::remove_file(&slow).unwrap();
+    assert_aborted_cleanly(&d, job, "local-checkpoint", "deadline", &want);
+}
+
+#[test]
+fn abort_when_the_agent_dies_during_local_checkpoint() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich");
+    let want = Mpi::Mpich.reference_checksum(RANKS, N, ITERS);
+    let (mut d, _, slow) = start_with_faulty_criu(true, "");
+    let job = d.run_job("heat", &heat(Mpi::Mpich));
+    d.wait_progress(job, 1, LIMIT);
+    d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
+    std::fs::write(&slow, b"").unwrap();
+    let ctl = d.ctl_spawn(&["checkpoint", &job.to_string(), "--wait"]);
+    // Wait until the job is frozen (the dump has begun), then kill the agent.
+    let begin = std::time::Instant::now();
+    while std::fs::read_to_string(d.cgroup(job).join("freezer.state")).unwrap_or_default().trim() != "FROZEN" {
+        assert!(begin.elapsed() < LIMIT, "the job never froze");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    d.kill_agent();
+    let out = ctl.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(6), "{stderr}");
+    assert!(stderr.contains("node node0") && stderr.contains("unreachable"), "{stderr}");
+    std::fs::remove_file(&slow).unwrap();
+    // systemd restarts the agent; it thaws the job and the coordinator has it abort the epoch.
+    d.start_agent();
+    assert_aborted_cleanly(&d, job, "local-checkpoint", "unreachable", &want);
+}
+
+#[test]
+fn ckptd_restart_between_checkpoint_and_restart_loses_nothing() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich");
+    let want = Mpi::Mpich.reference_checksum(RANKS, N, ITERS);
+    let mut d = Ckptd::start(Options::default());
+    let job = d.run_job("heat", &heat(Mpi::Mpich));
+    d.wait_progress(job, 1, LIMIT);
+    d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
+    d.stop_daemon();
+    assert!(!d.job_pids(job).is_empty(), "stopping ckptd does not stop jobs");
+    d.start_daemon();
+    d.wait_registered();
+    assert_eq!(d.status(job)["state"], "running");
+    assert_eq!(d.epochs(job)[0]["state"], "committed");
+    d.kill_job(job);
+    d.wait_state(job, "killed", LIMIT);
+    d.ctl(&["restart", &job.to_string()]).ok();
+    assert_eq!(d.wait_checksum(job, LIMIT), want);
+}

@@ -1,0 +1,518 @@
+//! Harness for ckpt's end-to-end tests: real daemons, real CRIU, real MPI jobs.
+//!
+//! A [`Ckptd`] is one coordinator (standalone, or with a separate `ckpt-agent` process) with
+//! its own temporary directories, socket, database, port 0, and a cgroup prefix no other test
+//! uses. Dropping it kills, by PID, every process it started and every process left in its
+//! cgroups, and removes those cgroups, even when the test failed.
+//!
+//! Binaries come from `CKPT_BIN_DIR`, else `target/release` (built once by `.ci/run`); the MPI
+//! test programs are built from `tests/apps` into `target/apps` on first use.
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Workspace root.
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
+/// Directory holding `ckptd`, `ckptctl` and `ckpt-agent`.
+pub fn bin_dir() -> PathBuf {
+    std::env::var_os("CKPT_BIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target/release"))
+}
+
+fn which(prog: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(prog)).find(|p| p.is_file()))
+}
+
+/// The CRIU the agent will pick (same rule as the agent's `auto`).
+pub fn criu_path() -> Option<PathBuf> {
+    let private = PathBuf::from("/opt/ckpt/criu/bin/criu");
+    if private.is_file() {
+        return Some(private);
+    }
+    which("criu")
+}
+
+/// Why the e2e tests cannot run here, if they cannot.
+pub fn skip_reason(needs: &[&str]) -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("needs root (cgroups, CRIU)".into());
+    }
+    for b in ["ckptd", "ckptctl", "ckpt-agent"] {
+        if !bin_dir().join(b).is_file() {
+            return Some(format!("needs {} (run `cargo build --release` first)", bin_dir().join(b).display()));
+        }
+    }
+    match criu_path() {
+        None => return Some("needs CRIU >= 4.2 (run scripts/setup.sh)".into()),
+        Some(c) => {
+            let ok = Command::new(&c).arg("check").stdout(Stdio::null()).stderr(Stdio::null()).status();
+            if !ok.map(|s| s.success()).unwrap_or(false) {
+                return Some(format!("`{} check` fails on this kernel", c.display()));
+            }
+        }
+    }
+    for n in needs {
+        if which(n).is_none() {
+            return Some(format!("needs {n} (run scripts/setup.sh)"));
+        }
+    }
+    if !Path::new("/sys/fs/cgroup/freezer/cgroup.procs").exists() && !Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        return Some("needs a freezer cgroup hierarchy".into());
+    }
+    None
+}
+
+/// Returns early from a test, printing why, when the environment cannot run it.
+#[macro_export]
+macro_rules! skip_unless_ready {
+    ($($need:expr),*) => {
+        if let Some(why) = $crate::skip_reason(&[$($need),*]) {
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+    };
+}
+
+/// Builds the MPI test programs once and returns their directory.
+pub fn apps() -> PathBuf {
+    static APPS: OnceLock<PathBuf> = OnceLock::new();
+    APPS.get_or_init(|| {
+        let out = workspace().join("target/apps");
+        let st = Command::new("make")
+            .arg("-s")
+            .arg("-C")
+            .arg(workspace().join("tests/apps"))
+            .arg(format!("OUT={}", out.display()))
+            .status()
+            .expect("run make");
+        assert!(st.success(), "building tests/apps failed");
+        out
+    })
+    .clone()
+}
+
+/// An MPI implementation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mpi {
+    /// MPICH (Hydra).
+    Mpich,
+    /// Open MPI (ORTE).
+    OpenMpi,
+}
+
+impl Mpi {
+    /// The launcher binary.
+    pub fn launcher(self) -> &'static str {
+        match self {
+            Mpi::Mpich => "mpiexec.mpich",
+            Mpi::OpenMpi => "mpirun.openmpi",
+        }
+    }
+
+    /// `mpiexec ... heat N ITERS SLEEP_US` with `ranks` ranks on this node.
+    pub fn heat_argv(self, ranks: u32, n: u32, iters: u32, sleep_us: u32) -> Vec<String> {
+        let app = apps().join(match self {
+            Mpi::Mpich => "heat.mpich",
+            Mpi::OpenMpi => "heat.openmpi",
+        });
+        let mut v: Vec<String> = vec![self.launcher().into()];
+        if self == Mpi::OpenMpi {
+            v.extend(["--allow-run-as-root", "--oversubscribe"].map(String::from));
+        }
+        v.extend(["-n".into(), ranks.to_string(), app.display().to_string()]);
+        v.extend([n, iters, sleep_us].map(|x| x.to_string()));
+        v
+    }
+
+    /// Checksum of an uninterrupted run, computed once per argument set (without the sleep).
+    pub fn reference_checksum(self, ranks: u32, n: u32, iters: u32) -> String {
+        static CACHE: OnceLock<Mutex<std::collections::HashMap<(Mpi, u32, u32, u32), String>>> = OnceLock::new();
+        let cache = CACHE.get_or_init(Default::default);
+        if let Some(c) = cache.lock().unwrap().get(&(self, ranks, n, iters)) {
+            return c.clone();
+        }
+        let argv = self.heat_argv(ranks, n, iters, 0);
+        let out = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run reference job");
+        let c = checksum_in(&String::from_utf8_lossy(&out.stdout)).expect("reference run printed a checksum");
+        cache.lock().unwrap().insert((self, ranks, n, iters), c.clone());
+        c
+    }
+}
+
+/// The last `checksum XXXX` in a job's output.
+pub fn checksum_in(text: &str) -> Option<String> {
+    text.lines().rev().find_map(|l| l.strip_prefix("checksum ").map(|c| c.trim().to_string()))
+}
+
+/// Result of one ckptctl call.
+#[derive(Debug)]
+pub struct Ctl {
+    /// Exit code.
+    pub code: i32,
+    /// Stdout.
+    pub stdout: String,
+    /// Stderr.
+    pub stderr: String,
+}
+
+impl Ctl {
+    fn from(o: Output) -> Self {
+        Ctl {
+            code: o.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+
+    /// Asserts success and returns stdout.
+    #[track_caller]
+    pub fn ok(&self) -> &str {
+        assert_eq!(self.code, 0, "ckptctl failed: {self:?}");
+        &self.stdout
+    }
+}
+
+/// How to start a coordinator.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Run the agent as its own `ckpt-agent` process instead of embedded.
+    pub separate_agent: bool,
+    /// `[agent.criu] path` (default: auto).
+    pub criu: Option<PathBuf>,
+    /// Extra TOML appended to ckptd.toml (e.g. a `[deadlines]` table).
+    pub extra_toml: String,
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// One coordinator and its agent, with everything they need in a temporary directory.
+#[derive(Debug)]
+pub struct Ckptd {
+    /// Temporary directory.
+    pub dir: tempfile::TempDir,
+    /// Control socket.
+    pub socket: PathBuf,
+    /// Job cgroup prefix.
+    pub prefix: String,
+    /// Config file.
+    pub config: PathBuf,
+    opts: Options,
+    daemon: Option<Child>,
+    agent: Option<Child>,
+    agent_port: u16,
+}
+
+fn wait_child(c: &mut Child, limit: Duration) -> bool {
+    let begin = Instant::now();
+    while begin.elapsed() < limit {
+        if matches!(c.try_wait(), Ok(Some(_))) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Ckptd {
+    /// Starts a coordinator with `opts` and waits until its agent has registered.
+    pub fn start(opts: Options) -> Self {
+        let dir = tempfile::Builder::new().prefix("ckpt-e2e-").tempdir().expect("tempdir");
+        let prefix = format!("ckpt-t{}-{}-job-", std::process::id(), SEQ.fetch_add(1, Ordering::SeqCst));
+        let socket = dir.path().join("ckptd.sock");
+        let config = dir.path().join("ckptd.toml");
+        let coord_port = free_port();
+        let criu = opts
+            .criu
+            .as_ref()
+            .map(|p| format!("path = \"{}\"\n", p.display()))
+            .unwrap_or_default();
+        let d = dir.path().display();
+        let text = format!(
+            "listen = \"127.0.0.1:{coord_port}\"\nsocket = \"{}\"\ndatabase = \"{d}/ckptd.redb\"\n{}\n\
+             [agent]\nnode_name = \"node0\"\nstate_dir = \"{d}/state\"\nlocal_dir = \"{d}/local\"\n\
+             heartbeat_interval = \"200ms\"\ncoordinator = \"127.0.0.1:{coord_port}\"\n\
+             [agent.cgroup]\nprefix = \"{prefix}\"\n[agent.criu]\n{criu}",
+            socket.display(),
+            opts.extra_toml,
+        );
+        std::fs::write(&config, text).expect("write config");
+        let mut me = Ckptd {
+            dir,
+            socket,
+            prefix,
+            config,
+            opts,
+            daemon: None,
+            agent: None,
+            agent_port: free_port(),
+        };
+        me.start_daemon();
+        if me.opts.separate_agent {
+            me.start_agent();
+        }
+        me.wait_registered();
+        me
+    }
+
+    fn log(&self, name: &str) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(name))
+            .expect("log file")
+    }
+
+    /// Starts (or restarts) the ckptd process.
+    pub fn start_daemon(&mut self) {
+        let mut cmd = Command::new(bin_dir().join("ckptd"));
+        cmd.arg("--config").arg(&self.config);
+        if !self.opts.separate_agent {
+            cmd.arg("--standalone");
+        }
+        let child = cmd
+            .env("CKPT_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(self.log("ckptd.log"))
+            .stderr(self.log("ckptd.log"))
+            .spawn()
+            .expect("start ckptd");
+        self.daemon = Some(child);
+    }
+
+    /// Starts (or restarts) the separate ckpt-agent process.
+    pub fn start_agent(&mut self) {
+        let agent_cfg = self.dir.path().join("agent.toml");
+        // The agent reads the [agent] table of ckptd.toml as its own file.
+        let text = std::fs::read_to_string(&self.config).unwrap();
+        let table = text.split("[agent]\n").nth(1).unwrap().replace("[agent.", "[");
+        std::fs::write(&agent_cfg, format!("listen = \"127.0.0.1:{}\"\n{table}", self.agent_port)).unwrap();
+        let child = Command::new(bin_dir().join("ckpt-agent"))
+            .arg("--config")
+            .arg(&agent_cfg)
+            .env("CKPT_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(self.log("agent.log"))
+            .stderr(self.log("agent.log"))
+            .spawn()
+            .expect("start ckpt-agent");
+        self.agent = Some(child);
+    }
+
+    /// Waits (bounded) until ckptd answers and an agent has registered.
+    pub fn wait_registered(&mut self) {
+        let begin = Instant::now();
+        loop {
+            // The socket answering proves ckptd is up; registration shows in its log.
+            let log = std::fs::read_to_string(self.dir.path().join("ckptd.log")).unwrap_or_default();
+            if self.socket.exists() && log.matches("agent registered").count() > 0 && self.ctl(&["list"]).code == 0 {
+                return;
+            }
+            if let Some(Ok(Some(st))) = self.daemon.as_mut().map(|d| d.try_wait()) {
+                panic!("ckptd exited ({st}) while starting: {log}");
+            }
+            assert!(begin.elapsed() < Duration::from_secs(30), "ckptd did not come up: {log}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Runs ckptctl with `args`.
+    pub fn ctl(&self, args: &[&str]) -> Ctl {
+        Ctl::from(
+            Command::new(bin_dir().join("ckptctl"))
+                .arg("--socket")
+                .arg(&self.socket)
+                .args(args)
+                .stdin(Stdio::null())
+                .output()
+                .expect("run ckptctl"),
+        )
+    }
+
+    /// Starts ckptctl in the background (for operations interrupted by the test).
+    pub fn ctl_spawn(&self, args: &[&str]) -> Child {
+        Command::new(bin_dir().join("ckptctl"))
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run ckptctl")
+    }
+
+    /// `ckptctl run -- argv`; returns the job id.
+    pub fn run_job(&self, name: &str, argv: &[String]) -> u64 {
+        let mut args = vec!["run", "--name", name, "--"];
+        args.extend(argv.iter().map(String::as_str));
+        let out = self.ctl(&args);
+        out.ok().trim().parse().unwrap_or_else(|_| panic!("run printed no job id: {out:?}"))
+    }
+
+    /// The job's `ckptctl status --json`.
+    pub fn status(&self, job: u64) -> serde_json::Value {
+        let out = self.ctl(&["status", &job.to_string(), "--json"]);
+        serde_json::from_str(out.ok()).expect("status json")
+    }
+
+    /// The job's epochs (`ckptctl epochs --json`).
+    pub fn epochs(&self, job: u64) -> Vec<serde_json::Value> {
+        let out = self.ctl(&["epochs", &job.to_string(), "--json"]);
+        serde_json::from_str::<serde_json::Value>(out.ok()).expect("epochs json").as_array().unwrap().clone()
+    }
+
+    /// Waits (bounded) until the job's state starts with `prefix`; returns the state.
+    #[track_caller]
+    pub fn wait_state(&self, job: u64, prefix: &str, limit: Duration) -> String {
+        let begin = Instant::now();
+        loop {
+            let s = self.status(job)["state"].as_str().unwrap_or_default().to_string();
+            if s.starts_with(prefix) {
+                return s;
+            }
+            assert!(begin.elapsed() < limit, "job {job} still {s:?} after {limit:?}, wanted {prefix:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Job directory on the (only) node.
+    pub fn job_dir(&self, job: u64) -> PathBuf {
+        self.dir.path().join("state/jobs").join(job.to_string())
+    }
+
+    /// The job's stdout so far.
+    pub fn output(&self, job: u64) -> String {
+        std::fs::read_to_string(self.job_dir(job).join("stdout")).unwrap_or_default()
+    }
+
+    /// Waits (bounded) until the job printed at least `n` progress lines.
+    #[track_caller]
+    pub fn wait_progress(&self, job: u64, n: usize, limit: Duration) {
+        let begin = Instant::now();
+        while self.output(job).matches("iter ").count() < n {
+            assert!(begin.elapsed() < limit, "job {job} made no progress: {}", self.output(job));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Node-local image directory of an epoch.
+    pub fn images(&self, job: u64, epoch: u32) -> PathBuf {
+        self.dir.path().join("local").join(job.to_string()).join(epoch.to_string()).join("node0")
+    }
+
+    /// The job's cgroup directory.
+    pub fn cgroup(&self, job: u64) -> PathBuf {
+        let parent = if Path::new("/sys/fs/cgroup/freezer/cgroup.procs").exists() {
+            "/sys/fs/cgroup/freezer"
+        } else {
+            "/sys/fs/cgroup"
+        };
+        Path::new(parent).join(format!("{}{job}", self.prefix))
+    }
+
+    /// PIDs in the job's cgroup.
+    pub fn job_pids(&self, job: u64) -> Vec<i32> {
+        std::fs::read_to_string(self.cgroup(job).join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// SIGKILLs every process of the job (as a node crash or an OOM kill would).
+    pub fn kill_job(&self, job: u64) {
+        for p in self.job_pids(job) {
+            // SAFETY: kill(2) on a PID read from the job's own cgroup.
+            unsafe { libc::kill(p, libc::SIGKILL) };
+        }
+    }
+
+    /// Waits (bounded) until the job has finished and returns its checksum.
+    #[track_caller]
+    pub fn wait_checksum(&self, job: u64, limit: Duration) -> String {
+        self.wait_state(job, "exited", limit);
+        checksum_in(&self.output(job)).unwrap_or_else(|| panic!("job {job} printed no checksum: {}", self.output(job)))
+    }
+
+    /// SIGKILLs the separate agent process.
+    pub fn kill_agent(&mut self) {
+        if let Some(mut a) = self.agent.take() {
+            let _ = a.kill();
+            let _ = a.wait();
+        }
+    }
+
+    /// Stops ckptd with SIGTERM (as systemd would) and waits for it.
+    pub fn stop_daemon(&mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            // SAFETY: kill(2) on our own child's PID.
+            unsafe { libc::kill(d.id() as i32, libc::SIGTERM) };
+            if !wait_child(&mut d, Duration::from_secs(10)) {
+                let _ = d.kill();
+                let _ = d.wait();
+            }
+        }
+    }
+}
+
+impl Drop for Ckptd {
+    fn drop(&mut self) {
+        self.stop_daemon();
+        self.kill_agent();
+        // Kill what is left in this instance's job cgroups, by PID, then remove the cgroups.
+        for parent in ["/sys/fs/cgroup/freezer", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"] {
+            let Ok(rd) = std::fs::read_dir(parent) else { continue };
+            for e in rd.flatten() {
+                if !e.file_name().to_string_lossy().starts_with(&self.prefix) {
+                    continue;
+                }
+                let cg = e.path();
+                let _ = std::fs::write(cg.join("freezer.state"), "THAWED");
+                let _ = std::fs::write(cg.join("cgroup.freeze"), "0");
+                for _ in 0..100 {
+                    let pids: Vec<i32> = std::fs::read_to_string(cg.join("cgroup.procs"))
+                        .unwrap_or_default()
+                        .lines()
+                        .filter_map(|l| l.trim().parse().ok())
+                        .collect();
+                    if pids.is_empty() {
+                        break;
+                    }
+                    for p in pids {
+                        // SAFETY: kill(2) on a PID read from this test's own cgroup.
+                        unsafe { libc::kill(p, libc::SIGKILL) };
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let _ = std::fs::remove_dir(&cg);
+            }
+        }
+        if std::env::var_os("CKPT_E2E_KEEP").is_some() {
+            let p = self.dir.path().to_path_buf();
+            eprintln!("keeping {}", p.display());
+            std::mem::forget(std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap()));
+        }
+    }
+}
+
+/// Writes an executable shell script.
+pub fn script(path: &Path, body: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
