@@ -25,14 +25,29 @@ fn checkpoint_kill_restart(mpi: Mpi) {
     d.wait_progress(job, 1, LIMIT);
     for epoch in 1..=2 {
         let out = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
-        assert!(out.ok().contains(&format!("epoch {epoch} committed")), "{out:?}");
-        assert_eq!(d.status(job)["state"], "running", "the job keeps running after epoch {epoch}");
+        assert!(
+            out.ok().contains(&format!("epoch {epoch} committed")),
+            "{out:?}"
+        );
+        assert_eq!(
+            d.status(job)["state"],
+            "running",
+            "the job keeps running after epoch {epoch}"
+        );
     }
     let epochs = d.epochs(job);
     assert_eq!(epochs.len(), 2);
-    assert!(epochs.iter().all(|e| e["state"] == "committed" && e["image_bytes"].as_u64() > Some(1 << 20)), "{epochs:?}");
+    assert!(
+        epochs
+            .iter()
+            .all(|e| e["state"] == "committed" && e["image_bytes"].as_u64() > Some(1 << 20)),
+        "{epochs:?}"
+    );
     assert!(d.output(job).contains("iter "), "job progressed");
-    assert!(!d.output(job).contains("checksum"), "job must still be running when killed; make it longer");
+    assert!(
+        !d.output(job).contains("checksum"),
+        "job must still be running when killed; make it longer"
+    );
 
     // A restart of a running job is refused, and does nothing.
     let busy = d.ctl(&["restart", &job.to_string()]);
@@ -42,7 +57,11 @@ fn checkpoint_kill_restart(mpi: Mpi) {
     d.kill_job(job);
     d.wait_state(job, "killed", LIMIT);
     d.ctl(&["restart", &job.to_string()]).ok();
-    assert_eq!(d.wait_checksum(job, LIMIT), want, "restart from epoch 2 reaches the uninterrupted answer");
+    assert_eq!(
+        d.wait_checksum(job, LIMIT),
+        want,
+        "restart from epoch 2 reaches the uninterrupted answer"
+    );
 
     // Checkpointing a finished job is refused with the fix in the message.
     let done = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
@@ -52,7 +71,11 @@ fn checkpoint_kill_restart(mpi: Mpi) {
     // The job ended normally and wrote more output since epoch 1: restart still works.
     let out = d.ctl(&["restart", &job.to_string(), "--epoch", "1"]);
     assert!(out.ok().contains("from epoch 1"), "{out:?}");
-    assert_eq!(d.wait_checksum(job, LIMIT), want, "restart from epoch 1 reaches the uninterrupted answer");
+    assert_eq!(
+        d.wait_checksum(job, LIMIT),
+        want,
+        "restart from epoch 1 reaches the uninterrupted answer"
+    );
 }
 
 #[test]
@@ -96,9 +119,19 @@ fn corrupt_image_is_refused_before_restore_and_older_epoch_still_works() {
     let bad = d.ctl(&["restart", &job.to_string()]);
     assert_eq!(bad.code, 8, "corrupt image has its own exit code: {bad:?}");
     let name = biggest.file_name().unwrap().to_string_lossy().into_owned();
-    assert!(bad.stderr.contains(&name) && bad.stderr.contains("digest"), "message names the file: {bad:?}");
-    assert!(d.job_pids(job).is_empty(), "nothing was restored from a corrupt image");
-    assert_eq!(d.status(job)["state"], "stopped", "a refused restart leaves the job as it was");
+    assert!(
+        bad.stderr.contains(&name) && bad.stderr.contains("digest"),
+        "message names the file: {bad:?}"
+    );
+    assert!(
+        d.job_pids(job).is_empty(),
+        "nothing was restored from a corrupt image"
+    );
+    assert_eq!(
+        d.status(job)["state"],
+        "stopped",
+        "a refused restart leaves the job as it was"
+    );
 
     d.ctl(&["restart", &job.to_string(), "--epoch", "1"]).ok();
     assert_eq!(d.wait_checksum(job, LIMIT), want);
@@ -108,7 +141,13 @@ fn corrupt_image_is_refused_before_restore_and_older_epoch_still_works() {
 fn unknown_job_and_bad_arguments_have_distinct_exit_codes() {
     skip_unless_ready!();
     let d = Ckptd::start(Options::default());
-    for args in [vec!["status", "99"], vec!["checkpoint", "99", "--wait"], vec!["restart", "99"], vec!["epochs", "99"], vec!["cancel", "99"]] {
+    for args in [
+        vec!["status", "99"],
+        vec!["checkpoint", "99", "--wait"],
+        vec!["restart", "99"],
+        vec!["epochs", "99"],
+        vec!["cancel", "99"],
+    ] {
         let out = d.ctl(&args);
         assert_eq!(out.code, 3, "{args:?}: {out:?}");
         assert!(out.stderr.contains("job 99 not found"), "{args:?}: {out:?}");
@@ -123,7 +162,11 @@ fn unknown_job_and_bad_arguments_have_distinct_exit_codes() {
     assert!(out.stderr.contains("no committed checkpoint"), "{out:?}");
     let missing = tempfile::tempdir().unwrap();
     let out = std::process::Command::new(ckpt_tests::bin_dir().join("ckptctl"))
-        .args(["--socket", &missing.path().join("none.sock").display().to_string(), "list"])
+        .args([
+            "--socket",
+            &missing.path().join("none.sock").display().to_string(),
+            "list",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(7), "no ckptd: {out:?}");
@@ -138,25 +181,48 @@ fn assert_aborted_cleanly(d: &Ckptd, job: u64, phase: &str, reason: &str, want: 
     let e2 = &epochs[1];
     assert_eq!(e2["state"], "failed", "{epochs:?}");
     assert_eq!(e2["failed_phase"], phase, "{epochs:?}");
-    assert!(e2["reason"].as_str().unwrap().contains(reason), "{epochs:?}");
+    assert!(
+        e2["reason"].as_str().unwrap().contains(reason),
+        "{epochs:?}"
+    );
     let begin = std::time::Instant::now();
     while d.images(job, 2).exists() {
-        assert!(begin.elapsed() < LIMIT, "partial images of the failed epoch were not deleted");
+        assert!(
+            begin.elapsed() < LIMIT,
+            "partial images of the failed epoch were not deleted"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let listed = d.ctl(&["epochs", &job.to_string()]);
-    assert!(listed.ok().contains("failed") && listed.stdout.contains(phase), "{listed:?}");
-    assert_eq!(d.wait_checksum(job, LIMIT), want, "the job went on and finished right");
+    assert!(
+        listed.ok().contains("failed") && listed.stdout.contains(phase),
+        "{listed:?}"
+    );
+    assert_eq!(
+        d.wait_checksum(job, LIMIT),
+        want,
+        "the job went on and finished right"
+    );
     d.ctl(&["restart", &job.to_string()]).ok();
     let out = d.epochs(job);
     assert_eq!(out.len(), 2);
-    assert_eq!(d.wait_checksum(job, LIMIT), want, "epoch 1 is still restorable");
+    assert_eq!(
+        d.wait_checksum(job, LIMIT),
+        want,
+        "epoch 1 is still restorable"
+    );
 }
 
 /// Starts a coordinator whose criu is a wrapper around the real one that fails every dump
 /// while the returned `fail` file exists, and sleeps 4 s before every dump while `slow` exists.
-fn start_with_faulty_criu(separate_agent: bool, extra_toml: &str) -> (Ckptd, std::path::PathBuf, std::path::PathBuf) {
-    let holder = tempfile::Builder::new().prefix("ckpt-criu-").tempdir().unwrap();
+fn start_with_faulty_criu(
+    separate_agent: bool,
+    extra_toml: &str,
+) -> (Ckptd, std::path::PathBuf, std::path::PathBuf) {
+    let holder = tempfile::Builder::new()
+        .prefix("ckpt-criu-")
+        .tempdir()
+        .unwrap();
     let real = ckpt_tests::criu_path().unwrap();
     let fail = holder.path().join("fail-dump");
     let slow = holder.path().join("slow-dump");
@@ -192,9 +258,13 @@ fn abort_when_criu_fails_in_local_checkpoint() {
     std::fs::write(&fail, b"").unwrap();
     let out = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
     assert_eq!(out.code, 6, "{out:?}");
-    assert!(out.stderr.contains("criu dump failed") && out.stderr.contains("keeps running"), "{out:?}");
+    assert!(
+        out.stderr.contains("criu dump failed") && out.stderr.contains("keeps running"),
+        "{out:?}"
+    );
     assert_eq!(d.status(job)["state"], "running");
-    let frozen = std::fs::read_to_string(d.cgroup(job).join("freezer.state")).unwrap_or_else(|_| "THAWED".into());
+    let frozen = std::fs::read_to_string(d.cgroup(job).join("freezer.state"))
+        .unwrap_or_else(|_| "THAWED".into());
     assert_eq!(frozen.trim(), "THAWED", "an aborted epoch thaws the job");
     std::fs::remove_file(&fail).unwrap();
     assert_aborted_cleanly(&d, job, "local-checkpoint", "criu dump failed", &want);
@@ -210,8 +280,14 @@ fn abort_when_a_deadline_passes() {
     d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
     std::fs::write(&slow, b"").unwrap();
     let out = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
-    assert_eq!(out.code, 9, "a missed deadline has its own exit code: {out:?}");
-    assert!(out.stderr.contains("node node0") && out.stderr.contains("deadline"), "{out:?}");
+    assert_eq!(
+        out.code, 9,
+        "a missed deadline has its own exit code: {out:?}"
+    );
+    assert!(
+        out.stderr.contains("node node0") && out.stderr.contains("deadline"),
+        "{out:?}"
+    );
     std::fs::remove_file(&slow).unwrap();
     assert_aborted_cleanly(&d, job, "local-checkpoint", "deadline", &want);
 }
@@ -228,7 +304,11 @@ fn abort_when_the_agent_dies_during_local_checkpoint() {
     let ctl = d.ctl_spawn(&["checkpoint", &job.to_string(), "--wait"]);
     // Wait until the job is frozen (the dump has begun), then kill the agent.
     let begin = std::time::Instant::now();
-    while std::fs::read_to_string(d.cgroup(job).join("freezer.state")).unwrap_or_default().trim() != "FROZEN" {
+    while std::fs::read_to_string(d.cgroup(job).join("freezer.state"))
+        .unwrap_or_default()
+        .trim()
+        != "FROZEN"
+    {
         assert!(begin.elapsed() < LIMIT, "the job never froze");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -236,7 +316,10 @@ fn abort_when_the_agent_dies_during_local_checkpoint() {
     let out = ctl.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(6), "{stderr}");
-    assert!(stderr.contains("node node0") && stderr.contains("unreachable"), "{stderr}");
+    assert!(
+        stderr.contains("node node0") && stderr.contains("unreachable"),
+        "{stderr}"
+    );
     std::fs::remove_file(&slow).unwrap();
     // systemd restarts the agent; it thaws the job and the coordinator has it abort the epoch.
     d.start_agent();
@@ -252,7 +335,10 @@ fn ckptd_restart_between_checkpoint_and_restart_loses_nothing() {
     d.wait_progress(job, 1, LIMIT);
     d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
     d.stop_daemon();
-    assert!(!d.job_pids(job).is_empty(), "stopping ckptd does not stop jobs");
+    assert!(
+        !d.job_pids(job).is_empty(),
+        "stopping ckptd does not stop jobs"
+    );
     d.start_daemon();
     d.wait_registered();
     assert_eq!(d.status(job)["state"], "running");

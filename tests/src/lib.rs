@@ -15,7 +15,10 @@ use std::time::{Duration, Instant};
 
 /// Workspace root.
 pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
 }
 
 /// Directory holding `ckptd`, `ckptctl` and `ckpt-agent`.
@@ -26,7 +29,11 @@ pub fn bin_dir() -> PathBuf {
 }
 
 fn which(prog: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(prog)).find(|p| p.is_file()))
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join(prog))
+            .find(|p| p.is_file())
+    })
 }
 
 /// The CRIU the agent will pick (same rule as the agent's `auto`).
@@ -46,13 +53,20 @@ pub fn skip_reason(needs: &[&str]) -> Option<String> {
     }
     for b in ["ckptd", "ckptctl", "ckpt-agent"] {
         if !bin_dir().join(b).is_file() {
-            return Some(format!("needs {} (run `cargo build --release` first)", bin_dir().join(b).display()));
+            return Some(format!(
+                "needs {} (run `cargo build --release` first)",
+                bin_dir().join(b).display()
+            ));
         }
     }
     match criu_path() {
         None => return Some("needs CRIU >= 4.2 (run scripts/setup.sh)".into()),
         Some(c) => {
-            let ok = Command::new(&c).arg("check").stdout(Stdio::null()).stderr(Stdio::null()).status();
+            let ok = Command::new(&c)
+                .arg("check")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
             if !ok.map(|s| s.success()).unwrap_or(false) {
                 return Some(format!("`{} check` fails on this kernel", c.display()));
             }
@@ -63,7 +77,9 @@ pub fn skip_reason(needs: &[&str]) -> Option<String> {
             return Some(format!("needs {n} (run scripts/setup.sh)"));
         }
     }
-    if !Path::new("/sys/fs/cgroup/freezer/cgroup.procs").exists() && !Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+    if !Path::new("/sys/fs/cgroup/freezer/cgroup.procs").exists()
+        && !Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+    {
         return Some("needs a freezer cgroup hierarchy".into());
     }
     None
@@ -133,7 +149,8 @@ impl Mpi {
 
     /// Checksum of an uninterrupted run, computed once per argument set (without the sleep).
     pub fn reference_checksum(self, ranks: u32, n: u32, iters: u32) -> String {
-        static CACHE: OnceLock<Mutex<std::collections::HashMap<(Mpi, u32, u32, u32), String>>> = OnceLock::new();
+        type Key = (Mpi, u32, u32, u32);
+        static CACHE: OnceLock<Mutex<std::collections::HashMap<Key, String>>> = OnceLock::new();
         let cache = CACHE.get_or_init(Default::default);
         if let Some(c) = cache.lock().unwrap().get(&(self, ranks, n, iters)) {
             return c.clone();
@@ -144,15 +161,21 @@ impl Mpi {
             .stdin(Stdio::null())
             .output()
             .expect("run reference job");
-        let c = checksum_in(&String::from_utf8_lossy(&out.stdout)).expect("reference run printed a checksum");
-        cache.lock().unwrap().insert((self, ranks, n, iters), c.clone());
+        let c = checksum_in(&String::from_utf8_lossy(&out.stdout))
+            .expect("reference run printed a checksum");
+        cache
+            .lock()
+            .unwrap()
+            .insert((self, ranks, n, iters), c.clone());
         c
     }
 }
 
 /// The last `checksum XXXX` in a job's output.
 pub fn checksum_in(text: &str) -> Option<String> {
-    text.lines().rev().find_map(|l| l.strip_prefix("checksum ").map(|c| c.trim().to_string()))
+    text.lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("checksum ").map(|c| c.trim().to_string()))
 }
 
 /// Result of one ckptctl call.
@@ -225,14 +248,25 @@ fn wait_child(c: &mut Child, limit: Duration) -> bool {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 impl Ckptd {
     /// Starts a coordinator with `opts` and waits until its agent has registered.
     pub fn start(opts: Options) -> Self {
-        let dir = tempfile::Builder::new().prefix("ckpt-e2e-").tempdir().expect("tempdir");
-        let prefix = format!("ckpt-t{}-{}-job-", std::process::id(), SEQ.fetch_add(1, Ordering::SeqCst));
+        let dir = tempfile::Builder::new()
+            .prefix("ckpt-e2e-")
+            .tempdir()
+            .expect("tempdir");
+        let prefix = format!(
+            "ckpt-t{}-{}-job-",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::SeqCst)
+        );
         let socket = dir.path().join("ckptd.sock");
         let config = dir.path().join("ckptd.toml");
         let coord_port = free_port();
@@ -299,8 +333,16 @@ impl Ckptd {
         let agent_cfg = self.dir.path().join("agent.toml");
         // The agent reads the [agent] table of ckptd.toml as its own file.
         let text = std::fs::read_to_string(&self.config).unwrap();
-        let table = text.split("[agent]\n").nth(1).unwrap().replace("[agent.", "[");
-        std::fs::write(&agent_cfg, format!("listen = \"127.0.0.1:{}\"\n{table}", self.agent_port)).unwrap();
+        let table = text
+            .split("[agent]\n")
+            .nth(1)
+            .unwrap()
+            .replace("[agent.", "[");
+        std::fs::write(
+            &agent_cfg,
+            format!("listen = \"127.0.0.1:{}\"\n{table}", self.agent_port),
+        )
+        .unwrap();
         let child = Command::new(bin_dir().join("ckpt-agent"))
             .arg("--config")
             .arg(&agent_cfg)
@@ -318,14 +360,21 @@ impl Ckptd {
         let begin = Instant::now();
         loop {
             // The socket answering proves ckptd is up; registration shows in its log.
-            let log = std::fs::read_to_string(self.dir.path().join("ckptd.log")).unwrap_or_default();
-            if self.socket.exists() && log.matches("agent registered").count() > 0 && self.ctl(&["list"]).code == 0 {
+            let log =
+                std::fs::read_to_string(self.dir.path().join("ckptd.log")).unwrap_or_default();
+            if self.socket.exists()
+                && log.matches("agent registered").count() > 0
+                && self.ctl(&["list"]).code == 0
+            {
                 return;
             }
             if let Some(Ok(Some(st))) = self.daemon.as_mut().map(|d| d.try_wait()) {
                 panic!("ckptd exited ({st}) while starting: {log}");
             }
-            assert!(begin.elapsed() < Duration::from_secs(30), "ckptd did not come up: {log}");
+            assert!(
+                begin.elapsed() < Duration::from_secs(30),
+                "ckptd did not come up: {log}"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -361,7 +410,10 @@ impl Ckptd {
         let mut args = vec!["run", "--name", name, "--"];
         args.extend(argv.iter().map(String::as_str));
         let out = self.ctl(&args);
-        out.ok().trim().parse().unwrap_or_else(|_| panic!("run printed no job id: {out:?}"))
+        out.ok()
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("run printed no job id: {out:?}"))
     }
 
     /// The job's `ckptctl status --json`.
@@ -373,7 +425,11 @@ impl Ckptd {
     /// The job's epochs (`ckptctl epochs --json`).
     pub fn epochs(&self, job: u64) -> Vec<serde_json::Value> {
         let out = self.ctl(&["epochs", &job.to_string(), "--json"]);
-        serde_json::from_str::<serde_json::Value>(out.ok()).expect("epochs json").as_array().unwrap().clone()
+        serde_json::from_str::<serde_json::Value>(out.ok())
+            .expect("epochs json")
+            .as_array()
+            .unwrap()
+            .clone()
     }
 
     /// Waits (bounded) until the job's state starts with `prefix`; returns the state.
@@ -381,11 +437,17 @@ impl Ckptd {
     pub fn wait_state(&self, job: u64, prefix: &str, limit: Duration) -> String {
         let begin = Instant::now();
         loop {
-            let s = self.status(job)["state"].as_str().unwrap_or_default().to_string();
+            let s = self.status(job)["state"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
             if s.starts_with(prefix) {
                 return s;
             }
-            assert!(begin.elapsed() < limit, "job {job} still {s:?} after {limit:?}, wanted {prefix:?}");
+            assert!(
+                begin.elapsed() < limit,
+                "job {job} still {s:?} after {limit:?}, wanted {prefix:?}"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -405,14 +467,23 @@ impl Ckptd {
     pub fn wait_progress(&self, job: u64, n: usize, limit: Duration) {
         let begin = Instant::now();
         while self.output(job).matches("iter ").count() < n {
-            assert!(begin.elapsed() < limit, "job {job} made no progress: {}", self.output(job));
+            assert!(
+                begin.elapsed() < limit,
+                "job {job} made no progress: {}",
+                self.output(job)
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
 
     /// Node-local image directory of an epoch.
     pub fn images(&self, job: u64, epoch: u32) -> PathBuf {
-        self.dir.path().join("local").join(job.to_string()).join(epoch.to_string()).join("node0")
+        self.dir
+            .path()
+            .join("local")
+            .join(job.to_string())
+            .join(epoch.to_string())
+            .join("node0")
     }
 
     /// The job's cgroup directory.
@@ -446,7 +517,8 @@ impl Ckptd {
     #[track_caller]
     pub fn wait_checksum(&self, job: u64, limit: Duration) -> String {
         self.wait_state(job, "exited", limit);
-        checksum_in(&self.output(job)).unwrap_or_else(|| panic!("job {job} printed no checksum: {}", self.output(job)))
+        checksum_in(&self.output(job))
+            .unwrap_or_else(|| panic!("job {job} printed no checksum: {}", self.output(job)))
     }
 
     /// SIGKILLs the separate agent process.
@@ -475,8 +547,14 @@ impl Drop for Ckptd {
         self.stop_daemon();
         self.kill_agent();
         // Kill what is left in this instance's job cgroups, by PID, then remove the cgroups.
-        for parent in ["/sys/fs/cgroup/freezer", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"] {
-            let Ok(rd) = std::fs::read_dir(parent) else { continue };
+        for parent in [
+            "/sys/fs/cgroup/freezer",
+            "/sys/fs/cgroup/unified",
+            "/sys/fs/cgroup",
+        ] {
+            let Ok(rd) = std::fs::read_dir(parent) else {
+                continue;
+            };
             for e in rd.flatten() {
                 if !e.file_name().to_string_lossy().starts_with(&self.prefix) {
                     continue;
@@ -505,7 +583,10 @@ impl Drop for Ckptd {
         if std::env::var_os("CKPT_E2E_KEEP").is_some() {
             let p = self.dir.path().to_path_buf();
             eprintln!("keeping {}", p.display());
-            std::mem::forget(std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap()));
+            std::mem::forget(std::mem::replace(
+                &mut self.dir,
+                tempfile::tempdir().unwrap(),
+            ));
         }
     }
 }

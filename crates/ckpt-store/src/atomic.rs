@@ -50,7 +50,10 @@ mod tests {
         write_file(&p, b"one").unwrap();
         write_file(&p, b"two").unwrap();
         assert_eq!(fs::read(&p).unwrap(), b"two");
-        let names: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names.len(), 1, "temp files left behind: {names:?}");
     }
 

@@ -31,7 +31,9 @@ pub fn file_digest(path: &Path) -> Result<(u64, String)> {
     let mut buf = vec![0u8; READ_BUF];
     let mut size = 0u64;
     loop {
-        let n = f.read(&mut buf).map_err(|e| StoreError::io("read", path, e))?;
+        let n = f
+            .read(&mut buf)
+            .map_err(|e| StoreError::io("read", path, e))?;
         if n == 0 {
             break;
         }
@@ -84,7 +86,11 @@ pub fn seal_tree(root: &Path, skip: &[&str]) -> Result<Vec<FileEntry>> {
         if let Some(parent) = path.parent() {
             dirs.insert(parent.to_path_buf());
         }
-        entries.push(FileEntry { path: rel, size, blake3 });
+        entries.push(FileEntry {
+            path: rel,
+            size,
+            blake3,
+        });
     }
     dirs.insert(root.to_path_buf());
     for d in dirs {
@@ -163,9 +169,24 @@ mod tests {
         let d = tree();
         let e = seal_tree(d.path(), &["MANIFEST"]).unwrap();
         let p = d.path().join("criu/pages-1.img");
-        fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(10).unwrap();
-        assert!(matches!(verify_tree(d.path(), &e).unwrap_err(), StoreError::FileSize { expected: 300_000, actual: 10, .. }));
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(10)
+            .unwrap();
+        assert!(matches!(
+            verify_tree(d.path(), &e).unwrap_err(),
+            StoreError::FileSize {
+                expected: 300_000,
+                actual: 10,
+                ..
+            }
+        ));
         fs::remove_file(&p).unwrap();
-        assert!(matches!(verify_tree(d.path(), &e).unwrap_err(), StoreError::FileMissing { .. }));
+        assert!(matches!(
+            verify_tree(d.path(), &e).unwrap_err(),
+            StoreError::FileMissing { .. }
+        ));
     }
 }

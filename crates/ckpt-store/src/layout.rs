@@ -82,11 +82,15 @@ pub fn free_bytes(path: &Path) -> Result<u64> {
     // right type; statvfs initialises it on success, which is checked before reading it.
     let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
     if rc != 0 {
-        return Err(StoreError::io("statvfs", path, std::io::Error::last_os_error()));
+        return Err(StoreError::io(
+            "statvfs",
+            path,
+            std::io::Error::last_os_error(),
+        ));
     }
     // SAFETY: statvfs returned 0, so the struct is initialised.
     let st = unsafe { st.assume_init() };
-    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+    Ok(st.f_bavail * st.f_frsize)
 }
 
 #[cfg(test)]
@@ -101,7 +105,10 @@ mod tests {
         assert_eq!(n, d.path().join("stage/3/2/n1"));
         fs::write(n.join("x"), b"1").unwrap();
         s.create_node_dir(3, 2, "n1").unwrap();
-        assert!(!n.join("x").exists(), "leftovers of an earlier attempt are removed");
+        assert!(
+            !n.join("x").exists(),
+            "leftovers of an earlier attempt are removed"
+        );
         s.remove_node_dir(3, 2, "n1").unwrap();
         assert!(!s.epoch_dir(3, 2).exists());
         s.remove_node_dir(3, 2, "n1").unwrap();

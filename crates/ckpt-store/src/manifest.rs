@@ -242,7 +242,10 @@ mod tests {
             for bit in [0u8, 3, 7] {
                 let mut b = bytes.clone();
                 b[i] ^= 1 << bit;
-                assert!(decode(p, &b).is_err(), "flip at byte {i} bit {bit} accepted");
+                assert!(
+                    decode(p, &b).is_err(),
+                    "flip at byte {i} bit {bit} accepted"
+                );
             }
         }
     }
@@ -251,7 +254,10 @@ mod tests {
     fn every_truncation_is_rejected() {
         let bytes = encode(&sample());
         for len in 0..bytes.len() {
-            assert!(decode(Path::new("M"), &bytes[..len]).is_err(), "truncated to {len} accepted");
+            assert!(
+                decode(Path::new("M"), &bytes[..len]).is_err(),
+                "truncated to {len} accepted"
+            );
         }
     }
 
@@ -263,7 +269,10 @@ mod tests {
         let mut b = encode(&sample());
         b[8] = 9;
         let err = decode(Path::new("M"), &b).unwrap_err();
-        assert!(matches!(err, StoreError::UnsupportedVersion { version: 9, .. }), "{err}");
+        assert!(
+            matches!(err, StoreError::UnsupportedVersion { version: 9, .. }),
+            "{err}"
+        );
     }
 
     #[test]

@@ -50,7 +50,10 @@ pub async fn call<T>(
         Err(_) => Err(NodeFailure {
             node: node.into(),
             kind: FailureKind::Deadline,
-            message: format!("{what} did not finish within the {} deadline", humantime::format_duration(deadline)),
+            message: format!(
+                "{what} did not finish within the {} deadline",
+                humantime::format_duration(deadline)
+            ),
         }),
         Ok(Ok(r)) => Ok(r.into_inner()),
         Ok(Err(s)) => {
@@ -141,7 +144,13 @@ impl Agents {
             .read()
             .expect("agents lock")
             .iter()
-            .map(|(n, e)| (n.clone(), e.address.clone(), e.last_seen.elapsed().as_secs()))
+            .map(|(n, e)| {
+                (
+                    n.clone(),
+                    e.address.clone(),
+                    e.last_seen.elapsed().as_secs(),
+                )
+            })
             .collect()
     }
 }

@@ -14,7 +14,9 @@ pub async fn connect(path: PathBuf) -> Result<ControlClient<Channel>, tonic::tra
     let channel = Endpoint::try_from("http://[::]:50051")?
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+            async move {
+                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+            }
         }))
         .await?;
     Ok(ControlClient::new(channel))

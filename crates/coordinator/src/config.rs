@@ -66,8 +66,10 @@ impl Default for Deadlines {
 
 impl Default for CoordinatorConfig {
     fn default() -> Self {
-        let mut agent = AgentConfig::default();
-        agent.listen = "127.0.0.1:0".parse().expect("valid");
+        let agent = AgentConfig {
+            listen: "127.0.0.1:0".parse().expect("valid"),
+            ..AgentConfig::default()
+        };
         CoordinatorConfig {
             listen: "0.0.0.0:7600".parse().expect("valid"),
             socket: "/run/ckpt/ckptd.sock".into(),
@@ -145,11 +147,27 @@ mod tests {
 
     #[test]
     fn errors_name_the_key() {
-        let e = CoordinatorConfig::from_toml(Path::new("c.toml"), "[deadlines]\ndump = \"0s\"\n").unwrap_err();
+        let e = CoordinatorConfig::from_toml(Path::new("c.toml"), "[deadlines]\ndump = \"0s\"\n")
+            .unwrap_err();
         assert!(e.to_string().contains("deadlines.dump"), "{e}");
         let e = CoordinatorConfig::from_toml(Path::new("c.toml"), "listen = 5\n").unwrap_err();
         assert!(e.to_string().contains("c.toml"), "{e}");
-        let e = CoordinatorConfig::from_toml(Path::new("c.toml"), "[deadlines]\ndumpp = \"1s\"\n").unwrap_err();
+        let e = CoordinatorConfig::from_toml(Path::new("c.toml"), "[deadlines]\ndumpp = \"1s\"\n")
+            .unwrap_err();
         assert!(e.to_string().contains("dumpp"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod example_config {
+    use super::*;
+
+    #[test]
+    fn packaged_example_is_valid() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/config/ckptd.toml");
+        let c = CoordinatorConfig::load(&p).unwrap();
+        assert_eq!(c.deadlines.dump, Duration::from_secs(600));
+        let a = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/config/agent.toml");
+        AgentConfig::load(&a).unwrap();
     }
 }

@@ -47,7 +47,9 @@ pub enum DriveError {
         job: u64,
     },
     /// The requested epoch cannot be restored.
-    #[error("job {job} epoch {epoch} is {state} and cannot be restored (see `ckptctl epochs {job}`)")]
+    #[error(
+        "job {job} epoch {epoch} is {state} and cannot be restored (see `ckptctl epochs {job}`)"
+    )]
     EpochNotRestorable {
         /// Job id.
         job: u64,
@@ -146,7 +148,10 @@ pub struct RunSpec {
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// The coordinator: registry, agents, configuration.
@@ -173,7 +178,11 @@ impl Coordinator {
             let mut changed = false;
             for mut e in registry.epochs(job.id)? {
                 if e.phase().is_some() {
-                    warn!(job = job.id, epoch = e.number, "epoch interrupted by a coordinator restart");
+                    warn!(
+                        job = job.id,
+                        epoch = e.number,
+                        "epoch interrupted by a coordinator restart"
+                    );
                     e.fail("the coordinator restarted during the epoch", now_ms())?;
                     registry.put_epoch(&e)?;
                     for n in &e.nodes {
@@ -255,7 +264,10 @@ impl Coordinator {
 
     /// A job the caller may act on.
     pub fn job_for(&self, caller: &Caller, id: u64) -> Result<Job, DriveError> {
-        let job = self.registry.job(id)?.ok_or(DriveError::UnknownJob { job: id })?;
+        let job = self
+            .registry
+            .job(id)?
+            .ok_or(DriveError::UnknownJob { job: id })?;
         caller.may_act_on(&job)?;
         Ok(job)
     }
@@ -263,12 +275,24 @@ impl Coordinator {
     /// Asks the job's agent whether its processes still run, and records an exit the heartbeat
     /// has not reported yet. Errors reaching the agent leave the record as it is.
     pub async fn refresh(&self, id: u64) -> Result<Job, DriveError> {
-        let job = self.registry.job(id)?.ok_or(DriveError::UnknownJob { job: id })?;
+        let job = self
+            .registry
+            .job(id)?
+            .ok_or(DriveError::UnknownJob { job: id })?;
         if job.state != JobState::Running {
             return Ok(job);
         }
-        let Ok(mut c) = self.agents.client(&job.node) else { return Ok(job) };
-        let info = match call(&job.node, "inspect", self.cfg.deadlines.sync, c.inspect(pb::InspectRequest { job_id: id })).await {
+        let Ok(mut c) = self.agents.client(&job.node) else {
+            return Ok(job);
+        };
+        let info = match call(
+            &job.node,
+            "inspect",
+            self.cfg.deadlines.sync,
+            c.inspect(pb::InspectRequest { job_id: id }),
+        )
+        .await
+        {
             Ok(i) => i,
             Err(_) => return Ok(job),
         };
@@ -288,7 +312,10 @@ impl Coordinator {
             return Ok(job);
         };
         let _g = self.state.lock().await;
-        let mut job = self.registry.job(id)?.ok_or(DriveError::UnknownJob { job: id })?;
+        let mut job = self
+            .registry
+            .job(id)?
+            .ok_or(DriveError::UnknownJob { job: id })?;
         let inc = job.incarnation;
         if job.observe(inc, observed) {
             self.registry.put_job(&job)?;
@@ -300,10 +327,17 @@ impl Coordinator {
     #[instrument(skip_all, fields(job))]
     pub async fn run(&self, caller: Caller, spec: RunSpec) -> Result<Job, DriveError> {
         if spec.argv.is_empty() {
-            return Err(DriveError::Invalid("no command given: ckptctl run -- COMMAND [ARGS...]".into()));
+            return Err(DriveError::Invalid(
+                "no command given: ckptctl run -- COMMAND [ARGS...]".into(),
+            ));
         }
         let node = if spec.node.is_empty() {
-            self.agents.list().into_iter().next().map(|(n, _, _)| n).ok_or(DriveError::NoAgents)?
+            self.agents
+                .list()
+                .into_iter()
+                .next()
+                .map(|(n, _, _)| n)
+                .ok_or(DriveError::NoAgents)?
         } else {
             spec.node.clone()
         };
@@ -350,7 +384,10 @@ impl Coordinator {
         };
         let reply = call(&node, "launch", self.cfg.deadlines.sync, client.launch(req)).await?;
         let _g = self.state.lock().await;
-        let mut job = self.registry.job(id)?.ok_or(DriveError::UnknownJob { job: id })?;
+        let mut job = self
+            .registry
+            .job(id)?
+            .ok_or(DriveError::UnknownJob { job: id })?;
         job.state = JobState::Running;
         job.incarnation = reply.incarnation;
         job.job_dir = reply.job_dir;
@@ -359,20 +396,35 @@ impl Coordinator {
         Ok(job)
     }
 
-    async fn update_job(&self, id: u64, f: impl FnOnce(&mut Job) -> Result<(), TransitionError>) -> Result<Job, DriveError> {
+    async fn update_job(
+        &self,
+        id: u64,
+        f: impl FnOnce(&mut Job) -> Result<(), TransitionError>,
+    ) -> Result<Job, DriveError> {
         let _g = self.state.lock().await;
-        let mut job = self.registry.job(id)?.ok_or(DriveError::UnknownJob { job: id })?;
+        let mut job = self
+            .registry
+            .job(id)?
+            .ok_or(DriveError::UnknownJob { job: id })?;
         f(&mut job)?;
         self.registry.put_job(&job)?;
         Ok(job)
     }
 
     /// Validates a checkpoint request and starts the epoch; returns the job and the epoch.
-    pub async fn begin_checkpoint(&self, caller: &Caller, id: u64, kill: bool) -> Result<(Job, Epoch), DriveError> {
+    pub async fn begin_checkpoint(
+        &self,
+        caller: &Caller,
+        id: u64,
+        kill: bool,
+    ) -> Result<(Job, Epoch), DriveError> {
         self.job_for(caller, id)?;
         self.refresh(id).await?;
         let _g = self.state.lock().await;
-        let mut job = self.registry.job(id)?.ok_or(DriveError::UnknownJob { job: id })?;
+        let mut job = self
+            .registry
+            .job(id)?
+            .ok_or(DriveError::UnknownJob { job: id })?;
         let number = match job.begin_checkpoint() {
             Ok(n) => n,
             Err(e) if matches!(job.state, JobState::Exited { .. } | JobState::Stopped | JobState::Cancelled | JobState::Lost) => {
@@ -390,7 +442,12 @@ impl Coordinator {
 
     /// Runs every phase of an epoch begun by [`Coordinator::begin_checkpoint`].
     #[instrument(skip_all, fields(job = job.id, epoch = epoch.number))]
-    pub async fn drive_checkpoint(&self, job: Job, mut epoch: Epoch, progress: mpsc::UnboundedSender<Step>) -> Result<Epoch, DriveError> {
+    pub async fn drive_checkpoint(
+        &self,
+        job: Job,
+        mut epoch: Epoch,
+        progress: mpsc::UnboundedSender<Step>,
+    ) -> Result<Epoch, DriveError> {
         let begin = Instant::now();
         let (id, number) = (job.id, epoch.number);
         let say = |phase: Phase, message: String| {
@@ -403,7 +460,10 @@ impl Coordinator {
         };
         let nodes = epoch.nodes.clone();
         let d = self.cfg.deadlines.clone();
-        let phase_req = || pb::PhaseRequest { job_id: id, epoch: number };
+        let phase_req = || pb::PhaseRequest {
+            job_id: id,
+            epoch: number,
+        };
         let result: Result<BTreeMap<String, String>, (Phase, NodeFailure)> = async {
             say(Phase::Sync, format!("checking {} node(s)", nodes.len()));
             let prepared = self
@@ -415,7 +475,14 @@ impl Coordinator {
                 .map_err(|f| (Phase::Sync, f))?;
             let est: u64 = prepared.iter().map(|(_, p)| p.estimated_bytes).sum();
             self.advance(&mut epoch, Phase::Quiesce).await;
-            say(Phase::Quiesce, format!("freezing {} processes (~{} MB resident)", prepared.iter().map(|(_, p)| p.processes).sum::<u32>(), est >> 20));
+            say(
+                Phase::Quiesce,
+                format!(
+                    "freezing {} processes (~{} MB resident)",
+                    prepared.iter().map(|(_, p)| p.processes).sum::<u32>(),
+                    est >> 20
+                ),
+            );
             self.on_all(&nodes, "quiesce", d.quiesce, |mut c| {
                 let r = phase_req();
                 async move { c.quiesce(r).await }
@@ -424,24 +491,49 @@ impl Coordinator {
             .map_err(|f| (Phase::Quiesce, f))?;
             self.advance(&mut epoch, Phase::Dump).await;
             say(Phase::Dump, "all nodes frozen; dumping".into());
-            let dumps = self
-                .on_all(&nodes, "local checkpoint", d.dump, |mut c| {
-                    let r = phase_req();
-                    async move { c.dump(r).await }
-                })
-                .await
-                .map_err(|f| (Phase::Dump, f))?;
-            epoch.frozen_ms = dumps.iter().map(|(_, r)| r.frozen_us / 1000).max().unwrap_or(0);
-            self.advance(&mut epoch, Phase::Resume).await;
-            say(Phase::Resume, if epoch.kill { "stopping the job".into() } else { "resuming the job".into() });
-            let kill = epoch.kill;
-            self.on_all(&nodes, "resume", d.resume, |mut c| async move {
-                c.resume(pb::ResumeRequest { job_id: id, epoch: number, kill }).await
+            self.on_all(&nodes, "local checkpoint", d.dump, |mut c| {
+                let r = phase_req();
+                async move { c.dump(r).await }
             })
             .await
-            .map_err(|f| (Phase::Resume, f))?;
+            .map_err(|f| (Phase::Dump, f))?;
+            self.advance(&mut epoch, Phase::Resume).await;
+            say(
+                Phase::Resume,
+                if epoch.kill {
+                    "stopping the job".into()
+                } else {
+                    "resuming the job".into()
+                },
+            );
+            let kill = epoch.kill;
+            let resumed = self
+                .on_all(&nodes, "resume", d.resume, |mut c| async move {
+                    c.resume(pb::ResumeRequest {
+                        job_id: id,
+                        epoch: number,
+                        kill,
+                    })
+                    .await
+                })
+                .await
+                .map_err(|f| (Phase::Resume, f))?;
+            // The job's frozen time: from the first freeze to the last thaw, per node; the
+            // longest node is what the job felt.
+            epoch.frozen_ms = resumed
+                .iter()
+                .map(|(_, r)| r.frozen_us / 1000)
+                .max()
+                .unwrap_or(0);
             self.advance(&mut epoch, Phase::Finalize).await;
-            say(Phase::Finalize, format!("job {} after {} ms frozen; sealing images", if kill { "stopped" } else { "resumed" }, epoch.frozen_ms));
+            say(
+                Phase::Finalize,
+                format!(
+                    "job {} after {} ms frozen; sealing images",
+                    if kill { "stopped" } else { "resumed" },
+                    epoch.frozen_ms
+                ),
+            );
             let sealed = self
                 .on_all(&nodes, "finalize", d.finalize, |mut c| {
                     let r = phase_req();
@@ -452,14 +544,20 @@ impl Coordinator {
             epoch.image_bytes = sealed.iter().map(|(_, f)| f.image_bytes).sum();
             epoch.image_files = sealed.iter().map(|(_, f)| f.image_files).sum();
             self.advance(&mut epoch, Phase::Commit).await;
-            Ok(sealed.into_iter().map(|(n, f)| (n, f.manifest_digest)).collect())
+            Ok(sealed
+                .into_iter()
+                .map(|(n, f)| (n, f.manifest_digest))
+                .collect())
         }
         .await;
         match result {
             Ok(manifests) => {
                 epoch.commit(manifests, now_ms())?;
                 let _g = self.state.lock().await;
-                let mut job = self.registry.job(id)?.ok_or(DriveError::UnknownJob { job: id })?;
+                let mut job = self
+                    .registry
+                    .job(id)?
+                    .ok_or(DriveError::UnknownJob { job: id })?;
                 job.end_checkpoint(Some(number), epoch.kill)?;
                 self.registry.put_job_and_epoch(&job, &epoch)?;
                 say(
@@ -472,7 +570,11 @@ impl Coordinator {
                         epoch.image_files
                     ),
                 );
-                info!(frozen_ms = epoch.frozen_ms, bytes = epoch.image_bytes, "epoch committed");
+                info!(
+                    frozen_ms = epoch.frozen_ms,
+                    bytes = epoch.image_bytes,
+                    "epoch committed"
+                );
                 Ok(epoch)
             }
             Err((phase, failure)) => {
@@ -486,7 +588,10 @@ impl Coordinator {
                 }
                 epoch.fail(reason, now_ms())?;
                 let _g = self.state.lock().await;
-                let mut job = self.registry.job(id)?.ok_or(DriveError::UnknownJob { job: id })?;
+                let mut job = self
+                    .registry
+                    .job(id)?
+                    .ok_or(DriveError::UnknownJob { job: id })?;
                 // A kill that happened before the failure leaves the job stopped.
                 let killed = epoch.kill && phase > Phase::Resume;
                 job.end_checkpoint(None, killed)?;
@@ -512,7 +617,13 @@ impl Coordinator {
     }
 
     /// Calls every node in parallel; all must succeed. Returns (node, reply) pairs.
-    async fn on_all<T, F, Fut>(&self, nodes: &[String], what: &str, deadline: std::time::Duration, f: F) -> Result<Vec<(String, T)>, NodeFailure>
+    async fn on_all<T, F, Fut>(
+        &self,
+        nodes: &[String],
+        what: &str,
+        deadline: std::time::Duration,
+        f: F,
+    ) -> Result<Vec<(String, T)>, NodeFailure>
     where
         F: Fn(ckpt_proto::v1::agent_client::AgentClient<tonic::transport::Channel>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
@@ -539,7 +650,13 @@ impl Coordinator {
         }
     }
 
-    async fn abort_all(&self, nodes: &[String], job: u64, epoch: u32, reason: &str) -> Vec<NodeFailure> {
+    async fn abort_all(
+        &self,
+        nodes: &[String],
+        job: u64,
+        epoch: u32,
+        reason: &str,
+    ) -> Vec<NodeFailure> {
         let d = self.cfg.deadlines.abort;
         let r = self
             .on_all_collect(nodes, "abort", d, |mut c| {
@@ -560,7 +677,13 @@ impl Coordinator {
         failed
     }
 
-    async fn on_all_collect<T, F, Fut>(&self, nodes: &[String], what: &str, deadline: std::time::Duration, f: F) -> Vec<(String, Result<T, NodeFailure>)>
+    async fn on_all_collect<T, F, Fut>(
+        &self,
+        nodes: &[String],
+        what: &str,
+        deadline: std::time::Duration,
+        f: F,
+    ) -> Vec<(String, Result<T, NodeFailure>)>
     where
         F: Fn(ckpt_proto::v1::agent_client::AgentClient<tonic::transport::Channel>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
@@ -580,17 +703,27 @@ impl Coordinator {
 
     /// Validates a restart request; returns the job, the epoch to restore and the state to go
     /// back to if the restart fails.
-    pub async fn begin_restart(&self, caller: &Caller, id: u64, epoch: u32) -> Result<(Job, Epoch, JobState), DriveError> {
+    pub async fn begin_restart(
+        &self,
+        caller: &Caller,
+        id: u64,
+        epoch: u32,
+    ) -> Result<(Job, Epoch, JobState), DriveError> {
         self.job_for(caller, id)?;
         let job = self.refresh(id).await?;
-        let number = if epoch == 0 { job.latest_committed } else { epoch };
+        let number = if epoch == 0 {
+            job.latest_committed
+        } else {
+            epoch
+        };
         if number == 0 {
             return Err(DriveError::NoCommittedEpoch { job: id });
         }
-        let e = self
-            .registry
-            .epoch(id, number)?
-            .ok_or_else(|| DriveError::Invalid(format!("job {id} has no epoch {number} (see `ckptctl epochs {id}`)")))?;
+        let e = self.registry.epoch(id, number)?.ok_or_else(|| {
+            DriveError::Invalid(format!(
+                "job {id} has no epoch {number} (see `ckptctl epochs {id}`)"
+            ))
+        })?;
         if !e.is_restorable() {
             return Err(DriveError::EpochNotRestorable {
                 job: id,
@@ -610,7 +743,13 @@ impl Coordinator {
 
     /// Restores every node of an epoch begun by [`Coordinator::begin_restart`].
     #[instrument(skip_all, fields(job = job.id, epoch = epoch.number))]
-    pub async fn drive_restart(&self, job: Job, epoch: Epoch, previous: JobState, progress: mpsc::UnboundedSender<Step>) -> Result<Job, DriveError> {
+    pub async fn drive_restart(
+        &self,
+        job: Job,
+        epoch: Epoch,
+        previous: JobState,
+        progress: mpsc::UnboundedSender<Step>,
+    ) -> Result<Job, DriveError> {
         let (id, number) = (job.id, epoch.number);
         let _ = progress.send(Step {
             job: id,
@@ -641,7 +780,9 @@ impl Coordinator {
         }
         match failure {
             None => {
-                let job = self.update_job(id, |j| j.end_restart(Ok(incarnation))).await?;
+                let job = self
+                    .update_job(id, |j| j.end_restart(Ok(incarnation)))
+                    .await?;
                 let _ = progress.send(Step {
                     job: id,
                     epoch: number,
@@ -651,7 +792,8 @@ impl Coordinator {
                 Ok(job)
             }
             Some(f) => {
-                self.update_job(id, |j| j.end_restart(Err(previous))).await?;
+                self.update_job(id, |j| j.end_restart(Err(previous)))
+                    .await?;
                 Err(DriveError::RestartFailed {
                     job: id,
                     epoch: number,
@@ -664,23 +806,59 @@ impl Coordinator {
     /// Kills a running job (SIGTERM, then SIGKILL). Its epochs stay restorable.
     pub async fn cancel(&self, caller: &Caller, id: u64) -> Result<Job, DriveError> {
         let job = self.job_for(caller, id)?;
-        let job = if job.state == JobState::Running { self.refresh(id).await? } else { job };
+        let job = if job.state == JobState::Running {
+            self.refresh(id).await?
+        } else {
+            job
+        };
         if job.state != JobState::Running {
             let mut j = job.clone();
             j.cancel()?;
         }
         let mut c = self.agents.client(&job.node)?;
-        let _ = call(&job.node, "cancel", self.cfg.deadlines.resume, c.signal(pb::SignalRequest { job_id: id, signal: libc::SIGTERM })).await;
+        let _ = call(
+            &job.node,
+            "cancel",
+            self.cfg.deadlines.resume,
+            c.signal(pb::SignalRequest {
+                job_id: id,
+                signal: libc::SIGTERM,
+            }),
+        )
+        .await;
         // Give the job a grace period to exit on SIGTERM, then kill what is left.
         for _ in 0..CANCEL_GRACE_STEPS {
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            match call(&job.node, "inspect", self.cfg.deadlines.sync, c.inspect(pb::InspectRequest { job_id: id })).await {
+            match call(
+                &job.node,
+                "inspect",
+                self.cfg.deadlines.sync,
+                c.inspect(pb::InspectRequest { job_id: id }),
+            )
+            .await
+            {
                 Ok(i) if i.processes.is_empty() => break,
                 _ => {}
             }
         }
-        let _ = call(&job.node, "cancel", self.cfg.deadlines.resume, c.signal(pb::SignalRequest { job_id: id, signal: libc::SIGKILL })).await;
-        self.update_job(id, |j| if j.state == JobState::Running { j.cancel() } else { Ok(()) }).await
+        let _ = call(
+            &job.node,
+            "cancel",
+            self.cfg.deadlines.resume,
+            c.signal(pb::SignalRequest {
+                job_id: id,
+                signal: libc::SIGKILL,
+            }),
+        )
+        .await;
+        self.update_job(id, |j| {
+            if j.state == JobState::Running {
+                j.cancel()
+            } else {
+                Ok(())
+            }
+        })
+        .await
     }
 
     /// The job's processes per node, as the agents see them now.
@@ -688,7 +866,15 @@ impl Coordinator {
         let mut out = Vec::new();
         for n in [job.node.clone()] {
             let info = match self.agents.client(&n) {
-                Ok(mut c) => call(&n, "inspect", self.cfg.deadlines.sync, c.inspect(pb::InspectRequest { job_id: job.id })).await,
+                Ok(mut c) => {
+                    call(
+                        &n,
+                        "inspect",
+                        self.cfg.deadlines.sync,
+                        c.inspect(pb::InspectRequest { job_id: job.id }),
+                    )
+                    .await
+                }
                 Err(e) => Err(e),
             };
             out.push(info.unwrap_or_else(|e| pb::NodeJobInfo {
@@ -703,7 +889,9 @@ impl Coordinator {
     /// The kind of a failure, for mapping to status codes.
     pub fn failure_kind(e: &DriveError) -> Option<FailureKind> {
         match e {
-            DriveError::EpochFailed { failure, .. } | DriveError::RestartFailed { failure, .. } | DriveError::Node(failure) => Some(failure.kind),
+            DriveError::EpochFailed { failure, .. }
+            | DriveError::RestartFailed { failure, .. }
+            | DriveError::Node(failure) => Some(failure.kind),
             _ => None,
         }
     }
@@ -718,9 +906,11 @@ fn supplementary_groups(pid: i32) -> Vec<u32> {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Groups:"))
-                .map(|g| g.split_whitespace().filter_map(|x| x.parse().ok()).collect())
+            s.lines().find_map(|l| l.strip_prefix("Groups:")).map(|g| {
+                g.split_whitespace()
+                    .filter_map(|x| x.parse().ok())
+                    .collect()
+            })
         })
         .unwrap_or_default()
 }

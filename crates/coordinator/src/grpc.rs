@@ -19,9 +19,9 @@ pub fn to_status(e: &DriveError) -> Status {
     let code = match e {
         DriveError::UnknownJob { .. } => Code::NotFound,
         DriveError::NotOwner { .. } => Code::PermissionDenied,
-        DriveError::State(_) | DriveError::NoCommittedEpoch { .. } | DriveError::EpochNotRestorable { .. } => {
-            Code::FailedPrecondition
-        }
+        DriveError::State(_)
+        | DriveError::NoCommittedEpoch { .. }
+        | DriveError::EpochNotRestorable { .. } => Code::FailedPrecondition,
         DriveError::Invalid(_) => Code::InvalidArgument,
         DriveError::NoAgents => Code::Unavailable,
         DriveError::EpochFailed { failure, .. } => match failure.kind {
@@ -29,7 +29,8 @@ pub fn to_status(e: &DriveError) -> Status {
             FailureKind::NoRoom => Code::ResourceExhausted,
             _ => Code::Aborted,
         },
-        DriveError::RestartFailed { failure, .. } | DriveError::Node(failure) => match failure.kind {
+        DriveError::RestartFailed { failure, .. } | DriveError::Node(failure) => match failure.kind
+        {
             FailureKind::Unreachable => Code::Unavailable,
             FailureKind::Deadline => Code::DeadlineExceeded,
             FailureKind::Refused => Code::FailedPrecondition,
@@ -48,7 +49,9 @@ fn caller<T>(req: &Request<T>) -> Result<Caller, Status> {
         .extensions()
         .get::<UdsConnectInfo>()
         .and_then(|i| i.peer_cred)
-        .ok_or_else(|| Status::unauthenticated("ckptd accepts control requests only on its Unix socket"))?;
+        .ok_or_else(|| {
+            Status::unauthenticated("ckptd accepts control requests only on its Unix socket")
+        })?;
     Ok(Caller {
         uid: cred.uid(),
         gid: cred.gid(),
@@ -136,7 +139,11 @@ fn step_msg(s: &Step, started: std::time::Instant) -> pb::Progress {
 /// operation runs in its own task: a client that disconnects does not stop it.
 fn progress_stream<F>(op: F) -> ProgressStream
 where
-    F: FnOnce(mpsc::UnboundedSender<Step>) -> Pin<Box<dyn std::future::Future<Output = pb::Progress> + Send>> + Send + 'static,
+    F: FnOnce(
+            mpsc::UnboundedSender<Step>,
+        ) -> Pin<Box<dyn std::future::Future<Output = pb::Progress> + Send>>
+        + Send
+        + 'static,
 {
     let (out_tx, out_rx) = mpsc::unbounded_channel::<Result<pb::Progress, Status>>();
     let (step_tx, mut step_rx) = mpsc::unbounded_channel::<Step>();
@@ -158,7 +165,12 @@ where
     Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(out_rx))
 }
 
-fn final_msg(job: u64, epoch: u32, phase: &str, r: Result<(String, Option<pb::EpochInfo>), DriveError>) -> pb::Progress {
+fn final_msg(
+    job: u64,
+    epoch: u32,
+    phase: &str,
+    r: Result<(String, Option<pb::EpochInfo>), DriveError>,
+) -> pb::Progress {
     let (ok, message, result, code) = match r {
         Ok((m, e)) => (true, m, e, 0),
         Err(e) => {
@@ -200,19 +212,28 @@ impl pb::control_server::Control for ControlHandler {
 
     type CheckpointStream = ProgressStream;
 
-    async fn checkpoint(&self, req: Request<pb::CheckpointRequest>) -> Result<Response<ProgressStream>, Status> {
+    async fn checkpoint(
+        &self,
+        req: Request<pb::CheckpointRequest>,
+    ) -> Result<Response<ProgressStream>, Status> {
         let who = caller(&req)?;
         let r = req.into_inner();
-        let (job, epoch) = self.coord.begin_checkpoint(&who, r.job_id, r.kill).await.map_err(|e| to_status(&e))?;
+        let (job, epoch) = self
+            .coord
+            .begin_checkpoint(&who, r.job_id, r.kill)
+            .await
+            .map_err(|e| to_status(&e))?;
         let coord = self.coord.clone();
         let number = epoch.number;
         let stream = progress_stream(move |tx| {
             Box::pin(async move {
                 let id = job.id;
-                let r = coord
-                    .drive_checkpoint(job, epoch, tx)
-                    .await
-                    .map(|e| (format!("job {id} epoch {} committed", e.number), Some(epoch_info(&e))));
+                let r = coord.drive_checkpoint(job, epoch, tx).await.map(|e| {
+                    (
+                        format!("job {id} epoch {} committed", e.number),
+                        Some(epoch_info(&e)),
+                    )
+                });
                 final_msg(id, number, "commit", r)
             })
         });
@@ -221,10 +242,17 @@ impl pb::control_server::Control for ControlHandler {
 
     type RestartStream = ProgressStream;
 
-    async fn restart(&self, req: Request<pb::RestartRequest>) -> Result<Response<ProgressStream>, Status> {
+    async fn restart(
+        &self,
+        req: Request<pb::RestartRequest>,
+    ) -> Result<Response<ProgressStream>, Status> {
         let who = caller(&req)?;
         let r = req.into_inner();
-        let (job, epoch, previous) = self.coord.begin_restart(&who, r.job_id, r.epoch).await.map_err(|e| to_status(&e))?;
+        let (job, epoch, previous) = self
+            .coord
+            .begin_restart(&who, r.job_id, r.epoch)
+            .await
+            .map_err(|e| to_status(&e))?;
         let coord = self.coord.clone();
         let stream = progress_stream(move |tx| {
             Box::pin(async move {
@@ -234,14 +262,22 @@ impl pb::control_server::Control for ControlHandler {
                 let r = coord
                     .drive_restart(job, epoch, previous, tx)
                     .await
-                    .map(|_| (format!("job {id} restarted from epoch {number}"), Some(info)));
+                    .map(|_| {
+                        (
+                            format!("job {id} restarted from epoch {number}"),
+                            Some(info),
+                        )
+                    });
                 final_msg(id, number, "restore", r)
             })
         });
         Ok(Response::new(stream))
     }
 
-    async fn status(&self, req: Request<pb::StatusRequest>) -> Result<Response<pb::StatusReply>, Status> {
+    async fn status(
+        &self,
+        req: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusReply>, Status> {
         let who = caller(&req)?;
         let id = req.into_inner().job_id;
         self.coord.job_for(&who, id).map_err(|e| to_status(&e))?;
@@ -254,30 +290,48 @@ impl pb::control_server::Control for ControlHandler {
 
     async fn list(&self, req: Request<pb::ListRequest>) -> Result<Response<pb::ListReply>, Status> {
         let who = caller(&req)?;
-        let all = req.into_inner().all_users;
-        let jobs = self.coord.registry.jobs().map_err(|e| to_status(&e.into()))?;
+        // Users see their own jobs; root sees every job.
+        let jobs = self
+            .coord
+            .registry
+            .jobs()
+            .map_err(|e| to_status(&e.into()))?;
         let jobs = jobs
             .iter()
-            .filter(|j| (all && who.uid == 0) || j.owner_uid == who.uid || (who.uid == 0 && !all))
+            .filter(|j| who.uid == 0 || j.owner_uid == who.uid)
             .map(|j| job_info(j, vec![]))
             .collect();
         Ok(Response::new(pb::ListReply { jobs }))
     }
 
-    async fn epochs(&self, req: Request<pb::EpochsRequest>) -> Result<Response<pb::EpochsReply>, Status> {
+    async fn epochs(
+        &self,
+        req: Request<pb::EpochsRequest>,
+    ) -> Result<Response<pb::EpochsReply>, Status> {
         let who = caller(&req)?;
         let id = req.into_inner().job_id;
         self.coord.job_for(&who, id).map_err(|e| to_status(&e))?;
-        let epochs = self.coord.registry.epochs(id).map_err(|e| to_status(&e.into()))?;
+        let epochs = self
+            .coord
+            .registry
+            .epochs(id)
+            .map_err(|e| to_status(&e.into()))?;
         Ok(Response::new(pb::EpochsReply {
             epochs: epochs.iter().map(epoch_info).collect(),
         }))
     }
 
-    async fn cancel(&self, req: Request<pb::CancelRequest>) -> Result<Response<pb::CancelReply>, Status> {
+    async fn cancel(
+        &self,
+        req: Request<pb::CancelRequest>,
+    ) -> Result<Response<pb::CancelReply>, Status> {
         let who = caller(&req)?;
         let id = req.into_inner().job_id;
-        let job = self.coord.cancel(&who, id).await.map_err(|e| to_status(&e))?;
+        let job = self
+            .coord
+            .cancel(&who, id)
+            .await
+            .map_err(|e| to_status(&e))?;
         Ok(Response::new(pb::CancelReply {
             job: Some(job_info(&job, vec![])),
         }))
@@ -303,7 +357,10 @@ impl RegistryHandler {
 
 #[tonic::async_trait]
 impl pb::registry_server::Registry for RegistryHandler {
-    async fn register(&self, req: Request<pb::RegisterRequest>) -> Result<Response<pb::RegisterReply>, Status> {
+    async fn register(
+        &self,
+        req: Request<pb::RegisterRequest>,
+    ) -> Result<Response<pb::RegisterReply>, Status> {
         let r = req.into_inner();
         if r.node.is_empty() {
             return Err(Status::invalid_argument("node name is empty"));
@@ -317,12 +374,18 @@ impl pb::registry_server::Registry for RegistryHandler {
         }))
     }
 
-    async fn heartbeat(&self, req: Request<pb::HeartbeatRequest>) -> Result<Response<pb::HeartbeatReply>, Status> {
+    async fn heartbeat(
+        &self,
+        req: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::HeartbeatReply>, Status> {
         let r = req.into_inner();
         if self.coord.heartbeat(&r.node, r.jobs).await {
             Ok(Response::new(pb::HeartbeatReply {}))
         } else {
-            Err(Status::not_found(format!("node {} is not registered; register first", r.node)))
+            Err(Status::not_found(format!(
+                "node {} is not registered; register first",
+                r.node
+            )))
         }
     }
 }

@@ -135,7 +135,11 @@ impl Epoch {
     }
 
     /// Commits; only from the commit phase, with a manifest for every node.
-    pub fn commit(&mut self, manifests: BTreeMap<String, String>, now_ms: u64) -> Result<(), TransitionError> {
+    pub fn commit(
+        &mut self,
+        manifests: BTreeMap<String, String>,
+        now_ms: u64,
+    ) -> Result<(), TransitionError> {
         if self.state != EpochState::InProgress(Phase::Commit) {
             return Err(self.refuse("commit"));
         }
@@ -222,7 +226,9 @@ impl JobState {
             JobState::Checkpointing => "checkpointing".into(),
             JobState::Restarting => "restarting".into(),
             JobState::Exited { code: Some(c), .. } => format!("exited ({c})"),
-            JobState::Exited { signal: Some(s), .. } => format!("killed (signal {s})"),
+            JobState::Exited {
+                signal: Some(s), ..
+            } => format!("killed (signal {s})"),
             JobState::Exited { .. } => "exited".into(),
             JobState::Stopped => "stopped".into(),
             JobState::Cancelled => "cancelled".into(),
@@ -232,7 +238,10 @@ impl JobState {
 
     /// Whether processes are (supposed to be) alive.
     pub fn is_active(&self) -> bool {
-        matches!(self, JobState::Running | JobState::Checkpointing | JobState::Restarting)
+        matches!(
+            self,
+            JobState::Running | JobState::Checkpointing | JobState::Restarting
+        )
     }
 }
 
@@ -287,14 +296,22 @@ impl Job {
     }
 
     /// Ends a checkpoint epoch; `committed` if it was committed, `killed` if the job was stopped.
-    pub fn end_checkpoint(&mut self, committed: Option<u32>, killed: bool) -> Result<(), TransitionError> {
+    pub fn end_checkpoint(
+        &mut self,
+        committed: Option<u32>,
+        killed: bool,
+    ) -> Result<(), TransitionError> {
         if self.state != JobState::Checkpointing {
             return Err(self.refuse("end a checkpoint"));
         }
         if let Some(e) = committed {
             self.latest_committed = self.latest_committed.max(e);
         }
-        self.state = if killed { JobState::Stopped } else { JobState::Running };
+        self.state = if killed {
+            JobState::Stopped
+        } else {
+            JobState::Running
+        };
         Ok(())
     }
 
@@ -325,7 +342,10 @@ impl Job {
     /// Records what the agent reports about the current incarnation; reports about another
     /// incarnation, or while a checkpoint or restart is in progress, are ignored.
     pub fn observe(&mut self, incarnation: u32, report: JobState) -> bool {
-        if incarnation != self.incarnation || self.state != JobState::Running || report == JobState::Running {
+        if incarnation != self.incarnation
+            || self.state != JobState::Running
+            || report == JobState::Running
+        {
             return false;
         }
         self.state = report;
@@ -372,7 +392,11 @@ mod tests {
                 let r = e.enter(to);
                 assert_eq!(r.is_ok(), j == i + 1, "{from:?} -> {to:?}");
                 if r.is_err() {
-                    assert_eq!(e.state, EpochState::InProgress(from), "refused transition changed state");
+                    assert_eq!(
+                        e.state,
+                        EpochState::InProgress(from),
+                        "refused transition changed state"
+                    );
                 }
             }
         }
@@ -454,13 +478,28 @@ mod tests {
     fn job_guards_refuse_every_illegal_transition() {
         for s in all_states() {
             let mut j = job(s.clone());
-            assert_eq!(j.begin_checkpoint().is_ok(), s == JobState::Running, "checkpoint from {s:?}");
+            assert_eq!(
+                j.begin_checkpoint().is_ok(),
+                s == JobState::Running,
+                "checkpoint from {s:?}"
+            );
             let mut j2 = job(s.clone());
-            assert_eq!(j2.begin_restart().is_ok(), !s.is_active(), "restart from {s:?}");
+            assert_eq!(
+                j2.begin_restart().is_ok(),
+                !s.is_active(),
+                "restart from {s:?}"
+            );
             let mut j3 = job(s.clone());
-            assert_eq!(j3.cancel().is_ok(), s == JobState::Running, "cancel from {s:?}");
+            assert_eq!(
+                j3.cancel().is_ok(),
+                s == JobState::Running,
+                "cancel from {s:?}"
+            );
             let mut j4 = job(s.clone());
-            assert_eq!(j4.end_checkpoint(None, false).is_ok(), s == JobState::Checkpointing);
+            assert_eq!(
+                j4.end_checkpoint(None, false).is_ok(),
+                s == JobState::Checkpointing
+            );
             let mut j5 = job(s.clone());
             assert_eq!(j5.end_restart(Ok(2)).is_ok(), s == JobState::Restarting);
             if s != JobState::Running {
@@ -498,6 +537,9 @@ mod tests {
         assert!(j.observe(1, exited.clone()));
         assert_eq!(j.state, exited);
         let mut j = job(JobState::Checkpointing);
-        assert!(!j.observe(1, JobState::Lost), "no change during a checkpoint");
+        assert!(
+            !j.observe(1, JobState::Lost),
+            "no change during a checkpoint"
+        );
     }
 }

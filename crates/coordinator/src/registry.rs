@@ -51,7 +51,10 @@ impl Registry {
             path: path.into(),
             message: e.to_string(),
         })?;
-        let r = Registry { db, path: path.into() };
+        let r = Registry {
+            db,
+            path: path.into(),
+        };
         // Create the tables so that reads of an empty database succeed.
         let tx = r.db.begin_write().map_err(|e| r.err(e))?;
         {
@@ -69,7 +72,11 @@ impl Registry {
         }
     }
 
-    fn decode<T: serde::de::DeserializeOwned>(&self, key: String, bytes: &[u8]) -> Result<T, RegistryError> {
+    fn decode<T: serde::de::DeserializeOwned>(
+        &self,
+        key: String,
+        bytes: &[u8],
+    ) -> Result<T, RegistryError> {
         serde_json::from_slice(bytes).map_err(|source| RegistryError::Decode {
             path: self.path.clone(),
             key,
@@ -91,7 +98,8 @@ impl Registry {
         let tx = self.db.begin_write().map_err(|e| self.err(e))?;
         {
             let mut t = tx.open_table(JOBS).map_err(|e| self.err(e))?;
-            t.insert(job.id, bytes.as_slice()).map_err(|e| self.err(e))?;
+            t.insert(job.id, bytes.as_slice())
+                .map_err(|e| self.err(e))?;
         }
         tx.commit().map_err(|e| self.err(e))
     }
@@ -150,7 +158,9 @@ impl Registry {
         let tx = self.db.begin_read().map_err(|e| self.err(e))?;
         let t = tx.open_table(EPOCHS).map_err(|e| self.err(e))?;
         match t.get((job, number)).map_err(|e| self.err(e))? {
-            Some(v) => Ok(Some(self.decode(format!("job {job} epoch {number}"), v.value())?)),
+            Some(v) => Ok(Some(
+                self.decode(format!("job {job} epoch {number}"), v.value())?,
+            )),
             None => Ok(None),
         }
     }
@@ -160,7 +170,10 @@ impl Registry {
         let tx = self.db.begin_read().map_err(|e| self.err(e))?;
         let t = tx.open_table(EPOCHS).map_err(|e| self.err(e))?;
         let mut out = Vec::new();
-        for item in t.range((job, 0)..=(job, u32::MAX)).map_err(|e| self.err(e))? {
+        for item in t
+            .range((job, 0)..=(job, u32::MAX))
+            .map_err(|e| self.err(e))?
+        {
             let (k, v) = item.map_err(|e| self.err(e))?;
             let (j, n) = k.value();
             out.push(self.decode(format!("job {j} epoch {n}"), v.value())?);

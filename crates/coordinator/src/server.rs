@@ -47,14 +47,20 @@ pub async fn run(
     });
     let reg = tonic::transport::Server::builder()
         .add_service(RegistryServer::new(RegistryHandler::new(coord.clone())))
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(agents), async move {
-            let _ = rx1.wait_for(|v| *v).await;
-        });
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(agents),
+            async move {
+                let _ = rx1.wait_for(|v| *v).await;
+            },
+        );
     let ctl = tonic::transport::Server::builder()
         .add_service(ControlServer::new(ControlHandler::new(coord)))
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(control), async move {
-            let _ = rx2.wait_for(|v| *v).await;
-        });
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::UnixListenerStream::new(control),
+            async move {
+                let _ = rx2.wait_for(|v| *v).await;
+            },
+        );
     let (a, b) = tokio::join!(reg, ctl);
     a.and(b)
 }

@@ -67,7 +67,9 @@ impl CgroupParent {
     pub fn resolve(configured: &str, prefix: &str) -> Result<Self, CgroupError> {
         let prefix = prefix.to_string();
         let pick = |p: &Path| -> Option<Flavor> {
-            if p.join("freezer.state").exists() || p.starts_with(V1_FREEZER) && p.join("cgroup.procs").exists() {
+            if p.join("freezer.state").exists()
+                || p.starts_with(V1_FREEZER) && p.join("cgroup.procs").exists()
+            {
                 Some(Flavor::V1)
             } else if p.join("cgroup.controllers").exists() {
                 Some(Flavor::V2)
@@ -78,7 +80,11 @@ impl CgroupParent {
         if configured != "auto" {
             let p = PathBuf::from(configured);
             let flavor = pick(&p).ok_or(CgroupError::NoFreezer)?;
-            return Ok(CgroupParent { path: p, flavor, prefix });
+            return Ok(CgroupParent {
+                path: p,
+                flavor,
+                prefix,
+            });
         }
         let v1 = Path::new(V1_FREEZER);
         if v1.join("cgroup.procs").exists() {
@@ -169,7 +175,10 @@ impl JobCgroup {
         match self.flavor {
             Flavor::V1 => {
                 let f = self.state_file();
-                Ok(fs::read_to_string(&f).map_err(self.io("read", f))?.trim().to_string())
+                Ok(fs::read_to_string(&f)
+                    .map_err(self.io("read", f))?
+                    .trim()
+                    .to_string())
             }
             Flavor::V2 => {
                 let ev = self.path.join("cgroup.events");

@@ -153,7 +153,10 @@ impl AgentConfig {
         if self.node_name.is_empty() || self.node_name.contains('/') {
             return Err(ConfigError::Invalid {
                 key: "node_name",
-                problem: format!("must be a non-empty name without '/', got {:?}", self.node_name),
+                problem: format!(
+                    "must be a non-empty name without '/', got {:?}",
+                    self.node_name
+                ),
             });
         }
         if !self.state_dir.is_absolute() {
@@ -177,13 +180,19 @@ impl AgentConfig {
         if self.cgroup.prefix.is_empty() || self.cgroup.prefix.contains('/') {
             return Err(ConfigError::Invalid {
                 key: "cgroup.prefix",
-                problem: format!("must be a non-empty name without '/', got {:?}", self.cgroup.prefix),
+                problem: format!(
+                    "must be a non-empty name without '/', got {:?}",
+                    self.cgroup.prefix
+                ),
             });
         }
         if !["nftables", "iptables", "skip"].contains(&self.criu.network_lock.as_str()) {
             return Err(ConfigError::Invalid {
                 key: "criu.network_lock",
-                problem: format!("must be nftables, iptables or skip, got {:?}", self.criu.network_lock),
+                problem: format!(
+                    "must be nftables, iptables or skip, got {:?}",
+                    self.criu.network_lock
+                ),
             });
         }
         Ok(())
@@ -217,14 +226,16 @@ mod tests {
 
     #[test]
     fn unknown_key_is_named() {
-        let err = AgentConfig::from_toml(Path::new("a.toml"), "[criu]\npaht = \"x\"\n").unwrap_err();
+        let err =
+            AgentConfig::from_toml(Path::new("a.toml"), "[criu]\npaht = \"x\"\n").unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("a.toml") && msg.contains("paht"), "{msg}");
     }
 
     #[test]
     fn bad_value_is_named() {
-        let err = AgentConfig::from_toml(Path::new("a.toml"), "local_dir = \"relative\"\n").unwrap_err();
+        let err =
+            AgentConfig::from_toml(Path::new("a.toml"), "local_dir = \"relative\"\n").unwrap_err();
         assert!(err.to_string().contains("local_dir"), "{err}");
     }
 }

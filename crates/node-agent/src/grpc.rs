@@ -29,16 +29,19 @@ pub fn to_status(e: AgentError) -> Status {
     let msg = e.to_string();
     match e {
         AgentError::UnknownJob { .. } => Status::not_found(msg),
-        AgentError::WrongPhase { .. } | AgentError::NotRunning { .. } | AgentError::StillRunning { .. } => {
+        AgentError::WrongPhase { .. }
+        | AgentError::NotRunning { .. }
+        | AgentError::StillRunning { .. } => Status::failed_precondition(msg),
+        AgentError::PidsTaken { .. } | AgentError::VerbsWithoutChannel { .. } => {
             Status::failed_precondition(msg)
         }
-        AgentError::PidsTaken { .. } | AgentError::VerbsWithoutChannel { .. } => Status::failed_precondition(msg),
         AgentError::NoRoom { .. } => Status::resource_exhausted(msg),
         AgentError::Store { .. } | AgentError::ManifestMismatch { .. } => Status::data_loss(msg),
         AgentError::Timeout { .. } => Status::deadline_exceeded(msg),
-        AgentError::Engine { .. } | AgentError::Cgroup { .. } | AgentError::Start { .. } | AgentError::Io { .. } => {
-            Status::internal(msg)
-        }
+        AgentError::Engine { .. }
+        | AgentError::Cgroup { .. }
+        | AgentError::Start { .. }
+        | AgentError::Io { .. } => Status::internal(msg),
     }
 }
 
@@ -48,7 +51,10 @@ fn us(d: std::time::Duration) -> u64 {
 
 #[tonic::async_trait]
 impl Agent for AgentHandler {
-    async fn launch(&self, req: Request<pb::LaunchRequest>) -> Result<Response<pb::LaunchReply>, Status> {
+    async fn launch(
+        &self,
+        req: Request<pb::LaunchRequest>,
+    ) -> Result<Response<pb::LaunchReply>, Status> {
         let r = req.into_inner();
         let spec = LaunchSpec {
             job: r.job_id,
@@ -67,9 +73,16 @@ impl Agent for AgentHandler {
         }))
     }
 
-    async fn prepare(&self, req: Request<pb::PhaseRequest>) -> Result<Response<pb::PrepareReply>, Status> {
+    async fn prepare(
+        &self,
+        req: Request<pb::PhaseRequest>,
+    ) -> Result<Response<pb::PrepareReply>, Status> {
         let r = req.into_inner();
-        let p = self.jobs.prepare(r.job_id, r.epoch).await.map_err(to_status)?;
+        let p = self
+            .jobs
+            .prepare(r.job_id, r.epoch)
+            .await
+            .map_err(to_status)?;
         Ok(Response::new(pb::PrepareReply {
             processes: p.processes,
             estimated_bytes: p.estimated_bytes,
@@ -77,13 +90,26 @@ impl Agent for AgentHandler {
         }))
     }
 
-    async fn quiesce(&self, req: Request<pb::PhaseRequest>) -> Result<Response<pb::PhaseReply>, Status> {
+    async fn quiesce(
+        &self,
+        req: Request<pb::PhaseRequest>,
+    ) -> Result<Response<pb::PhaseReply>, Status> {
         let r = req.into_inner();
-        let d = self.jobs.quiesce(r.job_id, r.epoch).await.map_err(to_status)?;
-        Ok(Response::new(pb::PhaseReply { elapsed_us: us(d) }))
+        let d = self
+            .jobs
+            .quiesce(r.job_id, r.epoch)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::PhaseReply {
+            elapsed_us: us(d),
+            frozen_us: 0,
+        }))
     }
 
-    async fn dump(&self, req: Request<pb::PhaseRequest>) -> Result<Response<pb::DumpReply>, Status> {
+    async fn dump(
+        &self,
+        req: Request<pb::PhaseRequest>,
+    ) -> Result<Response<pb::DumpReply>, Status> {
         let r = req.into_inner();
         let (d, frozen) = self.jobs.dump(r.job_id, r.epoch).await.map_err(to_status)?;
         Ok(Response::new(pb::DumpReply {
@@ -92,15 +118,32 @@ impl Agent for AgentHandler {
         }))
     }
 
-    async fn resume(&self, req: Request<pb::ResumeRequest>) -> Result<Response<pb::PhaseReply>, Status> {
+    async fn resume(
+        &self,
+        req: Request<pb::ResumeRequest>,
+    ) -> Result<Response<pb::PhaseReply>, Status> {
         let r = req.into_inner();
-        let d = self.jobs.resume(r.job_id, r.epoch, r.kill).await.map_err(to_status)?;
-        Ok(Response::new(pb::PhaseReply { elapsed_us: us(d) }))
+        let (d, frozen) = self
+            .jobs
+            .resume(r.job_id, r.epoch, r.kill)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::PhaseReply {
+            elapsed_us: us(d),
+            frozen_us: us(frozen),
+        }))
     }
 
-    async fn finalize(&self, req: Request<pb::PhaseRequest>) -> Result<Response<pb::FinalizeReply>, Status> {
+    async fn finalize(
+        &self,
+        req: Request<pb::PhaseRequest>,
+    ) -> Result<Response<pb::FinalizeReply>, Status> {
         let r = req.into_inner();
-        let f = self.jobs.finalize(r.job_id, r.epoch).await.map_err(to_status)?;
+        let f = self
+            .jobs
+            .finalize(r.job_id, r.epoch)
+            .await
+            .map_err(to_status)?;
         Ok(Response::new(pb::FinalizeReply {
             image_bytes: f.image_bytes,
             image_files: f.image_files,
@@ -108,13 +151,22 @@ impl Agent for AgentHandler {
         }))
     }
 
-    async fn abort(&self, req: Request<pb::AbortRequest>) -> Result<Response<pb::PhaseReply>, Status> {
+    async fn abort(
+        &self,
+        req: Request<pb::AbortRequest>,
+    ) -> Result<Response<pb::PhaseReply>, Status> {
         let r = req.into_inner();
-        self.jobs.abort(r.job_id, r.epoch, &r.reason).await.map_err(to_status)?;
-        Ok(Response::new(pb::PhaseReply { elapsed_us: 0 }))
+        self.jobs
+            .abort(r.job_id, r.epoch, &r.reason)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::PhaseReply::default()))
     }
 
-    async fn restore(&self, req: Request<pb::RestoreRequest>) -> Result<Response<pb::RestoreReply>, Status> {
+    async fn restore(
+        &self,
+        req: Request<pb::RestoreRequest>,
+    ) -> Result<Response<pb::RestoreReply>, Status> {
         let r = req.into_inner();
         let begin = std::time::Instant::now();
         let (pid, incarnation) = self
@@ -129,13 +181,22 @@ impl Agent for AgentHandler {
         }))
     }
 
-    async fn signal(&self, req: Request<pb::SignalRequest>) -> Result<Response<pb::PhaseReply>, Status> {
+    async fn signal(
+        &self,
+        req: Request<pb::SignalRequest>,
+    ) -> Result<Response<pb::PhaseReply>, Status> {
         let r = req.into_inner();
-        self.jobs.signal(r.job_id, r.signal).await.map_err(to_status)?;
-        Ok(Response::new(pb::PhaseReply { elapsed_us: 0 }))
+        self.jobs
+            .signal(r.job_id, r.signal)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::PhaseReply::default()))
     }
 
-    async fn inspect(&self, req: Request<pb::InspectRequest>) -> Result<Response<pb::NodeJobInfo>, Status> {
+    async fn inspect(
+        &self,
+        req: Request<pb::InspectRequest>,
+    ) -> Result<Response<pb::NodeJobInfo>, Status> {
         let r = req.into_inner();
         let (observed, procs) = self.jobs.processes(r.job_id).await.map_err(to_status)?;
         Ok(Response::new(pb::NodeJobInfo {

@@ -95,16 +95,21 @@ pub struct NodeJob {
 
 impl NodeJob {
     fn run_dir(&self) -> PathBuf {
-        self.dir.join("run").join(self.record.incarnation.to_string())
+        self.dir
+            .join("run")
+            .join(self.record.incarnation.to_string())
     }
 
     fn save(&self) -> Result<(), AgentError> {
         let path = self.dir.join("job.json");
-        ckpt_store::atomic::write_file(&path, &serde_json::to_vec_pretty(&self.record).expect("serializable"))
-            .map_err(|source| AgentError::Store {
-                job: self.record.id,
-                source,
-            })
+        ckpt_store::atomic::write_file(
+            &path,
+            &serde_json::to_vec_pretty(&self.record).expect("serializable"),
+        )
+        .map_err(|source| AgentError::Store {
+            job: self.record.id,
+            source,
+        })
     }
 
     /// Current state of the job's processes.
@@ -146,9 +151,16 @@ impl NodeJob {
         }
     }
 
-    fn expect_phase(&mut self, epoch: u32, phase: NodePhase, call: &'static str) -> Result<&mut EpochWork, AgentError> {
+    fn expect_phase(
+        &mut self,
+        epoch: u32,
+        phase: NodePhase,
+        call: &'static str,
+    ) -> Result<&mut EpochWork, AgentError> {
         match &self.work {
-            Some(w) if w.epoch == epoch && w.phase == phase => Ok(self.work.as_mut().expect("checked")),
+            Some(w) if w.epoch == epoch && w.phase == phase => {
+                Ok(self.work.as_mut().expect("checked"))
+            }
             _ => Err(self.wrong_phase(epoch, call)),
         }
     }
@@ -208,7 +220,10 @@ pub struct Jobs {
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 impl Jobs {
@@ -226,10 +241,15 @@ impl Jobs {
         fs::create_dir_all(&jobs_dir)?;
         let mut map = HashMap::new();
         for ent in fs::read_dir(&jobs_dir)?.flatten() {
-            let Some(record) = shim::read_json::<JobRecord>(&ent.path().join("job.json")) else { continue };
+            let Some(record) = shim::read_json::<JobRecord>(&ent.path().join("job.json")) else {
+                continue;
+            };
             let cgroup = cgroups.job(record.id);
             if cgroup.exists() && cgroup.state().map(|s| s != "THAWED").unwrap_or(false) {
-                warn!(job = record.id, "thawing a job left frozen by an interrupted checkpoint");
+                warn!(
+                    job = record.id,
+                    "thawing a job left frozen by an interrupted checkpoint"
+                );
                 if let Err(e) = cgroup.thaw() {
                     warn!(job = record.id, error = %e, "cannot thaw");
                 }
@@ -300,7 +320,12 @@ impl Jobs {
 
     /// All jobs (for heartbeats), skipping any whose lock is held by a running phase.
     pub fn snapshot(&self) -> Vec<Arc<Mutex<NodeJob>>> {
-        self.jobs.lock().expect("jobs lock").values().cloned().collect()
+        self.jobs
+            .lock()
+            .expect("jobs lock")
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// Directory of a job on this node.
@@ -308,17 +333,29 @@ impl Jobs {
         self.state_dir.join("jobs").join(job.to_string())
     }
 
-    async fn start_shim(&self, job: &mut NodeJob, mode: ShimMode, timeout: Duration) -> Result<i32, AgentError> {
+    async fn start_shim(
+        &self,
+        job: &mut NodeJob,
+        mode: ShimMode,
+        timeout: Duration,
+    ) -> Result<i32, AgentError> {
         let id = job.record.id;
         job.record.incarnation += 1;
         job.record.root_pid = None;
         let run_dir = job.run_dir();
         let io = |what, path: &Path| {
             let path = path.to_path_buf();
-            move |source| AgentError::Io { job: id, what, path, source }
+            move |source| AgentError::Io {
+                job: id,
+                what,
+                path,
+                source,
+            }
         };
         fs::create_dir_all(&run_dir).map_err(io("create", &run_dir))?;
-        job.cgroup.create().map_err(|source| AgentError::Cgroup { job: id, source })?;
+        job.cgroup
+            .create()
+            .map_err(|source| AgentError::Cgroup { job: id, source })?;
         let spec = ShimSpec {
             mode,
             cgroup_procs: job.cgroup.procs_file(),
@@ -327,13 +364,20 @@ impl Jobs {
             run_dir: run_dir.clone(),
         };
         let spec_path = run_dir.join(shim::SPEC);
-        ckpt_store::atomic::write_file(&spec_path, &serde_json::to_vec_pretty(&spec).expect("serializable"))
-            .map_err(|source| AgentError::Store { job: id, source })?;
+        ckpt_store::atomic::write_file(
+            &spec_path,
+            &serde_json::to_vec_pretty(&spec).expect("serializable"),
+        )
+        .map_err(|source| AgentError::Store { job: id, source })?;
         job.save()?;
         let log = fs::File::create(run_dir.join("shim.log")).map_err(io("create", &run_dir))?;
         let log2 = log.try_clone().map_err(io("create", &run_dir))?;
         let mut cmd = tokio::process::Command::new(&self.shim_exe);
-        cmd.arg("shim").arg(&spec_path).stdin(std::process::Stdio::null()).stdout(log).stderr(log2);
+        cmd.arg("shim")
+            .arg(&spec_path)
+            .stdin(std::process::Stdio::null())
+            .stdout(log)
+            .stderr(log2);
         // SAFETY: setsid is async-signal-safe; the shim leaves the agent's session so that
         // stopping the agent does not stop jobs.
         unsafe {
@@ -371,7 +415,10 @@ impl Jobs {
                 job.save()?;
                 Ok(root_pid)
             }
-            Started::Failed { error } => Err(AgentError::Start { job: id, message: error }),
+            Started::Failed { error } => Err(AgentError::Start {
+                job: id,
+                message: error,
+            }),
         }
     }
 
@@ -428,7 +475,10 @@ impl Jobs {
                 })
             }
         }
-        let pids = job.cgroup.pids().map_err(|source| AgentError::Cgroup { job: job_id, source })?;
+        let pids = job.cgroup.pids().map_err(|source| AgentError::Cgroup {
+            job: job_id,
+            source,
+        })?;
         let mut estimated = 0u64;
         for &pid in &pids {
             if let Some(device) = procfs::verbs_device(pid) {
@@ -442,7 +492,13 @@ impl Jobs {
             }
             estimated += procfs::rss_bytes(pid);
         }
-        let free = self.staging.free_bytes().map_err(|source| AgentError::Store { job: job_id, source })?;
+        let free = self
+            .staging
+            .free_bytes()
+            .map_err(|source| AgentError::Store {
+                job: job_id,
+                source,
+            })?;
         let need = (estimated as f64 * ROOM_FACTOR) as u64;
         if free < need {
             return Err(AgentError::NoRoom {
@@ -455,7 +511,10 @@ impl Jobs {
         let node_dir = self
             .staging
             .create_node_dir(job_id, epoch, &self.node)
-            .map_err(|source| AgentError::Store { job: job_id, source })?;
+            .map_err(|source| AgentError::Store {
+                job: job_id,
+                source,
+            })?;
         let root_pid = job.record.root_pid.unwrap_or(0);
         job.work = Some(EpochWork {
             epoch,
@@ -489,7 +548,10 @@ impl Jobs {
         .await
         .expect("freeze task");
         let (mut job, r) = job;
-        r.map_err(|source| AgentError::Cgroup { job: job_id, source })?;
+        r.map_err(|source| AgentError::Cgroup {
+            job: job_id,
+            source,
+        })?;
         let pids = job.cgroup.pids().unwrap_or_default();
         let w = job.work.as_mut().expect("checked");
         w.frozen_at = Some(begin);
@@ -520,22 +582,37 @@ impl Jobs {
         Ok((begin.elapsed(), frozen))
     }
 
-    /// Phase 4, post-checkpoint coordination: thaw the job (or kill it for `--kill`).
+    /// Phase 4, post-checkpoint coordination: thaw the job (or kill it for `--kill`). Returns
+    /// (elapsed, time frozen from the freeze to the end of the thaw).
     #[instrument(skip_all, fields(job, epoch, kill))]
-    pub async fn resume(&self, job_id: u64, epoch: u32, kill: bool) -> Result<Duration, AgentError> {
+    pub async fn resume(
+        &self,
+        job_id: u64,
+        epoch: u32,
+        kill: bool,
+    ) -> Result<(Duration, Duration), AgentError> {
         let j = self.get(job_id)?;
         let mut job = j.lock_owned().await;
         job.expect_phase(epoch, NodePhase::Dumped, "resume")?;
         let begin = Instant::now();
         let (mut job, r) = tokio::task::spawn_blocking(move || {
-            let r = if kill { job.cgroup.kill_all() } else { job.cgroup.thaw() };
+            let r = if kill {
+                job.cgroup.kill_all()
+            } else {
+                job.cgroup.thaw()
+            };
             (job, r)
         })
         .await
         .expect("resume task");
-        r.map_err(|source| AgentError::Cgroup { job: job_id, source })?;
-        job.work.as_mut().expect("checked").phase = NodePhase::Resumed;
-        Ok(begin.elapsed())
+        r.map_err(|source| AgentError::Cgroup {
+            job: job_id,
+            source,
+        })?;
+        let w = job.work.as_mut().expect("checked");
+        w.phase = NodePhase::Resumed;
+        let frozen = w.frozen_at.map(|t| t.elapsed()).unwrap_or_default();
+        Ok((begin.elapsed(), frozen))
     }
 
     /// Seals the epoch on this node: digest and fsync every image, write the node manifest.
@@ -547,34 +624,41 @@ impl Jobs {
         job.expect_phase(epoch, NodePhase::Resumed, "finalize")?;
         let w = job.work.take().expect("checked");
         let node = self.node.clone();
-        let engine = (self.engine.name().to_string(), self.engine.version().to_string());
-        let r = tokio::task::spawn_blocking(move || -> Result<Finalized, ckpt_store::StoreError> {
-            let files = ckpt_store::digest::seal_tree(&w.node_dir, &[manifest::FILE_NAME])?;
-            let m = NodeManifest {
-                job_id,
-                epoch,
-                node,
-                engine: engine.0,
-                engine_version: engine.1,
-                created_unix_ms: now_ms(),
-                root_pid: w.root_pid,
-                pids: w.pids,
-                files,
-                open_files: w.open_files,
-                preserved: w.preserved,
-                tcp_ports: w.tcp_ports,
-                notes: BTreeMap::new(),
-            };
-            let digest = manifest::write(&w.node_dir, &m)?;
-            Ok(Finalized {
-                image_bytes: m.image_bytes(),
-                image_files: m.files.len() as u32,
-                manifest_digest: digest,
+        let engine = (
+            self.engine.name().to_string(),
+            self.engine.version().to_string(),
+        );
+        let r =
+            tokio::task::spawn_blocking(move || -> Result<Finalized, ckpt_store::StoreError> {
+                let files = ckpt_store::digest::seal_tree(&w.node_dir, &[manifest::FILE_NAME])?;
+                let m = NodeManifest {
+                    job_id,
+                    epoch,
+                    node,
+                    engine: engine.0,
+                    engine_version: engine.1,
+                    created_unix_ms: now_ms(),
+                    root_pid: w.root_pid,
+                    pids: w.pids,
+                    files,
+                    open_files: w.open_files,
+                    preserved: w.preserved,
+                    tcp_ports: w.tcp_ports,
+                    notes: BTreeMap::new(),
+                };
+                let digest = manifest::write(&w.node_dir, &m)?;
+                Ok(Finalized {
+                    image_bytes: m.image_bytes(),
+                    image_files: m.files.len() as u32,
+                    manifest_digest: digest,
+                })
             })
+            .await
+            .expect("finalize task");
+        r.map_err(|source| AgentError::Store {
+            job: job_id,
+            source,
         })
-        .await
-        .expect("finalize task");
-        r.map_err(|source| AgentError::Store { job: job_id, source })
     }
 
     /// Abandons an epoch: thaw the job if it is frozen, delete the epoch's images on this node.
@@ -592,10 +676,16 @@ impl Jobs {
         let (_job, r) = tokio::task::spawn_blocking(move || {
             let mut r = Ok(());
             if job.cgroup.exists() && job.cgroup.state().map(|s| s != "THAWED").unwrap_or(false) {
-                r = job.cgroup.thaw().map_err(|source| AgentError::Cgroup { job: job_id, source });
+                r = job.cgroup.thaw().map_err(|source| AgentError::Cgroup {
+                    job: job_id,
+                    source,
+                });
             }
             if let Err(source) = staging.remove_node_dir(job_id, epoch, &node) {
-                r = r.and(Err(AgentError::Store { job: job_id, source }));
+                r = r.and(Err(AgentError::Store {
+                    job: job_id,
+                    source,
+                }));
             }
             (job, r)
         })
@@ -608,18 +698,29 @@ impl Jobs {
     /// image against the committed digest before anything else, then put the job's files back
     /// as they were, then have the shim run the engine's restore.
     #[instrument(skip_all, fields(job, epoch))]
-    pub async fn restore(&self, job_id: u64, epoch: u32, committed_digest: &str) -> Result<(i32, u32), AgentError> {
+    pub async fn restore(
+        &self,
+        job_id: u64,
+        epoch: u32,
+        committed_digest: &str,
+    ) -> Result<(i32, u32), AgentError> {
         let j = self.get_or_create(job_id)?;
         let mut job = j.lock().await;
         let live = job.cgroup.pids().unwrap_or_default();
         if !live.is_empty() {
-            return Err(AgentError::StillRunning { job: job_id, pids: live });
+            return Err(AgentError::StillRunning {
+                job: job_id,
+                pids: live,
+            });
         }
         let node_dir = self.staging.node_dir(job_id, epoch, &self.node);
         let nd = node_dir.clone();
         let committed = committed_digest.to_string();
         let m = tokio::task::spawn_blocking(move || -> Result<NodeManifest, AgentError> {
-            let store_err = |source| AgentError::Store { job: job_id, source };
+            let store_err = |source| AgentError::Store {
+                job: job_id,
+                source,
+            };
             let (m, digest) = manifest::read(&nd).map_err(store_err)?;
             if !committed.is_empty() && digest != committed {
                 return Err(AgentError::ManifestMismatch {
@@ -639,7 +740,10 @@ impl Jobs {
         clear_time_wait(&m.tcp_ports).await;
         let inc = job.record.incarnation + 1;
         let run_dir = job.dir.join("run").join(inc.to_string());
-        let log = job.dir.join("logs").join(format!("restore-{epoch}-{inc}.log"));
+        let log = job
+            .dir
+            .join("logs")
+            .join(format!("restore-{epoch}-{inc}.log"));
         let pid_file = run_dir.join("restored.pid");
         let argv = self.engine.restore_argv(&RestoreSpec {
             images_dir: &node_dir.join("images"),
@@ -647,14 +751,21 @@ impl Jobs {
             pid_file: &pid_file,
         });
         match self
-            .start_shim(&mut job, ShimMode::Restore { argv, pid_file }, RESTORE_TIMEOUT)
+            .start_shim(
+                &mut job,
+                ShimMode::Restore { argv, pid_file },
+                RESTORE_TIMEOUT,
+            )
             .await
         {
             Ok(pid) => {
                 // The engine recreates a missing cgroup with the freezer state it had at dump
                 // time (frozen); the job must run.
                 if job.cgroup.state().map(|s| s != "THAWED").unwrap_or(false) {
-                    job.cgroup.thaw().map_err(|source| AgentError::Cgroup { job: job_id, source })?;
+                    job.cgroup.thaw().map_err(|source| AgentError::Cgroup {
+                        job: job_id,
+                        source,
+                    })?;
                 }
                 info!(pid, "job restored");
                 Ok((pid, job.record.incarnation))
@@ -671,11 +782,19 @@ impl Jobs {
     pub async fn signal(&self, job_id: u64, sig: i32) -> Result<usize, AgentError> {
         let j = self.get(job_id)?;
         let job = j.lock().await;
-        job.cgroup.signal_all(sig).map_err(|source| AgentError::Cgroup { job: job_id, source })
+        job.cgroup
+            .signal_all(sig)
+            .map_err(|source| AgentError::Cgroup {
+                job: job_id,
+                source,
+            })
     }
 
     /// The job's processes on this node: (pid, comm, state).
-    pub async fn processes(&self, job_id: u64) -> Result<(Observed, Vec<procfs::ProcStat>), AgentError> {
+    pub async fn processes(
+        &self,
+        job_id: u64,
+    ) -> Result<(Observed, Vec<procfs::ProcStat>), AgentError> {
         let j = self.get(job_id)?;
         let job = j.lock().await;
         let procs = job
@@ -708,7 +827,12 @@ fn dump_frozen(job: &mut NodeJob, engine: &dyn SnapshotEngine) -> Result<(), Age
     let w = job.work.as_mut().expect("checked by caller");
     let io = |what, path: &Path| {
         let path = path.to_path_buf();
-        move |source| AgentError::Io { job: id, what, path, source }
+        move |source| AgentError::Io {
+            job: id,
+            what,
+            path,
+            source,
+        }
     };
     // Sizes of files open for writing: restore truncates them back.
     let mut open: BTreeMap<String, u64> = BTreeMap::new();
@@ -718,9 +842,14 @@ fn dump_frozen(job: &mut NodeJob, engine: &dyn SnapshotEngine) -> Result<(), Age
             open.insert(path.display().to_string(), size);
         }
         let mut used: Vec<String> = procfs::mapped_paths(pid);
-        used.extend(procfs::fd_paths(pid).into_iter().map(|p| p.display().to_string()));
+        used.extend(
+            procfs::fd_paths(pid)
+                .into_iter()
+                .map(|p| p.display().to_string()),
+        );
         for p in used {
-            if PRESERVE_PREFIXES.iter().any(|pre| p.starts_with(pre)) && !p.ends_with(" (deleted)") {
+            if PRESERVE_PREFIXES.iter().any(|pre| p.starts_with(pre)) && !p.ends_with(" (deleted)")
+            {
                 preserve.push(PathBuf::from(p));
             }
         }
@@ -747,8 +876,12 @@ fn dump_frozen(job: &mut NodeJob, engine: &dyn SnapshotEngine) -> Result<(), Age
     preserve.dedup();
     let extra = w.node_dir.join("extra");
     for (i, p) in preserve.iter().enumerate() {
-        let Ok(meta) = fs::symlink_metadata(p) else { continue };
-        let Some((uid, gid, mode)) = procfs::owner_mode(p) else { continue };
+        let Ok(meta) = fs::symlink_metadata(p) else {
+            continue;
+        };
+        let Some((uid, gid, mode)) = procfs::owner_mode(p) else {
+            continue;
+        };
         let fifo = meta.file_type().is_fifo();
         if !fifo && !meta.is_file() {
             continue;
@@ -770,7 +903,10 @@ fn dump_frozen(job: &mut NodeJob, engine: &dyn SnapshotEngine) -> Result<(), Age
             fifo,
         });
     }
-    w.open_files = open.into_iter().map(|(path, size)| OpenFile { path, size }).collect();
+    w.open_files = open
+        .into_iter()
+        .map(|(path, size)| OpenFile { path, size })
+        .collect();
     w.tcp_ports = procfs::tcp_local_ports(&w.pids);
     let images = w.node_dir.join("images");
     fs::create_dir_all(&images).map_err(io("create", &images))?;
@@ -800,7 +936,11 @@ fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) {
 async fn wait_pids_free(job: u64, pids: &[i32]) -> Result<(), AgentError> {
     let begin = Instant::now();
     loop {
-        let taken: Vec<i32> = pids.iter().copied().filter(|&p| procfs::pid_taken(p)).collect();
+        let taken: Vec<i32> = pids
+            .iter()
+            .copied()
+            .filter(|&p| procfs::pid_taken(p))
+            .collect();
         if taken.is_empty() {
             return Ok(());
         }
@@ -818,7 +958,11 @@ async fn clear_time_wait(ports: &[u16]) {
     if ports.is_empty() {
         return;
     }
-    let filter = ports.iter().map(|p| format!("sport = :{p}")).collect::<Vec<_>>().join(" or ");
+    let filter = ports
+        .iter()
+        .map(|p| format!("sport = :{p}"))
+        .collect::<Vec<_>>()
+        .join(" or ");
     let r = tokio::process::Command::new("ss")
         .args(["-K", "-t", "-a", "-n", "state", "time-wait"])
         .arg(format!("( {filter} )"))
@@ -828,7 +972,9 @@ async fn clear_time_wait(ports: &[u16]) {
         .await;
     match r {
         Ok(o) if o.status.success() => {}
-        Ok(o) => warn!(stderr = %String::from_utf8_lossy(&o.stderr), "cannot clear TIME_WAIT sockets"),
+        Ok(o) => {
+            warn!(stderr = %String::from_utf8_lossy(&o.stderr), "cannot clear TIME_WAIT sockets")
+        }
         Err(e) => warn!(error = %e, "cannot run ss (iproute2) to clear TIME_WAIT sockets"),
     }
 }
@@ -836,7 +982,12 @@ async fn clear_time_wait(ports: &[u16]) {
 fn put_back_files(job: u64, m: &NodeManifest, node_dir: &Path) -> Result<(), AgentError> {
     let io = |what, path: &Path| {
         let path = path.to_path_buf();
-        move |source| AgentError::Io { job, what, path, source }
+        move |source| AgentError::Io {
+            job,
+            what,
+            path,
+            source,
+        }
     };
     for f in &m.open_files {
         let p = Path::new(&f.path);
@@ -867,7 +1018,9 @@ fn put_back_files(job: u64, m: &NodeManifest, node_dir: &Path) -> Result<(), Age
                 if let Some(parent) = p.parent() {
                     fs::create_dir_all(parent).map_err(io("create", parent))?;
                 }
-                fs::File::create(p).and_then(|h| h.set_len(f.size)).map_err(io("create", p))?;
+                fs::File::create(p)
+                    .and_then(|h| h.set_len(f.size))
+                    .map_err(io("create", p))?;
             }
         }
     }

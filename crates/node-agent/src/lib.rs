@@ -62,11 +62,12 @@ pub fn open_jobs(cfg: &AgentConfig, shim_exe: PathBuf) -> Result<Arc<jobs::Jobs>
     let criu = engine::criu::Criu::detect(&cfg.criu)?;
     info!(criu = criu.path(), version = %engine::SnapshotEngine::version(&criu), "snapshot engine ready");
     let cgroups = cgroup::CgroupParent::resolve(&cfg.cgroup.parent, &cfg.cgroup.prefix)?;
-    let staging = ckpt_store::layout::Staging::open(&cfg.local_dir).map_err(|e| StartError::Dir {
-        what: "local_dir",
-        path: cfg.local_dir.clone(),
-        source: std::io::Error::other(e.to_string()),
-    })?;
+    let staging =
+        ckpt_store::layout::Staging::open(&cfg.local_dir).map_err(|e| StartError::Dir {
+            what: "local_dir",
+            path: cfg.local_dir.clone(),
+            source: std::io::Error::other(e.to_string()),
+        })?;
     let jobs = jobs::Jobs::open(
         cfg.node_name.clone(),
         cfg.state_dir.clone(),
@@ -108,7 +109,11 @@ pub async fn run(
     let hb = if cfg.coordinator.is_empty() {
         None
     } else {
-        Some(tokio::spawn(heartbeat::run(cfg.clone(), advertise, jobs.clone())))
+        Some(tokio::spawn(heartbeat::run(
+            cfg.clone(),
+            advertise,
+            jobs.clone(),
+        )))
     };
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     let r = tonic::transport::Server::builder()

@@ -13,7 +13,12 @@ use node_agent::AgentConfig;
 #[command(version, about, long_about)]
 struct Cli {
     /// Config file (TOML). Keys are documented in packaging/config/agent.toml.
-    #[arg(short, long, default_value = "/etc/ckpt/agent.toml", env = "CKPT_AGENT_CONFIG")]
+    #[arg(
+        short,
+        long,
+        default_value = "/etc/ckpt/agent.toml",
+        env = "CKPT_AGENT_CONFIG"
+    )]
     config: PathBuf,
     /// Override `node_name`.
     #[arg(long)]
@@ -24,6 +29,9 @@ struct Cli {
     /// Override `listen`.
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
+    /// Only check the config file (and overrides) and exit: 0 if valid, 2 if not.
+    #[arg(long)]
+    check_config: bool,
     #[command(subcommand)]
     cmd: Option<Cmd>,
 }
@@ -45,20 +53,22 @@ fn main() -> ExitCode {
     }
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CKPT_LOG").unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_env("CKPT_LOG")
+                .unwrap_or_else(|_| "info".into()),
         )
         .init();
-    let mut cfg = if cli.config.exists() || cli.config != PathBuf::from("/etc/ckpt/agent.toml") {
-        match AgentConfig::load(&cli.config) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("ckpt-agent: {e}");
-                return ExitCode::from(2);
+    let mut cfg =
+        if cli.config.exists() || cli.config != std::path::Path::new("/etc/ckpt/agent.toml") {
+            match AgentConfig::load(&cli.config) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("ckpt-agent: {e}");
+                    return ExitCode::from(2);
+                }
             }
-        }
-    } else {
-        AgentConfig::default()
-    };
+        } else {
+            AgentConfig::default()
+        };
     if let Some(n) = cli.node_name {
         cfg.node_name = n;
     }
@@ -71,6 +81,10 @@ fn main() -> ExitCode {
     if let Err(e) = cfg.validate() {
         eprintln!("ckpt-agent: {e}");
         return ExitCode::from(2);
+    }
+    if cli.check_config {
+        println!("ckpt-agent: config {} is valid", cli.config.display());
+        return ExitCode::SUCCESS;
     }
     let exe = std::env::current_exe().unwrap_or_else(|_| "ckpt-agent".into());
     let jobs = match node_agent::open_jobs(&cfg, exe) {
@@ -86,13 +100,13 @@ fn main() -> ExitCode {
     };
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     let r = rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(cfg.listen).await.map_err(|source| {
-            node_agent::StartError::Dir {
+        let listener = tokio::net::TcpListener::bind(cfg.listen)
+            .await
+            .map_err(|source| node_agent::StartError::Dir {
                 what: "listen",
                 path: cfg.listen.to_string().into(),
                 source,
-            }
-        })?;
+            })?;
         node_agent::run(cfg, jobs, listener, async {
             let _ = tokio::signal::ctrl_c().await;
         })

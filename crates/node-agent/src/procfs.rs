@@ -70,11 +70,15 @@ pub fn files_open_for_write(pid: i32) -> Vec<(PathBuf, u64)> {
     };
     for ent in rd.flatten() {
         let fd = ent.file_name().to_string_lossy().into_owned();
-        let Ok(target) = fs::read_link(ent.path()) else { continue };
+        let Ok(target) = fs::read_link(ent.path()) else {
+            continue;
+        };
         if !target.is_absolute() || target.to_string_lossy().ends_with(" (deleted)") {
             continue;
         }
-        let Ok(info) = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")) else { continue };
+        let Ok(info) = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")) else {
+            continue;
+        };
         let flags = info
             .lines()
             .find_map(|l| l.strip_prefix("flags:"))
@@ -111,7 +115,11 @@ pub fn mapped_paths(pid: i32) -> Vec<String> {
 /// Paths of the process's open file descriptors.
 pub fn fd_paths(pid: i32) -> Vec<PathBuf> {
     fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|rd| rd.flatten().filter_map(|e| fs::read_link(e.path()).ok()).collect())
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| fs::read_link(e.path()).ok())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -151,14 +159,22 @@ pub fn tcp_local_ports(pids: &[i32]) -> Vec<u16> {
             if !tables_seen.insert((ns, table)) {
                 continue;
             }
-            let Ok(text) = fs::read_to_string(&path) else { continue };
+            let Ok(text) = fs::read_to_string(&path) else {
+                continue;
+            };
             for line in text.lines().skip(1) {
                 let f: Vec<&str> = line.split_whitespace().collect();
-                let (Some(local), Some(inode)) = (f.get(1), f.get(9)) else { continue };
+                let (Some(local), Some(inode)) = (f.get(1), f.get(9)) else {
+                    continue;
+                };
                 if !inodes.contains(*inode) {
                     continue;
                 }
-                if let Some(port) = local.rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok()) {
+                if let Some(port) = local
+                    .rsplit(':')
+                    .next()
+                    .and_then(|p| u16::from_str_radix(p, 16).ok())
+                {
                     ports.push(port);
                 }
             }
@@ -171,7 +187,9 @@ pub fn tcp_local_ports(pids: &[i32]) -> Vec<u16> {
 
 /// Owner and mode of a file.
 pub fn owner_mode(path: &Path) -> Option<(u32, u32, u32)> {
-    fs::metadata(path).ok().map(|m| (m.uid(), m.gid(), m.mode() & 0o7777))
+    fs::metadata(path)
+        .ok()
+        .map(|m| (m.uid(), m.gid(), m.mode() & 0o7777))
 }
 
 #[cfg(test)]
@@ -191,11 +209,17 @@ mod tests {
         let mut f = fs::File::create(&p).unwrap();
         f.write_all(b"12345").unwrap();
         let open = files_open_for_write(me);
-        assert!(open.iter().any(|(q, size)| q == &p && *size == 5), "{open:?}");
+        assert!(
+            open.iter().any(|(q, size)| q == &p && *size == 5),
+            "{open:?}"
+        );
         assert!(verbs_device(me).is_none());
         assert!(!pid_taken(i32::MAX - 1));
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
-        assert!(tcp_local_ports(&[me]).contains(&port), "own listening port found");
+        assert!(
+            tcp_local_ports(&[me]).contains(&port),
+            "own listening port found"
+        );
     }
 }

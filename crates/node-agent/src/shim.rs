@@ -164,8 +164,10 @@ fn cloexec_inherited_fds() -> std::io::Result<()> {
 
 fn start(spec: &ShimSpec) -> Result<i32, String> {
     let procs = cgroup_join_path(spec)?;
-    let stdout = open_append(&spec.stdout).map_err(|e| format!("{}: {e}", spec.stdout.display()))?;
-    let stderr = open_append(&spec.stderr).map_err(|e| format!("{}: {e}", spec.stderr.display()))?;
+    let stdout =
+        open_append(&spec.stdout).map_err(|e| format!("{}: {e}", spec.stdout.display()))?;
+    let stderr =
+        open_append(&spec.stderr).map_err(|e| format!("{}: {e}", spec.stderr.display()))?;
     match &spec.mode {
         ShimMode::Launch {
             argv,
@@ -200,24 +202,29 @@ fn start(spec: &ShimSpec) -> Result<i32, String> {
                         return Err(std::io::Error::last_os_error());
                     }
                     join_cgroup(&procs)?;
-                    if libc::geteuid() == 0 && uid != 0 {
-                        if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                    if libc::geteuid() == 0
+                        && uid != 0
+                        && (libc::setgroups(groups.len(), groups.as_ptr()) != 0
                             || libc::setgid(gid) != 0
-                            || libc::setuid(uid) != 0
-                        {
-                            return Err(std::io::Error::last_os_error());
-                        }
+                            || libc::setuid(uid) != 0)
+                    {
+                        return Err(std::io::Error::last_os_error());
                     }
                     cloexec_inherited_fds()
                 });
             }
-            let child = cmd.spawn().map_err(|e| format!("cannot start {prog}: {e}"))?;
+            let child = cmd
+                .spawn()
+                .map_err(|e| format!("cannot start {prog}: {e}"))?;
             Ok(child.id() as i32)
         }
         ShimMode::Restore { argv, pid_file } => {
             let (prog, args) = argv.split_first().ok_or("empty restore command")?;
             let mut cmd = Command::new(prog);
-            cmd.args(args).stdin(Stdio::null()).stdout(stdout).stderr(stderr);
+            cmd.args(args)
+                .stdin(Stdio::null())
+                .stdout(stdout)
+                .stderr(stderr);
             // SAFETY: async-signal-safe calls only, on memory allocated before the fork.
             unsafe {
                 cmd.pre_exec(move || {
@@ -225,15 +232,23 @@ fn start(spec: &ShimSpec) -> Result<i32, String> {
                     cloexec_inherited_fds()
                 });
             }
-            let child = cmd.spawn().map_err(|e| format!("cannot start {prog}: {e}"))?;
+            let child = cmd
+                .spawn()
+                .map_err(|e| format!("cannot start {prog}: {e}"))?;
             let status = wait_pid(child.id() as i32);
-            if status != (Exit { code: Some(0), signal: None }) {
+            if status
+                != (Exit {
+                    code: Some(0),
+                    signal: None,
+                })
+            {
                 return Err(match status.signal {
                     Some(s) => format!("killed by signal {s}"),
                     None => format!("exit status {}", status.code.unwrap_or(-1)),
                 });
             }
-            let text = fs::read_to_string(pid_file).map_err(|e| format!("{}: {e}", pid_file.display()))?;
+            let text =
+                fs::read_to_string(pid_file).map_err(|e| format!("{}: {e}", pid_file.display()))?;
             text.trim()
                 .parse()
                 .map_err(|_| format!("{}: not a pid: {text:?}", pid_file.display()))
@@ -292,6 +307,12 @@ fn reap_until_empty(root: i32, exit_file: &Path) {
     }
     if !exit_file.exists() {
         // The root was never our descendant (it vanished before adoption).
-        write_json(exit_file, &Exit { code: None, signal: None });
+        write_json(
+            exit_file,
+            &Exit {
+                code: None,
+                signal: None,
+            },
+        );
     }
 }

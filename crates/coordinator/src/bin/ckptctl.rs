@@ -135,7 +135,10 @@ fn main() -> ExitCode {
     // `ckptctl list | head` ends quietly like other Unix tools instead of panicking.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     match rt.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
@@ -187,8 +190,14 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     })?;
     let json = cli.json;
     match cli.cmd {
-        Cmd::Run { name, node, command } => {
-            let cwd = std::env::current_dir().map(|p| p.display().to_string()).unwrap_or_else(|_| "/".into());
+        Cmd::Run {
+            name,
+            node,
+            command,
+        } => {
+            let cwd = std::env::current_dir()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|_| "/".into());
             let req = pb::RunRequest {
                 name: name.unwrap_or_default(),
                 argv: command,
@@ -202,11 +211,17 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             } else {
                 println!("{}", job.id);
                 let node = job.nodes.first().map(|n| n.node.as_str()).unwrap_or("?");
-                eprintln!("job {} ({}) started on node {node}; output in {}/stdout", job.id, job.name, job.job_dir);
+                eprintln!(
+                    "job {} ({}) started on node {node}; output in {}/stdout",
+                    job.id, job.name, job.job_dir
+                );
             }
         }
         Cmd::Checkpoint { job, wait, kill } => {
-            let stream = c.checkpoint(pb::CheckpointRequest { job_id: job, kill }).await?.into_inner();
+            let stream = c
+                .checkpoint(pb::CheckpointRequest { job_id: job, kill })
+                .await?
+                .into_inner();
             follow(stream, wait || kill, json, "checkpoint").await?;
         }
         Cmd::Restart { job, epoch } => {
@@ -220,16 +235,29 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             follow(stream, true, json, "restart").await?;
         }
         Cmd::Status { job } => {
-            let j = c.status(pb::StatusRequest { job_id: job }).await?.into_inner().job.unwrap_or_default();
+            let j = c
+                .status(pb::StatusRequest { job_id: job })
+                .await?
+                .into_inner()
+                .job
+                .unwrap_or_default();
             if json {
                 println!("{}", job_json(&j));
             } else {
                 println!("job {} ({}): {}", j.id, j.name, j.state);
                 println!("  owner uid {}, command: {}", j.owner_uid, j.argv.join(" "));
-                println!("  epochs: {} taken, latest committed {}", j.last_epoch, j.latest_committed_epoch);
+                println!(
+                    "  epochs: {} taken, latest committed {}",
+                    j.last_epoch, j.latest_committed_epoch
+                );
                 println!("  output: {}/stdout", j.job_dir);
                 for n in &j.nodes {
-                    println!("  node {}: {}, {} processes", n.node, n.state, n.processes.len());
+                    println!(
+                        "  node {}: {}, {} processes",
+                        n.node,
+                        n.state,
+                        n.processes.len()
+                    );
                     for p in &n.processes {
                         println!("    {:>8} {:<16} {}", p.pid, p.comm, p.state);
                     }
@@ -237,11 +265,18 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Cmd::List => {
-            let jobs = c.list(pb::ListRequest { all_users: true }).await?.into_inner().jobs;
+            let jobs = c
+                .list(pb::ListRequest { all_users: true })
+                .await?
+                .into_inner()
+                .jobs;
             if json {
                 println!("{}", Value::Array(jobs.iter().map(job_json).collect()));
             } else {
-                println!("{:>6}  {:<16} {:<18} {:>6} {:>6} {:>9}  COMMAND", "JOBID", "NAME", "STATE", "OWNER", "EPOCHS", "COMMITTED");
+                println!(
+                    "{:>6}  {:<16} {:<18} {:>6} {:>6} {:>9}  COMMAND",
+                    "JOBID", "NAME", "STATE", "OWNER", "EPOCHS", "COMMITTED"
+                );
                 for j in &jobs {
                     println!(
                         "{:>6}  {:<16} {:<18} {:>6} {:>6} {:>9}  {}",
@@ -257,11 +292,18 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Cmd::Epochs { job } => {
-            let epochs = c.epochs(pb::EpochsRequest { job_id: job }).await?.into_inner().epochs;
+            let epochs = c
+                .epochs(pb::EpochsRequest { job_id: job })
+                .await?
+                .into_inner()
+                .epochs;
             if json {
                 println!("{}", Value::Array(epochs.iter().map(epoch_json).collect()));
             } else {
-                println!("{:>5}  {:<28} {:>9} {:>9} {:>10} {:>6}  REASON", "EPOCH", "STATE", "FROZEN", "TOTAL", "SIZE", "FILES");
+                println!(
+                    "{:>5}  {:<28} {:>9} {:>9} {:>10} {:>6}  REASON",
+                    "EPOCH", "STATE", "FROZEN", "TOTAL", "SIZE", "FILES"
+                );
                 for e in &epochs {
                     let reason = if e.reason.is_empty() {
                         String::new()
@@ -282,7 +324,12 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Cmd::Cancel { job } => {
-            let j = c.cancel(pb::CancelRequest { job_id: job }).await?.into_inner().job.unwrap_or_default();
+            let j = c
+                .cancel(pb::CancelRequest { job_id: job })
+                .await?
+                .into_inner()
+                .job
+                .unwrap_or_default();
             if json {
                 println!("{}", job_json(&j));
             } else {
@@ -295,7 +342,12 @@ async fn run(cli: Cli) -> Result<(), Failure> {
 
 /// Shows progress of a streamed operation; returns once it is done (or, without `wait`, once
 /// it has started).
-async fn follow(mut stream: tonic::Streaming<pb::Progress>, wait: bool, json: bool, what: &str) -> Result<(), Failure> {
+async fn follow(
+    mut stream: tonic::Streaming<pb::Progress>,
+    wait: bool,
+    json: bool,
+    what: &str,
+) -> Result<(), Failure> {
     let tty = std::io::stderr().is_terminal();
     let bar = if tty && !json {
         let b = indicatif::ProgressBar::new_spinner();
@@ -316,7 +368,14 @@ async fn follow(mut stream: tonic::Streaming<pb::Progress>, wait: bool, json: bo
             Err(s) => return Err(s.into()),
         };
         if !msg.done {
-            let line = format!("[{:>6.1}s] job {} epoch {} {}: {}", msg.elapsed_ms as f64 / 1000.0, msg.job_id, msg.epoch, msg.phase, msg.message);
+            let line = format!(
+                "[{:>6.1}s] job {} epoch {} {}: {}",
+                msg.elapsed_ms as f64 / 1000.0,
+                msg.job_id,
+                msg.epoch,
+                msg.phase,
+                msg.message
+            );
             match &bar {
                 Some(b) => b.set_message(line),
                 None if !json => eprintln!("{line}"),
@@ -327,9 +386,15 @@ async fn follow(mut stream: tonic::Streaming<pb::Progress>, wait: bool, json: bo
                     b.finish_and_clear();
                 }
                 if json {
-                    println!("{}", json!({"job_id": msg.job_id, "epoch": msg.epoch, "state": "in-progress"}));
+                    println!(
+                        "{}",
+                        json!({"job_id": msg.job_id, "epoch": msg.epoch, "state": "in-progress"})
+                    );
                 } else {
-                    println!("job {}: epoch {} started (follow it with `ckptctl epochs {}`)", msg.job_id, msg.epoch, msg.job_id);
+                    println!(
+                        "job {}: epoch {} started (follow it with `ckptctl epochs {}`)",
+                        msg.job_id, msg.epoch, msg.job_id
+                    );
                 }
                 return Ok(());
             }
@@ -360,7 +425,12 @@ async fn follow(mut stream: tonic::Streaming<pb::Progress>, wait: bool, json: bo
                     e.image_files
                 );
             } else {
-                println!("job {}: restarted from epoch {} in {:.2} s", e.job_id, e.epoch, msg.elapsed_ms as f64 / 1000.0);
+                println!(
+                    "job {}: restarted from epoch {} in {:.2} s",
+                    e.job_id,
+                    e.epoch,
+                    msg.elapsed_ms as f64 / 1000.0
+                );
             }
         } else {
             println!("{}", msg.message);

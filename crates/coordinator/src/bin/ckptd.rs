@@ -21,7 +21,12 @@ use coordinator::registry::Registry;
 #[command(version, about, long_about)]
 struct Cli {
     /// Config file (TOML). Keys are documented in packaging/config/ckptd.toml.
-    #[arg(short, long, default_value = "/etc/ckpt/ckptd.toml", env = "CKPTD_CONFIG")]
+    #[arg(
+        short,
+        long,
+        default_value = "/etc/ckpt/ckptd.toml",
+        env = "CKPTD_CONFIG"
+    )]
     config: PathBuf,
     /// Also run a node agent for this machine (single-node use).
     #[arg(long)]
@@ -41,6 +46,9 @@ struct Cli {
     /// Override the embedded agent's `local_dir` (--standalone).
     #[arg(long)]
     local_dir: Option<PathBuf>,
+    /// Only check the config file (and overrides) and exit: 0 if valid, 2 if not.
+    #[arg(long)]
+    check_config: bool,
     #[command(subcommand)]
     cmd: Option<Cmd>,
 }
@@ -61,7 +69,10 @@ fn main() -> ExitCode {
         return ExitCode::from(node_agent::shim::main(spec) as u8);
     }
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("CKPT_LOG").unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CKPT_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
         .init();
     let default_path = PathBuf::from("/etc/ckpt/ckptd.toml");
     let mut cfg = if cli.config.exists() || cli.config != default_path {
@@ -97,6 +108,10 @@ fn main() -> ExitCode {
         eprintln!("ckptd: {e}");
         return ExitCode::from(2);
     }
+    if cli.check_config {
+        println!("ckptd: config {} is valid", cli.config.display());
+        return ExitCode::SUCCESS;
+    }
     let jobs = if cli.standalone {
         let exe = std::env::current_exe().unwrap_or_else(|_| "ckptd".into());
         match node_agent::open_jobs(&cfg.agent, exe) {
@@ -122,7 +137,8 @@ fn main() -> ExitCode {
     };
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     let r: Result<(), String> = rt.block_on(async move {
-        let coord: Arc<Coordinator> = Coordinator::new(registry, cfg.clone()).map_err(|e| e.to_string())?;
+        let coord: Arc<Coordinator> =
+            Coordinator::new(registry, cfg.clone()).map_err(|e| e.to_string())?;
         let agents = tokio::net::TcpListener::bind(cfg.listen)
             .await
             .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
@@ -133,6 +149,9 @@ fn main() -> ExitCode {
             let mut acfg = cfg.agent.clone();
             let port = agents.local_addr().map_err(|e| e.to_string())?.port();
             acfg.coordinator = format!("127.0.0.1:{port}");
+            // Only this process calls the embedded agent: keep it on loopback, on a free port.
+            acfg.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+            acfg.advertise = None;
             let l = tokio::net::TcpListener::bind(acfg.listen)
                 .await
                 .map_err(|e| format!("cannot listen on {}: {e}", acfg.listen))?;
@@ -168,7 +187,8 @@ fn main() -> ExitCode {
 }
 
 async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}

@@ -37,10 +37,12 @@ impl Criu {
             .stdin(Stdio::null())
             .output()
             .map_err(|source| match source.kind() {
-                std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => EngineError::NotFound {
-                    path: path.clone(),
-                    min: MIN_VERSION_TEXT,
-                },
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
+                    EngineError::NotFound {
+                        path: path.clone(),
+                        min: MIN_VERSION_TEXT,
+                    }
+                }
                 _ => EngineError::Spawn {
                     path: path.clone(),
                     source,
@@ -119,7 +121,9 @@ pub fn parse_version(text: &str) -> Option<String> {
 
 /// Whether a dotted version is at least `min` (major, minor).
 pub fn version_at_least(version: &str, min: (u32, u32)) -> bool {
-    let mut parts = version.split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
+    let mut parts = version
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
     let major = parts.next().unwrap_or(0);
     let minor = parts.next().unwrap_or(0);
     (major, minor) >= min
@@ -133,11 +137,21 @@ pub fn summarize(log: &str) -> String {
         .filter(|l| !l.contains("rlimit: Can't setup RLIMIT_NOFILE"))
         .collect();
     let picked: Vec<&str> = if errors.is_empty() {
-        log.lines().rev().take(3).collect::<Vec<_>>().into_iter().rev().collect()
+        log.lines()
+            .rev()
+            .take(3)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect()
     } else {
         errors.iter().rev().take(5).rev().copied().collect()
     };
-    picked.iter().map(|l| l.trim()).collect::<Vec<_>>().join(" | ")
+    picked
+        .iter()
+        .map(|l| l.trim())
+        .collect::<Vec<_>>()
+        .join(" | ")
 }
 
 fn log_summary(log: &Path) -> String {
@@ -188,10 +202,18 @@ impl SnapshotEngine for Criu {
         if out.status.success() {
             return Ok(());
         }
+        // CRIU writes its reasons to the log; when it fails before opening the log, they are
+        // on its stderr.
+        let log_text = std::fs::read_to_string(spec.log_file).unwrap_or_default();
+        let summary = if log_text.trim().is_empty() {
+            summarize(&String::from_utf8_lossy(&out.stderr))
+        } else {
+            summarize(&log_text)
+        };
         Err(EngineError::Failed {
             op: "dump",
             status: out.status.to_string(),
-            summary: log_summary(spec.log_file),
+            summary,
             log: spec.log_file.to_path_buf(),
         })
     }
@@ -230,7 +252,10 @@ mod tests {
 
     #[test]
     fn version_parsing_and_comparison() {
-        assert_eq!(parse_version("Version: 4.2.1\nGitID: v4.2\n").as_deref(), Some("4.2.1"));
+        assert_eq!(
+            parse_version("Version: 4.2.1\nGitID: v4.2\n").as_deref(),
+            Some("4.2.1")
+        );
         assert_eq!(parse_version("criu, no version"), None);
         assert!(version_at_least("4.2.1", MIN_VERSION));
         assert!(version_at_least("5.0", MIN_VERSION));
@@ -241,7 +266,10 @@ mod tests {
     #[test]
     fn summary_keeps_error_lines_and_drops_known_noise() {
         let log = "(00.1) rlimit: Can't setup RLIMIT_NOFILE Error\n(00.2) info\n(00.3) Error (criu/sk-inet.c:1): Can't dump\n";
-        assert_eq!(summarize(log), "(00.3) Error (criu/sk-inet.c:1): Can't dump");
+        assert_eq!(
+            summarize(log),
+            "(00.3) Error (criu/sk-inet.c:1): Can't dump"
+        );
         assert_eq!(summarize("a\nb\nc\nd\n"), "b | c | d");
     }
 

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs every ckpt test on a Debian 12 machine, as root: provisions what the tests need
+# (scripts/setup.sh), builds the release binaries once, then runs unit tests and the
+# end-to-end tests (real CRIU, real MPICH and Open MPI jobs, real daemons) against them.
+#
+# Usage: scripts/test.sh [extra cargo test args for the e2e tests]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup.sh
+export PATH="$HOME/.cargo/bin:$PATH"
+
+echo "[test] cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "[test] building release binaries (shared by every e2e test)"
+cargo build --release --workspace --locked
+
+echo "[test] unit and integration tests of the libraries"
+cargo test --release --workspace --locked --exclude ckpt-tests
+
+echo "[test] end-to-end tests (one at a time: each runs a 4-rank MPI job on 2 cores)"
+export CKPT_BIN_DIR="$PWD/target/release"
+cargo test --release --locked -p ckpt-tests -- --test-threads=1 "$@"
