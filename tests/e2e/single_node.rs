@@ -241,6 +241,7 @@ fn start_with_faulty_criu(
         separate_agent,
         criu: Some(path),
         extra_toml: extra_toml.into(),
+        ..Options::default()
     });
     // Keep the wrapper alive as long as the instance.
     std::mem::forget(holder);
@@ -347,4 +348,121 @@ fn ckptd_restart_between_checkpoint_and_restart_loses_nothing() {
     d.wait_state(job, "killed", LIMIT);
     d.ctl(&["restart", &job.to_string()]).ok();
     assert_eq!(d.wait_checksum(job, LIMIT), want);
+}
+
+#[test]
+fn abort_in_every_phase_keeps_the_job_running() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich");
+    let want = Mpi::Mpich.reference_checksum(RANKS, N, ITERS);
+    let d = Ckptd::start(Options {
+        failpoints: true,
+        ..Options::default()
+    });
+    let job = d.run_job("heat", &heat(Mpi::Mpich));
+    d.wait_progress(job, 1, LIMIT);
+    d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
+    let phases = [
+        ("sync", "initial-sync"),
+        ("quiesce", "quiesce"),
+        ("dump", "local-checkpoint"),
+        ("resume", "resume"),
+        ("finalize", "finalize"),
+    ];
+    for (i, (failpoint, shown)) in phases.iter().enumerate() {
+        let epoch = i as u32 + 2;
+        d.set_failpoints(&format!("{failpoint}={}", "error"));
+        let out = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
+        assert_eq!(out.code, 6, "{failpoint}: {out:?}");
+        assert!(
+            out.stderr
+                .contains(&format!("failure injected in phase {failpoint}")),
+            "{out:?}"
+        );
+        let e = &d.epochs(job)[i + 1];
+        assert_eq!(
+            (
+                e["epoch"].as_u64(),
+                e["state"].as_str(),
+                e["failed_phase"].as_str()
+            ),
+            (Some(epoch as u64), Some("failed"), Some(*shown)),
+            "{e}"
+        );
+        assert_eq!(d.status(job)["state"], "running", "{failpoint}");
+        let frozen = std::fs::read_to_string(d.cgroup(job).join("freezer.state"))
+            .unwrap_or_else(|_| "THAWED".into());
+        assert_eq!(
+            frozen.trim(),
+            "THAWED",
+            "aborting in {failpoint} thaws the job"
+        );
+        assert!(
+            !d.images(job, epoch).exists(),
+            "{failpoint}: partial images deleted"
+        );
+    }
+    d.set_failpoints("");
+    assert!(
+        !d.output(job).contains("checksum"),
+        "the job was still running through every abort"
+    );
+    assert_eq!(
+        d.wait_checksum(job, LIMIT),
+        want,
+        "the job finished right after five aborted epochs"
+    );
+    let out = d.ctl(&["restart", &job.to_string()]);
+    assert!(
+        out.ok().contains("from epoch 1"),
+        "the latest committed epoch is still 1: {out:?}"
+    );
+    assert_eq!(d.wait_checksum(job, LIMIT), want);
+}
+
+#[test]
+fn users_act_only_on_their_own_jobs() {
+    skip_unless_ready!();
+    const NOBODY: u32 = 65534;
+    let d = Ckptd::start(Options::default());
+    // Let an unprivileged user reach the socket (its directory is private to the test).
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(d.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let root_job = d.run_job("sleeper", &["/bin/sleep".to_string(), "60".to_string()]);
+    let out = d.ctl_as(NOBODY, &["status", &root_job.to_string()]);
+    assert_eq!(out.code, 5, "{out:?}");
+    assert!(out.stderr.contains("belongs to uid 0"), "{out:?}");
+    assert_eq!(
+        d.ctl_as(NOBODY, &["checkpoint", &root_job.to_string(), "--wait"])
+            .code,
+        5
+    );
+    assert_eq!(d.ctl_as(NOBODY, &["cancel", &root_job.to_string()]).code, 5);
+
+    let out = d.ctl_as(NOBODY, &["run", "--", "/bin/sleep", "60"]);
+    let own: u64 = out.ok().trim().parse().unwrap();
+    let st = d.ctl_as(NOBODY, &["status", &own.to_string(), "--json"]);
+    let v: serde_json::Value = serde_json::from_str(st.ok()).unwrap();
+    assert_eq!(v["owner_uid"], NOBODY);
+    let pid = v["nodes"][0]["processes"][0]["pid"].as_i64().unwrap();
+    let uid_line = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(
+        uid_line
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.contains(&NOBODY.to_string())),
+        "the job runs as its owner"
+    );
+    let listed = d.ctl_as(NOBODY, &["list", "--json"]);
+    let jobs: serde_json::Value = serde_json::from_str(listed.ok()).unwrap();
+    assert_eq!(
+        jobs.as_array().unwrap().len(),
+        1,
+        "a user lists only their own jobs"
+    );
+    assert_eq!(
+        d.ctl(&["status", &own.to_string()]).code,
+        0,
+        "root may act on every job"
+    );
+    d.ctl_as(NOBODY, &["cancel", &own.to_string()]).ok();
+    d.ctl(&["cancel", &root_job.to_string()]).ok();
 }

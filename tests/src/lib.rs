@@ -215,6 +215,8 @@ pub struct Options {
     pub criu: Option<PathBuf>,
     /// Extra TOML appended to ckptd.toml (e.g. a `[deadlines]` table).
     pub extra_toml: String,
+    /// Start the daemons with failpoints enabled (see [`Ckptd::set_failpoints`]).
+    pub failpoints: bool,
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -311,9 +313,26 @@ impl Ckptd {
             .expect("log file")
     }
 
+    /// The failpoint file the daemons read when started with `failpoints`.
+    pub fn failpoint_file(&self) -> PathBuf {
+        self.dir.path().join("failpoints")
+    }
+
+    /// Sets the failpoints (`phase=error`, `phase=delay:5s`, one per line; empty: none).
+    pub fn set_failpoints(&self, text: &str) {
+        std::fs::write(self.failpoint_file(), text).expect("write failpoints");
+    }
+
+    fn apply_env(&self, cmd: &mut Command) {
+        if self.opts.failpoints {
+            cmd.env("CKPT_FAILPOINTS", self.failpoint_file());
+        }
+    }
+
     /// Starts (or restarts) the ckptd process.
     pub fn start_daemon(&mut self) {
         let mut cmd = Command::new(bin_dir().join("ckptd"));
+        self.apply_env(&mut cmd);
         cmd.arg("--config").arg(&self.config);
         if !self.opts.separate_agent {
             cmd.arg("--standalone");
@@ -343,7 +362,9 @@ impl Ckptd {
             format!("listen = \"127.0.0.1:{}\"\n{table}", self.agent_port),
         )
         .unwrap();
-        let child = Command::new(bin_dir().join("ckpt-agent"))
+        let mut cmd = Command::new(bin_dir().join("ckpt-agent"));
+        self.apply_env(&mut cmd);
+        let child = cmd
             .arg("--config")
             .arg(&agent_cfg)
             .env("CKPT_LOG", "info")
@@ -377,6 +398,30 @@ impl Ckptd {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Runs ckptctl with `args` as another user (uid and gid), as `setpriv` would.
+    pub fn ctl_as(&self, uid: u32, args: &[&str]) -> Ctl {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = Command::new(bin_dir().join("ckptctl"));
+        cmd.arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .stdin(Stdio::null())
+            .current_dir("/");
+        // SAFETY: setgroups/setgid/setuid between fork and exec, on values copied in.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(uid) != 0
+                    || libc::setuid(uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Ctl::from(cmd.output().expect("run ckptctl as another user"))
     }
 
     /// Runs ckptctl with `args`.

@@ -135,6 +135,14 @@ pub enum AgentError {
         #[source]
         source: std::io::Error,
     },
+    /// A failpoint made the phase fail (see `failpoint`).
+    #[error("job {job}: failure injected in phase {phase} (CKPT_FAILPOINTS)")]
+    Injected {
+        /// Job id.
+        job: u64,
+        /// Phase.
+        phase: &'static str,
+    },
     /// Something did not happen in time.
     #[error("job {job}: {what} did not finish within {waited:?}")]
     Timeout {

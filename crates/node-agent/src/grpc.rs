@@ -41,7 +41,8 @@ pub fn to_status(e: AgentError) -> Status {
         AgentError::Engine { .. }
         | AgentError::Cgroup { .. }
         | AgentError::Start { .. }
-        | AgentError::Io { .. } => Status::internal(msg),
+        | AgentError::Io { .. }
+        | AgentError::Injected { .. } => Status::internal(msg),
     }
 }
 

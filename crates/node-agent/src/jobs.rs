@@ -20,6 +20,7 @@ use tracing::{info, instrument, warn};
 use crate::cgroup::{CgroupParent, JobCgroup};
 use crate::engine::{DumpSpec, RestoreSpec, SnapshotEngine};
 use crate::error::AgentError;
+use crate::failpoint::{Action, Failpoints};
 use crate::procfs;
 use crate::shim::{self, Exit, ShimMode, ShimSpec, Started};
 
@@ -217,6 +218,7 @@ pub struct Jobs {
     engine: Arc<dyn SnapshotEngine>,
     shim_exe: PathBuf,
     jobs: std::sync::Mutex<HashMap<u64, Arc<Mutex<NodeJob>>>>,
+    failpoints: Failpoints,
 }
 
 fn now_ms() -> u64 {
@@ -270,7 +272,20 @@ impl Jobs {
             engine,
             shim_exe,
             jobs: std::sync::Mutex::new(map),
+            failpoints: Failpoints::from_env(),
         })
+    }
+
+    /// Runs the failpoint of `phase`, if one is set (tests only; see [`crate::failpoint`]).
+    async fn failpoint(&self, job: u64, phase: &'static str) -> Result<(), AgentError> {
+        match self.failpoints.action(phase) {
+            None => Ok(()),
+            Some(Action::Error) => Err(AgentError::Injected { job, phase }),
+            Some(Action::Delay(d)) => {
+                tokio::time::sleep(d).await;
+                Ok(())
+            }
+        }
     }
 
     /// Node name.
@@ -460,6 +475,7 @@ impl Jobs {
                 state: format!("epoch {} is {:?}", w.epoch, w.phase),
             });
         }
+        self.failpoint(job_id, "sync").await?;
         match job.observe() {
             Observed::Running => {}
             Observed::Exited(e) => {
@@ -540,6 +556,7 @@ impl Jobs {
         let j = self.get(job_id)?;
         let mut job = j.lock_owned().await;
         job.expect_phase(epoch, NodePhase::Prepared, "quiesce")?;
+        self.failpoint(job_id, "quiesce").await?;
         let begin = Instant::now();
         let job = tokio::task::spawn_blocking(move || {
             let r = job.cgroup.freeze();
@@ -567,6 +584,7 @@ impl Jobs {
         let j = self.get(job_id)?;
         let mut job = j.lock_owned().await;
         job.expect_phase(epoch, NodePhase::Frozen, "dump")?;
+        self.failpoint(job_id, "dump").await?;
         let engine = self.engine.clone();
         let begin = Instant::now();
         let (mut job, r) = tokio::task::spawn_blocking(move || {
@@ -594,6 +612,7 @@ impl Jobs {
         let j = self.get(job_id)?;
         let mut job = j.lock_owned().await;
         job.expect_phase(epoch, NodePhase::Dumped, "resume")?;
+        self.failpoint(job_id, "resume").await?;
         let begin = Instant::now();
         let (mut job, r) = tokio::task::spawn_blocking(move || {
             let r = if kill {
@@ -622,6 +641,7 @@ impl Jobs {
         let j = self.get(job_id)?;
         let mut job = j.lock_owned().await;
         job.expect_phase(epoch, NodePhase::Resumed, "finalize")?;
+        self.failpoint(job_id, "finalize").await?;
         let w = job.work.take().expect("checked");
         let node = self.node.clone();
         let engine = (

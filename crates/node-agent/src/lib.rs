@@ -15,6 +15,7 @@ pub mod cgroup;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod failpoint;
 pub mod grpc;
 pub mod heartbeat;
 pub mod jobs;

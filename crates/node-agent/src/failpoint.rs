@@ -1,0 +1,78 @@
+//! Fault injection for tests and fire drills, off unless asked for.
+//!
+//! When the agent starts with `CKPT_FAILPOINTS=/path/to/file`, every checkpoint phase reads that
+//! file as it begins. A line `PHASE=error` makes the phase fail; `PHASE=delay:DURATION` (e.g.
+//! `dump=delay:5s`) makes it wait first. Phases: `sync`, `quiesce`, `dump`, `resume`, `finalize`.
+//! Without the variable (production), nothing is read.
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Environment variable naming the failpoint file.
+pub const ENV: &str = "CKPT_FAILPOINTS";
+
+/// The failpoint file, if enabled.
+#[derive(Debug, Clone, Default)]
+pub struct Failpoints {
+    file: Option<PathBuf>,
+}
+
+/// What a failpoint asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Fail the phase.
+    Error,
+    /// Wait this long, then go on.
+    Delay(Duration),
+}
+
+impl Failpoints {
+    /// Failpoints from the environment.
+    pub fn from_env() -> Self {
+        Failpoints {
+            file: std::env::var_os(ENV).map(PathBuf::from),
+        }
+    }
+
+    /// The action set for `phase`, if any.
+    pub fn action(&self, phase: &str) -> Option<Action> {
+        let text = std::fs::read_to_string(self.file.as_ref()?).ok()?;
+        parse(&text, phase)
+    }
+}
+
+fn parse(text: &str, phase: &str) -> Option<Action> {
+    text.lines().find_map(|l| {
+        let (p, a) = l.trim().split_once('=')?;
+        if p.trim() != phase {
+            return None;
+        }
+        match a.trim() {
+            "error" => Some(Action::Error),
+            other => other
+                .strip_prefix("delay:")
+                .and_then(|d| humantime::parse_duration(d).ok())
+                .map(Action::Delay),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_errors_and_delays_per_phase() {
+        let t = "sync=error\n dump = delay:250ms\nbogus\n";
+        assert_eq!(parse(t, "sync"), Some(Action::Error));
+        assert_eq!(
+            parse(t, "dump"),
+            Some(Action::Delay(Duration::from_millis(250)))
+        );
+        assert_eq!(parse(t, "resume"), None);
+        assert_eq!(
+            Failpoints::default().action("sync"),
+            None,
+            "disabled without the variable"
+        );
+    }
+}
