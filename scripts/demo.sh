@@ -60,7 +60,11 @@ sleep 1
 "$BIN/ckptctl" checkpoint "$JOB" --wait
 "$BIN/ckptctl" epochs "$JOB"
 echo "[demo] SIGKILL every process of job $JOB (as a node crash would)"
-CG=$(ls -d /sys/fs/cgroup/freezer/ckpt-demo-$$-"$JOB" /sys/fs/cgroup/ckpt-demo-$$-"$JOB" 2>/dev/null | head -1)
+CG=""
+for d in /sys/fs/cgroup/freezer/ckpt-demo-$$-"$JOB" /sys/fs/cgroup/ckpt-demo-$$-"$JOB"; do
+    [[ -d $d ]] && CG=$d && break
+done
+[[ -n $CG ]] || { echo "[demo] cannot find the job's cgroup" >&2; exit 1; }
 for p in $(cat "$CG/cgroup.procs"); do kill -9 "$p" 2>/dev/null || true; done
 for _ in $(seq 100); do "$BIN/ckptctl" status "$JOB" | head -1 | grep -q killed && break; sleep 0.1; done
 "$BIN/ckptctl" status "$JOB" | head -1
