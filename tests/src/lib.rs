@@ -550,11 +550,25 @@ impl Ckptd {
             .collect()
     }
 
-    /// SIGKILLs every process of the job (as a node crash or an OOM kill would).
+    /// SIGKILLs every process of the job, as a node crash or an OOM kill would, until none is
+    /// left (bounded).
+    #[track_caller]
     pub fn kill_job(&self, job: u64) {
-        for p in self.job_pids(job) {
-            // SAFETY: kill(2) on a PID read from the job's own cgroup.
-            unsafe { libc::kill(p, libc::SIGKILL) };
+        let begin = Instant::now();
+        loop {
+            let pids = self.job_pids(job);
+            if pids.is_empty() {
+                return;
+            }
+            for p in pids {
+                // SAFETY: kill(2) on a PID read from the job's own cgroup.
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+            assert!(
+                begin.elapsed() < Duration::from_secs(30),
+                "job {job} survives SIGKILL"
+            );
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 

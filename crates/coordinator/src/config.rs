@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use node_agent::config::{AgentConfig, ConfigError};
+use node_agent::config::{load_or_default, parse_toml, AgentConfig, ConfigError};
 use serde::Deserialize;
 
 /// `ckptd` configuration.
@@ -81,21 +81,19 @@ impl Default for CoordinatorConfig {
 }
 
 impl CoordinatorConfig {
+    /// Default location of the config file.
+    pub const DEFAULT_PATH: &'static str = "/etc/ckpt/ckptd.toml";
+
     /// Reads and validates a TOML file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.into(),
-            source,
-        })?;
-        Self::from_toml(path, &text)
+        let cfg: Self = load_or_default(path, Path::new(""))?;
+        cfg.validate()?;
+        Ok(cfg)
     }
 
     /// Parses and validates TOML text.
     pub fn from_toml(path: &Path, text: &str) -> Result<Self, ConfigError> {
-        let cfg: CoordinatorConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: path.into(),
-            message: e.to_string().trim().to_string(),
-        })?;
+        let cfg: Self = parse_toml(path, text)?;
         cfg.validate()?;
         Ok(cfg)
     }

@@ -279,7 +279,7 @@ impl Coordinator {
             .registry
             .job(id)?
             .ok_or(DriveError::UnknownJob { job: id })?;
-        if job.state != JobState::Running {
+        if job.state != JobState::Running && job.state != JobState::Lost {
             return Ok(job);
         }
         let Ok(mut c) = self.agents.client(&job.node) else {
@@ -805,52 +805,34 @@ impl Coordinator {
 
     /// Kills a running job (SIGTERM, then SIGKILL). Its epochs stay restorable.
     pub async fn cancel(&self, caller: &Caller, id: u64) -> Result<Job, DriveError> {
-        let job = self.job_for(caller, id)?;
-        let job = if job.state == JobState::Running {
-            self.refresh(id).await?
-        } else {
-            job
-        };
+        self.job_for(caller, id)?;
+        let job = self.refresh(id).await?;
         if job.state != JobState::Running {
-            let mut j = job.clone();
-            j.cancel()?;
+            // Refused by the guard, with the job's state in the message.
+            job.clone().cancel()?;
         }
-        let mut c = self.agents.client(&job.node)?;
-        let _ = call(
-            &job.node,
-            "cancel",
-            self.cfg.deadlines.resume,
-            c.signal(pb::SignalRequest {
-                job_id: id,
-                signal: libc::SIGTERM,
-            }),
-        )
-        .await;
+        let node = job.node.clone();
+        let client = self.agents.client(&node)?;
+        let d = &self.cfg.deadlines;
+        let signal = |signal| {
+            let req = pb::SignalRequest { job_id: id, signal };
+            let mut c = client.clone();
+            let node = node.clone();
+            async move { call(&node, "cancel", d.resume, c.signal(req)).await }
+        };
+        let _ = signal(libc::SIGTERM).await;
         // Give the job a grace period to exit on SIGTERM, then kill what is left.
         for _ in 0..CANCEL_GRACE_STEPS {
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            match call(
-                &job.node,
-                "inspect",
-                self.cfg.deadlines.sync,
-                c.inspect(pb::InspectRequest { job_id: id }),
-            )
-            .await
-            {
-                Ok(i) if i.processes.is_empty() => break,
-                _ => {}
+            let mut c = client.clone();
+            let inspect = c.inspect(pb::InspectRequest { job_id: id });
+            if let Ok(i) = call(&node, "inspect", d.sync, inspect).await {
+                if i.processes.is_empty() {
+                    break;
+                }
             }
         }
-        let _ = call(
-            &job.node,
-            "cancel",
-            self.cfg.deadlines.resume,
-            c.signal(pb::SignalRequest {
-                job_id: id,
-                signal: libc::SIGKILL,
-            }),
-        )
-        .await;
+        let _ = signal(libc::SIGKILL).await;
         self.update_job(id, |j| {
             if j.state == JobState::Running {
                 j.cancel()

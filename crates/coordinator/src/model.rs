@@ -339,13 +339,16 @@ impl Job {
         Ok(())
     }
 
-    /// Records what the agent reports about the current incarnation; reports about another
+    /// Records what the agent reports about the current incarnation: an end of a running job,
+    /// or the definitive exit of a job whose end was unknown (`Lost`). Reports about another
     /// incarnation, or while a checkpoint or restart is in progress, are ignored.
     pub fn observe(&mut self, incarnation: u32, report: JobState) -> bool {
-        if incarnation != self.incarnation
-            || self.state != JobState::Running
-            || report == JobState::Running
-        {
+        if incarnation != self.incarnation || report == JobState::Running {
+            return false;
+        }
+        let exited = matches!(report, JobState::Exited { .. });
+        let applies = self.state == JobState::Running || (self.state == JobState::Lost && exited);
+        if !applies {
             return false;
         }
         self.state = report;
@@ -541,5 +544,14 @@ mod tests {
             !j.observe(1, JobState::Lost),
             "no change during a checkpoint"
         );
+        let mut j = job(JobState::Running);
+        assert!(j.observe(1, JobState::Lost));
+        assert!(!j.observe(1, JobState::Lost));
+        assert!(
+            j.observe(1, exited.clone()),
+            "a definitive exit replaces lost"
+        );
+        assert!(!j.observe(1, JobState::Lost), "and is not replaced by lost");
+        assert_eq!(j.state, exited);
     }
 }

@@ -128,22 +128,49 @@ impl Default for CgroupConfig {
     }
 }
 
+/// Parses TOML text into a config; `path` only names the source in errors, which name the key
+/// and line.
+pub fn parse_toml<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    text: &str,
+) -> Result<T, ConfigError> {
+    toml::from_str(text).map_err(|e| ConfigError::Parse {
+        path: path.into(),
+        message: e.to_string().trim().to_string(),
+    })
+}
+
+/// Reads a TOML config file. When `path` is the daemon's default location and does not exist,
+/// the built-in defaults are used, so a daemon runs without a config file; any other missing
+/// file is an error.
+pub fn load_or_default<T: serde::de::DeserializeOwned + Default>(
+    path: &Path,
+    default_path: &Path,
+) -> Result<T, ConfigError> {
+    if path == default_path && !path.exists() {
+        return Ok(T::default());
+    }
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.into(),
+        source,
+    })?;
+    parse_toml(path, &text)
+}
+
 impl AgentConfig {
+    /// Default location of the config file.
+    pub const DEFAULT_PATH: &'static str = "/etc/ckpt/agent.toml";
+
     /// Reads and validates a TOML file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.into(),
-            source,
-        })?;
-        Self::from_toml(path, &text)
+        let cfg: Self = load_or_default(path, Path::new(""))?;
+        cfg.validate()?;
+        Ok(cfg)
     }
 
     /// Parses and validates TOML text; `path` only names the source in errors.
     pub fn from_toml(path: &Path, text: &str) -> Result<Self, ConfigError> {
-        let cfg: AgentConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: path.into(),
-            message: e.to_string().trim().to_string(),
-        })?;
+        let cfg: Self = parse_toml(path, text)?;
         cfg.validate()?;
         Ok(cfg)
     }

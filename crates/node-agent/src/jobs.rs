@@ -46,6 +46,9 @@ pub struct JobRecord {
     pub incarnation: u32,
     /// Root of the job's process tree in the current incarnation.
     pub root_pid: Option<i32>,
+    /// The current incarnation's shim: PID and start time (to tell a reused PID apart).
+    #[serde(default)]
+    pub shim: Option<(i32, u64)>,
 }
 
 /// Where one epoch is on this node.
@@ -124,7 +127,14 @@ impl NodeJob {
         if self.cgroup.pids().map(|p| !p.is_empty()).unwrap_or(false) {
             return Observed::Running;
         }
-        // Between the root's exit and the shim's write, or after a kill of everything.
+        // The processes are gone but the shim has not written the exit status yet: it is
+        // about to, so the job is not lost.
+        let shim_alive = self.record.shim.is_some_and(|(pid, start)| {
+            procfs::stat(pid).is_some_and(|s| s.start_ticks == start && s.state != 'Z')
+        });
+        if shim_alive {
+            return Observed::Running;
+        }
         Observed::Lost
     }
 
@@ -324,6 +334,7 @@ impl Jobs {
                 id: job,
                 incarnation: 0,
                 root_pid: None,
+                shim: None,
             },
             dir,
             cgroup: self.cgroups.job(job),
@@ -358,15 +369,7 @@ impl Jobs {
         job.record.incarnation += 1;
         job.record.root_pid = None;
         let run_dir = job.run_dir();
-        let io = |what, path: &Path| {
-            let path = path.to_path_buf();
-            move |source| AgentError::Io {
-                job: id,
-                what,
-                path,
-                source,
-            }
-        };
+        let io = |what, path: &Path| io_err(id, what, path);
         fs::create_dir_all(&run_dir).map_err(io("create", &run_dir))?;
         job.cgroup
             .create()
@@ -405,6 +408,10 @@ impl Jobs {
             job: id,
             message: format!("cannot start shim {}: {e}", self.shim_exe.display()),
         })?;
+        job.record.shim = child
+            .id()
+            .and_then(|pid| procfs::stat(pid as i32))
+            .map(|s| (s.pid, s.start_ticks));
         // Reap the shim whenever it ends; the job's exit status is in its run directory.
         tokio::spawn(async move {
             let _ = child.wait().await;
@@ -726,12 +733,20 @@ impl Jobs {
     ) -> Result<(i32, u32), AgentError> {
         let j = self.get_or_create(job_id)?;
         let mut job = j.lock().await;
-        let live = job.cgroup.pids().unwrap_or_default();
-        if !live.is_empty() {
-            return Err(AgentError::StillRunning {
-                job: job_id,
-                pids: live,
-            });
+        // Processes of a just-killed incarnation may still be exiting: give them a moment.
+        let begin = Instant::now();
+        loop {
+            let live = job.cgroup.pids().unwrap_or_default();
+            if live.is_empty() {
+                break;
+            }
+            if begin.elapsed() > PID_FREE_TIMEOUT {
+                return Err(AgentError::StillRunning {
+                    job: job_id,
+                    pids: live,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let node_dir = self.staging.node_dir(job_id, epoch, &self.node);
         let nd = node_dir.clone();
@@ -828,6 +843,17 @@ impl Jobs {
     }
 }
 
+/// Maps an I/O error of step `what` on `path` to [`AgentError::Io`].
+fn io_err(job: u64, what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> AgentError {
+    let path = path.to_path_buf();
+    move |source| AgentError::Io {
+        job,
+        what,
+        path,
+        source,
+    }
+}
+
 /// Human text for an exit status.
 pub fn exit_text(e: &Exit) -> String {
     match (e.code, e.signal) {
@@ -845,15 +871,7 @@ const PRESERVE_PREFIXES: [&str; 2] = ["/dev/shm/", "/tmp/ompi."];
 fn dump_frozen(job: &mut NodeJob, engine: &dyn SnapshotEngine) -> Result<(), AgentError> {
     let id = job.record.id;
     let w = job.work.as_mut().expect("checked by caller");
-    let io = |what, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| AgentError::Io {
-            job: id,
-            what,
-            path,
-            source,
-        }
-    };
+    let io = |what, path: &Path| io_err(id, what, path);
     // Sizes of files open for writing: restore truncates them back.
     let mut open: BTreeMap<String, u64> = BTreeMap::new();
     let mut preserve: Vec<PathBuf> = Vec::new();
@@ -1000,15 +1018,7 @@ async fn clear_time_wait(ports: &[u16]) {
 }
 
 fn put_back_files(job: u64, m: &NodeManifest, node_dir: &Path) -> Result<(), AgentError> {
-    let io = |what, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| AgentError::Io {
-            job,
-            what,
-            path,
-            source,
-        }
-    };
+    let io = |what, path: &Path| io_err(job, what, path);
     for f in &m.open_files {
         let p = Path::new(&f.path);
         match fs::metadata(p) {

@@ -16,7 +16,7 @@ struct Cli {
     #[arg(
         short,
         long,
-        default_value = "/etc/ckpt/agent.toml",
+        default_value = AgentConfig::DEFAULT_PATH,
         env = "CKPT_AGENT_CONFIG"
     )]
     config: PathBuf,
@@ -57,18 +57,15 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| "info".into()),
         )
         .init();
-    let mut cfg =
-        if cli.config.exists() || cli.config != std::path::Path::new("/etc/ckpt/agent.toml") {
-            match AgentConfig::load(&cli.config) {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("ckpt-agent: {e}");
-                    return ExitCode::from(2);
-                }
-            }
-        } else {
-            AgentConfig::default()
-        };
+    let default_path = std::path::Path::new(AgentConfig::DEFAULT_PATH);
+    let mut cfg: AgentConfig = match node_agent::config::load_or_default(&cli.config, default_path)
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ckpt-agent: {e}");
+            return ExitCode::from(2);
+        }
+    };
     if let Some(n) = cli.node_name {
         cfg.node_name = n;
     }

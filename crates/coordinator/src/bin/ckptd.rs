@@ -24,7 +24,7 @@ struct Cli {
     #[arg(
         short,
         long,
-        default_value = "/etc/ckpt/ckptd.toml",
+        default_value = CoordinatorConfig::DEFAULT_PATH,
         env = "CKPTD_CONFIG"
     )]
     config: PathBuf,
@@ -74,18 +74,15 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| "info".into()),
         )
         .init();
-    let default_path = PathBuf::from("/etc/ckpt/ckptd.toml");
-    let mut cfg = if cli.config.exists() || cli.config != default_path {
-        match CoordinatorConfig::load(&cli.config) {
+    let default_path = std::path::Path::new(CoordinatorConfig::DEFAULT_PATH);
+    let mut cfg: CoordinatorConfig =
+        match node_agent::config::load_or_default(&cli.config, default_path) {
             Ok(c) => c,
             Err(e) => {
                 eprintln!("ckptd: {e}");
                 return ExitCode::from(2);
             }
-        }
-    } else {
-        CoordinatorConfig::default()
-    };
+        };
     if let Some(s) = cli.socket {
         cfg.socket = s;
     }
