@@ -75,6 +75,7 @@ struct EpochWork {
     open_files: Vec<OpenFile>,
     preserved: Vec<PreservedFile>,
     tcp_ports: Vec<u16>,
+    notes: BTreeMap<String, String>,
 }
 
 /// What the agent sees of a job right now.
@@ -549,6 +550,7 @@ impl Jobs {
             open_files: Vec::new(),
             preserved: Vec::new(),
             tcp_ports: Vec::new(),
+            notes: BTreeMap::new(),
         });
         Ok(Prepared {
             processes: job.work.as_ref().map(|w| w.pids.len() as u32).unwrap_or(0),
@@ -671,7 +673,7 @@ impl Jobs {
                     open_files: w.open_files,
                     preserved: w.preserved,
                     tcp_ports: w.tcp_ports,
-                    notes: BTreeMap::new(),
+                    notes: w.notes,
                 };
                 let digest = manifest::write(&w.node_dir, &m)?;
                 Ok(Finalized {
@@ -872,6 +874,7 @@ fn dump_frozen(job: &mut NodeJob, engine: &dyn SnapshotEngine) -> Result<(), Age
     let id = job.record.id;
     let w = job.work.as_mut().expect("checked by caller");
     let io = |what, path: &Path| io_err(id, what, path);
+    let begin = Instant::now();
     // Sizes of files open for writing: restore truncates them back.
     let mut open: BTreeMap<String, u64> = BTreeMap::new();
     let mut preserve: Vec<PathBuf> = Vec::new();
@@ -912,8 +915,70 @@ fn dump_frozen(job: &mut NodeJob, engine: &dyn SnapshotEngine) -> Result<(), Age
     }
     preserve.sort();
     preserve.dedup();
-    let extra = w.node_dir.join("extra");
-    for (i, p) in preserve.iter().enumerate() {
+    w.open_files = open
+        .into_iter()
+        .map(|(path, size)| OpenFile { path, size })
+        .collect();
+    w.tcp_ports = procfs::tcp_local_ports(&w.pids);
+    let scanned = begin.elapsed();
+    let images = w.node_dir.join("images");
+    fs::create_dir_all(&images).map_err(io("create", &images))?;
+    let log = job.dir.join("logs").join(format!("dump-{}.log", w.epoch));
+    // Copying the preserved files and the engine's dump both only read the frozen job and write
+    // to different directories: run them side by side, so the job stays frozen for the longer
+    // of the two rather than their sum.
+    let node_dir = w.node_dir.clone();
+    let root_pid = w.root_pid;
+    let (dumped, copied) = std::thread::scope(|scope| {
+        let copier = scope.spawn(|| copy_preserved(id, &node_dir, &preserve));
+        let t = Instant::now();
+        let dumped = engine
+            .dump(&DumpSpec {
+                root_pid,
+                images_dir: &images,
+                cgroup: job.cgroup.path(),
+                log_file: &log,
+            })
+            .map_err(|source| AgentError::Engine { job: id, source })
+            .map(|()| t.elapsed());
+        (dumped, copier.join().expect("copy thread panicked"))
+    });
+    let engine_time = dumped?;
+    let (preserved, copied_bytes, copy_time) = copied?;
+    let w = job.work.as_mut().expect("checked by caller");
+    w.preserved = preserved;
+    info!(
+        scan_ms = scanned.as_millis() as u64,
+        engine_dump_ms = engine_time.as_millis() as u64,
+        preserve_copy_ms = copy_time.as_millis() as u64,
+        preserved_bytes = copied_bytes,
+        "dumped"
+    );
+    w.notes = [
+        ("scan_ms", scanned.as_millis()),
+        ("engine_dump_ms", engine_time.as_millis()),
+        ("preserve_copy_ms", copy_time.as_millis()),
+        ("preserved_bytes", copied_bytes as u128),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    Ok(())
+}
+
+/// Copies the files the engine does not save into `extra/` of the node directory (named pipes
+/// are only recorded); returns what was saved, the bytes copied and the time taken.
+fn copy_preserved(
+    job: u64,
+    node_dir: &Path,
+    files: &[PathBuf],
+) -> Result<(Vec<PreservedFile>, u64, Duration), AgentError> {
+    let begin = Instant::now();
+    let io = |what, path: &Path| io_err(job, what, path);
+    let extra = node_dir.join("extra");
+    let mut out = Vec::new();
+    let mut bytes = 0u64;
+    for (i, p) in files.iter().enumerate() {
         let Ok(meta) = fs::symlink_metadata(p) else {
             continue;
         };
@@ -929,10 +994,10 @@ fn dump_frozen(job: &mut NodeJob, engine: &dyn SnapshotEngine) -> Result<(), Age
         } else {
             fs::create_dir_all(&extra).map_err(io("create", &extra))?;
             let saved = format!("extra/{i}");
-            fs::copy(p, w.node_dir.join(&saved)).map_err(io("copy", p))?;
+            bytes += fs::copy(p, node_dir.join(&saved)).map_err(io("copy", p))?;
             saved
         };
-        w.preserved.push(PreservedFile {
+        out.push(PreservedFile {
             path: p.display().to_string(),
             saved_as,
             mode,
@@ -941,22 +1006,7 @@ fn dump_frozen(job: &mut NodeJob, engine: &dyn SnapshotEngine) -> Result<(), Age
             fifo,
         });
     }
-    w.open_files = open
-        .into_iter()
-        .map(|(path, size)| OpenFile { path, size })
-        .collect();
-    w.tcp_ports = procfs::tcp_local_ports(&w.pids);
-    let images = w.node_dir.join("images");
-    fs::create_dir_all(&images).map_err(io("create", &images))?;
-    let log = job.dir.join("logs").join(format!("dump-{}.log", w.epoch));
-    engine
-        .dump(&DumpSpec {
-            root_pid: w.root_pid,
-            images_dir: &images,
-            cgroup: job.cgroup.path(),
-            log_file: &log,
-        })
-        .map_err(|source| AgentError::Engine { job: id, source })
+    Ok((out, bytes, begin.elapsed()))
 }
 
 fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) {

@@ -205,10 +205,11 @@ impl SnapshotEngine for Criu {
         // CRIU writes its reasons to the log; when it fails before opening the log, they are
         // on its stderr.
         let log_text = std::fs::read_to_string(spec.log_file).unwrap_or_default();
-        let summary = if log_text.trim().is_empty() {
-            summarize(&String::from_utf8_lossy(&out.stderr))
-        } else {
-            summarize(&log_text)
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let summary = match (log_text.trim().is_empty(), stderr.trim().is_empty()) {
+            (false, _) => summarize(&log_text),
+            (true, false) => summarize(&stderr),
+            (true, true) => "criu printed nothing and wrote no log".to_string(),
         };
         Err(EngineError::Failed {
             op: "dump",
