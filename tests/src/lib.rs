@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+pub mod netns;
+
 /// Workspace root.
 pub fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -217,6 +219,9 @@ pub struct Options {
     pub extra_toml: String,
     /// Start the daemons with failpoints enabled (see [`Ckptd::set_failpoints`]).
     pub failpoints: bool,
+    /// Start no agent: the test starts its own (e.g. in network namespaces), and ckptd listens
+    /// on every address so that they can reach it.
+    pub no_agent: bool,
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -236,6 +241,8 @@ pub struct Ckptd {
     daemon: Option<Child>,
     agent: Option<Child>,
     agent_port: u16,
+    node_agents: Vec<(String, Child)>,
+    coord_port: u16,
 }
 
 fn wait_child(c: &mut Child, limit: Duration) -> bool {
@@ -278,8 +285,13 @@ impl Ckptd {
             .map(|p| format!("path = \"{}\"\n", p.display()))
             .unwrap_or_default();
         let d = dir.path().display();
+        let listen = if opts.no_agent {
+            "0.0.0.0"
+        } else {
+            "127.0.0.1"
+        };
         let text = format!(
-            "listen = \"127.0.0.1:{coord_port}\"\nsocket = \"{}\"\ndatabase = \"{d}/ckptd.redb\"\n{}\n\
+            "listen = \"{listen}:{coord_port}\"\nsocket = \"{}\"\ndatabase = \"{d}/ckptd.redb\"\n{}\n\
              [agent]\nnode_name = \"node0\"\nstate_dir = \"{d}/state\"\nlocal_dir = \"{d}/local\"\n\
              heartbeat_interval = \"200ms\"\ncoordinator = \"127.0.0.1:{coord_port}\"\n\
              [agent.cgroup]\nprefix = \"{prefix}\"\n[agent.criu]\n{criu}",
@@ -296,8 +308,14 @@ impl Ckptd {
             daemon: None,
             agent: None,
             agent_port: free_port(),
+            node_agents: Vec::new(),
+            coord_port,
         };
         me.start_daemon();
+        if me.opts.no_agent {
+            me.wait_agents(0);
+            return me;
+        }
         if me.opts.separate_agent {
             me.start_agent();
         }
@@ -374,6 +392,91 @@ impl Ckptd {
             .spawn()
             .expect("start ckpt-agent");
         self.agent = Some(child);
+    }
+
+    /// Starts an agent for `node` inside its network namespace, with its own directories and
+    /// cgroup prefix, pointed at this coordinator through the bridge.
+    pub fn start_agent_in(&mut self, cluster: &netns::Cluster, node: &str) {
+        let n = cluster.node(node);
+        let d = self.dir.path().join(node);
+        std::fs::create_dir_all(&d).unwrap();
+        let cfg = d.join("agent.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "node_name = \"{node}\"\nlisten = \"{ip}:7601\"\ncoordinator = \"{host}:{port}\"\n\
+                 state_dir = \"{d}/state\"\nlocal_dir = \"{d}/local\"\nheartbeat_interval = \"200ms\"\n\
+                 [cgroup]\nprefix = \"{prefix}{node}-\"\n",
+                ip = n.ip,
+                host = cluster.host_ip,
+                port = self.coord_port,
+                d = d.display(),
+                prefix = self.prefix,
+            ),
+        )
+        .unwrap();
+        let mut cmd = cluster.command_in(node, &bin_dir().join("ckpt-agent"));
+        self.apply_env(&mut cmd);
+        let child = cmd
+            .arg("--config")
+            .arg(&cfg)
+            .env("CKPT_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(self.log(&format!("agent-{node}.log")))
+            .stderr(self.log(&format!("agent-{node}.log")))
+            .spawn()
+            .expect("start ckpt-agent in namespace");
+        self.node_agents.push((node.to_string(), child));
+    }
+
+    /// Waits (bounded) until ckptd answers and `n` agent registrations are in its log.
+    pub fn wait_agents(&mut self, n: usize) {
+        let begin = Instant::now();
+        loop {
+            let log =
+                std::fs::read_to_string(self.dir.path().join("ckptd.log")).unwrap_or_default();
+            if self.socket.exists()
+                && log.matches("agent registered").count() >= n
+                && self.ctl(&["list"]).code == 0
+            {
+                return;
+            }
+            if let Some(Ok(Some(st))) = self.daemon.as_mut().map(|d| d.try_wait()) {
+                panic!("ckptd exited ({st}): {log}");
+            }
+            assert!(
+                begin.elapsed() < Duration::from_secs(30),
+                "{n} agents did not register: {log}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The directory of a job on a namespace node.
+    pub fn job_dir_on(&self, node: &str, job: u64) -> PathBuf {
+        self.dir
+            .path()
+            .join(node)
+            .join("state/jobs")
+            .join(job.to_string())
+    }
+
+    /// PIDs of a job on a namespace node.
+    pub fn job_pids_on(&self, node: &str, job: u64) -> Vec<i32> {
+        let parent = if Path::new("/sys/fs/cgroup/freezer/cgroup.procs").exists() {
+            "/sys/fs/cgroup/freezer"
+        } else {
+            "/sys/fs/cgroup"
+        };
+        std::fs::read_to_string(
+            Path::new(parent)
+                .join(format!("{}{node}-{job}", self.prefix))
+                .join("cgroup.procs"),
+        )
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
     }
 
     /// Waits (bounded) until ckptd answers and an agent has registered.
@@ -605,6 +708,10 @@ impl Drop for Ckptd {
     fn drop(&mut self) {
         self.stop_daemon();
         self.kill_agent();
+        for (_, mut a) in self.node_agents.drain(..) {
+            let _ = a.kill();
+            let _ = a.wait();
+        }
         // Kill what is left in this instance's job cgroups, by PID, then remove the cgroups.
         for parent in [
             "/sys/fs/cgroup/freezer",

@@ -443,7 +443,7 @@ impl Coordinator {
     /// Runs every phase of an epoch begun by [`Coordinator::begin_checkpoint`].
     #[instrument(skip_all, fields(job = job.id, epoch = epoch.number))]
     pub async fn drive_checkpoint(
-        &self,
+        self: &Arc<Self>,
         job: Job,
         mut epoch: Epoch,
         progress: mpsc::UnboundedSender<Step>,
@@ -581,7 +581,25 @@ impl Coordinator {
                 warn!(phase = phase.name(), error = %failure, "epoch failed; aborting");
                 say(phase, format!("failed: {failure}; aborting"));
                 let reason = failure.to_string();
-                let abort_errors = self.abort_all(&nodes, id, number, &reason).await;
+                // A node that did not answer in time is not waited for again: it is told to
+                // abort in the background (and again when its agent re-registers), so the
+                // caller learns of the failure within the phase deadline.
+                let slow = matches!(
+                    failure.kind,
+                    FailureKind::Unreachable | FailureKind::Deadline
+                );
+                let (later, now): (Vec<String>, Vec<String>) = nodes
+                    .iter()
+                    .cloned()
+                    .partition(|n| slow && *n == failure.node);
+                if !later.is_empty() {
+                    let me = self.clone();
+                    let why = reason.clone();
+                    tokio::spawn(async move {
+                        me.abort_all(&later, id, number, &why).await;
+                    });
+                }
+                let abort_errors = self.abort_all(&now, id, number, &reason).await;
                 let mut reason = reason;
                 for e in abort_errors {
                     reason.push_str(&format!("; abort on {e}"));

@@ -1,0 +1,150 @@
+//! Test hosts on one machine: N network namespaces joined by a private bridge, each with one
+//! veth and a private address, plus a coordinator in the root namespace reachable at the bridge
+//! address. Agents run inside the namespaces, entered with `nsenter --net` (never
+//! `ip netns exec`, whose private mount namespace breaks CRIU). Everything is removed on drop,
+//! also when a test fails. Traffic stays on this machine: the bridge has no uplink.
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+/// One test host.
+#[derive(Debug, Clone)]
+pub struct NodeNs {
+    /// Node name (`n1`, ...), also the agent's node name.
+    pub name: String,
+    /// Namespace name under /run/netns.
+    pub netns: String,
+    /// Address of the node on the bridge.
+    pub ip: String,
+    /// Host-side end of the node's veth (down = node unreachable).
+    pub veth: String,
+}
+
+/// A set of test hosts.
+#[derive(Debug)]
+pub struct Cluster {
+    /// Bridge name.
+    pub bridge: String,
+    /// The bridge's address: the coordinator as the nodes see it.
+    pub host_ip: String,
+    /// The nodes.
+    pub nodes: Vec<NodeNs>,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl Cluster {
+    /// Whether this machine can host namespaces (root, iproute2, nsenter).
+    pub fn unavailable() -> Option<String> {
+        for tool in ["ip", "nsenter"] {
+            let runs = Command::new(tool)
+                .arg("-V")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+            if runs.is_err() {
+                return Some(format!("needs {tool}"));
+            }
+        }
+        None
+    }
+
+    /// Creates `n` nodes on a fresh bridge. Names and the /24 subnet are derived from this
+    /// process's PID, so concurrent test runs do not collide.
+    pub fn create(n: usize) -> Result<Self, String> {
+        let tag = std::process::id() % 100_000;
+        let subnet = format!("10.{}.{}", 100 + (tag / 250) % 100, tag % 250);
+        let mut c = Cluster {
+            bridge: format!("ckb{tag}"),
+            host_ip: format!("{subnet}.254"),
+            nodes: Vec::new(),
+        };
+        ip(&["link", "add", &c.bridge, "type", "bridge"])?;
+        ip(&[
+            "addr",
+            "add",
+            &format!("{}/24", c.host_ip),
+            "dev",
+            &c.bridge,
+        ])?;
+        ip(&["link", "set", &c.bridge, "up"])?;
+        for i in 1..=n {
+            let node = NodeNs {
+                name: format!("n{i}"),
+                netns: format!("ckpt{tag}n{i}"),
+                ip: format!("{subnet}.{i}"),
+                veth: format!("ckv{tag}n{i}"),
+            };
+            let peer = format!("ckp{tag}n{i}");
+            ip(&["netns", "add", &node.netns])?;
+            c.nodes.push(node.clone());
+            ip(&[
+                "link", "add", &node.veth, "type", "veth", "peer", "name", &peer,
+            ])?;
+            ip(&["link", "set", &peer, "netns", &node.netns])?;
+            ip(&["link", "set", &node.veth, "master", &c.bridge, "up"])?;
+            let inns = |args: &[&str]| {
+                let mut v = vec!["-n", node.netns.as_str()];
+                v.extend_from_slice(args);
+                ip(&v)
+            };
+            inns(&["link", "set", &peer, "name", "eth0"])?;
+            inns(&["addr", "add", &format!("{}/24", node.ip), "dev", "eth0"])?;
+            inns(&["link", "set", "eth0", "up"])?;
+            inns(&["link", "set", "lo", "up"])?;
+        }
+        Ok(c)
+    }
+
+    /// A node by name.
+    pub fn node(&self, name: &str) -> &NodeNs {
+        self.nodes
+            .iter()
+            .find(|n| n.name == name)
+            .expect("known node")
+    }
+
+    /// Takes a node's link down (unreachable) or up again.
+    pub fn set_link(&self, name: &str, up: bool) {
+        ip(&[
+            "link",
+            "set",
+            &self.node(name).veth,
+            if up { "up" } else { "down" },
+        ])
+        .expect("set link");
+    }
+
+    /// A command that runs `program` inside the node's network namespace.
+    pub fn command_in(&self, name: &str, program: &PathBuf) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", self.node(name).netns))
+            .arg("--")
+            .arg(program);
+        c
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for n in &self.nodes {
+            let _ = ip(&["netns", "del", &n.netns]);
+            let _ = ip(&["link", "del", &n.veth]);
+        }
+        let _ = ip(&["link", "del", &self.bridge]);
+    }
+}
