@@ -43,6 +43,9 @@ cleanup() {
     [[ -n "$JOB" ]] && "$BIN/ckptctl" cancel "$JOB" >/dev/null 2>&1 || true
     kill "$CKPTD" 2>/dev/null || true
     wait "$CKPTD" 2>/dev/null || true
+    for d in /sys/fs/cgroup/freezer/ckpt-demo-$$-* /sys/fs/cgroup/ckpt-demo-$$-*; do
+        [[ -d $d ]] && rmdir "$d" 2>/dev/null || true
+    done
 }
 trap cleanup EXIT
 for _ in $(seq 100); do [[ -S $CKPT_SOCKET ]] && "$BIN/ckptctl" list >/dev/null 2>&1 && break; sleep 0.1; done
