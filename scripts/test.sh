@@ -2,6 +2,7 @@
 # Runs every ckpt test on a Debian 12 machine, as root: provisions what the tests need
 # (scripts/setup.sh), builds the release binaries once, then runs unit tests and the
 # end-to-end tests (real CRIU, real MPICH and Open MPI jobs, real daemons) against them.
+# Ends with one line: "tests: N passed, N failed, N skipped" (skipped tests print why).
 #
 # Usage: scripts/test.sh [extra cargo test args for the e2e tests]
 set -euo pipefail
@@ -9,6 +10,8 @@ cd "$(dirname "$0")/.."
 
 bash scripts/setup.sh
 export PATH="$HOME/.cargo/bin:$PATH"
+LOG=$(mktemp /tmp/ckpt-test-log.XXXXXX)
+trap 'rm -f "$LOG"' EXIT
 
 echo "[test] cargo fmt --check"
 cargo fmt --all -- --check
@@ -17,8 +20,12 @@ echo "[test] building release binaries (shared by every e2e test)"
 cargo build --release --workspace --locked
 
 echo "[test] unit and integration tests of the libraries"
-cargo test --release --workspace --locked --exclude ckpt-tests
+cargo test --release --workspace --locked --exclude ckpt-tests 2>&1 | tee -a "$LOG"
 
 echo "[test] end-to-end tests (one at a time: each runs a 4-rank MPI job on 2 cores)"
 export CKPT_BIN_DIR="$PWD/target/release"
-cargo test --release --locked -p ckpt-tests -- --test-threads=1 "$@"
+cargo test --release --locked -p ckpt-tests -- --test-threads=1 --show-output "$@" 2>&1 | tee -a "$LOG"
+
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i == "passed;") p += $(i-1); if ($i == "failed;") f += $(i-1) } }
+     /^SKIPPED/ { s++ }
+     END { printf "tests: %d passed, %d failed, %d skipped\n", p - s, f, s }' "$LOG"
