@@ -157,6 +157,26 @@ fn unknown_job_and_bad_arguments_have_distinct_exit_codes() {
     // A job with no committed epoch cannot be restarted.
     let job = d.run_job("true", &["/bin/true".to_string()]);
     d.wait_state(job, "exited", LIMIT);
+    let begin = std::time::Instant::now();
+    while d.cgroup(job).exists() {
+        assert!(
+            begin.elapsed() < LIMIT,
+            "the cgroup of a finished job is removed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A command that cannot start is refused with the reason, and recorded as such.
+    let out = d.ctl(&["run", "--", "/nonexistent/program"]);
+    assert_ne!(out.code, 0, "{out:?}");
+    assert!(out.stderr.contains("/nonexistent/program"), "{out:?}");
+    let listed: serde_json::Value = serde_json::from_str(d.ctl(&["list", "--json"]).ok()).unwrap();
+    let failed = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["argv"][0] == "/nonexistent/program")
+        .expect("listed");
+    assert_eq!(failed["state"], "failed to start", "{failed}");
     let out = d.ctl(&["restart", &job.to_string()]);
     assert_eq!(out.code, 4, "{out:?}");
     assert!(out.stderr.contains("no committed checkpoint"), "{out:?}");

@@ -382,7 +382,19 @@ impl Coordinator {
             gid: caller.gid,
             groups,
         };
-        let reply = call(&node, "launch", self.cfg.deadlines.sync, client.launch(req)).await?;
+        let reply = match call(&node, "launch", self.cfg.deadlines.sync, client.launch(req)).await {
+            Ok(r) => r,
+            Err(failure) => {
+                // Keep the record, so the id is never reused and `ckptctl list` says why.
+                let reason = failure.message.clone();
+                self.update_job(id, |j| {
+                    j.state = JobState::FailedToStart { reason };
+                    Ok(())
+                })
+                .await?;
+                return Err(failure.into());
+            }
+        };
         let _g = self.state.lock().await;
         let mut job = self
             .registry

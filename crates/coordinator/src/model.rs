@@ -216,6 +216,11 @@ pub enum JobState {
     Cancelled,
     /// Its processes vanished without a recorded exit (node or agent lost).
     Lost,
+    /// Its command could not be started.
+    FailedToStart {
+        /// What the agent reported.
+        reason: String,
+    },
 }
 
 impl JobState {
@@ -233,6 +238,7 @@ impl JobState {
             JobState::Stopped => "stopped".into(),
             JobState::Cancelled => "cancelled".into(),
             JobState::Lost => "lost".into(),
+            JobState::FailedToStart { .. } => "failed to start".into(),
         }
     }
 

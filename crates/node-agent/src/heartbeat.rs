@@ -20,7 +20,12 @@ pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
         let Ok(job) = j.try_lock() else { continue };
         let (state, code, signal) = match job.observe() {
             Observed::Running => ("running", None, None),
-            Observed::Exited(e) => ("exited", e.code, e.signal),
+            Observed::Exited(e) => {
+                // The job is over on this node: its (empty) cgroup is not needed until a
+                // restore, which creates it again.
+                job.remove_empty_cgroup();
+                ("exited", e.code, e.signal)
+            }
             Observed::Lost => ("absent", None, None),
         };
         out.push(pb::JobReport {

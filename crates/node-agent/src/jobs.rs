@@ -139,6 +139,13 @@ impl NodeJob {
         Observed::Lost
     }
 
+    /// Removes the job's cgroup if it exists and holds no process.
+    pub fn remove_empty_cgroup(&self) {
+        if self.cgroup.exists() && self.cgroup.pids().map(|p| p.is_empty()).unwrap_or(false) {
+            let _ = self.cgroup.remove();
+        }
+    }
+
     /// Job id.
     pub fn id(&self) -> u64 {
         self.record.id
