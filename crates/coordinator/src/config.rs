@@ -1,10 +1,11 @@
 //! ckptd configuration (`/etc/ckpt/ckptd.toml`); every key is documented in
 //! `packaging/config/ckptd.toml`.
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use node_agent::config::{load_or_default, parse_toml, AgentConfig, ConfigError};
+pub use node_agent::config::TomlConfig;
+use node_agent::config::{AgentConfig, ConfigError};
 use serde::Deserialize;
 
 /// `ckptd` configuration.
@@ -83,23 +84,10 @@ impl Default for CoordinatorConfig {
 impl CoordinatorConfig {
     /// Default location of the config file.
     pub const DEFAULT_PATH: &'static str = "/etc/ckpt/ckptd.toml";
+}
 
-    /// Reads and validates a TOML file.
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let cfg: Self = load_or_default(path, Path::new(""))?;
-        cfg.validate()?;
-        Ok(cfg)
-    }
-
-    /// Parses and validates TOML text.
-    pub fn from_toml(path: &Path, text: &str) -> Result<Self, ConfigError> {
-        let cfg: Self = parse_toml(path, text)?;
-        cfg.validate()?;
-        Ok(cfg)
-    }
-
-    /// Checks values the schema alone cannot.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+impl TomlConfig for CoordinatorConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
         let d = &self.deadlines;
         for (key, v) in [
             ("deadlines.sync", d.sync),
@@ -130,6 +118,7 @@ impl CoordinatorConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn parses_deadlines_and_agent_table() {
@@ -159,6 +148,7 @@ mod tests {
 #[cfg(test)]
 mod example_config {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn packaged_example_is_valid() {

@@ -157,26 +157,33 @@ pub fn load_or_default<T: serde::de::DeserializeOwned + Default>(
     parse_toml(path, &text)
 }
 
-impl AgentConfig {
-    /// Default location of the config file.
-    pub const DEFAULT_PATH: &'static str = "/etc/ckpt/agent.toml";
+/// A daemon config read from TOML: parsed with defaults for missing keys, then validated.
+pub trait TomlConfig: serde::de::DeserializeOwned + Default {
+    /// Checks values that the schema alone cannot; the error names the key.
+    fn validate(&self) -> Result<(), ConfigError>;
 
     /// Reads and validates a TOML file.
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+    fn load(path: &Path) -> Result<Self, ConfigError> {
         let cfg: Self = load_or_default(path, Path::new(""))?;
         cfg.validate()?;
         Ok(cfg)
     }
 
     /// Parses and validates TOML text; `path` only names the source in errors.
-    pub fn from_toml(path: &Path, text: &str) -> Result<Self, ConfigError> {
+    fn from_toml(path: &Path, text: &str) -> Result<Self, ConfigError> {
         let cfg: Self = parse_toml(path, text)?;
         cfg.validate()?;
         Ok(cfg)
     }
+}
 
-    /// Checks values that the schema alone cannot.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+impl AgentConfig {
+    /// Default location of the config file.
+    pub const DEFAULT_PATH: &'static str = "/etc/ckpt/agent.toml";
+}
+
+impl TomlConfig for AgentConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
         if self.node_name.is_empty() || self.node_name.contains('/') {
             return Err(ConfigError::Invalid {
                 key: "node_name",

@@ -33,6 +33,17 @@ use tracing::info;
 pub use config::AgentConfig;
 pub use error::AgentError;
 
+/// Logging for the daemons: to stderr (journald under systemd), filtered by `CKPT_LOG`
+/// (default `info`).
+pub fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CKPT_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+}
+
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {

@@ -3,6 +3,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use node_agent::config::TomlConfig;
 use node_agent::AgentConfig;
 
 /// The ckpt node agent: launches, freezes, snapshots and restores a job's processes on this node.
@@ -51,12 +52,7 @@ fn main() -> ExitCode {
     if let Some(Cmd::Shim { spec }) = &cli.cmd {
         return ExitCode::from(node_agent::shim::main(spec) as u8);
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CKPT_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    node_agent::init_tracing();
     let default_path = std::path::Path::new(AgentConfig::DEFAULT_PATH);
     let mut cfg: AgentConfig = match node_agent::config::load_or_default(&cli.config, default_path)
     {

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use coordinator::config::CoordinatorConfig;
+use coordinator::config::{CoordinatorConfig, TomlConfig};
 use coordinator::driver::Coordinator;
 use coordinator::registry::Registry;
 
@@ -68,12 +68,7 @@ fn main() -> ExitCode {
     if let Some(Cmd::Shim { spec }) = &cli.cmd {
         return ExitCode::from(node_agent::shim::main(spec) as u8);
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CKPT_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    node_agent::init_tracing();
     let default_path = std::path::Path::new(CoordinatorConfig::DEFAULT_PATH);
     let mut cfg: CoordinatorConfig =
         match node_agent::config::load_or_default(&cli.config, default_path) {
