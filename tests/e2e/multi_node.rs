@@ -91,3 +91,183 @@ fn agents_in_namespaces_checkpoint_a_job_and_an_unreachable_node_aborts_initial_
         "restarted inside n2's namespace"
     );
 }
+
+const NODES: [&str; 3] = ["n1", "n2", "n3"];
+const RANKS: u32 = 6;
+const N: u32 = 256;
+const ITERS: u32 = 3000;
+const SLEEP_US: u32 = 2000;
+
+/// Three test hosts, one agent on each, one ckptd; `None` (with the reason printed) where
+/// namespaces are unavailable.
+fn three_nodes(failpoints: bool) -> Option<(Cluster, Ckptd)> {
+    if let Some(why) = Cluster::unavailable() {
+        eprintln!("SKIPPED: {why}");
+        return None;
+    }
+    let cluster = Cluster::create(3).expect("create test hosts");
+    let mut d = Ckptd::start(Options {
+        no_agent: true,
+        failpoints,
+        ..Options::default()
+    });
+    for n in NODES {
+        d.start_agent_in(&cluster, n);
+    }
+    d.wait_agents(3);
+    Some((cluster, d))
+}
+
+/// Starts the heat program with 6 ranks over the three nodes, launched from n1, and waits
+/// until it computes.
+fn run_across(d: &Ckptd, cluster: &Cluster, mpi: Mpi) -> u64 {
+    let hosts: Vec<&str> = cluster.nodes.iter().map(|n| n.ip.as_str()).collect();
+    let argv = mpi.heat_argv_on(&hosts, RANKS, N, ITERS, SLEEP_US);
+    let mut args = vec!["run", "--name", "heat", "--node", "n1", "--"];
+    args.extend(argv.iter().map(String::as_str));
+    let job: u64 = d.ctl(&args).ok().trim().parse().unwrap();
+    let out_file = d.job_dir_on("n1", job).join("stdout");
+    let begin = Instant::now();
+    while !std::fs::read_to_string(&out_file)
+        .unwrap_or_default()
+        .contains("iter ")
+    {
+        assert!(
+            begin.elapsed() < LIMIT,
+            "no progress: {}",
+            std::fs::read_to_string(d.job_dir_on("n1", job).join("stderr")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    job
+}
+
+fn checksum_on_n1(d: &Ckptd, job: u64) -> Option<String> {
+    checksum_in(&std::fs::read_to_string(d.job_dir_on("n1", job).join("stdout")).unwrap())
+}
+
+/// `ckptctl status` names every node with its role, its ranks and their state.
+fn assert_status_shows_every_node(d: &Ckptd, job: u64) {
+    let st = d.status(job);
+    let nodes = st["nodes"].as_array().expect("nodes");
+    let mut names: Vec<&str> = nodes.iter().filter_map(|n| n["node"].as_str()).collect();
+    // The launcher node first, then the others in the order mpiexec reached them.
+    names[1..].sort_unstable();
+    assert_eq!(names, NODES, "{st}");
+    assert_eq!(nodes[0]["role"], "launcher", "{st}");
+    let mut all_ranks = Vec::new();
+    for n in nodes {
+        assert_eq!(n["state"], "running", "{st}");
+        let ranks = n["ranks"].as_array().unwrap();
+        assert_eq!(ranks.len(), 2, "two ranks on {}: {st}", n["node"]);
+        all_ranks.extend(ranks.iter().filter_map(|r| r.as_i64()));
+        if n["node"] != "n1" {
+            assert_eq!(n["role"], "attached", "{st}");
+        }
+    }
+    all_ranks.sort_unstable();
+    assert_eq!(all_ranks, (0..RANKS as i64).collect::<Vec<_>>(), "{st}");
+    let text = d.ctl(&["status", &job.to_string()]).ok().to_string();
+    assert!(
+        text.contains("node n2 (attached): running, ") && text.contains("ranks "),
+        "{text}"
+    );
+}
+
+/// The main multi-node story: a 6-rank job across 3 nodes, started by mpiexec through
+/// ckpt-rsh, checkpointed twice, every process on every node SIGKILLed, restarted, and
+/// finishing with the checksum of an uninterrupted run.
+fn checkpoint_kill_restart_across_three_nodes(mpi: Mpi) {
+    let want = mpi.reference_checksum(RANKS, N, ITERS);
+    let Some((cluster, d)) = three_nodes(false) else {
+        return;
+    };
+    let job = run_across(&d, &cluster, mpi);
+    assert_status_shows_every_node(&d, job);
+    for _ in 0..2 {
+        d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
+    }
+    let epochs = d.epochs(job);
+    for e in &epochs {
+        assert_eq!(e["state"], "committed", "{e}");
+        let mut nodes: Vec<&str> = e["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|n| n.as_str())
+            .collect();
+        nodes.sort_unstable();
+        assert_eq!(nodes, NODES, "every node is in the epoch: {e}");
+    }
+    d.kill_job_on(&NODES, job);
+    d.wait_state(job, "killed", LIMIT);
+    let out = d.ctl(&["restart", &job.to_string()]);
+    out.ok();
+    d.wait_state(job, "exited", LIMIT);
+    assert_eq!(
+        checksum_on_n1(&d, job).as_deref(),
+        Some(want.as_str()),
+        "restarted on all three nodes"
+    );
+}
+
+#[test]
+fn mpich_across_three_nodes_checkpoint_kill_restart() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "nsenter", "nft");
+    checkpoint_kill_restart_across_three_nodes(Mpi::Mpich);
+}
+
+#[test]
+fn openmpi_across_three_nodes_checkpoint_kill_restart() {
+    skip_unless_ready!("mpirun.openmpi", "mpicc.openmpi", "nsenter", "nft");
+    checkpoint_kill_restart_across_three_nodes(Mpi::OpenMpi);
+}
+
+/// An agent killed while its node dumps: the epoch is aborted, every node thaws (the killed
+/// agent's node when systemd restarts the agent), and the job finishes right on all nodes.
+#[test]
+fn agent_killed_during_local_checkpoint_aborts_and_the_job_goes_on_everywhere() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "nsenter");
+    let want = Mpi::Mpich.reference_checksum(RANKS, N, ITERS);
+    let Some((cluster, mut d)) = three_nodes(true) else {
+        return;
+    };
+    let job = run_across(&d, &cluster, Mpi::Mpich);
+    d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
+    d.set_failpoints("dump=delay:4s\n");
+    let ctl = d.ctl_spawn(&["checkpoint", &job.to_string(), "--wait"]);
+    let state = d.cgroup_on("n2", job).join("freezer.state");
+    let begin = Instant::now();
+    while std::fs::read_to_string(&state).unwrap_or_default().trim() != "FROZEN" {
+        assert!(begin.elapsed() < LIMIT, "n2 never froze");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    d.kill_agent_on("n2");
+    let out = ctl.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(6), "{stderr}");
+    assert!(stderr.contains("node n2"), "{stderr}");
+    d.set_failpoints("");
+    // systemd restarts the agent: it thaws its part and is told to abort the epoch.
+    d.start_agent_in(&cluster, "n2");
+    let e = &d.epochs(job)[1];
+    assert_eq!(
+        (e["state"].as_str(), e["failed_phase"].as_str()),
+        (Some("failed"), Some("local-checkpoint")),
+        "{e}"
+    );
+    d.wait_state(job, "exited", LIMIT);
+    assert_eq!(checksum_on_n1(&d, job).as_deref(), Some(want.as_str()));
+    // Only the committed epoch has images left, on every node.
+    for n in NODES {
+        let staged = d.dir.path().join(n).join("local").join(job.to_string());
+        let epochs: Vec<String> = std::fs::read_dir(&staged)
+            .map(|r| {
+                r.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_eq!(epochs, ["1"], "staging of {n}: {epochs:?}");
+    }
+}

@@ -149,6 +149,34 @@ impl Mpi {
         v
     }
 
+    /// `mpiexec ... heat N ITERS SLEEP_US` with `ranks` ranks spread over `hosts` (addresses),
+    /// the same number on each.
+    pub fn heat_argv_on(
+        self,
+        hosts: &[&str],
+        ranks: u32,
+        n: u32,
+        iters: u32,
+        sleep_us: u32,
+    ) -> Vec<String> {
+        let mut v = self.heat_argv(ranks, n, iters, sleep_us);
+        let per = ranks / hosts.len() as u32;
+        let list = match self {
+            Mpi::Mpich => hosts.join(","),
+            Mpi::OpenMpi => hosts
+                .iter()
+                .map(|h| format!("{h}:{per}"))
+                .collect::<Vec<_>>()
+                .join(","),
+        };
+        let flag = match self {
+            Mpi::Mpich => "-hosts",
+            Mpi::OpenMpi => "-host",
+        };
+        v.splice(1..1, [flag.to_string(), list]);
+        v
+    }
+
     /// Checksum of an uninterrupted run, computed once per argument set (without the sleep).
     pub fn reference_checksum(self, ranks: u32, n: u32, iters: u32) -> String {
         type Key = (Mpi, u32, u32, u32);
@@ -429,6 +457,39 @@ impl Ckptd {
         self.node_agents.push((node.to_string(), child));
     }
 
+    /// Kills (SIGKILL) the agent of a namespace node, as a crash would.
+    pub fn kill_agent_on(&mut self, node: &str) {
+        if let Some(i) = self.node_agents.iter().position(|(n, _)| n == node) {
+            let (_, mut a) = self.node_agents.remove(i);
+            let _ = a.kill();
+            let _ = a.wait();
+        }
+    }
+
+    /// SIGKILLs every process of a job on the given namespace nodes and waits (bounded) until
+    /// none is left.
+    pub fn kill_job_on(&self, nodes: &[&str], job: u64) {
+        let begin = Instant::now();
+        loop {
+            let pids: Vec<i32> = nodes
+                .iter()
+                .flat_map(|n| self.job_pids_on(n, job))
+                .collect();
+            if pids.is_empty() {
+                return;
+            }
+            assert!(
+                begin.elapsed() < Duration::from_secs(60),
+                "job {job} survives SIGKILL: {pids:?}"
+            );
+            for p in pids {
+                // SAFETY: kill(2) on a PID read from the job's own cgroup.
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Waits (bounded) until ckptd answers and `n` agent registrations are in its log.
     pub fn wait_agents(&mut self, n: usize) {
         let begin = Instant::now();
@@ -461,22 +522,23 @@ impl Ckptd {
             .join(job.to_string())
     }
 
-    /// PIDs of a job on a namespace node.
-    pub fn job_pids_on(&self, node: &str, job: u64) -> Vec<i32> {
+    /// The cgroup of a job on a namespace node.
+    pub fn cgroup_on(&self, node: &str, job: u64) -> PathBuf {
         let parent = if Path::new("/sys/fs/cgroup/freezer/cgroup.procs").exists() {
             "/sys/fs/cgroup/freezer"
         } else {
             "/sys/fs/cgroup"
         };
-        std::fs::read_to_string(
-            Path::new(parent)
-                .join(format!("{}{node}-{job}", self.prefix))
-                .join("cgroup.procs"),
-        )
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect()
+        Path::new(parent).join(format!("{}{node}-{job}", self.prefix))
+    }
+
+    /// PIDs of a job on a namespace node.
+    pub fn job_pids_on(&self, node: &str, job: u64) -> Vec<i32> {
+        std::fs::read_to_string(self.cgroup_on(node, job).join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
     }
 
     /// Waits (bounded) until ckptd answers and an agent has registered.

@@ -1,6 +1,8 @@
 //! Test hosts on one machine: N network namespaces joined by a private bridge, each with one
 //! veth and a private address, plus a coordinator in the root namespace reachable at the bridge
-//! address. Agents run inside the namespaces, entered with `nsenter --net` (never
+//! address. Each node also has its own UTS namespace, so its host name differs like a real
+//! node's (MPI libraries tell nodes apart by host name, and Open MPI names its session files
+//! after it). Agents run inside the namespaces, entered with `nsenter --net --uts` (never
 //! `ip netns exec`, whose private mount namespace breaks CRIU). Everything is removed on drop,
 //! also when a test fails. Traffic stays on this machine: the bridge has no uplink.
 use std::path::PathBuf;
@@ -17,6 +19,28 @@ pub struct NodeNs {
     pub ip: String,
     /// Host-side end of the node's veth (down = node unreachable).
     pub veth: String,
+    /// The node's persistent UTS namespace (a bind mount); its host name is `netns`.
+    pub uts: PathBuf,
+}
+
+/// Where the test hosts' UTS namespaces are bound.
+const UTS_DIR: &str = "/run/ckpt-uts";
+
+fn run(program: &str, args: &[&str]) -> Result<(), String> {
+    let out = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("{program}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{program} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
 }
 
 /// A set of test hosts.
@@ -31,26 +55,13 @@ pub struct Cluster {
 }
 
 fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
+    run("ip", args)
 }
 
 impl Cluster {
     /// Whether this machine can host namespaces (root, iproute2, nsenter).
     pub fn unavailable() -> Option<String> {
-        for tool in ["ip", "nsenter"] {
+        for tool in ["ip", "nsenter", "unshare"] {
             let runs = Command::new(tool)
                 .arg("-V")
                 .stdout(Stdio::null())
@@ -88,6 +99,7 @@ impl Cluster {
                 netns: format!("ckpt{tag}n{i}"),
                 ip: format!("{subnet}.{i}"),
                 veth: format!("ckv{tag}n{i}"),
+                uts: PathBuf::from(UTS_DIR).join(format!("ckpt{tag}n{i}")),
             };
             let peer = format!("ckp{tag}n{i}");
             ip(&["netns", "add", &node.netns])?;
@@ -106,6 +118,10 @@ impl Cluster {
             inns(&["addr", "add", &format!("{}/24", node.ip), "dev", "eth0"])?;
             inns(&["link", "set", "eth0", "up"])?;
             inns(&["link", "set", "lo", "up"])?;
+            std::fs::create_dir_all(UTS_DIR).map_err(|e| format!("{UTS_DIR}: {e}"))?;
+            std::fs::File::create(&node.uts).map_err(|e| format!("{}: {e}", node.uts.display()))?;
+            let uts = format!("--uts={}", node.uts.display());
+            run("unshare", &[&uts, "hostname", &node.netns])?;
         }
         Ok(c)
     }
@@ -129,10 +145,12 @@ impl Cluster {
         .expect("set link");
     }
 
-    /// A command that runs `program` inside the node's network namespace.
+    /// A command that runs `program` inside the node's network and UTS namespaces.
     pub fn command_in(&self, name: &str, program: &PathBuf) -> Command {
+        let n = self.node(name);
         let mut c = Command::new("nsenter");
-        c.arg(format!("--net=/run/netns/{}", self.node(name).netns))
+        c.arg(format!("--net=/run/netns/{}", n.netns))
+            .arg(format!("--uts={}", n.uts.display()))
             .arg("--")
             .arg(program);
         c
@@ -144,6 +162,8 @@ impl Drop for Cluster {
         for n in &self.nodes {
             let _ = ip(&["netns", "del", &n.netns]);
             let _ = ip(&["link", "del", &n.veth]);
+            let _ = run("umount", &[&n.uts.display().to_string()]);
+            let _ = std::fs::remove_file(&n.uts);
         }
         let _ = ip(&["link", "del", &self.bridge]);
     }

@@ -101,6 +101,10 @@ pub struct NodeManifest {
     /// job was killed) would keep the restored connections from binding.
     #[serde(default)]
     pub tcp_ports: Vec<u16>,
+    /// Local addresses of the job's TCP sockets (other than loopback and wildcard): the
+    /// restored connections need them configured on the node again.
+    #[serde(default)]
+    pub tcp_addrs: Vec<String>,
     /// Free-form facts for operators (engine flags, timings).
     #[serde(default)]
     pub notes: BTreeMap<String, String>,
@@ -221,6 +225,7 @@ mod tests {
             }],
             preserved: vec![],
             tcp_ports: vec![4000],
+            tcp_addrs: vec!["10.0.0.1".into()],
             notes: BTreeMap::new(),
         }
     }

@@ -138,6 +138,15 @@ impl Agents {
             })
     }
 
+    /// A node's agent address.
+    pub fn address(&self, node: &str) -> Option<String> {
+        self.map
+            .read()
+            .expect("agents lock")
+            .get(node)
+            .map(|e| e.address.clone())
+    }
+
     /// Registered nodes with their address and seconds since the last heartbeat.
     pub fn list(&self) -> Vec<(String, String, u64)> {
         self.map

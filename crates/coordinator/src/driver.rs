@@ -61,6 +61,12 @@ pub enum DriveError {
     /// Bad request.
     #[error("{0}")]
     Invalid(String),
+    /// The caller may not do this (wrong job secret).
+    #[error("{0}")]
+    Denied(String),
+    /// Not now: try again shortly (a checkpoint or restart of the job is in progress).
+    #[error("{0}")]
+    Busy(String),
     /// No agent to run the job.
     #[error("no agent is registered; start ckpt-agent on a node (or run ckptd --standalone)")]
     NoAgents,
@@ -343,7 +349,7 @@ impl Coordinator {
         };
         let mut client = self.agents.client(&node)?;
         let groups = caller.pid.map(supplementary_groups).unwrap_or_default();
-        let (id, name) = {
+        let (id, name, token) = {
             let _g = self.state.lock().await;
             let id = self.registry.next_job_id()?;
             let name = if spec.name.is_empty() {
@@ -368,9 +374,11 @@ impl Coordinator {
                 latest_committed: 0,
                 created_unix_ms: now_ms(),
                 job_dir: String::new(),
+                parts: vec![],
+                token: new_token(),
             };
             self.registry.put_job(&job)?;
-            (id, name)
+            (id, name, job.token)
         };
         tracing::Span::current().record("job", id);
         let req = pb::LaunchRequest {
@@ -381,6 +389,8 @@ impl Coordinator {
             uid: caller.uid,
             gid: caller.gid,
             groups,
+            token,
+            part: 0,
         };
         let reply = match call(&node, "launch", self.cfg.deadlines.sync, client.launch(req)).await {
             Ok(r) => r,
@@ -447,7 +457,7 @@ impl Coordinator {
             }
             Err(e) => return Err(e.into()),
         };
-        let epoch = Epoch::begin(id, number, kill, vec![job.node.clone()], now_ms());
+        let epoch = Epoch::begin(id, number, kill, job.nodes(), now_ms());
         self.registry.put_job_and_epoch(&job, &epoch)?;
         Ok((job, epoch))
     }
@@ -787,26 +797,76 @@ impl Coordinator {
             phase: "restore",
             message: format!("verifying and restoring {} node(s)", epoch.nodes.len()),
         });
+        // Every node restores its part frozen, with the part's TCP ports blocked; only when all
+        // are restored are they released together. A node released early would exchange
+        // packets with peers that do not exist yet and get its connections reset.
         let d = self.cfg.deadlines.restore;
-        let mut incarnation = 0;
-        let mut failure = None;
-        for n in &epoch.nodes {
+        let calls = epoch.nodes.iter().map(|n| {
             let req = pb::RestoreRequest {
                 job_id: id,
                 epoch: number,
                 manifest_digest: epoch.manifests.get(n).cloned().unwrap_or_default(),
+                hold: true,
+                token: job.token.clone(),
             };
-            let r = match self.agents.client(n) {
-                Ok(mut c) => call(n, "restore", d, c.restore(req)).await,
-                Err(e) => Err(e),
-            };
+            let client = self.agents.client(n);
+            let progress = progress.clone();
+            async move {
+                let r = match client {
+                    Ok(mut c) => call(n, "restore", d, c.restore(req)).await,
+                    Err(e) => Err(e),
+                };
+                if r.is_ok() {
+                    let _ = progress.send(Step {
+                        job: id,
+                        epoch: number,
+                        phase: "restore",
+                        message: format!("node {n} restored (held)"),
+                    });
+                }
+                (n.clone(), r)
+            }
+        });
+        let results = join_all(calls).await;
+        let mut incarnation = 0;
+        let mut failure = None;
+        let mut restored = Vec::new();
+        for (n, r) in results {
             match r {
-                Ok(reply) => incarnation = reply.incarnation,
+                Ok(reply) => {
+                    if n == job.node {
+                        incarnation = reply.incarnation;
+                    }
+                    restored.push(n);
+                }
                 Err(e) => {
-                    failure = Some(e);
-                    break;
+                    failure.get_or_insert(e);
                 }
             }
+        }
+        let kill = failure.is_some();
+        let released = self
+            .on_all_collect(&restored, "release", self.cfg.deadlines.resume, |mut c| {
+                let req = pb::ReleaseRequest { job_id: id, kill };
+                async move { c.release(req).await }
+            })
+            .await;
+        for (_, r) in released {
+            if let Err(e) = r {
+                failure.get_or_insert(e);
+            }
+        }
+        if failure.is_some() && !kill {
+            // Released elsewhere but not everywhere: the job cannot run incomplete.
+            let _ = self
+                .on_all_collect(&restored, "release", self.cfg.deadlines.resume, |mut c| {
+                    let req = pb::ReleaseRequest {
+                        job_id: id,
+                        kill: true,
+                    };
+                    async move { c.release(req).await }
+                })
+                .await;
         }
         match failure {
             None => {
@@ -831,6 +891,163 @@ impl Coordinator {
                 })
             }
         }
+    }
+
+    /// The node a host name from an MPI host list means: a node name (also without its domain),
+    /// or a name or address of the node's agent.
+    pub async fn resolve_host(&self, host: &str) -> Result<String, DriveError> {
+        let agents = self.agents.list();
+        let short = |s: &str| s.split('.').next().unwrap_or(s).to_string();
+        let addr_host = |a: &str| {
+            a.parse::<std::net::SocketAddr>()
+                .map(|s| s.ip().to_string())
+                .unwrap_or_else(|_| a.rsplit_once(':').map_or(a, |(h, _)| h).to_string())
+        };
+        if let Some((n, _, _)) = agents
+            .iter()
+            .find(|(n, a, _)| n == host || addr_host(a) == host)
+            .or_else(|| agents.iter().find(|(n, _, _)| short(n) == short(host)))
+        {
+            return Ok(n.clone());
+        }
+        // A name that resolves to an agent's address.
+        if let Ok(ips) = tokio::net::lookup_host((host, 0)).await {
+            let ips: Vec<String> = ips.map(|s| s.ip().to_string()).collect();
+            if let Some((n, _, _)) = agents.iter().find(|(_, a, _)| ips.contains(&addr_host(a))) {
+                return Ok(n.clone());
+            }
+        }
+        let known = agents
+            .iter()
+            .map(|(n, a, _)| format!("{n} ({a})"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        Err(DriveError::Invalid(format!(
+            "host {host:?} is not a node with a registered ckpt-agent (known: {known}); start ckpt-agent there, or name the host as its node name or agent address"
+        )))
+    }
+
+    fn check_token(job: &Job, token: &str) -> Result<(), DriveError> {
+        if job.token.is_empty() || job.token != token {
+            return Err(DriveError::Denied(format!(
+                "wrong secret for job {}: ckpt-rsh must run inside the job (CKPT_JOB_TOKEN)",
+                job.id
+            )));
+        }
+        Ok(())
+    }
+
+    /// Starts a part of a running job on another node, for `ckpt-rsh`: the command runs there
+    /// through `/bin/sh -c` as the job's owner, in the job's cgroup, with the environment sshd
+    /// would give it. Returns the node and its agent's address.
+    #[instrument(skip_all, fields(job = req.job_id, host = %req.host))]
+    pub async fn attach(&self, req: pb::AttachRequest) -> Result<pb::AttachReply, DriveError> {
+        let node = self.resolve_host(&req.host).await?;
+        let id = req.job_id;
+        let (job, part) = {
+            let _g = self.state.lock().await;
+            let mut job = self
+                .registry
+                .job(id)?
+                .ok_or(DriveError::UnknownJob { job: id })?;
+            Self::check_token(&job, &req.token)?;
+            // A job is recorded before its command starts (`Lost` at incarnation 0) and its
+            // launcher may call here before the launch reply is in.
+            let starting = job.state == JobState::Lost && job.incarnation == 0;
+            match job.state {
+                JobState::Running => {}
+                _ if starting => {}
+                JobState::Checkpointing | JobState::Restarting => {
+                    return Err(DriveError::Busy(format!(
+                        "job {id} is {}; try again when it is done",
+                        job.state.name()
+                    )))
+                }
+                _ => {
+                    return Err(DriveError::Invalid(format!(
+                        "job {id} is {}: no new processes can join it",
+                        job.state.name()
+                    )))
+                }
+            }
+            if node == job.node {
+                return Err(DriveError::Invalid(format!(
+                    "node {node} runs job {id}'s launcher, which starts its processes there itself; name each host once in mpiexec's host list"
+                )));
+            }
+            if job.parts.contains(&node) {
+                return Err(DriveError::Invalid(format!(
+                    "job {id} already has processes on node {node}; name each host once in mpiexec's host list"
+                )));
+            }
+            job.parts.push(node.clone());
+            self.registry.put_job(&job)?;
+            let part = job.parts.len() as u32;
+            (job, part)
+        };
+        let user = nix::unistd::User::from_uid(job.owner_uid.into())
+            .ok()
+            .flatten();
+        let home = user
+            .as_ref()
+            .map(|u| u.dir.display().to_string())
+            .unwrap_or_else(|| "/".into());
+        let mut env = std::collections::HashMap::new();
+        env.insert("PATH".to_string(), DEFAULT_PATH.to_string());
+        env.insert("HOME".to_string(), home.clone());
+        if let Some(u) = &user {
+            env.insert("USER".to_string(), u.name.clone());
+            env.insert("LOGNAME".to_string(), u.name.clone());
+            env.insert("SHELL".to_string(), "/bin/sh".to_string());
+        }
+        let launch = pb::LaunchRequest {
+            job_id: id,
+            argv: vec!["/bin/sh".into(), "-c".into(), req.command.clone()],
+            cwd: home,
+            env,
+            uid: job.owner_uid,
+            gid: job.owner_gid,
+            groups: vec![],
+            token: job.token.clone(),
+            part,
+        };
+        let r = match self.agents.client(&node) {
+            Ok(mut c) => call(&node, "launch", self.cfg.deadlines.sync, c.launch(launch)).await,
+            Err(e) => Err(e),
+        };
+        match r {
+            Ok(reply) => {
+                info!(node, pid = reply.pid, part, "job part started");
+                Ok(pb::AttachReply {
+                    agent: self.agents.address(&node).unwrap_or_default(),
+                    node,
+                    pid: reply.pid,
+                    incarnation: reply.incarnation,
+                })
+            }
+            Err(failure) => {
+                let _ = self
+                    .update_job(id, |j| {
+                        j.parts.retain(|p| *p != node);
+                        Ok(())
+                    })
+                    .await;
+                Err(failure.into())
+            }
+        }
+    }
+
+    /// The current address of a node's agent, for `ckpt-rsh` of a job with a part there.
+    pub async fn locate(&self, req: pb::LocateRequest) -> Result<pb::LocateReply, DriveError> {
+        let job = self
+            .registry
+            .job(req.job_id)?
+            .ok_or(DriveError::UnknownJob { job: req.job_id })?;
+        Self::check_token(&job, &req.token)?;
+        let agent = self.agents.address(&req.node).ok_or_else(|| {
+            DriveError::Invalid(format!("node {} has no registered agent", req.node))
+        })?;
+        Ok(pb::LocateReply { agent })
     }
 
     /// Kills a running job (SIGTERM, then SIGKILL). Its epochs stay restorable.
@@ -863,6 +1080,16 @@ impl Coordinator {
             }
         }
         let _ = signal(libc::SIGKILL).await;
+        // Parts on other nodes normally end with the launcher; kill what is left of them.
+        let _ = self
+            .on_all_collect(&job.parts, "cancel", d.resume, |mut c| {
+                let req = pb::SignalRequest {
+                    job_id: id,
+                    signal: libc::SIGKILL,
+                };
+                async move { c.signal(req).await }
+            })
+            .await;
         self.update_job(id, |j| {
             if j.state == JobState::Running {
                 j.cancel()
@@ -876,7 +1103,7 @@ impl Coordinator {
     /// The job's processes per node, as the agents see them now.
     pub async fn inspect(&self, job: &Job) -> Vec<pb::NodeJobInfo> {
         let mut out = Vec::new();
-        for n in [job.node.clone()] {
+        for n in job.nodes() {
             let info = match self.agents.client(&n) {
                 Ok(mut c) => {
                     call(
@@ -889,10 +1116,18 @@ impl Coordinator {
                 }
                 Err(e) => Err(e),
             };
-            out.push(info.unwrap_or_else(|e| pb::NodeJobInfo {
-                node: n.clone(),
-                state: format!("unknown ({})", e.message),
-                processes: vec![],
+            out.push(info.unwrap_or_else(|e| {
+                pb::NodeJobInfo {
+                    node: n.clone(),
+                    state: format!("unknown ({})", e.message),
+                    processes: vec![],
+                    role: if n == job.node {
+                        "launcher"
+                    } else {
+                        "attached"
+                    }
+                    .into(),
+                }
             }));
         }
         out
@@ -907,6 +1142,24 @@ impl Coordinator {
             _ => None,
         }
     }
+}
+
+/// PATH of commands started on other nodes, as sshd sets it.
+const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// A fresh job secret: 128 random bits, hex.
+fn new_token() -> String {
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .is_err()
+    {
+        // Never reached on Linux; still unguessable enough to tell jobs apart.
+        b[..8].copy_from_slice(&now_ms().to_le_bytes());
+        b[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// SIGTERM grace period of `cancel`, in 100 ms steps: MPI launchers forward SIGTERM to ranks

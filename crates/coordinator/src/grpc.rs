@@ -23,6 +23,8 @@ pub fn to_status(e: &DriveError) -> Status {
         | DriveError::NoCommittedEpoch { .. }
         | DriveError::EpochNotRestorable { .. } => Code::FailedPrecondition,
         DriveError::Invalid(_) => Code::InvalidArgument,
+        DriveError::Denied(_) => Code::PermissionDenied,
+        DriveError::Busy(_) => Code::Unavailable,
         DriveError::NoAgents => Code::Unavailable,
         DriveError::EpochFailed { failure, .. } => match failure.kind {
             FailureKind::Deadline => Code::DeadlineExceeded,
@@ -387,5 +389,27 @@ impl pb::registry_server::Registry for RegistryHandler {
                 r.node
             )))
         }
+    }
+
+    async fn attach(
+        &self,
+        req: Request<pb::AttachRequest>,
+    ) -> Result<Response<pb::AttachReply>, Status> {
+        self.coord
+            .attach(req.into_inner())
+            .await
+            .map(Response::new)
+            .map_err(|e| to_status(&e))
+    }
+
+    async fn locate(
+        &self,
+        req: Request<pb::LocateRequest>,
+    ) -> Result<Response<pb::LocateReply>, Status> {
+        self.coord
+            .locate(req.into_inner())
+            .await
+            .map(Response::new)
+            .map_err(|e| to_status(&e))
     }
 }

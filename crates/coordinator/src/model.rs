@@ -280,9 +280,22 @@ pub struct Job {
     pub created_unix_ms: u64,
     /// Job directory on the launcher node (stdout, stderr, logs).
     pub job_dir: String,
+    /// Further nodes where the job's MPI launcher started a part through `ckpt-rsh`, in order.
+    #[serde(default)]
+    pub parts: Vec<String>,
+    /// The job's secret: `ckpt-rsh` presents it to attach parts on other nodes.
+    #[serde(default)]
+    pub token: String,
 }
 
 impl Job {
+    /// Every node the job runs on: the launcher node first, then its parts.
+    pub fn nodes(&self) -> Vec<String> {
+        std::iter::once(self.node.clone())
+            .chain(self.parts.iter().cloned())
+            .collect()
+    }
+
     fn refuse(&self, action: &str) -> TransitionError {
         TransitionError {
             what: format!("job {}", self.id),
@@ -465,6 +478,8 @@ mod tests {
             latest_committed: 0,
             created_unix_ms: 0,
             job_dir: String::new(),
+            parts: vec![],
+            token: String::new(),
         }
     }
 

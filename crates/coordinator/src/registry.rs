@@ -202,6 +202,8 @@ mod tests {
             latest_committed: 0,
             created_unix_ms: 0,
             job_dir: String::new(),
+            parts: vec![],
+            token: String::new(),
         }
     }
 

@@ -60,6 +60,40 @@ pub struct AgentConfig {
     pub criu: CriuConfig,
     /// Freezer cgroup settings.
     pub cgroup: CgroupConfig,
+    /// How MPI launchers in jobs reach other nodes.
+    pub launcher: LauncherConfig,
+}
+
+/// The launcher program that mpiexec runs instead of ssh.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LauncherConfig {
+    /// Path of `ckpt-rsh`, or `auto`: next to the agent's own binary.
+    pub path: String,
+    /// Point MPICH's Hydra and Open MPI at it in every job's environment (`HYDRA_LAUNCHER`,
+    /// `HYDRA_LAUNCHER_EXEC`, `OMPI_MCA_plm`, `OMPI_MCA_plm_rsh_agent`) unless the job sets them.
+    pub set_mpi_env: bool,
+}
+
+impl Default for LauncherConfig {
+    fn default() -> Self {
+        LauncherConfig {
+            path: "auto".into(),
+            set_mpi_env: true,
+        }
+    }
+}
+
+impl LauncherConfig {
+    /// The launcher's path, if it exists.
+    pub fn resolve(&self) -> Option<PathBuf> {
+        let p = if self.path == "auto" {
+            std::env::current_exe().ok()?.with_file_name("ckpt-rsh")
+        } else {
+            PathBuf::from(&self.path)
+        };
+        p.is_file().then_some(p)
+    }
 }
 
 /// CRIU engine settings.
@@ -103,6 +137,7 @@ impl Default for AgentConfig {
             heartbeat_interval: Duration::from_secs(1),
             criu: CriuConfig::default(),
             cgroup: CgroupConfig::default(),
+            launcher: LauncherConfig::default(),
         }
     }
 }

@@ -153,4 +153,32 @@ pub enum AgentError {
         /// How long.
         waited: Duration,
     },
+    /// An address the job's connections used is not configured on this node.
+    #[error("job {job}: cannot restore on node {node}: address {addr} used by the job's TCP connections is not configured here; restore on the node that had it at checkpoint time, or configure the address first")]
+    AddressMissing {
+        /// Job id.
+        job: u64,
+        /// This node.
+        node: String,
+        /// The address.
+        addr: String,
+    },
+    /// A process of the job left the job's process tree, so the engine cannot reach it.
+    #[error("job {job}: process {pid} ({comm}) is in the job but not below its root process {root} (it daemonized); the snapshot would miss it. For Open MPI, do not set plm_rsh_no_tree_spawn, or set OMPI_MCA_orte_leave_session_attached=1")]
+    OutsideTree {
+        /// Job id.
+        job: u64,
+        /// The process.
+        pid: i32,
+        /// Its command name.
+        comm: String,
+        /// The job's root on this node.
+        root: i32,
+    },
+    /// A caller presented the wrong job secret.
+    #[error("job {job}: wrong job token")]
+    BadToken {
+        /// Job id.
+        job: u64,
+    },
 }

@@ -32,9 +32,11 @@ pub fn to_status(e: AgentError) -> Status {
         AgentError::WrongPhase { .. }
         | AgentError::NotRunning { .. }
         | AgentError::StillRunning { .. } => Status::failed_precondition(msg),
-        AgentError::PidsTaken { .. } | AgentError::VerbsWithoutChannel { .. } => {
-            Status::failed_precondition(msg)
-        }
+        AgentError::PidsTaken { .. }
+        | AgentError::VerbsWithoutChannel { .. }
+        | AgentError::AddressMissing { .. }
+        | AgentError::OutsideTree { .. } => Status::failed_precondition(msg),
+        AgentError::BadToken { .. } => Status::permission_denied(msg),
         AgentError::NoRoom { .. } => Status::resource_exhausted(msg),
         AgentError::Store { .. } | AgentError::ManifestMismatch { .. } => Status::data_loss(msg),
         AgentError::Timeout { .. } => Status::deadline_exceeded(msg),
@@ -65,6 +67,8 @@ impl Agent for AgentHandler {
             uid: r.uid,
             gid: r.gid,
             groups: r.groups,
+            token: r.token,
+            part: r.part,
         };
         let (pid, incarnation) = self.jobs.launch(spec).await.map_err(to_status)?;
         Ok(Response::new(pb::LaunchReply {
@@ -172,7 +176,7 @@ impl Agent for AgentHandler {
         let begin = std::time::Instant::now();
         let (pid, incarnation) = self
             .jobs
-            .restore(r.job_id, r.epoch, &r.manifest_digest)
+            .restore(r.job_id, r.epoch, &r.manifest_digest, r.hold, &r.token)
             .await
             .map_err(to_status)?;
         Ok(Response::new(pb::RestoreReply {
@@ -199,18 +203,57 @@ impl Agent for AgentHandler {
         req: Request<pb::InspectRequest>,
     ) -> Result<Response<pb::NodeJobInfo>, Status> {
         let r = req.into_inner();
-        let (observed, procs) = self.jobs.processes(r.job_id).await.map_err(to_status)?;
+        let (observed, part, procs) = self.jobs.processes(r.job_id).await.map_err(to_status)?;
         Ok(Response::new(pb::NodeJobInfo {
             node: self.jobs.node().to_string(),
             state: observed_text(&observed),
             processes: procs
                 .into_iter()
-                .map(|p| pb::ProcessInfo {
+                .map(|(p, rank)| pb::ProcessInfo {
                     pid: p.pid,
                     comm: p.comm,
                     state: p.state.to_string(),
+                    rank,
                 })
                 .collect(),
+            role: if part == 0 { "launcher" } else { "attached" }.into(),
+        }))
+    }
+
+    async fn release(
+        &self,
+        req: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::PhaseReply>, Status> {
+        let r = req.into_inner();
+        let begin = std::time::Instant::now();
+        self.jobs
+            .release(r.job_id, r.kill)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::PhaseReply {
+            elapsed_us: us(begin.elapsed()),
+            frozen_us: 0,
+        }))
+    }
+
+    async fn poll(&self, req: Request<pb::PollRequest>) -> Result<Response<pb::PollReply>, Status> {
+        let r = req.into_inner();
+        let p = self
+            .jobs
+            .poll(r.job_id, &r.token, r.stdout_offset, r.stderr_offset)
+            .await
+            .map_err(to_status)?;
+        let (state, exit_code, exit_signal) = match p.observed {
+            Some(Observed::Exited(e)) => ("exited", e.code, e.signal),
+            Some(Observed::Lost) => ("absent", None, None),
+            _ => ("running", None, None),
+        };
+        Ok(Response::new(pb::PollReply {
+            stdout: p.stdout,
+            stderr: p.stderr,
+            state: state.into(),
+            exit_code,
+            exit_signal,
         }))
     }
 }

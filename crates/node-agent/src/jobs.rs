@@ -49,6 +49,12 @@ pub struct JobRecord {
     /// The current incarnation's shim: PID and start time (to tell a reused PID apart).
     #[serde(default)]
     pub shim: Option<(i32, u64)>,
+    /// The job's secret; `ckpt-rsh` presents it when it polls a part.
+    #[serde(default)]
+    pub token: String,
+    /// 0: this node runs the job's command; >0: a part started through `ckpt-rsh`.
+    #[serde(default)]
+    pub part: u32,
 }
 
 /// Where one epoch is on this node.
@@ -75,6 +81,7 @@ struct EpochWork {
     open_files: Vec<OpenFile>,
     preserved: Vec<PreservedFile>,
     tcp_ports: Vec<u16>,
+    tcp_addrs: Vec<String>,
     notes: BTreeMap<String, String>,
 }
 
@@ -224,7 +231,62 @@ pub struct LaunchSpec {
     pub gid: u32,
     /// Supplementary groups.
     pub groups: Vec<u32>,
+    /// The job's secret.
+    pub token: String,
+    /// 0: the job's command; >0: a part started through `ckpt-rsh`.
+    pub part: u32,
 }
+
+/// What the agent adds to every job's environment so that its MPI launcher reaches other
+/// nodes through ckpt.
+#[derive(Debug, Clone, Default)]
+pub struct LaunchEnv {
+    /// The coordinator's agent-facing address (`CKPT_COORDINATOR`).
+    pub coordinator: String,
+    /// `ckpt-rsh`, if installed.
+    pub launcher: Option<PathBuf>,
+    /// Point Hydra and Open MPI at `launcher` unless the job chose a launcher itself.
+    pub set_mpi_env: bool,
+}
+
+impl LaunchEnv {
+    /// Adds the job's identity and the launcher settings to `env`.
+    pub fn apply(&self, env: &mut BTreeMap<String, String>, job: u64, token: &str, node: &str) {
+        env.insert("CKPT_JOB_ID".into(), job.to_string());
+        env.insert("CKPT_JOB_TOKEN".into(), token.into());
+        env.insert("CKPT_NODE".into(), node.into());
+        if !self.coordinator.is_empty() {
+            env.insert("CKPT_COORDINATOR".into(), self.coordinator.clone());
+        }
+        let Some(l) = &self.launcher else { return };
+        let l = l.display().to_string();
+        env.insert("CKPT_RSH".into(), l.clone());
+        if self.set_mpi_env {
+            for (k, v) in [
+                ("HYDRA_LAUNCHER", "ssh"),
+                ("HYDRA_LAUNCHER_EXEC", l.as_str()),
+                ("OMPI_MCA_plm", "rsh"),
+                ("OMPI_MCA_plm_rsh_agent", l.as_str()),
+            ] {
+                env.entry(k.into()).or_insert_with(|| v.into());
+            }
+        }
+    }
+}
+
+/// A part's new output and state, for `ckpt-rsh`.
+#[derive(Debug, Clone, Default)]
+pub struct PollResult {
+    /// Output after the stdout offset.
+    pub stdout: Vec<u8>,
+    /// Output after the stderr offset.
+    pub stderr: Vec<u8>,
+    /// The part's state; an exit is only reported with the last of its output.
+    pub observed: Option<Observed>,
+}
+
+/// Largest chunk of each stream one poll returns.
+const POLL_CHUNK: u64 = 1 << 20;
 
 /// The jobs of this node and everything needed to act on them.
 #[derive(Debug)]
@@ -237,6 +299,7 @@ pub struct Jobs {
     shim_exe: PathBuf,
     jobs: std::sync::Mutex<HashMap<u64, Arc<Mutex<NodeJob>>>>,
     failpoints: Failpoints,
+    launch_env: LaunchEnv,
 }
 
 fn now_ms() -> u64 {
@@ -291,7 +354,14 @@ impl Jobs {
             shim_exe,
             jobs: std::sync::Mutex::new(map),
             failpoints: Failpoints::from_env(),
+            launch_env: LaunchEnv::default(),
         })
+    }
+
+    /// Sets what launches add to jobs' environments.
+    pub fn with_launch_env(mut self, env: LaunchEnv) -> Self {
+        self.launch_env = env;
+        self
     }
 
     /// Runs the failpoint of `phase`, if one is set (tests only; see [`crate::failpoint`]).
@@ -343,6 +413,8 @@ impl Jobs {
                 incarnation: 0,
                 root_pid: None,
                 shim: None,
+                token: String::new(),
+                part: 0,
             },
             dir,
             cgroup: self.cgroups.job(job),
@@ -463,10 +535,15 @@ impl Jobs {
                 pids: job.cgroup.pids().unwrap_or_default(),
             });
         }
+        let mut env = spec.env;
+        self.launch_env
+            .apply(&mut env, spec.job, &spec.token, &self.node);
+        job.record.token = spec.token;
+        job.record.part = spec.part;
         let mode = ShimMode::Launch {
             argv: spec.argv,
             cwd: spec.cwd,
-            env: spec.env,
+            env,
             uid: spec.uid,
             gid: spec.gid,
             groups: spec.groups,
@@ -491,6 +568,19 @@ impl Jobs {
             });
         }
         self.failpoint(job_id, "sync").await?;
+        let root = job.record.root_pid.unwrap_or(0);
+        let live = job.cgroup.pids().unwrap_or_default();
+        if let Some(p) = procfs::outside_tree(root, &live)
+            .into_iter()
+            .min_by_key(|p| p.pid)
+        {
+            return Err(AgentError::OutsideTree {
+                job: job_id,
+                pid: p.pid,
+                comm: p.comm,
+                root,
+            });
+        }
         match job.observe() {
             Observed::Running => {}
             Observed::Exited(e) => {
@@ -557,6 +647,7 @@ impl Jobs {
             open_files: Vec::new(),
             preserved: Vec::new(),
             tcp_ports: Vec::new(),
+            tcp_addrs: Vec::new(),
             notes: BTreeMap::new(),
         });
         Ok(Prepared {
@@ -680,6 +771,7 @@ impl Jobs {
                     open_files: w.open_files,
                     preserved: w.preserved,
                     tcp_ports: w.tcp_ports,
+                    tcp_addrs: w.tcp_addrs,
                     notes: w.notes,
                 };
                 let digest = manifest::write(&w.node_dir, &m)?;
@@ -739,6 +831,8 @@ impl Jobs {
         job_id: u64,
         epoch: u32,
         committed_digest: &str,
+        hold: bool,
+        token: &str,
     ) -> Result<(i32, u32), AgentError> {
         let j = self.get_or_create(job_id)?;
         let mut job = j.lock().await;
@@ -779,9 +873,27 @@ impl Jobs {
         })
         .await
         .expect("verify task")?;
+        for a in &m.tcp_addrs {
+            if !address_is_local(a) {
+                return Err(AgentError::AddressMissing {
+                    job: job_id,
+                    node: self.node.clone(),
+                    addr: a.clone(),
+                });
+            }
+        }
         wait_pids_free(job_id, &m.pids).await?;
         put_back_files(job_id, &m, &node_dir)?;
         clear_time_wait(&m.tcp_ports).await;
+        if !token.is_empty() {
+            job.record.token = token.to_string();
+        }
+        // A cgroup the engine creates gets the freezer state of dump time (frozen); an existing
+        // one would let the restored processes run at once.
+        job.remove_empty_cgroup();
+        if hold {
+            self.hold_tcp(job_id, &m.tcp_ports).await?;
+        }
         let inc = job.record.incarnation + 1;
         let run_dir = job.dir.join("run").join(inc.to_string());
         let log = job
@@ -794,14 +906,27 @@ impl Jobs {
             log_file: &log,
             pid_file: &pid_file,
         });
-        match self
+        let lock = machine_restore_lock().await;
+        let started = self
             .start_shim(
                 &mut job,
                 ShimMode::Restore { argv, pid_file },
                 RESTORE_TIMEOUT,
             )
-            .await
-        {
+            .await;
+        drop(lock);
+        match started {
+            Ok(pid) if hold => {
+                // Released together with the other nodes (`release`).
+                if job.cgroup.state().map(|s| s == "THAWED").unwrap_or(false) {
+                    job.cgroup.freeze().map_err(|source| AgentError::Cgroup {
+                        job: job_id,
+                        source,
+                    })?;
+                }
+                info!(pid, "job restored, held frozen until released");
+                Ok((pid, job.record.incarnation))
+            }
             Ok(pid) => {
                 // The engine recreates a missing cgroup with the freezer state it had at dump
                 // time (frozen); the job must run.
@@ -814,12 +939,148 @@ impl Jobs {
                 info!(pid, "job restored");
                 Ok((pid, job.record.incarnation))
             }
-            Err(AgentError::Start { message, .. }) => Err(AgentError::Engine {
-                job: job_id,
-                source: self.engine.restore_failed(message, &log),
-            }),
-            Err(e) => Err(e),
+            Err(e) => {
+                if hold {
+                    self.release_tcp(job_id).await;
+                }
+                match e {
+                    AgentError::Start { message, .. } => Err(AgentError::Engine {
+                        job: job_id,
+                        source: self.engine.restore_failed(message, &log),
+                    }),
+                    e => Err(e),
+                }
+            }
         }
+    }
+
+    /// Name of the nftables table that holds a job's TCP traffic during a restart.
+    fn hold_table(&self, job: u64) -> String {
+        let node: String = self
+            .node
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        format!("ckpt_hold_{node}_{job}")
+    }
+
+    /// Drops TCP traffic on the job's ports in this node's network namespace, so that restored
+    /// connections exchange nothing (and reset nothing) before every node is restored. Packets
+    /// are dropped, not rejected: TCP retransmits them after the release.
+    async fn hold_tcp(&self, job: u64, ports: &[u16]) -> Result<(), AgentError> {
+        if ports.is_empty() {
+            return Ok(());
+        }
+        let set = ports
+            .iter()
+            .map(u16::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let table = self.hold_table(job);
+        let script = format!(
+            "table inet {table} {{\n\
+             chain input {{ type filter hook input priority -10; policy accept; tcp dport {{ {set} }} drop; }}\n\
+             chain output {{ type filter hook output priority -10; policy accept; tcp sport {{ {set} }} drop; }}\n\
+             }}\n"
+        );
+        self.release_tcp(job).await;
+        run_nft(&["-f", "-"], Some(&script))
+            .await
+            .map_err(|message| AgentError::Start {
+                job,
+                message: format!("cannot block the job's TCP ports during restore: {message}"),
+            })
+    }
+
+    /// Removes the hold of [`Jobs::hold_tcp`], if any.
+    async fn release_tcp(&self, job: u64) {
+        let table = self.hold_table(job);
+        let _ = run_nft(&["delete", "table", "inet", &table], None).await;
+    }
+
+    /// Restart, second step: lets a part restored with `hold` run (TCP first, then thaw), or
+    /// kills it when the restart failed elsewhere.
+    #[instrument(skip_all, fields(job = job_id, kill))]
+    pub async fn release(&self, job_id: u64, kill: bool) -> Result<(), AgentError> {
+        let j = self.get(job_id)?;
+        let job = j.lock_owned().await;
+        if kill {
+            let (_job, r) = tokio::task::spawn_blocking(move || {
+                let r = job.cgroup.kill_all();
+                (job, r)
+            })
+            .await
+            .expect("kill task");
+            self.release_tcp(job_id).await;
+            return r.map_err(|source| AgentError::Cgroup {
+                job: job_id,
+                source,
+            });
+        }
+        self.release_tcp(job_id).await;
+        let (_job, r) = tokio::task::spawn_blocking(move || {
+            let r = if job.cgroup.exists() {
+                job.cgroup.thaw()
+            } else {
+                Ok(())
+            };
+            (job, r)
+        })
+        .await
+        .expect("thaw task");
+        r.map_err(|source| AgentError::Cgroup {
+            job: job_id,
+            source,
+        })
+    }
+
+    /// New output of the job's part on this node after the given offsets, and its exit status
+    /// once all output has been returned. Never waits for a phase in progress.
+    pub async fn poll(
+        &self,
+        job_id: u64,
+        token: &str,
+        stdout_offset: u64,
+        stderr_offset: u64,
+    ) -> Result<PollResult, AgentError> {
+        let j = self.get(job_id)?;
+        let Ok(job) = j.try_lock() else {
+            return Ok(PollResult {
+                observed: Some(Observed::Running),
+                ..PollResult::default()
+            });
+        };
+        if job.record.token != token {
+            return Err(AgentError::BadToken { job: job_id });
+        }
+        let observed = job.observe();
+        let read = |name: &str, offset: u64| -> Result<(Vec<u8>, bool), AgentError> {
+            use std::io::{Read, Seek, SeekFrom};
+            let path = job.dir.join(name);
+            let mut f = match fs::File::open(&path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((vec![], true)),
+                Err(e) => return Err(io_err(job_id, "read", &path)(e)),
+            };
+            let mut buf = Vec::new();
+            f.seek(SeekFrom::Start(offset))
+                .and_then(|_| f.take(POLL_CHUNK).read_to_end(&mut buf))
+                .map_err(io_err(job_id, "read", &path))?;
+            let done = (buf.len() as u64) < POLL_CHUNK;
+            Ok((buf, done))
+        };
+        let (stdout, out_done) = read("stdout", stdout_offset)?;
+        let (stderr, err_done) = read("stderr", stderr_offset)?;
+        let observed = match observed {
+            Observed::Running => Some(Observed::Running),
+            _ if !(out_done && err_done) => Some(Observed::Running),
+            o => Some(o),
+        };
+        Ok(PollResult {
+            stdout,
+            stderr,
+            observed,
+        })
     }
 
     /// Sends a signal to every process of the job on this node.
@@ -834,11 +1095,12 @@ impl Jobs {
             })
     }
 
-    /// The job's processes on this node: (pid, comm, state).
+    /// The job's processes on this node, each with its MPI rank if it is one; and which part
+    /// of the job this node runs (0: the job's command).
     pub async fn processes(
         &self,
         job_id: u64,
-    ) -> Result<(Observed, Vec<procfs::ProcStat>), AgentError> {
+    ) -> Result<(Observed, u32, Vec<(procfs::ProcStat, Option<i32>)>), AgentError> {
         let j = self.get(job_id)?;
         let job = j.lock().await;
         let procs = job
@@ -847,8 +1109,12 @@ impl Jobs {
             .unwrap_or_default()
             .into_iter()
             .filter_map(procfs::stat)
+            .map(|s| {
+                let rank = procfs::mpi_rank(s.pid);
+                (s, rank)
+            })
             .collect();
-        Ok((job.observe(), procs))
+        Ok((job.observe(), job.record.part, procs))
     }
 }
 
@@ -926,7 +1192,9 @@ fn dump_frozen(job: &mut NodeJob, engine: &dyn SnapshotEngine) -> Result<(), Age
         .into_iter()
         .map(|(path, size)| OpenFile { path, size })
         .collect();
-    w.tcp_ports = procfs::tcp_local_ports(&w.pids);
+    let tcp = procfs::tcp_endpoints(&w.pids);
+    w.tcp_ports = tcp.ports;
+    w.tcp_addrs = tcp.addrs.iter().map(|a| a.to_string()).collect();
     let scanned = begin.elapsed();
     let images = w.node_dir.join("images");
     fs::create_dir_all(&images).map_err(io("create", &images))?;
@@ -1025,6 +1293,72 @@ fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) {
             Ok(t) if t.is_file() || t.is_fifo() => out.push(p),
             _ => {}
         }
+    }
+}
+
+/// Lock that serializes restores on one machine. Agents sharing a machine (test hosts, or
+/// several agents with their own cgroup prefixes) share `/dev/shm` and `/tmp`, where the engine
+/// re-creates deleted files under temporary names derived from the image: two restores at once
+/// would collide on them. With one agent per machine the lock is never contended.
+const RESTORE_LOCK: &str = "/run/lock/ckpt-restore.lock";
+
+async fn machine_restore_lock() -> Option<fs::File> {
+    tokio::task::spawn_blocking(|| {
+        let _ = fs::create_dir_all("/run/lock");
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(RESTORE_LOCK)
+            .ok()?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on a file descriptor we own; released when the file is closed.
+        let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+        (rc == 0).then_some(f)
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// Whether an address is configured on this node (in the agent's network namespace).
+fn address_is_local(addr: &str) -> bool {
+    let Ok(ip) = addr.parse::<std::net::IpAddr>() else {
+        return true;
+    };
+    match std::net::TcpListener::bind((ip, 0)) {
+        Ok(_) => true,
+        Err(e) => e.raw_os_error() != Some(libc::EADDRNOTAVAIL),
+    }
+}
+
+/// Runs `nft` with `args` (and `stdin`); the error is nft's message.
+async fn run_nft(args: &[&str], stdin: Option<&str>) -> Result<(), String> {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new("nft")
+        .args(args)
+        .stdin(if stdin.is_some() {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        })
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run nft (install nftables): {e}"))?;
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(text.as_bytes())
+            .await
+            .map_err(|e| format!("nft: {e}"))?;
+    }
+    let out = child
+        .wait_with_output()
+        .await
+        .map_err(|e| format!("nft: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
     }
 }
 

@@ -92,7 +92,12 @@ pub fn open_jobs(cfg: &AgentConfig, shim_exe: PathBuf) -> Result<Arc<jobs::Jobs>
         what: "state_dir",
         path: cfg.state_dir.clone(),
         source,
-    })?;
+    })?
+    .with_launch_env(jobs::LaunchEnv {
+        coordinator: cfg.coordinator.clone(),
+        launcher: cfg.launcher.resolve(),
+        set_mpi_env: cfg.launcher.set_mpi_env,
+    });
     Ok(Arc::new(jobs))
 }
 

@@ -137,9 +137,34 @@ pub fn verbs_device(pid: i32) -> Option<String> {
         })
 }
 
-/// Local ports of the TCP sockets the processes hold (from their network namespace's
+/// The local endpoints of the TCP sockets some processes hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TcpEndpoints {
+    /// Local ports.
+    pub ports: Vec<u16>,
+    /// Local addresses other than loopback and the wildcard.
+    pub addrs: Vec<std::net::IpAddr>,
+}
+
+/// Decodes an address of `/proc/net/tcp{,6}`: 32-bit words in host (little-endian) order.
+fn proc_net_addr(hex: &str) -> Option<std::net::IpAddr> {
+    let words: Vec<u32> = (0..hex.len() / 8)
+        .map(|i| u32::from_str_radix(hex.get(i * 8..i * 8 + 8)?, 16).ok())
+        .collect::<Option<_>>()?;
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    match bytes.len() {
+        4 => Some(std::net::IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?)),
+        16 => {
+            let v6 = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(bytes).ok()?);
+            Some(v6.to_ipv4_mapped().map_or(v6.into(), Into::into))
+        }
+        _ => None,
+    }
+}
+
+/// Local endpoints of the TCP sockets the processes hold (from their network namespace's
 /// `/proc/<pid>/net/tcp{,6}`, matched by socket inode).
-pub fn tcp_local_ports(pids: &[i32]) -> Vec<u16> {
+pub fn tcp_endpoints(pids: &[i32]) -> TcpEndpoints {
     let mut inodes = std::collections::HashSet::new();
     for &pid in pids {
         for p in fd_paths(pid) {
@@ -149,7 +174,7 @@ pub fn tcp_local_ports(pids: &[i32]) -> Vec<u16> {
             }
         }
     }
-    let mut ports = Vec::new();
+    let mut out = TcpEndpoints::default();
     let mut tables_seen = std::collections::HashSet::new();
     for &pid in pids {
         for table in ["tcp", "tcp6"] {
@@ -170,19 +195,64 @@ pub fn tcp_local_ports(pids: &[i32]) -> Vec<u16> {
                 if !inodes.contains(*inode) {
                     continue;
                 }
-                if let Some(port) = local
-                    .rsplit(':')
-                    .next()
-                    .and_then(|p| u16::from_str_radix(p, 16).ok())
-                {
-                    ports.push(port);
+                let Some((addr, port)) = local.rsplit_once(':') else {
+                    continue;
+                };
+                if let Ok(port) = u16::from_str_radix(port, 16) {
+                    out.ports.push(port);
+                }
+                if let Some(a) = proc_net_addr(addr) {
+                    if !a.is_loopback() && !a.is_unspecified() {
+                        out.addrs.push(a);
+                    }
                 }
             }
         }
     }
-    ports.sort_unstable();
-    ports.dedup();
-    ports
+    out.ports.sort_unstable();
+    out.ports.dedup();
+    out.addrs.sort_unstable();
+    out.addrs.dedup();
+    out
+}
+
+/// The MPI rank of a process, from the variables MPICH's Hydra (`PMI_RANK`) and Open MPI
+/// (`OMPI_COMM_WORLD_RANK`) put in each rank's environment.
+pub fn mpi_rank(pid: i32) -> Option<i32> {
+    let env = fs::read(format!("/proc/{pid}/environ")).ok()?;
+    env.split(|&b| b == 0).find_map(|kv| {
+        let kv = std::str::from_utf8(kv).ok()?;
+        let v = kv
+            .strip_prefix("PMI_RANK=")
+            .or_else(|| kv.strip_prefix("OMPI_COMM_WORLD_RANK="))?;
+        v.parse().ok()
+    })
+}
+
+/// The processes of `pids` that do not descend from `root` through parents within `pids`.
+pub fn outside_tree(root: i32, pids: &[i32]) -> Vec<ProcStat> {
+    let stats: std::collections::HashMap<i32, ProcStat> = pids
+        .iter()
+        .filter_map(|&p| stat(p).map(|s| (p, s)))
+        .collect();
+    stats
+        .values()
+        .filter(|s| {
+            let mut cur = s.pid;
+            // Bounded walk: a chain cannot be longer than the set.
+            for _ in 0..=stats.len() {
+                if cur == root {
+                    return false;
+                }
+                match stats.get(&cur) {
+                    Some(st) => cur = st.ppid,
+                    None => return true,
+                }
+            }
+            true
+        })
+        .cloned()
+        .collect()
 }
 
 /// Owner and mode of a file.
@@ -218,8 +288,34 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         assert!(
-            tcp_local_ports(&[me]).contains(&port),
+            tcp_endpoints(&[me]).ports.contains(&port),
             "own listening port found"
+        );
+        assert!(outside_tree(me, &[me]).is_empty());
+        assert_eq!(
+            outside_tree(1, &[me]).len(),
+            1,
+            "not below PID 1's subtree within the set"
+        );
+    }
+
+    #[test]
+    fn decodes_proc_net_addresses() {
+        assert_eq!(
+            proc_net_addr("0100007F"),
+            Some("127.0.0.1".parse().unwrap())
+        );
+        assert_eq!(
+            proc_net_addr("0264A80A"),
+            Some("10.168.100.2".parse().unwrap())
+        );
+        assert_eq!(
+            proc_net_addr("0000000000000000FFFF00000264A80A"),
+            Some("10.168.100.2".parse().unwrap())
+        );
+        assert_eq!(
+            proc_net_addr("000080FE000000000000000001000000"),
+            Some("fe80::1".parse().unwrap())
         );
     }
 }

@@ -148,6 +148,19 @@ fn main() -> ExitCode {
     }
 }
 
+/// Words for the one-letter process states of /proc.
+fn proc_state(s: &str) -> &str {
+    match s {
+        "R" => "running",
+        "S" => "sleeping",
+        "D" => "disk-wait",
+        "T" | "t" => "stopped",
+        "Z" => "zombie",
+        "I" => "idle",
+        _ => s,
+    }
+}
+
 fn job_json(j: &pb::JobInfo) -> Value {
     json!({
         "id": j.id, "name": j.name, "owner_uid": j.owner_uid, "state": j.state,
@@ -156,8 +169,9 @@ fn job_json(j: &pb::JobInfo) -> Value {
         "last_epoch": j.last_epoch, "latest_committed_epoch": j.latest_committed_epoch,
         "job_dir": j.job_dir,
         "nodes": j.nodes.iter().map(|n| json!({
-            "node": n.node, "state": n.state,
-            "processes": n.processes.iter().map(|p| json!({"pid": p.pid, "comm": p.comm, "state": p.state})).collect::<Vec<_>>(),
+            "node": n.node, "state": n.state, "role": n.role,
+            "ranks": n.processes.iter().filter_map(|p| p.rank).collect::<Vec<_>>(),
+            "processes": n.processes.iter().map(|p| json!({"pid": p.pid, "comm": p.comm, "state": proc_state(&p.state), "rank": p.rank})).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     })
 }
@@ -252,14 +266,37 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 );
                 println!("  output: {}/stdout", j.job_dir);
                 for n in &j.nodes {
+                    let mut ranks: Vec<i32> = n.processes.iter().filter_map(|p| p.rank).collect();
+                    ranks.sort_unstable();
+                    let ranks = if ranks.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            ", ranks {}",
+                            ranks
+                                .iter()
+                                .map(i32::to_string)
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        )
+                    };
                     println!(
-                        "  node {}: {}, {} processes",
+                        "  node {} ({}): {}, {} processes{ranks}",
                         n.node,
+                        n.role,
                         n.state,
                         n.processes.len()
                     );
+                    println!("    {:>8} {:>5} {:<16} STATE", "PID", "RANK", "COMMAND");
                     for p in &n.processes {
-                        println!("    {:>8} {:<16} {}", p.pid, p.comm, p.state);
+                        let rank = p.rank.map(|r| r.to_string()).unwrap_or_else(|| "-".into());
+                        println!(
+                            "    {:>8} {:>5} {:<16} {}",
+                            p.pid,
+                            rank,
+                            p.comm,
+                            proc_state(&p.state)
+                        );
                     }
                 }
             }

@@ -106,7 +106,10 @@ fn main() -> ExitCode {
     }
     let jobs = if cli.standalone {
         let exe = std::env::current_exe().unwrap_or_else(|_| "ckptd".into());
-        match node_agent::open_jobs(&cfg.agent, exe) {
+        // Jobs of the embedded agent reach the coordinator (ckpt-rsh) over loopback.
+        let mut acfg = cfg.agent.clone();
+        acfg.coordinator = format!("127.0.0.1:{}", cfg.listen.port());
+        match node_agent::open_jobs(&acfg, exe) {
             Ok(j) => Some(j),
             Err(node_agent::StartError::Engine(e)) => {
                 eprintln!("ckptd: {e}");
