@@ -26,19 +26,8 @@ fn agents_in_namespaces_checkpoint_a_job_and_an_unreachable_node_aborts_initial_
     }
     d.wait_agents(3);
 
-    let mut args = vec!["run", "--name", "heat", "--node", "n2", "--"];
-    let argv = Mpi::Mpich.heat_argv(4, 256, 3000, 2000);
-    args.extend(argv.iter().map(String::as_str));
-    let job: u64 = d.ctl(&args).ok().trim().parse().unwrap();
+    let job = run_on(&d, "n2", &Mpi::Mpich.heat_argv(4, 256, 3000, 2000));
     let out_file = d.job_dir_on("n2", job).join("stdout");
-    let begin = Instant::now();
-    while !std::fs::read_to_string(&out_file)
-        .unwrap_or_default()
-        .contains("iter ")
-    {
-        assert!(begin.elapsed() < LIMIT, "no progress");
-        std::thread::sleep(Duration::from_millis(50));
-    }
     let st = d.status(job);
     assert_eq!(st["nodes"][0]["node"], "n2", "{st}");
     assert!(
@@ -118,15 +107,12 @@ fn three_nodes(failpoints: bool) -> Option<(Cluster, Ckptd)> {
     Some((cluster, d))
 }
 
-/// Starts the heat program with 6 ranks over the three nodes, launched from n1, and waits
-/// until it computes.
-fn run_across(d: &Ckptd, cluster: &Cluster, mpi: Mpi) -> u64 {
-    let hosts: Vec<&str> = cluster.nodes.iter().map(|n| n.ip.as_str()).collect();
-    let argv = mpi.heat_argv_on(&hosts, RANKS, N, ITERS, SLEEP_US);
-    let mut args = vec!["run", "--name", "heat", "--node", "n1", "--"];
+/// Starts a job from `node` and waits (bounded) until it prints progress.
+fn run_on(d: &Ckptd, node: &str, argv: &[String]) -> u64 {
+    let mut args = vec!["run", "--name", "heat", "--node", node, "--"];
     args.extend(argv.iter().map(String::as_str));
     let job: u64 = d.ctl(&args).ok().trim().parse().unwrap();
-    let out_file = d.job_dir_on("n1", job).join("stdout");
+    let out_file = d.job_dir_on(node, job).join("stdout");
     let begin = Instant::now();
     while !std::fs::read_to_string(&out_file)
         .unwrap_or_default()
@@ -135,11 +121,22 @@ fn run_across(d: &Ckptd, cluster: &Cluster, mpi: Mpi) -> u64 {
         assert!(
             begin.elapsed() < LIMIT,
             "no progress: {}",
-            std::fs::read_to_string(d.job_dir_on("n1", job).join("stderr")).unwrap_or_default()
+            std::fs::read_to_string(d.job_dir_on(node, job).join("stderr")).unwrap_or_default()
         );
         std::thread::sleep(Duration::from_millis(50));
     }
     job
+}
+
+/// Starts the heat program with 6 ranks over the three nodes, launched from n1, and waits
+/// until it computes.
+fn run_across(d: &Ckptd, cluster: &Cluster, mpi: Mpi) -> u64 {
+    let hosts: Vec<&str> = cluster.nodes.iter().map(|n| n.ip.as_str()).collect();
+    run_on(
+        d,
+        "n1",
+        &mpi.heat_argv_on(&hosts, RANKS, N, ITERS, SLEEP_US),
+    )
 }
 
 /// Waits (bounded) for the job's result on n1, then for its end. MPICH over UCX/TCP sometimes
@@ -153,7 +150,11 @@ fn result_on_n1(d: &Ckptd, job: u64) -> String {
         if let Some(c) = checksum_in(&std::fs::read_to_string(&out).unwrap_or_default()) {
             break c;
         }
-        assert!(begin.elapsed() < LIMIT, "no result after {LIMIT:?}: {}", d.status(job));
+        assert!(
+            begin.elapsed() < LIMIT,
+            "no result after {LIMIT:?}: {}",
+            d.status(job)
+        );
         std::thread::sleep(Duration::from_millis(100));
     };
     let begin = Instant::now();
@@ -162,7 +163,10 @@ fn result_on_n1(d: &Ckptd, job: u64) -> String {
             eprintln!("job {job} printed its result but did not exit; cancelling it");
             d.ctl(&["cancel", &job.to_string()]).ok();
             for n in NODES {
-                assert!(d.job_pids_on(n, job).is_empty(), "cancel left processes on {n}");
+                assert!(
+                    d.job_pids_on(n, job).is_empty(),
+                    "cancel left processes on {n}"
+                );
             }
             break;
         }
@@ -202,7 +206,11 @@ fn assert_status_shows_every_node(d: &Ckptd, job: u64) {
 /// The main multi-node story: a 6-rank job across 3 nodes, started by mpiexec through
 /// ckpt-rsh, checkpointed twice, every process on every node SIGKILLed, restarted, and
 /// finishing with the checksum of an uninterrupted run.
-fn checkpoint_kill_restart_across_three_nodes(mpi: Mpi) {
+///
+/// With `take_a_pid`, a process outside the job holds one of n3's PIDs at the first restart:
+/// the restart fails naming the node and the PID, the nodes already restored are killed, and
+/// the job restarts once the PID is free.
+fn checkpoint_kill_restart_across_three_nodes(mpi: Mpi, take_a_pid: bool) {
     let want = mpi.reference_checksum(RANKS, N, ITERS);
     let Some((cluster, d)) = three_nodes(false) else {
         return;
@@ -224,23 +232,78 @@ fn checkpoint_kill_restart_across_three_nodes(mpi: Mpi) {
         nodes.sort_unstable();
         assert_eq!(nodes, NODES, "every node is in the epoch: {e}");
     }
+    let n3_pid = d
+        .job_pids_on("n3", job)
+        .into_iter()
+        .max()
+        .expect("n3 has processes");
     d.kill_job_on(&NODES, job);
     d.wait_state(job, "killed", LIMIT);
+    if take_a_pid {
+        match PidSquatter::take(n3_pid) {
+            Some(squatter) => {
+                let out = d.ctl(&["restart", &job.to_string()]);
+                assert_ne!(out.code, 0, "{out:?}");
+                assert!(
+                    out.stderr.contains("node n3") && out.stderr.contains(&n3_pid.to_string()),
+                    "the error names the node and the PID: {out:?}"
+                );
+                for n in NODES {
+                    assert!(
+                        d.job_pids_on(n, job).is_empty(),
+                        "a failed restart leaves nothing running on {n}"
+                    );
+                }
+                d.wait_state(job, "killed", LIMIT);
+                drop(squatter);
+            }
+            None => eprintln!("SKIPPED the taken-PID step: could not obtain PID {n3_pid}"),
+        }
+    }
     let out = d.ctl(&["restart", &job.to_string()]);
     out.ok();
     assert_eq!(result_on_n1(&d, job), want, "restarted on all three nodes");
 }
 
+/// A process that holds a given PID (obtained through /proc/sys/kernel/ns_last_pid); killed on
+/// drop.
+struct PidSquatter(std::process::Child);
+
+impl PidSquatter {
+    fn take(pid: i32) -> Option<Self> {
+        for _ in 0..20 {
+            std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).ok()?;
+            let mut c = std::process::Command::new("sleep")
+                .arg("300")
+                .spawn()
+                .ok()?;
+            if c.id() as i32 == pid {
+                return Some(PidSquatter(c));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        None
+    }
+}
+
+impl Drop for PidSquatter {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[test]
 fn mpich_across_three_nodes_checkpoint_kill_restart() {
     skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "nsenter", "nft");
-    checkpoint_kill_restart_across_three_nodes(Mpi::Mpich);
+    checkpoint_kill_restart_across_three_nodes(Mpi::Mpich, true);
 }
 
 #[test]
 fn openmpi_across_three_nodes_checkpoint_kill_restart() {
     skip_unless_ready!("mpirun.openmpi", "mpicc.openmpi", "nsenter", "nft");
-    checkpoint_kill_restart_across_three_nodes(Mpi::OpenMpi);
+    checkpoint_kill_restart_across_three_nodes(Mpi::OpenMpi, false);
 }
 
 /// An agent killed while its node dumps: the epoch is aborted, every node thaws (the killed

@@ -1090,12 +1090,13 @@ impl Coordinator {
                 async move { c.signal(req).await }
             })
             .await;
+        // The job was running when the cancel began; an end seen since (its exit on SIGTERM,
+        // reported by a heartbeat) is the cancel's doing.
         self.update_job(id, |j| {
-            if j.state == JobState::Running {
-                j.cancel()
-            } else {
-                Ok(())
+            if j.state == JobState::Running || matches!(j.state, JobState::Exited { .. }) {
+                j.state = JobState::Cancelled;
             }
+            Ok(())
         })
         .await
     }

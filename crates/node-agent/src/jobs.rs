@@ -1464,3 +1464,44 @@ fn put_back_files(job: u64, m: &NodeManifest, node_dir: &Path) -> Result<(), Age
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_not_on_this_node_are_told_apart() {
+        assert!(address_is_local("127.0.0.1"));
+        // TEST-NET-1 (RFC 5737) is never configured on a host.
+        assert!(!address_is_local("192.0.2.1"));
+        // What cannot be parsed is not ours to refuse.
+        assert!(address_is_local("not-an-address"));
+    }
+
+    #[test]
+    fn launch_env_names_the_job_and_keeps_the_jobs_own_launcher() {
+        let le = LaunchEnv {
+            coordinator: "10.0.0.1:7600".into(),
+            launcher: Some("/usr/lib/ckpt/ckpt-rsh".into()),
+            set_mpi_env: true,
+        };
+        let mut env = BTreeMap::from([("OMPI_MCA_plm_rsh_agent".to_string(), "ssh".to_string())]);
+        le.apply(&mut env, 7, "secret", "n1");
+        assert_eq!(env["CKPT_JOB_ID"], "7");
+        assert_eq!(env["CKPT_JOB_TOKEN"], "secret");
+        assert_eq!(env["CKPT_COORDINATOR"], "10.0.0.1:7600");
+        assert_eq!(env["HYDRA_LAUNCHER_EXEC"], "/usr/lib/ckpt/ckpt-rsh");
+        assert_eq!(
+            env["OMPI_MCA_plm_rsh_agent"], "ssh",
+            "the job's choice wins"
+        );
+        let mut env = BTreeMap::new();
+        LaunchEnv {
+            set_mpi_env: false,
+            ..le
+        }
+        .apply(&mut env, 7, "secret", "n1");
+        assert!(!env.contains_key("HYDRA_LAUNCHER_EXEC"));
+        assert_eq!(env["CKPT_RSH"], "/usr/lib/ckpt/ckpt-rsh");
+    }
+}

@@ -41,6 +41,8 @@ pub fn init_tracing() {
             tracing_subscriber::EnvFilter::try_from_env("CKPT_LOG")
                 .unwrap_or_else(|_| "info".into()),
         )
+        // Colours only on a terminal: journald and log files get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 

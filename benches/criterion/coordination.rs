@@ -1,0 +1,268 @@
+//! Coordination cost of one checkpoint epoch: the real coordinator (phase driver, redb registry,
+//! gRPC clients) drives a job spanning N nodes whose agents answer every phase at once (a no-op
+//! snapshot engine). What is measured is the protocol: five barriers over N agents plus the
+//! commit. Target: at most 100 ms at 1024 agents.
+//!
+//! The N agents run in one child process (this binary again, with `CKPT_BENCH_AGENTS=N`), on
+//! loopback. With `CKPT_BENCH_PIN=1` the coordinator is pinned to CPU 0 and the agents to CPU 1,
+//! closer to a cluster where agents do not share the coordinator's cores.
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ckpt_proto::v1 as pb;
+use ckpt_proto::v1::agent_server::{Agent, AgentServer};
+use coordinator::config::CoordinatorConfig;
+use coordinator::driver::{Caller, Coordinator, RunSpec};
+use coordinator::registry::Registry;
+use std::io::{BufRead, Write};
+
+use criterion::{BenchmarkId, Criterion};
+use tonic::{Request, Response, Status};
+
+/// An agent whose every phase succeeds immediately.
+#[derive(Debug, Clone, Copy)]
+struct NoopAgent;
+
+type R<T> = Result<Response<T>, Status>;
+
+#[tonic::async_trait]
+impl Agent for NoopAgent {
+    async fn launch(&self, _: Request<pb::LaunchRequest>) -> R<pb::LaunchReply> {
+        Ok(Response::new(pb::LaunchReply {
+            pid: 1,
+            job_dir: "/nonexistent".into(),
+            incarnation: 1,
+        }))
+    }
+    async fn prepare(&self, _: Request<pb::PhaseRequest>) -> R<pb::PrepareReply> {
+        Ok(Response::new(pb::PrepareReply::default()))
+    }
+    async fn quiesce(&self, _: Request<pb::PhaseRequest>) -> R<pb::PhaseReply> {
+        Ok(Response::new(pb::PhaseReply::default()))
+    }
+    async fn dump(&self, _: Request<pb::PhaseRequest>) -> R<pb::DumpReply> {
+        Ok(Response::new(pb::DumpReply::default()))
+    }
+    async fn resume(&self, _: Request<pb::ResumeRequest>) -> R<pb::PhaseReply> {
+        Ok(Response::new(pb::PhaseReply::default()))
+    }
+    async fn finalize(&self, _: Request<pb::PhaseRequest>) -> R<pb::FinalizeReply> {
+        Ok(Response::new(pb::FinalizeReply {
+            manifest_digest: "noop".into(),
+            ..Default::default()
+        }))
+    }
+    async fn abort(&self, _: Request<pb::AbortRequest>) -> R<pb::PhaseReply> {
+        Ok(Response::new(pb::PhaseReply::default()))
+    }
+    async fn restore(&self, _: Request<pb::RestoreRequest>) -> R<pb::RestoreReply> {
+        Ok(Response::new(pb::RestoreReply::default()))
+    }
+    async fn signal(&self, _: Request<pb::SignalRequest>) -> R<pb::PhaseReply> {
+        Ok(Response::new(pb::PhaseReply::default()))
+    }
+    async fn inspect(&self, _: Request<pb::InspectRequest>) -> R<pb::NodeJobInfo> {
+        Ok(Response::new(pb::NodeJobInfo {
+            state: "running".into(),
+            ..Default::default()
+        }))
+    }
+    async fn release(&self, _: Request<pb::ReleaseRequest>) -> R<pb::PhaseReply> {
+        Ok(Response::new(pb::PhaseReply::default()))
+    }
+    async fn poll(&self, _: Request<pb::PollRequest>) -> R<pb::PollReply> {
+        Ok(Response::new(pb::PollReply::default()))
+    }
+}
+
+/// Lets this process hold a few thousand sockets (two per agent).
+fn raise_fd_limit() {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit write/read a valid local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 {
+            l.rlim_cur = l.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+        }
+    }
+}
+
+/// Pins the calling process (all its threads made after this) to one CPU.
+fn pin_to(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes within it; sched_setaffinity reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// Child mode: serves `n` no-op agents, prints their addresses, runs until stdin closes.
+fn serve_agents(n: usize) {
+    raise_fd_limit();
+    if std::env::var_os("CKPT_BENCH_PIN").is_some() {
+        pin_to(1);
+    }
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let mut out = String::new();
+        for _ in 0..n {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            out.push_str(&format!("{}\n", l.local_addr().expect("addr")));
+            tokio::spawn(
+                tonic::transport::Server::builder()
+                    .add_service(AgentServer::new(NoopAgent))
+                    .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(l)),
+            );
+        }
+        let mut so = std::io::stdout();
+        so.write_all(out.as_bytes()).expect("stdout");
+        so.flush().expect("stdout");
+        // Until the parent goes away.
+        let _ = tokio::task::spawn_blocking(|| {
+            let mut s = String::new();
+            let _ = std::io::stdin().read_line(&mut s);
+        })
+        .await;
+    });
+}
+
+struct Setup {
+    coord: Arc<Coordinator>,
+    job: u64,
+    agents: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = self.agents.kill();
+        let _ = self.agents.wait();
+    }
+}
+
+/// Starts `n` no-op agents (in a child process), a coordinator that knows them, and a job with
+/// a part on each.
+async fn setup(n: usize) -> Setup {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let registry = Registry::open(&dir.path().join("ckptd.redb")).expect("registry");
+    let coord = Coordinator::new(registry, CoordinatorConfig::default()).expect("coordinator");
+    let mut agents = std::process::Command::new(std::env::current_exe().expect("exe"))
+        .env("CKPT_BENCH_AGENTS", n.to_string())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start agents");
+    let mut lines = std::io::BufReader::new(agents.stdout.take().expect("stdout")).lines();
+    for i in 0..n {
+        let addr = lines.next().expect("agent address").expect("read");
+        coord
+            .register_agent(&format!("a{i}"), &addr)
+            .await
+            .expect("register");
+    }
+    let root = Caller {
+        uid: 0,
+        gid: 0,
+        pid: None,
+    };
+    let job = coord
+        .run(
+            root,
+            RunSpec {
+                name: "bench".into(),
+                argv: vec!["mpiexec".into()],
+                cwd: "/".into(),
+                env: Default::default(),
+                node: "a0".into(),
+            },
+        )
+        .await
+        .expect("run");
+    for i in 1..n {
+        coord
+            .attach(pb::AttachRequest {
+                job_id: job.id,
+                token: job.token.clone(),
+                host: format!("a{i}"),
+                command: "proxy".into(),
+                cwd: "/".into(),
+            })
+            .await
+            .expect("attach");
+    }
+    Setup {
+        coord,
+        job: job.id,
+        agents,
+        _dir: dir,
+    }
+}
+
+/// One full protocol round: begin the epoch, run every phase on every node, commit.
+async fn one_round(s: &Setup) -> Duration {
+    let root = Caller {
+        uid: 0,
+        gid: 0,
+        pid: None,
+    };
+    let t = Instant::now();
+    let (job, epoch) = s
+        .coord
+        .begin_checkpoint(&root, s.job, false)
+        .await
+        .expect("begin");
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let e = s
+        .coord
+        .drive_checkpoint(job, epoch, tx)
+        .await
+        .expect("epoch");
+    assert!(e.is_restorable());
+    t.elapsed()
+}
+
+fn coordination(c: &mut Criterion) {
+    raise_fd_limit();
+    if std::env::var_os("CKPT_BENCH_PIN").is_some() {
+        pin_to(0);
+    }
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let mut g = c.benchmark_group("coordination_round");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(5));
+    for n in [16usize, 64, 256, 1024] {
+        let s = rt.block_on(setup(n));
+        g.bench_with_input(BenchmarkId::from_parameter(n), &s, |b, s| {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        total += one_round(s).await;
+                    }
+                    total
+                })
+            })
+        });
+    }
+    g.finish();
+}
+
+fn main() {
+    if let Some(n) = std::env::var("CKPT_BENCH_AGENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        serve_agents(n);
+        return;
+    }
+    let mut c = Criterion::default().configure_from_args();
+    coordination(&mut c);
+    c.final_summary();
+}
