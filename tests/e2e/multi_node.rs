@@ -269,21 +269,33 @@ fn checkpoint_kill_restart_across_three_nodes(mpi: Mpi, take_a_pid: bool) {
 /// drop.
 struct PidSquatter(std::process::Child);
 
+const LAST_PID: &str = "/proc/sys/kernel/ns_last_pid";
+
 impl PidSquatter {
     fn take(pid: i32) -> Option<Self> {
+        let last: i32 = std::fs::read_to_string(LAST_PID)
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        let mut got = None;
         for _ in 0..20 {
-            std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).ok()?;
+            std::fs::write(LAST_PID, (pid - 1).to_string()).ok()?;
             let mut c = std::process::Command::new("sleep")
                 .arg("300")
                 .spawn()
                 .ok()?;
             if c.id() as i32 == pid {
-                return Some(PidSquatter(c));
+                got = Some(PidSquatter(c));
+                break;
             }
             let _ = c.kill();
             let _ = c.wait();
         }
-        None
+        // Move the allocator back past the job's IDs, or the next processes (the restore's own
+        // helpers) would take the job's other PIDs and thread IDs.
+        let _ = std::fs::write(LAST_PID, last.max(pid).to_string());
+        got
     }
 }
 

@@ -89,6 +89,9 @@ pub struct NodeManifest {
     /// Every PID in the dumped tree: all must be free before a restore.
     #[serde(default)]
     pub pids: Vec<i32>,
+    /// Thread IDs of those processes other than their main threads: they must be free too.
+    #[serde(default)]
+    pub tids: Vec<i32>,
     /// Image files, sorted by path.
     pub files: Vec<FileEntry>,
     /// Files open for writing, with their sizes at checkpoint time.
@@ -214,6 +217,7 @@ mod tests {
             created_unix_ms: 1,
             root_pid: 100,
             pids: vec![100, 101],
+            tids: vec![102],
             files: vec![FileEntry {
                 path: "criu/core-100.img".into(),
                 size: 4,

@@ -44,7 +44,7 @@ pub enum AgentError {
         pids: Vec<i32>,
     },
     /// PIDs needed by a restore are taken by other processes.
-    #[error("job {job}: cannot restore, PIDs {pids:?} are in use by other processes on this node (wait for them to exit, or restore on another node)")]
+    #[error("job {job}: cannot restore, process or thread IDs {pids:?} are in use by other processes on this node (wait for them to exit, or restore on another node)")]
     PidsTaken {
         /// Job id.
         job: u64,

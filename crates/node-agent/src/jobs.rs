@@ -82,6 +82,7 @@ struct EpochWork {
     preserved: Vec<PreservedFile>,
     tcp_ports: Vec<u16>,
     tcp_addrs: Vec<String>,
+    tids: Vec<i32>,
     notes: BTreeMap<String, String>,
 }
 
@@ -648,6 +649,7 @@ impl Jobs {
             preserved: Vec::new(),
             tcp_ports: Vec::new(),
             tcp_addrs: Vec::new(),
+            tids: Vec::new(),
             notes: BTreeMap::new(),
         });
         Ok(Prepared {
@@ -767,6 +769,7 @@ impl Jobs {
                     created_unix_ms: now_ms(),
                     root_pid: w.root_pid,
                     pids: w.pids,
+                    tids: w.tids,
                     files,
                     open_files: w.open_files,
                     preserved: w.preserved,
@@ -882,9 +885,10 @@ impl Jobs {
                 });
             }
         }
-        wait_pids_free(job_id, &m.pids).await?;
+        let ids: Vec<i32> = m.pids.iter().chain(&m.tids).copied().collect();
+        wait_pids_free(job_id, &ids).await?;
         put_back_files(job_id, &m, &node_dir)?;
-        clear_time_wait(&m.tcp_ports).await;
+        clear_stale_sockets(&m.tcp_ports).await;
         if !token.is_empty() {
             job.record.token = token.to_string();
         }
@@ -1192,6 +1196,7 @@ fn dump_frozen(job: &mut NodeJob, engine: &dyn SnapshotEngine) -> Result<(), Age
         .into_iter()
         .map(|(path, size)| OpenFile { path, size })
         .collect();
+    w.tids = procfs::thread_ids(&w.pids);
     let tcp = procfs::tcp_endpoints(&w.pids);
     w.tcp_ports = tcp.ports;
     w.tcp_addrs = tcp.addrs.iter().map(|a| a.to_string()).collect();
@@ -1362,6 +1367,15 @@ async fn run_nft(args: &[&str], stdin: Option<&str>) -> Result<(), String> {
     }
 }
 
+/// TCP states of connections their owner has closed.
+const STALE_TCP_STATES: [&str; 5] = [
+    "time-wait",
+    "fin-wait-1",
+    "fin-wait-2",
+    "closing",
+    "last-ack",
+];
+
 async fn wait_pids_free(job: u64, pids: &[i32]) -> Result<(), AgentError> {
     let begin = Instant::now();
     loop {
@@ -1380,10 +1394,12 @@ async fn wait_pids_free(job: u64, pids: &[i32]) -> Result<(), AgentError> {
     }
 }
 
-/// Destroys TIME_WAIT entries on the job's TCP ports. When a job is killed, its loopback
-/// connections linger in TIME_WAIT for a minute and the restored sockets, which reuse the same
-/// addresses, could not bind. Only TIME_WAIT entries are touched, never a live socket.
-async fn clear_time_wait(ports: &[u16]) {
+/// Destroys the closing remains of the job's TCP connections on its ports. When a job is killed
+/// its connections linger for up to a minute (TIME_WAIT; FIN_WAIT and LAST_ACK when the peer
+/// was killed too, or a failed restart dropped its packets), and the restored sockets, which
+/// reuse the same addresses, could not bind or connect. Only sockets in closing states are
+/// touched, never an open one, and only after every process of the job is gone.
+async fn clear_stale_sockets(ports: &[u16]) {
     if ports.is_empty() {
         return;
     }
@@ -1393,7 +1409,8 @@ async fn clear_time_wait(ports: &[u16]) {
         .collect::<Vec<_>>()
         .join(" or ");
     let r = tokio::process::Command::new("ss")
-        .args(["-K", "-t", "-a", "-n", "state", "time-wait"])
+        .args(["-K", "-t", "-a", "-n"])
+        .args(STALE_TCP_STATES.iter().flat_map(|s| ["state", s]))
         .arg(format!("( {filter} )"))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -1402,9 +1419,9 @@ async fn clear_time_wait(ports: &[u16]) {
     match r {
         Ok(o) if o.status.success() => {}
         Ok(o) => {
-            warn!(stderr = %String::from_utf8_lossy(&o.stderr), "cannot clear TIME_WAIT sockets")
+            warn!(stderr = %String::from_utf8_lossy(&o.stderr), "cannot clear stale TCP sockets")
         }
-        Err(e) => warn!(error = %e, "cannot run ss (iproute2) to clear TIME_WAIT sockets"),
+        Err(e) => warn!(error = %e, "cannot run ss (iproute2) to clear stale TCP sockets"),
     }
 }
 

@@ -216,6 +216,26 @@ pub fn tcp_endpoints(pids: &[i32]) -> TcpEndpoints {
     out
 }
 
+/// Thread IDs of the processes, other than their main threads (PIDs and TIDs share one
+/// number space, and a restore needs both back).
+pub fn thread_ids(pids: &[i32]) -> Vec<i32> {
+    let mut out: Vec<i32> = pids
+        .iter()
+        .flat_map(|&pid| {
+            fs::read_dir(format!("/proc/{pid}/task"))
+                .map(|rd| {
+                    rd.flatten()
+                        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+                        .filter(|&t| t != pid)
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default()
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
 /// The MPI rank of a process, from the variables MPICH's Hydra (`PMI_RANK`) and Open MPI
 /// (`OMPI_COMM_WORLD_RANK`) put in each rank's environment.
 pub fn mpi_rank(pid: i32) -> Option<i32> {
@@ -292,6 +312,10 @@ mod tests {
             "own listening port found"
         );
         assert!(outside_tree(me, &[me]).is_empty());
+        let t = std::thread::spawn(|| std::thread::sleep(std::time::Duration::from_millis(300)));
+        assert!(!thread_ids(&[me]).is_empty(), "a running thread is listed");
+        assert!(!thread_ids(&[me]).contains(&me), "the main thread is not");
+        t.join().unwrap();
         assert_eq!(
             outside_tree(1, &[me]).len(),
             1,
