@@ -250,6 +250,9 @@ pub struct Options {
     /// Start no agent: the test starts its own (e.g. in network namespaces), and ckptd listens
     /// on every address so that they can reach it.
     pub no_agent: bool,
+    /// Put the embedded agent's `local_dir` on its own tmpfs of this size (e.g. `"96m"`), to
+    /// fill it up.
+    pub local_size: Option<String>,
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -327,6 +330,16 @@ impl Ckptd {
             opts.extra_toml,
         );
         std::fs::write(&config, text).expect("write config");
+        if let Some(size) = &opts.local_size {
+            let local = dir.path().join("local");
+            std::fs::create_dir_all(&local).expect("local dir");
+            let st = Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "ckpt-test"])
+                .arg(&local)
+                .status()
+                .expect("run mount");
+            assert!(st.success(), "mount a {size} tmpfs on {}", local.display());
+        }
         let mut me = Ckptd {
             dir,
             socket,
@@ -807,6 +820,11 @@ impl Drop for Ckptd {
                 }
                 let _ = std::fs::remove_dir(&cg);
             }
+        }
+        if self.opts.local_size.is_some() {
+            let _ = Command::new("umount")
+                .arg(self.dir.path().join("local"))
+                .status();
         }
         if std::env::var_os("CKPT_E2E_KEEP").is_some() {
             let p = self.dir.path().to_path_buf();
