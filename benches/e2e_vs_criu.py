@@ -52,12 +52,17 @@ import os
 import shlex
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+
+# the shared helpers live next to this script (benches/benchutil.py)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchutil import (  # noqa: E402
+    BenchError, BusySampler, cg_pids, comm, dir_bytes, emit, finished, fmt, freezer_state, log,
+    machine_info, med, mm, mono, pid_exists, progress_lines, ratio, read_text, run, set_freezer,
+    stop_proc, wait_idle, wait_until)
 
 FREEZER = "/sys/fs/cgroup/freezer"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,56 +72,7 @@ PR_SET_CHILD_SUBREAPER = 36
 OUR_PIDS = set()  # PIDs of this run's jobs (a restore brings back the same PIDs)
 
 
-class BenchError(Exception):
-    pass
-
-
-def log(msg):
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def mono():
-    return time.monotonic()
-
-
-def wait_until(pred, timeout, what, interval=0.05):
-    """Polls pred() until it returns a true value; raises BenchError after timeout seconds."""
-    deadline = mono() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if mono() > deadline:
-            raise BenchError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
-
-
-def run(cmd, timeout, check=True, **kw):
-    t0 = mono()
-    try:
-        p = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                           timeout=timeout, **kw)
-    except subprocess.TimeoutExpired:
-        raise BenchError(f"timed out after {timeout} s: {shlex.join(cmd)}")
-    wall = mono() - t0
-    if check and p.returncode != 0:
-        raise BenchError(f"exit {p.returncode}: {shlex.join(cmd)}: {(p.stderr or p.stdout).strip()[-800:]}")
-    return p, wall
-
-
 # ---------------------------------------------------------------- processes and cgroups
-
-def read_text(path, default=""):
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return default
-
-
-def cg_pids(cg):
-    return [int(x) for x in read_text(os.path.join(cg, "cgroup.procs")).split()]
-
 
 def pid_alive(pid):
     """True while /proc/<pid> exists and is not a zombie."""
@@ -124,34 +80,6 @@ def pid_alive(pid):
     if not st:
         return False
     return st.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def pid_exists(pid):
-    return os.path.exists(f"/proc/{pid}")
-
-
-def comm(pid):
-    return read_text(f"/proc/{pid}/comm").strip()
-
-
-def freezer_state(cg):
-    return read_text(os.path.join(cg, "freezer.state")).strip()
-
-
-def set_freezer(cg, state, timeout=30.0):
-    """Writes FROZEN/THAWED and waits (200 us .. 5 ms backoff) until the kernel reports it."""
-    with open(os.path.join(cg, "freezer.state"), "w") as f:
-        f.write(state)
-    deadline = mono() + timeout
-    pause = 100e-6
-    while True:
-        s = freezer_state(cg)
-        if s == state:
-            return
-        if mono() > deadline:
-            raise BenchError(f"{cg}: still {s} after {timeout} s waiting for {state}")
-        time.sleep(pause)
-        pause = min(pause * 2, 0.005)
 
 
 def kill_cgroup(cg, timeout=30.0, also=(), reap=None):
@@ -205,24 +133,6 @@ def remove_cgroup(cg):
     log(f"warning: could not remove cgroup {cg}")
 
 
-def stop_proc(p, name, term_timeout=15.0):
-    """Stops one process we started (a subprocess.Popen) by its PID: SIGTERM, then SIGKILL."""
-    if p is None or p.poll() is not None:
-        return
-    try:
-        os.kill(p.pid, signal.SIGTERM)
-        p.wait(timeout=term_timeout)
-    except subprocess.TimeoutExpired:
-        log(f"{name} (pid {p.pid}) ignored SIGTERM; SIGKILL")
-        os.kill(p.pid, signal.SIGKILL)
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            log(f"warning: {name} (pid {p.pid}) did not die")
-    except ProcessLookupError:
-        pass
-
-
 def job_pss_bytes(pids):
     total = 0
     for pid in pids:
@@ -267,28 +177,6 @@ def clear_time_wait(ports):
         p, _ = run(["ss", "-K", "-tan", "state", "time-wait", f"( {flt} )"], timeout=20, check=False)
         cleared += max(0, len(p.stdout.strip().splitlines()) - 1)
     return cleared
-
-
-def progress_lines(path):
-    return sum(1 for line in read_text(path).splitlines() if line.startswith("iter "))
-
-
-def finished(path):
-    return "checksum" in read_text(path)
-
-
-def dir_bytes(path):
-    """Bytes of the image files in `path` (CRIU's log and our result files excluded)."""
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            if f.endswith((".log", ".json")):
-                continue
-            try:
-                total += os.lstat(os.path.join(root, f)).st_size
-            except OSError:
-                pass
-    return total
 
 
 def wait_new_progress(path, timeout, what):
@@ -567,7 +455,7 @@ class Raw:
                     raise BenchError(f"criu dump exit {p.returncode}: {' | '.join(errs[-4:]) or p.stderr.decode()[-500:]}")
                 res["frozen"].append((t3 - t0) * 1000.0)
                 res["dump"].append((t2 - t1) * 1000.0)
-                res["bytes"].append(dir_bytes(images))
+                res["bytes"].append(dir_bytes(images, skip=(".log", ".json")))
                 log(f"B raw: dump {i + 1}: frozen {(t3 - t0) * 1000:.1f} ms (freeze {(t1 - t0) * 1000:.1f}, "
                     f"criu dump {(t2 - t1) * 1000:.1f}, thaw {(t3 - t2) * 1000:.1f}), "
                     f"{res['bytes'][-1] / 2**20:.1f} MiB")
@@ -677,24 +565,8 @@ class Cleanup:
                         pass
 
 
-def med(xs):
-    return statistics.median(xs) if xs else None
-
-
-def fmt(v, nd=0):
-    return "–" if v is None else f"{v:,.{nd}f}"
-
-
-def mm(xs, nd=0):
-    return "–" if not xs else f"{fmt(med(xs), nd)} ({fmt(min(xs), nd)})"
-
-
 def mib(xs):
     return "–" if not xs else f"{med(xs) / 2**20:,.1f}"
-
-
-def ratio(a, b, nd=2):
-    return "–" if a is None or b in (None, 0) else f"{a / b:.{nd}f}"
 
 
 def render(results, k, header):
@@ -763,10 +635,7 @@ def render(results, k, header):
 
 
 def machine_header(args_cmd, criu, sizes, iters_of, sleep_us):
-    criu_v = run([criu, "--version"], timeout=20, check=False)[0].stdout.split("\n")[0].replace("Version:", "").strip()
-    mpich_v = run(["mpichversion"], timeout=20, check=False)[0].stdout
-    mpich_v = next((l.split(":", 1)[1].strip() for l in mpich_v.splitlines() if l.startswith("MPICH Version")), "?")
-    mem = next((int(l.split()[1]) // 1024 for l in read_text("/proc/meminfo").splitlines() if l.startswith("MemTotal")), 0)
+    criu_v, mpich_v, mem = machine_info(criu)
     jobs = ", ".join(f"N={n}: heat {n} {iters_of(n)} {sleep_us}" for n in sizes)
     return (f"## ckpt vs raw CRIU, {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}\n\n"
             f"Machine: nproc {os.cpu_count()}, {mem} MiB RAM, kernel {os.uname().release}, CRIU {criu_v}, "
@@ -790,24 +659,6 @@ def busy_processes(tmp=None):
             continue  # ours, mid-restore (its cmdline is not restored yet)
         busy.append(f"{parts[0]} {parts[1].strip()}")
     return busy
-
-
-class BusySampler(threading.Thread):
-    """Samples busy_processes() every few seconds during the run, to flag disturbed results."""
-
-    def __init__(self, tmp, every=5.0):
-        super().__init__(daemon=True)
-        self.tmp, self.every, self.seen = tmp, every, {}
-        self.stop = threading.Event()
-
-    def run(self):
-        while not self.stop.is_set():
-            try:
-                for b in busy_processes(self.tmp):
-                    self.seen.setdefault(b, time.strftime("%H:%M:%S"))
-            except BenchError:
-                pass
-            self.stop.wait(self.every)
 
 
 def main():
@@ -840,16 +691,7 @@ def main():
     cmdline = shlex.join([sys.argv[0]] + sys.argv[1:])
 
     if args.wait_idle > 0:
-        deadline = mono() + args.wait_idle
-        while True:
-            busy = busy_processes()
-            if not busy:
-                break
-            if mono() > deadline:
-                log(f"still busy after {args.wait_idle:.0f} s ({', '.join(busy[:6])}); running anyway")
-                break
-            log(f"waiting for other work to finish: {', '.join(busy[:6])}")
-            time.sleep(30)
+        wait_idle(busy_processes, args.wait_idle, poll=30)
 
     tmp = tempfile.mkdtemp(prefix="ckpt-bench-")
     log(f"work dir {tmp}; sizes {sizes}, K={k}, heat N {iters} {args.sleep_us}")
@@ -858,7 +700,7 @@ def main():
     results = []
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t_start = mono()
-    sampler = BusySampler(tmp)
+    sampler = BusySampler(lambda: busy_processes(tmp))
     sampler.start()
     try:
         bindir = os.path.join(tmp, "bin")
@@ -896,18 +738,9 @@ def main():
         sampler.stop.set()
         sampler.join(timeout=30)
         table = render(results, k, header) + f"\nWall time of the whole run: {took / 60:.1f} min.\n"
-        if sampler.seen:
-            table += ("\nWARNING: other heavy processes ran during the measurements (first seen): "
-                      + ", ".join(f"{b} at {t}" for b, t in sorted(sampler.seen.items(), key=lambda x: x[1])[:20])
-                      + "\n")
-        else:
-            table += "\nNo cargo/rustc/heat.* processes other than this run's were seen during it (sampled every 5 s).\n"
-        print(table)
-        if args.out:
-            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-            with open(args.out, "w") as f:
-                f.write(table)
-            log(f"wrote {args.out}")
+        table += sampler.summary("\nNo cargo/rustc/heat.* processes other than this run's were seen during it "
+                                 "(sampled every 5 s).\n")
+        emit(table, args.out)
         failed = any(r.get("error") for _, a, b in results for r in (a, b))
         return 1 if failed else 0
     finally:

@@ -64,12 +64,18 @@ import shlex
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+# the shared helpers live next to this script (benches/benchutil.py)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchutil import (  # noqa: E402
+    BenchError, BusySampler, cg_pids, comm, dir_bytes, emit, finished, freezer_state, log,
+    machine_info, med, mm, mono, pid_exists, progress_lines, ratio, read_text, run, set_freezer,
+    stop_proc, wait_idle, wait_until)
 
 FREEZER = "/sys/fs/cgroup/freezer"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -82,88 +88,11 @@ CRIU_FLAGS = ["-v4", "--leave-running", "--link-remap", "--ghost-limit", "256M",
               "--ext-unix-sk", "--file-locks", "--tcp-established", "--network-lock", "nftables"]
 
 
-class BenchError(Exception):
-    pass
-
-
-def log(msg):
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def mono():
-    return time.monotonic()
-
-
-def wait_until(pred, timeout, what, interval=0.05):
-    """Polls pred() until it returns a true value; raises BenchError after timeout seconds."""
-    deadline = mono() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if mono() > deadline:
-            raise BenchError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
-
-
-def run(cmd, timeout, check=True, **kw):
-    t0 = mono()
-    try:
-        p = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                           timeout=timeout, **kw)
-    except subprocess.TimeoutExpired:
-        raise BenchError(f"timed out after {timeout} s: {shlex.join(cmd)}")
-    wall = mono() - t0
-    if check and p.returncode != 0:
-        raise BenchError(f"exit {p.returncode}: {shlex.join(cmd)}: {(p.stderr or p.stdout).strip()[-800:]}")
-    return p, wall
-
-
 # ---------------------------------------------------------------- processes and cgroups
-
-def read_text(path, default=""):
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return default
-
-
-def cg_pids(cg):
-    return [int(x) for x in read_text(os.path.join(cg, "cgroup.procs")).split()]
-
-
-def pid_exists(pid):
-    return os.path.exists(f"/proc/{pid}")
-
 
 def ppid(pid):
     st = read_text(f"/proc/{pid}/stat")
     return int(st.rsplit(")", 1)[1].split()[1]) if st else 0
-
-
-def comm(pid):
-    return read_text(f"/proc/{pid}/comm").strip()
-
-
-def freezer_state(cg):
-    return read_text(os.path.join(cg, "freezer.state")).strip()
-
-
-def set_freezer(cg, state, timeout=30.0):
-    """Writes FROZEN/THAWED and waits (100 us .. 5 ms backoff) until the kernel reports it."""
-    with open(os.path.join(cg, "freezer.state"), "w") as f:
-        f.write(state)
-    deadline = mono() + timeout
-    pause = 100e-6
-    while True:
-        s = freezer_state(cg)
-        if s == state:
-            return
-        if mono() > deadline:
-            raise BenchError(f"{cg}: still {s} after {timeout} s waiting for {state}")
-        time.sleep(pause)
-        pause = min(pause * 2, 0.005)
 
 
 def kill_cgroup(cg, timeout=30.0):
@@ -226,46 +155,6 @@ def sweep(tmp, timeout=60.0):
         if left:
             log(f"killed leftover processes {left}")
         time.sleep(0.2)
-
-
-def stop_proc(p, name, term_timeout=15.0):
-    """Stops one process we started (a subprocess.Popen) by its PID: SIGTERM, then SIGKILL."""
-    if p is None or p.poll() is not None:
-        return
-    try:
-        os.kill(p.pid, signal.SIGTERM)
-        p.wait(timeout=term_timeout)
-    except subprocess.TimeoutExpired:
-        log(f"{name} (pid {p.pid}) ignored SIGTERM; SIGKILL")
-        os.kill(p.pid, signal.SIGKILL)
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            log(f"warning: {name} (pid {p.pid}) did not die")
-    except ProcessLookupError:
-        pass
-
-
-def dir_bytes(path):
-    """Bytes of the image files in `path` (CRIU's log excluded)."""
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            if f.endswith(".log"):
-                continue
-            try:
-                total += os.lstat(os.path.join(root, f)).st_size
-            except OSError:
-                pass
-    return total
-
-
-def progress_lines(path):
-    return sum(1 for line in read_text(path).splitlines() if line.startswith("iter "))
-
-
-def finished(path):
-    return "checksum" in read_text(path)
 
 
 def parallel(fn, items, timeout):
@@ -606,22 +495,6 @@ def bench_nodes(ckpt, cluster, n, args, iters, app, k, res):
 
 # ---------------------------------------------------------------- report
 
-def med(xs):
-    return statistics.median(xs) if xs else None
-
-
-def fmt(v, nd=0):
-    return "–" if v is None else f"{v:,.{nd}f}"
-
-
-def mm(xs, nd=0):
-    return "–" if not xs else f"{fmt(med(xs), nd)} ({fmt(min(xs), nd)})"
-
-
-def ratio(a, b, nd=2):
-    return "–" if a is None or b in (None, 0) else f"{a / b:.{nd}f}"
-
-
 def render(results, k, header):
     out = [header, ""]
     out.append(f"Median (min) over K={k} per node count, times in ms, all on the same running job per "
@@ -656,10 +529,7 @@ def render(results, k, header):
 
 
 def machine_header(cmdline, criu, size, iters, sleep_us):
-    criu_v = run([criu, "--version"], timeout=20, check=False)[0].stdout.split("\n")[0].replace("Version:", "").strip()
-    mpich_v = run(["mpichversion"], timeout=20, check=False)[0].stdout
-    mpich_v = next((l.split(":", 1)[1].strip() for l in mpich_v.splitlines() if l.startswith("MPICH Version")), "?")
-    mem = next((int(l.split()[1]) // 1024 for l in read_text("/proc/meminfo").splitlines() if l.startswith("MemTotal")), 0)
+    criu_v, mpich_v, mem = machine_info(criu)
     ncpu = os.cpu_count()
     return (f"## ckpt vs raw parallel CRIU on 1..N nodes, {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}\n\n"
             f"Machine: nproc {ncpu}, {mem} MiB RAM, kernel {os.uname().release}, CRIU {criu_v}, MPICH {mpich_v}. "
@@ -691,24 +561,6 @@ def busy_processes():
             continue  # one of this run's jobs
         busy.append(f"{pid} {name}")
     return busy
-
-
-class BusySampler(threading.Thread):
-    """Samples busy_processes() every few seconds during the run, to flag disturbed results."""
-
-    def __init__(self, every=5.0):
-        super().__init__(daemon=True)
-        self.every, self.seen = every, {}
-        self.stop = threading.Event()
-
-    def run(self):
-        while not self.stop.is_set():
-            try:
-                for b in busy_processes():
-                    self.seen.setdefault(b, time.strftime("%H:%M:%S"))
-            except BenchError:
-                pass
-            self.stop.wait(self.every)
 
 
 def default_criu():
@@ -751,16 +603,7 @@ def main():
     cmdline = shlex.join([sys.argv[0]] + sys.argv[1:])
 
     if args.wait_idle > 0:
-        deadline = mono() + args.wait_idle
-        while True:
-            busy = busy_processes()
-            if not busy:
-                break
-            if mono() > deadline:
-                log(f"still busy after {args.wait_idle:.0f} s ({', '.join(busy[:6])}); running anyway")
-                break
-            log(f"waiting for other work to finish: {', '.join(busy[:6])}")
-            time.sleep(10)
+        wait_idle(busy_processes, args.wait_idle, poll=10)
 
     tmp = tempfile.mkdtemp(prefix="ckpt-bench-mn-")
     log(f"work dir {tmp}; nodes {node_counts}, K={k}, heat {args.size} {iters} {args.sleep_us}")
@@ -772,7 +615,7 @@ def main():
     signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
     signal.signal(signal.SIGHUP, stop_signal)
     t_start = mono()
-    sampler = BusySampler()
+    sampler = BusySampler(busy_processes)
     sampler.start()
     try:
         bindir = os.path.join(tmp, "bin")
@@ -812,19 +655,9 @@ def main():
         if errs:
             table += f"\nckptd/agent logs had {len(errs)} WARN/ERROR lines, e.g.:\n\n" + \
                      "\n".join(f"    {l[:300]}" for l in errs[:8]) + "\n"
-        if sampler.seen:
-            table += ("\nWARNING: other heavy processes ran during the measurements (first seen): "
-                      + ", ".join(f"{b} at {t}" for b, t in sorted(sampler.seen.items(), key=lambda x: x[1])[:20])
-                      + "\n")
-        else:
-            table += ("\nNo cargo/rustc/test-binary/.ci/heat processes other than this run's were seen "
-                      "during it (sampled every 5 s).\n")
-        print(table)
-        if args.out:
-            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-            with open(args.out, "w") as f:
-                f.write(table)
-            log(f"wrote {args.out}")
+        table += sampler.summary("\nNo cargo/rustc/test-binary/.ci/heat processes other than this run's were seen "
+                                 "during it (sampled every 5 s).\n")
+        emit(table, args.out)
         return 1 if any(r.get("error") for _, r in results) else 0
     except BenchError as e:
         log(f"FAILED: {e}")
