@@ -19,6 +19,14 @@ cargo fmt --all -- --check
 echo "[test] building release binaries (shared by every e2e test)"
 cargo build --release --workspace --locked
 
+if cargo clippy --version >/dev/null 2>&1; then
+    echo "[test] cargo clippy (every target, benchmarks included, warnings are errors)"
+    cargo clippy --release --workspace --locked --all-targets -- -D warnings
+else
+    echo "[test] clippy not installed: building every target (benchmarks included) instead"
+    cargo build --release --workspace --locked --all-targets
+fi
+
 echo "[test] unit and integration tests of the libraries"
 cargo test --release --workspace --locked --exclude ckpt-tests 2>&1 | tee -a "$LOG"
 

@@ -102,6 +102,8 @@ fn corrupt_image_is_refused_before_restore_and_older_epoch_still_works() {
     assert!(out.ok().contains("epoch 2 committed"), "{out:?}");
     d.wait_state(job, "stopped", LIMIT);
     assert!(d.job_pids(job).is_empty(), "--kill stops every process");
+    let good = d.ctl(&["verify", &job.to_string()]);
+    assert!(good.ok().contains("node node0: ok"), "{good:?}");
 
     // Flip one byte in the middle of the largest image file of epoch 2.
     let images = d.images(job, 2).join("images");
@@ -116,9 +118,24 @@ fn corrupt_image_is_refused_before_restore_and_older_epoch_still_works() {
     bytes[mid] ^= 0x40;
     std::fs::write(&biggest, bytes).unwrap();
 
+    let name = biggest.file_name().unwrap().to_string_lossy().into_owned();
+    // `verify` finds it without touching anything, and says the older epoch is fine.
+    let v = d.ctl(&["verify", &job.to_string(), "--json"]);
+    assert_eq!(v.code, 8, "{v:?}");
+    let report: serde_json::Value = serde_json::from_str(&v.stdout).expect("verify --json");
+    assert_eq!(report["epoch"], 2, "{report}");
+    assert_eq!(report["nodes"][0]["ok"], false, "{report}");
+    assert!(
+        report["nodes"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains(&name),
+        "names the file: {report}"
+    );
+    d.ctl(&["verify", &job.to_string(), "--epoch", "1"]).ok();
+
     let bad = d.ctl(&["restart", &job.to_string()]);
     assert_eq!(bad.code, 8, "corrupt image has its own exit code: {bad:?}");
-    let name = biggest.file_name().unwrap().to_string_lossy().into_owned();
     assert!(
         bad.stderr.contains(&name) && bad.stderr.contains("digest"),
         "message names the file: {bad:?}"

@@ -741,16 +741,9 @@ impl Coordinator {
         join_all(calls).await
     }
 
-    /// Validates a restart request; returns the job, the epoch to restore and the state to go
-    /// back to if the restart fails.
-    pub async fn begin_restart(
-        &self,
-        caller: &Caller,
-        id: u64,
-        epoch: u32,
-    ) -> Result<(Job, Epoch, JobState), DriveError> {
-        self.job_for(caller, id)?;
-        let job = self.refresh(id).await?;
+    /// A committed epoch of the job: `epoch`, or the latest committed one for 0.
+    fn restorable_epoch(&self, job: &Job, epoch: u32) -> Result<Epoch, DriveError> {
+        let id = job.id;
         let number = if epoch == 0 {
             job.latest_committed
         } else {
@@ -771,6 +764,59 @@ impl Coordinator {
                 state: e.state_name(),
             });
         }
+        Ok(e)
+    }
+
+    /// Checks a committed epoch's images on every node against their digests, in parallel.
+    /// Reads only; a node that cannot be reached is reported as not verified.
+    pub async fn verify(
+        &self,
+        caller: &Caller,
+        id: u64,
+        epoch: u32,
+    ) -> Result<pb::VerifyReply, DriveError> {
+        let job = self.job_for(caller, id)?;
+        let e = self.restorable_epoch(&job, epoch)?;
+        let d = self.cfg.deadlines.restore;
+        let calls = e.nodes.iter().map(|n| {
+            let req = pb::RestoreRequest {
+                job_id: id,
+                epoch: e.number,
+                manifest_digest: e.manifests.get(n).cloned().unwrap_or_default(),
+                ..Default::default()
+            };
+            let client = self.agents.client(n);
+            async move {
+                let r = match client {
+                    Ok(mut c) => call(n, "verify", d, c.verify(req)).await,
+                    Err(e) => Err(e),
+                };
+                r.unwrap_or_else(|f| pb::NodeVerify {
+                    node: n.clone(),
+                    ok: false,
+                    error: f.message,
+                    ..Default::default()
+                })
+            }
+        });
+        Ok(pb::VerifyReply {
+            job_id: id,
+            epoch: e.number,
+            nodes: join_all(calls).await,
+        })
+    }
+
+    /// Validates a restart request; returns the job, the epoch to restore and the state to go
+    /// back to if the restart fails.
+    pub async fn begin_restart(
+        &self,
+        caller: &Caller,
+        id: u64,
+        epoch: u32,
+    ) -> Result<(Job, Epoch, JobState), DriveError> {
+        self.job_for(caller, id)?;
+        let job = self.refresh(id).await?;
+        let e = self.restorable_epoch(&job, epoch)?;
         let mut previous = job.state.clone();
         let job = self
             .update_job(id, |j| {

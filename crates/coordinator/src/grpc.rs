@@ -323,6 +323,19 @@ impl pb::control_server::Control for ControlHandler {
         }))
     }
 
+    async fn verify(
+        &self,
+        req: Request<pb::VerifyRequest>,
+    ) -> Result<Response<pb::VerifyReply>, Status> {
+        let who = caller(&req)?;
+        let r = req.into_inner();
+        self.coord
+            .verify(&who, r.job_id, r.epoch)
+            .await
+            .map(Response::new)
+            .map_err(|e| to_status(&e))
+    }
+
     async fn cancel(
         &self,
         req: Request<pb::CancelRequest>,

@@ -236,6 +236,38 @@ impl Agent for AgentHandler {
         }))
     }
 
+    async fn verify(
+        &self,
+        req: Request<pb::RestoreRequest>,
+    ) -> Result<Response<pb::NodeVerify>, Status> {
+        let r = req.into_inner();
+        let begin = std::time::Instant::now();
+        let node = self.jobs.node().to_string();
+        let reply = match self
+            .jobs
+            .verify(r.job_id, r.epoch, &r.manifest_digest)
+            .await
+        {
+            Ok(m) => pb::NodeVerify {
+                node,
+                ok: true,
+                files: m.files.len() as u32,
+                bytes: m.image_bytes(),
+                error: String::new(),
+                elapsed_ms: begin.elapsed().as_millis() as u64,
+            },
+            // A damaged image is this call's answer, not its failure.
+            Err(e) => pb::NodeVerify {
+                node,
+                ok: false,
+                error: e.to_string(),
+                elapsed_ms: begin.elapsed().as_millis() as u64,
+                ..Default::default()
+            },
+        };
+        Ok(Response::new(reply))
+    }
+
     async fn poll(&self, req: Request<pb::PollRequest>) -> Result<Response<pb::PollReply>, Status> {
         let r = req.into_inner();
         let p = self

@@ -855,27 +855,7 @@ impl Jobs {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let node_dir = self.staging.node_dir(job_id, epoch, &self.node);
-        let nd = node_dir.clone();
-        let committed = committed_digest.to_string();
-        let m = tokio::task::spawn_blocking(move || -> Result<NodeManifest, AgentError> {
-            let store_err = |source| AgentError::Store {
-                job: job_id,
-                source,
-            };
-            let (m, digest) = manifest::read(&nd).map_err(store_err)?;
-            if !committed.is_empty() && digest != committed {
-                return Err(AgentError::ManifestMismatch {
-                    job: job_id,
-                    epoch,
-                    found: digest,
-                    committed,
-                });
-            }
-            ckpt_store::digest::verify_tree(&nd, &m.files).map_err(store_err)?;
-            Ok(m)
-        })
-        .await
-        .expect("verify task")?;
+        let m = self.verify(job_id, epoch, committed_digest).await?;
         for a in &m.tcp_addrs {
             if !address_is_local(a) {
                 return Err(AgentError::AddressMissing {
@@ -956,6 +936,37 @@ impl Jobs {
                 }
             }
         }
+    }
+
+    /// Checks this node's images of an epoch: the manifest against the committed digest (if
+    /// given), then every file against the manifest. Reads only.
+    pub async fn verify(
+        &self,
+        job_id: u64,
+        epoch: u32,
+        committed_digest: &str,
+    ) -> Result<NodeManifest, AgentError> {
+        let nd = self.staging.node_dir(job_id, epoch, &self.node);
+        let committed = committed_digest.to_string();
+        tokio::task::spawn_blocking(move || -> Result<NodeManifest, AgentError> {
+            let store_err = |source| AgentError::Store {
+                job: job_id,
+                source,
+            };
+            let (m, digest) = manifest::read(&nd).map_err(store_err)?;
+            if !committed.is_empty() && digest != committed {
+                return Err(AgentError::ManifestMismatch {
+                    job: job_id,
+                    epoch,
+                    found: digest,
+                    committed,
+                });
+            }
+            ckpt_store::digest::verify_tree(&nd, &m.files).map_err(store_err)?;
+            Ok(m)
+        })
+        .await
+        .expect("verify task")
     }
 
     /// Name of the nftables table that holds a job's TCP traffic during a restart.

@@ -94,6 +94,16 @@ enum Cmd {
         /// Job id.
         job: u64,
     },
+    /// Check a committed checkpoint's images on every node against their digests (reads only).
+    /// Exit 0 if every node's copy is intact, 8 if any file is damaged or missing, 7 if a node
+    /// could not be reached.
+    Verify {
+        /// Job id.
+        job: u64,
+        /// Epoch to check (default: the latest committed).
+        #[arg(long)]
+        epoch: Option<u32>,
+    },
 }
 
 struct Failure {
@@ -371,6 +381,56 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 println!("{}", job_json(&j));
             } else {
                 println!("job {} {}", j.id, j.state);
+            }
+        }
+        Cmd::Verify { job, epoch } => {
+            let r = c
+                .verify(pb::VerifyRequest {
+                    job_id: job,
+                    epoch: epoch.unwrap_or(0),
+                })
+                .await?
+                .into_inner();
+            if json {
+                let nodes: Vec<Value> = r
+                    .nodes
+                    .iter()
+                    .map(|n| {
+                        json!({"node": n.node, "ok": n.ok, "files": n.files, "bytes": n.bytes,
+                               "error": n.error, "elapsed_ms": n.elapsed_ms})
+                    })
+                    .collect();
+                println!(
+                    "{}",
+                    json!({"job_id": r.job_id, "epoch": r.epoch, "nodes": nodes})
+                );
+            } else {
+                for n in &r.nodes {
+                    if n.ok {
+                        println!(
+                            "node {}: ok, {} files, {:.1} MiB verified in {} ms",
+                            n.node,
+                            n.files,
+                            n.bytes as f64 / (1 << 20) as f64,
+                            n.elapsed_ms
+                        );
+                    } else {
+                        println!("node {}: DAMAGED: {}", n.node, n.error);
+                    }
+                }
+            }
+            let bad: Vec<&pb::NodeVerify> = r.nodes.iter().filter(|n| !n.ok).collect();
+            if !bad.is_empty() {
+                let unreachable = bad.iter().all(|n| n.error.contains("unreachable"));
+                return Err(Failure {
+                    code: if unreachable { 7 } else { 8 },
+                    message: format!(
+                        "job {job} epoch {}: {} of {} node(s) failed verification; restart from an older epoch (`ckptctl epochs {job}`)",
+                        r.epoch,
+                        bad.len(),
+                        r.nodes.len()
+                    ),
+                });
             }
         }
     }
