@@ -73,6 +73,9 @@ impl Agent for NoopAgent {
     async fn poll(&self, _: Request<pb::PollRequest>) -> R<pb::PollReply> {
         Ok(Response::new(pb::PollReply::default()))
     }
+    async fn prune(&self, _: Request<pb::PruneRequest>) -> R<pb::PhaseReply> {
+        Ok(Response::new(pb::PhaseReply::default()))
+    }
     async fn verify(&self, _: Request<pb::RestoreRequest>) -> R<pb::NodeVerify> {
         Ok(Response::new(pb::NodeVerify {
             ok: true,

@@ -1,6 +1,7 @@
 //! Node-local staging under pressure: a staging file system that is too full, or that fills up
 //! while the job is being dumped, aborts the epoch cleanly. The job keeps running and earlier
-//! epochs stay restorable. Skips with a printed reason where CRIU or MPICH is missing.
+//! epochs stay restorable. Retention then expires old epochs and deletes their images. Skips
+//! with a printed reason where CRIU or MPICH is missing.
 use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -53,6 +54,7 @@ fn a_full_staging_disk_aborts_the_epoch_and_keeps_the_job_and_earlier_epochs() {
     let d = Ckptd::start(Options {
         failpoints: true,
         local_size: Some("256m".into()),
+        extra_toml: "[retention]\nkeep_local = 1\n".into(),
         ..Options::default()
     });
     let job = d.run_job("heat", &Mpi::Mpich.heat_argv(4, 256, 3000, 2000));
@@ -115,7 +117,27 @@ fn a_full_staging_disk_aborts_the_epoch_and_keeps_the_job_and_earlier_epochs() {
     d.kill_job(job);
     d.wait_state(job, "killed", LIMIT);
     d.ctl(&["restart", &id]).ok();
+
+    // Retention (keep_local = 1): the next commit expires epoch 1 and deletes its images.
+    d.ctl(&["checkpoint", &id, "--wait"]).ok();
+    let e = &d.epochs(job)[0];
+    assert_eq!(e["state"], "expired", "{e}");
+    assert!(
+        e["reason"].as_str().unwrap().contains("keep_local = 1"),
+        "{e}"
+    );
+    let begin = Instant::now();
+    while d.images(job, 1).exists() {
+        assert!(
+            begin.elapsed() < LIMIT,
+            "images of expired epoch 1 were not deleted"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(d.images(job, 4).exists(), "the kept epoch's images stay");
+    let v = d.ctl(&["verify", &id, "--epoch", "1"]);
+    assert_eq!(v.code, 4, "an expired epoch is not offered: {v:?}");
+    assert!(v.stderr.contains("expired"), "{v:?}");
+    d.ctl(&["verify", &id]).ok();
     assert_eq!(d.wait_checksum(job, LIMIT), want, "restarted from epoch 1");
-    let epochs = d.epochs(job);
-    assert_eq!(epochs[0]["state"], "committed", "{epochs:?}");
 }

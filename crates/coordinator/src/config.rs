@@ -20,8 +20,25 @@ pub struct CoordinatorConfig {
     pub database: PathBuf,
     /// Phase deadlines.
     pub deadlines: Deadlines,
+    /// How many checkpoints are kept.
+    pub retention: Retention,
     /// The embedded agent's settings, used with `--standalone`.
     pub agent: AgentConfig,
+}
+
+/// How many committed checkpoints of each job keep their images.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Retention {
+    /// Committed epochs per job kept in node-local staging (the newest ones); older epochs are
+    /// marked `expired` and their images deleted on every node. 0 keeps every epoch.
+    pub keep_local: u32,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention { keep_local: 3 }
+    }
 }
 
 /// How long each protocol step may take on every node before the epoch is aborted.
@@ -76,6 +93,7 @@ impl Default for CoordinatorConfig {
             socket: "/run/ckpt/ckptd.sock".into(),
             database: "/var/lib/ckpt/ckptd.redb".into(),
             deadlines: Deadlines::default(),
+            retention: Retention::default(),
             agent,
         }
     }

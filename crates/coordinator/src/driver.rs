@@ -582,6 +582,8 @@ impl Coordinator {
                     .ok_or(DriveError::UnknownJob { job: id })?;
                 job.end_checkpoint(Some(number), epoch.kill)?;
                 self.registry.put_job_and_epoch(&job, &epoch)?;
+                let expired = self.expire_old_epochs(id)?;
+                self.prune_in_background(id, expired);
                 say(
                     Phase::Commit,
                     format!(
@@ -739,6 +741,57 @@ impl Coordinator {
             }
         });
         join_all(calls).await
+    }
+
+    /// Marks the job's committed epochs beyond `retention.keep_local` (oldest first) expired,
+    /// so they are never offered for restart, before their images are deleted.
+    fn expire_old_epochs(&self, id: u64) -> Result<Vec<Epoch>, DriveError> {
+        let keep = self.cfg.retention.keep_local as usize;
+        if keep == 0 {
+            return Ok(Vec::new());
+        }
+        let mut committed: Vec<Epoch> = self
+            .registry
+            .epochs(id)?
+            .into_iter()
+            .filter(Epoch::is_restorable)
+            .collect();
+        committed.sort_by_key(|e| std::cmp::Reverse(e.number));
+        let mut out = Vec::new();
+        for mut e in committed.into_iter().skip(keep) {
+            e.expire(format!("images deleted by retention (keep_local = {keep})"))?;
+            self.registry.put_epoch(&e)?;
+            info!(job = id, epoch = e.number, "epoch expired");
+            out.push(e);
+        }
+        Ok(out)
+    }
+
+    /// Deletes the images of expired epochs on their nodes, without holding up the caller. A
+    /// node that cannot be reached keeps them (logged) until they are removed by hand.
+    fn prune_in_background(self: &Arc<Self>, id: u64, expired: Vec<Epoch>) {
+        if expired.is_empty() {
+            return;
+        }
+        let mut by_node: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        for e in &expired {
+            for n in &e.nodes {
+                by_node.entry(n.clone()).or_default().push(e.number);
+            }
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            for (n, epochs) in by_node {
+                let req = pb::PruneRequest { job_id: id, epochs };
+                let r = match me.agents.client(&n) {
+                    Ok(mut c) => call(&n, "prune", me.cfg.deadlines.abort, c.prune(req)).await,
+                    Err(e) => Err(e),
+                };
+                if let Err(f) = r {
+                    warn!(job = id, error = %f, "cannot delete expired images; they stay in local_dir");
+                }
+            }
+        });
     }
 
     /// A committed epoch of the job: `epoch`, or the latest committed one for 0.

@@ -89,6 +89,7 @@ pub fn job_info(job: &Job, nodes: Vec<pb::NodeJobInfo>) -> pb::JobInfo {
 pub fn epoch_info(e: &Epoch) -> pb::EpochInfo {
     let (failed_phase, reason) = match &e.state {
         EpochState::Failed { phase, reason } => (phase.name().to_string(), reason.clone()),
+        EpochState::Expired { reason } => (String::new(), reason.clone()),
         _ => (String::new(), String::new()),
     };
     pb::EpochInfo {

@@ -51,6 +51,11 @@ pub enum EpochState {
         /// Why.
         reason: String,
     },
+    /// Was committed; its images were deleted by retention. Never offered for restart.
+    Expired {
+        /// Why (the retention rule).
+        reason: String,
+    },
 }
 
 /// A refused state transition.
@@ -171,6 +176,17 @@ impl Epoch {
         }
     }
 
+    /// Retires a committed epoch whose images are to be deleted; only a committed epoch.
+    pub fn expire(&mut self, reason: impl Into<String>) -> Result<(), TransitionError> {
+        if self.state != EpochState::Committed {
+            return Err(self.refuse("expire"));
+        }
+        self.state = EpochState::Expired {
+            reason: reason.into(),
+        };
+        Ok(())
+    }
+
     /// Whether this epoch may be restored.
     pub fn is_restorable(&self) -> bool {
         self.state == EpochState::Committed
@@ -190,6 +206,7 @@ impl Epoch {
             EpochState::InProgress(p) => format!("in-progress ({})", p.name()),
             EpochState::Committed => "committed".into(),
             EpochState::Failed { .. } => "failed".into(),
+            EpochState::Expired { .. } => "expired".into(),
         }
     }
 }
@@ -440,6 +457,22 @@ mod tests {
         assert!(e.commit(manifests(), 2).is_err(), "double commit");
         assert!(e.fail("late", 2).is_err(), "a committed epoch cannot fail");
         assert!(e.enter(Phase::Sync).is_err());
+    }
+
+    #[test]
+    fn only_committed_epochs_expire_and_expired_ones_are_not_restorable() {
+        let mut e = epoch();
+        assert!(e.expire("retention").is_err(), "an epoch in progress");
+        for p in &PHASES[1..] {
+            e.enter(*p).unwrap();
+        }
+        e.commit(manifests(), 1).unwrap();
+        assert!(e.is_restorable());
+        e.expire("keep_local = 1").unwrap();
+        assert!(!e.is_restorable());
+        assert_eq!(e.state_name(), "expired");
+        assert!(e.expire("again").is_err(), "expired is terminal");
+        assert!(e.fail("late", 2).is_err());
     }
 
     #[test]

@@ -268,6 +268,22 @@ impl Agent for AgentHandler {
         Ok(Response::new(reply))
     }
 
+    async fn prune(
+        &self,
+        req: Request<pb::PruneRequest>,
+    ) -> Result<Response<pb::PhaseReply>, Status> {
+        let r = req.into_inner();
+        let begin = std::time::Instant::now();
+        self.jobs
+            .prune(r.job_id, &r.epochs)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::PhaseReply {
+            elapsed_us: us(begin.elapsed()),
+            frozen_us: 0,
+        }))
+    }
+
     async fn poll(&self, req: Request<pb::PollRequest>) -> Result<Response<pb::PollReply>, Status> {
         let r = req.into_inner();
         let p = self

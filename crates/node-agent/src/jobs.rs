@@ -969,6 +969,26 @@ impl Jobs {
         .expect("verify task")
     }
 
+    /// Deletes this node's images of the given epochs (retention). Missing ones are fine.
+    pub async fn prune(&self, job_id: u64, epochs: &[u32]) -> Result<(), AgentError> {
+        let staging = self.staging.clone();
+        let node = self.node.clone();
+        let epochs = epochs.to_vec();
+        tokio::task::spawn_blocking(move || {
+            for e in epochs {
+                staging
+                    .remove_node_dir(job_id, e, &node)
+                    .map_err(|source| AgentError::Store {
+                        job: job_id,
+                        source,
+                    })?;
+            }
+            Ok(())
+        })
+        .await
+        .expect("prune task")
+    }
+
     /// Name of the nftables table that holds a job's TCP traffic during a restart.
     fn hold_table(&self, job: u64) -> String {
         let node: String = self
