@@ -171,7 +171,7 @@ async fn setup(n: usize) -> Setup {
     for i in 0..n {
         let addr = lines.next().expect("agent address").expect("read");
         coord
-            .register_agent(&format!("a{i}"), &addr)
+            .register_agent(&format!("a{i}"), &addr, Vec::new())
             .await
             .expect("register");
     }

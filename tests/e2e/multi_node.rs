@@ -24,7 +24,7 @@ fn agents_in_namespaces_checkpoint_a_job_and_an_unreachable_node_aborts_initial_
     for n in ["n1", "n2", "n3"] {
         d.start_agent_in(&cluster, n);
     }
-    d.wait_agents(3);
+    d.wait_agents(&NODES);
 
     let job = run_on(&d, "n2", &Mpi::Mpich.heat_argv(4, 256, 3000, 2000));
     let out_file = d.job_dir_on("n2", job).join("stdout");
@@ -103,7 +103,7 @@ fn three_nodes(failpoints: bool) -> Option<(Cluster, Ckptd)> {
     for n in NODES {
         d.start_agent_in(&cluster, n);
     }
-    d.wait_agents(3);
+    d.wait_agents(&NODES);
     Some((cluster, d))
 }
 
@@ -207,10 +207,9 @@ fn assert_status_shows_every_node(d: &Ckptd, job: u64) {
 /// ckpt-rsh, checkpointed twice, every process on every node SIGKILLed, restarted, and
 /// finishing with the checksum of an uninterrupted run.
 ///
-/// With `take_a_pid`, a process outside the job holds one of n3's PIDs at the first restart:
-/// the restart fails naming the node and the PID, the nodes already restored are killed, and
-/// the job restarts once the PID is free.
-fn checkpoint_kill_restart_across_three_nodes(mpi: Mpi, take_a_pid: bool) {
+/// The first restart meets an obstacle and fails on n3, naming the node and the cause; the nodes
+/// already restored are killed, and the job restarts once the obstacle is gone.
+fn checkpoint_kill_restart_across_three_nodes(mpi: Mpi, obstacle: Obstacle) {
     let want = mpi.reference_checksum(RANKS, N, ITERS);
     let Some((cluster, d)) = three_nodes(false) else {
         return;
@@ -239,30 +238,47 @@ fn checkpoint_kill_restart_across_three_nodes(mpi: Mpi, take_a_pid: bool) {
         .expect("n3 has processes");
     d.kill_job_on(&NODES, job);
     d.wait_state(job, "killed", LIMIT);
-    if take_a_pid {
-        match PidSquatter::take(n3_pid) {
+    let refused = |what: &str| {
+        let out = d.ctl(&["restart", &job.to_string()]);
+        assert_ne!(out.code, 0, "{out:?}");
+        assert!(
+            out.stderr.contains("node n3") && out.stderr.contains(what),
+            "the error names the node and {what}: {out:?}"
+        );
+        for n in NODES {
+            assert!(
+                d.job_pids_on(n, job).is_empty(),
+                "a failed restart leaves nothing running on {n}"
+            );
+        }
+        d.wait_state(job, "killed", LIMIT);
+    };
+    match obstacle {
+        Obstacle::TakenPid => match PidSquatter::take(n3_pid) {
             Some(squatter) => {
-                let out = d.ctl(&["restart", &job.to_string()]);
-                assert_ne!(out.code, 0, "{out:?}");
-                assert!(
-                    out.stderr.contains("node n3") && out.stderr.contains(&n3_pid.to_string()),
-                    "the error names the node and the PID: {out:?}"
-                );
-                for n in NODES {
-                    assert!(
-                        d.job_pids_on(n, job).is_empty(),
-                        "a failed restart leaves nothing running on {n}"
-                    );
-                }
-                d.wait_state(job, "killed", LIMIT);
+                refused(&n3_pid.to_string());
                 drop(squatter);
             }
             None => eprintln!("SKIPPED the taken-PID step: could not obtain PID {n3_pid}"),
+        },
+        Obstacle::MissingAddress => {
+            cluster.set_job_address("n3", false);
+            refused(&format!("address {} ", cluster.node("n3").ip));
+            cluster.set_job_address("n3", true);
         }
     }
     let out = d.ctl(&["restart", &job.to_string()]);
     out.ok();
     assert_eq!(result_on_n1(&d, job), want, "restarted on all three nodes");
+}
+
+/// What stands in the way of the first restart.
+#[derive(Debug, Clone, Copy)]
+enum Obstacle {
+    /// A process outside the job holds one of n3's PIDs.
+    TakenPid,
+    /// n3's job address is gone.
+    MissingAddress,
 }
 
 /// A process that holds a given PID (obtained through /proc/sys/kernel/ns_last_pid); killed on
@@ -309,13 +325,13 @@ impl Drop for PidSquatter {
 #[test]
 fn mpich_across_three_nodes_checkpoint_kill_restart() {
     skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "nsenter", "nft");
-    checkpoint_kill_restart_across_three_nodes(Mpi::Mpich, true);
+    checkpoint_kill_restart_across_three_nodes(Mpi::Mpich, Obstacle::TakenPid);
 }
 
 #[test]
 fn openmpi_across_three_nodes_checkpoint_kill_restart() {
     skip_unless_ready!("mpirun.openmpi", "mpicc.openmpi", "nsenter", "nft");
-    checkpoint_kill_restart_across_three_nodes(Mpi::OpenMpi, false);
+    checkpoint_kill_restart_across_three_nodes(Mpi::OpenMpi, Obstacle::MissingAddress);
 }
 
 /// An agent killed while its node dumps: the epoch is aborted, every node thaws (the killed

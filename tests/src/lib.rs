@@ -354,7 +354,7 @@ impl Ckptd {
         };
         me.start_daemon();
         if me.opts.no_agent {
-            me.wait_agents(0);
+            me.wait_agents(&[]);
             return me;
         }
         if me.opts.separate_agent {
@@ -448,7 +448,7 @@ impl Ckptd {
                 "node_name = \"{node}\"\nlisten = \"{ip}:7601\"\ncoordinator = \"{host}:{port}\"\n\
                  state_dir = \"{d}/state\"\nlocal_dir = \"{d}/local\"\nheartbeat_interval = \"200ms\"\n\
                  [cgroup]\nprefix = \"{prefix}{node}-\"\n",
-                ip = n.ip,
+                ip = n.mgmt_ip,
                 host = cluster.host_ip,
                 port = self.coord_port,
                 d = d.display(),
@@ -503,15 +503,17 @@ impl Ckptd {
         }
     }
 
-    /// Waits (bounded) until ckptd answers and `n` agent registrations are in its log.
-    pub fn wait_agents(&mut self, n: usize) {
+    /// Waits (bounded) until ckptd answers and every named node's agent registered.
+    pub fn wait_agents(&mut self, nodes: &[&str]) {
         let begin = Instant::now();
         loop {
             let log =
                 std::fs::read_to_string(self.dir.path().join("ckptd.log")).unwrap_or_default();
-            if self.socket.exists()
-                && log.matches("agent registered").count() >= n
-                && self.ctl(&["list"]).code == 0
+            let registered = |n: &&str| {
+                log.lines()
+                    .any(|l| l.contains("agent registered") && l.contains(&format!("\"{n}\"")))
+            };
+            if self.socket.exists() && nodes.iter().all(registered) && self.ctl(&["list"]).code == 0
             {
                 return;
             }
@@ -520,7 +522,7 @@ impl Ckptd {
             }
             assert!(
                 begin.elapsed() < Duration::from_secs(30),
-                "{n} agents did not register: {log}"
+                "agents {nodes:?} did not all register: {log}"
             );
             std::thread::sleep(Duration::from_millis(50));
         }

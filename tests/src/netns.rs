@@ -15,8 +15,11 @@ pub struct NodeNs {
     pub name: String,
     /// Namespace name under /run/netns.
     pub netns: String,
-    /// Address of the node on the bridge.
+    /// Address of the node on the bridge (the one MPI jobs use).
     pub ip: String,
+    /// A second address on the same link, where the node's agent listens (like a management
+    /// network): the node stays reachable when a test removes `ip`.
+    pub mgmt_ip: String,
     /// Host-side end of the node's veth (down = node unreachable).
     pub veth: String,
     /// The node's persistent UTS namespace (a bind mount); its host name is `netns`.
@@ -98,6 +101,7 @@ impl Cluster {
                 name: format!("n{i}"),
                 netns: format!("ckpt{tag}n{i}"),
                 ip: format!("{subnet}.{i}"),
+                mgmt_ip: format!("{subnet}.{}", 100 + i),
                 veth: format!("ckv{tag}n{i}"),
                 uts: PathBuf::from(UTS_DIR).join(format!("ckpt{tag}n{i}")),
             };
@@ -115,7 +119,24 @@ impl Cluster {
                 ip(&v)
             };
             inns(&["link", "set", &peer, "name", "eth0"])?;
+            // Removing the job address (the primary) must keep the agent's secondary one.
+            run(
+                "nsenter",
+                &[
+                    &format!("--net=/run/netns/{}", node.netns),
+                    "sh",
+                    "-c",
+                    "for c in all eth0; do echo 1 > /proc/sys/net/ipv4/conf/$c/promote_secondaries; done",
+                ],
+            )?;
             inns(&["addr", "add", &format!("{}/24", node.ip), "dev", "eth0"])?;
+            inns(&[
+                "addr",
+                "add",
+                &format!("{}/24", node.mgmt_ip),
+                "dev",
+                "eth0",
+            ])?;
             inns(&["link", "set", "eth0", "up"])?;
             inns(&["link", "set", "lo", "up"])?;
             std::fs::create_dir_all(UTS_DIR).map_err(|e| format!("{UTS_DIR}: {e}"))?;
@@ -143,6 +164,21 @@ impl Cluster {
             if up { "up" } else { "down" },
         ])
         .expect("set link");
+    }
+
+    /// Removes a node's job address (`ip`), or puts it back.
+    pub fn set_job_address(&self, name: &str, present: bool) {
+        let n = self.node(name);
+        ip(&[
+            "-n",
+            &n.netns,
+            "addr",
+            if present { "add" } else { "del" },
+            &format!("{}/24", n.ip),
+            "dev",
+            "eth0",
+        ])
+        .expect("change address");
     }
 
     /// A command that runs `program` inside the node's network and UTS namespaces.

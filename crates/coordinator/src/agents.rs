@@ -84,6 +84,7 @@ pub async fn call<T>(
 #[derive(Debug, Clone)]
 struct Entry {
     address: String,
+    host_addresses: Vec<String>,
     client: AgentClient<Channel>,
     last_seen: Instant,
 }
@@ -96,7 +97,12 @@ pub struct Agents {
 
 impl Agents {
     /// Records a registration (a re-registration replaces the address and client).
-    pub fn register(&self, node: &str, address: &str) -> Result<(), String> {
+    pub fn register(
+        &self,
+        node: &str,
+        address: &str,
+        host_addresses: Vec<String>,
+    ) -> Result<(), String> {
         let ep = Endpoint::from_shared(format!("http://{address}"))
             .map_err(|e| format!("bad agent address {address:?}: {e}"))?
             .connect_timeout(Duration::from_secs(5));
@@ -105,6 +111,7 @@ impl Agents {
             node.to_string(),
             Entry {
                 address: address.to_string(),
+                host_addresses,
                 client,
                 last_seen: Instant::now(),
             },
@@ -136,6 +143,16 @@ impl Agents {
                 message: "no agent is registered for this node (is ckpt-agent running there and pointed at this ckptd?)"
                     .into(),
             })
+    }
+
+    /// The node that has `ip` among its interface addresses, if one does.
+    pub fn node_with_address(&self, ip: &str) -> Option<String> {
+        self.map
+            .read()
+            .expect("agents lock")
+            .iter()
+            .find(|(_, e)| e.host_addresses.iter().any(|a| a == ip))
+            .map(|(n, _)| n.clone())
     }
 
     /// A node's agent address.

@@ -221,8 +221,13 @@ impl Coordinator {
     }
 
     /// Registers an agent, and aborts on it any epoch a coordinator restart interrupted.
-    pub async fn register_agent(&self, node: &str, address: &str) -> Result<(), String> {
-        self.agents.register(node, address)?;
+    pub async fn register_agent(
+        &self,
+        node: &str,
+        address: &str,
+        host_addresses: Vec<String>,
+    ) -> Result<(), String> {
+        self.agents.register(node, address, host_addresses)?;
         info!(node, address, "agent registered");
         let pending: Vec<(String, u64, u32)> = {
             let mut o = self.orphaned.lock().expect("orphaned lock");
@@ -1009,11 +1014,17 @@ impl Coordinator {
         {
             return Ok(n.clone());
         }
-        // A name that resolves to an agent's address.
+        if let Some(n) = self.agents.node_with_address(host) {
+            return Ok(n);
+        }
+        // A name that resolves to an address of a node.
         if let Ok(ips) = tokio::net::lookup_host((host, 0)).await {
             let ips: Vec<String> = ips.map(|s| s.ip().to_string()).collect();
             if let Some((n, _, _)) = agents.iter().find(|(_, a, _)| ips.contains(&addr_host(a))) {
                 return Ok(n.clone());
+            }
+            if let Some(n) = ips.iter().find_map(|ip| self.agents.node_with_address(ip)) {
+                return Ok(n);
             }
         }
         let known = agents

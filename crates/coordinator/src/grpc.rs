@@ -382,7 +382,7 @@ impl pb::registry_server::Registry for RegistryHandler {
             return Err(Status::invalid_argument("node name is empty"));
         }
         self.coord
-            .register_agent(&r.node, &r.address)
+            .register_agent(&r.node, &r.address, r.host_addresses)
             .await
             .map_err(Status::invalid_argument)?;
         Ok(Response::new(pb::RegisterReply {

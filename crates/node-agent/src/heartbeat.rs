@@ -65,6 +65,10 @@ pub async fn run(cfg: AgentConfig, advertise: String, jobs: Arc<Jobs>) {
                 version: env!("CARGO_PKG_VERSION").into(),
                 engine: jobs.engine().name().into(),
                 engine_version: jobs.engine().version().into(),
+                host_addresses: crate::procfs::local_addresses()
+                    .iter()
+                    .map(|a| a.to_string())
+                    .collect(),
             };
             match c.register(req).await {
                 Ok(_) => {

@@ -236,6 +236,43 @@ pub fn thread_ids(pids: &[i32]) -> Vec<i32> {
     out
 }
 
+/// Addresses of this network namespace's interfaces (loopback excluded).
+pub fn local_addresses() -> Vec<std::net::IpAddr> {
+    let mut out = Vec::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list we walk read-only and free once.
+    unsafe {
+        if libc::getifaddrs(&mut head) != 0 {
+            return out;
+        }
+        let mut cur = head;
+        while !cur.is_null() {
+            let a = (*cur).ifa_addr;
+            if !a.is_null() {
+                match i32::from((*a).sa_family) {
+                    libc::AF_INET => {
+                        let sin = &*(a as *const libc::sockaddr_in);
+                        out.push(std::net::IpAddr::from(
+                            u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
+                        ));
+                    }
+                    libc::AF_INET6 => {
+                        let sin6 = &*(a as *const libc::sockaddr_in6);
+                        out.push(std::net::IpAddr::from(sin6.sin6_addr.s6_addr));
+                    }
+                    _ => {}
+                }
+            }
+            cur = (*cur).ifa_next;
+        }
+        libc::freeifaddrs(head);
+    }
+    out.retain(|a| !a.is_loopback());
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
 /// The MPI rank of a process, from the variables MPICH's Hydra (`PMI_RANK`) and Open MPI
 /// (`OMPI_COMM_WORLD_RANK`) put in each rank's environment.
 pub fn mpi_rank(pid: i32) -> Option<i32> {
@@ -312,6 +349,7 @@ mod tests {
             "own listening port found"
         );
         assert!(outside_tree(me, &[me]).is_empty());
+        assert!(local_addresses().iter().all(|a| !a.is_loopback()));
         let t = std::thread::spawn(|| std::thread::sleep(std::time::Duration::from_millis(300)));
         assert!(!thread_ids(&[me]).is_empty(), "a running thread is listed");
         assert!(!thread_ids(&[me]).contains(&me), "the main thread is not");

@@ -24,7 +24,8 @@ const USAGE: &str = "usage: ckpt-rsh [ssh options] HOST COMMAND [ARGS...]
 
 Starts COMMAND on HOST as part of the calling ckpt job and follows it like ssh: its stdout and
 stderr are copied here and its exit status is returned (128+N if killed by signal N, 255 if the
-node cannot be reached). HOST is a node name or an address of that node's ckpt-agent.
+node cannot be reached). HOST is a node name, or any address of the node (or a name resolving
+to one).
 
 MPI launchers call it instead of ssh. Jobs started with `ckptctl run` have it set already:
   MPICH (Hydra):  HYDRA_LAUNCHER=ssh HYDRA_LAUNCHER_EXEC=/path/to/ckpt-rsh
