@@ -3,7 +3,7 @@
 //! bad input. Skips with a printed reason where root, CRIU or MPI are missing.
 use std::time::Duration;
 
-use ckpt_tests::{script, skip_unless_ready, Ckptd, Mpi, Options};
+use ckpt_tests::{bin_dir, script, skip_unless_ready, Ckptd, Mpi, Options};
 
 const RANKS: u32 = 4;
 const N: u32 = 256;
@@ -502,4 +502,71 @@ fn users_act_only_on_their_own_jobs() {
     );
     d.ctl_as(NOBODY, &["cancel", &own.to_string()]).ok();
     d.ctl(&["cancel", &root_job.to_string()]).ok();
+}
+
+/// `ckpt-rsh`, which mpiexec runs instead of ssh, refuses clearly (exit 255, as ssh does) when it
+/// runs outside a ckpt job, presents a wrong job secret, names an unknown host, or names the
+/// node that runs the job's launcher.
+#[test]
+fn ckpt_rsh_refuses_outside_a_job_a_wrong_secret_and_an_unknown_host() {
+    skip_unless_ready!("sleep");
+    let d = Ckptd::start(Options::default());
+    let job = d.run_job("sleeper", &["sleep".into(), "120".into()]);
+    let pid = *d.job_pids(job).first().expect("the job runs");
+    // The job's own environment, as its mpiexec would pass it on.
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let job_env: Vec<(String, String)> = environ
+        .split(|&b| b == 0)
+        .filter_map(|kv| {
+            let kv = std::str::from_utf8(kv).ok()?;
+            let (k, v) = kv.split_once('=')?;
+            k.starts_with("CKPT_")
+                .then(|| (k.to_string(), v.to_string()))
+        })
+        .collect();
+    assert!(
+        job_env.iter().any(|(k, _)| k == "CKPT_JOB_TOKEN"),
+        "the agent puts the job's identity in its environment: {job_env:?}"
+    );
+    let rsh = |env: &[(String, String)], args: &[&str]| {
+        let out = std::process::Command::new(bin_dir().join("ckpt-rsh"))
+            .args(args)
+            .env_clear()
+            .envs(env.iter().cloned())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = rsh(&[], &["-x", "n9", "true"]);
+    assert_eq!(code, Some(255), "{err}");
+    assert!(err.contains("not inside a ckpt job"), "{err}");
+
+    let wrong: Vec<(String, String)> = job_env
+        .iter()
+        .map(|(k, v)| match k.as_str() {
+            "CKPT_JOB_TOKEN" => (k.clone(), "0".repeat(32)),
+            _ => (k.clone(), v.clone()),
+        })
+        .collect();
+    let (code, err) = rsh(&wrong, &["node0", "true"]);
+    assert_eq!(code, Some(255), "{err}");
+    assert!(err.contains("wrong secret"), "{err}");
+
+    let (code, err) = rsh(&job_env, &["no-such-node.invalid", "true"]);
+    assert_eq!(code, Some(255), "{err}");
+    assert!(
+        err.contains("not a node with a registered ckpt-agent") && err.contains("node0"),
+        "names the known nodes: {err}"
+    );
+
+    let (code, err) = rsh(&job_env, &["node0", "true"]);
+    assert_eq!(code, Some(255), "{err}");
+    assert!(
+        err.contains("runs job") && err.contains("launcher"),
+        "{err}"
+    );
+    d.ctl(&["cancel", &job.to_string()]).ok();
 }

@@ -556,28 +556,9 @@ impl Ckptd {
             .collect()
     }
 
-    /// Waits (bounded) until ckptd answers and an agent has registered.
+    /// Waits (bounded) until ckptd answers and its agent (`node0`) has registered.
     pub fn wait_registered(&mut self) {
-        let begin = Instant::now();
-        loop {
-            // The socket answering proves ckptd is up; registration shows in its log.
-            let log =
-                std::fs::read_to_string(self.dir.path().join("ckptd.log")).unwrap_or_default();
-            if self.socket.exists()
-                && log.matches("agent registered").count() > 0
-                && self.ctl(&["list"]).code == 0
-            {
-                return;
-            }
-            if let Some(Ok(Some(st))) = self.daemon.as_mut().map(|d| d.try_wait()) {
-                panic!("ckptd exited ({st}) while starting: {log}");
-            }
-            assert!(
-                begin.elapsed() < Duration::from_secs(30),
-                "ckptd did not come up: {log}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.wait_agents(&["node0"]);
     }
 
     /// Runs ckptctl with `args` as another user (uid and gid), as `setpriv` would.

@@ -145,13 +145,34 @@ impl Agents {
             })
     }
 
-    /// The node that has `ip` among its interface addresses, if one does.
+    /// Calls a node's agent with a deadline; `f` makes the call on the node's client.
+    pub async fn call<T, F, Fut>(
+        &self,
+        node: &str,
+        what: &str,
+        deadline: Duration,
+        f: F,
+    ) -> Result<T, NodeFailure>
+    where
+        F: FnOnce(AgentClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let client = self.client(node)?;
+        call(node, what, deadline, f(client)).await
+    }
+
+    /// The node whose agent listens on `ip`, or that has `ip` among its interface addresses.
     pub fn node_with_address(&self, ip: &str) -> Option<String> {
+        let agent_ip = |a: &str| {
+            a.parse::<std::net::SocketAddr>()
+                .map(|s| s.ip().to_string())
+                .unwrap_or_else(|_| a.rsplit_once(':').map_or(a, |(h, _)| h).to_string())
+        };
         self.map
             .read()
             .expect("agents lock")
             .iter()
-            .find(|(_, e)| e.host_addresses.iter().any(|a| a == ip))
+            .find(|(_, e)| agent_ip(&e.address) == ip || e.host_addresses.iter().any(|a| a == ip))
             .map(|(n, _)| n.clone())
     }
 

@@ -201,7 +201,9 @@ impl Coordinator {
                     job.state = JobState::Running;
                     changed = true;
                 }
-                JobState::Restarting => {
+                // Interrupted by this coordinator's restart: what became of the processes is
+                // unknown until an agent reports.
+                JobState::Restarting | JobState::Starting => {
                     job.state = JobState::Lost;
                     changed = true;
                 }
@@ -373,7 +375,7 @@ impl Coordinator {
                 argv: spec.argv.clone(),
                 cwd: spec.cwd.clone(),
                 node: node.clone(),
-                state: JobState::Lost,
+                state: JobState::Starting,
                 incarnation: 0,
                 last_epoch: 0,
                 latest_committed: 0,
@@ -735,16 +737,10 @@ impl Coordinator {
         F: Fn(ckpt_proto::v1::agent_client::AgentClient<tonic::transport::Channel>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let calls = nodes.iter().map(|n| {
-            let client = self.agents.client(n);
-            let fut = client.map(&f);
-            async move {
-                match fut {
-                    Ok(fut) => (n.clone(), call(n, what, deadline, fut).await),
-                    Err(e) => (n.clone(), Err(e)),
-                }
-            }
-        });
+        let f = &f;
+        let calls = nodes
+            .iter()
+            .map(|n| async move { (n.clone(), self.agents.call(n, what, deadline, f).await) });
         join_all(calls).await
     }
 
@@ -788,10 +784,12 @@ impl Coordinator {
         tokio::spawn(async move {
             for (n, epochs) in by_node {
                 let req = pb::PruneRequest { job_id: id, epochs };
-                let r = match me.agents.client(&n) {
-                    Ok(mut c) => call(&n, "prune", me.cfg.deadlines.abort, c.prune(req)).await,
-                    Err(e) => Err(e),
-                };
+                let r = me
+                    .agents
+                    .call(&n, "prune", me.cfg.deadlines.abort, |mut c| async move {
+                        c.prune(req).await
+                    })
+                    .await;
                 if let Err(f) = r {
                     warn!(job = id, error = %f, "cannot delete expired images; they stay in local_dir");
                 }
@@ -843,12 +841,11 @@ impl Coordinator {
                 manifest_digest: e.manifests.get(n).cloned().unwrap_or_default(),
                 ..Default::default()
             };
-            let client = self.agents.client(n);
             async move {
-                let r = match client {
-                    Ok(mut c) => call(n, "verify", d, c.verify(req)).await,
-                    Err(e) => Err(e),
-                };
+                let r = self
+                    .agents
+                    .call(n, "verify", d, |mut c| async move { c.verify(req).await })
+                    .await;
                 r.unwrap_or_else(|f| pb::NodeVerify {
                     node: n.clone(),
                     ok: false,
@@ -913,13 +910,12 @@ impl Coordinator {
                 hold: true,
                 token: job.token.clone(),
             };
-            let client = self.agents.client(n);
             let progress = progress.clone();
             async move {
-                let r = match client {
-                    Ok(mut c) => call(n, "restore", d, c.restore(req)).await,
-                    Err(e) => Err(e),
-                };
+                let r = self
+                    .agents
+                    .call(n, "restore", d, |mut c| async move { c.restore(req).await })
+                    .await;
                 if r.is_ok() {
                     let _ = progress.send(Step {
                         job: id,
@@ -998,18 +994,13 @@ impl Coordinator {
     }
 
     /// The node a host name from an MPI host list means: a node name (also without its domain),
-    /// or a name or address of the node's agent.
+    /// an address of the node (its agent's or one of its interfaces'), or a name resolving to one.
     pub async fn resolve_host(&self, host: &str) -> Result<String, DriveError> {
         let agents = self.agents.list();
         let short = |s: &str| s.split('.').next().unwrap_or(s).to_string();
-        let addr_host = |a: &str| {
-            a.parse::<std::net::SocketAddr>()
-                .map(|s| s.ip().to_string())
-                .unwrap_or_else(|_| a.rsplit_once(':').map_or(a, |(h, _)| h).to_string())
-        };
         if let Some((n, _, _)) = agents
             .iter()
-            .find(|(n, a, _)| n == host || addr_host(a) == host)
+            .find(|(n, _, _)| n == host)
             .or_else(|| agents.iter().find(|(n, _, _)| short(n) == short(host)))
         {
             return Ok(n.clone());
@@ -1017,13 +1008,11 @@ impl Coordinator {
         if let Some(n) = self.agents.node_with_address(host) {
             return Ok(n);
         }
-        // A name that resolves to an address of a node.
         if let Ok(ips) = tokio::net::lookup_host((host, 0)).await {
-            let ips: Vec<String> = ips.map(|s| s.ip().to_string()).collect();
-            if let Some((n, _, _)) = agents.iter().find(|(_, a, _)| ips.contains(&addr_host(a))) {
-                return Ok(n.clone());
-            }
-            if let Some(n) = ips.iter().find_map(|ip| self.agents.node_with_address(ip)) {
+            if let Some(n) = ips
+                .map(|s| s.ip().to_string())
+                .find_map(|ip| self.agents.node_with_address(&ip))
+            {
                 return Ok(n);
             }
         }
@@ -1061,12 +1050,9 @@ impl Coordinator {
                 .job(id)?
                 .ok_or(DriveError::UnknownJob { job: id })?;
             Self::check_token(&job, &req.token)?;
-            // A job is recorded before its command starts (`Lost` at incarnation 0) and its
-            // launcher may call here before the launch reply is in.
-            let starting = job.state == JobState::Lost && job.incarnation == 0;
+            // The launcher may call here before the launch reply is in (`Starting`).
             match job.state {
-                JobState::Running => {}
-                _ if starting => {}
+                JobState::Running | JobState::Starting => {}
                 JobState::Checkpointing | JobState::Restarting => {
                     return Err(DriveError::Busy(format!(
                         "job {id} is {}; try again when it is done",
@@ -1121,10 +1107,15 @@ impl Coordinator {
             token: job.token.clone(),
             part,
         };
-        let r = match self.agents.client(&node) {
-            Ok(mut c) => call(&node, "launch", self.cfg.deadlines.sync, c.launch(launch)).await,
-            Err(e) => Err(e),
-        };
+        let r = self
+            .agents
+            .call(
+                &node,
+                "launch",
+                self.cfg.deadlines.sync,
+                |mut c| async move { c.launch(launch).await },
+            )
+            .await;
         match r {
             Ok(reply) => {
                 info!(node, pid = reply.pid, part, "job part started");
@@ -1211,37 +1202,31 @@ impl Coordinator {
         .await
     }
 
-    /// The job's processes per node, as the agents see them now.
+    /// The job's processes per node, as the agents see them now (asked in parallel).
     pub async fn inspect(&self, job: &Job) -> Vec<pb::NodeJobInfo> {
-        let mut out = Vec::new();
-        for n in job.nodes() {
-            let info = match self.agents.client(&n) {
-                Ok(mut c) => {
-                    call(
-                        &n,
-                        "inspect",
-                        self.cfg.deadlines.sync,
-                        c.inspect(pb::InspectRequest { job_id: job.id }),
-                    )
-                    .await
+        let id = job.id;
+        self.on_all_collect(
+            &job.nodes(),
+            "inspect",
+            self.cfg.deadlines.sync,
+            |mut c| async move { c.inspect(pb::InspectRequest { job_id: id }).await },
+        )
+        .await
+        .into_iter()
+        .map(|(n, r)| {
+            r.unwrap_or_else(|e| pb::NodeJobInfo {
+                role: if n == job.node {
+                    "launcher"
+                } else {
+                    "attached"
                 }
-                Err(e) => Err(e),
-            };
-            out.push(info.unwrap_or_else(|e| {
-                pb::NodeJobInfo {
-                    node: n.clone(),
-                    state: format!("unknown ({})", e.message),
-                    processes: vec![],
-                    role: if n == job.node {
-                        "launcher"
-                    } else {
-                        "attached"
-                    }
-                    .into(),
-                }
-            }));
-        }
-        out
+                .into(),
+                node: n,
+                state: format!("unknown ({})", e.message),
+                processes: vec![],
+            })
+        })
+        .collect()
     }
 
     /// The kind of a failure, for mapping to status codes.

@@ -214,6 +214,8 @@ impl Epoch {
 /// State of a job.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum JobState {
+    /// Recorded; its command is being started (its launcher may already attach parts).
+    Starting,
     /// Processes running.
     Running,
     /// A checkpoint epoch is in progress.
@@ -244,6 +246,7 @@ impl JobState {
     /// Name shown to users.
     pub fn name(&self) -> String {
         match self {
+            JobState::Starting => "starting".into(),
             JobState::Running => "running".into(),
             JobState::Checkpointing => "checkpointing".into(),
             JobState::Restarting => "restarting".into(),
@@ -263,7 +266,7 @@ impl JobState {
     pub fn is_active(&self) -> bool {
         matches!(
             self,
-            JobState::Running | JobState::Checkpointing | JobState::Restarting
+            JobState::Starting | JobState::Running | JobState::Checkpointing | JobState::Restarting
         )
     }
 }
@@ -518,6 +521,7 @@ mod tests {
 
     fn all_states() -> Vec<JobState> {
         vec![
+            JobState::Starting,
             JobState::Running,
             JobState::Checkpointing,
             JobState::Restarting,

@@ -52,6 +52,14 @@ fn us(d: std::time::Duration) -> u64 {
     d.as_micros() as u64
 }
 
+/// The reply of a step that took `d` and froze nothing.
+fn took(d: std::time::Duration) -> Response<pb::PhaseReply> {
+    Response::new(pb::PhaseReply {
+        elapsed_us: us(d),
+        frozen_us: 0,
+    })
+}
+
 #[tonic::async_trait]
 impl Agent for AgentHandler {
     async fn launch(
@@ -105,10 +113,7 @@ impl Agent for AgentHandler {
             .quiesce(r.job_id, r.epoch)
             .await
             .map_err(to_status)?;
-        Ok(Response::new(pb::PhaseReply {
-            elapsed_us: us(d),
-            frozen_us: 0,
-        }))
+        Ok(took(d))
     }
 
     async fn dump(
@@ -230,10 +235,7 @@ impl Agent for AgentHandler {
             .release(r.job_id, r.kill)
             .await
             .map_err(to_status)?;
-        Ok(Response::new(pb::PhaseReply {
-            elapsed_us: us(begin.elapsed()),
-            frozen_us: 0,
-        }))
+        Ok(took(begin.elapsed()))
     }
 
     async fn verify(
@@ -278,10 +280,7 @@ impl Agent for AgentHandler {
             .prune(r.job_id, &r.epochs)
             .await
             .map_err(to_status)?;
-        Ok(Response::new(pb::PhaseReply {
-            elapsed_us: us(begin.elapsed()),
-            frozen_us: 0,
-        }))
+        Ok(took(begin.elapsed()))
     }
 
     async fn poll(&self, req: Request<pb::PollRequest>) -> Result<Response<pb::PollReply>, Status> {
@@ -292,9 +291,9 @@ impl Agent for AgentHandler {
             .await
             .map_err(to_status)?;
         let (state, exit_code, exit_signal) = match p.observed {
-            Some(Observed::Exited(e)) => ("exited", e.code, e.signal),
-            Some(Observed::Lost) => ("absent", None, None),
-            _ => ("running", None, None),
+            Observed::Exited(e) => ("exited", e.code, e.signal),
+            Observed::Lost => ("absent", None, None),
+            Observed::Running => ("running", None, None),
         };
         Ok(Response::new(pb::PollReply {
             stdout: p.stdout,

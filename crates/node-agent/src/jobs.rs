@@ -276,14 +276,14 @@ impl LaunchEnv {
 }
 
 /// A part's new output and state, for `ckpt-rsh`.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct PollResult {
     /// Output after the stdout offset.
     pub stdout: Vec<u8>,
     /// Output after the stderr offset.
     pub stderr: Vec<u8>,
     /// The part's state; an exit is only reported with the last of its output.
-    pub observed: Option<Observed>,
+    pub observed: Observed,
 }
 
 /// Largest chunk of each stream one poll returns.
@@ -901,12 +901,18 @@ impl Jobs {
         drop(lock);
         match started {
             Ok(pid) if hold => {
-                // Released together with the other nodes (`release`).
+                // Released together with the other nodes (`release`). A part that cannot be
+                // held is not left running on its own: the coordinator only releases (or
+                // kills) the parts that reported restored.
                 if job.cgroup.state().map(|s| s == "THAWED").unwrap_or(false) {
-                    job.cgroup.freeze().map_err(|source| AgentError::Cgroup {
-                        job: job_id,
-                        source,
-                    })?;
+                    if let Err(source) = job.cgroup.freeze() {
+                        let _ = job.cgroup.kill_all();
+                        self.release_tcp(job_id).await;
+                        return Err(AgentError::Cgroup {
+                            job: job_id,
+                            source,
+                        });
+                    }
                 }
                 info!(pid, "job restored, held frozen until released");
                 Ok((pid, job.record.incarnation))
@@ -1039,22 +1045,15 @@ impl Jobs {
     pub async fn release(&self, job_id: u64, kill: bool) -> Result<(), AgentError> {
         let j = self.get(job_id)?;
         let job = j.lock_owned().await;
-        if kill {
-            let (_job, r) = tokio::task::spawn_blocking(move || {
-                let r = job.cgroup.kill_all();
-                (job, r)
-            })
-            .await
-            .expect("kill task");
+        // Running processes get their network back before they thaw; killed ones after they
+        // are gone, so that nothing of theirs leaks out.
+        if !kill {
             self.release_tcp(job_id).await;
-            return r.map_err(|source| AgentError::Cgroup {
-                job: job_id,
-                source,
-            });
         }
-        self.release_tcp(job_id).await;
         let (_job, r) = tokio::task::spawn_blocking(move || {
-            let r = if job.cgroup.exists() {
+            let r = if kill {
+                job.cgroup.kill_all()
+            } else if job.cgroup.exists() {
                 job.cgroup.thaw()
             } else {
                 Ok(())
@@ -1062,7 +1061,10 @@ impl Jobs {
             (job, r)
         })
         .await
-        .expect("thaw task");
+        .expect("release task");
+        if kill {
+            self.release_tcp(job_id).await;
+        }
         r.map_err(|source| AgentError::Cgroup {
             job: job_id,
             source,
@@ -1081,8 +1083,9 @@ impl Jobs {
         let j = self.get(job_id)?;
         let Ok(job) = j.try_lock() else {
             return Ok(PollResult {
-                observed: Some(Observed::Running),
-                ..PollResult::default()
+                stdout: Vec::new(),
+                stderr: Vec::new(),
+                observed: Observed::Running,
             });
         };
         if job.record.token != token {
@@ -1106,10 +1109,10 @@ impl Jobs {
         };
         let (stdout, out_done) = read("stdout", stdout_offset)?;
         let (stderr, err_done) = read("stderr", stderr_offset)?;
-        let observed = match observed {
-            Observed::Running => Some(Observed::Running),
-            _ if !(out_done && err_done) => Some(Observed::Running),
-            o => Some(o),
+        let observed = if out_done && err_done {
+            observed
+        } else {
+            Observed::Running
         };
         Ok(PollResult {
             stdout,
