@@ -16,7 +16,7 @@ pub enum StoreError {
         source: std::io::Error,
     },
     /// The file does not start with the expected magic bytes.
-    #[error("{path}: not a ckpt manifest (bad magic)")]
+    #[error("{path}: not a ckpt manifest or commit record (bad magic)")]
     BadMagic {
         /// The file.
         path: PathBuf,
@@ -87,6 +87,17 @@ pub enum StoreError {
     FileDigest {
         /// The file.
         path: PathBuf,
+    },
+    /// A manifest is intact but is not the one the coordinator committed (images of another
+    /// attempt at the same epoch number).
+    #[error("{path}: manifest digest {found} is not the committed one ({expected}); these images are not the committed checkpoint")]
+    NotCommitted {
+        /// The manifest.
+        path: PathBuf,
+        /// Digest of the file found.
+        found: String,
+        /// Digest the coordinator committed.
+        expected: String,
     },
 }
 

@@ -3,13 +3,16 @@
 //! This crate owns everything about how an epoch's images sit on disk and how their integrity is
 //! proven: the node-local staging layout ([`layout`]), the per-node manifest format
 //! ([`manifest`], documented in `docs/formats.md`), crash-safe file replacement ([`atomic`]), and
-//! digesting and verifying image trees ([`digest`]).
+//! digesting and verifying image trees ([`digest`]), verified copies between stores ([`copy`]:
+//! flush to shared storage and fetch back) and the global commit record ([`commit`]).
 //!
 //! Nothing here knows about processes or the protocol; the node agent writes images into a
 //! directory given by [`layout::Staging`] and asks this crate to seal and verify them.
 #![warn(missing_docs)]
 
 pub mod atomic;
+pub mod commit;
+pub mod copy;
 pub mod digest;
 pub mod layout;
 pub mod manifest;

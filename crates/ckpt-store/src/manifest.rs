@@ -122,22 +122,36 @@ impl NodeManifest {
 
 /// Encodes a manifest into its on-disk bytes.
 pub fn encode(m: &NodeManifest) -> Vec<u8> {
-    let body = serde_json::to_vec(m).expect("manifest serializes");
+    encode_framed(MAGIC, &serde_json::to_vec(m).expect("manifest serializes"))
+}
+
+/// Decodes on-disk bytes; `path` only names the file in errors.
+pub fn decode(path: &Path, bytes: &[u8]) -> Result<NodeManifest> {
+    let body = decode_framed(path, MAGIC, bytes)?;
+    serde_json::from_slice(body).map_err(|source| StoreError::Decode {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Frames `body` as magic, version, length, body, BLAKE3 trailer (the layout above; the commit
+/// record uses it with its own magic).
+pub(crate) fn encode_framed(magic: &[u8; 8], body: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER + body.len() + TRAILER);
-    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(magic);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
     out.extend_from_slice(&0u16.to_le_bytes());
     out.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    out.extend_from_slice(&body);
+    out.extend_from_slice(body);
     let sum = blake3::hash(&out);
     out.extend_from_slice(sum.as_bytes());
     out
 }
 
-/// Decodes on-disk bytes; `path` only names the file in errors.
-pub fn decode(path: &Path, bytes: &[u8]) -> Result<NodeManifest> {
+/// Checks the frame of on-disk bytes and returns the body.
+pub(crate) fn decode_framed<'a>(path: &Path, magic: &[u8; 8], bytes: &'a [u8]) -> Result<&'a [u8]> {
     let path_buf = || path.to_path_buf();
-    if bytes.len() < HEADER || &bytes[..8] != MAGIC {
+    if bytes.len() < HEADER || &bytes[..8] != magic {
         return Err(StoreError::BadMagic { path: path_buf() });
     }
     let version = u16::from_le_bytes([bytes[8], bytes[9]]);
@@ -164,10 +178,33 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<NodeManifest> {
     if sum.as_bytes() != &bytes[HEADER + body_len..] {
         return Err(StoreError::ChecksumMismatch { path: path_buf() });
     }
-    serde_json::from_slice(&bytes[HEADER..HEADER + body_len]).map_err(|source| StoreError::Decode {
-        path: path_buf(),
-        source,
-    })
+    Ok(&bytes[HEADER..HEADER + body_len])
+}
+
+/// Reads a small framed file whole, refusing one over [`MAX_MANIFEST_BYTES`].
+pub(crate) fn read_capped(path: &Path) -> Result<Vec<u8>> {
+    let f = File::open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => StoreError::FileMissing {
+            path: path.to_path_buf(),
+        },
+        _ => StoreError::io("open", path, e),
+    })?;
+    let size = f
+        .metadata()
+        .map_err(|e| StoreError::io("stat", path, e))?
+        .len();
+    if size > MAX_MANIFEST_BYTES {
+        return Err(StoreError::TooLarge {
+            path: path.to_path_buf(),
+            size,
+            limit: MAX_MANIFEST_BYTES,
+        });
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    f.take(MAX_MANIFEST_BYTES)
+        .read_to_end(&mut bytes)
+        .map_err(|e| StoreError::io("read", path, e))?;
+    Ok(bytes)
 }
 
 /// Writes `m` atomically as `dir/MANIFEST` and returns the BLAKE3 hex digest of the file.
@@ -180,25 +217,7 @@ pub fn write(dir: &Path, m: &NodeManifest) -> Result<String> {
 /// Reads and checks `dir/MANIFEST`; returns it with the BLAKE3 hex digest of the file.
 pub fn read(dir: &Path) -> Result<(NodeManifest, String)> {
     let path = dir.join(FILE_NAME);
-    let f = File::open(&path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => StoreError::FileMissing { path: path.clone() },
-        _ => StoreError::io("open", &path, e),
-    })?;
-    let size = f
-        .metadata()
-        .map_err(|e| StoreError::io("stat", &path, e))?
-        .len();
-    if size > MAX_MANIFEST_BYTES {
-        return Err(StoreError::TooLarge {
-            path,
-            size,
-            limit: MAX_MANIFEST_BYTES,
-        });
-    }
-    let mut bytes = Vec::with_capacity(size as usize);
-    f.take(MAX_MANIFEST_BYTES)
-        .read_to_end(&mut bytes)
-        .map_err(|e| StoreError::io("read", &path, e))?;
+    let bytes = read_capped(&path)?;
     let m = decode(&path, &bytes)?;
     Ok((m, blake3::hash(&bytes).to_hex().to_string()))
 }
