@@ -76,6 +76,13 @@ impl Agent for NoopAgent {
     async fn prune(&self, _: Request<pb::PruneRequest>) -> R<pb::PhaseReply> {
         Ok(Response::new(pb::PhaseReply::default()))
     }
+    type FlushStream = tokio_stream::Empty<Result<pb::FlushProgress, Status>>;
+    async fn flush(&self, _: Request<pb::FlushRequest>) -> R<Self::FlushStream> {
+        Err(Status::unimplemented("this agent has no shared storage"))
+    }
+    async fn publish(&self, _: Request<pb::PublishRequest>) -> R<pb::PhaseReply> {
+        Ok(Response::new(pb::PhaseReply::default()))
+    }
     async fn verify(&self, _: Request<pb::RestoreRequest>) -> R<pb::NodeVerify> {
         Ok(Response::new(pb::NodeVerify {
             ok: true,
@@ -171,7 +178,7 @@ async fn setup(n: usize) -> Setup {
     for i in 0..n {
         let addr = lines.next().expect("agent address").expect("read");
         coord
-            .register_agent(&format!("a{i}"), &addr, Vec::new())
+            .register_agent(&format!("a{i}"), &addr, Vec::new(), String::new())
             .await
             .expect("register");
     }

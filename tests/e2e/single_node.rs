@@ -103,7 +103,7 @@ fn corrupt_image_is_refused_before_restore_and_older_epoch_still_works() {
     d.wait_state(job, "stopped", LIMIT);
     assert!(d.job_pids(job).is_empty(), "--kill stops every process");
     let good = d.ctl(&["verify", &job.to_string()]);
-    assert!(good.ok().contains("node node0: ok"), "{good:?}");
+    assert!(good.ok().contains("node node0 local copy: ok"), "{good:?}");
 
     // Flip one byte in the middle of the largest image file of epoch 2.
     let images = d.images(job, 2).join("images");
@@ -134,7 +134,8 @@ fn corrupt_image_is_refused_before_restore_and_older_epoch_still_works() {
     );
     d.ctl(&["verify", &job.to_string(), "--epoch", "1"]).ok();
 
-    let bad = d.ctl(&["restart", &job.to_string()]);
+    // Asked for by number, the damaged epoch is refused, naming the file.
+    let bad = d.ctl(&["restart", &job.to_string(), "--epoch", "2"]);
     assert_eq!(bad.code, 8, "corrupt image has its own exit code: {bad:?}");
     assert!(
         bad.stderr.contains(&name) && bad.stderr.contains("digest"),
@@ -150,7 +151,15 @@ fn corrupt_image_is_refused_before_restore_and_older_epoch_still_works() {
         "a refused restart leaves the job as it was"
     );
 
-    d.ctl(&["restart", &job.to_string(), "--epoch", "1"]).ok();
+    // Asked for the latest checkpoint, the restart says why epoch 2 is unusable and runs
+    // from epoch 1.
+    let out = d.ctl(&["restart", &job.to_string()]);
+    let said = out.ok().to_string() + &out.stderr;
+    assert!(
+        said.contains("epoch 2 cannot be restored") && said.contains(&name),
+        "the fallback names the damaged file: {out:?}"
+    );
+    assert!(said.contains("restarted from epoch 1"), "{out:?}");
     assert_eq!(d.wait_checksum(job, LIMIT), want);
 }
 

@@ -4,6 +4,9 @@
 //! <local_dir>/<job>/<epoch>/<node>/            images as the engine wrote them
 //! <local_dir>/<job>/<epoch>/<node>/MANIFEST    per-node manifest (written last)
 //! ```
+//!
+//! Shared storage (`shared_dir`) uses the same layout, plus `<shared_dir>/<job>/<epoch>/COMMIT`
+//! (see [`crate::commit`]).
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -21,6 +24,12 @@ impl Staging {
         let root = root.into();
         fs::create_dir_all(&root).map_err(|e| StoreError::io("create", &root, e))?;
         Ok(Staging { root })
+    }
+
+    /// A store rooted at `root`, which is not created: for shared storage, whose mount must
+    /// not be replaced by an empty local directory when it is missing.
+    pub fn at(root: impl Into<PathBuf>) -> Self {
+        Staging { root: root.into() }
     }
 
     /// The staging root.

@@ -56,28 +56,31 @@ pub async fn call<T>(
             ),
         }),
         Ok(Ok(r)) => Ok(r.into_inner()),
-        Ok(Err(s)) => {
-            use tonic::Code;
-            let kind = match s.code() {
-                Code::Unavailable | Code::Unknown | Code::Cancelled => FailureKind::Unreachable,
-                Code::DeadlineExceeded => FailureKind::Deadline,
-                Code::FailedPrecondition | Code::InvalidArgument => FailureKind::Refused,
-                Code::NotFound => FailureKind::NotFound,
-                Code::DataLoss => FailureKind::DataLoss,
-                Code::ResourceExhausted => FailureKind::NoRoom,
-                _ => FailureKind::Internal,
-            };
-            let message = if kind == FailureKind::Unreachable {
-                format!("agent unreachable during {what} ({})", s.message())
-            } else {
-                s.message().to_string()
-            };
-            Err(NodeFailure {
-                node: node.into(),
-                kind,
-                message,
-            })
-        }
+        Ok(Err(s)) => Err(from_status(node, what, &s)),
+    }
+}
+
+/// The failure a node's error status means; `what` names the step.
+pub fn from_status(node: &str, what: &str, s: &tonic::Status) -> NodeFailure {
+    use tonic::Code;
+    let kind = match s.code() {
+        Code::Unavailable | Code::Unknown | Code::Cancelled => FailureKind::Unreachable,
+        Code::DeadlineExceeded => FailureKind::Deadline,
+        Code::FailedPrecondition | Code::InvalidArgument => FailureKind::Refused,
+        Code::NotFound => FailureKind::NotFound,
+        Code::DataLoss => FailureKind::DataLoss,
+        Code::ResourceExhausted => FailureKind::NoRoom,
+        _ => FailureKind::Internal,
+    };
+    let message = if kind == FailureKind::Unreachable {
+        format!("agent unreachable during {what} ({})", s.message())
+    } else {
+        s.message().to_string()
+    };
+    NodeFailure {
+        node: node.into(),
+        kind,
+        message,
     }
 }
 
@@ -85,6 +88,7 @@ pub async fn call<T>(
 struct Entry {
     address: String,
     host_addresses: Vec<String>,
+    shared_dir: String,
     client: AgentClient<Channel>,
     last_seen: Instant,
 }
@@ -102,6 +106,7 @@ impl Agents {
         node: &str,
         address: &str,
         host_addresses: Vec<String>,
+        shared_dir: String,
     ) -> Result<(), String> {
         let ep = Endpoint::from_shared(format!("http://{address}"))
             .map_err(|e| format!("bad agent address {address:?}: {e}"))?
@@ -112,6 +117,7 @@ impl Agents {
             Entry {
                 address: address.to_string(),
                 host_addresses,
+                shared_dir,
                 client,
                 last_seen: Instant::now(),
             },
@@ -174,6 +180,22 @@ impl Agents {
             .iter()
             .find(|(_, e)| agent_ip(&e.address) == ip || e.host_addresses.iter().any(|a| a == ip))
             .map(|(n, _)| n.clone())
+    }
+
+    /// The shared storage mount a node flushes to, if it has one and is registered.
+    pub fn shared_dir(&self, node: &str) -> Option<String> {
+        self.map
+            .read()
+            .expect("agents lock")
+            .get(node)
+            .map(|e| e.shared_dir.clone())
+            .filter(|d| !d.is_empty())
+    }
+
+    /// Whether every node is registered.
+    pub fn all_registered(&self, nodes: &[String]) -> bool {
+        let m = self.map.read().expect("agents lock");
+        nodes.iter().all(|n| m.contains_key(n))
     }
 
     /// A node's agent address.

@@ -22,6 +22,8 @@ pub struct CoordinatorConfig {
     pub deadlines: Deadlines,
     /// How many checkpoints are kept.
     pub retention: Retention,
+    /// Which checkpoints are copied to shared storage.
+    pub flush: Flush,
     /// The embedded agent's settings, used with `--standalone`.
     pub agent: AgentConfig,
 }
@@ -33,11 +35,31 @@ pub struct Retention {
     /// Committed epochs per job kept in node-local staging (the newest ones); older epochs are
     /// marked `expired` and their images deleted on every node. 0 keeps every epoch.
     pub keep_local: u32,
+    /// Durable epochs per job kept in shared storage (the newest ones); older ones are marked
+    /// `expired` and their shared and local copies deleted. 0 keeps every epoch.
+    pub keep_shared: u32,
 }
 
 impl Default for Retention {
     fn default() -> Self {
-        Retention { keep_local: 3 }
+        Retention {
+            keep_local: 3,
+            keep_shared: 0,
+        }
+    }
+}
+
+/// When committed epochs are copied to shared storage (nodes without `shared_dir` never are).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Flush {
+    /// Flush every F-th epoch of a job (epochs F, 2F, ...); 1 flushes every epoch, 0 none.
+    pub every: u32,
+}
+
+impl Default for Flush {
+    fn default() -> Self {
+        Flush { every: 1 }
     }
 }
 
@@ -66,6 +88,10 @@ pub struct Deadlines {
     /// Abort on every node after a failure.
     #[serde(with = "humantime_serde")]
     pub abort: Duration,
+    /// A flush to shared storage that reports no progress for this long is failed (it has no
+    /// overall deadline: a bandwidth-limited copy of a large job takes as long as it takes).
+    #[serde(with = "humantime_serde")]
+    pub flush_stall: Duration,
 }
 
 impl Default for Deadlines {
@@ -78,6 +104,7 @@ impl Default for Deadlines {
             finalize: Duration::from_secs(600),
             restore: Duration::from_secs(900),
             abort: Duration::from_secs(60),
+            flush_stall: Duration::from_secs(120),
         }
     }
 }
@@ -94,6 +121,7 @@ impl Default for CoordinatorConfig {
             database: "/var/lib/ckpt/ckptd.redb".into(),
             deadlines: Deadlines::default(),
             retention: Retention::default(),
+            flush: Flush::default(),
             agent,
         }
     }
@@ -115,6 +143,7 @@ impl TomlConfig for CoordinatorConfig {
             ("deadlines.finalize", d.finalize),
             ("deadlines.restore", d.restore),
             ("deadlines.abort", d.abort),
+            ("deadlines.flush_stall", d.flush_stall),
         ] {
             if v.is_zero() {
                 return Err(ConfigError::Invalid {

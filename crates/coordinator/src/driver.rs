@@ -17,7 +17,7 @@ use tracing::{info, instrument, warn};
 
 use crate::agents::{call, Agents, FailureKind, NodeFailure};
 use crate::config::CoordinatorConfig;
-use crate::model::{Epoch, Job, JobState, Phase, TransitionError};
+use crate::model::{Epoch, FlushState, Job, JobState, Phase, TransitionError};
 use crate::registry::{Registry, RegistryError};
 
 /// Why a request to the coordinator failed.
@@ -167,9 +167,11 @@ pub struct Coordinator {
     pub registry: Registry,
     /// Registered agents.
     pub agents: Agents,
-    cfg: CoordinatorConfig,
+    pub(crate) cfg: CoordinatorConfig,
     /// Serializes read-modify-write of job records (short critical sections only).
-    state: Mutex<()>,
+    pub(crate) state: Mutex<()>,
+    /// Flushes to shared storage: progress, ordering, and those waiting for their nodes.
+    pub(crate) flushes: crate::flush::Flushes,
     /// Epochs to abort on a node when its agent registers: found in progress at start-up, or
     /// whose abort could not reach the node.
     orphaned: std::sync::Mutex<Vec<(String, u64, u32)>>,
@@ -180,9 +182,14 @@ impl Coordinator {
     /// marked failed, and their nodes are told to abort them when they register.
     pub fn new(registry: Registry, cfg: CoordinatorConfig) -> Result<Arc<Self>, DriveError> {
         let mut orphaned = Vec::new();
+        let flushes = crate::flush::Flushes::default();
         for mut job in registry.jobs()? {
             let mut changed = false;
             for mut e in registry.epochs(job.id)? {
+                if e.is_restorable() && e.flush == FlushState::Flushing {
+                    // Interrupted: copied again from the start once every node is back.
+                    flushes.wait_for_nodes(job.id, e.number);
+                }
                 if e.phase().is_some() {
                     warn!(
                         job = job.id,
@@ -219,18 +226,22 @@ impl Coordinator {
             cfg,
             state: Mutex::new(()),
             orphaned: std::sync::Mutex::new(orphaned),
+            flushes,
         }))
     }
 
     /// Registers an agent, and aborts on it any epoch a coordinator restart interrupted.
     pub async fn register_agent(
-        &self,
+        self: &Arc<Self>,
         node: &str,
         address: &str,
         host_addresses: Vec<String>,
+        shared_dir: String,
     ) -> Result<(), String> {
-        self.agents.register(node, address, host_addresses)?;
+        self.agents
+            .register(node, address, host_addresses, shared_dir)?;
         info!(node, address, "agent registered");
+        self.resume_waiting_flushes();
         let pending: Vec<(String, u64, u32)> = {
             let mut o = self.orphaned.lock().expect("orphaned lock");
             let (mine, rest) = o.drain(..).partition(|(n, _, _)| n == node);
@@ -582,6 +593,10 @@ impl Coordinator {
         match result {
             Ok(manifests) => {
                 epoch.commit(manifests, now_ms())?;
+                let flush = self.plans_flush(&epoch);
+                if flush {
+                    epoch.flush = FlushState::Flushing;
+                }
                 let _g = self.state.lock().await;
                 let mut job = self
                     .registry
@@ -589,8 +604,11 @@ impl Coordinator {
                     .ok_or(DriveError::UnknownJob { job: id })?;
                 job.end_checkpoint(Some(number), epoch.kill)?;
                 self.registry.put_job_and_epoch(&job, &epoch)?;
-                let expired = self.expire_old_epochs(id)?;
-                self.prune_in_background(id, expired);
+                let pruned = self.apply_retention(id)?;
+                self.prune_in_background(id, pruned);
+                if flush {
+                    self.flush_in_background(id, number);
+                }
                 say(
                     Phase::Commit,
                     format!(
@@ -744,59 +762,6 @@ impl Coordinator {
         join_all(calls).await
     }
 
-    /// Marks the job's committed epochs beyond `retention.keep_local` (oldest first) expired,
-    /// so they are never offered for restart, before their images are deleted.
-    fn expire_old_epochs(&self, id: u64) -> Result<Vec<Epoch>, DriveError> {
-        let keep = self.cfg.retention.keep_local as usize;
-        if keep == 0 {
-            return Ok(Vec::new());
-        }
-        let mut committed: Vec<Epoch> = self
-            .registry
-            .epochs(id)?
-            .into_iter()
-            .filter(Epoch::is_restorable)
-            .collect();
-        committed.sort_by_key(|e| std::cmp::Reverse(e.number));
-        let mut out = Vec::new();
-        for mut e in committed.into_iter().skip(keep) {
-            e.expire(format!("images deleted by retention (keep_local = {keep})"))?;
-            self.registry.put_epoch(&e)?;
-            info!(job = id, epoch = e.number, "epoch expired");
-            out.push(e);
-        }
-        Ok(out)
-    }
-
-    /// Deletes the images of expired epochs on their nodes, without holding up the caller. A
-    /// node that cannot be reached keeps them (logged) until they are removed by hand.
-    fn prune_in_background(self: &Arc<Self>, id: u64, expired: Vec<Epoch>) {
-        if expired.is_empty() {
-            return;
-        }
-        let mut by_node: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-        for e in &expired {
-            for n in &e.nodes {
-                by_node.entry(n.clone()).or_default().push(e.number);
-            }
-        }
-        let me = self.clone();
-        tokio::spawn(async move {
-            for (n, epochs) in by_node {
-                let req = pb::PruneRequest { job_id: id, epochs };
-                let r = me
-                    .agents
-                    .call(&n, "prune", me.cfg.deadlines.abort, |mut c| async move {
-                        c.prune(req).await
-                    })
-                    .await;
-                if let Err(f) = r {
-                    warn!(job = id, error = %f, "cannot delete expired images; they stay in local_dir");
-                }
-            }
-        });
-    }
-
     /// A committed epoch of the job: `epoch`, or the latest committed one for 0.
     fn restorable_epoch(&self, job: &Job, epoch: u32) -> Result<Epoch, DriveError> {
         let id = job.id;
@@ -839,6 +804,7 @@ impl Coordinator {
                 job_id: id,
                 epoch: e.number,
                 manifest_digest: e.manifests.get(n).cloned().unwrap_or_default(),
+                shared_durable: e.is_durable(),
                 ..Default::default()
             };
             async move {
@@ -882,21 +848,94 @@ impl Coordinator {
         Ok((job, e, previous))
     }
 
-    /// Restores every node of an epoch begun by [`Coordinator::begin_restart`].
+    /// Restores every node of an epoch begun by [`Coordinator::begin_restart`]. With
+    /// `fallback` (the caller asked for the latest checkpoint), an epoch whose images are
+    /// unusable on some node is skipped for the next older restorable one, each step reported.
+    /// Returns the job and the epoch it runs from.
     #[instrument(skip_all, fields(job = job.id, epoch = epoch.number))]
     pub async fn drive_restart(
         &self,
         job: Job,
         epoch: Epoch,
         previous: JobState,
+        fallback: bool,
         progress: mpsc::UnboundedSender<Step>,
-    ) -> Result<Job, DriveError> {
+    ) -> Result<(Job, Epoch), DriveError> {
+        let id = job.id;
+        let mut epoch = epoch;
+        let mut skipped: Vec<String> = Vec::new();
+        loop {
+            let number = epoch.number;
+            match self.restore_epoch(&job, &epoch, &progress).await {
+                Ok(incarnation) => {
+                    let job = self
+                        .update_job(id, |j| j.end_restart(Ok(incarnation)))
+                        .await?;
+                    let _ = progress.send(Step {
+                        job: id,
+                        epoch: number,
+                        phase: "restore",
+                        message: "running again".into(),
+                    });
+                    return Ok((job, epoch));
+                }
+                Err(f) => {
+                    let older = if fallback && f.kind == FailureKind::DataLoss {
+                        self.registry
+                            .epochs(id)?
+                            .into_iter()
+                            .filter(|e| e.is_restorable() && e.number < number)
+                            .max_by_key(|e| e.number)
+                    } else {
+                        None
+                    };
+                    let Some(older) = older else {
+                        self.update_job(id, |j| j.end_restart(Err(previous)))
+                            .await?;
+                        let mut failure = f;
+                        for s in skipped.iter().rev() {
+                            failure.message = format!("{}; before that, {s}", failure.message);
+                        }
+                        return Err(DriveError::RestartFailed {
+                            job: id,
+                            epoch: number,
+                            failure,
+                        });
+                    };
+                    warn!(job = id, epoch = number, error = %f, older = older.number, "epoch unusable; falling back");
+                    let _ = progress.send(Step {
+                        job: id,
+                        epoch: number,
+                        phase: "restore",
+                        message: format!(
+                            "epoch {number} cannot be restored ({f}); trying epoch {}",
+                            older.number
+                        ),
+                    });
+                    skipped.push(format!("epoch {number}: {f}"));
+                    epoch = older;
+                }
+            }
+        }
+    }
+
+    /// Restores every node of one epoch, held, then releases them together; on any failure
+    /// the parts already restored are killed. Returns the launcher node's incarnation.
+    async fn restore_epoch(
+        &self,
+        job: &Job,
+        epoch: &Epoch,
+        progress: &mpsc::UnboundedSender<Step>,
+    ) -> Result<u32, NodeFailure> {
         let (id, number) = (job.id, epoch.number);
         let _ = progress.send(Step {
             job: id,
             epoch: number,
             phase: "restore",
-            message: format!("verifying and restoring {} node(s)", epoch.nodes.len()),
+            message: format!(
+                "verifying and restoring {} node(s) from epoch {number}",
+                epoch.nodes.len()
+            ),
         });
         // Every node restores its part frozen, with the part's TCP ports blocked; only when all
         // are restored are they released together. A node released early would exchange
@@ -909,19 +948,27 @@ impl Coordinator {
                 manifest_digest: epoch.manifests.get(n).cloned().unwrap_or_default(),
                 hold: true,
                 token: job.token.clone(),
+                shared_durable: epoch.is_durable(),
             };
-            let progress = progress.clone();
             async move {
                 let r = self
                     .agents
                     .call(n, "restore", d, |mut c| async move { c.restore(req).await })
                     .await;
-                if r.is_ok() {
+                if let Ok(reply) = &r {
+                    let message = if reply.source == "local" || reply.source.is_empty() {
+                        format!("node {n} restored (held)")
+                    } else {
+                        format!(
+                            "node {n} restored (held) from its {} copy; {}",
+                            reply.source, reply.note
+                        )
+                    };
                     let _ = progress.send(Step {
                         job: id,
                         epoch: number,
                         phase: "restore",
-                        message: format!("node {n} restored (held)"),
+                        message,
                     });
                 }
                 (n.clone(), r)
@@ -969,27 +1016,8 @@ impl Coordinator {
                 .await;
         }
         match failure {
-            None => {
-                let job = self
-                    .update_job(id, |j| j.end_restart(Ok(incarnation)))
-                    .await?;
-                let _ = progress.send(Step {
-                    job: id,
-                    epoch: number,
-                    phase: "restore",
-                    message: "running again".into(),
-                });
-                Ok(job)
-            }
-            Some(f) => {
-                self.update_job(id, |j| j.end_restart(Err(previous)))
-                    .await?;
-                Err(DriveError::RestartFailed {
-                    job: id,
-                    epoch: number,
-                    failure: f,
-                })
-            }
+            None => Ok(incarnation),
+            Some(f) => Err(f),
         }
     }
 

@@ -11,7 +11,7 @@ use tonic::{Code, Request, Response, Status};
 
 use crate::agents::FailureKind;
 use crate::driver::{Caller, Coordinator, DriveError, RunSpec, Step};
-use crate::model::{Epoch, EpochState, Job, JobState};
+use crate::model::{Epoch, EpochState, FlushState, Job, JobState};
 
 /// Maps a coordinator error to a status.
 pub fn to_status(e: &DriveError) -> Status {
@@ -82,11 +82,12 @@ pub fn job_info(job: &Job, nodes: Vec<pb::NodeJobInfo>) -> pb::JobInfo {
         nodes,
         job_dir: job.job_dir.clone(),
         detail: String::new(),
+        flush: String::new(),
     }
 }
 
-/// Wire form of an epoch.
-pub fn epoch_info(e: &Epoch) -> pb::EpochInfo {
+/// Wire form of an epoch; `flushed` is the progress of its flush in progress, if any.
+pub fn epoch_info(e: &Epoch, flushed: Option<(u64, u64)>) -> pb::EpochInfo {
     let (failed_phase, reason) = match &e.state {
         EpochState::Failed { phase, reason } => (phase.name().to_string(), reason.clone()),
         EpochState::Expired { reason } => (String::new(), reason.clone()),
@@ -106,6 +107,21 @@ pub fn epoch_info(e: &Epoch) -> pb::EpochInfo {
         image_files: e.image_files,
         kill: e.kill,
         nodes: e.nodes.clone(),
+        storage: e.storage_name().into(),
+        flush_detail: match &e.flush {
+            FlushState::Failed { reason } => reason.clone(),
+            _ => String::new(),
+        },
+        flushed_bytes: match &e.flush {
+            FlushState::Durable { .. } => e.image_bytes,
+            _ => flushed.map(|p| p.0).unwrap_or(0),
+        },
+        flush_ms: match &e.flush {
+            FlushState::Durable { flush_ms } => *flush_ms,
+            _ => 0,
+        },
+        local_copy: e.is_restorable() && e.local_copy,
+        shared_copy: e.is_restorable() && e.is_durable(),
     }
 }
 
@@ -234,7 +250,7 @@ impl pb::control_server::Control for ControlHandler {
                 let r = coord.drive_checkpoint(job, epoch, tx).await.map(|e| {
                     (
                         format!("job {id} epoch {} committed", e.number),
-                        Some(epoch_info(&e)),
+                        Some(epoch_info(&e, None)),
                     )
                 });
                 final_msg(id, number, "commit", r)
@@ -257,20 +273,26 @@ impl pb::control_server::Control for ControlHandler {
             .await
             .map_err(|e| to_status(&e))?;
         let coord = self.coord.clone();
+        // Only "the latest checkpoint" may fall back to an older one; an epoch asked for by
+        // number is that epoch or nothing.
+        let fallback = r.epoch == 0;
         let stream = progress_stream(move |tx| {
             Box::pin(async move {
                 let id = job.id;
-                let number = epoch.number;
-                let info = epoch_info(&epoch);
+                let asked = epoch.number;
                 let r = coord
-                    .drive_restart(job, epoch, previous, tx)
+                    .drive_restart(job, epoch, previous, fallback, tx)
                     .await
-                    .map(|_| {
+                    .map(|(_, e)| {
                         (
-                            format!("job {id} restarted from epoch {number}"),
-                            Some(info),
+                            format!("job {id} restarted from epoch {}", e.number),
+                            Some(epoch_info(&e, None)),
                         )
                     });
+                let number = match &r {
+                    Ok((_, Some(info))) => info.epoch,
+                    _ => asked,
+                };
                 final_msg(id, number, "restore", r)
             })
         });
@@ -286,9 +308,9 @@ impl pb::control_server::Control for ControlHandler {
         self.coord.job_for(&who, id).map_err(|e| to_status(&e))?;
         let job = self.coord.refresh(id).await.map_err(|e| to_status(&e))?;
         let nodes = self.coord.inspect(&job).await;
-        Ok(Response::new(pb::StatusReply {
-            job: Some(job_info(&job, nodes)),
-        }))
+        let mut info = job_info(&job, nodes);
+        info.flush = self.coord.flush_summary(id);
+        Ok(Response::new(pb::StatusReply { job: Some(info) }))
     }
 
     async fn list(&self, req: Request<pb::ListRequest>) -> Result<Response<pb::ListReply>, Status> {
@@ -320,7 +342,10 @@ impl pb::control_server::Control for ControlHandler {
             .epochs(id)
             .map_err(|e| to_status(&e.into()))?;
         Ok(Response::new(pb::EpochsReply {
-            epochs: epochs.iter().map(epoch_info).collect(),
+            epochs: epochs
+                .iter()
+                .map(|e| epoch_info(e, self.coord.flushes.progress(id, e.number)))
+                .collect(),
         }))
     }
 
@@ -382,7 +407,7 @@ impl pb::registry_server::Registry for RegistryHandler {
             return Err(Status::invalid_argument("node name is empty"));
         }
         self.coord
-            .register_agent(&r.node, &r.address, r.host_addresses)
+            .register_agent(&r.node, &r.address, r.host_addresses, r.shared_dir)
             .await
             .map_err(Status::invalid_argument)?;
         Ok(Response::new(pb::RegisterReply {

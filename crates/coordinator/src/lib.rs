@@ -11,6 +11,7 @@ pub mod agents;
 pub mod client;
 pub mod config;
 pub mod driver;
+pub mod flush;
 pub mod grpc;
 pub mod model;
 pub mod registry;

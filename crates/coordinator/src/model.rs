@@ -58,6 +58,30 @@ pub enum EpochState {
     },
 }
 
+/// The shared-storage copy of a committed epoch (SCR's flush).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FlushState {
+    /// No shared copy: no shared storage on some node, or not a flush epoch (`flush.every`).
+    #[default]
+    NotPlanned,
+    /// Queued or being copied.
+    Flushing,
+    /// Complete in shared storage, with its commit record.
+    Durable {
+        /// How long the copy took, in ms.
+        flush_ms: u64,
+    },
+    /// The copy failed; the epoch has only its local copies.
+    Failed {
+        /// Why.
+        reason: String,
+    },
+}
+
+fn yes() -> bool {
+    true
+}
+
 /// A refused state transition.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{what} is {from}; cannot {action}")]
@@ -100,6 +124,13 @@ pub struct Epoch {
     /// Total image files.
     #[serde(default)]
     pub image_files: u32,
+    /// The shared copy.
+    #[serde(default)]
+    pub flush: FlushState,
+    /// Whether the nodes still hold their local copies (retention deletes them once the epoch
+    /// is durable and older than `keep_local`).
+    #[serde(default = "yes")]
+    pub local_copy: bool,
 }
 
 impl Epoch {
@@ -117,6 +148,8 @@ impl Epoch {
             frozen_ms: 0,
             image_bytes: 0,
             image_files: 0,
+            flush: FlushState::NotPlanned,
+            local_copy: true,
         }
     }
 
@@ -185,6 +218,26 @@ impl Epoch {
             reason: reason.into(),
         };
         Ok(())
+    }
+
+    /// Whether the epoch has a complete copy in shared storage.
+    pub fn is_durable(&self) -> bool {
+        matches!(self.flush, FlushState::Durable { .. })
+    }
+
+    /// Where a committed epoch's images are, as users see it: `local`, `flushing`, `durable`,
+    /// `shared-only` or `flush-failed`; empty for other states.
+    pub fn storage_name(&self) -> &'static str {
+        if self.state != EpochState::Committed {
+            return "";
+        }
+        match (&self.flush, self.local_copy) {
+            (FlushState::Durable { .. }, true) => "durable",
+            (FlushState::Durable { .. }, false) => "shared-only",
+            (FlushState::Flushing, _) => "flushing",
+            (FlushState::Failed { .. }, _) => "flush-failed",
+            (FlushState::NotPlanned, _) => "local",
+        }
     }
 
     /// Whether this epoch may be restored.
@@ -476,6 +529,37 @@ mod tests {
         assert_eq!(e.state_name(), "expired");
         assert!(e.expire("again").is_err(), "expired is terminal");
         assert!(e.fail("late", 2).is_err());
+    }
+
+    #[test]
+    fn storage_follows_the_flush_and_the_local_copy() {
+        let mut e = epoch();
+        assert_eq!(e.storage_name(), "");
+        for p in [
+            Phase::Quiesce,
+            Phase::Dump,
+            Phase::Resume,
+            Phase::Finalize,
+            Phase::Commit,
+        ] {
+            e.enter(p).unwrap();
+        }
+        e.commit(manifests(), 2).unwrap();
+        assert_eq!(e.storage_name(), "local");
+        e.flush = FlushState::Flushing;
+        assert_eq!(e.storage_name(), "flushing");
+        e.flush = FlushState::Durable { flush_ms: 1 };
+        assert!(e.is_durable());
+        assert_eq!(e.storage_name(), "durable");
+        e.local_copy = false;
+        assert_eq!(e.storage_name(), "shared-only");
+        assert!(e.is_restorable());
+        // Records written before flushing existed read as local copies, nothing flushed.
+        let mut v = serde_json::to_value(epoch()).unwrap();
+        v.as_object_mut().unwrap().remove("flush");
+        v.as_object_mut().unwrap().remove("local_copy");
+        let old: Epoch = serde_json::from_value(v).unwrap();
+        assert_eq!((old.flush, old.local_copy), (FlushState::NotPlanned, true));
     }
 
     #[test]

@@ -53,6 +53,11 @@ pub struct AgentConfig {
     pub state_dir: PathBuf,
     /// Node-local staging for checkpoint images (fast local disk or /dev/shm).
     pub local_dir: PathBuf,
+    /// Shared storage (the NFS mount every node sees) that committed epochs are flushed to, in
+    /// the background after the job resumed. Unset: no shared copies.
+    pub shared_dir: Option<PathBuf>,
+    /// How flushes to `shared_dir` run.
+    pub flush: FlushConfig,
     /// How often the agent reports its jobs to the coordinator.
     #[serde(with = "humantime_serde")]
     pub heartbeat_interval: Duration,
@@ -62,6 +67,36 @@ pub struct AgentConfig {
     pub cgroup: CgroupConfig,
     /// How MPI launchers in jobs reach other nodes.
     pub launcher: LauncherConfig,
+}
+
+/// How this node copies images to shared storage.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FlushConfig {
+    /// Files copied at once.
+    pub streams: usize,
+    /// Limit in MB/s over all streams of this node (leaves the job its share of the network
+    /// and of the file server); 0: no limit.
+    pub bandwidth_mb: u64,
+}
+
+impl Default for FlushConfig {
+    fn default() -> Self {
+        FlushConfig {
+            streams: 4,
+            bandwidth_mb: 0,
+        }
+    }
+}
+
+impl FlushConfig {
+    /// The copy options these settings mean.
+    pub fn copy_options(&self) -> ckpt_store::copy::CopyOptions {
+        ckpt_store::copy::CopyOptions {
+            streams: self.streams,
+            bandwidth: (self.bandwidth_mb > 0).then_some(self.bandwidth_mb * 1_000_000),
+        }
+    }
 }
 
 /// The launcher program that mpiexec runs instead of ssh.
@@ -134,6 +169,8 @@ impl Default for AgentConfig {
             coordinator: "127.0.0.1:7600".into(),
             state_dir: "/var/lib/ckpt/agent".into(),
             local_dir: "/var/lib/ckpt/local".into(),
+            shared_dir: None,
+            flush: FlushConfig::default(),
             heartbeat_interval: Duration::from_secs(1),
             criu: CriuConfig::default(),
             cgroup: CgroupConfig::default(),
@@ -238,6 +275,18 @@ impl TomlConfig for AgentConfig {
             return Err(ConfigError::Invalid {
                 key: "local_dir",
                 problem: "must be an absolute path".into(),
+            });
+        }
+        if self.shared_dir.as_ref().is_some_and(|d| !d.is_absolute()) {
+            return Err(ConfigError::Invalid {
+                key: "shared_dir",
+                problem: "must be an absolute path".into(),
+            });
+        }
+        if self.flush.streams == 0 || self.flush.streams > 64 {
+            return Err(ConfigError::Invalid {
+                key: "flush.streams",
+                problem: format!("must be 1 to 64, got {}", self.flush.streams),
             });
         }
         if self.heartbeat_interval < Duration::from_millis(50) {

@@ -102,6 +102,26 @@ pub enum AgentError {
         #[source]
         source: ckpt_store::StoreError,
     },
+    /// No shared storage to flush to or fetch from.
+    #[error("job {job}: {problem}; set `shared_dir` in the agent config to the shared file system's mount")]
+    NoShared {
+        /// Job id.
+        job: u64,
+        /// What is missing.
+        problem: String,
+    },
+    /// No copy of a node's images of an epoch can be restored: each source tried, and why not.
+    #[error("job {job} epoch {epoch}: no usable copy of node {node}'s images ({tried}); restart from an earlier epoch (`ckptctl epochs {job}`)")]
+    NoUsableCopy {
+        /// Job id.
+        job: u64,
+        /// Epoch.
+        epoch: u32,
+        /// This node.
+        node: String,
+        /// "local: <error>; shared: <error>".
+        tried: String,
+    },
     /// The manifest on this node is not the one the coordinator committed.
     #[error("job {job} epoch {epoch}: node manifest digest {found} does not match the committed {committed}; the images were replaced or damaged")]
     ManifestMismatch {

@@ -38,7 +38,10 @@ pub fn to_status(e: AgentError) -> Status {
         | AgentError::OutsideTree { .. } => Status::failed_precondition(msg),
         AgentError::BadToken { .. } => Status::permission_denied(msg),
         AgentError::NoRoom { .. } => Status::resource_exhausted(msg),
-        AgentError::Store { .. } | AgentError::ManifestMismatch { .. } => Status::data_loss(msg),
+        AgentError::Store { .. }
+        | AgentError::ManifestMismatch { .. }
+        | AgentError::NoUsableCopy { .. } => Status::data_loss(msg),
+        AgentError::NoShared { .. } => Status::failed_precondition(msg),
         AgentError::Timeout { .. } => Status::deadline_exceeded(msg),
         AgentError::Engine { .. }
         | AgentError::Cgroup { .. }
@@ -47,6 +50,9 @@ pub fn to_status(e: AgentError) -> Status {
         | AgentError::Injected { .. } => Status::internal(msg),
     }
 }
+
+/// How often a flush reports progress.
+const FLUSH_PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
 fn us(d: std::time::Duration) -> u64 {
     d.as_micros() as u64
@@ -179,15 +185,24 @@ impl Agent for AgentHandler {
     ) -> Result<Response<pb::RestoreReply>, Status> {
         let r = req.into_inner();
         let begin = std::time::Instant::now();
-        let (pid, incarnation) = self
+        let done = self
             .jobs
-            .restore(r.job_id, r.epoch, &r.manifest_digest, r.hold, &r.token)
+            .restore(
+                r.job_id,
+                r.epoch,
+                &r.manifest_digest,
+                r.hold,
+                &r.token,
+                r.shared_durable,
+            )
             .await
             .map_err(to_status)?;
         Ok(Response::new(pb::RestoreReply {
-            pid,
-            incarnation,
+            pid: done.pid,
+            incarnation: done.incarnation,
             elapsed_us: us(begin.elapsed()),
+            source: done.source.name().into(),
+            note: done.note,
         }))
     }
 
@@ -245,29 +260,49 @@ impl Agent for AgentHandler {
         let r = req.into_inner();
         let begin = std::time::Instant::now();
         let node = self.jobs.node().to_string();
-        let reply = match self
+        // A damaged image is this call's answer, not its failure.
+        let copies: Vec<pb::CopyCheck> = self
             .jobs
-            .verify(r.job_id, r.epoch, &r.manifest_digest)
+            .verify_copies(r.job_id, r.epoch, &r.manifest_digest, r.shared_durable)
             .await
-        {
-            Ok(m) => pb::NodeVerify {
-                node,
-                ok: true,
-                files: m.files.len() as u32,
-                bytes: m.image_bytes(),
-                error: String::new(),
-                elapsed_ms: begin.elapsed().as_millis() as u64,
-            },
-            // A damaged image is this call's answer, not its failure.
-            Err(e) => pb::NodeVerify {
-                node,
-                ok: false,
-                error: e.to_string(),
-                elapsed_ms: begin.elapsed().as_millis() as u64,
-                ..Default::default()
-            },
-        };
-        Ok(Response::new(reply))
+            .into_iter()
+            .map(|c| match c.result {
+                Ok(m) => pb::CopyCheck {
+                    location: c.location.name().into(),
+                    ok: true,
+                    files: m.files.len() as u32,
+                    bytes: m.image_bytes(),
+                    error: String::new(),
+                },
+                Err(e) => pb::CopyCheck {
+                    location: c.location.name().into(),
+                    ok: false,
+                    error: e.to_string(),
+                    ..Default::default()
+                },
+            })
+            .collect();
+        // The node is fine if any copy is: a restart uses the first intact one.
+        let best = copies
+            .iter()
+            .find(|c| c.ok)
+            .or(copies.first())
+            .cloned()
+            .unwrap_or_default();
+        Ok(Response::new(pb::NodeVerify {
+            node,
+            ok: best.ok,
+            files: best.files,
+            bytes: best.bytes,
+            error: copies
+                .iter()
+                .filter(|c| !c.ok)
+                .map(|c| format!("{} copy: {}", c.location, c.error))
+                .collect::<Vec<_>>()
+                .join("; "),
+            elapsed_ms: begin.elapsed().as_millis() as u64,
+            copies,
+        }))
     }
 
     async fn prune(
@@ -277,7 +312,73 @@ impl Agent for AgentHandler {
         let r = req.into_inner();
         let begin = std::time::Instant::now();
         self.jobs
-            .prune(r.job_id, &r.epochs)
+            .prune(r.job_id, &r.epochs, r.shared, r.keep_local)
+            .await
+            .map_err(to_status)?;
+        Ok(took(begin.elapsed()))
+    }
+
+    type FlushStream = std::pin::Pin<
+        Box<dyn tokio_stream::Stream<Item = Result<pb::FlushProgress, Status>> + Send>,
+    >;
+
+    async fn flush(
+        &self,
+        req: Request<pb::FlushRequest>,
+    ) -> Result<Response<Self::FlushStream>, Status> {
+        let r = req.into_inner();
+        let begin = std::time::Instant::now();
+        let (progress, mut task) = self
+            .jobs
+            .flush(r.job_id, r.epoch, &r.manifest_digest)
+            .map_err(to_status)?;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            use std::sync::atomic::Ordering;
+            let msg = |done| pb::FlushProgress {
+                bytes_done: progress.done.load(Ordering::Relaxed),
+                bytes_total: progress.total.load(Ordering::Relaxed),
+                done,
+                elapsed_ms: begin.elapsed().as_millis() as u64,
+            };
+            let mut tick = tokio::time::interval(FLUSH_PROGRESS_EVERY);
+            let result = loop {
+                tokio::select! {
+                    r = &mut task => break r.expect("flush task"),
+                    _ = tick.tick() => {
+                        if tx.send(Ok(msg(false))).await.is_err() {
+                            // The coordinator went away: stop copying; it flushes again later.
+                            progress.cancel.store(true, Ordering::Relaxed);
+                        }
+                    }
+                }
+            };
+            let _ = tx
+                .send(match result {
+                    Ok(_) => Ok(msg(true)),
+                    Err(e) => Err(to_status(e)),
+                })
+                .await;
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn publish(
+        &self,
+        req: Request<pb::PublishRequest>,
+    ) -> Result<Response<pb::PhaseReply>, Status> {
+        let r = req.into_inner();
+        let begin = std::time::Instant::now();
+        self.jobs
+            .publish(ckpt_store::commit::CommitRecord {
+                job_id: r.job_id,
+                epoch: r.epoch,
+                manifests: r.manifests.into_iter().collect(),
+                image_bytes: r.image_bytes,
+                committed_unix_ms: r.committed_unix_ms,
+            })
             .await
             .map_err(to_status)?;
         Ok(took(begin.elapsed()))

@@ -69,6 +69,10 @@ pub async fn run(cfg: AgentConfig, advertise: String, jobs: Arc<Jobs>) {
                     .iter()
                     .map(|a| a.to_string())
                     .collect(),
+                shared_dir: jobs
+                    .shared_dir()
+                    .map(|d| d.display().to_string())
+                    .unwrap_or_default(),
             };
             match c.register(req).await {
                 Ok(_) => {

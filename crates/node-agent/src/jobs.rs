@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use ckpt_store::copy::{CopyOptions, CopyProgress};
 use ckpt_store::layout::Staging;
 use ckpt_store::manifest::{self, NodeManifest, OpenFile, PreservedFile};
 use serde::{Deserialize, Serialize};
@@ -301,6 +302,52 @@ pub struct Jobs {
     jobs: std::sync::Mutex<HashMap<u64, Arc<Mutex<NodeJob>>>>,
     failpoints: Failpoints,
     launch_env: LaunchEnv,
+    shared: Option<Staging>,
+    copy_opts: CopyOptions,
+}
+
+/// A flush running in a blocking thread.
+pub type FlushTask = tokio::task::JoinHandle<Result<NodeManifest, AgentError>>;
+
+/// A restored part of a job.
+#[derive(Debug)]
+pub struct Restored {
+    /// PID of the restored root process.
+    pub pid: i32,
+    /// The job's incarnation on this node.
+    pub incarnation: u32,
+    /// Where the images came from.
+    pub source: Location,
+    /// Why the local copy was not used (empty if it was).
+    pub note: String,
+}
+
+/// Where a copy of a node's images is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Location {
+    /// Node-local staging.
+    Local,
+    /// Shared storage.
+    Shared,
+}
+
+impl Location {
+    /// Name shown to users.
+    pub fn name(self) -> &'static str {
+        match self {
+            Location::Local => "local",
+            Location::Shared => "shared",
+        }
+    }
+}
+
+/// The outcome of checking one copy.
+#[derive(Debug)]
+pub struct CopyCheck {
+    /// Which copy.
+    pub location: Location,
+    /// Its manifest if every file is intact.
+    pub result: Result<NodeManifest, AgentError>,
 }
 
 fn now_ms() -> u64 {
@@ -356,6 +403,8 @@ impl Jobs {
             jobs: std::sync::Mutex::new(map),
             failpoints: Failpoints::from_env(),
             launch_env: LaunchEnv::default(),
+            shared: None,
+            copy_opts: CopyOptions::default(),
         })
     }
 
@@ -363,6 +412,93 @@ impl Jobs {
     pub fn with_launch_env(mut self, env: LaunchEnv) -> Self {
         self.launch_env = env;
         self
+    }
+
+    /// Sets the shared storage epochs are flushed to and how copies to and from it run.
+    pub fn with_shared(mut self, dir: Option<PathBuf>, opts: CopyOptions) -> Self {
+        self.shared = dir.map(Staging::at);
+        self.copy_opts = opts;
+        self
+    }
+
+    /// The shared storage mount, if configured.
+    pub fn shared_dir(&self) -> Option<&Path> {
+        self.shared.as_ref().map(|s| s.root())
+    }
+
+    /// The shared store, if configured and mounted.
+    fn shared(&self, job: u64) -> Result<Staging, AgentError> {
+        let s = self.shared.clone().ok_or_else(|| AgentError::NoShared {
+            job,
+            problem: format!("node {} has no shared storage", self.node),
+        })?;
+        if !s.root().is_dir() {
+            return Err(AgentError::NoShared {
+                job,
+                problem: format!(
+                    "shared_dir {} does not exist on node {} (is the file system mounted?)",
+                    s.root().display(),
+                    self.node
+                ),
+            });
+        }
+        Ok(s)
+    }
+
+    /// Starts copying this node's images of a committed epoch to shared storage, in a blocking
+    /// thread; returns its progress and the task. Does not touch the job: it may have moved
+    /// on, or ended.
+    pub fn flush(
+        &self,
+        job_id: u64,
+        epoch: u32,
+        committed_digest: &str,
+    ) -> Result<(Arc<CopyProgress>, FlushTask), AgentError> {
+        let shared = self.shared(job_id)?;
+        let src = self.staging.node_dir(job_id, epoch, &self.node);
+        let dest = shared.node_dir(job_id, epoch, &self.node);
+        let progress = Arc::new(CopyProgress::default());
+        let (p, opts, digest) = (
+            progress.clone(),
+            self.copy_opts.clone(),
+            committed_digest.to_string(),
+        );
+        let task = tokio::task::spawn_blocking(move || {
+            let r = ckpt_store::copy::copy_node_dir(&src, &dest, Some(&digest), &opts, &p);
+            if r.is_err() {
+                // An incomplete copy has no manifest and is never used; do not keep its bytes.
+                let _ = fs::remove_dir_all(&dest);
+            }
+            r.map_err(|source| AgentError::Store {
+                job: job_id,
+                source,
+            })
+        });
+        Ok((progress, task))
+    }
+
+    /// Writes an epoch's commit record into shared storage after checking that every node's
+    /// flushed manifest there is the committed one.
+    pub async fn publish(&self, record: ckpt_store::commit::CommitRecord) -> Result<(), AgentError> {
+        let job = record.job_id;
+        let shared = self.shared(job)?;
+        tokio::task::spawn_blocking(move || -> Result<(), ckpt_store::StoreError> {
+            for (node, want) in &record.manifests {
+                let dir = shared.node_dir(job, record.epoch, node);
+                let (_, found) = manifest::read(&dir)?;
+                if &found != want {
+                    return Err(ckpt_store::StoreError::NotCommitted {
+                        path: dir.join(manifest::FILE_NAME),
+                        found,
+                        expected: want.clone(),
+                    });
+                }
+            }
+            ckpt_store::commit::write(&shared.epoch_dir(job, record.epoch), &record)
+        })
+        .await
+        .expect("publish task")
+        .map_err(|source| AgentError::Store { job, source })
     }
 
     /// Runs the failpoint of `phase`, if one is set (tests only; see [`crate::failpoint`]).
@@ -836,7 +972,8 @@ impl Jobs {
         committed_digest: &str,
         hold: bool,
         token: &str,
-    ) -> Result<(i32, u32), AgentError> {
+        shared_durable: bool,
+    ) -> Result<Restored, AgentError> {
         let j = self.get_or_create(job_id)?;
         let mut job = j.lock().await;
         // Processes of a just-killed incarnation may still be exiting: give them a moment.
@@ -855,7 +992,9 @@ impl Jobs {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let node_dir = self.staging.node_dir(job_id, epoch, &self.node);
-        let m = self.verify(job_id, epoch, committed_digest).await?;
+        let (m, source, note) = self
+            .usable_images(job_id, epoch, committed_digest, shared_durable)
+            .await?;
         for a in &m.tcp_addrs {
             if !address_is_local(a) {
                 return Err(AgentError::AddressMissing {
@@ -914,8 +1053,13 @@ impl Jobs {
                         });
                     }
                 }
-                info!(pid, "job restored, held frozen until released");
-                Ok((pid, job.record.incarnation))
+                info!(pid, source = source.name(), "job restored, held frozen until released");
+                Ok(Restored {
+                    pid,
+                    incarnation: job.record.incarnation,
+                    source,
+                    note,
+                })
             }
             Ok(pid) => {
                 // The engine recreates a missing cgroup with the freezer state it had at dump
@@ -926,8 +1070,13 @@ impl Jobs {
                         source,
                     })?;
                 }
-                info!(pid, "job restored");
-                Ok((pid, job.record.incarnation))
+                info!(pid, source = source.name(), "job restored");
+                Ok(Restored {
+                    pid,
+                    incarnation: job.record.incarnation,
+                    source,
+                    note,
+                })
             }
             Err(e) => {
                 if hold {
@@ -952,7 +1101,127 @@ impl Jobs {
         epoch: u32,
         committed_digest: &str,
     ) -> Result<NodeManifest, AgentError> {
-        let nd = self.staging.node_dir(job_id, epoch, &self.node);
+        self.verify_in(&self.staging, job_id, epoch, committed_digest)
+            .await
+    }
+
+    /// Checks every copy of this node's images of an epoch: the local one, and the shared one
+    /// when the coordinator says it is complete. Reads only.
+    pub async fn verify_copies(
+        &self,
+        job_id: u64,
+        epoch: u32,
+        committed_digest: &str,
+        shared_durable: bool,
+    ) -> Vec<CopyCheck> {
+        let mut out = vec![CopyCheck {
+            location: Location::Local,
+            result: self.verify(job_id, epoch, committed_digest).await,
+        }];
+        if shared_durable {
+            let result = match self.shared(job_id) {
+                Ok(s) => self.verify_in(&s, job_id, epoch, committed_digest).await,
+                Err(e) => Err(e),
+            };
+            out.push(CopyCheck {
+                location: Location::Shared,
+                result,
+            });
+        }
+        out
+    }
+
+    /// Images to restore from: the local copy if intact, else (for an epoch with a complete
+    /// shared copy) a fresh local copy fetched from shared storage, verified as it is read.
+    /// Returns the manifest, where the images came from and why the local copy was not used.
+    async fn usable_images(
+        &self,
+        job_id: u64,
+        epoch: u32,
+        committed_digest: &str,
+        shared_durable: bool,
+    ) -> Result<(NodeManifest, Location, String), AgentError> {
+        let local_err = match self.verify(job_id, epoch, committed_digest).await {
+            Ok(m) => return Ok((m, Location::Local, String::new())),
+            Err(e) => e,
+        };
+        if !shared_durable {
+            return Err(local_err);
+        }
+        let shared = match self.shared(job_id) {
+            Ok(s) => s,
+            Err(e) => {
+                return Err(AgentError::NoUsableCopy {
+                    job: job_id,
+                    epoch,
+                    node: self.node.clone(),
+                    tried: format!("local: {local_err}; shared: {e}"),
+                })
+            }
+        };
+        warn!(job = job_id, epoch, error = %local_err, "local images unusable; fetching the shared copy");
+        let src = shared.node_dir(job_id, epoch, &self.node);
+        let dest = self.staging.node_dir(job_id, epoch, &self.node);
+        let tmp = self
+            .staging
+            .epoch_dir(job_id, epoch)
+            .join(format!(".{}.fetch", self.node));
+        let (opts, digest) = (self.copy_opts.clone(), committed_digest.to_string());
+        let fetched = tokio::task::spawn_blocking(move || {
+            let r = ckpt_store::copy::copy_node_dir(
+                &src,
+                &tmp,
+                Some(&digest),
+                &opts,
+                &CopyProgress::default(),
+            )
+            .and_then(|m| {
+                if dest.exists() {
+                    fs::remove_dir_all(&dest)
+                        .map_err(|e| ckpt_store::StoreError::Io {
+                            op: "remove",
+                            path: dest.clone(),
+                            source: e,
+                        })?;
+                }
+                fs::rename(&tmp, &dest).map_err(|e| ckpt_store::StoreError::Io {
+                    op: "rename",
+                    path: dest.clone(),
+                    source: e,
+                })?;
+                Ok(m)
+            });
+            if r.is_err() {
+                let _ = fs::remove_dir_all(&tmp);
+            }
+            r
+        })
+        .await
+        .expect("fetch task");
+        match fetched {
+            Ok(m) => Ok((
+                m,
+                Location::Shared,
+                format!("local copy unusable: {local_err}"),
+            )),
+            Err(e) => Err(AgentError::NoUsableCopy {
+                job: job_id,
+                epoch,
+                node: self.node.clone(),
+                tried: format!("local: {local_err}; shared: {e}"),
+            }),
+        }
+    }
+
+    /// Checks one store's copy of this node's images of an epoch.
+    async fn verify_in(
+        &self,
+        store: &Staging,
+        job_id: u64,
+        epoch: u32,
+        committed_digest: &str,
+    ) -> Result<NodeManifest, AgentError> {
+        let nd = store.node_dir(job_id, epoch, &self.node);
         let committed = committed_digest.to_string();
         tokio::task::spawn_blocking(move || -> Result<NodeManifest, AgentError> {
             let store_err = |source| AgentError::Store {
@@ -975,19 +1244,44 @@ impl Jobs {
         .expect("verify task")
     }
 
-    /// Deletes this node's images of the given epochs (retention). Missing ones are fine.
-    pub async fn prune(&self, job_id: u64, epochs: &[u32]) -> Result<(), AgentError> {
+    /// Deletes this node's images of the given epochs (retention): the local copies unless
+    /// `keep_local`, and with `shared` the shared copies (the epoch's commit record first, so a
+    /// partly deleted epoch never looks complete). Missing ones are fine.
+    pub async fn prune(
+        &self,
+        job_id: u64,
+        epochs: &[u32],
+        shared: bool,
+        keep_local: bool,
+    ) -> Result<(), AgentError> {
         let staging = self.staging.clone();
+        let shared = if shared {
+            Some(self.shared(job_id)?)
+        } else {
+            None
+        };
         let node = self.node.clone();
         let epochs = epochs.to_vec();
         tokio::task::spawn_blocking(move || {
+            let store_err = |source| AgentError::Store {
+                job: job_id,
+                source,
+            };
             for e in epochs {
-                staging
-                    .remove_node_dir(job_id, e, &node)
-                    .map_err(|source| AgentError::Store {
-                        job: job_id,
-                        source,
-                    })?;
+                if let Some(sh) = &shared {
+                    let commit = sh
+                        .epoch_dir(job_id, e)
+                        .join(ckpt_store::commit::FILE_NAME);
+                    match fs::remove_file(&commit) {
+                        Ok(()) => {}
+                        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(err) => return Err(io_err(job_id, "remove", &commit)(err)),
+                    }
+                    sh.remove_node_dir(job_id, e, &node).map_err(store_err)?;
+                }
+                if !keep_local {
+                    staging.remove_node_dir(job_id, e, &node).map_err(store_err)?;
+                }
             }
             Ok(())
         })

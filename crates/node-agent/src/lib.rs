@@ -99,7 +99,8 @@ pub fn open_jobs(cfg: &AgentConfig, shim_exe: PathBuf) -> Result<Arc<jobs::Jobs>
         coordinator: cfg.coordinator.clone(),
         launcher: cfg.launcher.resolve(),
         set_mpi_env: cfg.launcher.set_mpi_env,
-    });
+    })
+    .with_shared(cfg.shared_dir.clone(), cfg.flush.copy_options());
     Ok(Arc::new(jobs))
 }
 

@@ -84,7 +84,9 @@ enum Cmd {
     },
     /// List jobs (yours; root sees all).
     List,
-    /// Show a job's checkpoint epochs: state, frozen time, size, failure reason.
+    /// Show a job's checkpoint epochs: state, where the copies are (STORAGE: local, flushing
+    /// with progress, durable = also in shared storage, shared-only, flush-failed), frozen
+    /// time, size, failure reason.
     Epochs {
         /// Job id.
         job: u64,
@@ -94,9 +96,10 @@ enum Cmd {
         /// Job id.
         job: u64,
     },
-    /// Check a committed checkpoint's images on every node against their digests (reads only).
-    /// Exit 0 if every node's copy is intact, 8 if any file is damaged or missing, 7 if a node
-    /// could not be reached.
+    /// Check a committed checkpoint's images on every node against their digests (reads only):
+    /// the local copy, and the shared one for a durable epoch. Exit 0 if every node has an
+    /// intact copy (a damaged one is reported), 8 if a node has none, 7 if a node could not be
+    /// reached.
     Verify {
         /// Job id.
         job: u64,
@@ -177,7 +180,7 @@ fn job_json(j: &pb::JobInfo) -> Value {
         "argv": j.argv, "cwd": j.cwd, "created_unix_ms": j.created_unix_ms,
         "exit_code": j.exit_code, "exit_signal": j.exit_signal,
         "last_epoch": j.last_epoch, "latest_committed_epoch": j.latest_committed_epoch,
-        "job_dir": j.job_dir,
+        "job_dir": j.job_dir, "flush": j.flush,
         "nodes": j.nodes.iter().map(|n| json!({
             "node": n.node, "state": n.state, "role": n.role,
             "ranks": n.processes.iter().filter_map(|p| p.rank).collect::<Vec<_>>(),
@@ -192,6 +195,8 @@ fn epoch_json(e: &pb::EpochInfo) -> Value {
         "reason": e.reason, "started_unix_ms": e.started_unix_ms, "finished_unix_ms": e.finished_unix_ms,
         "frozen_ms": e.frozen_ms, "total_ms": e.total_ms, "image_bytes": e.image_bytes,
         "image_files": e.image_files, "kill": e.kill, "nodes": e.nodes,
+        "storage": e.storage, "flush_detail": e.flush_detail, "flushed_bytes": e.flushed_bytes,
+        "flush_ms": e.flush_ms, "local_copy": e.local_copy, "shared_copy": e.shared_copy,
     })
 }
 
@@ -275,6 +280,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     j.last_epoch, j.latest_committed_epoch
                 );
                 println!("  output: {}/stdout", j.job_dir);
+                if !j.flush.is_empty() {
+                    println!("  flushing: {}", j.flush);
+                }
                 for n in &j.nodes {
                     let mut ranks: Vec<i32> = n.processes.iter().filter_map(|p| p.rank).collect();
                     ranks.sort_unstable();
@@ -348,19 +356,29 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 println!("{}", Value::Array(epochs.iter().map(epoch_json).collect()));
             } else {
                 println!(
-                    "{:>5}  {:<28} {:>9} {:>9} {:>10} {:>6}  REASON",
-                    "EPOCH", "STATE", "FROZEN", "TOTAL", "SIZE", "FILES"
+                    "{:>5}  {:<28} {:<16} {:>9} {:>9} {:>10} {:>6}  REASON",
+                    "EPOCH", "STATE", "STORAGE", "FROZEN", "TOTAL", "SIZE", "FILES"
                 );
                 for e in &epochs {
-                    let reason = if e.reason.is_empty() {
-                        String::new()
-                    } else {
+                    let reason = if !e.reason.is_empty() {
                         format!("[{}] {}", e.failed_phase, e.reason)
+                    } else if !e.flush_detail.is_empty() {
+                        format!("[flush] {}", e.flush_detail)
+                    } else {
+                        String::new()
+                    };
+                    let storage = match e.storage.as_str() {
+                        "flushing" if e.image_bytes > 0 => {
+                            format!("flushing {}%", e.flushed_bytes * 100 / e.image_bytes)
+                        }
+                        "" => "-".into(),
+                        s => s.to_string(),
                     };
                     println!(
-                        "{:>5}  {:<28} {:>7}ms {:>7}ms {:>10} {:>6}  {}",
+                        "{:>5}  {:<28} {:<16} {:>7}ms {:>7}ms {:>10} {:>6}  {}",
                         e.epoch,
                         e.state,
+                        storage,
                         e.frozen_ms,
                         e.total_ms,
                         size(e.image_bytes),
@@ -397,7 +415,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     .iter()
                     .map(|n| {
                         json!({"node": n.node, "ok": n.ok, "files": n.files, "bytes": n.bytes,
-                               "error": n.error, "elapsed_ms": n.elapsed_ms})
+                               "error": n.error, "elapsed_ms": n.elapsed_ms,
+                               "copies": n.copies.iter().map(|c| json!({"location": c.location,
+                                   "ok": c.ok, "files": c.files, "bytes": c.bytes, "error": c.error}))
+                                   .collect::<Vec<_>>()})
                     })
                     .collect();
                 println!(
@@ -406,16 +427,22 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 );
             } else {
                 for n in &r.nodes {
-                    if n.ok {
-                        println!(
-                            "node {}: ok, {} files, {:.1} MiB verified in {} ms",
-                            n.node,
-                            n.files,
-                            n.bytes as f64 / (1 << 20) as f64,
-                            n.elapsed_ms
-                        );
-                    } else {
-                        println!("node {}: DAMAGED: {}", n.node, n.error);
+                    if n.copies.is_empty() {
+                        // The node could not be asked.
+                        println!("node {}: NOT VERIFIED: {}", n.node, n.error);
+                    }
+                    for c in &n.copies {
+                        if c.ok {
+                            println!(
+                                "node {} {} copy: ok, {} files, {:.1} MiB verified",
+                                n.node,
+                                c.location,
+                                c.files,
+                                c.bytes as f64 / (1 << 20) as f64,
+                            );
+                        } else {
+                            println!("node {} {} copy: DAMAGED: {}", n.node, c.location, c.error);
+                        }
                     }
                 }
             }
@@ -474,7 +501,9 @@ async fn follow(
                 msg.message
             );
             match &bar {
-                Some(b) => b.set_message(line),
+                // Each step stays on screen: a fallback or a fetch from shared storage is
+                // worth reading after the fact.
+                Some(b) => b.println(line),
                 None if !json => eprintln!("{line}"),
                 None => {}
             }

@@ -1,0 +1,411 @@
+//! Background work on committed epochs: the flush to shared storage (SCR's FLUSH), and
+//! retention of local and shared copies (SCR's CACHE_SIZE).
+//!
+//! A flush starts once an epoch is committed and the job has resumed, so the job never waits
+//! for it. Every node copies its images in parallel and reports progress; once all are done,
+//! one node writes the epoch's commit record into shared storage and the epoch is `durable`.
+//! Flushes of one job run one at a time, oldest first. A failed flush leaves the epoch
+//! restorable from its local copies and removes the partial shared copies.
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
+
+use ckpt_proto::v1 as pb;
+use futures_util::future::join_all;
+use tracing::{info, warn};
+
+use crate::agents::{from_status, FailureKind, NodeFailure};
+use crate::driver::{Coordinator, DriveError};
+use crate::model::{Epoch, FlushState};
+
+/// Bytes copied and bytes to copy, by node, of each flush in progress.
+type Progress = HashMap<(u64, u32), BTreeMap<String, (u64, u64)>>;
+
+/// State of the flushes of every job.
+#[derive(Debug, Default)]
+pub struct Flushes {
+    progress: std::sync::Mutex<Progress>,
+    /// One lock per job: its flushes run one at a time.
+    order: std::sync::Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
+    /// Interrupted flushes, started again once all their nodes are registered.
+    waiting: std::sync::Mutex<Vec<(u64, u32)>>,
+}
+
+impl Flushes {
+    /// Queues an interrupted flush until its nodes register.
+    pub fn wait_for_nodes(&self, job: u64, epoch: u32) {
+        self.waiting.lock().expect("flush lock").push((job, epoch));
+    }
+
+    /// (bytes copied, bytes to copy) of an epoch's flush in progress, over all its nodes.
+    pub fn progress(&self, job: u64, epoch: u32) -> Option<(u64, u64)> {
+        self.progress
+            .lock()
+            .expect("flush lock")
+            .get(&(job, epoch))
+            .map(|m| m.values().fold((0, 0), |a, v| (a.0 + v.0, a.1 + v.1)))
+    }
+
+    /// The epochs of a job being flushed now, oldest first.
+    pub fn in_progress(&self, job: u64) -> Vec<u32> {
+        let mut v: Vec<u32> = self
+            .progress
+            .lock()
+            .expect("flush lock")
+            .keys()
+            .filter(|(j, _)| *j == job)
+            .map(|(_, e)| *e)
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn set(&self, job: u64, epoch: u32, node: &str, done: u64, total: u64) {
+        self.progress
+            .lock()
+            .expect("flush lock")
+            .entry((job, epoch))
+            .or_default()
+            .insert(node.to_string(), (done, total));
+    }
+
+    fn clear(&self, job: u64, epoch: u32) {
+        self.progress
+            .lock()
+            .expect("flush lock")
+            .remove(&(job, epoch));
+    }
+
+    fn job_lock(&self, job: u64) -> Arc<tokio::sync::Mutex<()>> {
+        self.order
+            .lock()
+            .expect("flush lock")
+            .entry(job)
+            .or_default()
+            .clone()
+    }
+}
+
+/// One retention decision: delete a node's local copies of an epoch, or all its copies.
+#[derive(Debug, Clone)]
+pub struct Prune {
+    /// The epoch, as recorded after the decision.
+    pub epoch: Epoch,
+    /// Delete the shared copies too.
+    pub shared: bool,
+}
+
+impl Coordinator {
+    /// Whether a just-committed epoch is to be flushed: a flush epoch (`flush.every`) whose
+    /// nodes all have shared storage.
+    pub(crate) fn plans_flush(&self, e: &Epoch) -> bool {
+        let every = self.cfg.flush.every;
+        if every == 0 || e.number % every != 0 {
+            return false;
+        }
+        let missing: Vec<&String> = e
+            .nodes
+            .iter()
+            .filter(|n| self.agents.shared_dir(n).is_none())
+            .collect();
+        if !missing.is_empty() && missing.len() < e.nodes.len() {
+            warn!(job = e.job_id, epoch = e.number, nodes = ?missing,
+                "not flushing: these nodes have no shared_dir in their agent config");
+        }
+        missing.is_empty()
+    }
+
+    /// Starts the flushes whose nodes have all registered again.
+    pub(crate) fn resume_waiting_flushes(self: &Arc<Self>) {
+        let ready: Vec<(u64, u32)> = {
+            let mut w = self.flushes.waiting.lock().expect("flush lock");
+            let mut ready = Vec::new();
+            w.retain(|&(job, epoch)| {
+                let nodes = self
+                    .registry
+                    .epoch(job, epoch)
+                    .ok()
+                    .flatten()
+                    .map(|e| e.nodes)
+                    .unwrap_or_default();
+                if self.agents.all_registered(&nodes) {
+                    ready.push((job, epoch));
+                    false
+                } else {
+                    true
+                }
+            });
+            ready
+        };
+        for (job, epoch) in ready {
+            info!(job, epoch, "flushing again after a coordinator restart");
+            self.flush_in_background(job, epoch);
+        }
+    }
+
+    /// Flushes an epoch without holding up the caller.
+    pub(crate) fn flush_in_background(self: &Arc<Self>, job: u64, epoch: u32) {
+        let me = self.clone();
+        tokio::spawn(async move { me.flush_epoch(job, epoch).await });
+    }
+
+    async fn flush_epoch(self: Arc<Self>, id: u64, number: u32) {
+        let lock = self.flushes.job_lock(id);
+        let _one_at_a_time = lock.lock().await;
+        let epoch = match self.registry.epoch(id, number) {
+            Ok(Some(e)) if e.is_restorable() && e.flush == FlushState::Flushing => e,
+            _ => return,
+        };
+        let begin = Instant::now();
+        let result = match self.copy_to_shared(&epoch).await {
+            Ok(()) => self.publish(&epoch).await,
+            Err(f) => Err(f),
+        };
+        self.flushes.clear(id, number);
+        let flush_ms = begin.elapsed().as_millis() as u64;
+        let pruned = {
+            let _g = self.state.lock().await;
+            let mut e = match self.registry.epoch(id, number) {
+                Ok(Some(e)) if e.is_restorable() => e,
+                _ => return,
+            };
+            match &result {
+                Ok(()) => {
+                    info!(job = id, epoch = number, flush_ms, "epoch durable");
+                    e.flush = FlushState::Durable { flush_ms };
+                }
+                Err(f) => {
+                    warn!(job = id, epoch = number, error = %f, "flush failed; the epoch stays restorable from its local copies");
+                    e.flush = FlushState::Failed {
+                        reason: f.to_string(),
+                    };
+                }
+            }
+            if let Err(err) = self.registry.put_epoch(&e) {
+                warn!(job = id, epoch = number, error = %err, "cannot record the flush");
+                return;
+            }
+            if result.is_err() {
+                self.remove_shared_copies(&e);
+            }
+            match self.apply_retention(id) {
+                Ok(p) => p,
+                Err(err) => {
+                    warn!(job = id, error = %err, "retention failed");
+                    Vec::new()
+                }
+            }
+        };
+        self.prune_in_background(id, pruned);
+    }
+
+    /// Has every node copy its images to shared storage, in parallel; records progress.
+    async fn copy_to_shared(&self, e: &Epoch) -> Result<(), NodeFailure> {
+        let stall = self.cfg.deadlines.flush_stall;
+        let calls = e.nodes.iter().map(|n| async move {
+            let req = pb::FlushRequest {
+                job_id: e.job_id,
+                epoch: e.number,
+                manifest_digest: e.manifests.get(n).cloned().unwrap_or_default(),
+            };
+            let stalled = || NodeFailure {
+                node: n.clone(),
+                kind: FailureKind::Deadline,
+                message: format!(
+                    "flush made no progress for {}",
+                    humantime::format_duration(stall)
+                ),
+            };
+            let mut client = self.agents.client(n)?;
+            let mut stream = tokio::time::timeout(stall, client.flush(req))
+                .await
+                .map_err(|_| stalled())?
+                .map_err(|s| from_status(n, "flush", &s))?
+                .into_inner();
+            loop {
+                match tokio::time::timeout(stall, stream.message()).await {
+                    Err(_) => return Err(stalled()),
+                    Ok(Err(s)) => return Err(from_status(n, "flush", &s)),
+                    Ok(Ok(None)) => {
+                        return Err(NodeFailure {
+                            node: n.clone(),
+                            kind: FailureKind::Unreachable,
+                            message: "the flush stream ended before the copy was complete"
+                                .into(),
+                        })
+                    }
+                    Ok(Ok(Some(p))) => {
+                        self.flushes
+                            .set(e.job_id, e.number, n, p.bytes_done, p.bytes_total);
+                        if p.done {
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+        });
+        join_all(calls).await.into_iter().collect()
+    }
+
+    /// Writes the epoch's commit record into shared storage through one of its nodes.
+    async fn publish(&self, e: &Epoch) -> Result<(), NodeFailure> {
+        let node = e.nodes.first().cloned().unwrap_or_default();
+        let req = pb::PublishRequest {
+            job_id: e.job_id,
+            epoch: e.number,
+            manifests: e.manifests.clone().into_iter().collect(),
+            image_bytes: e.image_bytes,
+            committed_unix_ms: e.finished_unix_ms,
+        };
+        self.agents
+            .call(&node, "publish", self.cfg.deadlines.abort, |mut c| async move {
+                c.publish(req).await
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Deletes what a failed flush left in shared storage, keeping the local copies.
+    fn remove_shared_copies(self: &Arc<Self>, e: &Epoch) {
+        let me = self.clone();
+        let e = e.clone();
+        tokio::spawn(async move {
+            for n in &e.nodes {
+                let req = pb::PruneRequest {
+                    job_id: e.job_id,
+                    epochs: vec![e.number],
+                    shared: true,
+                    keep_local: true,
+                };
+                if let Err(f) = me
+                    .agents
+                    .call(n, "prune", me.cfg.deadlines.abort, |mut c| async move {
+                        c.prune(req).await
+                    })
+                    .await
+                {
+                    warn!(job = e.job_id, epoch = e.number, error = %f, "cannot remove a partial shared copy");
+                }
+            }
+        });
+    }
+
+    /// Applies retention to a job's committed epochs (newest first) and records the outcome;
+    /// returns what to delete. Call with the state lock held.
+    ///
+    /// * Local copies: the newest `keep_local` epochs keep them. An older epoch that is durable
+    ///   loses only its local copies (a restart fetches it from shared storage); one being
+    ///   flushed waits for its flush; any other is expired.
+    /// * Shared copies: the newest `keep_shared` durable epochs keep them; older ones expire.
+    pub(crate) fn apply_retention(&self, id: u64) -> Result<Vec<Prune>, DriveError> {
+        let r = &self.cfg.retention;
+        let mut committed: Vec<Epoch> = self
+            .registry
+            .epochs(id)?
+            .into_iter()
+            .filter(Epoch::is_restorable)
+            .collect();
+        committed.sort_by_key(|e| std::cmp::Reverse(e.number));
+        let mut out = Vec::new();
+        if r.keep_local > 0 {
+            let keep = r.keep_local;
+            for e in committed.iter_mut().skip(keep as usize) {
+                match e.flush {
+                    FlushState::Flushing => continue,
+                    FlushState::Durable { .. } if !e.local_copy => continue,
+                    FlushState::Durable { .. } => {
+                        e.local_copy = false;
+                        info!(job = id, epoch = e.number, "local copies deleted; durable in shared storage");
+                    }
+                    _ => {
+                        e.expire(format!(
+                            "images deleted by retention (keep_local = {keep})"
+                        ))?;
+                        info!(job = id, epoch = e.number, "epoch expired");
+                    }
+                }
+                self.registry.put_epoch(e)?;
+                out.push(Prune {
+                    epoch: e.clone(),
+                    shared: false,
+                });
+            }
+        }
+        if r.keep_shared > 0 {
+            let keep = r.keep_shared;
+            for e in committed
+                .iter_mut()
+                .filter(|e| e.is_restorable() && e.is_durable())
+                .skip(keep as usize)
+            {
+                e.expire(format!(
+                    "shared copies deleted by retention (keep_shared = {keep})"
+                ))?;
+                info!(job = id, epoch = e.number, "epoch expired");
+                self.registry.put_epoch(e)?;
+                out.push(Prune {
+                    epoch: e.clone(),
+                    shared: true,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes what retention decided on the epochs' nodes, without holding up the caller. A
+    /// node that cannot be reached keeps them (logged) until they are removed by hand.
+    pub(crate) fn prune_in_background(self: &Arc<Self>, id: u64, pruned: Vec<Prune>) {
+        if pruned.is_empty() {
+            return;
+        }
+        let mut by_node: BTreeMap<(String, bool), Vec<u32>> = BTreeMap::new();
+        for p in &pruned {
+            for n in &p.epoch.nodes {
+                by_node
+                    .entry((n.clone(), p.shared))
+                    .or_default()
+                    .push(p.epoch.number);
+            }
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            for ((n, shared), epochs) in by_node {
+                let req = pb::PruneRequest {
+                    job_id: id,
+                    epochs,
+                    shared,
+                    keep_local: false,
+                };
+                let r = me
+                    .agents
+                    .call(&n, "prune", me.cfg.deadlines.abort, |mut c| async move {
+                        c.prune(req).await
+                    })
+                    .await;
+                if let Err(f) = r {
+                    warn!(job = id, error = %f, "cannot delete images retention released; they stay on the node");
+                }
+            }
+        });
+    }
+
+    /// A line for `ckptctl status` about the job's flush in progress, if any.
+    pub fn flush_summary(&self, id: u64) -> String {
+        self.flushes
+            .in_progress(id)
+            .into_iter()
+            .filter_map(|e| {
+                self.flushes.progress(id, e).map(|(done, total)| {
+                    format!(
+                        "epoch {e}: {} of {} MB copied to shared storage ({}%)",
+                        done >> 20,
+                        total >> 20,
+                        (done * 100).checked_div(total).unwrap_or(0)
+                    )
+                })
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+}
