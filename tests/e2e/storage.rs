@@ -141,3 +141,139 @@ fn a_full_staging_disk_aborts_the_epoch_and_keeps_the_job_and_earlier_epochs() {
     d.ctl(&["verify", &id]).ok();
     assert_eq!(d.wait_checksum(job, LIMIT), want, "restarted from epoch 1");
 }
+
+/// Waits (bounded) until epoch `n` (1-based) has the given storage state.
+#[track_caller]
+fn wait_storage(d: &Ckptd, job: u64, n: usize, want: &str) -> serde_json::Value {
+    let begin = Instant::now();
+    loop {
+        let e = d.epochs(job)[n - 1].clone();
+        if e["storage"] == want {
+            return e;
+        }
+        assert!(
+            e["storage"] != "flush-failed",
+            "flush of epoch {n} failed: {e}"
+        );
+        assert!(
+            begin.elapsed() < LIMIT,
+            "epoch {n} never became {want}: {e}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn device_of(p: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).unwrap().dev()
+}
+
+#[test]
+fn epochs_flush_to_shared_storage_and_restarts_fall_back_to_it() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "mkfs.ext4");
+    let want = Mpi::Mpich.reference_checksum(4, 256, 3000);
+    // A slow shared target (5 MB/s) on its own file system; one local epoch kept.
+    let d = Ckptd::start(Options {
+        shared_size: Some("512M".into()),
+        agent_toml: "[agent.flush]\nbandwidth_mb = 5\nstreams = 2\n".into(),
+        extra_toml: "[retention]\nkeep_local = 1\n".into(),
+        ..Options::default()
+    });
+    let shared = d.dir.path().join("shared");
+    assert_ne!(
+        device_of(&shared),
+        device_of(&d.dir.path().join("local")),
+        "shared_dir is a separate file system"
+    );
+    let job = d.run_job("heat", &Mpi::Mpich.heat_argv(4, 256, 3000, 2000));
+    let id = job.to_string();
+    d.wait_progress(job, 1, LIMIT);
+
+    // The commit does not wait for the flush: epoch 1 is restorable and still being copied,
+    // and the next epoch commits while it is.
+    d.ctl(&["checkpoint", &id, "--wait"]).ok();
+    let e1 = d.epochs(job)[0].clone();
+    assert_eq!(
+        (e1["state"].as_str(), e1["storage"].as_str()),
+        (Some("committed"), Some("flushing")),
+        "{e1}"
+    );
+    let begin = Instant::now();
+    while d.status(job)["flush"].as_str().unwrap_or_default().is_empty() {
+        assert!(begin.elapsed() < LIMIT, "status never showed the flush");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        d.status(job)["flush"].as_str().unwrap().contains("epoch 1"),
+        "{}",
+        d.status(job)
+    );
+    d.ctl(&["checkpoint", &id, "--wait"]).ok();
+    let e = d.epochs(job);
+    assert_eq!(
+        (e[0]["storage"].as_str(), e[1]["storage"].as_str()),
+        (Some("flushing"), Some("flushing")),
+        "epoch 2 committed while epoch 1 was still flushing: {e:?}"
+    );
+    eprintln!(
+        "image bytes {} / {}; frozen {} / {} ms while flushing at 5 MB/s",
+        e[0]["image_bytes"], e[1]["image_bytes"], e[0]["frozen_ms"], e[1]["frozen_ms"]
+    );
+
+    // Both become durable: a complete copy and a commit record in shared storage. With
+    // keep_local = 1, epoch 1 then keeps only its shared copy and stays restorable.
+    wait_storage(&d, job, 2, "durable");
+    let e1 = wait_storage(&d, job, 1, "shared-only");
+    assert_eq!(e1["state"], "committed", "{e1}");
+    for n in ["1", "2"] {
+        let dir = shared.join(&id).join(n);
+        assert!(dir.join("COMMIT").is_file(), "{} has COMMIT", dir.display());
+        assert!(dir.join("node0/MANIFEST").is_file());
+    }
+    let begin = Instant::now();
+    while d.images(job, 1).exists() {
+        assert!(begin.elapsed() < LIMIT, "local copy of epoch 1 not pruned");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // A flipped byte in the local copy of epoch 2: `verify` reports it and the intact shared
+    // copy; the restart fetches the shared copy and says why.
+    let images = d.images(job, 2).join("images");
+    let biggest = std::fs::read_dir(&images)
+        .unwrap()
+        .flatten()
+        .max_by_key(|e| e.metadata().unwrap().len())
+        .unwrap()
+        .path();
+    let name = biggest.file_name().unwrap().to_string_lossy().into_owned();
+    let mut bytes = std::fs::read(&biggest).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x01;
+    std::fs::write(&biggest, bytes).unwrap();
+    let v = d.ctl(&["verify", &id]);
+    let out = v.ok();
+    assert!(
+        out.contains("local copy: DAMAGED") && out.contains(&name),
+        "{v:?}"
+    );
+    assert!(out.contains("shared copy: ok"), "{v:?}");
+    d.kill_job(job);
+    d.wait_state(job, "killed", LIMIT);
+    let r = d.ctl(&["restart", &id]);
+    let said = r.ok().to_string() + &r.stderr;
+    assert!(
+        said.contains("from its shared copy") && said.contains(&name),
+        "the restart names the damaged file and the copy it used: {r:?}"
+    );
+    assert!(said.contains("restarted from epoch 2"), "{r:?}");
+    d.wait_progress(job, d.output(job).matches("iter ").count() + 1, LIMIT);
+
+    // Epoch 1 has no local copy at all: restarting it fetches the shared one.
+    d.kill_job(job);
+    d.wait_state(job, "killed", LIMIT);
+    let r = d.ctl(&["restart", &id, "--epoch", "1"]);
+    let said = r.ok().to_string() + &r.stderr;
+    assert!(said.contains("from its shared copy"), "{r:?}");
+    assert!(d.images(job, 1).join("MANIFEST").is_file(), "fetched back");
+    assert_eq!(d.wait_checksum(job, LIMIT), want, "restarted from shared");
+}

@@ -253,6 +253,11 @@ pub struct Options {
     /// Put the embedded agent's `local_dir` on its own tmpfs of this size (e.g. `"96m"`), to
     /// fill it up.
     pub local_size: Option<String>,
+    /// Give the agent a `shared_dir` on a file system of its own: an ext4 image of this size
+    /// (e.g. `"512M"`) loop-mounted at `<dir>/shared`, standing in for the NFS mount.
+    pub shared_size: Option<String>,
+    /// Extra TOML for the agent's table (e.g. `"[agent.flush]\nbandwidth_mb = 5\n"`).
+    pub agent_toml: String,
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -325,9 +330,15 @@ impl Ckptd {
             "listen = \"{listen}:{coord_port}\"\nsocket = \"{}\"\ndatabase = \"{d}/ckptd.redb\"\n{}\n\
              [agent]\nnode_name = \"node0\"\nstate_dir = \"{d}/state\"\nlocal_dir = \"{d}/local\"\n\
              heartbeat_interval = \"200ms\"\ncoordinator = \"127.0.0.1:{coord_port}\"\n\
-             [agent.cgroup]\nprefix = \"{prefix}\"\n[agent.criu]\n{criu}",
+             {shared}[agent.cgroup]\nprefix = \"{prefix}\"\n[agent.criu]\n{criu}{}",
             socket.display(),
             opts.extra_toml,
+            opts.agent_toml,
+            shared = if opts.shared_size.is_some() {
+                format!("shared_dir = \"{d}/shared\"\n")
+            } else {
+                String::new()
+            },
         );
         std::fs::write(&config, text).expect("write config");
         if let Some(size) = &opts.local_size {
@@ -339,6 +350,9 @@ impl Ckptd {
                 .status()
                 .expect("run mount");
             assert!(st.success(), "mount a {size} tmpfs on {}", local.display());
+        }
+        if let Some(size) = &opts.shared_size {
+            mount_loop_ext4(dir.path(), size);
         }
         let mut me = Ckptd {
             dir,
@@ -809,6 +823,12 @@ impl Drop for Ckptd {
                 .arg(self.dir.path().join("local"))
                 .status();
         }
+        if self.opts.shared_size.is_some() {
+            // The loop device was set up with autoclear: it goes with the unmount.
+            let _ = Command::new("umount")
+                .arg(self.dir.path().join("shared"))
+                .status();
+        }
         if std::env::var_os("CKPT_E2E_KEEP").is_some() {
             let p = self.dir.path().to_path_buf();
             eprintln!("keeping {}", p.display());
@@ -818,6 +838,34 @@ impl Drop for Ckptd {
             ));
         }
     }
+}
+
+/// Makes an ext4 file system in `<dir>/shared.img` of `size` and loop-mounts it on
+/// `<dir>/shared`.
+fn mount_loop_ext4(dir: &Path, size: &str) {
+    let img = dir.join("shared.img");
+    let mnt = dir.join("shared");
+    std::fs::create_dir_all(&mnt).expect("shared dir");
+    let st = Command::new("truncate")
+        .args(["-s", size])
+        .arg(&img)
+        .status()
+        .expect("run truncate");
+    assert!(st.success(), "truncate {}", img.display());
+    let st = Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-E", "lazy_itable_init=0,nodiscard"])
+        .arg(&img)
+        .stdout(Stdio::null())
+        .status()
+        .expect("run mkfs.ext4");
+    assert!(st.success(), "mkfs.ext4 {}", img.display());
+    let st = Command::new("mount")
+        .args(["-o", "loop"])
+        .arg(&img)
+        .arg(&mnt)
+        .status()
+        .expect("run mount");
+    assert!(st.success(), "loop-mount {} on {}", img.display(), mnt.display());
 }
 
 /// Writes an executable shell script.
