@@ -199,7 +199,11 @@ fn epochs_flush_to_shared_storage_and_restarts_fall_back_to_it() {
         "{e1}"
     );
     let begin = Instant::now();
-    while d.status(job)["flush"].as_str().unwrap_or_default().is_empty() {
+    while d.status(job)["flush"]
+        .as_str()
+        .unwrap_or_default()
+        .is_empty()
+    {
         assert!(begin.elapsed() < LIMIT, "status never showed the flush");
         std::thread::sleep(Duration::from_millis(50));
     }

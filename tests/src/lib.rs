@@ -865,7 +865,12 @@ fn mount_loop_ext4(dir: &Path, size: &str) {
         .arg(&mnt)
         .status()
         .expect("run mount");
-    assert!(st.success(), "loop-mount {} on {}", img.display(), mnt.display());
+    assert!(
+        st.success(),
+        "loop-mount {} on {}",
+        img.display(),
+        mnt.display()
+    );
 }
 
 /// Writes an executable shell script.

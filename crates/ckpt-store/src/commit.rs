@@ -35,7 +35,10 @@ pub struct CommitRecord {
 
 /// Encodes a commit record into its on-disk bytes.
 pub fn encode(r: &CommitRecord) -> Vec<u8> {
-    encode_framed(MAGIC, &serde_json::to_vec(r).expect("commit record serializes"))
+    encode_framed(
+        MAGIC,
+        &serde_json::to_vec(r).expect("commit record serializes"),
+    )
 }
 
 /// Decodes on-disk bytes; `path` only names the file in errors.

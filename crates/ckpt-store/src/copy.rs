@@ -332,6 +332,10 @@ mod tests {
             &CopyProgress::default(),
         )
         .unwrap();
-        assert!(t.elapsed() >= Duration::from_millis(140), "{:?}", t.elapsed());
+        assert!(
+            t.elapsed() >= Duration::from_millis(140),
+            "{:?}",
+            t.elapsed()
+        );
     }
 }

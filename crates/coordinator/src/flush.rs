@@ -230,8 +230,7 @@ impl Coordinator {
                         return Err(NodeFailure {
                             node: n.clone(),
                             kind: FailureKind::Unreachable,
-                            message: "the flush stream ended before the copy was complete"
-                                .into(),
+                            message: "the flush stream ended before the copy was complete".into(),
                         })
                     }
                     Ok(Ok(Some(p))) => {
@@ -258,9 +257,12 @@ impl Coordinator {
             committed_unix_ms: e.finished_unix_ms,
         };
         self.agents
-            .call(&node, "publish", self.cfg.deadlines.abort, |mut c| async move {
-                c.publish(req).await
-            })
+            .call(
+                &node,
+                "publish",
+                self.cfg.deadlines.abort,
+                |mut c| async move { c.publish(req).await },
+            )
             .await
             .map(|_| ())
     }
@@ -315,12 +317,14 @@ impl Coordinator {
                     FlushState::Durable { .. } if !e.local_copy => continue,
                     FlushState::Durable { .. } => {
                         e.local_copy = false;
-                        info!(job = id, epoch = e.number, "local copies deleted; durable in shared storage");
+                        info!(
+                            job = id,
+                            epoch = e.number,
+                            "local copies deleted; durable in shared storage"
+                        );
                     }
                     _ => {
-                        e.expire(format!(
-                            "images deleted by retention (keep_local = {keep})"
-                        ))?;
+                        e.expire(format!("images deleted by retention (keep_local = {keep})"))?;
                         info!(job = id, epoch = e.number, "epoch expired");
                     }
                 }
@@ -407,5 +411,4 @@ impl Coordinator {
             .collect::<Vec<_>>()
             .join("; ")
     }
-
 }

@@ -479,7 +479,10 @@ impl Jobs {
 
     /// Writes an epoch's commit record into shared storage after checking that every node's
     /// flushed manifest there is the committed one.
-    pub async fn publish(&self, record: ckpt_store::commit::CommitRecord) -> Result<(), AgentError> {
+    pub async fn publish(
+        &self,
+        record: ckpt_store::commit::CommitRecord,
+    ) -> Result<(), AgentError> {
         let job = record.job_id;
         let shared = self.shared(job)?;
         tokio::task::spawn_blocking(move || -> Result<(), ckpt_store::StoreError> {
@@ -1053,7 +1056,11 @@ impl Jobs {
                         });
                     }
                 }
-                info!(pid, source = source.name(), "job restored, held frozen until released");
+                info!(
+                    pid,
+                    source = source.name(),
+                    "job restored, held frozen until released"
+                );
                 Ok(Restored {
                     pid,
                     incarnation: job.record.incarnation,
@@ -1177,12 +1184,11 @@ impl Jobs {
             )
             .and_then(|m| {
                 if dest.exists() {
-                    fs::remove_dir_all(&dest)
-                        .map_err(|e| ckpt_store::StoreError::Io {
-                            op: "remove",
-                            path: dest.clone(),
-                            source: e,
-                        })?;
+                    fs::remove_dir_all(&dest).map_err(|e| ckpt_store::StoreError::Io {
+                        op: "remove",
+                        path: dest.clone(),
+                        source: e,
+                    })?;
                 }
                 fs::rename(&tmp, &dest).map_err(|e| ckpt_store::StoreError::Io {
                     op: "rename",
@@ -1269,9 +1275,7 @@ impl Jobs {
             };
             for e in epochs {
                 if let Some(sh) = &shared {
-                    let commit = sh
-                        .epoch_dir(job_id, e)
-                        .join(ckpt_store::commit::FILE_NAME);
+                    let commit = sh.epoch_dir(job_id, e).join(ckpt_store::commit::FILE_NAME);
                     match fs::remove_file(&commit) {
                         Ok(()) => {}
                         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
@@ -1280,7 +1284,9 @@ impl Jobs {
                     sh.remove_node_dir(job_id, e, &node).map_err(store_err)?;
                 }
                 if !keep_local {
-                    staging.remove_node_dir(job_id, e, &node).map_err(store_err)?;
+                    staging
+                        .remove_node_dir(job_id, e, &node)
+                        .map_err(store_err)?;
                 }
             }
             Ok(())
