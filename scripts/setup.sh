@@ -34,7 +34,7 @@ export DEBIAN_FRONTEND=noninteractive
 # 1. System packages
 # ---------------------------------------------------------------------------------------------
 PKGS=(build-essential pkg-config mpich libmpich-dev openmpi-bin libopenmpi-dev
-      protobuf-compiler libprotobuf-dev nftables iptables iproute2 util-linux procps
+      protobuf-compiler libprotobuf-dev nftables iptables iproute2 util-linux procps e2fsprogs
       debian-archive-keyring)
 command -v systemd-analyze >/dev/null 2>&1 || PKGS+=(systemd)
 

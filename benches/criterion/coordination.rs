@@ -83,6 +83,16 @@ impl Agent for NoopAgent {
     async fn publish(&self, _: Request<pb::PublishRequest>) -> R<pb::PhaseReply> {
         Ok(Response::new(pb::PhaseReply::default()))
     }
+    async fn replicate(&self, _: Request<pb::ReplicateRequest>) -> R<pb::PhaseReply> {
+        Ok(Response::new(pb::PhaseReply::default()))
+    }
+    async fn receive(&self, _: Request<tonic::Streaming<pb::ImageChunk>>) -> R<pb::PhaseReply> {
+        Err(Status::unimplemented("this agent keeps no partner copies"))
+    }
+    type SendStream = tokio_stream::Empty<Result<pb::ImageChunk, Status>>;
+    async fn send(&self, _: Request<pb::SendRequest>) -> R<Self::SendStream> {
+        Err(Status::unimplemented("this agent keeps no partner copies"))
+    }
     async fn verify(&self, _: Request<pb::RestoreRequest>) -> R<pb::NodeVerify> {
         Ok(Response::new(pb::NodeVerify {
             ok: true,

@@ -231,6 +231,28 @@ fn checkpoint_kill_restart_across_three_nodes(mpi: Mpi, obstacle: Obstacle) {
         nodes.sort_unstable();
         assert_eq!(nodes, NODES, "every node is in the epoch: {e}");
     }
+    // Partner copies follow each commit in the background: every node's images of epoch 2
+    // also sit on the next node.
+    let begin = std::time::Instant::now();
+    while d.epochs(job)[1]["partner_copy"] != true {
+        assert!(
+            begin.elapsed() < LIMIT,
+            "no partner copies: {:?}",
+            d.epochs(job)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    for (node, holder) in [("n1", "n2"), ("n2", "n3"), ("n3", "n1")] {
+        let copy = d
+            .dir
+            .path()
+            .join(holder)
+            .join("local")
+            .join(job.to_string())
+            .join("2")
+            .join(node);
+        assert!(copy.join("MANIFEST").is_file(), "{}", copy.display());
+    }
     let n3_pid = d
         .job_pids_on("n3", job)
         .into_iter()
@@ -267,8 +289,23 @@ fn checkpoint_kill_restart_across_three_nodes(mpi: Mpi, obstacle: Obstacle) {
             cluster.set_job_address("n3", true);
         }
     }
+    // n2's own copy of epoch 2 is lost: it restores from the partner copy n3 keeps (nodes pass
+    // their images to the next one in name order after each commit).
+    let lost = d
+        .dir
+        .path()
+        .join("n2/local")
+        .join(job.to_string())
+        .join("2/n2");
+    std::fs::remove_dir_all(&lost).expect("remove n2's copy");
     let out = d.ctl(&["restart", &job.to_string()]);
     out.ok();
+    assert!(
+        out.stderr
+            .contains("node n2 restored (held) from its partner copy"),
+        "{out:?}"
+    );
+    assert!(lost.join("MANIFEST").is_file(), "n2's copy is back");
     assert_eq!(result_on_n1(&d, job), want, "restarted on all three nodes");
 }
 

@@ -75,6 +75,17 @@ impl Staging {
         Ok(())
     }
 
+    /// Deletes everything of one epoch in this store: this node's images and the copies it
+    /// keeps for partner nodes.
+    pub fn remove_epoch_dir(&self, job: u64, epoch: u32) -> Result<()> {
+        let dir = self.epoch_dir(job, epoch);
+        match fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(StoreError::io("remove", &dir, e)),
+        }
+    }
+
     /// Bytes available to an unprivileged writer on the staging file system.
     pub fn free_bytes(&self) -> Result<u64> {
         free_bytes(&self.root)

@@ -16,6 +16,7 @@ pub mod copy;
 pub mod digest;
 pub mod layout;
 pub mod manifest;
+pub mod stream;
 
 mod error;
 pub use error::StoreError;

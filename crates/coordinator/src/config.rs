@@ -24,6 +24,8 @@ pub struct CoordinatorConfig {
     pub retention: Retention,
     /// Which checkpoints are copied to shared storage.
     pub flush: Flush,
+    /// Extra copies in node-local storage.
+    pub redundancy: Redundancy,
     /// The embedded agent's settings, used with `--standalone`.
     pub agent: AgentConfig,
 }
@@ -46,6 +48,23 @@ impl Default for Retention {
             keep_local: 3,
             keep_shared: 0,
         }
+    }
+}
+
+/// Copies of each node's images kept on other nodes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Redundancy {
+    /// After commit, every node of a job on several nodes also sends its images to the next
+    /// node of the job (in name order, the last to the first), which keeps them in its
+    /// `local_dir`: a node whose copy is lost or damaged restores from there before trying
+    /// shared storage. Doubles the local space a checkpoint takes.
+    pub partner: bool,
+}
+
+impl Default for Redundancy {
+    fn default() -> Self {
+        Redundancy { partner: true }
     }
 }
 
@@ -122,6 +141,7 @@ impl Default for CoordinatorConfig {
             deadlines: Deadlines::default(),
             retention: Retention::default(),
             flush: Flush::default(),
+            redundancy: Redundancy::default(),
             agent,
         }
     }

@@ -606,7 +606,7 @@ impl Coordinator {
                 self.registry.put_job_and_epoch(&job, &epoch)?;
                 let pruned = self.apply_retention(id)?;
                 self.prune_in_background(id, pruned);
-                if flush {
+                if flush || self.plans_partners(&epoch) {
                     self.flush_in_background(id, number);
                 }
                 say(
@@ -942,6 +942,11 @@ impl Coordinator {
         // packets with peers that do not exist yet and get its connections reset.
         let d = self.cfg.deadlines.restore;
         let calls = epoch.nodes.iter().map(|n| {
+            let partner = epoch
+                .local_copy
+                .then(|| epoch.partners.get(n).cloned())
+                .flatten()
+                .unwrap_or_default();
             let req = pb::RestoreRequest {
                 job_id: id,
                 epoch: number,
@@ -949,6 +954,8 @@ impl Coordinator {
                 hold: true,
                 token: job.token.clone(),
                 shared_durable: epoch.is_durable(),
+                partner_address: self.agents.address(&partner).unwrap_or_default(),
+                partner,
             };
             async move {
                 let r = self

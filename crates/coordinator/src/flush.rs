@@ -1,5 +1,8 @@
-//! Background work on committed epochs: the flush to shared storage (SCR's FLUSH), and
-//! retention of local and shared copies (SCR's CACHE_SIZE).
+//! Background work on committed epochs: partner copies (SCR's PARTNER), the flush to shared
+//! storage (SCR's FLUSH), and retention of local and shared copies (SCR's CACHE_SIZE).
+//!
+//! Partner copies come first: for a job on several nodes, every node streams its images to the
+//! next node of the job (a ring in name order), which keeps them in its staging.
 //!
 //! A flush starts once an epoch is committed and the job has resumed, so the job never waits
 //! for it. Every node copies its images in parallel and reports progress; once all are done,
@@ -115,6 +118,12 @@ impl Coordinator {
         missing.is_empty()
     }
 
+    /// Whether a just-committed epoch gets partner copies: redundancy is on and the job spans
+    /// several nodes.
+    pub(crate) fn plans_partners(&self, e: &Epoch) -> bool {
+        self.cfg.redundancy.partner && e.nodes.len() > 1
+    }
+
     /// Starts the flushes whose nodes have all registered again.
     pub(crate) fn resume_waiting_flushes(self: &Arc<Self>) {
         let ready: Vec<(u64, u32)> = {
@@ -152,10 +161,27 @@ impl Coordinator {
     async fn flush_epoch(self: Arc<Self>, id: u64, number: u32) {
         let lock = self.flushes.job_lock(id);
         let _one_at_a_time = lock.lock().await;
-        let epoch = match self.registry.epoch(id, number) {
-            Ok(Some(e)) if e.is_restorable() && e.flush == FlushState::Flushing => e,
+        let mut epoch = match self.registry.epoch(id, number) {
+            Ok(Some(e)) if e.is_restorable() => e,
             _ => return,
         };
+        if self.plans_partners(&epoch) && epoch.partners.is_empty() && epoch.local_copy {
+            let partners = self.copy_to_partners(&epoch).await;
+            let _g = self.state.lock().await;
+            match self.registry.epoch(id, number) {
+                Ok(Some(mut e)) if e.is_restorable() => {
+                    e.partners = partners;
+                    if let Err(err) = self.registry.put_epoch(&e) {
+                        warn!(job = id, epoch = number, error = %err, "cannot record partner copies");
+                    }
+                    epoch = e;
+                }
+                _ => return,
+            }
+        }
+        if epoch.flush != FlushState::Flushing {
+            return;
+        }
         let begin = Instant::now();
         let result = match self.copy_to_shared(&epoch).await {
             Ok(()) => self.publish(&epoch).await,
@@ -197,6 +223,52 @@ impl Coordinator {
             }
         };
         self.prune_in_background(id, pruned);
+    }
+
+    /// Has every node send its images to the next node of the epoch (a ring in name order), in
+    /// parallel. Returns the copies that completed (node -> holder); a failed one is logged and
+    /// leaves that node without a partner copy.
+    async fn copy_to_partners(&self, e: &Epoch) -> BTreeMap<String, String> {
+        let mut nodes = e.nodes.clone();
+        nodes.sort();
+        let deadline = self.cfg.deadlines.finalize;
+        let calls = nodes.iter().enumerate().map(|(i, n)| {
+            let holder = nodes[(i + 1) % nodes.len()].clone();
+            let req = pb::ReplicateRequest {
+                job_id: e.job_id,
+                epoch: e.number,
+                manifest_digest: e.manifests.get(n).cloned().unwrap_or_default(),
+                partner: holder.clone(),
+                partner_address: self.agents.address(&holder).unwrap_or_default(),
+            };
+            async move {
+                let r = self
+                    .agents
+                    .call(n, "partner copy", deadline, |mut c| async move {
+                        c.replicate(req).await
+                    })
+                    .await;
+                (n.clone(), holder, r)
+            }
+        });
+        let mut out = BTreeMap::new();
+        for (n, holder, r) in join_all(calls).await {
+            match r {
+                Ok(_) => {
+                    out.insert(n, holder);
+                }
+                Err(f) => {
+                    warn!(job = e.job_id, epoch = e.number, error = %f, holder, "partner copy failed")
+                }
+            }
+        }
+        info!(
+            job = e.job_id,
+            epoch = e.number,
+            copies = out.len(),
+            "partner copies done"
+        );
+        out
     }
 
     /// Has every node copy its images to shared storage, in parallel; records progress.
@@ -410,5 +482,77 @@ impl Coordinator {
             })
             .collect::<Vec<_>>()
             .join("; ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::CoordinatorConfig;
+    use crate::model::{EpochState, Phase};
+    use crate::registry::Registry;
+
+    fn committed(n: u32, flush: FlushState) -> Epoch {
+        let mut e = Epoch::begin(1, n, false, vec!["n1".into(), "n2".into()], 0);
+        for p in [
+            Phase::Quiesce,
+            Phase::Dump,
+            Phase::Resume,
+            Phase::Finalize,
+            Phase::Commit,
+        ] {
+            e.enter(p).unwrap();
+        }
+        let digests = [("n1", "a"), ("n2", "b")].map(|(n, d)| (n.to_string(), d.to_string()));
+        e.commit(digests.into(), 1).unwrap();
+        e.flush = flush;
+        e
+    }
+
+    #[test]
+    fn retention_keeps_durable_epochs_restorable_and_waits_for_flushes() {
+        let d = tempfile::tempdir().unwrap();
+        let reg = Registry::open(&d.path().join("r.redb")).unwrap();
+        let durable = || FlushState::Durable { flush_ms: 1 };
+        let failed = FlushState::Failed { reason: "x".into() };
+        for (n, f) in [
+            (1, durable()),
+            (2, FlushState::NotPlanned),
+            (3, FlushState::Flushing),
+            (4, durable()),
+            (5, failed),
+            (6, durable()),
+        ] {
+            reg.put_epoch(&committed(n, f)).unwrap();
+        }
+        let mut cfg = CoordinatorConfig::default();
+        cfg.retention.keep_local = 2;
+        cfg.retention.keep_shared = 2;
+        let c = Coordinator::new(reg, cfg).unwrap();
+        let pruned = c.apply_retention(1).unwrap();
+        let es: BTreeMap<u32, Epoch> = c
+            .registry
+            .epochs(1)
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.number, e))
+            .collect();
+        let storage = |n: u32| (es[&n].state_name(), es[&n].storage_name());
+        // The newest two keep everything.
+        assert_eq!(storage(6), ("committed".into(), "durable"));
+        assert_eq!(storage(5), ("committed".into(), "flush-failed"));
+        // Older: durable ones lose only their local copies, one still flushing is left alone,
+        // one without a shared copy expires.
+        assert_eq!(storage(4), ("committed".into(), "shared-only"));
+        assert_eq!(storage(3), ("committed".into(), "flushing"));
+        assert_eq!(storage(2).0, "expired");
+        // Beyond keep_shared = 2 durable epochs (6, 4), epoch 1 expires everywhere.
+        assert!(
+            matches!(&es[&1].state, EpochState::Expired { reason } if reason.contains("keep_shared = 2"))
+        );
+        let got: Vec<(u32, bool)> = pruned.iter().map(|p| (p.epoch.number, p.shared)).collect();
+        assert_eq!(got, [(4, false), (2, false), (1, false), (1, true)]);
+        // Applying it again changes nothing.
+        assert!(c.apply_retention(1).unwrap().is_empty());
     }
 }

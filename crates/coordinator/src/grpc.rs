@@ -122,6 +122,7 @@ pub fn epoch_info(e: &Epoch, flushed: Option<(u64, u64)>) -> pb::EpochInfo {
         },
         local_copy: e.is_restorable() && e.local_copy,
         shared_copy: e.is_restorable() && e.is_durable(),
+        partner_copy: e.is_restorable() && e.has_partner_copies(),
     }
 }
 

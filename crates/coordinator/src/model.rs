@@ -127,6 +127,9 @@ pub struct Epoch {
     /// The shared copy.
     #[serde(default)]
     pub flush: FlushState,
+    /// Node holding a partner copy of each node's images (set once the copy is complete).
+    #[serde(default)]
+    pub partners: BTreeMap<String, String>,
     /// Whether the nodes still hold their local copies (retention deletes them once the epoch
     /// is durable and older than `keep_local`).
     #[serde(default = "yes")]
@@ -149,6 +152,7 @@ impl Epoch {
             image_bytes: 0,
             image_files: 0,
             flush: FlushState::NotPlanned,
+            partners: BTreeMap::new(),
             local_copy: true,
         }
     }
@@ -238,6 +242,11 @@ impl Epoch {
             (FlushState::Failed { .. }, _) => "flush-failed",
             (FlushState::NotPlanned, _) => "local",
         }
+    }
+
+    /// Whether every node's images have a partner copy on another node.
+    pub fn has_partner_copies(&self) -> bool {
+        self.local_copy && self.nodes.iter().all(|n| self.partners.contains_key(n))
     }
 
     /// Whether this epoch may be restored.

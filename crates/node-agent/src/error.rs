@@ -110,6 +110,16 @@ pub enum AgentError {
         /// What is missing.
         problem: String,
     },
+    /// Copying images to or from a partner node failed.
+    #[error("job {job}: partner copy with node {node} failed: {message}")]
+    Partner {
+        /// Job id.
+        job: u64,
+        /// The other node.
+        node: String,
+        /// What happened.
+        message: String,
+    },
     /// No copy of a node's images of an epoch can be restored: each source tried, and why not.
     #[error("job {job} epoch {epoch}: no usable copy of node {node}'s images ({tried}); restart from an earlier epoch (`ckptctl epochs {job}`)")]
     NoUsableCopy {

@@ -42,6 +42,7 @@ pub fn to_status(e: AgentError) -> Status {
         | AgentError::ManifestMismatch { .. }
         | AgentError::NoUsableCopy { .. } => Status::data_loss(msg),
         AgentError::NoShared { .. } => Status::failed_precondition(msg),
+        AgentError::Partner { .. } => Status::unavailable(msg),
         AgentError::Timeout { .. } => Status::deadline_exceeded(msg),
         AgentError::Engine { .. }
         | AgentError::Cgroup { .. }
@@ -193,7 +194,10 @@ impl Agent for AgentHandler {
                 &r.manifest_digest,
                 r.hold,
                 &r.token,
-                r.shared_durable,
+                &crate::jobs::Sources {
+                    partner: (!r.partner.is_empty()).then_some((r.partner, r.partner_address)),
+                    shared_durable: r.shared_durable,
+                },
             )
             .await
             .map_err(to_status)?;
@@ -382,6 +386,74 @@ impl Agent for AgentHandler {
             .await
             .map_err(to_status)?;
         Ok(took(begin.elapsed()))
+    }
+
+    async fn replicate(
+        &self,
+        req: Request<pb::ReplicateRequest>,
+    ) -> Result<Response<pb::PhaseReply>, Status> {
+        let r = req.into_inner();
+        let begin = std::time::Instant::now();
+        self.jobs
+            .replicate(
+                r.job_id,
+                r.epoch,
+                &r.manifest_digest,
+                &r.partner,
+                &r.partner_address,
+            )
+            .await
+            .map_err(to_status)?;
+        Ok(took(begin.elapsed()))
+    }
+
+    async fn receive(
+        &self,
+        req: Request<tonic::Streaming<pb::ImageChunk>>,
+    ) -> Result<Response<pb::PhaseReply>, Status> {
+        let begin = std::time::Instant::now();
+        let (header, rest) = crate::partner::split_header(req.into_inner()).await?;
+        if header.node == self.jobs.node() || header.node.is_empty() || header.node.contains('/') {
+            return Err(Status::invalid_argument(format!(
+                "node {} cannot keep a partner copy of {:?}",
+                self.jobs.node(),
+                header.node
+            )));
+        }
+        let (job, digest) = (header.job_id, header.manifest_digest.clone());
+        let dest = self.jobs.node_dir(job, header.epoch, &header.node);
+        crate::partner::receive(job, dest, header, &digest, rest)
+            .await
+            .map_err(to_status)?;
+        Ok(took(begin.elapsed()))
+    }
+
+    type SendStream =
+        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::ImageChunk, Status>> + Send>>;
+
+    async fn send(
+        &self,
+        req: Request<pb::SendRequest>,
+    ) -> Result<Response<Self::SendStream>, Status> {
+        use tokio_stream::StreamExt;
+        let r = req.into_inner();
+        if r.node.is_empty() || r.node.contains('/') {
+            return Err(Status::invalid_argument("bad node name"));
+        }
+        let header = pb::ChunkHeader {
+            job_id: r.job_id,
+            epoch: r.epoch,
+            node: r.node.clone(),
+            ..Default::default()
+        };
+        let rx = crate::partner::chunks(
+            self.jobs.node_dir(r.job_id, r.epoch, &r.node),
+            header,
+            r.manifest_digest,
+        );
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx).map(|c| c.map_err(to_status)),
+        )))
     }
 
     async fn poll(&self, req: Request<pb::PollRequest>) -> Result<Response<pb::PollReply>, Status> {

@@ -306,6 +306,15 @@ pub struct Jobs {
     copy_opts: CopyOptions,
 }
 
+/// Where a restore may find this node's images besides its own staging.
+#[derive(Debug, Clone, Default)]
+pub struct Sources {
+    /// The node keeping a partner copy, and its agent's host:port.
+    pub partner: Option<(String, String)>,
+    /// The epoch is complete in shared storage.
+    pub shared_durable: bool,
+}
+
 /// A flush running in a blocking thread.
 pub type FlushTask = tokio::task::JoinHandle<Result<NodeManifest, AgentError>>;
 
@@ -327,6 +336,8 @@ pub struct Restored {
 pub enum Location {
     /// Node-local staging.
     Local,
+    /// Another node's staging.
+    Partner,
     /// Shared storage.
     Shared,
 }
@@ -336,6 +347,7 @@ impl Location {
     pub fn name(self) -> &'static str {
         match self {
             Location::Local => "local",
+            Location::Partner => "partner",
             Location::Shared => "shared",
         }
     }
@@ -975,7 +987,7 @@ impl Jobs {
         committed_digest: &str,
         hold: bool,
         token: &str,
-        shared_durable: bool,
+        sources: &Sources,
     ) -> Result<Restored, AgentError> {
         let j = self.get_or_create(job_id)?;
         let mut job = j.lock().await;
@@ -996,7 +1008,7 @@ impl Jobs {
         }
         let node_dir = self.staging.node_dir(job_id, epoch, &self.node);
         let (m, source, note) = self
-            .usable_images(job_id, epoch, committed_digest, shared_durable)
+            .usable_images(job_id, epoch, committed_digest, sources)
             .await?;
         for a in &m.tcp_addrs {
             if !address_is_local(a) {
@@ -1138,85 +1150,174 @@ impl Jobs {
         out
     }
 
-    /// Images to restore from: the local copy if intact, else (for an epoch with a complete
-    /// shared copy) a fresh local copy fetched from shared storage, verified as it is read.
-    /// Returns the manifest, where the images came from and why the local copy was not used.
+    /// Images to restore from, in order: the local copy if intact, else a fresh local copy
+    /// fetched from the partner node, else from shared storage (for a durable epoch), each
+    /// verified as it is read. Returns the manifest, where the images came from and why the
+    /// sources before it were not used.
     async fn usable_images(
         &self,
         job_id: u64,
         epoch: u32,
         committed_digest: &str,
-        shared_durable: bool,
+        sources: &Sources,
     ) -> Result<(NodeManifest, Location, String), AgentError> {
         let local_err = match self.verify(job_id, epoch, committed_digest).await {
             Ok(m) => return Ok((m, Location::Local, String::new())),
             Err(e) => e,
         };
-        if !shared_durable {
-            return Err(local_err);
-        }
-        let shared = match self.shared(job_id) {
-            Ok(s) => s,
-            Err(e) => {
-                return Err(AgentError::NoUsableCopy {
-                    job: job_id,
-                    epoch,
-                    node: self.node.clone(),
-                    tried: format!("local: {local_err}; shared: {e}"),
-                })
-            }
-        };
-        warn!(job = job_id, epoch, error = %local_err, "local images unusable; fetching the shared copy");
-        let src = shared.node_dir(job_id, epoch, &self.node);
+        let mut tried = vec![format!("local copy unusable: {local_err}")];
         let dest = self.staging.node_dir(job_id, epoch, &self.node);
         let tmp = self
             .staging
             .epoch_dir(job_id, epoch)
             .join(format!(".{}.fetch", self.node));
-        let (opts, digest) = (self.copy_opts.clone(), committed_digest.to_string());
-        let fetched = tokio::task::spawn_blocking(move || {
-            let r = ckpt_store::copy::copy_node_dir(
-                &src,
-                &tmp,
-                Some(&digest),
-                &opts,
-                &CopyProgress::default(),
-            )
-            .and_then(|m| {
-                if dest.exists() {
-                    fs::remove_dir_all(&dest).map_err(|e| ckpt_store::StoreError::Io {
-                        op: "remove",
-                        path: dest.clone(),
-                        source: e,
-                    })?;
+        if let Some((pn, pa)) = &sources.partner {
+            warn!(job = job_id, epoch, partner = %pn, error = %local_err, "local images unusable; fetching the partner copy");
+            match self
+                .fetch_from_partner(job_id, epoch, committed_digest, pn, pa, &tmp)
+                .await
+            {
+                Ok(m) => {
+                    install(job_id, &tmp, &dest).await?;
+                    return Ok((m, Location::Partner, tried.join("; ")));
                 }
-                fs::rename(&tmp, &dest).map_err(|e| ckpt_store::StoreError::Io {
-                    op: "rename",
-                    path: dest.clone(),
-                    source: e,
-                })?;
-                Ok(m)
-            });
-            if r.is_err() {
-                let _ = fs::remove_dir_all(&tmp);
+                Err(e) => tried.push(format!("partner copy on {pn}: {e}")),
             }
-            r
+        }
+        if sources.shared_durable {
+            warn!(job = job_id, epoch, "fetching the shared copy");
+            let fetched = match self.shared(job_id) {
+                Ok(shared) => {
+                    let src = shared.node_dir(job_id, epoch, &self.node);
+                    let (opts, digest, t) = (
+                        self.copy_opts.clone(),
+                        committed_digest.to_string(),
+                        tmp.clone(),
+                    );
+                    tokio::task::spawn_blocking(move || {
+                        let r = ckpt_store::copy::copy_node_dir(
+                            &src,
+                            &t,
+                            Some(&digest),
+                            &opts,
+                            &CopyProgress::default(),
+                        );
+                        if r.is_err() {
+                            let _ = fs::remove_dir_all(&t);
+                        }
+                        r
+                    })
+                    .await
+                    .expect("fetch task")
+                    .map_err(|source| AgentError::Store {
+                        job: job_id,
+                        source,
+                    })
+                }
+                Err(e) => Err(e),
+            };
+            match fetched {
+                Ok(m) => {
+                    install(job_id, &tmp, &dest).await?;
+                    return Ok((m, Location::Shared, tried.join("; ")));
+                }
+                Err(e) => tried.push(format!("shared copy: {e}")),
+            }
+        }
+        if tried.len() == 1 {
+            return Err(local_err);
+        }
+        Err(AgentError::NoUsableCopy {
+            job: job_id,
+            epoch,
+            node: self.node.clone(),
+            tried: tried.join("; "),
         })
-        .await
-        .expect("fetch task");
-        match fetched {
-            Ok(m) => Ok((
-                m,
-                Location::Shared,
-                format!("local copy unusable: {local_err}"),
-            )),
-            Err(e) => Err(AgentError::NoUsableCopy {
-                job: job_id,
+    }
+
+    /// Has the partner node send back the copy of this node's images it keeps, into `tmp`.
+    async fn fetch_from_partner(
+        &self,
+        job_id: u64,
+        epoch: u32,
+        committed_digest: &str,
+        partner: &str,
+        address: &str,
+        tmp: &Path,
+    ) -> Result<NodeManifest, AgentError> {
+        let mut c = crate::partner::connect(job_id, partner, address).await?;
+        let s = c
+            .send(ckpt_proto::v1::SendRequest {
+                job_id,
                 epoch,
                 node: self.node.clone(),
-                tried: format!("local: {local_err}; shared: {e}"),
-            }),
+                manifest_digest: committed_digest.to_string(),
+            })
+            .await
+            .map_err(|s| AgentError::Partner {
+                job: job_id,
+                node: partner.to_string(),
+                message: s.message().to_string(),
+            })?
+            .into_inner();
+        let (header, rest) =
+            crate::partner::split_header(s)
+                .await
+                .map_err(|s| AgentError::Partner {
+                    job: job_id,
+                    node: partner.to_string(),
+                    message: s.message().to_string(),
+                })?;
+        crate::partner::receive(job_id, tmp.to_path_buf(), header, committed_digest, rest).await
+    }
+
+    /// Sends this node's images of a committed epoch to the partner node's agent.
+    pub async fn replicate(
+        &self,
+        job_id: u64,
+        epoch: u32,
+        committed_digest: &str,
+        partner: &str,
+        address: &str,
+    ) -> Result<(), AgentError> {
+        use tokio_stream::StreamExt;
+        let mut c = crate::partner::connect(job_id, partner, address).await?;
+        let header = ckpt_proto::v1::ChunkHeader {
+            job_id,
+            epoch,
+            node: self.node.clone(),
+            ..Default::default()
+        };
+        let rx = crate::partner::chunks(
+            self.staging.node_dir(job_id, epoch, &self.node),
+            header,
+            committed_digest.to_string(),
+        );
+        // A damaged local file ends the stream early; the partner then refuses the incomplete
+        // copy, and the local error is the one worth reporting.
+        let failed = Arc::new(std::sync::Mutex::new(None));
+        let f = failed.clone();
+        let s = tokio_stream::wrappers::ReceiverStream::new(rx).map_while(move |r| match r {
+            Ok(c) => Some(c),
+            Err(e) => {
+                *f.lock().expect("lock") = Some(e);
+                None
+            }
+        });
+        let r = c.receive(s).await;
+        if let Some(e) = failed.lock().expect("lock").take() {
+            return Err(e);
         }
+        r.map(|_| ()).map_err(|s| AgentError::Partner {
+            job: job_id,
+            node: partner.to_string(),
+            message: s.message().to_string(),
+        })
+    }
+
+    /// Where this node keeps its own or a partner's images of an epoch.
+    pub fn node_dir(&self, job_id: u64, epoch: u32, node: &str) -> PathBuf {
+        self.staging.node_dir(job_id, epoch, node)
     }
 
     /// Checks one store's copy of this node's images of an epoch.
@@ -1465,6 +1566,25 @@ fn io_err(job: u64, what: &'static str, path: &Path) -> impl FnOnce(std::io::Err
         path,
         source,
     }
+}
+
+/// Puts a fetched copy in place of the node's unusable one.
+async fn install(job: u64, tmp: &Path, dest: &Path) -> Result<(), AgentError> {
+    let (tmp, dest, path) = (tmp.to_path_buf(), dest.to_path_buf(), dest.to_path_buf());
+    tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        if dest.exists() {
+            fs::remove_dir_all(&dest)?;
+        }
+        fs::rename(&tmp, &dest)
+    })
+    .await
+    .expect("install task")
+    .map_err(|source| AgentError::Io {
+        job,
+        what: "install fetched images",
+        path,
+        source,
+    })
 }
 
 /// Human text for an exit status.

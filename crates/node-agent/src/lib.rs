@@ -19,6 +19,7 @@ pub mod failpoint;
 pub mod grpc;
 pub mod heartbeat;
 pub mod jobs;
+pub mod partner;
 pub mod procfs;
 pub mod shim;
 

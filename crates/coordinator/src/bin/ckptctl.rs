@@ -197,6 +197,7 @@ fn epoch_json(e: &pb::EpochInfo) -> Value {
         "image_files": e.image_files, "kill": e.kill, "nodes": e.nodes,
         "storage": e.storage, "flush_detail": e.flush_detail, "flushed_bytes": e.flushed_bytes,
         "flush_ms": e.flush_ms, "local_copy": e.local_copy, "shared_copy": e.shared_copy,
+        "partner_copy": e.partner_copy,
     })
 }
 
@@ -356,8 +357,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 println!("{}", Value::Array(epochs.iter().map(epoch_json).collect()));
             } else {
                 println!(
-                    "{:>5}  {:<28} {:<16} {:>9} {:>9} {:>10} {:>6}  REASON",
-                    "EPOCH", "STATE", "STORAGE", "FROZEN", "TOTAL", "SIZE", "FILES"
+                    "{:>5}  {:<28} {:<16} {:<20} {:>9} {:>9} {:>10} {:>6}  REASON",
+                    "EPOCH", "STATE", "STORAGE", "COPIES", "FROZEN", "TOTAL", "SIZE", "FILES"
                 );
                 for e in &epochs {
                     let reason = if !e.reason.is_empty() {
@@ -374,11 +375,26 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                         "" => "-".into(),
                         s => s.to_string(),
                     };
+                    let copies: Vec<&str> = [
+                        (e.local_copy, "local"),
+                        (e.partner_copy, "partner"),
+                        (e.shared_copy, "shared"),
+                    ]
+                    .iter()
+                    .filter(|c| c.0)
+                    .map(|c| c.1)
+                    .collect();
+                    let copies = if copies.is_empty() {
+                        "-".to_string()
+                    } else {
+                        copies.join(",")
+                    };
                     println!(
-                        "{:>5}  {:<28} {:<16} {:>7}ms {:>7}ms {:>10} {:>6}  {}",
+                        "{:>5}  {:<28} {:<16} {:<20} {:>7}ms {:>7}ms {:>10} {:>6}  {}",
                         e.epoch,
                         e.state,
                         storage,
+                        copies,
                         e.frozen_ms,
                         e.total_ms,
                         size(e.image_bytes),
