@@ -2,15 +2,18 @@
 //!
 //! * staging: writing an image and sealing it (BLAKE3 digest + fsync, what an epoch costs on a
 //!   node before it can commit) vs writing it and fsyncing it;
-//! * flush: the verified copy to shared storage (`ckpt_store::copy`, 4 streams, digest checked
-//!   while reading, manifest last) vs `cp -r` followed by `sync -f` of the destination.
+//! * flush: the first (nothing to deduplicate against) flush to shared storage
+//!   (`ckpt_store::dedup::flush`, 4 streams: content-defined chunking, digests checked while
+//!   reading, packs fsynced, recipe and manifest last) vs `cp -r` followed by `sync -f` of the
+//!   destination.
 //!
 //! Set `CKPT_BENCH_DIR` to put the files on the device of interest (default: /var/tmp).
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ckpt_store::copy::{copy_node_dir, CopyOptions, CopyProgress};
+use ckpt_store::copy::{CopyOptions, CopyProgress};
+use ckpt_store::layout::Staging;
 use ckpt_store::manifest::{self, NodeManifest};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
@@ -43,7 +46,7 @@ fn write_files(dir: &Path, buf: &[u8], files: usize) {
     }
 }
 
-fn sealed(dir: &Path, buf: &[u8]) {
+fn sealed(dir: &Path, buf: &[u8]) -> String {
     write_files(dir, buf, 8);
     let files = ckpt_store::digest::seal_tree(dir, &[manifest::FILE_NAME]).unwrap();
     let m = NodeManifest {
@@ -63,7 +66,7 @@ fn sealed(dir: &Path, buf: &[u8]) {
         tcp_addrs: vec![],
         notes: Default::default(),
     };
-    manifest::write(dir, &m).unwrap();
+    manifest::write(dir, &m).unwrap()
 }
 
 fn bench(c: &mut Criterion) {
@@ -103,7 +106,7 @@ fn bench(c: &mut Criterion) {
     for mib in [64usize, 256] {
         let buf = data(mib << 20);
         let src = root.path().join(format!("src-{mib}"));
-        sealed(&src, &buf);
+        let digest = sealed(&src, &buf);
         drop(buf);
         let dest = root.path().join(format!("dest-{mib}"));
         g.throughput(Throughput::Bytes((mib as u64) << 20));
@@ -117,14 +120,22 @@ fn bench(c: &mut Criterion) {
             })
         });
         g.bench_with_input(
-            BenchmarkId::new("copy_node_dir (4 streams, verified)", mib),
+            BenchmarkId::new("dedup::flush (first epoch, 4 streams)", mib),
             &src,
             |b, src| {
                 b.iter(|| {
-                    copy_node_dir(
+                    // A fresh store each time: nothing to deduplicate against.
+                    let _ = std::fs::remove_dir_all(&dest);
+                    let shared = Staging::open(&dest).unwrap();
+                    ckpt_store::dedup::flush(
                         src,
-                        &dest,
-                        None,
+                        &shared,
+                        ckpt_store::dedup::Target {
+                            job: 1,
+                            epoch: 1,
+                            node: "bench",
+                        },
+                        &digest,
                         &CopyOptions::default(),
                         &CopyProgress::default(),
                     )

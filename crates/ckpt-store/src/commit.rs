@@ -58,7 +58,10 @@ pub fn write(epoch_dir: &Path, r: &CommitRecord) -> Result<()> {
 /// Reads and checks `epoch_dir/COMMIT`.
 pub fn read(epoch_dir: &Path) -> Result<CommitRecord> {
     let path = epoch_dir.join(FILE_NAME);
-    decode(&path, &read_capped(&path)?)
+    decode(
+        &path,
+        &read_capped(&path, crate::manifest::MAX_MANIFEST_BYTES)?,
+    )
 }
 
 #[cfg(test)]

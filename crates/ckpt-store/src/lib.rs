@@ -13,6 +13,7 @@
 pub mod atomic;
 pub mod commit;
 pub mod copy;
+pub mod dedup;
 pub mod digest;
 pub mod layout;
 pub mod manifest;

@@ -181,8 +181,8 @@ pub(crate) fn decode_framed<'a>(path: &Path, magic: &[u8; 8], bytes: &'a [u8]) -
     Ok(&bytes[HEADER..HEADER + body_len])
 }
 
-/// Reads a small framed file whole, refusing one over [`MAX_MANIFEST_BYTES`].
-pub(crate) fn read_capped(path: &Path) -> Result<Vec<u8>> {
+/// Reads a framed file whole, refusing one over `limit` bytes.
+pub(crate) fn read_capped(path: &Path, limit: u64) -> Result<Vec<u8>> {
     let f = File::open(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => StoreError::FileMissing {
             path: path.to_path_buf(),
@@ -193,15 +193,15 @@ pub(crate) fn read_capped(path: &Path) -> Result<Vec<u8>> {
         .metadata()
         .map_err(|e| StoreError::io("stat", path, e))?
         .len();
-    if size > MAX_MANIFEST_BYTES {
+    if size > limit {
         return Err(StoreError::TooLarge {
             path: path.to_path_buf(),
             size,
-            limit: MAX_MANIFEST_BYTES,
+            limit,
         });
     }
     let mut bytes = Vec::with_capacity(size as usize);
-    f.take(MAX_MANIFEST_BYTES)
+    f.take(limit)
         .read_to_end(&mut bytes)
         .map_err(|e| StoreError::io("read", path, e))?;
     Ok(bytes)
@@ -217,7 +217,7 @@ pub fn write(dir: &Path, m: &NodeManifest) -> Result<String> {
 /// Reads and checks `dir/MANIFEST`; returns it with the BLAKE3 hex digest of the file.
 pub fn read(dir: &Path) -> Result<(NodeManifest, String)> {
     let path = dir.join(FILE_NAME);
-    let bytes = read_capped(&path)?;
+    let bytes = read_capped(&path, MAX_MANIFEST_BYTES)?;
     let m = decode(&path, &bytes)?;
     Ok((m, blake3::hash(&bytes).to_hex().to_string()))
 }

@@ -20,7 +20,7 @@ pub const CHUNK: usize = 1 << 20;
 /// manifest file's bytes and the manifest.
 pub fn open_source(dir: &Path, committed: &str) -> Result<(Vec<u8>, NodeManifest)> {
     let path = dir.join(manifest::FILE_NAME);
-    let bytes = manifest::read_capped(&path)?;
+    let bytes = manifest::read_capped(&path, manifest::MAX_MANIFEST_BYTES)?;
     let m = manifest::decode(&path, &bytes)?;
     check_committed(&path, &bytes, committed)?;
     Ok((bytes, m))

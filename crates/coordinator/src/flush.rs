@@ -184,7 +184,7 @@ impl Coordinator {
         }
         let begin = Instant::now();
         let result = match self.copy_to_shared(&epoch).await {
-            Ok(()) => self.publish(&epoch).await,
+            Ok(written) => self.publish(&epoch).await.map(|()| written),
             Err(f) => Err(f),
         };
         self.flushes.clear(id, number);
@@ -196,9 +196,18 @@ impl Coordinator {
                 _ => return,
             };
             match &result {
-                Ok(()) => {
-                    info!(job = id, epoch = number, flush_ms, "epoch durable");
-                    e.flush = FlushState::Durable { flush_ms };
+                Ok(written_bytes) => {
+                    info!(
+                        job = id,
+                        epoch = number,
+                        flush_ms,
+                        written_bytes,
+                        "epoch durable"
+                    );
+                    e.flush = FlushState::Durable {
+                        flush_ms,
+                        written_bytes: *written_bytes,
+                    };
                 }
                 Err(f) => {
                     warn!(job = id, epoch = number, error = %f, "flush failed; the epoch stays restorable from its local copies");
@@ -272,7 +281,8 @@ impl Coordinator {
     }
 
     /// Has every node copy its images to shared storage, in parallel; records progress.
-    async fn copy_to_shared(&self, e: &Epoch) -> Result<(), NodeFailure> {
+    /// Returns the bytes written (new chunks) over all nodes.
+    async fn copy_to_shared(&self, e: &Epoch) -> Result<u64, NodeFailure> {
         let stall = self.cfg.deadlines.flush_stall;
         let calls = e.nodes.iter().map(|n| async move {
             let req = pb::FlushRequest {
@@ -309,13 +319,16 @@ impl Coordinator {
                         self.flushes
                             .set(e.job_id, e.number, n, p.bytes_done, p.bytes_total);
                         if p.done {
-                            return Ok(());
+                            return Ok(p.bytes_written);
                         }
                     }
                 }
             }
         });
-        join_all(calls).await.into_iter().collect()
+        join_all(calls)
+            .await
+            .into_iter()
+            .sum::<Result<u64, NodeFailure>>()
     }
 
     /// Writes the epoch's commit record into shared storage through one of its nodes.
@@ -344,6 +357,9 @@ impl Coordinator {
         let me = self.clone();
         let e = e.clone();
         tokio::spawn(async move {
+            // Never while a flush of the job runs: it may be using the packs a sweep frees.
+            let lock = me.flushes.job_lock(e.job_id);
+            let _g = lock.lock().await;
             for n in &e.nodes {
                 let req = pb::PruneRequest {
                     job_id: e.job_id,
@@ -445,6 +461,14 @@ impl Coordinator {
         }
         let me = self.clone();
         tokio::spawn(async move {
+            // Shared copies are never deleted while a flush of the job runs: it may be using
+            // the packs a sweep would free. Local copies need not wait.
+            let lock = me.flushes.job_lock(id);
+            let _g = if by_node.keys().any(|(_, shared)| *shared) {
+                Some(lock.lock().await)
+            } else {
+                None
+            };
             for ((n, shared), epochs) in by_node {
                 let req = pb::PruneRequest {
                     job_id: id,
@@ -513,7 +537,10 @@ mod tests {
     fn retention_keeps_durable_epochs_restorable_and_waits_for_flushes() {
         let d = tempfile::tempdir().unwrap();
         let reg = Registry::open(&d.path().join("r.redb")).unwrap();
-        let durable = || FlushState::Durable { flush_ms: 1 };
+        let durable = || FlushState::Durable {
+            flush_ms: 1,
+            written_bytes: 1,
+        };
         let failed = FlushState::Failed { reason: "x".into() };
         for (n, f) in [
             (1, durable()),

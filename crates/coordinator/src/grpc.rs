@@ -117,7 +117,11 @@ pub fn epoch_info(e: &Epoch, flushed: Option<(u64, u64)>) -> pb::EpochInfo {
             _ => flushed.map(|p| p.0).unwrap_or(0),
         },
         flush_ms: match &e.flush {
-            FlushState::Durable { flush_ms } => *flush_ms,
+            FlushState::Durable { flush_ms, .. } => *flush_ms,
+            _ => 0,
+        },
+        shared_bytes: match &e.flush {
+            FlushState::Durable { written_bytes, .. } => *written_bytes,
             _ => 0,
         },
         local_copy: e.is_restorable() && e.local_copy,

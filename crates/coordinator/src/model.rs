@@ -70,6 +70,9 @@ pub enum FlushState {
     Durable {
         /// How long the copy took, in ms.
         flush_ms: u64,
+        /// Bytes it wrote: chunks not already in shared storage.
+        #[serde(default)]
+        written_bytes: u64,
     },
     /// The copy failed; the epoch has only its local copies.
     Failed {
@@ -557,7 +560,10 @@ mod tests {
         assert_eq!(e.storage_name(), "local");
         e.flush = FlushState::Flushing;
         assert_eq!(e.storage_name(), "flushing");
-        e.flush = FlushState::Durable { flush_ms: 1 };
+        e.flush = FlushState::Durable {
+            flush_ms: 1,
+            written_bytes: 1,
+        };
         assert!(e.is_durable());
         assert_eq!(e.storage_name(), "durable");
         e.local_copy = false;

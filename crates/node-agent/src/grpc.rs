@@ -339,18 +339,19 @@ impl Agent for AgentHandler {
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         tokio::spawn(async move {
             use std::sync::atomic::Ordering;
-            let msg = |done| pb::FlushProgress {
+            let msg = |done, bytes_written| pb::FlushProgress {
                 bytes_done: progress.done.load(Ordering::Relaxed),
                 bytes_total: progress.total.load(Ordering::Relaxed),
                 done,
                 elapsed_ms: begin.elapsed().as_millis() as u64,
+                bytes_written,
             };
             let mut tick = tokio::time::interval(FLUSH_PROGRESS_EVERY);
             let result = loop {
                 tokio::select! {
                     r = &mut task => break r.expect("flush task"),
                     _ = tick.tick() => {
-                        if tx.send(Ok(msg(false))).await.is_err() {
+                        if tx.send(Ok(msg(false, 0))).await.is_err() {
                             // The coordinator went away: stop copying; it flushes again later.
                             progress.cancel.store(true, Ordering::Relaxed);
                         }
@@ -359,7 +360,7 @@ impl Agent for AgentHandler {
             };
             let _ = tx
                 .send(match result {
-                    Ok(_) => Ok(msg(true)),
+                    Ok(stats) => Ok(msg(true, stats.written_bytes)),
                     Err(e) => Err(to_status(e)),
                 })
                 .await;

@@ -316,7 +316,7 @@ pub struct Sources {
 }
 
 /// A flush running in a blocking thread.
-pub type FlushTask = tokio::task::JoinHandle<Result<NodeManifest, AgentError>>;
+pub type FlushTask = tokio::task::JoinHandle<Result<ckpt_store::dedup::FlushStats, AgentError>>;
 
 /// A restored part of a job.
 #[derive(Debug)]
@@ -468,18 +468,26 @@ impl Jobs {
     ) -> Result<(Arc<CopyProgress>, FlushTask), AgentError> {
         let shared = self.shared(job_id)?;
         let src = self.staging.node_dir(job_id, epoch, &self.node);
-        let dest = shared.node_dir(job_id, epoch, &self.node);
         let progress = Arc::new(CopyProgress::default());
-        let (p, opts, digest) = (
+        let (p, opts, digest, node) = (
             progress.clone(),
             self.copy_opts.clone(),
             committed_digest.to_string(),
+            self.node.clone(),
         );
         let task = tokio::task::spawn_blocking(move || {
-            let r = ckpt_store::copy::copy_node_dir(&src, &dest, Some(&digest), &opts, &p);
+            let r = ckpt_store::dedup::flush(
+                &src,
+                &shared,
+                target(job_id, epoch, &node),
+                &digest,
+                &opts,
+                &p,
+            );
             if r.is_err() {
                 // An incomplete copy has no manifest and is never used; do not keep its bytes.
-                let _ = fs::remove_dir_all(&dest);
+                let _ = fs::remove_dir_all(shared.node_dir(job_id, epoch, &node));
+                let _ = ckpt_store::dedup::sweep(&shared, job_id, &node);
             }
             r.map_err(|source| AgentError::Store {
                 job: job_id,
@@ -1139,7 +1147,28 @@ impl Jobs {
         }];
         if shared_durable {
             let result = match self.shared(job_id) {
-                Ok(s) => self.verify_in(&s, job_id, epoch, committed_digest).await,
+                Ok(s) => {
+                    let (node, digest, opts) = (
+                        self.node.clone(),
+                        committed_digest.to_string(),
+                        self.copy_opts.clone(),
+                    );
+                    tokio::task::spawn_blocking(move || {
+                        ckpt_store::dedup::rebuild(
+                            &s,
+                            target(job_id, epoch, &node),
+                            &digest,
+                            None,
+                            &opts,
+                        )
+                    })
+                    .await
+                    .expect("verify task")
+                    .map_err(|source| AgentError::Store {
+                        job: job_id,
+                        source,
+                    })
+                }
                 Err(e) => Err(e),
             };
             out.push(CopyCheck {
@@ -1188,19 +1217,19 @@ impl Jobs {
             warn!(job = job_id, epoch, "fetching the shared copy");
             let fetched = match self.shared(job_id) {
                 Ok(shared) => {
-                    let src = shared.node_dir(job_id, epoch, &self.node);
-                    let (opts, digest, t) = (
+                    let (opts, digest, t, node) = (
                         self.copy_opts.clone(),
                         committed_digest.to_string(),
                         tmp.clone(),
+                        self.node.clone(),
                     );
                     tokio::task::spawn_blocking(move || {
-                        let r = ckpt_store::copy::copy_node_dir(
-                            &src,
-                            &t,
-                            Some(&digest),
+                        let r = ckpt_store::dedup::rebuild(
+                            &shared,
+                            target(job_id, epoch, &node),
+                            &digest,
+                            Some(&t),
                             &opts,
-                            &CopyProgress::default(),
                         );
                         if r.is_err() {
                             let _ = fs::remove_dir_all(&t);
@@ -1383,6 +1412,7 @@ impl Jobs {
                         Err(err) => return Err(io_err(job_id, "remove", &commit)(err)),
                     }
                     sh.remove_node_dir(job_id, e, &node).map_err(store_err)?;
+                    ckpt_store::dedup::sweep(sh, job_id, &node).map_err(store_err)?;
                 }
                 if !keep_local {
                     staging
@@ -1566,6 +1596,11 @@ fn io_err(job: u64, what: &'static str, path: &Path) -> impl FnOnce(std::io::Err
         path,
         source,
     }
+}
+
+/// A node's copy of one epoch in shared storage.
+fn target(job: u64, epoch: u32, node: &str) -> ckpt_store::dedup::Target<'_> {
+    ckpt_store::dedup::Target { job, epoch, node }
 }
 
 /// Puts a fetched copy in place of the node's unusable one.

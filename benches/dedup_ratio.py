@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Bytes written to shared storage per epoch for a job that rewrites 10 % of its memory.
+
+What it measures
+----------------
+`memwrite MIB 10 STEPS SLEEP_MS` (tests/apps: one process holding MIB MiB of random data that
+rewrites one contiguous tenth of it per step) runs under a private `ckptd --standalone` whose
+agent flushes every epoch to a `shared_dir`. K checkpoints are taken, each right after a step
+(so exactly one step, 10 % of the memory, changes between two epochs), and each epoch's flush
+is waited for. For every epoch the table gives the image bytes CRIU wrote, the bytes the flush
+wrote to shared storage (new chunks only) and their ratio; the first epoch has nothing to
+deduplicate against. Target: epochs after the first write <= 15 % of their image bytes.
+
+How to run (root, CRIU >= 4.2, cgroup v1 freezer; binaries already built):
+
+    benches/dedup_ratio.py --quick                      # 64 MiB, K=3
+    benches/dedup_ratio.py --out benches/results/dedup_ratio-$(date +%F).md
+
+Options: --mib MIB (512)  --repeats K (5)  --step-ms MS (4000)  --bin-dir DIR  --out FILE
+--keep. Every wait is bounded; the job and ckptd are stopped by PID, cgroups removed.
+"""
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchutil import BenchError, emit, log, machine_info, med, mono, progress_lines, run, wait_until  # noqa: E402
+from e2e_vs_criu import REPO  # noqa: E402
+from flush_frozen import Daemon  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mib", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=5, metavar="K")
+    ap.add_argument("--step-ms", type=int, default=4000)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out")
+    ap.add_argument("--bin-dir", default=os.path.join(REPO, "target", "release"))
+    ap.add_argument("--criu", default="/opt/ckpt/criu/bin/criu")
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("must run as root (CRIU, cgroups)")
+    if args.quick:
+        args.mib, args.repeats = 64, 3
+    tmp = tempfile.mkdtemp(prefix="ckpt-dedup-", dir="/var/tmp")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    t0 = mono()
+    d = None
+    jid = None
+    rows = []
+    try:
+        bindir = os.path.join(tmp, "bin")
+        os.mkdir(bindir)
+        for b in ("ckptd", "ckptctl", "ckpt-agent"):
+            shutil.copy2(os.path.join(args.bin_dir, b), os.path.join(bindir, b))
+        appdir = os.path.join(tmp, "apps")
+        run(["make", "-s", "-C", os.path.join(REPO, "tests", "apps"), f"OUT={appdir}",
+             os.path.join(appdir, "memwrite")], timeout=300)
+        shared = os.path.join(tmp, "shared")
+        os.mkdir(shared)
+        d = Daemon(tmp, bindir, "flush", shared, 0)
+        steps = 2 * args.repeats + 10
+        cmd = [os.path.join(appdir, "memwrite"), str(args.mib), "10", str(steps), str(args.step_ms)]
+        jid = d.ctl("run", "--", *cmd, timeout=60)[0].stdout.strip().split()[-1]
+        stdout = os.path.join(d.dir, "state", "jobs", jid, "stdout")
+        for i in range(args.repeats):
+            # Right after a step: the next one lands between this checkpoint and the next.
+            seen = progress_lines(stdout)
+            wait_until(lambda: progress_lines(stdout) > seen, 60 + args.step_ms / 1000,
+                       "a new step of the job")
+            e = json.loads(d.ctl("--json", "checkpoint", jid, "--wait")[0].stdout)
+            n = e["epoch"]
+
+            def durable():
+                es = {x["epoch"]: x for x in d.epochs(jid)}
+                if es[n]["storage"] == "flush-failed":
+                    raise BenchError(f"flush of epoch {n} failed: {es[n]}")
+                return es[n] if es[n]["storage"] in ("durable", "shared-only") else None
+            x = wait_until(durable, 600, f"epoch {n} to be durable", 0.2)
+            rows.append((n, x["image_bytes"], x["shared_bytes"], x["flush_ms"]))
+            log(f"epoch {n}: {x['image_bytes'] / 2**20:.1f} MiB image, "
+                f"{x['shared_bytes'] / 2**20:.1f} MiB written to shared storage")
+            if progress_lines(stdout) >= steps:
+                raise BenchError("the job finished during the run; use a larger --step-ms")
+        later = [w / b for _, b, w, _ in rows[1:] if b]
+        criu_v, _, mem = machine_info(args.criu)
+        table = (
+            f"Command: `{shlex.join(sys.argv)}`  \n"
+            f"Machine: CRIU {criu_v}, {mem} MiB RAM, {os.cpu_count()} CPUs.  \n"
+            f"Job: memwrite {args.mib} MiB, 10 % rewritten per step, one step between epochs.\n\n"
+            "| epoch | image MiB | written to shared MiB | % of image | flush ms |\n"
+            "| --- | --- | --- | --- | --- |\n"
+            + "".join(f"| {n} | {b / 2**20:,.1f} | {w / 2**20:,.1f} | {100 * w / b:.1f} % | {ms} |\n"
+                      for n, b, w, ms in rows)
+            + (f"\nEpochs after the first: median **{100 * med(later):.1f} %** of the image "
+               f"written (target ≤ 15 %). " if later else "\n")
+            + f"Wall time {(mono() - t0) / 60:.1f} min.\n")
+        emit(table, args.out)
+        return 0
+    finally:
+        if d is not None:
+            d.stop(jid)
+        if args.keep:
+            log(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,839 @@
+//! Deduplicated copies of a node's images in shared storage.
+//!
+//! ```text
+//! <shared>/<job>/<epoch>/<node>/MANIFEST          the node manifest, byte for byte (written last)
+//! <shared>/<job>/<epoch>/<node>/RECIPE            how every file is rebuilt from chunks
+//! <shared>/<job>/packs/<node>/<epoch>-<n>.pack    chunks first stored by that epoch, concatenated
+//! ```
+//!
+//! Files are cut into content-defined chunks (a gear rolling hash; 8 KiB minimum, about
+//! 24 KiB on average, 128 KiB maximum), so a region the job did not touch since the last flush
+//! yields the same chunks even where it moved within the image. A flush looks every chunk up by
+//! its BLAKE3 digest in the newest complete recipe of the same node and writes only chunks not
+//! found there (and not written earlier in the same flush) into new pack files; the recipe
+//! references chunks in old and new packs alike. Every byte read is also checked against the
+//! manifest's file digests, so a damaged local copy fails the flush.
+//!
+//! A rebuild (restore from shared storage, or `verify`) reads the recipe, checks each chunk's
+//! digest, and checks each rebuilt file against the manifest. Deleting an epoch deletes its
+//! MANIFEST and RECIPE, then every pack of the node that no remaining recipe references
+//! ([`sweep`]); the coordinator never runs a sweep during a flush of the same job.
+use std::collections::{BTreeSet, HashMap};
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+
+use crate::copy::{CopyOptions, CopyProgress, Throttle};
+use crate::layout::Staging;
+use crate::manifest::{self, decode_framed, encode_framed, read_capped, NodeManifest};
+use crate::{atomic, Result, StoreError};
+
+/// Magic bytes of a recipe.
+pub const MAGIC: &[u8; 8] = b"CKPTRCPE";
+/// File name of the recipe in a node's shared directory.
+pub const RECIPE: &str = "RECIPE";
+/// Largest recipe read (about 20 million chunks, over a TiB of images).
+pub const MAX_RECIPE_BYTES: u64 = 1 << 30;
+
+const MIN_CHUNK: usize = 8 << 10;
+const MAX_CHUNK: usize = 128 << 10;
+/// A cut where the low 14 bits of the hash are zero: 16 KiB after the minimum, on average.
+const CUT_MASK: u64 = (1 << 14) - 1;
+
+/// A table of 256 pseudo-random words for the gear hash (splitmix64, fixed seed: chunk
+/// boundaries must not change between versions, or nothing deduplicates across them).
+const GEAR: [u64; 256] = {
+    let mut t = [0u64; 256];
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut i = 0;
+    while i < 256 {
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        t[i] = z ^ (z >> 31);
+        i += 1;
+    }
+    t
+};
+
+/// Length of the first chunk of `data` (all of it at the end of a file).
+fn cut(data: &[u8]) -> usize {
+    if data.len() <= MIN_CHUNK {
+        return data.len();
+    }
+    let end = data.len().min(MAX_CHUNK);
+    let mut h = 0u64;
+    for (i, b) in data.iter().enumerate().take(end).skip(MIN_CHUNK) {
+        h = (h << 1).wrapping_add(GEAR[*b as usize]);
+        if h & CUT_MASK == 0 {
+            return i + 1;
+        }
+    }
+    end
+}
+
+/// Where a chunk is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkRef {
+    /// Index into the recipe's pack names.
+    pub pack: u32,
+    /// Offset in the pack.
+    pub offset: u64,
+    /// Length.
+    pub len: u32,
+    /// BLAKE3 of the chunk.
+    pub digest: [u8; 32],
+}
+
+/// How one file is rebuilt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileRecipe {
+    /// Path relative to the node directory (as in the manifest).
+    pub path: String,
+    /// Its chunks in order.
+    pub chunks: Vec<ChunkRef>,
+}
+
+/// How a node's files of one epoch are rebuilt from packs.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Recipe {
+    /// Pack file names (in `<shared>/<job>/packs/<node>/`).
+    pub packs: Vec<String>,
+    /// Files, in manifest order.
+    pub files: Vec<FileRecipe>,
+}
+
+impl Recipe {
+    /// Encodes the recipe in its framed binary form (see `docs/formats.md`).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::new();
+        let put_str = |b: &mut Vec<u8>, s: &str| {
+            b.extend_from_slice(&(s.len() as u32).to_le_bytes());
+            b.extend_from_slice(s.as_bytes());
+        };
+        b.extend_from_slice(&(self.packs.len() as u32).to_le_bytes());
+        for p in &self.packs {
+            put_str(&mut b, p);
+        }
+        b.extend_from_slice(&(self.files.len() as u32).to_le_bytes());
+        for f in &self.files {
+            put_str(&mut b, &f.path);
+            b.extend_from_slice(&(f.chunks.len() as u32).to_le_bytes());
+            for c in &f.chunks {
+                b.extend_from_slice(&c.pack.to_le_bytes());
+                b.extend_from_slice(&c.offset.to_le_bytes());
+                b.extend_from_slice(&c.len.to_le_bytes());
+                b.extend_from_slice(&c.digest);
+            }
+        }
+        encode_framed(MAGIC, &b)
+    }
+
+    /// Decodes a recipe; `path` only names the file in errors.
+    pub fn decode(path: &Path, bytes: &[u8]) -> Result<Recipe> {
+        let body = decode_framed(path, MAGIC, bytes)?;
+        let bad = || StoreError::ChecksumMismatch {
+            path: path.to_path_buf(),
+        };
+        let mut r = Reader { b: body, at: 0 };
+        let mut out = Recipe::default();
+        let packs = r.u32().ok_or_else(bad)?;
+        for _ in 0..packs {
+            out.packs.push(r.string().ok_or_else(bad)?);
+        }
+        let files = r.u32().ok_or_else(bad)?;
+        for _ in 0..files {
+            let path_s = r.string().ok_or_else(bad)?;
+            let n = r.u32().ok_or_else(bad)?;
+            let mut chunks = Vec::with_capacity((n as usize).min(1 << 20));
+            for _ in 0..n {
+                let c = ChunkRef {
+                    pack: r.u32().ok_or_else(bad)?,
+                    offset: r.u64().ok_or_else(bad)?,
+                    len: r.u32().ok_or_else(bad)?,
+                    digest: r.take(32).ok_or_else(bad)?.try_into().expect("32 bytes"),
+                };
+                if c.pack as usize >= out.packs.len() {
+                    return Err(bad());
+                }
+                chunks.push(c);
+            }
+            out.files.push(FileRecipe {
+                path: path_s,
+                chunks,
+            });
+        }
+        if r.at != body.len() {
+            return Err(bad());
+        }
+        Ok(out)
+    }
+
+    /// Reads `dir/RECIPE`.
+    pub fn read(dir: &Path) -> Result<Recipe> {
+        let path = dir.join(RECIPE);
+        Recipe::decode(&path, &read_capped(&path, MAX_RECIPE_BYTES)?)
+    }
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let s = self.b.get(self.at..self.at.checked_add(n)?)?;
+        self.at += n;
+        Some(s)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+    fn string(&mut self) -> Option<String> {
+        let n = self.u32()? as usize;
+        String::from_utf8(self.take(n)?.to_vec()).ok()
+    }
+}
+
+/// Which copy: a node's images of one epoch of one job.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    /// Job id.
+    pub job: u64,
+    /// Epoch.
+    pub epoch: u32,
+    /// Node.
+    pub node: &'a str,
+}
+
+/// What a flush wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FlushStats {
+    /// Image bytes read and checked.
+    pub image_bytes: u64,
+    /// Bytes of new chunks written to shared storage.
+    pub written_bytes: u64,
+    /// Chunks in the recipe, and how many of them were new.
+    pub chunks: u64,
+    /// New chunks.
+    pub new_chunks: u64,
+}
+
+fn packs_dir(shared: &Staging, job: u64, node: &str) -> PathBuf {
+    shared.job_dir(job).join("packs").join(node)
+}
+
+/// The newest epoch before `epoch` with a complete copy of `node` (MANIFEST and a readable
+/// RECIPE), and its recipe.
+fn previous_recipe(shared: &Staging, job: u64, epoch: u32, node: &str) -> Option<Recipe> {
+    let mut epochs: Vec<u32> = fs::read_dir(shared.job_dir(job))
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|e| *e < epoch)
+        .collect();
+    epochs.sort_unstable_by(|a, b| b.cmp(a));
+    epochs.into_iter().find_map(|e| {
+        let dir = shared.node_dir(job, e, node);
+        manifest::read(&dir).ok()?;
+        Recipe::read(&dir).ok()
+    })
+}
+
+/// Copies the sealed node directory `src` into shared storage as epoch `epoch` of `node`,
+/// storing only chunks not already there; returns what it wrote. `committed` is the manifest
+/// digest the coordinator committed; a source with another manifest is refused.
+pub fn flush(
+    src: &Path,
+    shared: &Staging,
+    t: Target<'_>,
+    committed: &str,
+    opts: &CopyOptions,
+    progress: &CopyProgress,
+) -> Result<FlushStats> {
+    let Target { job, epoch, node } = t;
+    let (mbytes, m) = crate::stream::open_source(src, committed)?;
+    progress.total.store(m.image_bytes(), Ordering::Relaxed);
+    let dest = shared.node_dir(job, epoch, node);
+    if dest.exists() {
+        fs::remove_dir_all(&dest).map_err(|e| StoreError::io("remove", &dest, e))?;
+    }
+    fs::create_dir_all(&dest).map_err(|e| StoreError::io("create", &dest, e))?;
+    let pdir = packs_dir(shared, job, node);
+    fs::create_dir_all(&pdir).map_err(|e| StoreError::io("create", &pdir, e))?;
+
+    // Known chunks: those of the newest complete earlier copy, then those written now.
+    let prev = previous_recipe(shared, job, epoch, node).unwrap_or_default();
+    let mut names = prev.packs.clone();
+    let first_new = names.len() as u32;
+    names.extend((0..m.files.len()).map(|i| format!("{epoch}-{i}.pack")));
+    let mut known: HashMap<[u8; 32], ChunkRef> = HashMap::new();
+    for c in prev.files.iter().flat_map(|f| &f.chunks) {
+        known.insert(c.digest, *c);
+    }
+    let known = Mutex::new(known);
+    let throttle = opts.bandwidth.map(Throttle::new);
+    let queue = Mutex::new((0..m.files.len()).rev().collect::<Vec<_>>());
+    let results: Mutex<Vec<Option<(FileRecipe, FlushStats)>>> =
+        Mutex::new(vec![None; m.files.len()]);
+    let failed: Mutex<Option<StoreError>> = Mutex::new(None);
+    let streams = opts.streams.clamp(1, 64).min(m.files.len().max(1));
+    std::thread::scope(|s| {
+        for _ in 0..streams {
+            s.spawn(|| loop {
+                if failed.lock().expect("lock").is_some() {
+                    return;
+                }
+                let Some(i) = queue.lock().expect("lock").pop() else {
+                    return;
+                };
+                let pack = (
+                    first_new + i as u32,
+                    pdir.join(&names[(first_new as usize) + i]),
+                );
+                match flush_file(src, &m.files[i], pack, &known, throttle.as_ref(), progress) {
+                    Ok(r) => results.lock().expect("lock")[i] = Some(r),
+                    Err(e) => {
+                        failed.lock().expect("lock").get_or_insert(e);
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    if let Some(e) = failed.into_inner().expect("lock") {
+        return Err(e);
+    }
+    let mut recipe = Recipe {
+        packs: names,
+        files: Vec::new(),
+    };
+    let mut stats = FlushStats::default();
+    for r in results.into_inner().expect("lock") {
+        let (f, st) = r.expect("every file flushed");
+        stats.image_bytes += st.image_bytes;
+        stats.written_bytes += st.written_bytes;
+        stats.chunks += st.chunks;
+        stats.new_chunks += st.new_chunks;
+        recipe.files.push(f);
+    }
+    atomic::sync_dir(&pdir)?;
+    atomic::write_file(&dest.join(RECIPE), &recipe.encode())?;
+    atomic::write_file(&dest.join(manifest::FILE_NAME), &mbytes)?;
+    Ok(stats)
+}
+
+fn flush_file(
+    src_root: &Path,
+    entry: &crate::digest::FileEntry,
+    (pack_idx, pack_path): (u32, PathBuf),
+    known: &Mutex<HashMap<[u8; 32], ChunkRef>>,
+    throttle: Option<&Throttle>,
+    progress: &CopyProgress,
+) -> Result<(FileRecipe, FlushStats)> {
+    let src = src_root.join(&entry.path);
+    let mut input = File::open(&src).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => StoreError::FileMissing { path: src.clone() },
+        _ => StoreError::io("open", &src, e),
+    })?;
+    let mut pack: Option<File> = None;
+    let mut pack_len = 0u64;
+    let mut file_hash = blake3::Hasher::new();
+    let mut st = FlushStats::default();
+    let mut chunks = Vec::new();
+    let mut buf: Vec<u8> = Vec::with_capacity(MAX_CHUNK * 2);
+    let mut eof = false;
+    loop {
+        if progress.cancel.load(Ordering::Relaxed) {
+            return Err(StoreError::io(
+                "flush",
+                &src,
+                std::io::Error::new(std::io::ErrorKind::Interrupted, "flush cancelled"),
+            ));
+        }
+        while !eof && buf.len() < MAX_CHUNK {
+            let start = buf.len();
+            buf.resize(start + MAX_CHUNK, 0);
+            let n = input
+                .read(&mut buf[start..])
+                .map_err(|e| StoreError::io("read", &src, e))?;
+            buf.truncate(start + n);
+            eof = n == 0;
+        }
+        if buf.is_empty() {
+            break;
+        }
+        let n = cut(&buf);
+        let data = &buf[..n];
+        file_hash.update(data);
+        st.image_bytes += n as u64;
+        if st.image_bytes > entry.size {
+            break;
+        }
+        let digest: [u8; 32] = *blake3::hash(data).as_bytes();
+        let found = known.lock().expect("lock").get(&digest).copied();
+        let r = match found {
+            Some(r) => r,
+            None => {
+                if pack.is_none() {
+                    pack = Some(
+                        OpenOptions::new()
+                            .write(true)
+                            .create(true)
+                            .truncate(true)
+                            .open(&pack_path)
+                            .map_err(|e| StoreError::io("create", &pack_path, e))?,
+                    );
+                }
+                if let Some(t) = throttle {
+                    t.take(n as u64);
+                }
+                pack.as_mut()
+                    .expect("opened")
+                    .write_all(data)
+                    .map_err(|e| StoreError::io("write", &pack_path, e))?;
+                let r = ChunkRef {
+                    pack: pack_idx,
+                    offset: pack_len,
+                    len: n as u32,
+                    digest,
+                };
+                pack_len += n as u64;
+                st.written_bytes += n as u64;
+                st.new_chunks += 1;
+                known.lock().expect("lock").insert(digest, r);
+                r
+            }
+        };
+        st.chunks += 1;
+        chunks.push(r);
+        progress.done.fetch_add(n as u64, Ordering::Relaxed);
+        buf.drain(..n);
+    }
+    if st.image_bytes != entry.size {
+        return Err(StoreError::FileSize {
+            path: src,
+            expected: entry.size,
+            actual: st
+                .image_bytes
+                .max(input.metadata().map(|m| m.len()).unwrap_or(0)),
+        });
+    }
+    if file_hash.finalize().to_hex().as_str() != entry.blake3 {
+        return Err(StoreError::FileDigest { path: src });
+    }
+    if let Some(p) = pack {
+        p.sync_all()
+            .map_err(|e| StoreError::io("fsync", &pack_path, e))?;
+    }
+    Ok((
+        FileRecipe {
+            path: entry.path.clone(),
+            chunks,
+        },
+        st,
+    ))
+}
+
+/// Rebuilds `node`'s files of `epoch` from shared storage into `dest` (replaced; manifest
+/// last), or with `dest` = None only checks that they can be rebuilt. Every chunk and every file
+/// is checked against its digest. Returns the manifest.
+pub fn rebuild(
+    shared: &Staging,
+    t: Target<'_>,
+    committed: &str,
+    dest: Option<&Path>,
+    opts: &CopyOptions,
+) -> Result<NodeManifest> {
+    let Target { job, epoch, node } = t;
+    let dir = shared.node_dir(job, epoch, node);
+    let (mbytes, m) = crate::stream::open_source(&dir, committed)?;
+    let recipe = Recipe::read(&dir)?;
+    let rpath = dir.join(RECIPE);
+    if recipe.files.len() != m.files.len()
+        || recipe
+            .files
+            .iter()
+            .zip(&m.files)
+            .any(|(r, f)| r.path != f.path)
+    {
+        return Err(StoreError::ChecksumMismatch { path: rpath });
+    }
+    if let Some(d) = dest {
+        if d.exists() {
+            fs::remove_dir_all(d).map_err(|e| StoreError::io("remove", d, e))?;
+        }
+        fs::create_dir_all(d).map_err(|e| StoreError::io("create", d, e))?;
+    }
+    let pdir = packs_dir(shared, job, node);
+    let queue = Mutex::new((0..m.files.len()).rev().collect::<Vec<_>>());
+    let failed: Mutex<Option<StoreError>> = Mutex::new(None);
+    let streams = opts.streams.clamp(1, 64).min(m.files.len().max(1));
+    std::thread::scope(|s| {
+        for _ in 0..streams {
+            s.spawn(|| loop {
+                if failed.lock().expect("lock").is_some() {
+                    return;
+                }
+                let Some(i) = queue.lock().expect("lock").pop() else {
+                    return;
+                };
+                if let Err(e) = rebuild_file(&pdir, &recipe, i, &m.files[i], dest) {
+                    failed.lock().expect("lock").get_or_insert(e);
+                    return;
+                }
+            });
+        }
+    });
+    if let Some(e) = failed.into_inner().expect("lock") {
+        return Err(e);
+    }
+    if let Some(d) = dest {
+        let mut dirs: BTreeSet<PathBuf> = m
+            .files
+            .iter()
+            .filter_map(|f| d.join(&f.path).parent().map(Path::to_path_buf))
+            .collect();
+        dirs.insert(d.to_path_buf());
+        for x in dirs {
+            atomic::sync_dir(&x)?;
+        }
+        atomic::write_file(&d.join(manifest::FILE_NAME), &mbytes)?;
+    }
+    Ok(m)
+}
+
+fn rebuild_file(
+    pdir: &Path,
+    recipe: &Recipe,
+    i: usize,
+    entry: &crate::digest::FileEntry,
+    dest: Option<&Path>,
+) -> Result<()> {
+    let mut out = match dest {
+        Some(d) => {
+            let p = d.join(&entry.path);
+            if let Some(parent) = p.parent() {
+                fs::create_dir_all(parent).map_err(|e| StoreError::io("create", parent, e))?;
+            }
+            Some((
+                File::create(&p).map_err(|e| StoreError::io("create", &p, e))?,
+                p,
+            ))
+        }
+        None => None,
+    };
+    let mut packs: HashMap<u32, File> = HashMap::new();
+    let mut hash = blake3::Hasher::new();
+    let mut size = 0u64;
+    let mut buf = Vec::new();
+    for c in &recipe.files[i].chunks {
+        let ppath = pdir.join(&recipe.packs[c.pack as usize]);
+        let pack = match packs.entry(c.pack) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(File::open(&ppath).map_err(|e| match e.kind() {
+                    std::io::ErrorKind::NotFound => StoreError::FileMissing {
+                        path: ppath.clone(),
+                    },
+                    _ => StoreError::io("open", &ppath, e),
+                })?)
+            }
+        };
+        buf.resize(c.len as usize, 0);
+        pack.read_exact_at(&mut buf, c.offset)
+            .map_err(|e| StoreError::io("read", &ppath, e))?;
+        if blake3::hash(&buf).as_bytes() != &c.digest {
+            return Err(StoreError::FileDigest { path: ppath });
+        }
+        hash.update(&buf);
+        size += buf.len() as u64;
+        if let Some((f, p)) = out.as_mut() {
+            f.write_all(&buf)
+                .map_err(|e| StoreError::io("write", p.as_path(), e))?;
+        }
+    }
+    let named = dest
+        .map(|d| d.join(&entry.path))
+        .unwrap_or_else(|| PathBuf::from(&entry.path));
+    if size != entry.size {
+        return Err(StoreError::FileSize {
+            path: named,
+            expected: entry.size,
+            actual: size,
+        });
+    }
+    if hash.finalize().to_hex().as_str() != entry.blake3 {
+        return Err(StoreError::FileDigest { path: named });
+    }
+    if let Some((f, p)) = out {
+        f.sync_all().map_err(|e| StoreError::io("fsync", &p, e))?;
+    }
+    Ok(())
+}
+
+/// Deletes `node`'s packs of `job` that no remaining recipe of the node references (after its
+/// epochs were deleted). Returns the bytes freed. Must not run during a flush of the job.
+pub fn sweep(shared: &Staging, job: u64, node: &str) -> Result<u64> {
+    let pdir = packs_dir(shared, job, node);
+    let Ok(rd) = fs::read_dir(&pdir) else {
+        return Ok(0);
+    };
+    let mut used = BTreeSet::new();
+    if let Ok(epochs) = fs::read_dir(shared.job_dir(job)) {
+        for e in epochs.flatten() {
+            let Some(n) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            let dir = shared.node_dir(job, n, node);
+            if !dir.exists() {
+                continue;
+            }
+            // A recipe that cannot be read keeps every pack: never delete what might be used.
+            let r = Recipe::read(&dir)?;
+            used.extend(r.packs);
+        }
+    }
+    let mut freed = 0;
+    for ent in rd.flatten() {
+        let name = ent.file_name().to_string_lossy().into_owned();
+        if !used.contains(&name) {
+            freed += ent.metadata().map(|m| m.len()).unwrap_or(0);
+            let p = ent.path();
+            fs::remove_file(&p).map_err(|e| StoreError::io("remove", &p, e))?;
+        }
+    }
+    Ok(freed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::digest::seal_tree;
+
+    fn noise(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    /// A sealed node directory with one 4 MiB "pages" file and a small one.
+    fn sealed(dir: &Path, pages: &[u8]) -> String {
+        if dir.exists() {
+            fs::remove_dir_all(dir).unwrap();
+        }
+        fs::create_dir_all(dir.join("images")).unwrap();
+        fs::write(dir.join("images/pages-1.img"), pages).unwrap();
+        fs::write(dir.join("images/core-1.img"), b"core").unwrap();
+        let files = seal_tree(dir, &[manifest::FILE_NAME]).unwrap();
+        let m = NodeManifest {
+            job_id: 1,
+            epoch: 1,
+            node: "n1".into(),
+            engine: "criu".into(),
+            engine_version: String::new(),
+            created_unix_ms: 0,
+            root_pid: 1,
+            pids: vec![],
+            tids: vec![],
+            files,
+            open_files: vec![],
+            preserved: vec![],
+            tcp_ports: vec![],
+            tcp_addrs: vec![],
+            notes: Default::default(),
+        };
+        manifest::write(dir, &m).unwrap()
+    }
+
+    fn tgt(epoch: u32) -> Target<'static> {
+        Target {
+            job: 1,
+            epoch,
+            node: "n1",
+        }
+    }
+
+    #[test]
+    fn chunks_are_content_defined_and_bounded() {
+        let data = noise(3 << 20, 7);
+        let mut at = 0;
+        let mut cuts = Vec::new();
+        while at < data.len() {
+            let n = cut(&data[at..]);
+            assert!(n >= MIN_CHUNK.min(data.len() - at) && n <= MAX_CHUNK);
+            at += n;
+            cuts.push(at);
+        }
+        let avg = data.len() / cuts.len();
+        assert!((12 << 10..=48 << 10).contains(&avg), "average chunk {avg}");
+        // Inserting bytes at the front moves the boundaries with the content.
+        let mut shifted = vec![1u8; 1000];
+        shifted.extend_from_slice(&data);
+        let mut at = 0;
+        let mut cuts2 = BTreeSet::new();
+        while at < shifted.len() {
+            at += cut(&shifted[at..]);
+            cuts2.insert(at - 1000);
+        }
+        let same = cuts.iter().filter(|c| cuts2.contains(c)).count();
+        assert!(
+            same * 10 >= cuts.len() * 9,
+            "{same} of {} cuts survived",
+            cuts.len()
+        );
+    }
+
+    #[test]
+    fn second_flush_stores_only_what_changed_and_both_rebuild() {
+        let d = tempfile::tempdir().unwrap();
+        let shared = Staging::open(d.path().join("shared")).unwrap();
+        let src = d.path().join("local");
+        let mut pages = noise(4 << 20, 1);
+        let opts = CopyOptions::default();
+        let digest1 = sealed(&src, &pages);
+        let s1 = flush(
+            &src,
+            &shared,
+            tgt(1),
+            &digest1,
+            &opts,
+            &CopyProgress::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            s1.written_bytes, s1.image_bytes,
+            "nothing to reuse at first"
+        );
+        // Rewrite 10 % of the memory in one region, and shift the rest by one page.
+        let region = noise(400 << 10, 2);
+        pages[1 << 20..(1 << 20) + region.len()].copy_from_slice(&region);
+        pages.splice(0..0, vec![0u8; 4096]);
+        let digest2 = sealed(&src, &pages);
+        let s2 = flush(
+            &src,
+            &shared,
+            tgt(2),
+            &digest2,
+            &opts,
+            &CopyProgress::default(),
+        )
+        .unwrap();
+        assert!(
+            s2.written_bytes * 100 <= s2.image_bytes * 15,
+            "second flush wrote {} of {} bytes",
+            s2.written_bytes,
+            s2.image_bytes
+        );
+        let out = d.path().join("rebuilt");
+        let m = rebuild(&shared, tgt(2), &digest2, Some(&out), &opts).unwrap();
+        assert_eq!(fs::read(out.join("images/pages-1.img")).unwrap(), pages);
+        assert_eq!(manifest::read(&out).unwrap().0, m);
+        rebuild(&shared, tgt(1), &digest1, None, &opts).unwrap();
+
+        // Deleting epoch 1 keeps the packs epoch 2 still uses.
+        fs::remove_dir_all(shared.node_dir(1, 1, "n1")).unwrap();
+        sweep(&shared, 1, "n1").unwrap();
+        rebuild(&shared, tgt(2), &digest2, None, &opts).unwrap();
+        // Deleting epoch 2 too frees every pack.
+        fs::remove_dir_all(shared.node_dir(1, 2, "n1")).unwrap();
+        assert!(sweep(&shared, 1, "n1").unwrap() > 0);
+        assert_eq!(
+            fs::read_dir(packs_dir(&shared, 1, "n1")).unwrap().count(),
+            0
+        );
+    }
+
+    #[test]
+    fn damage_is_found_and_named() {
+        let d = tempfile::tempdir().unwrap();
+        let shared = Staging::open(d.path().join("shared")).unwrap();
+        let src = d.path().join("local");
+        let opts = CopyOptions::default();
+        let digest = sealed(&src, &noise(1 << 20, 3));
+        // A damaged local file fails the flush, naming it.
+        let p = src.join("images/pages-1.img");
+        let mut b = fs::read(&p).unwrap();
+        b[5000] ^= 1;
+        fs::write(&p, &b).unwrap();
+        let err = flush(
+            &src,
+            &shared,
+            tgt(1),
+            &digest,
+            &opts,
+            &CopyProgress::default(),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, StoreError::FileDigest { .. }) && err.to_string().contains("pages-1"),
+            "{err}"
+        );
+        b[5000] ^= 1;
+        fs::write(&p, &b).unwrap();
+        flush(
+            &src,
+            &shared,
+            tgt(1),
+            &digest,
+            &opts,
+            &CopyProgress::default(),
+        )
+        .unwrap();
+        // A flipped byte in a pack fails the rebuild, naming the pack.
+        let pack = packs_dir(&shared, 1, "n1").join("1-1.pack");
+        let mut pb = fs::read(&pack).unwrap();
+        pb[100] ^= 1;
+        fs::write(&pack, &pb).unwrap();
+        let err = rebuild(&shared, tgt(1), &digest, None, &opts).unwrap_err();
+        assert!(err.to_string().contains("1-1.pack"), "{err}");
+        // A missing pack, a torn recipe, another attempt's manifest.
+        fs::remove_file(&pack).unwrap();
+        let err = rebuild(&shared, tgt(1), &digest, None, &opts).unwrap_err();
+        assert!(matches!(err, StoreError::FileMissing { .. }), "{err}");
+        let rp = shared.node_dir(1, 1, "n1").join(RECIPE);
+        let r = fs::read(&rp).unwrap();
+        for len in [0, 10, r.len() - 1] {
+            assert!(Recipe::decode(&rp, &r[..len]).is_err());
+        }
+        assert!(matches!(
+            rebuild(&shared, tgt(1), &"00".repeat(32), None, &opts).unwrap_err(),
+            StoreError::NotCommitted { .. }
+        ));
+    }
+
+    #[test]
+    fn recipes_round_trip_and_reject_bad_references() {
+        let r = Recipe {
+            packs: vec!["1-0.pack".into()],
+            files: vec![FileRecipe {
+                path: "images/x".into(),
+                chunks: vec![ChunkRef {
+                    pack: 0,
+                    offset: 9,
+                    len: 3,
+                    digest: [7; 32],
+                }],
+            }],
+        };
+        let b = r.encode();
+        assert_eq!(Recipe::decode(Path::new("R"), &b).unwrap(), r);
+        let mut bad = r.clone();
+        bad.files[0].chunks[0].pack = 5;
+        assert!(Recipe::decode(Path::new("R"), &bad.encode()).is_err());
+    }
+}
