@@ -1,7 +1,7 @@
 //! How copies of images between stores run: the number of parallel streams, a bandwidth limit
 //! shared by all of them, and progress that another thread can read (and use to cancel).
-use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How a copy runs.
@@ -31,6 +31,33 @@ pub struct CopyProgress {
     pub total: AtomicU64,
     /// Set to stop the copy early; it then fails with an `Interrupted` I/O error.
     pub cancel: AtomicBool,
+    /// While above zero the copy waits between chunks (the node agent raises it while any job
+    /// on the node is frozen, so a background copy takes no CPU or disk from a dump).
+    pub pause: Arc<AtomicUsize>,
+}
+
+/// Longest a copy waits for a pause to end before going on anyway.
+const MAX_PAUSE: Duration = Duration::from_secs(900);
+
+impl CopyProgress {
+    /// Progress that pauses whenever `pause` is above zero.
+    pub fn pausing_on(pause: Arc<AtomicUsize>) -> Self {
+        CopyProgress {
+            pause,
+            ..Default::default()
+        }
+    }
+
+    /// Waits (bounded) while paused.
+    pub fn wait_unpaused(&self) {
+        let begin = Instant::now();
+        while self.pause.load(Ordering::Relaxed) > 0
+            && !self.cancel.load(Ordering::Relaxed)
+            && begin.elapsed() < MAX_PAUSE
+        {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
 }
 
 /// A token bucket shared by every stream: a stream that got ahead of the rate sleeps.
@@ -64,6 +91,20 @@ impl Throttle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pause_holds_until_lifted() {
+        let p = Arc::new(CopyProgress::pausing_on(Arc::new(AtomicUsize::new(1))));
+        let q = p.clone();
+        let waiter = std::thread::spawn(move || {
+            q.wait_unpaused();
+            Instant::now()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let lifted = Instant::now();
+        p.pause.store(0, Ordering::Relaxed);
+        assert!(waiter.join().unwrap() >= lifted, "returned while paused");
+    }
 
     #[test]
     fn the_limit_holds_over_all_streams() {

@@ -352,6 +352,7 @@ fn flush_file(
     let mut buf: Vec<u8> = Vec::with_capacity(MAX_CHUNK * 2);
     let mut eof = false;
     loop {
+        progress.wait_unpaused();
         if progress.cancel.load(Ordering::Relaxed) {
             return Err(StoreError::io(
                 "flush",

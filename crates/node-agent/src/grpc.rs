@@ -451,6 +451,8 @@ impl Agent for AgentHandler {
             self.jobs.node_dir(r.job_id, r.epoch, &r.node),
             header,
             r.manifest_digest,
+            // A restore is waiting for this copy: it does not yield to checkpoints.
+            std::sync::Arc::default(),
         );
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx).map(|c| c.map_err(to_status)),

@@ -85,6 +85,25 @@ struct EpochWork {
     tcp_addrs: Vec<String>,
     tids: Vec<i32>,
     notes: BTreeMap<String, String>,
+    /// Held from just before the freeze to the end of the thaw: background copies wait.
+    pause: Option<PauseGuard>,
+}
+
+/// One frozen job's hold on the node's background copies; released on drop.
+#[derive(Debug)]
+struct PauseGuard(Arc<std::sync::atomic::AtomicUsize>);
+
+impl PauseGuard {
+    fn new(counter: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        PauseGuard(counter.clone())
+    }
+}
+
+impl Drop for PauseGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// What the agent sees of a job right now.
@@ -304,6 +323,8 @@ pub struct Jobs {
     launch_env: LaunchEnv,
     shared: Option<Staging>,
     copy_opts: CopyOptions,
+    /// Jobs frozen on this node right now: flushes and partner copies wait while above zero.
+    frozen: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// Where a restore may find this node's images besides its own staging.
@@ -417,6 +438,7 @@ impl Jobs {
             launch_env: LaunchEnv::default(),
             shared: None,
             copy_opts: CopyOptions::default(),
+            frozen: Arc::default(),
         })
     }
 
@@ -468,7 +490,7 @@ impl Jobs {
     ) -> Result<(Arc<CopyProgress>, FlushTask), AgentError> {
         let shared = self.shared(job_id)?;
         let src = self.staging.node_dir(job_id, epoch, &self.node);
-        let progress = Arc::new(CopyProgress::default());
+        let progress = Arc::new(CopyProgress::pausing_on(self.frozen.clone()));
         let (p, opts, digest, node) = (
             progress.clone(),
             self.copy_opts.clone(),
@@ -810,6 +832,7 @@ impl Jobs {
             tcp_addrs: Vec::new(),
             tids: Vec::new(),
             notes: BTreeMap::new(),
+            pause: None,
         });
         Ok(Prepared {
             processes: job.work.as_ref().map(|w| w.pids.len() as u32).unwrap_or(0),
@@ -825,6 +848,8 @@ impl Jobs {
         let mut job = j.lock_owned().await;
         job.expect_phase(epoch, NodePhase::Prepared, "quiesce")?;
         self.failpoint(job_id, "quiesce").await?;
+        // Background copies stop taking CPU and disk before the freeze, until the thaw.
+        job.work.as_mut().expect("checked").pause = Some(PauseGuard::new(&self.frozen));
         let begin = Instant::now();
         let job = tokio::task::spawn_blocking(move || {
             let r = job.cgroup.freeze();
@@ -898,6 +923,7 @@ impl Jobs {
         })?;
         let w = job.work.as_mut().expect("checked");
         w.phase = NodePhase::Resumed;
+        w.pause = None;
         let frozen = w.frozen_at.map(|t| t.elapsed()).unwrap_or_default();
         Ok((begin.elapsed(), frozen))
     }
@@ -1321,6 +1347,7 @@ impl Jobs {
             self.staging.node_dir(job_id, epoch, &self.node),
             header,
             committed_digest.to_string(),
+            self.frozen.clone(),
         );
         // A damaged local file ends the stream early; the partner then refuses the incomplete
         // copy, and the local error is the one worth reporting.

@@ -3,9 +3,12 @@
 //! missing or damaged. Both directions use [`ckpt_store::stream`]: the sender checks every
 //! file's digest as it reads, the receiver as it writes, and the manifest is written last.
 use std::path::PathBuf;
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
 
 use ckpt_proto::v1 as pb;
 use ckpt_proto::v1::agent_client::AgentClient;
+use ckpt_store::copy::CopyProgress;
 use ckpt_store::manifest::NodeManifest;
 use ckpt_store::stream::{self, Receiver};
 use tokio::sync::mpsc;
@@ -46,12 +49,15 @@ pub async fn connect(
 }
 
 /// Streams the images in `dir` (checked against `committed`) as chunks: the header first, then
-/// every file in manifest order. A damaged file ends the stream with an error.
+/// every file in manifest order, waiting while `pause` is above zero. A damaged file ends the
+/// stream with an error.
 pub fn chunks(
     dir: PathBuf,
     header: pb::ChunkHeader,
     committed: String,
+    pause: Arc<AtomicUsize>,
 ) -> mpsc::Receiver<Result<pb::ImageChunk, AgentError>> {
+    let progress = CopyProgress::pausing_on(pause);
     let (tx, rx) = mpsc::channel(4);
     let job = header.job_id;
     tokio::task::spawn_blocking(move || {
@@ -76,6 +82,8 @@ pub fn chunks(
             return;
         }
         let r = stream::send_files(&dir, &m, |file, data| {
+            // Wait while a job on this node is frozen: a dump gets the CPU and the disk.
+            progress.wait_unpaused();
             tx.blocking_send(Ok(pb::ImageChunk {
                 header: None,
                 file,
