@@ -30,9 +30,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import BenchError, emit, log, machine_info, med, mono, progress_lines, run, wait_until  # noqa: E402
-from e2e_vs_criu import REPO  # noqa: E402
-from flush_frozen import Daemon  # noqa: E402
+from benchutil import BenchError, emit, log, machine_info, med, mono, progress_lines, wait_until  # noqa: E402
+from flush_frozen import Daemon, common_args, stage  # noqa: E402
 
 
 def main():
@@ -40,11 +39,7 @@ def main():
     ap.add_argument("--mib", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=5, metavar="K")
     ap.add_argument("--step-ms", type=int, default=4000)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out")
-    ap.add_argument("--bin-dir", default=os.path.join(REPO, "target", "release"))
-    ap.add_argument("--criu", default="/opt/ckpt/criu/bin/criu")
-    ap.add_argument("--keep", action="store_true")
+    common_args(ap)
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("must run as root (CRIU, cgroups)")
@@ -57,18 +52,12 @@ def main():
     jid = None
     rows = []
     try:
-        bindir = os.path.join(tmp, "bin")
-        os.mkdir(bindir)
-        for b in ("ckptd", "ckptctl", "ckpt-agent"):
-            shutil.copy2(os.path.join(args.bin_dir, b), os.path.join(bindir, b))
-        appdir = os.path.join(tmp, "apps")
-        run(["make", "-s", "-C", os.path.join(REPO, "tests", "apps"), f"OUT={appdir}",
-             os.path.join(appdir, "memwrite")], timeout=300)
+        bindir, app = stage(tmp, args.bin_dir, "memwrite")
         shared = os.path.join(tmp, "shared")
         os.mkdir(shared)
         d = Daemon(tmp, bindir, "flush", shared, 0)
         steps = 2 * args.repeats + 10
-        cmd = [os.path.join(appdir, "memwrite"), str(args.mib), "10", str(steps), str(args.step_ms)]
+        cmd = [app, str(args.mib), "10", str(steps), str(args.step_ms)]
         jid = d.ctl("run", "--", *cmd, timeout=60)[0].stdout.strip().split()[-1]
         stdout = os.path.join(d.dir, "state", "jobs", jid, "stdout")
         for i in range(args.repeats):

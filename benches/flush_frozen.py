@@ -48,6 +48,28 @@ from benchutil import (  # noqa: E402
 from e2e_vs_criu import FREEZER, REPO, kill_cgroup, remove_cgroup, wait_first_lines  # noqa: E402
 
 
+def common_args(ap):
+    """Options every storage benchmark script takes."""
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out")
+    ap.add_argument("--bin-dir", default=os.path.join(REPO, "target", "release"))
+    ap.add_argument("--criu", default="/opt/ckpt/criu/bin/criu")
+    ap.add_argument("--keep", action="store_true")
+
+
+def stage(tmp, bin_dir, app):
+    """Copies the daemons into tmp (a rebuild during the run does not matter) and builds the
+    test program `app` from tests/apps there; returns (bindir, path of the program)."""
+    bindir = os.path.join(tmp, "bin")
+    os.mkdir(bindir)
+    for b in ("ckptd", "ckptctl", "ckpt-agent"):
+        shutil.copy2(os.path.join(bin_dir, b), os.path.join(bindir, b))
+    appdir = os.path.join(tmp, "apps")
+    run(["make", "-s", "-C", os.path.join(REPO, "tests", "apps"), f"OUT={appdir}",
+         os.path.join(appdir, app)], timeout=300)
+    return bindir, os.path.join(appdir, app)
+
+
 def mm(xs):
     return "–" if not xs else f"{fmt(med(xs))} ({fmt(min(xs))}–{fmt(max(xs))})"
 
@@ -143,11 +165,7 @@ def main():
     ap.add_argument("--gap", type=float, default=1.0)
     ap.add_argument("--bandwidth-mb", type=int, default=50)
     ap.add_argument("--sleep-us", type=int, default=20000)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out")
-    ap.add_argument("--bin-dir", default=os.path.join(REPO, "target", "release"))
-    ap.add_argument("--criu", default="/opt/ckpt/criu/bin/criu")
-    ap.add_argument("--keep", action="store_true")
+    common_args(ap)
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("must run as root (CRIU, cgroups, loop mount)")
@@ -164,14 +182,7 @@ def main():
                for m in ("no flush", "flush")}
     t0 = mono()
     try:
-        bindir = os.path.join(tmp, "bin")
-        os.mkdir(bindir)
-        for b in ("ckptd", "ckptctl", "ckpt-agent"):
-            shutil.copy2(os.path.join(args.bin_dir, b), os.path.join(bindir, b))
-        appdir = os.path.join(tmp, "apps")
-        run(["make", "-s", "-C", os.path.join(REPO, "tests", "apps"), f"OUT={appdir}",
-             os.path.join(appdir, "heat.mpich")], timeout=300)
-        app = os.path.join(appdir, "heat.mpich")
+        bindir, app = stage(tmp, args.bin_dir, "heat.mpich")
         img = os.path.join(tmp, "shared.img")
         os.mkdir(shared)
         run(["truncate", "-s", "8G", img], timeout=30)

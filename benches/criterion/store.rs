@@ -49,23 +49,7 @@ fn write_files(dir: &Path, buf: &[u8], files: usize) {
 fn sealed(dir: &Path, buf: &[u8]) -> String {
     write_files(dir, buf, 8);
     let files = ckpt_store::digest::seal_tree(dir, &[manifest::FILE_NAME]).unwrap();
-    let m = NodeManifest {
-        job_id: 1,
-        epoch: 1,
-        node: "bench".into(),
-        engine: "criu".into(),
-        engine_version: String::new(),
-        created_unix_ms: 0,
-        root_pid: 1,
-        pids: vec![],
-        tids: vec![],
-        files,
-        open_files: vec![],
-        preserved: vec![],
-        tcp_ports: vec![],
-        tcp_addrs: vec![],
-        notes: Default::default(),
-    };
+    let m = NodeManifest::new(1, 1, "bench", files);
     manifest::write(dir, &m).unwrap()
 }
 

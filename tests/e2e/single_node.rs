@@ -3,7 +3,7 @@
 //! bad input. Skips with a printed reason where root, CRIU or MPI are missing.
 use std::time::Duration;
 
-use ckpt_tests::{bin_dir, script, skip_unless_ready, Ckptd, Mpi, Options};
+use ckpt_tests::{bin_dir, flip_byte_in_largest, script, skip_unless_ready, Ckptd, Mpi, Options};
 
 const RANKS: u32 = 4;
 const N: u32 = 256;
@@ -106,19 +106,7 @@ fn corrupt_image_is_refused_before_restore_and_older_epoch_still_works() {
     assert!(good.ok().contains("node node0 local copy: ok"), "{good:?}");
 
     // Flip one byte in the middle of the largest image file of epoch 2.
-    let images = d.images(job, 2).join("images");
-    let biggest = std::fs::read_dir(&images)
-        .unwrap()
-        .flatten()
-        .max_by_key(|e| e.metadata().unwrap().len())
-        .unwrap()
-        .path();
-    let mut bytes = std::fs::read(&biggest).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0x40;
-    std::fs::write(&biggest, bytes).unwrap();
-
-    let name = biggest.file_name().unwrap().to_string_lossy().into_owned();
+    let name = flip_byte_in_largest(&d.images(job, 2).join("images"));
     // `verify` finds it without touching anything, and says the older epoch is fine.
     let v = d.ctl(&["verify", &job.to_string(), "--json"]);
     assert_eq!(v.code, 8, "{v:?}");

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ckpt_tests::{skip_unless_ready, Ckptd, Mpi, Options};
+use ckpt_tests::{flip_byte_in_largest, skip_unless_ready, Ckptd, Mpi, Options};
 
 const LIMIT: Duration = Duration::from_secs(120);
 const MIB: u64 = 1 << 20;
@@ -242,18 +242,7 @@ fn epochs_flush_to_shared_storage_and_restarts_fall_back_to_it() {
 
     // A flipped byte in the local copy of epoch 2: `verify` reports it and the intact shared
     // copy; the restart fetches the shared copy and says why.
-    let images = d.images(job, 2).join("images");
-    let biggest = std::fs::read_dir(&images)
-        .unwrap()
-        .flatten()
-        .max_by_key(|e| e.metadata().unwrap().len())
-        .unwrap()
-        .path();
-    let name = biggest.file_name().unwrap().to_string_lossy().into_owned();
-    let mut bytes = std::fs::read(&biggest).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0x01;
-    std::fs::write(&biggest, bytes).unwrap();
+    let name = flip_byte_in_largest(&d.images(job, 2).join("images"));
     let v = d.ctl(&["verify", &id]);
     let out = v.ok();
     assert!(

@@ -873,6 +873,21 @@ fn mount_loop_ext4(dir: &Path, size: &str) {
     );
 }
 
+/// Flips one bit in the middle of the largest file in `dir`; returns that file's name.
+pub fn flip_byte_in_largest(dir: &Path) -> String {
+    let biggest = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .max_by_key(|e| e.metadata().unwrap().len())
+        .unwrap()
+        .path();
+    let mut bytes = std::fs::read(&biggest).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&biggest, bytes).unwrap();
+    biggest.file_name().unwrap().to_string_lossy().into_owned()
+}
+
 /// Writes an executable shell script.
 pub fn script(path: &Path, body: &str) {
     use std::os::unix::fs::PermissionsExt;

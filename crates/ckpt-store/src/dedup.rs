@@ -281,44 +281,19 @@ pub fn flush(
     }
     let known = Mutex::new(known);
     let throttle = opts.bandwidth.map(Throttle::new);
-    let queue = Mutex::new((0..m.files.len()).rev().collect::<Vec<_>>());
-    let results: Mutex<Vec<Option<(FileRecipe, FlushStats)>>> =
-        Mutex::new(vec![None; m.files.len()]);
-    let failed: Mutex<Option<StoreError>> = Mutex::new(None);
-    let streams = opts.streams.clamp(1, 64).min(m.files.len().max(1));
-    std::thread::scope(|s| {
-        for _ in 0..streams {
-            s.spawn(|| loop {
-                if failed.lock().expect("lock").is_some() {
-                    return;
-                }
-                let Some(i) = queue.lock().expect("lock").pop() else {
-                    return;
-                };
-                let pack = (
-                    first_new + i as u32,
-                    pdir.join(&names[(first_new as usize) + i]),
-                );
-                match flush_file(src, &m.files[i], pack, &known, throttle.as_ref(), progress) {
-                    Ok(r) => results.lock().expect("lock")[i] = Some(r),
-                    Err(e) => {
-                        failed.lock().expect("lock").get_or_insert(e);
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    if let Some(e) = failed.into_inner().expect("lock") {
-        return Err(e);
-    }
+    let results = for_each_file(m.files.len(), opts.streams, |i| {
+        let pack = (
+            first_new + i as u32,
+            pdir.join(&names[(first_new as usize) + i]),
+        );
+        flush_file(src, &m.files[i], pack, &known, throttle.as_ref(), progress)
+    })?;
     let mut recipe = Recipe {
         packs: names,
         files: Vec::new(),
     };
     let mut stats = FlushStats::default();
-    for r in results.into_inner().expect("lock") {
-        let (f, st) = r.expect("every file flushed");
+    for (f, st) in results {
         stats.image_bytes += st.image_bytes;
         stats.written_bytes += st.written_bytes;
         stats.chunks += st.chunks;
@@ -444,6 +419,46 @@ fn flush_file(
     ))
 }
 
+/// Runs `f` on files 0..n, `streams` of them at once, and returns the results in file order; the
+/// first error stops the others from starting new files and is returned.
+fn for_each_file<T: Send>(
+    n: usize,
+    streams: usize,
+    f: impl Fn(usize) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    let queue = Mutex::new((0..n).rev().collect::<Vec<_>>());
+    let results: Mutex<Vec<Option<T>>> = Mutex::new((0..n).map(|_| None).collect());
+    let failed: Mutex<Option<StoreError>> = Mutex::new(None);
+    std::thread::scope(|s| {
+        for _ in 0..streams.clamp(1, 64).min(n.max(1)) {
+            s.spawn(|| loop {
+                if failed.lock().expect("lock").is_some() {
+                    return;
+                }
+                let Some(i) = queue.lock().expect("lock").pop() else {
+                    return;
+                };
+                match f(i) {
+                    Ok(r) => results.lock().expect("lock")[i] = Some(r),
+                    Err(e) => {
+                        failed.lock().expect("lock").get_or_insert(e);
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    if let Some(e) = failed.into_inner().expect("lock") {
+        return Err(e);
+    }
+    Ok(results
+        .into_inner()
+        .expect("lock")
+        .into_iter()
+        .map(|r| r.expect("every file done"))
+        .collect())
+}
+
 /// Rebuilds `node`'s files of `epoch` from shared storage into `dest` (replaced; manifest
 /// last), or with `dest` = None only checks that they can be rebuilt. Every chunk and every file
 /// is checked against its digest. Returns the manifest.
@@ -475,28 +490,9 @@ pub fn rebuild(
         fs::create_dir_all(d).map_err(|e| StoreError::io("create", d, e))?;
     }
     let pdir = packs_dir(shared, job, node);
-    let queue = Mutex::new((0..m.files.len()).rev().collect::<Vec<_>>());
-    let failed: Mutex<Option<StoreError>> = Mutex::new(None);
-    let streams = opts.streams.clamp(1, 64).min(m.files.len().max(1));
-    std::thread::scope(|s| {
-        for _ in 0..streams {
-            s.spawn(|| loop {
-                if failed.lock().expect("lock").is_some() {
-                    return;
-                }
-                let Some(i) = queue.lock().expect("lock").pop() else {
-                    return;
-                };
-                if let Err(e) = rebuild_file(&pdir, &recipe, i, &m.files[i], dest) {
-                    failed.lock().expect("lock").get_or_insert(e);
-                    return;
-                }
-            });
-        }
-    });
-    if let Some(e) = failed.into_inner().expect("lock") {
-        return Err(e);
-    }
+    for_each_file(m.files.len(), opts.streams, |i| {
+        rebuild_file(&pdir, &recipe, i, &m.files[i], dest)
+    })?;
     if let Some(d) = dest {
         let mut dirs: BTreeSet<PathBuf> = m
             .files
@@ -641,23 +637,7 @@ mod tests {
         fs::write(dir.join("images/pages-1.img"), pages).unwrap();
         fs::write(dir.join("images/core-1.img"), b"core").unwrap();
         let files = seal_tree(dir, &[manifest::FILE_NAME]).unwrap();
-        let m = NodeManifest {
-            job_id: 1,
-            epoch: 1,
-            node: "n1".into(),
-            engine: "criu".into(),
-            engine_version: String::new(),
-            created_unix_ms: 0,
-            root_pid: 1,
-            pids: vec![],
-            tids: vec![],
-            files,
-            open_files: vec![],
-            preserved: vec![],
-            tcp_ports: vec![],
-            tcp_addrs: vec![],
-            notes: Default::default(),
-        };
+        let m = NodeManifest::new(1, 1, "n1", files);
         manifest::write(dir, &m).unwrap()
     }
 

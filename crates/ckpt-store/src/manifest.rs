@@ -114,6 +114,28 @@ pub struct NodeManifest {
 }
 
 impl NodeManifest {
+    /// A manifest listing `files`, with nothing else recorded (tools and tests; the agent fills
+    /// in every field).
+    pub fn new(job_id: u64, epoch: u32, node: &str, files: Vec<FileEntry>) -> Self {
+        NodeManifest {
+            job_id,
+            epoch,
+            node: node.to_string(),
+            engine: "criu".into(),
+            engine_version: String::new(),
+            created_unix_ms: 0,
+            root_pid: 0,
+            pids: Vec::new(),
+            tids: Vec::new(),
+            files,
+            open_files: Vec::new(),
+            preserved: Vec::new(),
+            tcp_ports: Vec::new(),
+            tcp_addrs: Vec::new(),
+            notes: BTreeMap::new(),
+        }
+    }
+
     /// Total bytes of image files.
     pub fn image_bytes(&self) -> u64 {
         self.files.iter().map(|f| f.size).sum()

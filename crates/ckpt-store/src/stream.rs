@@ -246,23 +246,7 @@ mod tests {
         fs::write(dir.join("images/empty.img"), b"").unwrap();
         fs::write(dir.join("images/core-1.img"), b"core").unwrap();
         let files = seal_tree(dir, &[manifest::FILE_NAME]).unwrap();
-        let m = NodeManifest {
-            job_id: 1,
-            epoch: 1,
-            node: "n1".into(),
-            engine: "criu".into(),
-            engine_version: String::new(),
-            created_unix_ms: 0,
-            root_pid: 1,
-            pids: vec![],
-            tids: vec![],
-            files,
-            open_files: vec![],
-            preserved: vec![],
-            tcp_ports: vec![],
-            tcp_addrs: vec![],
-            notes: Default::default(),
-        };
+        let m = NodeManifest::new(1, 1, "n1", files);
         manifest::write(dir, &m).unwrap()
     }
 

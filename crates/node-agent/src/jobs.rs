@@ -1300,6 +1300,11 @@ impl Jobs {
         address: &str,
         tmp: &Path,
     ) -> Result<NodeManifest, AgentError> {
+        let failed = |s: tonic::Status| AgentError::Partner {
+            job: job_id,
+            node: partner.to_string(),
+            message: s.message().to_string(),
+        };
         let mut c = crate::partner::connect(job_id, partner, address).await?;
         let s = c
             .send(ckpt_proto::v1::SendRequest {
@@ -1309,20 +1314,9 @@ impl Jobs {
                 manifest_digest: committed_digest.to_string(),
             })
             .await
-            .map_err(|s| AgentError::Partner {
-                job: job_id,
-                node: partner.to_string(),
-                message: s.message().to_string(),
-            })?
+            .map_err(failed)?
             .into_inner();
-        let (header, rest) =
-            crate::partner::split_header(s)
-                .await
-                .map_err(|s| AgentError::Partner {
-                    job: job_id,
-                    node: partner.to_string(),
-                    message: s.message().to_string(),
-                })?;
+        let (header, rest) = crate::partner::split_header(s).await.map_err(failed)?;
         crate::partner::receive(job_id, tmp.to_path_buf(), header, committed_digest, rest).await
     }
 
