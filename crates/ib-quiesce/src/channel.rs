@@ -1,0 +1,1023 @@
+//! A channel: the verbs objects of one process, created and owned through it, with what is
+//! needed to tear them down before a snapshot and rebuild them afterwards.
+//!
+//! Applications see *virtual* identifiers: a QP number and memory keys that the channel
+//! assigns once and keeps across rebuilds. Every post translates them to the real ones of the
+//! current incarnation (and a peer's virtual rkeys to its real ones, learned with its endpoint).
+//!
+//! Quiesce, in order: refuse new posts; poll until every signalled send completed (keeping the
+//! application's completions for its next poll); on every connected QP, RDMA-write a marker
+//! (the quiesce count) into a slot of the peer's control region and wait both for that write's
+//! completion and for the peer's marker in our own slot. RC delivers in order, so once both are
+//! seen nothing is in flight in either direction. Receives posted but not consumed are kept.
+//! Then QPs, CQs, MRs, the PD and the device are released. Rebuild reopens the device, registers
+//! the same memory (new keys), creates new QPs, publishes their endpoints, connects to the
+//! peers' new endpoints, reposts the kept receives and lets posts through again.
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use crate::verbs::{
+    Completion, Handle, MrKeys, Opcode, Port, QpCaps, RecvWr, Remote, SendOp, SendWr, Sge, Verbs,
+    VerbsError,
+};
+
+/// First virtual memory key; keys are `MR_KEY_BASE + index`.
+pub const MR_KEY_BASE: u32 = 0x7100_0000;
+/// First virtual QP number; QPs are `QPN_BASE + index`.
+pub const QPN_BASE: u32 = 0x0071_0000;
+/// Work request ids with this bit belong to the channel; applications may not use them.
+pub const INTERNAL_WR: u64 = 1 << 63;
+/// QPs one channel can hold (one control slot each).
+pub const MAX_QPS: usize = 1024;
+/// Access flags for the control region: local write, remote write.
+const CTRL_ACCESS: u32 = 0x1 | 0x2;
+
+/// Why a channel call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// Posts are refused while the channel is quiesced for a checkpoint; retry after rebuild.
+    #[error("the channel is quiesced for a checkpoint; posts resume after the rebuild")]
+    Paused,
+    /// The call does not fit the channel's state.
+    #[error("{op} is not possible while the channel is {state}")]
+    WrongState {
+        /// The call.
+        op: &'static str,
+        /// The state.
+        state: &'static str,
+    },
+    /// An identifier the channel did not hand out.
+    #[error("unknown {what} {id:#x}")]
+    Unknown {
+        /// "QP", "CQ", "memory key", "peer memory key".
+        what: &'static str,
+        /// The identifier.
+        id: u64,
+    },
+    /// A work request id with the channel's reserved bit.
+    #[error("work request id {0:#x} uses the bit reserved for the channel (1 << 63)")]
+    ReservedWrId(u64),
+    /// The QP is not connected.
+    #[error("QP {0:#x} is not connected")]
+    NotConnected(u32),
+    /// Too many QPs.
+    #[error("a channel holds at most {MAX_QPS} QPs")]
+    TooManyQps,
+    /// A step of quiesce did not finish in time.
+    #[error("quiesce: {what} did not finish within {waited:?}")]
+    Timeout {
+        /// What was awaited.
+        what: String,
+        /// How long.
+        waited: Duration,
+    },
+    /// A completion reported an error during quiesce.
+    #[error("quiesce: work request {wr_id:#x} on QP {qpn:#x} failed with status {status}")]
+    Failed {
+        /// Request.
+        wr_id: u64,
+        /// Real QP number.
+        qpn: u32,
+        /// Verbs status.
+        status: u32,
+    },
+    /// The device said no.
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+}
+
+/// Result of a channel call.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What a peer needs to reach one of our QPs, exchanged out of band (by the application at
+/// first, through the node agents and the coordinator after a rebuild).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Endpoint {
+    /// Our port.
+    pub port: Port,
+    /// The QP's real number and initial PSN.
+    pub qpn: u32,
+    /// Initial packet sequence number.
+    pub psn: u32,
+    /// Where the peer writes its quiesce marker for this QP, and the control region's rkey.
+    pub ctrl_addr: u64,
+    /// Real rkey of our control region.
+    pub ctrl_rkey: u32,
+    /// Our memory keys: (virtual, real) for every MR.
+    pub rkeys: Vec<(u32, u32)>,
+}
+
+/// Where the channel is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Objects exist, posts go through.
+    Up,
+    /// Quiesce began: posts are refused.
+    Quiescing,
+    /// Everything released: the process can be snapshotted.
+    Down,
+    /// Objects recreated, waiting for the peers' new endpoints.
+    Rebuilt,
+}
+
+impl State {
+    fn name(self) -> &'static str {
+        match self {
+            State::Up => "up",
+            State::Quiescing => "quiescing",
+            State::Down => "down (quiesced)",
+            State::Rebuilt => "rebuilt, not yet connected",
+        }
+    }
+}
+
+/// What a quiesce did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct QuiesceReport {
+    /// Connected QPs whose markers were exchanged.
+    pub flushed_qps: usize,
+    /// Receives posted but not consumed, kept for reposting.
+    pub kept_receives: usize,
+    /// Application completions held for its next poll.
+    pub held_completions: usize,
+}
+
+#[derive(Debug)]
+struct MrRec {
+    addr: u64,
+    len: usize,
+    access: u32,
+    real: Option<MrKeys>,
+}
+
+#[derive(Debug)]
+struct CqRec {
+    cqe: u32,
+    real: Option<Handle>,
+    held: VecDeque<Completion>,
+}
+
+#[derive(Debug)]
+struct QpRec {
+    send_cq: usize,
+    recv_cq: usize,
+    caps: QpCaps,
+    real: Option<(Handle, u32)>,
+    psn: u32,
+    peer: Option<Endpoint>,
+    peer_keys: HashMap<u32, u32>,
+    /// Posted, not yet completed receives, in posting order, with virtual keys.
+    receives: VecDeque<RecvWr>,
+}
+
+/// The verbs objects of one process, behind virtual identifiers.
+#[derive(Debug)]
+pub struct Channel<V: Verbs> {
+    v: V,
+    device: String,
+    port: Port,
+    pd: Option<Handle>,
+    state: State,
+    marker: u64,
+    mrs: Vec<MrRec>,
+    cqs: Vec<CqRec>,
+    qps: Vec<QpRec>,
+    /// Slot 0: the marker value we write; slot 1 + i: where QP i's peer writes its marker.
+    ctrl: Box<[u64]>,
+    ctrl_mr: Option<MrKeys>,
+    /// Signalled application sends not yet completed.
+    outstanding: u64,
+}
+
+impl<V: Verbs> Channel<V> {
+    /// Opens `device` (empty: the first one) and allocates the protection domain.
+    pub fn open(v: V, device: &str) -> Result<Self> {
+        let mut c = Channel {
+            v,
+            device: device.to_string(),
+            port: Port::default(),
+            pd: None,
+            state: State::Down,
+            marker: 0,
+            mrs: Vec::new(),
+            cqs: Vec::new(),
+            qps: Vec::new(),
+            ctrl: vec![0u64; 1 + MAX_QPS].into_boxed_slice(),
+            ctrl_mr: None,
+            outstanding: 0,
+        };
+        c.open_device()?;
+        c.state = State::Up;
+        Ok(c)
+    }
+
+    fn open_device(&mut self) -> Result<()> {
+        self.port = self.v.open(&self.device)?;
+        if self.device.is_empty() {
+            // Rebuild reopens the same device by name.
+            self.device = self.port.device.clone();
+        }
+        let pd = self.v.alloc_pd()?;
+        self.pd = Some(pd);
+        let addr = self.ctrl.as_ptr() as u64;
+        self.ctrl_mr = Some(self.v.reg_mr(pd, addr, self.ctrl.len() * 8, CTRL_ACCESS)?);
+        Ok(())
+    }
+
+    /// The channel's state.
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    /// The backend (tests inspect the recording fake through it).
+    pub fn backend(&self) -> &V {
+        &self.v
+    }
+
+    fn need(&self, want: State, op: &'static str) -> Result<()> {
+        if self.state == want {
+            Ok(())
+        } else if self.state == State::Quiescing && op.starts_with("post") {
+            Err(Error::Paused)
+        } else {
+            Err(Error::WrongState {
+                op,
+                state: self.state.name(),
+            })
+        }
+    }
+
+    /// Registers `len` bytes at `addr`; returns the virtual key, used as both lkey and rkey.
+    pub fn reg_mr(&mut self, addr: u64, len: usize, access: u32) -> Result<u32> {
+        self.need(State::Up, "reg_mr")?;
+        let keys = self.v.reg_mr(self.pd.expect("up"), addr, len, access)?;
+        self.mrs.push(MrRec {
+            addr,
+            len,
+            access,
+            real: Some(keys),
+        });
+        Ok(MR_KEY_BASE + (self.mrs.len() - 1) as u32)
+    }
+
+    /// Creates a completion queue; returns its id.
+    pub fn create_cq(&mut self, cqe: u32) -> Result<u32> {
+        self.need(State::Up, "create_cq")?;
+        let h = self.v.create_cq(cqe)?;
+        self.cqs.push(CqRec {
+            cqe,
+            real: Some(h),
+            held: VecDeque::new(),
+        });
+        Ok((self.cqs.len() - 1) as u32)
+    }
+
+    fn cq_index(&self, cq: u32) -> Result<usize> {
+        let i = cq as usize;
+        (i < self.cqs.len()).then_some(i).ok_or(Error::Unknown {
+            what: "CQ",
+            id: cq as u64,
+        })
+    }
+
+    fn qp_index(&self, vqpn: u32) -> Result<usize> {
+        vqpn.checked_sub(QPN_BASE)
+            .map(|i| i as usize)
+            .filter(|i| *i < self.qps.len())
+            .ok_or(Error::Unknown {
+                what: "QP",
+                id: vqpn as u64,
+            })
+    }
+
+    /// Creates an RC QP; returns its virtual QP number.
+    pub fn create_qp(&mut self, send_cq: u32, recv_cq: u32, caps: QpCaps) -> Result<u32> {
+        self.need(State::Up, "create_qp")?;
+        if self.qps.len() >= MAX_QPS {
+            return Err(Error::TooManyQps);
+        }
+        let (s, r) = (self.cq_index(send_cq)?, self.cq_index(recv_cq)?);
+        let i = self.qps.len();
+        let psn = psn_for(self.marker, i);
+        let real = self.v.create_qp(
+            self.pd.expect("up"),
+            self.cqs[s].real.expect("up"),
+            self.cqs[r].real.expect("up"),
+            caps,
+        )?;
+        self.qps.push(QpRec {
+            send_cq: s,
+            recv_cq: r,
+            caps,
+            real: Some(real),
+            psn,
+            peer: None,
+            peer_keys: HashMap::new(),
+            receives: VecDeque::new(),
+        });
+        Ok(QPN_BASE + i as u32)
+    }
+
+    fn endpoint_of(&self, i: usize) -> Endpoint {
+        let ctrl = self.ctrl_mr.expect("device open");
+        Endpoint {
+            port: self.port.clone(),
+            qpn: self.qps[i].real.expect("objects exist").1,
+            psn: self.qps[i].psn,
+            ctrl_addr: self.ctrl.as_ptr() as u64 + 8 * (1 + i as u64),
+            ctrl_rkey: ctrl.rkey,
+            rkeys: self
+                .mrs
+                .iter()
+                .enumerate()
+                .map(|(k, m)| (MR_KEY_BASE + k as u32, m.real.expect("objects exist").rkey))
+                .collect(),
+        }
+    }
+
+    /// What a peer needs to connect to QP `vqpn`.
+    pub fn endpoint(&self, vqpn: u32) -> Result<Endpoint> {
+        if !matches!(self.state, State::Up | State::Rebuilt) {
+            return Err(Error::WrongState {
+                op: "endpoint",
+                state: self.state.name(),
+            });
+        }
+        Ok(self.endpoint_of(self.qp_index(vqpn)?))
+    }
+
+    fn connect_index(&mut self, i: usize, peer: Endpoint) -> Result<()> {
+        let remote = Remote {
+            port: peer.port.clone(),
+            qpn: peer.qpn,
+            psn: peer.psn,
+        };
+        let q = &mut self.qps[i];
+        self.v
+            .connect(q.real.expect("objects exist").0, q.psn, &remote)?;
+        q.peer_keys = peer.rkeys.iter().copied().collect();
+        q.peer = Some(peer);
+        Ok(())
+    }
+
+    /// Connects QP `vqpn` to a peer's endpoint.
+    pub fn connect(&mut self, vqpn: u32, peer: Endpoint) -> Result<()> {
+        self.need(State::Up, "connect")?;
+        let i = self.qp_index(vqpn)?;
+        self.connect_index(i, peer)
+    }
+
+    fn local_sges(&self, sges: &[Sge]) -> Result<Vec<Sge>> {
+        sges.iter()
+            .map(|s| {
+                let m = s
+                    .lkey
+                    .checked_sub(MR_KEY_BASE)
+                    .and_then(|k| self.mrs.get(k as usize))
+                    .ok_or(Error::Unknown {
+                        what: "memory key",
+                        id: s.lkey as u64,
+                    })?;
+                Ok(Sge {
+                    lkey: m.real.expect("objects exist").lkey,
+                    ..*s
+                })
+            })
+            .collect()
+    }
+
+    /// Posts a send (virtual keys; a write names the peer's virtual rkey).
+    pub fn post_send(&mut self, vqpn: u32, wr: &SendWr) -> Result<()> {
+        self.need(State::Up, "post_send")?;
+        if wr.wr_id & INTERNAL_WR != 0 {
+            return Err(Error::ReservedWrId(wr.wr_id));
+        }
+        let i = self.qp_index(vqpn)?;
+        let q = &self.qps[i];
+        if q.peer.is_none() {
+            return Err(Error::NotConnected(vqpn));
+        }
+        let op = match wr.op {
+            SendOp::Send => SendOp::Send,
+            SendOp::Write { remote_addr, rkey } => SendOp::Write {
+                remote_addr,
+                rkey: *q.peer_keys.get(&rkey).ok_or(Error::Unknown {
+                    what: "peer memory key",
+                    id: rkey as u64,
+                })?,
+            },
+        };
+        let real = SendWr {
+            wr_id: wr.wr_id,
+            op,
+            sges: self.local_sges(&wr.sges)?,
+            signaled: wr.signaled,
+        };
+        self.v.post_send(q.real.expect("up").0, &real)?;
+        if wr.signaled {
+            self.outstanding += 1;
+        }
+        Ok(())
+    }
+
+    /// Posts a receive (virtual keys).
+    pub fn post_recv(&mut self, vqpn: u32, wr: &RecvWr) -> Result<()> {
+        self.need(State::Up, "post_recv")?;
+        if wr.wr_id & INTERNAL_WR != 0 {
+            return Err(Error::ReservedWrId(wr.wr_id));
+        }
+        let i = self.qp_index(vqpn)?;
+        let real = RecvWr {
+            wr_id: wr.wr_id,
+            sges: self.local_sges(&wr.sges)?,
+        };
+        self.v.post_recv(self.qps[i].real.expect("up").0, &real)?;
+        self.qps[i].receives.push_back(wr.clone());
+        Ok(())
+    }
+
+    fn vqpn_of_real(&self, real: u32) -> Option<usize> {
+        self.qps
+            .iter()
+            .position(|q| q.real.map(|r| r.1) == Some(real))
+    }
+
+    /// Polls the backend CQ `i` once and files what it returns: the channel's own completions
+    /// into `internal`, the application's (with virtual QP numbers) into the CQ's held list.
+    fn poll_into(&mut self, i: usize, internal: &mut Vec<Completion>) -> Result<()> {
+        let real = self.cqs[i].real.expect("objects exist");
+        let cqe = self.cqs[i].cqe.max(1) as usize;
+        for mut c in self.v.poll_cq(real, cqe)? {
+            if c.wr_id & INTERNAL_WR != 0 {
+                internal.push(c);
+                continue;
+            }
+            let qi = self.vqpn_of_real(c.qpn);
+            if let Some(qi) = qi {
+                match c.opcode {
+                    Opcode::Recv => {
+                        let q = &mut self.qps[qi];
+                        if let Some(p) = q.receives.iter().position(|r| r.wr_id == c.wr_id) {
+                            q.receives.remove(p);
+                        }
+                    }
+                    Opcode::Send => self.outstanding = self.outstanding.saturating_sub(1),
+                }
+                c.qpn = QPN_BASE + qi as u32;
+            }
+            self.cqs[i].held.push_back(c);
+        }
+        Ok(())
+    }
+
+    /// Polls up to `max` completions of CQ `cq` (QP numbers in them are virtual).
+    pub fn poll_cq(&mut self, cq: u32, max: usize) -> Result<Vec<Completion>> {
+        let i = self.cq_index(cq)?;
+        if self.cqs[i].held.len() < max && self.state == State::Up {
+            let mut internal = Vec::new();
+            self.poll_into(i, &mut internal)?;
+        }
+        let n = max.min(self.cqs[i].held.len());
+        Ok(self.cqs[i].held.drain(..n).collect())
+    }
+
+    /// Drains, flushes and releases everything (see the module documentation). On a timeout
+    /// or a failed flush the channel stays `Quiescing` with its objects intact: call
+    /// [`Channel::resume`] to let posts through again.
+    pub fn quiesce(&mut self, timeout: Duration) -> Result<QuiesceReport> {
+        self.need(State::Up, "quiesce")?;
+        self.state = State::Quiescing;
+        let begin = Instant::now();
+        let timed_out = |what: &str| Error::Timeout {
+            what: what.to_string(),
+            waited: timeout,
+        };
+        let mut internal = Vec::new();
+        // 1. Every signalled send completes.
+        while self.outstanding > 0 {
+            if begin.elapsed() > timeout {
+                return Err(timed_out(&format!("{} signalled sends", self.outstanding)));
+            }
+            for i in 0..self.cqs.len() {
+                self.poll_into(i, &mut internal)?;
+            }
+        }
+        // 2. A marker each way on every connected QP.
+        self.marker += 1;
+        self.ctrl[0] = self.marker;
+        let ctrl = self.ctrl_mr.expect("device open");
+        let src = Sge {
+            addr: self.ctrl.as_ptr() as u64,
+            len: 8,
+            lkey: ctrl.lkey,
+        };
+        let connected: Vec<usize> = (0..self.qps.len())
+            .filter(|i| self.qps[*i].peer.is_some())
+            .collect();
+        for &i in &connected {
+            let peer = self.qps[i].peer.as_ref().expect("connected");
+            let wr = SendWr {
+                wr_id: INTERNAL_WR | i as u64,
+                op: SendOp::Write {
+                    remote_addr: peer.ctrl_addr,
+                    rkey: peer.ctrl_rkey,
+                },
+                sges: vec![src],
+                signaled: true,
+            };
+            self.v.post_send(self.qps[i].real.expect("up").0, &wr)?;
+        }
+        let mut acked: HashSet<usize> = HashSet::new();
+        loop {
+            for c in internal.drain(..) {
+                if c.status != 0 {
+                    return Err(Error::Failed {
+                        wr_id: c.wr_id,
+                        qpn: c.qpn,
+                        status: c.status,
+                    });
+                }
+                acked.insert((c.wr_id & !INTERNAL_WR) as usize);
+            }
+            let heard = connected
+                .iter()
+                .filter(|i| self.slot(**i) >= self.marker)
+                .count();
+            if acked.len() == connected.len() && heard == connected.len() {
+                break;
+            }
+            if begin.elapsed() > timeout {
+                return Err(timed_out(&format!(
+                    "flush markers ({} of {} sent, {} of {} received)",
+                    acked.len(),
+                    connected.len(),
+                    heard,
+                    connected.len()
+                )));
+            }
+            for i in 0..self.cqs.len() {
+                self.poll_into(i, &mut internal)?;
+            }
+        }
+        let report = QuiesceReport {
+            flushed_qps: connected.len(),
+            kept_receives: self.qps.iter().map(|q| q.receives.len()).sum(),
+            held_completions: self.cqs.iter().map(|c| c.held.len()).sum(),
+        };
+        // 3. Release everything, continuing past errors so that nothing is left open.
+        let mut first: Option<VerbsError> = None;
+        let mut keep = |r: std::result::Result<(), VerbsError>| {
+            if let Err(e) = r {
+                first.get_or_insert(e);
+            }
+        };
+        for q in &mut self.qps {
+            if let Some((h, _)) = q.real.take() {
+                keep(self.v.destroy_qp(h));
+            }
+        }
+        for c in &mut self.cqs {
+            if let Some(h) = c.real.take() {
+                keep(self.v.destroy_cq(h));
+            }
+        }
+        for m in &mut self.mrs {
+            if let Some(k) = m.real.take() {
+                keep(self.v.dereg_mr(k.handle));
+            }
+        }
+        if let Some(k) = self.ctrl_mr.take() {
+            keep(self.v.dereg_mr(k.handle));
+        }
+        if let Some(pd) = self.pd.take() {
+            keep(self.v.dealloc_pd(pd));
+        }
+        keep(self.v.close());
+        self.state = State::Down;
+        match first {
+            Some(e) => Err(e.into()),
+            None => Ok(report),
+        }
+    }
+
+    /// Lets posts through again after a quiesce that failed before releasing anything.
+    pub fn resume(&mut self) -> Result<()> {
+        self.need(State::Quiescing, "resume")?;
+        self.state = State::Up;
+        Ok(())
+    }
+
+    fn slot(&self, i: usize) -> u64 {
+        // SAFETY: the slot is inside `ctrl`, which lives as long as `self`; the device (or a
+        // peer through it) writes it concurrently, so it is read volatile.
+        unsafe { std::ptr::read_volatile(self.ctrl.as_ptr().add(1 + i)) }
+    }
+
+    /// Rebuild, first step: reopen the device, register the same memory, recreate CQs and QPs.
+    /// Returns every QP's new endpoint (virtual QP number, endpoint) to publish to its peer.
+    pub fn rebuild(&mut self) -> Result<Vec<(u32, Endpoint)>> {
+        self.need(State::Down, "rebuild")?;
+        self.open_device()?;
+        let pd = self.pd.expect("open");
+        for m in &mut self.mrs {
+            m.real = Some(self.v.reg_mr(pd, m.addr, m.len, m.access)?);
+        }
+        for c in &mut self.cqs {
+            c.real = Some(self.v.create_cq(c.cqe)?);
+        }
+        for i in 0..self.qps.len() {
+            let (s, r) = (self.qps[i].send_cq, self.qps[i].recv_cq);
+            let real = self.v.create_qp(
+                pd,
+                self.cqs[s].real.expect("created"),
+                self.cqs[r].real.expect("created"),
+                self.qps[i].caps,
+            )?;
+            self.qps[i].real = Some(real);
+            self.qps[i].psn = psn_for(self.marker, i);
+        }
+        self.state = State::Rebuilt;
+        Ok((0..self.qps.len())
+            .map(|i| (QPN_BASE + i as u32, self.endpoint_of(i)))
+            .collect())
+    }
+
+    /// Rebuild, second step: connect to the peers' new endpoints (by our virtual QP number),
+    /// repost the receives kept at quiesce, and let posts through.
+    pub fn reconnect(&mut self, peers: Vec<(u32, Endpoint)>) -> Result<()> {
+        self.need(State::Rebuilt, "reconnect")?;
+        let mut given: HashMap<usize, Endpoint> = HashMap::new();
+        for (vqpn, ep) in peers {
+            given.insert(self.qp_index(vqpn)?, ep);
+        }
+        for i in 0..self.qps.len() {
+            if self.qps[i].peer.is_none() {
+                continue;
+            }
+            let ep = given
+                .remove(&i)
+                .ok_or(Error::NotConnected(QPN_BASE + i as u32))?;
+            self.connect_index(i, ep)?;
+        }
+        for i in 0..self.qps.len() {
+            let kept: Vec<RecvWr> = self.qps[i].receives.iter().cloned().collect();
+            for wr in kept {
+                let real = RecvWr {
+                    wr_id: wr.wr_id,
+                    sges: self.local_sges(&wr.sges)?,
+                };
+                self.v
+                    .post_recv(self.qps[i].real.expect("rebuilt").0, &real)?;
+            }
+        }
+        self.state = State::Up;
+        Ok(())
+    }
+
+    /// The current real QP number behind a virtual one (diagnostics and tests).
+    pub fn real_qpn(&self, vqpn: u32) -> Result<u32> {
+        let i = self.qp_index(vqpn)?;
+        self.qps[i].real.map(|r| r.1).ok_or(Error::WrongState {
+            op: "real_qpn",
+            state: self.state.name(),
+        })
+    }
+
+    /// The current real rkey behind a virtual memory key (diagnostics and tests).
+    pub fn real_rkey(&self, vkey: u32) -> Result<u32> {
+        let m = vkey
+            .checked_sub(MR_KEY_BASE)
+            .and_then(|k| self.mrs.get(k as usize))
+            .ok_or(Error::Unknown {
+                what: "memory key",
+                id: vkey as u64,
+            })?;
+        m.real.map(|k| k.rkey).ok_or(Error::WrongState {
+            op: "real_rkey",
+            state: self.state.name(),
+        })
+    }
+}
+
+/// A fresh initial PSN per QP and incarnation (24 bits).
+fn psn_for(marker: u64, i: usize) -> u32 {
+    ((marker
+        .wrapping_mul(0x9e37_79b9)
+        .wrapping_add(i as u64 * 7919))
+        & 0x00ff_ffff) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake::{Fabric, FakeVerbs};
+
+    const T: Duration = Duration::from_secs(5);
+    const CAPS: QpCaps = QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_sge: 1,
+    };
+
+    /// One process: a channel, a 4 KiB buffer registered in it, a CQ and a QP.
+    struct Side {
+        ch: Channel<FakeVerbs>,
+        buf: Box<[u8; 4096]>,
+        key: u32,
+        cq: u32,
+        qp: u32,
+    }
+
+    impl Side {
+        fn new(f: &Fabric, id: usize) -> Side {
+            let mut ch = Channel::open(f.end(id), "").unwrap();
+            let buf = Box::new([0u8; 4096]);
+            let key = ch.reg_mr(buf.as_ptr() as u64, buf.len(), 0x7).unwrap();
+            let cq = ch.create_cq(64).unwrap();
+            let qp = ch.create_qp(cq, cq, CAPS).unwrap();
+            Side {
+                ch,
+                buf,
+                key,
+                cq,
+                qp,
+            }
+        }
+
+        fn addr(&self, off: usize) -> u64 {
+            self.buf.as_ptr() as u64 + off as u64
+        }
+
+        fn sge(&self, off: usize, len: u32) -> Vec<Sge> {
+            vec![Sge {
+                addr: self.addr(off),
+                len,
+                lkey: self.key,
+            }]
+        }
+    }
+
+    fn pair() -> (Fabric, Side, Side) {
+        let f = Fabric::new();
+        let (mut a, mut b) = (Side::new(&f, 0), Side::new(&f, 1));
+        let (ea, eb) = (a.ch.endpoint(a.qp).unwrap(), b.ch.endpoint(b.qp).unwrap());
+        a.ch.connect(a.qp, eb).unwrap();
+        b.ch.connect(b.qp, ea).unwrap();
+        (f, a, b)
+    }
+
+    /// Quiesces both sides at once, as the agents do in the pre-checkpoint phase.
+    fn quiesce_both(a: Side, b: Side) -> ((Side, QuiesceReport), (Side, QuiesceReport)) {
+        let ta = std::thread::spawn(move || {
+            let mut a = a;
+            let r = a.ch.quiesce(T).unwrap();
+            (a, r)
+        });
+        let mut b = b;
+        let rb = b.ch.quiesce(T).unwrap();
+        (ta.join().unwrap(), (b, rb))
+    }
+
+    #[test]
+    fn identifiers_are_virtual_and_checked() {
+        let (_f, mut a, _b) = pair();
+        assert_eq!(a.key, MR_KEY_BASE);
+        assert_eq!(a.qp, QPN_BASE);
+        assert_ne!(a.ch.real_qpn(a.qp).unwrap(), a.qp);
+        let bad = RecvWr {
+            wr_id: 1,
+            sges: vec![Sge {
+                addr: a.addr(0),
+                len: 8,
+                lkey: 0x1234,
+            }],
+        };
+        assert!(matches!(
+            a.ch.post_recv(a.qp, &bad),
+            Err(Error::Unknown {
+                what: "memory key",
+                ..
+            })
+        ));
+        let wr = SendWr {
+            wr_id: INTERNAL_WR | 5,
+            op: SendOp::Send,
+            sges: a.sge(0, 8),
+            signaled: true,
+        };
+        assert_eq!(
+            a.ch.post_send(a.qp, &wr),
+            Err(Error::ReservedWrId(INTERNAL_WR | 5))
+        );
+        let wr = SendWr {
+            wr_id: 6,
+            op: SendOp::Write {
+                remote_addr: 0,
+                rkey: 0x99,
+            },
+            sges: a.sge(0, 8),
+            signaled: true,
+        };
+        assert!(matches!(
+            a.ch.post_send(a.qp, &wr),
+            Err(Error::Unknown {
+                what: "peer memory key",
+                ..
+            })
+        ));
+        assert!(matches!(
+            a.ch.post_send(QPN_BASE + 9, &wr),
+            Err(Error::Unknown { what: "QP", .. })
+        ));
+    }
+
+    #[test]
+    fn quiesce_flushes_everything_in_flight_and_releases_every_object() {
+        let (f, mut a, mut b) = pair();
+        // B expects three messages; A sends one, writes into B's buffer (unsignalled) and
+        // sends a second, none delivered yet.
+        for i in 0..3 {
+            let wr = RecvWr {
+                wr_id: 100 + i,
+                sges: b.sge(1024 * (i as usize + 1), 64),
+            };
+            b.ch.post_recv(b.qp, &wr).unwrap();
+        }
+        a.buf[..5].copy_from_slice(b"hello");
+        a.buf[8..13].copy_from_slice(b"world");
+        a.buf[16..20].copy_from_slice(b"more");
+        let send = |a: &Side, wr_id, off, signaled| SendWr {
+            wr_id,
+            op: SendOp::Send,
+            sges: a.sge(off, 5),
+            signaled,
+        };
+        let wr = send(&a, 1, 0, true);
+        a.ch.post_send(a.qp, &wr).unwrap();
+        let write = SendWr {
+            wr_id: 2,
+            op: SendOp::Write {
+                remote_addr: b.addr(100),
+                rkey: b.key,
+            },
+            sges: a.sge(8, 5),
+            signaled: false,
+        };
+        a.ch.post_send(a.qp, &write).unwrap();
+        let wr = send(&a, 3, 16, true);
+        a.ch.post_send(a.qp, &wr).unwrap();
+        assert_eq!(f.in_flight(), 3);
+
+        let ((a, ra), (mut b, rb)) = quiesce_both(a, b);
+        assert_eq!(f.in_flight(), 0, "nothing is left on the wire");
+        assert_eq!((ra.flushed_qps, rb.flushed_qps), (1, 1));
+        assert_eq!(&b.buf[1024..1029], b"hello");
+        assert_eq!(&b.buf[100..105], b"world");
+        assert_eq!(&b.buf[2048..2052], b"more");
+        // One receive is left for later; the two consumed ones wait for B's next poll.
+        assert_eq!(rb.kept_receives, 1);
+        assert_eq!(rb.held_completions, 2);
+        assert_eq!(ra.held_completions, 2, "A's two signalled sends");
+        for side in [0, 1] {
+            assert_eq!(f.objects_of(side), 0, "end {side} released everything");
+        }
+        // Release order: QPs, CQs, MRs, PD, device.
+        let log: Vec<String> = f
+            .log()
+            .into_iter()
+            .filter(|l| l.starts_with("end 0: ") && !l.contains("post"))
+            .collect();
+        let pos = |what: &str| log.iter().rposition(|l| l.contains(what)).unwrap();
+        assert!(pos("destroy_qp") < pos("destroy_cq"));
+        assert!(pos("destroy_cq") < pos("dereg_mr"));
+        assert!(pos("dereg_mr") < pos("dealloc_pd"));
+        assert!(pos("dealloc_pd") < pos("close"));
+        // Posts are refused while down; the held completions are still delivered.
+        assert!(matches!(
+            b.ch.post_recv(
+                b.qp,
+                &RecvWr {
+                    wr_id: 9,
+                    sges: vec![]
+                }
+            ),
+            Err(Error::WrongState { .. })
+        ));
+        let got: Vec<u64> =
+            b.ch.poll_cq(b.cq, 8)
+                .unwrap()
+                .iter()
+                .map(|c| c.wr_id)
+                .collect();
+        assert_eq!(got, [100, 101], "consumed in posting order");
+        drop(a);
+    }
+
+    #[test]
+    fn rebuild_gives_new_real_identifiers_behind_the_same_virtual_ones() {
+        let (f, a, mut b) = pair();
+        let wr = RecvWr {
+            wr_id: 7,
+            sges: b.sge(512, 64),
+        };
+        b.ch.post_recv(b.qp, &wr).unwrap();
+        let before = (
+            a.ch.real_qpn(a.qp).unwrap(),
+            b.ch.real_qpn(b.qp).unwrap(),
+            b.ch.real_rkey(b.key).unwrap(),
+        );
+        let ((mut a, _), (mut b, rb)) = quiesce_both(a, b);
+        assert_eq!(rb.kept_receives, 1);
+
+        // Each side recreates its objects and publishes endpoints; the coordinator hands each
+        // the other's.
+        let ea = a.ch.rebuild().unwrap();
+        let eb = b.ch.rebuild().unwrap();
+        assert_eq!(ea[0].0, a.qp);
+        a.ch.reconnect(vec![(a.qp, eb[0].1.clone())]).unwrap();
+        b.ch.reconnect(vec![(b.qp, ea[0].1.clone())]).unwrap();
+        let after = (
+            a.ch.real_qpn(a.qp).unwrap(),
+            b.ch.real_qpn(b.qp).unwrap(),
+            b.ch.real_rkey(b.key).unwrap(),
+        );
+        assert_ne!(before.0, after.0);
+        assert_ne!(before.1, after.1);
+        assert_ne!(before.2, after.2);
+        assert_eq!(a.ch.state(), State::Up);
+
+        // The receive kept across the checkpoint takes A's next send; a write with B's old
+        // (virtual) key lands.
+        a.buf[..4].copy_from_slice(b"ping");
+        let send = SendWr {
+            wr_id: 11,
+            op: SendOp::Send,
+            sges: a.sge(0, 4),
+            signaled: true,
+        };
+        a.ch.post_send(a.qp, &send).unwrap();
+        let write = SendWr {
+            wr_id: 12,
+            op: SendOp::Write {
+                remote_addr: b.addr(3000),
+                rkey: b.key,
+            },
+            sges: a.sge(0, 4),
+            signaled: true,
+        };
+        a.ch.post_send(a.qp, &write).unwrap();
+        let mut got = Vec::new();
+        for _ in 0..20 {
+            got.extend(b.ch.poll_cq(b.cq, 4).unwrap());
+            got.extend(a.ch.poll_cq(a.cq, 4).unwrap());
+        }
+        let recv = got
+            .iter()
+            .find(|c| c.opcode == Opcode::Recv)
+            .expect("received");
+        assert_eq!((recv.wr_id, recv.status, recv.qpn), (7, 0, b.qp));
+        assert!(got
+            .iter()
+            .filter(|c| c.opcode == Opcode::Send)
+            .all(|c| c.status == 0));
+        assert_eq!(&b.buf[512..516], b"ping");
+        assert_eq!(&b.buf[3000..3004], b"ping");
+        assert_eq!(f.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_peer_that_does_not_quiesce_times_out_and_posts_can_resume() {
+        let (_f, mut a, _b) = pair();
+        let err = a.ch.quiesce(Duration::from_millis(200)).unwrap_err();
+        assert!(
+            matches!(&err, Error::Timeout { what, .. } if what.contains("0 of 1 received")),
+            "{err}"
+        );
+        let wr = RecvWr {
+            wr_id: 1,
+            sges: a.sge(0, 8),
+        };
+        assert_eq!(a.ch.post_recv(a.qp, &wr), Err(Error::Paused));
+        a.ch.resume().unwrap();
+        a.ch.post_recv(a.qp, &wr).unwrap();
+    }
+
+    #[test]
+    fn a_failing_release_is_reported_and_the_rest_is_still_released() {
+        let (f, a, b) = pair();
+        f.fail_next("ibv_dereg_mr");
+        let ta = std::thread::spawn(move || {
+            let mut a = a;
+            let r = a.ch.quiesce(T);
+            (a, r)
+        });
+        let mut b = b;
+        let rb = b.ch.quiesce(T);
+        let (a, ra) = ta.join().unwrap();
+        let failed = [ra, rb].into_iter().filter(|r| r.is_err()).count();
+        assert_eq!(failed, 1, "exactly one side met the failure");
+        assert_eq!((a.ch.state(), b.ch.state()), (State::Down, State::Down));
+        // The failed MR stays registered; everything else is gone.
+        assert!(f.objects_of(0) + f.objects_of(1) <= 2);
+    }
+}
