@@ -567,3 +567,59 @@ fn ckpt_rsh_refuses_outside_a_job_a_wrong_secret_and_an_unknown_host() {
     );
     d.ctl(&["cancel", &job.to_string()]).ok();
 }
+
+/// A process holding an InfiniBand verbs device without an ib-quiesce channel is refused in
+/// initial synchronization, naming the process, the device and the fix; the job keeps running.
+/// No RDMA device is needed: the job opens `/dev/infiniband/uverbs0` in a private mount
+/// namespace where that path is a plain file on a tmpfs.
+#[test]
+fn a_process_holding_verbs_without_a_channel_is_refused() {
+    skip_unless_ready!("unshare");
+    let d = Ckptd::start(Options::default());
+    let job = d.run_job(
+        "verbs",
+        &[
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            "mount -t tmpfs ckpt-test /dev && mkdir /dev/infiniband && : > /dev/infiniband/uverbs0 \
+             && exec sleep 600 3</dev/infiniband/uverbs0",
+        ]
+        .map(String::from),
+    );
+    let begin = std::time::Instant::now();
+    let pid = loop {
+        let p = d.job_pids(job);
+        if p.len() == 1
+            && std::fs::read_link(format!("/proc/{}/fd/3", p[0]))
+                .is_ok_and(|l| l.ends_with("uverbs0"))
+        {
+            break p[0];
+        }
+        assert!(begin.elapsed() < LIMIT, "the job never opened the device");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let out = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
+    assert_eq!(out.code, 6, "the epoch is aborted: {out:?}");
+    for what in [
+        format!("process {pid}"),
+        "/dev/infiniband/uverbs0".into(),
+        "no ib-quiesce channel".into(),
+        "UCX_TLS=tcp".into(),
+        "the job keeps running".into(),
+    ] {
+        assert!(out.stderr.contains(&what), "names {what}: {out:?}");
+    }
+    let e = &d.epochs(job)[0];
+    assert_eq!(
+        (e["state"].as_str(), e["failed_phase"].as_str()),
+        (Some("failed"), Some("initial-sync")),
+        "{e}"
+    );
+    assert_eq!(d.status(job)["state"], "running", "the job was not touched");
+    assert_eq!(d.job_pids(job), [pid]);
+    d.ctl(&["cancel", &job.to_string()]).ok();
+}

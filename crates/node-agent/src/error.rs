@@ -64,7 +64,7 @@ pub enum AgentError {
         free: u64,
     },
     /// A process uses InfiniBand verbs without an ib-quiesce channel.
-    #[error("job {job}: process {pid} ({comm}) maps {device} but has no ib-quiesce channel; a snapshot cannot contain HCA state. Link its communication layer with ib-quiesce, or run it over TCP/shared memory (e.g. UCX_TLS=tcp,self,sm or OMPI_MCA_btl=tcp,self,vader)")]
+    #[error("job {job}: process {pid} ({comm}) has {device} open or mapped but no ib-quiesce channel; a snapshot cannot contain HCA state. Link its communication layer with ib-quiesce, or run it over TCP/shared memory (e.g. UCX_TLS=tcp,self,sm or OMPI_MCA_btl=tcp,self,vader)")]
     VerbsWithoutChannel {
         /// Job id.
         job: u64,
