@@ -60,6 +60,14 @@ pub enum Error {
     /// The QP is not connected.
     #[error("QP {0:#x} is not connected")]
     NotConnected(u32),
+    /// After a rebuild, the new endpoint of a QP's peer was not given.
+    #[error("QP {qp:#x}: no new endpoint for its peer (channel {:#x}, QP {:#x})", peer.0, peer.1)]
+    MissingPeer {
+        /// Our virtual QP number.
+        qp: u32,
+        /// The peer's identity.
+        peer: QpId,
+    },
     /// Too many QPs.
     #[error("a channel holds at most {MAX_QPS} QPs")]
     TooManyQps,
@@ -93,6 +101,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// first, through the node agents and the coordinator after a rebuild).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Endpoint {
+    /// Which QP this is, stable across rebuilds and restarts: the channel's id and the QP's
+    /// virtual number. After a rebuild, each QP finds its peer's new endpoint by this.
+    pub id: QpId,
     /// Our port.
     pub port: Port,
     /// The QP's real number and initial PSN.
@@ -106,6 +117,9 @@ pub struct Endpoint {
     /// Our memory keys: (virtual, real) for every MR.
     pub rkeys: Vec<(u32, u32)>,
 }
+
+/// A QP's identity across rebuilds: (channel id, virtual QP number).
+pub type QpId = (u64, u32);
 
 /// Where the channel is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,6 +188,8 @@ struct QpRec {
 #[derive(Debug)]
 pub struct Channel<V: Verbs> {
     v: V,
+    /// Random, fixed for the life of the process (and kept by a snapshot).
+    id: u64,
     device: String,
     port: Port,
     pd: Option<Handle>,
@@ -194,6 +210,7 @@ impl<V: Verbs> Channel<V> {
     pub fn open(v: V, device: &str) -> Result<Self> {
         let mut c = Channel {
             v,
+            id: channel_id(),
             device: device.to_string(),
             port: Port::default(),
             pd: None,
@@ -321,6 +338,7 @@ impl<V: Verbs> Channel<V> {
     fn endpoint_of(&self, i: usize) -> Endpoint {
         let ctrl = self.ctrl_mr.expect("device open");
         Endpoint {
+            id: (self.id, QPN_BASE + i as u32),
             port: self.port.clone(),
             qpn: self.qps[i].real.expect("objects exist").1,
             psn: self.qps[i].psn,
@@ -642,21 +660,24 @@ impl<V: Verbs> Channel<V> {
             .collect())
     }
 
-    /// Rebuild, second step: connect to the peers' new endpoints (by our virtual QP number),
-    /// repost the receives kept at quiesce, and let posts through.
-    pub fn reconnect(&mut self, peers: Vec<(u32, Endpoint)>) -> Result<()> {
+    /// Rebuild, second step: connect every connected QP to its peer's new endpoint, found in
+    /// `endpoints` (all endpoints of the job, as the coordinator gathered them) by the peer's
+    /// [`QpId`]; repost the receives kept at quiesce, and let posts through.
+    pub fn reconnect(&mut self, endpoints: &HashMap<QpId, Endpoint>) -> Result<()> {
         self.need(State::Rebuilt, "reconnect")?;
-        let mut given: HashMap<usize, Endpoint> = HashMap::new();
-        for (vqpn, ep) in peers {
-            given.insert(self.qp_index(vqpn)?, ep);
-        }
-        for i in 0..self.qps.len() {
-            if self.qps[i].peer.is_none() {
+        // Every peer's endpoint first: a QP half way to RTS cannot be connected again.
+        let mut found = Vec::new();
+        for (i, q) in self.qps.iter().enumerate() {
+            let Some(old) = &q.peer else {
                 continue;
-            }
-            let ep = given
-                .remove(&i)
-                .ok_or(Error::NotConnected(QPN_BASE + i as u32))?;
+            };
+            let ep = endpoints.get(&old.id).cloned().ok_or(Error::MissingPeer {
+                qp: QPN_BASE + i as u32,
+                peer: old.id,
+            })?;
+            found.push((i, ep));
+        }
+        for (i, ep) in found {
             self.connect_index(i, ep)?;
         }
         for i in 0..self.qps.len() {
@@ -697,6 +718,20 @@ impl<V: Verbs> Channel<V> {
             state: self.state.name(),
         })
     }
+}
+
+/// A random channel id: time, PID and a counter, mixed.
+fn channel_id() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let mut z = t ^ ((std::process::id() as u64) << 32) ^ N.fetch_add(1, Ordering::Relaxed);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// A fresh initial PSN per QP and incarnation (24 bits).
@@ -934,8 +969,17 @@ mod tests {
         let ea = a.ch.rebuild().unwrap();
         let eb = b.ch.rebuild().unwrap();
         assert_eq!(ea[0].0, a.qp);
-        a.ch.reconnect(vec![(a.qp, eb[0].1.clone())]).unwrap();
-        b.ch.reconnect(vec![(b.qp, ea[0].1.clone())]).unwrap();
+        let all: HashMap<QpId, Endpoint> =
+            ea.into_iter().chain(eb).map(|(_, e)| (e.id, e)).collect();
+        // Without its peer's endpoint, a QP cannot reconnect.
+        let mut partial = all.clone();
+        partial.retain(|(ch, _), _| *ch != b.ch.id);
+        assert!(matches!(
+            a.ch.reconnect(&partial),
+            Err(Error::MissingPeer { .. })
+        ));
+        a.ch.reconnect(&all).unwrap();
+        b.ch.reconnect(&all).unwrap();
         let after = (
             a.ch.real_qpn(a.qp).unwrap(),
             b.ch.real_qpn(b.qp).unwrap(),
