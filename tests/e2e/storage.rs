@@ -261,12 +261,22 @@ fn epochs_flush_to_shared_storage_and_restarts_fall_back_to_it() {
     assert!(said.contains("restarted from epoch 2"), "{r:?}");
     d.wait_progress(job, d.output(job).matches("iter ").count() + 1, LIMIT);
 
-    // Epoch 1 has no local copy at all: restarting it fetches the shared one.
+    // Epoch 1 has no local copy at all: `verify` checks only its shared copy, and restarting
+    // it fetches the shared one, saying why.
+    let v = d.ctl(&["verify", &id, "--epoch", "1"]);
+    assert!(
+        v.ok().contains("shared copy: ok") && !v.stdout.contains("local copy"),
+        "{v:?}"
+    );
     d.kill_job(job);
     d.wait_state(job, "killed", LIMIT);
     let r = d.ctl(&["restart", &id, "--epoch", "1"]);
     let said = r.ok().to_string() + &r.stderr;
-    assert!(said.contains("from its shared copy"), "{r:?}");
+    assert!(
+        said.contains("from its shared copy") && said.contains("deleted by retention"),
+        "{r:?}"
+    );
     assert!(d.images(job, 1).join("MANIFEST").is_file(), "fetched back");
+    assert_eq!(d.epochs(job)[0]["storage"], "durable", "its local copy is recorded again");
     assert_eq!(d.wait_checksum(job, LIMIT), want, "restarted from shared");
 }

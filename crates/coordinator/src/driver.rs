@@ -805,6 +805,7 @@ impl Coordinator {
                 epoch: e.number,
                 manifest_digest: e.manifests.get(n).cloned().unwrap_or_default(),
                 shared_durable: e.is_durable(),
+                local_pruned: !e.local_copy,
                 ..Default::default()
             };
             async move {
@@ -871,6 +872,15 @@ impl Coordinator {
                     let job = self
                         .update_job(id, |j| j.end_restart(Ok(incarnation)))
                         .await?;
+                    if !epoch.local_copy {
+                        // Every node fetched its images back into local staging: record it,
+                        // so that retention deletes them again in time.
+                        let _g = self.state.lock().await;
+                        if let Some(mut e) = self.registry.epoch(id, number)? {
+                            e.local_copy = true;
+                            self.registry.put_epoch(&e)?;
+                        }
+                    }
                     let _ = progress.send(Step {
                         job: id,
                         epoch: number,
@@ -956,6 +966,7 @@ impl Coordinator {
                 shared_durable: epoch.is_durable(),
                 partner_address: self.agents.address(&partner).unwrap_or_default(),
                 partner,
+                local_pruned: !epoch.local_copy,
             };
             async move {
                 let r = self

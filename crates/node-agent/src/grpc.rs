@@ -197,6 +197,7 @@ impl Agent for AgentHandler {
                 &crate::jobs::Sources {
                     partner: (!r.partner.is_empty()).then_some((r.partner, r.partner_address)),
                     shared_durable: r.shared_durable,
+                    local_pruned: r.local_pruned,
                 },
             )
             .await
@@ -267,7 +268,13 @@ impl Agent for AgentHandler {
         // A damaged image is this call's answer, not its failure.
         let copies: Vec<pb::CopyCheck> = self
             .jobs
-            .verify_copies(r.job_id, r.epoch, &r.manifest_digest, r.shared_durable)
+            .verify_copies(
+                r.job_id,
+                r.epoch,
+                &r.manifest_digest,
+                !r.local_pruned,
+                r.shared_durable,
+            )
             .await
             .into_iter()
             .map(|c| match c.result {

@@ -334,6 +334,8 @@ pub struct Sources {
     pub partner: Option<(String, String)>,
     /// The epoch is complete in shared storage.
     pub shared_durable: bool,
+    /// Retention deleted the local copies: do not look for them.
+    pub local_pruned: bool,
 }
 
 /// A flush running in a blocking thread.
@@ -1158,19 +1160,23 @@ impl Jobs {
             .await
     }
 
-    /// Checks every copy of this node's images of an epoch: the local one, and the shared one
-    /// when the coordinator says it is complete. Reads only.
+    /// Checks every copy of this node's images of an epoch: the local one (unless retention
+    /// deleted it), and the shared one when the coordinator says it is complete. Reads only.
     pub async fn verify_copies(
         &self,
         job_id: u64,
         epoch: u32,
         committed_digest: &str,
+        local: bool,
         shared_durable: bool,
     ) -> Vec<CopyCheck> {
-        let mut out = vec![CopyCheck {
-            location: Location::Local,
-            result: self.verify(job_id, epoch, committed_digest).await,
-        }];
+        let mut out = Vec::new();
+        if local {
+            out.push(CopyCheck {
+                location: Location::Local,
+                result: self.verify(job_id, epoch, committed_digest).await,
+            });
+        }
         if shared_durable {
             let result = match self.shared(job_id) {
                 Ok(s) => {
@@ -1216,11 +1222,24 @@ impl Jobs {
         committed_digest: &str,
         sources: &Sources,
     ) -> Result<(NodeManifest, Location, String), AgentError> {
-        let local_err = match self.verify(job_id, epoch, committed_digest).await {
-            Ok(m) => return Ok((m, Location::Local, String::new())),
-            Err(e) => e,
+        let local_err = if sources.local_pruned {
+            AgentError::Store {
+                job: job_id,
+                source: ckpt_store::StoreError::FileMissing {
+                    path: self.staging.node_dir(job_id, epoch, &self.node),
+                },
+            }
+        } else {
+            match self.verify(job_id, epoch, committed_digest).await {
+                Ok(m) => return Ok((m, Location::Local, String::new())),
+                Err(e) => e,
+            }
         };
-        let mut tried = vec![format!("local copy unusable: {local_err}")];
+        let mut tried = vec![if sources.local_pruned {
+            "local copy deleted by retention".to_string()
+        } else {
+            format!("local copy unusable: {local_err}")
+        }];
         let dest = self.staging.node_dir(job_id, epoch, &self.node);
         let tmp = self
             .staging
