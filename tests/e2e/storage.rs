@@ -277,6 +277,10 @@ fn epochs_flush_to_shared_storage_and_restarts_fall_back_to_it() {
         "{r:?}"
     );
     assert!(d.images(job, 1).join("MANIFEST").is_file(), "fetched back");
-    assert_eq!(d.epochs(job)[0]["storage"], "durable", "its local copy is recorded again");
+    assert_eq!(
+        d.epochs(job)[0]["storage"],
+        "durable",
+        "its local copy is recorded again"
+    );
     assert_eq!(d.wait_checksum(job, LIMIT), want, "restarted from shared");
 }
