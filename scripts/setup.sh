@@ -9,6 +9,10 @@
 # for that: sid is used only through a private sources list and private state/cache directories.
 # The chosen criu path is written to /etc/ckpt/criu-path.
 #
+# Options:
+#   --vm    also set up the soft-RoCE test VM (scripts/testvm.sh): QEMU, busybox, rdma-core tools,
+#           and Debian's kernel package unpacked under /var/cache/ckpt-vm (not installed)
+#
 # Environment:
 #   CKPT_CRIU_PREFIX     private prefix for sid's criu (default /opt/ckpt/criu)
 #   CKPT_FORCE_PRIVATE_CRIU=1   ignore a system criu and use the private one
@@ -26,6 +30,14 @@ START_TS=$(date +%s)
 log() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
+WITH_VM=0
+for arg in "$@"; do
+    case "$arg" in
+        --vm) WITH_VM=1 ;;
+        *) die "unknown option $arg (see the head of $0)" ;;
+    esac
+done
+
 [[ $(id -u) -eq 0 ]] || die "must run as root"
 [[ $(uname -m) == x86_64 ]] || die "only x86_64 is supported (got $(uname -m))"
 export DEBIAN_FRONTEND=noninteractive
@@ -37,6 +49,7 @@ PKGS=(build-essential pkg-config mpich libmpich-dev openmpi-bin libopenmpi-dev
       protobuf-compiler libprotobuf-dev nftables iptables iproute2 util-linux procps e2fsprogs
       debian-archive-keyring)
 command -v systemd-analyze >/dev/null 2>&1 || PKGS+=(systemd)
+((WITH_VM)) && PKGS+=(qemu-system-x86 busybox-static cpio rdma-core ibverbs-utils ibverbs-providers)
 
 pkg_installed() {
     [[ "$(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null || true)" == installed ]]
@@ -55,6 +68,12 @@ fi
 for b in mpicc.mpich mpiexec.mpich mpicc.openmpi mpirun.openmpi protoc nft; do
     command -v "$b" >/dev/null 2>&1 || die "expected program '$b' not found after install"
 done
+
+if ((WITH_VM)); then
+    log "preparing the soft-RoCE test VM"
+    apt-get update -qq
+    "$(dirname "$0")/testvm.sh" prepare || die "test VM preparation failed"
+fi
 
 # Rust toolchain: cannot be downloaded here (no rustup); just check.
 CARGO=$(command -v cargo || true)
