@@ -8,7 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/setup.sh
+# --vm: the soft-RoCE QEMU guests of the InfiniBand tests (tests/e2e/rdma.rs).
+bash scripts/setup.sh --vm
 export PATH="$HOME/.cargo/bin:$PATH"
 LOG=$(mktemp /tmp/ckpt-test-log.XXXXXX)
 trap 'rm -f "$LOG"' EXIT

@@ -126,6 +126,8 @@ hostname "$VM_NAME"
 ip link set lo up; ip link set eth0 up; ip addr add "$VM_IP" dev eth0
 [ -z "$VM_GW" ] || ip route add default via "$VM_GW"
 rdma link add rxe0 type rxe netdev eth0 || echo "testvm: rdma link add rxe0 failed"
+# CRIU opens /dev/net/tun, which loads no module by itself here.
+/run/testvm/modprobe tun || echo "testvm: modprobe tun failed"
 cd /share
 /usr/bin/setsid -w /bin/bash /share/.testvm-script </dev/null >/dev/console 2>&1
 echo $? > /share/.testvm-status
@@ -192,7 +194,7 @@ check2() {
     a=$(mktemp); b=$(mktemp)
     echo 'timeout 120 ibv_rc_pingpong -d rxe0 -g 0 -n 100' > "$a"
     cat > "$b" <<'EOF'
-for i in $(seq 60); do ping -c1 -W1 192.168.97.1 >/dev/null 2>&1 && break; done
+for i in $(seq 60); do busybox ping -c1 -W1 192.168.97.1 >/dev/null 2>&1 && break; done
 for i in $(seq 60); do timeout 30 ibv_rc_pingpong -d rxe0 -g 0 -n 100 192.168.97.1 && exit 0; sleep 0.5; done
 exit 1
 EOF
