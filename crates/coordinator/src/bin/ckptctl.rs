@@ -84,9 +84,9 @@ enum Cmd {
     },
     /// List jobs (yours; root sees all).
     List,
-    /// Show a job's checkpoint epochs: state, where the copies are (STORAGE: local, flushing
-    /// with progress, durable = also in shared storage, shared-only, flush-failed), frozen
-    /// time, size, failure reason.
+    /// Show a job's checkpoint epochs: state, storage (local, flushing with progress,
+    /// durable = also in shared storage, shared-only, flush-failed), which copies exist
+    /// (local, partner, shared), frozen time, size, failure reason.
     Epochs {
         /// Job id.
         job: u64,
