@@ -367,7 +367,18 @@ impl Agent for AgentHandler {
             };
             let _ = tx
                 .send(match result {
-                    Ok(stats) => Ok(msg(true, stats.written_bytes)),
+                    Ok(stats) => {
+                        tracing::info!(
+                            job = r.job_id,
+                            epoch = r.epoch,
+                            image_bytes = stats.image_bytes,
+                            written_bytes = stats.written_bytes,
+                            chunks = stats.chunks,
+                            new_chunks = stats.new_chunks,
+                            "flushed to shared storage"
+                        );
+                        Ok(msg(true, stats.written_bytes))
+                    }
                     Err(e) => Err(to_status(e)),
                 })
                 .await;
@@ -430,7 +441,8 @@ impl Agent for AgentHandler {
         }
         let (job, digest) = (header.job_id, header.manifest_digest.clone());
         let dest = self.jobs.node_dir(job, header.epoch, &header.node);
-        crate::partner::receive(job, dest, header, &digest, rest)
+        let sender = header.node.clone();
+        crate::partner::receive(job, &sender, dest, header, &digest, rest)
             .await
             .map_err(to_status)?;
         Ok(took(begin.elapsed()))

@@ -1156,8 +1156,58 @@ impl Jobs {
         epoch: u32,
         committed_digest: &str,
     ) -> Result<NodeManifest, AgentError> {
-        self.verify_in(&self.staging, job_id, epoch, committed_digest)
-            .await
+        let nd = self.staging.node_dir(job_id, epoch, &self.node);
+        let committed = committed_digest.to_string();
+        tokio::task::spawn_blocking(move || -> Result<NodeManifest, AgentError> {
+            let store_err = |source| AgentError::Store {
+                job: job_id,
+                source,
+            };
+            let (m, digest) = manifest::read(&nd).map_err(store_err)?;
+            if !committed.is_empty() && digest != committed {
+                return Err(AgentError::ManifestMismatch {
+                    job: job_id,
+                    epoch,
+                    found: digest,
+                    committed,
+                });
+            }
+            ckpt_store::digest::verify_tree(&nd, &m.files).map_err(store_err)?;
+            Ok(m)
+        })
+        .await
+        .expect("verify task")
+    }
+
+    /// Rebuilds this node's images of an epoch from shared storage into `dest` (removed again
+    /// on failure), or with `None` only checks that they can be rebuilt intact.
+    async fn rebuild_shared(
+        &self,
+        job_id: u64,
+        epoch: u32,
+        committed_digest: &str,
+        dest: Option<PathBuf>,
+    ) -> Result<NodeManifest, AgentError> {
+        let shared = self.shared(job_id)?;
+        let (opts, digest, node) = (
+            self.copy_opts.clone(),
+            committed_digest.to_string(),
+            self.node.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            let t = target(job_id, epoch, &node);
+            let r = ckpt_store::dedup::rebuild(&shared, t, &digest, dest.as_deref(), &opts);
+            if let (Err(_), Some(d)) = (&r, &dest) {
+                let _ = fs::remove_dir_all(d);
+            }
+            r
+        })
+        .await
+        .expect("rebuild task")
+        .map_err(|source| AgentError::Store {
+            job: job_id,
+            source,
+        })
     }
 
     /// Checks every copy of this node's images of an epoch: the local one (unless retention
@@ -1178,34 +1228,11 @@ impl Jobs {
             });
         }
         if shared_durable {
-            let result = match self.shared(job_id) {
-                Ok(s) => {
-                    let (node, digest, opts) = (
-                        self.node.clone(),
-                        committed_digest.to_string(),
-                        self.copy_opts.clone(),
-                    );
-                    tokio::task::spawn_blocking(move || {
-                        ckpt_store::dedup::rebuild(
-                            &s,
-                            target(job_id, epoch, &node),
-                            &digest,
-                            None,
-                            &opts,
-                        )
-                    })
-                    .await
-                    .expect("verify task")
-                    .map_err(|source| AgentError::Store {
-                        job: job_id,
-                        source,
-                    })
-                }
-                Err(e) => Err(e),
-            };
             out.push(CopyCheck {
                 location: Location::Shared,
-                result,
+                result: self
+                    .rebuild_shared(job_id, epoch, committed_digest, None)
+                    .await,
             });
         }
         out
@@ -1260,36 +1287,9 @@ impl Jobs {
         }
         if sources.shared_durable {
             warn!(job = job_id, epoch, "fetching the shared copy");
-            let fetched = match self.shared(job_id) {
-                Ok(shared) => {
-                    let (opts, digest, t, node) = (
-                        self.copy_opts.clone(),
-                        committed_digest.to_string(),
-                        tmp.clone(),
-                        self.node.clone(),
-                    );
-                    tokio::task::spawn_blocking(move || {
-                        let r = ckpt_store::dedup::rebuild(
-                            &shared,
-                            target(job_id, epoch, &node),
-                            &digest,
-                            Some(&t),
-                            &opts,
-                        );
-                        if r.is_err() {
-                            let _ = fs::remove_dir_all(&t);
-                        }
-                        r
-                    })
-                    .await
-                    .expect("fetch task")
-                    .map_err(|source| AgentError::Store {
-                        job: job_id,
-                        source,
-                    })
-                }
-                Err(e) => Err(e),
-            };
+            let fetched = self
+                .rebuild_shared(job_id, epoch, committed_digest, Some(tmp.clone()))
+                .await;
             match fetched {
                 Ok(m) => {
                     install(job_id, &tmp, &dest).await?;
@@ -1336,7 +1336,15 @@ impl Jobs {
             .map_err(failed)?
             .into_inner();
         let (header, rest) = crate::partner::split_header(s).await.map_err(failed)?;
-        crate::partner::receive(job_id, tmp.to_path_buf(), header, committed_digest, rest).await
+        crate::partner::receive(
+            job_id,
+            partner,
+            tmp.to_path_buf(),
+            header,
+            committed_digest,
+            rest,
+        )
+        .await
     }
 
     /// Sends this node's images of a committed epoch to the partner node's agent.
@@ -1387,37 +1395,6 @@ impl Jobs {
     /// Where this node keeps its own or a partner's images of an epoch.
     pub fn node_dir(&self, job_id: u64, epoch: u32, node: &str) -> PathBuf {
         self.staging.node_dir(job_id, epoch, node)
-    }
-
-    /// Checks one store's copy of this node's images of an epoch.
-    async fn verify_in(
-        &self,
-        store: &Staging,
-        job_id: u64,
-        epoch: u32,
-        committed_digest: &str,
-    ) -> Result<NodeManifest, AgentError> {
-        let nd = store.node_dir(job_id, epoch, &self.node);
-        let committed = committed_digest.to_string();
-        tokio::task::spawn_blocking(move || -> Result<NodeManifest, AgentError> {
-            let store_err = |source| AgentError::Store {
-                job: job_id,
-                source,
-            };
-            let (m, digest) = manifest::read(&nd).map_err(store_err)?;
-            if !committed.is_empty() && digest != committed {
-                return Err(AgentError::ManifestMismatch {
-                    job: job_id,
-                    epoch,
-                    found: digest,
-                    committed,
-                });
-            }
-            ckpt_store::digest::verify_tree(&nd, &m.files).map_err(store_err)?;
-            Ok(m)
-        })
-        .await
-        .expect("verify task")
     }
 
     /// Deletes this node's images of the given epochs (retention): the local copies unless

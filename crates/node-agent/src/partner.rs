@@ -98,10 +98,11 @@ pub fn chunks(
     rx
 }
 
-/// Writes a stream of chunks whose header came first into `dest` (replaced), verifying as it
-/// goes; on any failure nothing usable is left at `dest`.
+/// Writes a stream of chunks from node `sender`, whose header came first, into `dest`
+/// (replaced), verifying as it goes; on any failure nothing usable is left at `dest`.
 pub async fn receive<S>(
     job: u64,
+    sender: &str,
     dest: PathBuf,
     header: pb::ChunkHeader,
     committed: &str,
@@ -144,9 +145,9 @@ where
     let r = writer.await.expect("receive task");
     let r = match (r, sender_error) {
         (Ok(m), None) => Ok(m),
-        (_, Some(e)) => Err(partner_err(job, "sender", e)),
+        (_, Some(e)) => Err(partner_err(job, sender, e)),
         (Err(Some(source)), None) => Err(AgentError::Store { job, source }),
-        (Err(None), None) => Err(partner_err(job, "sender", "stream aborted")),
+        (Err(None), None) => Err(partner_err(job, sender, "stream aborted")),
     };
     if r.is_err() {
         let _ = tokio::fs::remove_dir_all(&dest).await;
