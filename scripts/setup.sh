@@ -45,9 +45,11 @@ export DEBIAN_FRONTEND=noninteractive
 # ---------------------------------------------------------------------------------------------
 # 1. System packages
 # ---------------------------------------------------------------------------------------------
+# libibverbs-dev, libclang-dev and cmake build ib-quiesce's rdma-core binding (ibverbs-sys runs
+# cmake and bindgen); ibverbs-providers gives it the devices at run time.
 PKGS=(build-essential pkg-config mpich libmpich-dev openmpi-bin libopenmpi-dev
       protobuf-compiler libprotobuf-dev nftables iptables iproute2 util-linux procps e2fsprogs
-      debian-archive-keyring)
+      debian-archive-keyring libibverbs-dev ibverbs-providers libclang-dev cmake)
 command -v systemd-analyze >/dev/null 2>&1 || PKGS+=(systemd)
 ((WITH_VM)) && PKGS+=(qemu-system-x86 busybox-static cpio rdma-core ibverbs-utils ibverbs-providers)
 

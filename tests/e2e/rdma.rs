@@ -66,3 +66,86 @@ fn two_guests_exchange_rc_messages_over_soft_roce() {
     assert_eq!(server.status, 0, "server: {}", server.console);
     assert!(client.console.contains("50 iters"), "{}", client.console);
 }
+
+/// The `RESULT` lines `tests/guest/ib_job.sh` printed, without the prefix.
+fn results(console: &str) -> Vec<String> {
+    console
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("RESULT "))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The value after `key` in a rank's start/done line.
+fn field<'a>(line: &'a str, key: &str) -> &'a str {
+    let mut it = line.split_whitespace();
+    while let Some(w) = it.next() {
+        if w == key {
+            return it.next().unwrap_or("");
+        }
+    }
+    panic!("no {key} in {line:?}")
+}
+
+/// One guest, two ranks over RC on rxe through ib-quiesce: ckpt checkpoints the job under
+/// traffic (quiesce, dump, rebuild, continue), the job is killed, restarted from the image,
+/// rebuilt with new QP numbers and keys, and finishes with the checksums of an uninterrupted
+/// run. The application's virtual QP number and key never change.
+#[test]
+fn an_rdma_job_is_checkpointed_killed_and_restarted_in_a_guest() {
+    if let Some(why) = vm::unavailable() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let apps = ckpt_tests::apps();
+    let bin = ckpt_tests::bin_dir();
+    let body = format!(
+        "export BIN={} APP={} ITERS=30000 WORDS=512 CHECKPOINTS=2\nbash {}\n",
+        bin.display(),
+        apps.join("rdma_halo").display(),
+        ckpt_tests::workspace()
+            .join("tests/guest/ib_job.sh")
+            .display()
+    );
+    let r = vm::run(&body, &["name=ibjob", "mem=2048", "timeout=900"]);
+    assert_eq!(r.status, 0, "guest script failed: {}", r.console);
+    let res = results(&r.console);
+    let find = |p: &str| {
+        res.iter()
+            .filter(|l| l.starts_with(p))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(find("checkpoint ").len(), 2, "{}", r.console);
+    for rank in 0..2 {
+        let want = find(&format!("reference rank {rank} "));
+        let got = find(&format!("restarted rank {rank} "));
+        let (want, got) = (
+            field(&want[0], rank.to_string().as_str()),
+            field(&got[0], rank.to_string().as_str()),
+        );
+        assert!(
+            want.len() == 16,
+            "reference checksum of rank {rank}: {}",
+            r.console
+        );
+        assert_eq!(got, want, "rank {rank} after restart: {}", r.console);
+        let start = find(&format!("line rank {rank} start "));
+        let done = find(&format!("line rank {rank} done "));
+        assert_eq!((start.len(), done.len()), (1, 1), "{}", r.console);
+        let (s, d) = (&start[0], &done[0]);
+        assert_eq!(field(s, "vqpn"), field(d, "vqpn"), "virtual QPN kept");
+        assert_eq!(field(s, "vkey"), field(d, "vkey"), "virtual key kept");
+        assert_ne!(
+            field(s, "qpn"),
+            field(d, "qpn"),
+            "real QPN changed: {s} / {d}"
+        );
+        assert_ne!(
+            field(s, "rkey"),
+            field(d, "rkey"),
+            "real rkey changed: {s} / {d}"
+        );
+        assert!(field(d, "rebuilds").parse::<u64>().unwrap() >= 1, "{d}");
+    }
+}

@@ -109,6 +109,7 @@ pub fn apps() -> PathBuf {
             .arg("-C")
             .arg(workspace().join("tests/apps"))
             .arg(format!("OUT={}", out.display()))
+            .arg(format!("IBQ_LIB={}", bin_dir().display()))
             .status()
             .expect("run make");
         assert!(st.success(), "building tests/apps failed");

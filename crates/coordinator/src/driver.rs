@@ -504,6 +504,9 @@ impl Coordinator {
             job_id: id,
             epoch: number,
         };
+        // ib-quiesce channels in the job: once any may be down, they must be rebuilt, also
+        // when the epoch fails.
+        let channels = std::sync::atomic::AtomicU32::new(0);
         let result: Result<BTreeMap<String, String>, (Phase, NodeFailure)> = async {
             say(Phase::Sync, format!("checking {} node(s)", nodes.len()));
             let prepared = self
@@ -514,6 +517,10 @@ impl Coordinator {
                 .await
                 .map_err(|f| (Phase::Sync, f))?;
             let est: u64 = prepared.iter().map(|(_, p)| p.estimated_bytes).sum();
+            channels.store(
+                prepared.iter().map(|(_, p)| p.channels).sum(),
+                std::sync::atomic::Ordering::Relaxed,
+            );
             self.advance(&mut epoch, Phase::Quiesce).await;
             say(
                 Phase::Quiesce,
@@ -558,6 +565,20 @@ impl Coordinator {
                 })
                 .await
                 .map_err(|f| (Phase::Resume, f))?;
+            if !kill && channels.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+                let (qps, took) = self
+                    .rebuild_channels(&nodes, id, number)
+                    .await
+                    .map_err(|f| (Phase::Resume, f))?;
+                say(
+                    Phase::Resume,
+                    format!(
+                        "{} ib-quiesce channel(s) rebuilt and reconnected: {qps} QP(s) in {} ms",
+                        channels.load(std::sync::atomic::Ordering::Relaxed),
+                        took.as_millis()
+                    ),
+                );
+            }
             // The job's frozen time: from the first freeze to the last thaw, per node; the
             // longest node is what the job felt.
             epoch.frozen_ms = resumed
@@ -653,6 +674,18 @@ impl Coordinator {
                 for e in abort_errors {
                     reason.push_str(&format!("; abort on {e}"));
                 }
+                // Channels quiesced before the failure wait for new endpoints; the job cannot
+                // talk until they have them.
+                let killed = epoch.kill && phase > Phase::Resume;
+                if channels.load(std::sync::atomic::Ordering::Relaxed) > 0
+                    && phase >= Phase::Quiesce
+                    && !killed
+                {
+                    if let Err(e) = self.rebuild_channels(&now, id, number).await {
+                        warn!(error = %e, "ib-quiesce channels not rebuilt after the abort");
+                        reason.push_str(&format!("; channel rebuild on {e}"));
+                    }
+                }
                 epoch.fail(reason, now_ms())?;
                 let _g = self.state.lock().await;
                 let mut job = self
@@ -660,7 +693,6 @@ impl Coordinator {
                     .job(id)?
                     .ok_or(DriveError::UnknownJob { job: id })?;
                 // A kill that happened before the failure leaves the job stopped.
-                let killed = epoch.kill && phase > Phase::Resume;
                 job.end_checkpoint(None, killed)?;
                 self.registry.put_job_and_epoch(&job, &epoch)?;
                 Err(DriveError::EpochFailed {
@@ -671,6 +703,41 @@ impl Coordinator {
                 })
             }
         }
+    }
+
+    /// Post-checkpoint coordination for InfiniBand: every node's down channels recreate their
+    /// objects and report new endpoints; every node then gets all of them and reconnects.
+    /// Returns the number of QPs and the time taken.
+    async fn rebuild_channels(
+        &self,
+        nodes: &[String],
+        id: u64,
+        number: u32,
+    ) -> Result<(usize, std::time::Duration), NodeFailure> {
+        let begin = Instant::now();
+        let d = self.cfg.deadlines.resume;
+        let rebuilt = self
+            .on_all(nodes, "rebuild", d, |mut c| async move {
+                c.rebuild(pb::PhaseRequest {
+                    job_id: id,
+                    epoch: number,
+                })
+                .await
+            })
+            .await?;
+        let endpoints: Vec<Vec<u8>> = rebuilt.into_iter().flat_map(|(_, r)| r.endpoints).collect();
+        let qps = endpoints.len();
+        let endpoints = &endpoints;
+        self.on_all(nodes, "reconnect", d, |mut c| async move {
+            c.reconnect(pb::ReconnectRequest {
+                job_id: id,
+                epoch: number,
+                endpoints: endpoints.clone(),
+            })
+            .await
+        })
+        .await?;
+        Ok((qps, begin.elapsed()))
     }
 
     async fn advance(&self, epoch: &mut Epoch, next: Phase) {
@@ -996,12 +1063,14 @@ impl Coordinator {
         let mut incarnation = 0;
         let mut failure = None;
         let mut restored = Vec::new();
+        let mut channels = 0;
         for (n, r) in results {
             match r {
                 Ok(reply) => {
                     if n == job.node {
                         incarnation = reply.incarnation;
                     }
+                    channels += reply.channels;
                     restored.push(n);
                 }
                 Err(e) => {
@@ -1033,10 +1102,22 @@ impl Coordinator {
                 })
                 .await;
         }
-        match failure {
-            None => Ok(incarnation),
-            Some(f) => Err(f),
+        if let Some(f) = failure {
+            return Err(f);
         }
+        if channels > 0 {
+            let (qps, took) = self.rebuild_channels(&restored, id, number).await?;
+            let _ = progress.send(Step {
+                job: id,
+                epoch: number,
+                phase: "restore",
+                message: format!(
+                    "{channels} ib-quiesce channel(s) rebuilt and reconnected: {qps} QP(s) in {} ms",
+                    took.as_millis()
+                ),
+            });
+        }
+        Ok(incarnation)
     }
 
     /// The node a host name from an MPI host list means: a node name (also without its domain),

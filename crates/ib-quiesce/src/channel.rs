@@ -99,7 +99,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What a peer needs to reach one of our QPs, exchanged out of band (by the application at
 /// first, through the node agents and the coordinator after a rebuild).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Endpoint {
     /// Which QP this is, stable across rebuilds and restarts: the channel's id and the QP's
     /// virtual number. After a rebuild, each QP finds its peer's new endpoint by this.
@@ -146,7 +146,7 @@ impl State {
 }
 
 /// What a quiesce did.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct QuiesceReport {
     /// Connected QPs whose markers were exchanged.
     pub flushed_qps: usize,
@@ -239,6 +239,16 @@ impl<V: Verbs> Channel<V> {
         let addr = self.ctrl.as_ptr() as u64;
         self.ctrl_mr = Some(self.v.reg_mr(pd, addr, self.ctrl.len() * 8, CTRL_ACCESS)?);
         Ok(())
+    }
+
+    /// The channel's id, fixed for the life of the process and kept by a snapshot.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// How many QPs and MRs the channel holds (the control region not counted).
+    pub fn counts(&self) -> (usize, usize) {
+        (self.qps.len(), self.mrs.len())
     }
 
     /// The channel's state.

@@ -6,14 +6,21 @@
 //! snapshot ([`Channel::quiesce`]) and recreates them afterwards ([`Channel::rebuild`],
 //! [`Channel::reconnect`]), with new real identifiers exchanged between peers.
 //!
-//! The device operations are the [`verbs::Verbs`] trait; [`fake`] is a recording in-process
-//! fabric for tests without a device. The rdma-core backend, the C ABI and the control socket to
-//! the node agent are not built yet; until they are, the node agent refuses to checkpoint any
-//! process that maps `/dev/infiniband/*`, naming it.
+//! The device operations are the [`verbs::Verbs`] trait: [`rdma::Rdma`] is the rdma-core
+//! backend, [`fake`] a recording in-process fabric for tests without a device. Under a ckpt
+//! agent, [`control`] connects a process's channel to the agent, which drives quiesce and
+//! rebuild around each checkpoint. C, C++ and Fortran code use the C interface ([`capi`],
+//! `include/ib_quiesce.h`, `libib_quiesce.so`).
+//!
+//! The node agent refuses to checkpoint a process that maps `/dev/infiniband/*` without a
+//! channel, naming it.
 #![warn(missing_docs)]
 
+pub mod capi;
 pub mod channel;
+pub mod control;
 pub mod fake;
+pub mod rdma;
 pub mod verbs;
 
 pub use channel::{Channel, Endpoint, Error, QuiesceReport, State};

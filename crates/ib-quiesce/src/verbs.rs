@@ -19,7 +19,7 @@ pub struct VerbsError {
 pub type VResult<T> = Result<T, VerbsError>;
 
 /// The port the channel uses, as a peer needs to address it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Port {
     /// Device name (e.g. `rxe0`, `mlx5_0`).
     pub device: String,
@@ -152,7 +152,7 @@ pub trait Verbs: Send {
     fn create_cq(&mut self, cqe: u32) -> VResult<Handle>;
     /// Destroys it.
     fn destroy_cq(&mut self, cq: Handle) -> VResult<()>;
-    /// Creates an RC QP; returns it and its QP number.
+    /// Creates an RC QP in the INIT state (receives may be posted); returns it and its number.
     fn create_qp(
         &mut self,
         pd: Handle,
@@ -160,7 +160,7 @@ pub trait Verbs: Send {
         recv_cq: Handle,
         caps: QpCaps,
     ) -> VResult<(Handle, u32)>;
-    /// Moves a QP through INIT, RTR and RTS towards `remote`, with our initial PSN `psn`.
+    /// Moves a QP through RTR and RTS towards `remote`, with our initial PSN `psn`.
     fn connect(&mut self, qp: Handle, psn: u32, remote: &Remote) -> VResult<()>;
     /// Destroys a QP.
     fn destroy_qp(&mut self, qp: Handle) -> VResult<()>;

@@ -75,6 +75,16 @@ pub enum AgentError {
         /// Device path.
         device: String,
     },
+    /// An ib-quiesce channel failed a quiesce, rebuild or reconnect.
+    #[error("job {job}: ib-quiesce channel of process {pid}: {message}")]
+    Channel {
+        /// Job id.
+        job: u64,
+        /// Process.
+        pid: i32,
+        /// What failed.
+        message: String,
+    },
     /// The snapshot engine failed.
     #[error("job {job}: {source}")]
     Engine {

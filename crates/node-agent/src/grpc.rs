@@ -43,6 +43,7 @@ pub fn to_status(e: AgentError) -> Status {
         | AgentError::NoUsableCopy { .. } => Status::data_loss(msg),
         AgentError::NoShared { .. } => Status::failed_precondition(msg),
         AgentError::Partner { .. } => Status::unavailable(msg),
+        AgentError::Channel { .. } => Status::aborted(msg),
         AgentError::Timeout { .. } => Status::deadline_exceeded(msg),
         AgentError::Engine { .. }
         | AgentError::Cgroup { .. }
@@ -107,6 +108,7 @@ impl Agent for AgentHandler {
             processes: p.processes,
             estimated_bytes: p.estimated_bytes,
             staging_free_bytes: p.staging_free_bytes,
+            channels: p.channels,
         }))
     }
 
@@ -208,7 +210,47 @@ impl Agent for AgentHandler {
             elapsed_us: us(begin.elapsed()),
             source: done.source.name().into(),
             note: done.note,
+            channels: done.channels,
         }))
+    }
+
+    async fn rebuild(
+        &self,
+        req: Request<pb::PhaseRequest>,
+    ) -> Result<Response<pb::RebuildReply>, Status> {
+        let r = req.into_inner();
+        let begin = std::time::Instant::now();
+        let eps = self
+            .jobs
+            .rebuild_channels(r.job_id)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::RebuildReply {
+            endpoints: eps
+                .iter()
+                .map(|e| serde_json::to_vec(e).expect("serializable"))
+                .collect(),
+            elapsed_us: us(begin.elapsed()),
+        }))
+    }
+
+    async fn reconnect(
+        &self,
+        req: Request<pb::ReconnectRequest>,
+    ) -> Result<Response<pb::PhaseReply>, Status> {
+        let r = req.into_inner();
+        let begin = std::time::Instant::now();
+        let eps = r
+            .endpoints
+            .iter()
+            .map(|b| serde_json::from_slice(b))
+            .collect::<Result<Vec<ib_quiesce::Endpoint>, _>>()
+            .map_err(|e| Status::invalid_argument(format!("unreadable endpoint: {e}")))?;
+        self.jobs
+            .reconnect_channels(r.job_id, &eps)
+            .await
+            .map_err(to_status)?;
+        Ok(took(begin.elapsed()))
     }
 
     async fn signal(

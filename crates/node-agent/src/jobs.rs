@@ -22,6 +22,7 @@ use crate::cgroup::{CgroupParent, JobCgroup};
 use crate::engine::{DumpSpec, RestoreSpec, SnapshotEngine};
 use crate::error::AgentError;
 use crate::failpoint::{Action, Failpoints};
+use crate::ibq::Channels;
 use crate::procfs;
 use crate::shim::{self, Exit, ShimMode, ShimSpec, Started};
 
@@ -124,6 +125,8 @@ pub struct NodeJob {
     dir: PathBuf,
     cgroup: JobCgroup,
     work: Option<EpochWork>,
+    /// Processes whose ib-quiesce channels are down (quiesced, or restored), to rebuild.
+    ibq_down: Vec<i32>,
 }
 
 impl NodeJob {
@@ -233,6 +236,8 @@ pub struct Prepared {
     pub estimated_bytes: u64,
     /// Free bytes in staging.
     pub staging_free_bytes: u64,
+    /// ib-quiesce channels among the processes.
+    pub channels: u32,
 }
 
 /// What a launch needs.
@@ -325,6 +330,8 @@ pub struct Jobs {
     copy_opts: CopyOptions,
     /// Jobs frozen on this node right now: flushes and partner copies wait while above zero.
     frozen: Arc<std::sync::atomic::AtomicUsize>,
+    /// The ib-quiesce channels of job processes.
+    channels: Arc<Channels>,
 }
 
 /// Where a restore may find this node's images besides its own staging.
@@ -352,6 +359,8 @@ pub struct Restored {
     pub source: Location,
     /// Why the local copy was not used (empty if it was).
     pub note: String,
+    /// ib-quiesce channels in the restored processes (rebuilt after the release).
+    pub channels: u32,
 }
 
 /// Where a copy of a node's images is.
@@ -425,9 +434,11 @@ impl Jobs {
                 cgroup,
                 record,
                 work: None,
+                ibq_down: Vec::new(),
             };
             map.insert(job.record.id, Arc::new(Mutex::new(job)));
         }
+        let channels = Channels::new(state_dir.join("ibq").join("control.sock"));
         Ok(Jobs {
             node,
             state_dir,
@@ -441,6 +452,7 @@ impl Jobs {
             shared: None,
             copy_opts: CopyOptions::default(),
             frozen: Arc::default(),
+            channels,
         })
     }
 
@@ -603,6 +615,7 @@ impl Jobs {
             dir,
             cgroup: self.cgroups.job(job),
             work: None,
+            ibq_down: Vec::new(),
         }));
         map.insert(job, j.clone());
         Ok(j)
@@ -722,6 +735,10 @@ impl Jobs {
         let mut env = spec.env;
         self.launch_env
             .apply(&mut env, spec.job, &spec.token, &self.node);
+        env.insert(
+            ib_quiesce::control::SOCKET_ENV.into(),
+            self.channels.socket().display().to_string(),
+        );
         job.record.token = spec.token;
         job.record.part = spec.part;
         let mode = ShimMode::Launch {
@@ -785,8 +802,11 @@ impl Jobs {
             source,
         })?;
         let mut estimated = 0u64;
+        let channeled = self.channels.up(&pids).await;
         for &pid in &pids {
-            if let Some(device) = procfs::verbs_device(pid) {
+            if channeled.contains(&pid) {
+                // Its channel releases the device before the freeze; checked again then.
+            } else if let Some(device) = procfs::verbs_device(pid) {
                 let comm = procfs::stat(pid).map(|s| s.comm).unwrap_or_default();
                 return Err(AgentError::VerbsWithoutChannel {
                     job: job_id,
@@ -840,6 +860,7 @@ impl Jobs {
             processes: job.work.as_ref().map(|w| w.pids.len() as u32).unwrap_or(0),
             estimated_bytes: estimated,
             staging_free_bytes: free,
+            channels: channeled.len() as u32,
         })
     }
 
@@ -850,6 +871,7 @@ impl Jobs {
         let mut job = j.lock_owned().await;
         job.expect_phase(epoch, NodePhase::Prepared, "quiesce")?;
         self.failpoint(job_id, "quiesce").await?;
+        self.quiesce_channels(&mut job).await?;
         // Background copies stop taking CPU and disk before the freeze, until the thaw.
         job.work.as_mut().expect("checked").pause = Some(PauseGuard::new(&self.frozen));
         let begin = Instant::now();
@@ -870,6 +892,108 @@ impl Jobs {
         w.pids = pids;
         w.phase = NodePhase::Frozen;
         Ok(begin.elapsed())
+    }
+
+    /// Pre-checkpoint, before the freeze: quiesce the ib-quiesce channels of the job's
+    /// processes (all at once: their flush handshakes need each other), then check that no
+    /// process still maps a verbs device.
+    async fn quiesce_channels(&self, job: &mut NodeJob) -> Result<(), AgentError> {
+        let job_id = job.record.id;
+        let pids = job
+            .work
+            .as_ref()
+            .map(|w| w.pids.clone())
+            .unwrap_or_default();
+        let up = self.channels.up(&pids).await;
+        if !up.is_empty() {
+            let (done, failed) = self.channels.quiesce(&up, CHANNEL_QUIESCE_TIMEOUT).await;
+            job.ibq_down.extend(&done.pids);
+            if let Some(f) = failed.into_iter().next() {
+                // Channels still up run on; those that quiesced wait for the rebuild that
+                // follows the abort.
+                self.channels.resume(&up).await;
+                return Err(AgentError::Channel {
+                    job: job_id,
+                    pid: f.pid,
+                    message: format!("quiesce failed: {}", f.message),
+                });
+            }
+            info!(
+                channels = done.pids.len(),
+                qps = done.report.flushed_qps,
+                kept_receives = done.report.kept_receives,
+                slowest_us = done.slowest.as_micros() as u64,
+                "ib-quiesce channels quiesced"
+            );
+            let w = job.work.as_mut().expect("checked");
+            w.notes
+                .insert(CHANNEL_NOTE.into(), join_pids(&job.ibq_down));
+            w.notes.insert(
+                "ibq_quiesce_us".into(),
+                done.slowest.as_micros().to_string(),
+            );
+        }
+        for &pid in &pids {
+            if let Some(device) = procfs::verbs_device(pid) {
+                let comm = procfs::stat(pid).map(|s| s.comm).unwrap_or_default();
+                return Err(AgentError::VerbsWithoutChannel {
+                    job: job_id,
+                    pid,
+                    comm,
+                    device,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Post-checkpoint (or after a restart's release): the job's channels that are down
+    /// recreate their objects; returns their new endpoints (none without channels).
+    pub async fn rebuild_channels(
+        &self,
+        job_id: u64,
+    ) -> Result<Vec<ib_quiesce::Endpoint>, AgentError> {
+        let j = self.get(job_id)?;
+        let job = j.lock().await;
+        if job.ibq_down.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.channels
+            .rebuild(&job.ibq_down, CHANNEL_REBUILD_TIMEOUT)
+            .await
+            .map_err(|f| AgentError::Channel {
+                job: job_id,
+                pid: f.pid,
+                message: format!("rebuild failed: {}", f.message),
+            })
+    }
+
+    /// Connects the rebuilt channels to the job's endpoints (all nodes) and lets them run.
+    pub async fn reconnect_channels(
+        &self,
+        job_id: u64,
+        endpoints: &[ib_quiesce::Endpoint],
+    ) -> Result<(), AgentError> {
+        let j = self.get(job_id)?;
+        let mut job = j.lock().await;
+        if job.ibq_down.is_empty() {
+            return Ok(());
+        }
+        self.channels
+            .reconnect(&job.ibq_down, endpoints, CHANNEL_REBUILD_TIMEOUT)
+            .await
+            .map_err(|f| AgentError::Channel {
+                job: job_id,
+                pid: f.pid,
+                message: format!("reconnect failed: {}", f.message),
+            })?;
+        job.ibq_down.clear();
+        Ok(())
+    }
+
+    /// The ib-quiesce channel registry (the daemon serves its socket).
+    pub fn channels(&self) -> &Arc<Channels> {
+        &self.channels
     }
 
     /// Phase 3, local checkpoint: record open-file sizes, save what the engine does not, and
@@ -923,6 +1047,9 @@ impl Jobs {
             job: job_id,
             source,
         })?;
+        if kill {
+            job.ibq_down.clear();
+        }
         let w = job.work.as_mut().expect("checked");
         w.phase = NodePhase::Resumed;
         w.pause = None;
@@ -1057,6 +1184,7 @@ impl Jobs {
         }
         let ids: Vec<i32> = m.pids.iter().chain(&m.tids).copied().collect();
         wait_pids_free(job_id, &ids).await?;
+        let channels = channel_pids(&m.notes);
         put_back_files(job_id, &m, &node_dir)?;
         clear_stale_sockets(&m.tcp_ports).await;
         if !token.is_empty() {
@@ -1109,11 +1237,13 @@ impl Jobs {
                     source = source.name(),
                     "job restored, held frozen until released"
                 );
+                job.ibq_down = channels.clone();
                 Ok(Restored {
                     pid,
                     incarnation: job.record.incarnation,
                     source,
                     note,
+                    channels: channels.len() as u32,
                 })
             }
             Ok(pid) => {
@@ -1126,11 +1256,13 @@ impl Jobs {
                     })?;
                 }
                 info!(pid, source = source.name(), "job restored");
+                job.ibq_down = channels.clone();
                 Ok(Restored {
                     pid,
                     incarnation: job.record.incarnation,
                     source,
                     note,
+                    channels: channels.len() as u32,
                 })
             }
             Err(e) => {
@@ -1740,16 +1872,39 @@ fn dump_frozen(job: &mut NodeJob, engine: &dyn SnapshotEngine) -> Result<(), Age
         preserved_bytes = copied_bytes,
         "dumped"
     );
-    w.notes = [
-        ("scan_ms", scanned.as_millis()),
-        ("engine_dump_ms", engine_time.as_millis()),
-        ("preserve_copy_ms", copy_time.as_millis()),
-        ("preserved_bytes", copied_bytes as u128),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
+    w.notes.extend(
+        [
+            ("scan_ms", scanned.as_millis()),
+            ("engine_dump_ms", engine_time.as_millis()),
+            ("preserve_copy_ms", copy_time.as_millis()),
+            ("preserved_bytes", copied_bytes as u128),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
     Ok(())
+}
+
+/// The manifest note listing the processes whose ib-quiesce channels were quiesced.
+const CHANNEL_NOTE: &str = "ibq_channels";
+/// How long channels have to drain and flush before the freeze.
+const CHANNEL_QUIESCE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long channels have to come back, recreate their objects and connect.
+const CHANNEL_REBUILD_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn join_pids(pids: &[i32]) -> String {
+    pids.iter()
+        .map(|p| p.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The processes of a manifest whose channels must be rebuilt after a restore.
+fn channel_pids(notes: &BTreeMap<String, String>) -> Vec<i32> {
+    notes
+        .get(CHANNEL_NOTE)
+        .map(|v| v.split(',').filter_map(|p| p.trim().parse().ok()).collect())
+        .unwrap_or_default()
 }
 
 /// Copies the files the engine does not save into `extra/` of the node directory (named pipes

@@ -18,6 +18,7 @@ pub mod error;
 pub mod failpoint;
 pub mod grpc;
 pub mod heartbeat;
+pub mod ibq;
 pub mod jobs;
 pub mod partner;
 pub mod procfs;
@@ -136,12 +137,23 @@ pub async fn run(
             jobs.clone(),
         )))
     };
+    let ibq = match jobs.channels().bind() {
+        Ok(l) => Some(tokio::spawn(jobs.channels().clone().serve(l))),
+        Err(e) => {
+            // Jobs without InfiniBand do not need it; jobs with it are refused at checkpoint.
+            tracing::warn!(socket = %jobs.channels().socket().display(), error = %e, "ib-quiesce control socket unavailable");
+            None
+        }
+    };
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     let r = tonic::transport::Server::builder()
         .add_service(AgentServer::new(grpc::AgentHandler::new(jobs)))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
     if let Some(h) = hb {
+        h.abort();
+    }
+    if let Some(h) = ibq {
         h.abort();
     }
     r.map_err(StartError::from)

@@ -1,0 +1,651 @@
+//! The control channel between a process's [`Channel`] and the local node agent.
+//!
+//! When the agent starts a job's processes it sets [`SOCKET_ENV`] to its control socket. A
+//! process that opens a channel then runs a control thread that connects there, says hello
+//! (its pid and channel id) and obeys the agent's commands, one JSON object per line:
+//!
+//! * `quiesce`: gate the application's calls, drain, flush and release every verbs object
+//!   ([`Channel::quiesce`]), check that no `/dev/infiniband` mapping or descriptor is left, and
+//!   answer. After a successful quiesce the thread closes its socket, so the snapshot holds no
+//!   connection, and waits for the agent's rebuild flag, a file named by its pid in
+//!   [`flag_dir`], checked every few milliseconds without holding a descriptor.
+//! * `resume`: after a failed quiesce, let the application's calls through again.
+//! * `rebuild` and `reconnect`: after the snapshot (in the same process, or in one restored from
+//!   it) recreate everything, publish the new endpoints, and connect to the peers' endpoints the
+//!   agent relays from the coordinator; then ungate.
+//!
+//! Application calls made while the channel is gated block until it is up again, so the
+//! checkpoint is invisible to the application.
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::channel::{Channel, Endpoint, Error, QuiesceReport, Result, State};
+use crate::verbs::{Verbs, VerbsError};
+
+/// The environment variable naming the agent's control socket.
+pub const SOCKET_ENV: &str = "CKPT_IBQ_SOCKET";
+
+/// How often a quiesced channel looks for its rebuild flag.
+const FLAG_POLL: Duration = Duration::from_millis(5);
+
+/// What a channel tells the agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "msg", rename_all = "snake_case")]
+pub enum ToAgent {
+    /// First message on every connection.
+    Hello {
+        /// The process.
+        pid: i32,
+        /// The channel's id.
+        channel: u64,
+        /// The channel is quiesced and waits for a rebuild.
+        down: bool,
+        /// QPs in the channel.
+        qps: usize,
+        /// MRs in the channel.
+        mrs: usize,
+    },
+    /// Quiesce done; the connection closes next.
+    Quiesced {
+        /// What was drained and kept.
+        report: QuiesceReport,
+        /// How long it took.
+        micros: u64,
+    },
+    /// Objects recreated; these are the QPs' new endpoints.
+    Rebuilt {
+        /// One per QP.
+        endpoints: Vec<Endpoint>,
+        /// How long it took.
+        micros: u64,
+    },
+    /// Connected again; the application runs.
+    Reconnected {
+        /// How long it took.
+        micros: u64,
+    },
+    /// Posts are let through again after a failed quiesce.
+    Resumed,
+    /// The command failed.
+    Failed {
+        /// Why.
+        error: String,
+    },
+}
+
+/// What the agent tells a channel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case")]
+pub enum ToChannel {
+    /// Drain and release everything within the timeout.
+    Quiesce {
+        /// Milliseconds.
+        timeout_ms: u64,
+    },
+    /// Undo a failed quiesce.
+    Resume,
+    /// Recreate every object.
+    Rebuild,
+    /// Connect to these endpoints (all of the job's) and let the application run.
+    Reconnect {
+        /// Every endpoint the coordinator gathered.
+        endpoints: Vec<Endpoint>,
+    },
+}
+
+/// Where the agent puts rebuild flags for the channels of its control socket `socket`.
+pub fn flag_dir(socket: &Path) -> PathBuf {
+    socket
+        .parent()
+        .unwrap_or(Path::new("/"))
+        .join("ibq-rebuild")
+}
+
+/// The rebuild flag of the channel in process `pid`.
+pub fn flag_path(socket: &Path, pid: i32) -> PathBuf {
+    flag_dir(socket).join(pid.to_string())
+}
+
+/// A verbs device this process still maps or holds open, if any.
+pub fn verbs_left() -> Option<String> {
+    let prefix = crate::VERBS_DEVICE_PREFIX;
+    if let Ok(maps) = std::fs::read_to_string("/proc/self/maps") {
+        if let Some(p) = maps
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .find(|p| p.starts_with(prefix))
+        {
+            return Some(p.to_string());
+        }
+    }
+    std::fs::read_dir("/proc/self/fd")
+        .ok()?
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .map(|p| p.to_string_lossy().into_owned())
+        .find(|p| p.starts_with(prefix))
+}
+
+/// Work the control thread hands to an application thread.
+type Task<V> = Box<dyn FnOnce(&mut Channel<V>) + Send>;
+
+/// How long the control thread waits for an application thread to take its work before doing
+/// it itself.
+const PICKUP: Duration = Duration::from_secs(1);
+
+struct Gate<V: Verbs> {
+    closed: bool,
+    task: Option<Task<V>>,
+}
+
+/// A channel shared between the application's threads and the control thread. Application
+/// calls go through [`Shared::call`], which waits while the channel is gated.
+///
+/// The control thread's work (quiesce, rebuild, reconnect) runs, when it can, in an
+/// application thread waiting at the gate: the kernel lets only a thread with the opener's
+/// credentials write to a verbs device file, and after a restore each thread has credentials
+/// of its own, so the thread that reopens the device must be the one that posts (soft-RoCE
+/// rings its doorbell with such a write). Only when no application thread calls in within a
+/// second (it is computing) does the control thread do the work itself.
+pub struct Shared<V: Verbs> {
+    ch: Mutex<Channel<V>>,
+    gate: Mutex<Gate<V>>,
+    open: Condvar,
+    rebuilds: AtomicU64,
+}
+
+impl<V: Verbs> std::fmt::Debug for Shared<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("rebuilds", &self.rebuilds)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic in another caller leaves the data consistent (every call is a single step).
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl<V: Verbs + 'static> Shared<V> {
+    /// Shares `ch`.
+    pub fn new(ch: Channel<V>) -> Arc<Self> {
+        Arc::new(Shared {
+            ch: Mutex::new(ch),
+            gate: Mutex::new(Gate {
+                closed: false,
+                task: None,
+            }),
+            open: Condvar::new(),
+            rebuilds: AtomicU64::new(0),
+        })
+    }
+
+    /// Runs an application call on the channel, waiting first while it is quiesced (and doing
+    /// the control thread's work meanwhile).
+    pub fn call<R>(&self, f: impl FnOnce(&mut Channel<V>) -> R) -> R {
+        loop {
+            let mut g = lock(&self.gate);
+            loop {
+                if let Some(task) = g.task.take() {
+                    drop(g);
+                    task(&mut lock(&self.ch));
+                    g = lock(&self.gate);
+                    continue;
+                }
+                if !g.closed {
+                    break;
+                }
+                g = self.open.wait(g).unwrap_or_else(|p| p.into_inner());
+            }
+            drop(g);
+            let mut c = lock(&self.ch);
+            // The control thread may have gated the channel between the two locks.
+            if !lock(&self.gate).closed {
+                return f(&mut c);
+            }
+        }
+    }
+
+    /// Runs a call without waiting for the gate (diagnostics).
+    pub fn peek<R>(&self, f: impl FnOnce(&Channel<V>) -> R) -> R {
+        f(&lock(&self.ch))
+    }
+
+    /// Completed rebuilds since the process started (or since the snapshot it was restored from).
+    pub fn rebuilds(&self) -> u64 {
+        self.rebuilds.load(Ordering::Relaxed)
+    }
+
+    fn set_gate(&self, closed: bool) {
+        lock(&self.gate).closed = closed;
+        if !closed {
+            self.open.notify_all();
+        }
+    }
+
+    /// Runs `f` on the channel in an application thread waiting at the (closed) gate, or here
+    /// when none takes it within [`PICKUP`].
+    fn run<R: Send + 'static>(&self, f: impl FnOnce(&mut Channel<V>) -> R + Send + 'static) -> R {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let task: Task<V> = Box::new(move |c| {
+            let _ = tx.send(f(c));
+        });
+        lock(&self.gate).task = Some(task);
+        self.open.notify_all();
+        match rx.recv_timeout(PICKUP) {
+            Ok(r) => r,
+            Err(_) => {
+                let mine = lock(&self.gate).task.take();
+                if let Some(task) = mine {
+                    task(&mut lock(&self.ch));
+                }
+                rx.recv().expect("a taken task always answers")
+            }
+        }
+    }
+
+    /// Gates application calls and quiesces. On failure before anything was released the
+    /// channel is resumed and ungated; otherwise it stays gated until rebuilt.
+    pub fn quiesce(&self, timeout: Duration) -> Result<QuiesceReport> {
+        self.set_gate(true);
+        let r = self.run(move |c| {
+            let r = c.quiesce(timeout);
+            if r.is_err() && c.state() == State::Quiescing {
+                let _ = c.resume();
+            }
+            (r, c.state())
+        });
+        match r {
+            (Ok(report), _) => match verbs_left() {
+                None => Ok(report),
+                Some(dev) => Err(Error::Verbs(VerbsError {
+                    op: "quiesce",
+                    message: format!(
+                        "{dev} is still mapped or open after every object was released; \
+                         another library in this process uses the device"
+                    ),
+                })),
+            },
+            (Err(e), state) => {
+                if state == State::Up {
+                    self.set_gate(false);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Lets application calls through after a failed quiesce.
+    pub fn resume(&self) -> Result<()> {
+        let mut c = lock(&self.ch);
+        if c.state() == State::Quiescing {
+            c.resume()?;
+        }
+        let up = c.state() == State::Up;
+        drop(c);
+        if up {
+            self.set_gate(false);
+        }
+        Ok(())
+    }
+
+    /// Recreates every object; returns the new endpoints.
+    pub fn rebuild(&self) -> Result<Vec<Endpoint>> {
+        self.run(|c| Ok(c.rebuild()?.into_iter().map(|(_, e)| e).collect()))
+    }
+
+    /// Connects to the peers' new endpoints and ungates.
+    pub fn reconnect(&self, endpoints: &[Endpoint]) -> Result<()> {
+        let map: HashMap<_, _> = endpoints.iter().map(|e| (e.id, e.clone())).collect();
+        self.run(move |c| c.reconnect(&map))?;
+        self.rebuilds.fetch_add(1, Ordering::Relaxed);
+        self.set_gate(false);
+        Ok(())
+    }
+}
+
+/// Starts the control thread if the process runs under a ckpt agent ([`SOCKET_ENV`] set).
+pub fn start<V: Verbs + 'static>(shared: &Arc<Shared<V>>) -> Option<std::thread::JoinHandle<()>> {
+    start_at(shared, PathBuf::from(std::env::var_os(SOCKET_ENV)?))
+}
+
+/// Starts the control thread for the agent socket `socket`.
+pub fn start_at<V: Verbs + 'static>(
+    shared: &Arc<Shared<V>>,
+    socket: PathBuf,
+) -> Option<std::thread::JoinHandle<()>> {
+    let shared = shared.clone();
+    std::thread::Builder::new()
+        .name("ib-quiesce".into())
+        .spawn(move || control_loop(&shared, &socket))
+        .ok()
+}
+
+fn send(stream: &mut UnixStream, msg: &ToAgent) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    stream.write_all(&line)
+}
+
+fn micros(since: Instant) -> u64 {
+    since.elapsed().as_micros() as u64
+}
+
+/// The control thread: connected to the agent while the channel is up; after a quiesce,
+/// disconnected until the agent raises the rebuild flag. It lives as long as the process.
+fn control_loop<V: Verbs + 'static>(shared: &Shared<V>, socket: &Path) {
+    let pid = std::process::id() as i32;
+    let flag = flag_path(socket, pid);
+    let mut down = false;
+    loop {
+        if down {
+            while !flag.exists() {
+                std::thread::sleep(FLAG_POLL);
+            }
+        }
+        let Ok(mut stream) = UnixStream::connect(socket) else {
+            std::thread::sleep(if down {
+                FLAG_POLL
+            } else {
+                Duration::from_secs(1)
+            });
+            continue;
+        };
+        let (channel, qps, mrs) = shared.peek(|c| {
+            let (q, m) = c.counts();
+            (c.id(), q, m)
+        });
+        let hello = ToAgent::Hello {
+            pid,
+            channel,
+            down,
+            qps,
+            mrs,
+        };
+        if send(&mut stream, &hello).is_err() {
+            std::thread::sleep(Duration::from_secs(1));
+            continue;
+        }
+        let Ok(reader) = stream.try_clone() else {
+            continue;
+        };
+        for line in BufReader::new(reader).lines() {
+            let Ok(line) = line else { break };
+            let reply = match serde_json::from_str::<ToChannel>(&line) {
+                Err(e) => ToAgent::Failed {
+                    error: format!("unreadable command {line:?}: {e}"),
+                },
+                Ok(ToChannel::Quiesce { timeout_ms }) => {
+                    let t = Instant::now();
+                    match shared.quiesce(Duration::from_millis(timeout_ms)) {
+                        Ok(report) => {
+                            down = true;
+                            let _ = send(
+                                &mut stream,
+                                &ToAgent::Quiesced {
+                                    report,
+                                    micros: micros(t),
+                                },
+                            );
+                            // Both descriptors close here; the agent waits for the EOF
+                            // before it freezes the process.
+                            break;
+                        }
+                        Err(e) => {
+                            down = shared.peek(|c| c.state()) == State::Down;
+                            ToAgent::Failed {
+                                error: e.to_string(),
+                            }
+                        }
+                    }
+                }
+                Ok(ToChannel::Resume) => match shared.resume() {
+                    Ok(()) => ToAgent::Resumed,
+                    Err(e) => ToAgent::Failed {
+                        error: e.to_string(),
+                    },
+                },
+                Ok(ToChannel::Rebuild) => {
+                    let t = Instant::now();
+                    match shared.rebuild() {
+                        Ok(endpoints) => ToAgent::Rebuilt {
+                            endpoints,
+                            micros: micros(t),
+                        },
+                        Err(e) => ToAgent::Failed {
+                            error: e.to_string(),
+                        },
+                    }
+                }
+                Ok(ToChannel::Reconnect { endpoints }) => {
+                    let t = Instant::now();
+                    match shared.reconnect(&endpoints) {
+                        Ok(()) => {
+                            down = false;
+                            ToAgent::Reconnected { micros: micros(t) }
+                        }
+                        Err(e) => ToAgent::Failed {
+                            error: e.to_string(),
+                        },
+                    }
+                }
+            };
+            if send(&mut stream, &reply).is_err() {
+                break;
+            }
+        }
+        drop(stream);
+        if !down {
+            // The agent went away (restarted): say hello to the next one.
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake::{Fabric, FakeVerbs};
+    use crate::verbs::{QpCaps, RecvWr, SendOp, SendWr, Sge};
+    use std::os::unix::net::UnixListener;
+    use std::sync::atomic::AtomicBool;
+
+    const CAPS: QpCaps = QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_sge: 1,
+    };
+
+    struct Rank {
+        shared: Arc<Shared<FakeVerbs>>,
+        buf: Box<[u8; 64]>,
+        key: u32,
+        cq: u32,
+        qp: u32,
+    }
+
+    fn pair() -> (Fabric, Rank, Rank) {
+        let f = Fabric::new();
+        let mk = |id| {
+            let mut ch = Channel::open(f.end(id), "").unwrap();
+            let buf = Box::new([0u8; 64]);
+            let key = ch.reg_mr(buf.as_ptr() as u64, 64, 0x7).unwrap();
+            let cq = ch.create_cq(32).unwrap();
+            let qp = ch.create_qp(cq, cq, CAPS).unwrap();
+            (ch, buf, key, cq, qp)
+        };
+        let (mut a, mut b) = (mk(0), mk(1));
+        let (ea, eb) = (a.0.endpoint(a.4).unwrap(), b.0.endpoint(b.4).unwrap());
+        a.0.connect(a.4, eb).unwrap();
+        b.0.connect(b.4, ea).unwrap();
+        let rank = |(ch, buf, key, cq, qp): (Channel<FakeVerbs>, _, _, _, _)| Rank {
+            shared: Shared::new(ch),
+            buf,
+            key,
+            cq,
+            qp,
+        };
+        (f, rank(a), rank(b))
+    }
+
+    /// An application thread that keeps sending and polling through the shared channel, and
+    /// counts its calls, until told to stop.
+    fn app(r: &Rank, stop: Arc<AtomicBool>, calls: Arc<AtomicU64>) -> std::thread::JoinHandle<()> {
+        let (s, qp, cq, key) = (r.shared.clone(), r.qp, r.cq, r.key);
+        let addr = r.buf.as_ptr() as u64;
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let wr = SendWr {
+                    wr_id: n,
+                    op: SendOp::Write {
+                        remote_addr: 0,
+                        rkey: crate::channel::MR_KEY_BASE,
+                    },
+                    sges: vec![Sge {
+                        addr,
+                        len: 8,
+                        lkey: key,
+                    }],
+                    signaled: n % 4 == 0,
+                };
+                s.call(|c| c.post_send(qp, &wr)).unwrap();
+                s.call(|c| c.poll_cq(cq, 16)).unwrap();
+                calls.fetch_add(1, Ordering::Relaxed);
+                n += 1;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    }
+
+    fn line<T: serde::de::DeserializeOwned>(r: &mut BufReader<UnixStream>) -> Option<T> {
+        let mut l = String::new();
+        (r.read_line(&mut l).ok()? > 0).then(|| serde_json::from_str(&l).expect("json"))
+    }
+
+    fn tell(s: &mut UnixStream, c: &ToChannel) {
+        let mut v = serde_json::to_vec(c).unwrap();
+        v.push(b'\n');
+        s.write_all(&v).unwrap();
+    }
+
+    /// The agent's side of the protocol, by hand: hello, quiesce (then the channel hangs up),
+    /// flag, hello again (down), rebuild, reconnect. Meanwhile the application thread is held
+    /// at the gate and goes on afterwards.
+    #[test]
+    fn the_control_protocol_quiesces_and_rebuilds_while_the_application_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("control.sock");
+        let listener = UnixListener::bind(&socket).unwrap();
+        std::fs::create_dir_all(flag_dir(&socket)).unwrap();
+        let (_f, a, b) = pair();
+        let stop = Arc::new(AtomicBool::new(false));
+        let calls = Arc::new(AtomicU64::new(0));
+        let worker = app(&a, stop.clone(), calls.clone());
+        start_at(&a.shared, socket.clone()).unwrap();
+        start_at(&b.shared, socket.clone()).unwrap();
+        let accept = |listener: &UnixListener| {
+            let (s, _) = listener.accept().unwrap();
+            let mut r = BufReader::new(s.try_clone().unwrap());
+            let hello: ToAgent = line(&mut r).unwrap();
+            (s, r, hello)
+        };
+        let mut conns: Vec<_> = (0..2).map(|_| accept(&listener)).collect();
+        for (_, _, h) in &conns {
+            assert!(
+                matches!(
+                    h,
+                    ToAgent::Hello {
+                        down: false,
+                        qps: 1,
+                        mrs: 1,
+                        ..
+                    }
+                ),
+                "{h:?}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(calls.load(Ordering::Relaxed) > 0, "the application runs");
+        for (s, _, _) in &mut conns {
+            tell(s, &ToChannel::Quiesce { timeout_ms: 5000 });
+        }
+        for (_, r, _) in &mut conns {
+            let q: ToAgent = line(r).unwrap();
+            assert!(matches!(q, ToAgent::Quiesced { .. }), "{q:?}");
+            assert!(
+                line::<ToAgent>(r).is_none(),
+                "the channel hangs up after quiescing"
+            );
+        }
+        let held = calls.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(
+            calls.load(Ordering::Relaxed),
+            held,
+            "application calls wait at the gate"
+        );
+        assert_eq!(a.shared.peek(|c| c.state()), State::Down);
+        // Both processes in one test: the flag is per pid, so both come back.
+        std::fs::write(flag_path(&socket, std::process::id() as i32), b"").unwrap();
+        let mut conns: Vec<_> = (0..2).map(|_| accept(&listener)).collect();
+        let mut endpoints = Vec::new();
+        for (s, r, h) in &mut conns {
+            assert!(matches!(h, ToAgent::Hello { down: true, .. }), "{h:?}");
+            tell(s, &ToChannel::Rebuild);
+            match line::<ToAgent>(r).unwrap() {
+                ToAgent::Rebuilt { endpoints: e, .. } => endpoints.extend(e),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(endpoints.len(), 2);
+        for (s, r, _) in &mut conns {
+            tell(
+                s,
+                &ToChannel::Reconnect {
+                    endpoints: endpoints.clone(),
+                },
+            );
+            let m: ToAgent = line(r).unwrap();
+            assert!(matches!(m, ToAgent::Reconnected { .. }), "{m:?}");
+        }
+        let t = Instant::now();
+        while calls.load(Ordering::Relaxed) <= held + 5 {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "the application resumes"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        stop.store(true, Ordering::Relaxed);
+        worker.join().unwrap();
+        assert_eq!(a.shared.rebuilds(), 1);
+    }
+
+    /// A failed quiesce (the peer never answers the flush marker) leaves the channel up and the
+    /// application running.
+    #[test]
+    fn a_quiesce_that_times_out_lets_the_application_run_on() {
+        let (_f, a, _b) = pair();
+        let r = a.shared.quiesce(Duration::from_millis(200));
+        assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+        assert_eq!(a.shared.peek(|c| c.state()), State::Up);
+        let wr = RecvWr {
+            wr_id: 1,
+            sges: vec![Sge {
+                addr: a.buf.as_ptr() as u64,
+                len: 8,
+                lkey: a.key,
+            }],
+        };
+        a.shared.call(|c| c.post_recv(a.qp, &wr)).unwrap();
+    }
+}

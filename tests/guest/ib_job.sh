@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Runs inside a soft-RoCE test guest (scripts/testvm.sh): ckptd and its agent, then the 2-rank
+# RDMA program tests/apps/rdma_halo under ckpt, checkpointed under traffic, killed and
+# restarted; prints the lines the e2e test asserts on ("RESULT ...").
+#
+# Environment: BIN (release binaries), APP (rdma_halo), ITERS, WORDS,
+# CHECKPOINTS (continue-checkpoints before the kill, default 1).
+set -eu
+: "${BIN:?}" "${APP:?}" "${ITERS:?}" "${WORDS:?}"
+CHECKPOINTS=${CHECKPOINTS:-1}
+W=$(mktemp -d /tmp/ibjob.XXXXXX)
+say() { echo "[guest] $*"; }
+
+say "reference: an uninterrupted run"
+"$APP" 0 127.0.0.1 7101 "$ITERS" "$WORDS" > "$W/ref0" 2>&1 &
+R0=$!
+"$APP" 1 127.0.0.1 7101 "$ITERS" "$WORDS" > "$W/ref1" 2>&1 || { cat "$W/ref1"; exit 3; }
+wait "$R0" || { cat "$W/ref0"; exit 3; }
+for r in 0 1; do
+    echo "RESULT reference rank $r $(awk '/ done / {print $7}' "$W/ref$r")"
+done
+
+export CKPT_SOCKET=$W/ckptd.sock
+cat > "$W/ckptd.toml" <<TOML
+listen = "127.0.0.1:0"
+socket = "$W/ckptd.sock"
+database = "$W/ckptd.redb"
+[agent]
+state_dir = "$W/state"
+local_dir = "$W/local"
+TOML
+"$BIN/ckptd" --standalone --config "$W/ckptd.toml" > "$W/ckptd.log" 2>&1 &
+CKPTD=$!
+trap 'kill $CKPTD 2>/dev/null || true; echo "--- ckptd log"; tail -n 60 "$W/ckptd.log"' EXIT
+for _ in $(seq 200); do "$BIN/ckptctl" list > /dev/null 2>&1 && break; sleep 0.1; done
+
+JOB=$("$BIN/ckptctl" run --name halo -- bash -c \
+    "$APP 0 127.0.0.1 7102 $ITERS $WORDS & $APP 1 127.0.0.1 7102 $ITERS $WORDS; wait")
+OUT=$W/state/jobs/$JOB/stdout
+say "job $JOB started"
+progress() { grep -c ' iter ' "$OUT" 2>/dev/null || true; }
+wait_progress() { # at least N more progress lines than now, within 60 s
+    local want=$(( $(progress) + $1 ))
+    for _ in $(seq 600); do [ "$(progress)" -ge "$want" ] && return 0; sleep 0.1; done
+    say "no progress"; tail -n 20 "$OUT"; tail -n 20 "${OUT%stdout}stderr"
+    for p in $(pgrep rdma_halo); do say "pid $p: $(cat /proc/$p/wchan) $(grep State /proc/$p/status)"; done
+    exit 4
+}
+wait_progress 2
+for i in $(seq "$CHECKPOINTS"); do
+    "$BIN/ckptctl" checkpoint "$JOB" --wait
+    echo "RESULT checkpoint $i ok"
+    wait_progress 2
+done
+grep -q ' done ' "$OUT" && { say "the job finished before the kill; raise ITERS"; exit 5; }
+say "SIGKILL every process of job $JOB"
+CG=$(awk -F: '$2=="" || $2 ~ /freezer/ {print $3}' /proc/"$(pgrep -f "rdma_halo 0 127.0.0.1 7102" | head -1)"/cgroup | head -1)
+for p in $(cat /sys/fs/cgroup"$CG"/cgroup.procs); do kill -9 "$p" 2>/dev/null || true; done
+for _ in $(seq 100); do "$BIN/ckptctl" status "$JOB" | head -1 | grep -q killed && break; sleep 0.1; done
+"$BIN/ckptctl" status "$JOB" | head -1
+"$BIN/ckptctl" restart "$JOB"
+wait_progress 1
+for _ in $(seq 1200); do grep -q ' done ' "$OUT" && [ "$(grep -c ' done ' "$OUT")" -ge 2 ] && break; sleep 0.1; done
+"$BIN/ckptctl" status "$JOB" | head -1
+grep -E ' (start|done) ' "$OUT" | sed 's/^/RESULT line /'
+for r in 0 1; do
+    echo "RESULT restarted rank $r $(awk -v r="$r" '$1=="rank" && $2==r && $3=="done" {c=$7} END {print c}' "$OUT")"
+done
