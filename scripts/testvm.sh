@@ -121,7 +121,9 @@ EOF
     # Stage 2 (the host's root): network, rxe0, the test script, its status, power off.
     cat > "$root/stage2" <<'EOF'
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LC_ALL=C
-. /share/.testvm-env
+# Several guests may share one directory: each one's files carry its name (kernel command line).
+VM_NAME=$(sed -n 's/.*testvm\.name=\([^ ]*\).*/\1/p' /proc/cmdline)
+. "/share/.testvm-$VM_NAME.env"
 hostname "$VM_NAME"
 ip link set lo up; ip link set eth0 up; ip addr add "$VM_IP" dev eth0
 [ -z "$VM_GW" ] || ip route add default via "$VM_GW"
@@ -129,8 +131,8 @@ rdma link add rxe0 type rxe netdev eth0 || echo "testvm: rdma link add rxe0 fail
 # CRIU opens /dev/net/tun, which loads no module by itself here.
 /run/testvm/modprobe tun || echo "testvm: modprobe tun failed"
 cd /share
-/usr/bin/setsid -w /bin/bash /share/.testvm-script </dev/null >/dev/console 2>&1
-echo $? > /share/.testvm-status
+/usr/bin/setsid -w /bin/bash "/share/.testvm-$VM_NAME.sh" </dev/null >/dev/console 2>&1
+echo $? > "/share/.testvm-$VM_NAME.status"
 sync
 /run/testvm/busybox poweroff -f
 EOF
@@ -155,7 +157,7 @@ run() {
     local tmp_share=
     if [ -z "$share" ]; then share=$(mktemp -d); tmp_share=$share; fi
     mkdir -p "$share"
-    cp "$script" "$share/.testvm-script"; rm -f "$share/.testvm-status"
+    cp "$script" "$share/.testvm-$name.sh"; rm -f "$share/.testvm-$name.status"
     local net gw=10.0.2.2
     if [ -n "$wire" ]; then
         net="dgram,id=n0,local.type=inet,local.host=127.0.0.1,local.port=${wire%%:*},remote.type=inet,remote.host=127.0.0.1,remote.port=${wire##*:}"
@@ -163,17 +165,17 @@ run() {
     else
         net="user,id=n0"
     fi
-    printf 'VM_NAME=%q\nVM_IP=%q\nVM_GW=%q\n' "$name" "$ip" "$gw" > "$share/.testvm-env"
+    printf 'VM_NAME=%q\nVM_IP=%q\nVM_GW=%q\n' "$name" "$ip" "$gw" > "$share/.testvm-$name.env"
     local begin=$SECONDS rc=0
     timeout --kill-after=10 "$timeout" qemu-system-x86_64 -accel tcg -cpu max -smp "$cpus" -m "$mem" \
         -display none -monitor none -serial stdio -no-reboot \
         -kernel "$VM_DIR/kernel-$abi/boot/vmlinuz-$abi" -initrd "$VM_DIR/initramfs-$abi.cpio.gz" \
-        -append "console=ttyS0 loglevel=3 panic=-1" \
+        -append "console=ttyS0 loglevel=3 panic=-1 testvm.name=$name" \
         -fsdev local,id=host,path=/,security_model=none,readonly=on,multidevs=remap \
         -device virtio-9p-pci,fsdev=host,mount_tag=host \
         -fsdev "local,id=share,path=$share,security_model=none" -device virtio-9p-pci,fsdev=share,mount_tag=share \
         -netdev "$net" -device "virtio-net-pci,netdev=n0,mac=$mac" </dev/null || rc=$?
-    local status; status=$(cat "$share/.testvm-status" 2>/dev/null || true)
+    local status; status=$(cat "$share/.testvm-$name.status" 2>/dev/null || true)
     say "$name: $((SECONDS - begin)) s, qemu exit $rc, script status ${status:-none}"
     [ -z "$tmp_share" ] || rm -rf "$tmp_share"
     [ -n "$status" ] || return 125

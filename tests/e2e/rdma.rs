@@ -149,3 +149,88 @@ fn an_rdma_job_is_checkpointed_killed_and_restarted_in_a_guest() {
         assert!(field(d, "rebuilds").parse::<u64>().unwrap() >= 1, "{d}");
     }
 }
+
+/// Two guests joined by a UDP wire, one rank on each: ckptd and an agent in guest a, an agent
+/// in guest b. The job (rank 1 started on b through `ckpt-rsh`) is checkpointed under traffic,
+/// every process on both nodes is SIGKILLed, and the restarted job finishes with the checksums
+/// of an uninterrupted run, with new real QP numbers behind the same virtual ones.
+#[test]
+fn an_rdma_job_across_two_guests_is_checkpointed_killed_and_restarted() {
+    if let Some(why) = vm::unavailable() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let apps = ckpt_tests::apps();
+    let share = tempfile::tempdir().expect("share dir");
+    let body = |role: &str| {
+        format!(
+            "export ROLE={role} BIN={} APP={} ITERS=8000 WORDS=512\nbash {}\n",
+            ckpt_tests::bin_dir().display(),
+            apps.join("rdma_halo").display(),
+            ckpt_tests::workspace()
+                .join("tests/guest/ib_two_nodes.sh")
+                .display()
+        )
+    };
+    let share_arg = format!("share={}", share.path().display());
+    let b = {
+        let (body, share_arg) = (body("b"), share_arg.clone());
+        std::thread::spawn(move || {
+            vm::run(
+                &body,
+                &[
+                    "name=ib2b",
+                    "ip=192.168.98.2/24",
+                    "mac=52:54:00:00:98:12",
+                    "wire=17992:17991",
+                    "mem=1536",
+                    "timeout=900",
+                    &share_arg,
+                ],
+            )
+        })
+    };
+    let a = vm::run(
+        &body("a"),
+        &[
+            "name=ib2a",
+            "ip=192.168.98.1/24",
+            "mac=52:54:00:00:98:11",
+            "wire=17991:17992",
+            "mem=2048",
+            "timeout=900",
+            &share_arg,
+        ],
+    );
+    let b = b.join().expect("guest b");
+    assert_eq!(
+        a.status, 0,
+        "guest a: {}\nguest b: {}",
+        a.console, b.console
+    );
+    assert_eq!(b.status, 0, "guest b: {}", b.console);
+    let res = results(&a.console);
+    let find = |p: &str| res.iter().find(|l| l.starts_with(p)).cloned();
+    assert!(find("checkpoint ok").is_some(), "{}", a.console);
+    for rank in 0..2 {
+        let r = rank.to_string();
+        let want = find(&format!("reference rank {rank} ")).expect("reference");
+        let got = find(&format!("restarted rank {rank} ")).expect("restarted");
+        assert_eq!(
+            field(&got, &r),
+            field(&want, &r),
+            "rank {rank}: {}",
+            a.console
+        );
+        assert_eq!(field(&want, &r).len(), 16, "{}", a.console);
+        let s = find(&format!("line rank {rank} start ")).expect("start line");
+        let d = find(&format!("line rank {rank} done ")).expect("done line");
+        assert_eq!(field(&s, "vqpn"), field(&d, "vqpn"));
+        assert_ne!(field(&s, "qpn"), field(&d, "qpn"), "{s} / {d}");
+    }
+    assert!(
+        b.console.contains("channel rebuilt"),
+        "guest b's agent rebuilt its channel: {}",
+        b.console
+    );
+}
