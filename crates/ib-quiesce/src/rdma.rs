@@ -25,7 +25,12 @@ pub struct Rdma {
     ctx: *mut ffi::ibv_context,
     gid_index: u8,
     mtu: ffi::ibv_mtu,
+    /// Completion slots for `poll_cq`, allocated once: polling is the hot path.
+    wcs: Vec<ffi::ibv_wc>,
 }
+
+/// Completions one `poll_cq` call takes at most.
+const POLL_MAX: usize = 64;
 
 // SAFETY: libibverbs objects may be used from any thread; the channel serialises calls.
 unsafe impl Send for Rdma {}
@@ -78,6 +83,8 @@ impl Rdma {
             ctx: ptr::null_mut(),
             gid_index,
             mtu: ffi::IBV_MTU_1024,
+            // SAFETY: ibv_wc is plain data, valid when zeroed.
+            wcs: vec![unsafe { std::mem::zeroed() }; POLL_MAX],
         }
     }
 
@@ -124,6 +131,19 @@ pub fn device_names() -> Vec<String> {
         ffi::ibv_free_device_list(list);
         names
     }
+}
+
+/// Moves a live QP with `attr`/`mask`; `op` names the transition in errors.
+fn modify_qp(
+    qp: *mut ffi::ibv_qp,
+    op: &'static str,
+    mut attr: ffi::ibv_qp_attr,
+    mask: ffi::ibv_qp_attr_mask,
+) -> VResult<()> {
+    // SAFETY: the callers pass a live QP; attr is fully initialised.
+    rc(op, unsafe {
+        ffi::ibv_modify_qp(qp, &mut attr, mask.0 as c_int)
+    })
 }
 
 fn sg_list(sges: &[Sge]) -> Vec<ffi::ibv_sge> {
@@ -294,7 +314,8 @@ impl Verbs for Rdma {
             ffi::ibv_create_qp(pd as *mut ffi::ibv_pd, &mut attr)
         })?;
         // Receives may be posted from INIT on, before the QP is connected.
-        let mut init = ffi::ibv_qp_attr {
+        use ffi::ibv_qp_attr_mask as M;
+        let init = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_INIT,
             pkey_index: 0,
             port_num: PORT,
@@ -304,11 +325,8 @@ impl Verbs for Rdma {
                 .0,
             ..Default::default()
         };
-        use ffi::ibv_qp_attr_mask as M;
         let mask = M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_ACCESS_FLAGS;
-        // SAFETY: qp is valid; init is fully initialised.
-        let r = unsafe { ffi::ibv_modify_qp(qp, &mut init, mask.0 as c_int) };
-        if let Err(e) = rc("ibv_modify_qp(INIT)", r) {
+        if let Err(e) = modify_qp(qp, "ibv_modify_qp(INIT)", init, mask) {
             // SAFETY: qp is valid and not used after.
             unsafe { ffi::ibv_destroy_qp(qp) };
             return Err(e);
@@ -320,12 +338,7 @@ impl Verbs for Rdma {
     fn connect(&mut self, qp: Handle, psn: u32, remote: &Remote) -> VResult<()> {
         use ffi::ibv_qp_attr_mask as M;
         let qp = qp as *mut ffi::ibv_qp;
-        let modify = |op: &'static str, mut attr: ffi::ibv_qp_attr, mask: M| {
-            // SAFETY: qp is a live QP; attr is fully initialised.
-            rc(op, unsafe {
-                ffi::ibv_modify_qp(qp, &mut attr, mask.0 as c_int)
-            })
-        };
+        let modify = |op, attr, mask| modify_qp(qp, op, attr, mask);
         let global = remote.port.gid != [0u8; 16];
         let ah = ffi::ibv_ah_attr {
             grh: ffi::ibv_global_route {
@@ -450,9 +463,8 @@ impl Verbs for Rdma {
 
     fn poll_cq(&mut self, cq: Handle, max: usize) -> VResult<Vec<Completion>> {
         let ctx = self.ctx("ibv_poll_cq")?;
-        let max = max.clamp(1, 64);
-        // SAFETY: ibv_wc is plain data; the provider fills up to `max` entries.
-        let mut wcs: Vec<ffi::ibv_wc> = vec![unsafe { std::mem::zeroed() }; max];
+        let max = max.clamp(1, POLL_MAX);
+        let wcs = &mut self.wcs;
         // SAFETY: the operation table of an open context; cq belongs to it; wcs has `max` slots.
         let n = unsafe {
             let f = (*ctx)

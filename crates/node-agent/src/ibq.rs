@@ -43,16 +43,26 @@ impl Conn {
         self.reply(timeout).await
     }
 
+    /// The next message; a channel's `failed` answer is an error.
     async fn reply(&mut self, timeout: Duration) -> Result<ToAgent, String> {
         match tokio::time::timeout(timeout, self.lines.next_line()).await {
             Err(_) => Err(format!("no answer within {timeout:?}")),
             Ok(Err(e)) => Err(format!("connection failed: {e}")),
             Ok(Ok(None)) => Err("the process closed its channel (did it exit?)".into()),
             Ok(Ok(Some(l))) => {
-                serde_json::from_str(&l).map_err(|e| format!("unreadable answer {l:?}: {e}"))
+                match serde_json::from_str(&l)
+                    .map_err(|e| format!("unreadable answer {l:?}: {e}"))?
+                {
+                    ToAgent::Failed { error } => Err(error),
+                    m => Ok(m),
+                }
             }
         }
     }
+}
+
+fn unexpected(m: ToAgent) -> String {
+    format!("unexpected answer {m:?}")
 }
 
 /// A channel that failed a call: which process, and why.
@@ -240,8 +250,7 @@ impl Channels {
                         Ok(m) => Err(format!("quiesced but then said {m:?}")),
                     }
                 }
-                Ok(ToAgent::Failed { error }) => Err(error),
-                Ok(other) => Err(format!("unexpected answer {other:?}")),
+                Ok(other) => Err(unexpected(other)),
                 Err(e) => Err(e),
             };
             (pid, r)
@@ -324,8 +333,7 @@ impl Channels {
                     );
                     Ok(endpoints)
                 }
-                Ok(ToAgent::Failed { error }) => Err(error),
-                Ok(other) => Err(format!("unexpected answer {other:?}")),
+                Ok(other) => Err(unexpected(other)),
                 Err(e) => Err(e),
             };
             (*pid, r)
@@ -363,8 +371,7 @@ impl Channels {
                     info!(pid, micros, "channel reconnected");
                     Ok(())
                 }
-                Ok(ToAgent::Failed { error }) => Err(error),
-                Ok(other) => Err(format!("unexpected answer {other:?}")),
+                Ok(other) => Err(unexpected(other)),
                 Err(e) => Err(e),
             };
             (pid, r)
@@ -392,5 +399,60 @@ impl Channels {
                 warn!(pid, error = %e, "channel did not resume");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A registry serving on a temporary socket, and a "process" (this test) whose channel says
+    /// hello and then exits without answering.
+    #[test]
+    fn a_channel_whose_process_died_fails_the_quiesce_and_a_missing_one_the_rebuild() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let ch = Channels::new(dir.path().join("ibq").join("control.sock"));
+            let listener = ch.bind().unwrap();
+            tokio::spawn(ch.clone().serve(listener));
+            let pid = std::process::id() as i32;
+            let mut s = UnixStream::connect(ch.socket()).await.unwrap();
+            let hello = ToAgent::Hello {
+                pid,
+                channel: 7,
+                down: false,
+                qps: 1,
+                mrs: 1,
+            };
+            let mut line = serde_json::to_vec(&hello).unwrap();
+            line.push(b'\n');
+            s.write_all(&line).await.unwrap();
+            for _ in 0..200 {
+                if !ch.up(&[pid]).await.is_empty() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(ch.up(&[pid]).await, vec![pid]);
+            drop(s);
+            let (done, failed) = ch.quiesce(&[pid], Duration::from_secs(2)).await;
+            assert!(done.pids.is_empty());
+            assert_eq!(failed.len(), 1);
+            assert!(
+                failed[0].message.contains("cannot reach the channel"),
+                "{failed:?}"
+            );
+            let e = ch
+                .rebuild(&[pid], Duration::from_millis(300))
+                .await
+                .unwrap_err();
+            assert_eq!(e.pid, pid);
+            assert!(e.message.contains("did not come back"), "{e:?}");
+            assert!(flag_path(ch.socket(), pid).exists(), "the flag was raised");
+        });
     }
 }

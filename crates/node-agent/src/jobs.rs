@@ -802,19 +802,10 @@ impl Jobs {
             source,
         })?;
         let mut estimated = 0u64;
+        // A process with a channel releases the device before the freeze; checked again then.
         let channeled = self.channels.up(&pids).await;
+        refuse_verbs_without_channel(job_id, pids.iter().filter(|p| !channeled.contains(p)))?;
         for &pid in &pids {
-            if channeled.contains(&pid) {
-                // Its channel releases the device before the freeze; checked again then.
-            } else if let Some(device) = procfs::verbs_device(pid) {
-                let comm = procfs::stat(pid).map(|s| s.comm).unwrap_or_default();
-                return Err(AgentError::VerbsWithoutChannel {
-                    job: job_id,
-                    pid,
-                    comm,
-                    device,
-                });
-            }
             estimated += procfs::rss_bytes(pid);
         }
         let free = self
@@ -933,18 +924,7 @@ impl Jobs {
                 done.slowest.as_micros().to_string(),
             );
         }
-        for &pid in &pids {
-            if let Some(device) = procfs::verbs_device(pid) {
-                let comm = procfs::stat(pid).map(|s| s.comm).unwrap_or_default();
-                return Err(AgentError::VerbsWithoutChannel {
-                    job: job_id,
-                    pid,
-                    comm,
-                    device,
-                });
-            }
-        }
-        Ok(())
+        refuse_verbs_without_channel(job_id, &pids)
     }
 
     /// Post-checkpoint (or after a restart's release): the job's channels that are down
@@ -1891,6 +1871,25 @@ const CHANNEL_NOTE: &str = "ibq_channels";
 const CHANNEL_QUIESCE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long channels have to come back, recreate their objects and connect.
 const CHANNEL_REBUILD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Fails naming the first of `pids` that maps or holds a verbs device.
+fn refuse_verbs_without_channel<'a>(
+    job: u64,
+    pids: impl IntoIterator<Item = &'a i32>,
+) -> Result<(), AgentError> {
+    for &pid in pids {
+        if let Some(device) = procfs::verbs_device(pid) {
+            let comm = procfs::stat(pid).map(|s| s.comm).unwrap_or_default();
+            return Err(AgentError::VerbsWithoutChannel {
+                job,
+                pid,
+                comm,
+                device,
+            });
+        }
+    }
+    Ok(())
+}
 
 fn join_pids(pids: &[i32]) -> String {
     pids.iter()
