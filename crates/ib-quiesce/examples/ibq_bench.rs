@@ -783,6 +783,9 @@ impl Verbs for NoopVerbs {
             ..Port::default()
         })
     }
+    fn open_matching(&mut self, like: &Port) -> ib_quiesce::verbs::VResult<Port> {
+        Ok(like.clone())
+    }
     fn close(&mut self) -> ib_quiesce::verbs::VResult<()> {
         Ok(())
     }

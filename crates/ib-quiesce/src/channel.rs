@@ -12,8 +12,11 @@
 //! seen nothing is in flight in either direction. Receives posted but not consumed are kept.
 //! Then QPs, CQs, MRs, the PD and the device are released. Rebuild reopens the device, registers
 //! the same memory (new keys), creates new QPs, publishes their endpoints, connects to the
-//! peers' new endpoints, reposts the kept receives and lets posts through again.
+//! peers' new endpoints, reposts the kept receives and lets posts through again. It reopens
+//! the device by name, or, when that device is gone (a restart on a node whose HCA is named
+//! otherwise), the first active one with the same link layer.
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::verbs::{
@@ -29,6 +32,9 @@ pub const QPN_BASE: u32 = 0x0071_0000;
 pub const INTERNAL_WR: u64 = 1 << 63;
 /// QPs one channel can hold (one control slot each).
 pub const MAX_QPS: usize = 1024;
+/// Virtual memory keys a peer table holds at most (a bound on what a peer's endpoint can make
+/// us allocate).
+const MAX_PEER_KEYS: usize = 1 << 20;
 /// Access flags for the control region: local write, remote write.
 const CTRL_ACCESS: u32 = 0x1 | 0x2;
 
@@ -178,10 +184,43 @@ struct QpRec {
     caps: QpCaps,
     real: Option<(Handle, u32)>,
     psn: u32,
+    /// The peer's endpoint, without its keys (those are in `peer_keys`).
     peer: Option<Endpoint>,
-    peer_keys: HashMap<u32, u32>,
+    /// The peer channel's real rkeys by virtual key, shared by every QP to that channel.
+    peer_keys: PeerKeys,
     /// Posted, not yet completed receives, in posting order, with virtual keys.
     receives: VecDeque<RecvWr>,
+}
+
+/// A peer channel's real rkeys, indexed by virtual key − [`MR_KEY_BASE`].
+type PeerKeys = Arc<[Option<u32>]>;
+
+/// The key table of `rkeys` (virtual, real), or `cached` when it holds the same keys.
+fn peer_keys(rkeys: &[(u32, u32)], cached: Option<&PeerKeys>) -> PeerKeys {
+    let index = |v: u32| {
+        v.checked_sub(MR_KEY_BASE)
+            .map(|k| k as usize)
+            .filter(|k| *k < MAX_PEER_KEYS)
+    };
+    if let Some(c) = cached {
+        let same = c.iter().filter(|k| k.is_some()).count() == rkeys.len()
+            && rkeys
+                .iter()
+                .all(|&(v, r)| index(v).and_then(|k| c.get(k).copied().flatten()) == Some(r));
+        if same {
+            return c.clone();
+        }
+    }
+    let mut t: Vec<Option<u32>> = Vec::with_capacity(rkeys.len());
+    for &(v, r) in rkeys {
+        if let Some(k) = index(v) {
+            if t.len() <= k {
+                t.resize(k + 1, None);
+            }
+            t[k] = Some(r);
+        }
+    }
+    t.into()
 }
 
 /// The verbs objects of one process, behind virtual identifiers.
@@ -198,6 +237,13 @@ pub struct Channel<V: Verbs> {
     mrs: Vec<MrRec>,
     cqs: Vec<CqRec>,
     qps: Vec<QpRec>,
+    /// Index of the QP behind each real QP number (completions name real ones).
+    by_real: HashMap<u32, usize>,
+    /// Key tables of the peer channels, by channel id, as last connected.
+    peer_tables: HashMap<u64, PeerKeys>,
+    /// The request being posted, in real keys; its buffers are reused from post to post.
+    send_wr: SendWr,
+    recv_wr: RecvWr,
     /// Slot 0: the marker value we write; slot 1 + i: where QP i's peer writes its marker.
     ctrl: Box<[u64]>,
     ctrl_mr: Option<MrKeys>,
@@ -219,6 +265,18 @@ impl<V: Verbs> Channel<V> {
             mrs: Vec::new(),
             cqs: Vec::new(),
             qps: Vec::new(),
+            by_real: HashMap::new(),
+            peer_tables: HashMap::new(),
+            send_wr: SendWr {
+                wr_id: 0,
+                op: SendOp::Send,
+                sges: Vec::new(),
+                signaled: false,
+            },
+            recv_wr: RecvWr {
+                wr_id: 0,
+                sges: Vec::new(),
+            },
             ctrl: vec![0u64; 1 + MAX_QPS].into_boxed_slice(),
             ctrl_mr: None,
             outstanding: 0,
@@ -229,11 +287,21 @@ impl<V: Verbs> Channel<V> {
     }
 
     fn open_device(&mut self) -> Result<()> {
-        self.port = self.v.open(&self.device)?;
-        if self.device.is_empty() {
-            // Rebuild reopens the same device by name.
-            self.device = self.port.device.clone();
-        }
+        self.port = if self.port.device.is_empty() {
+            self.v.open(&self.device)?
+        } else {
+            // A rebuild: the same device by name, else one whose port matches.
+            match self.v.open(&self.port.device) {
+                Ok(p) => p,
+                Err(by_name) => self.v.open_matching(&self.port).map_err(|e| VerbsError {
+                    op: e.op,
+                    message: format!(
+                        "{} is gone ({}), and there is no other: {}",
+                        self.port.device, by_name.message, e.message
+                    ),
+                })?,
+            }
+        };
         let pd = self.v.alloc_pd()?;
         self.pd = Some(pd);
         let addr = self.ctrl.as_ptr() as u64;
@@ -339,9 +407,10 @@ impl<V: Verbs> Channel<V> {
             real: Some(real),
             psn,
             peer: None,
-            peer_keys: HashMap::new(),
+            peer_keys: Arc::new([]),
             receives: VecDeque::new(),
         });
+        self.by_real.insert(real.1, i);
         Ok(QPN_BASE + i as u32)
     }
 
@@ -374,7 +443,7 @@ impl<V: Verbs> Channel<V> {
         Ok(self.endpoint_of(self.qp_index(vqpn)?))
     }
 
-    fn connect_index(&mut self, i: usize, peer: Endpoint) -> Result<()> {
+    fn connect_index(&mut self, i: usize, peer: &Endpoint) -> Result<()> {
         let remote = Remote {
             port: peer.port.clone(),
             qpn: peer.qpn,
@@ -383,8 +452,18 @@ impl<V: Verbs> Channel<V> {
         let q = &mut self.qps[i];
         self.v
             .connect(q.real.expect("objects exist").0, q.psn, &remote)?;
-        q.peer_keys = peer.rkeys.iter().copied().collect();
-        q.peer = Some(peer);
+        let keys = peer_keys(&peer.rkeys, self.peer_tables.get(&peer.id.0));
+        self.peer_tables.insert(peer.id.0, keys.clone());
+        q.peer_keys = keys;
+        q.peer = Some(Endpoint {
+            id: peer.id,
+            port: remote.port,
+            qpn: peer.qpn,
+            psn: peer.psn,
+            ctrl_addr: peer.ctrl_addr,
+            ctrl_rkey: peer.ctrl_rkey,
+            rkeys: Vec::new(),
+        });
         Ok(())
     }
 
@@ -392,26 +471,27 @@ impl<V: Verbs> Channel<V> {
     pub fn connect(&mut self, vqpn: u32, peer: Endpoint) -> Result<()> {
         self.need(State::Up, "connect")?;
         let i = self.qp_index(vqpn)?;
-        self.connect_index(i, peer)
+        self.connect_index(i, &peer)
     }
 
-    fn local_sges(&self, sges: &[Sge]) -> Result<Vec<Sge>> {
-        sges.iter()
-            .map(|s| {
-                let m = s
-                    .lkey
-                    .checked_sub(MR_KEY_BASE)
-                    .and_then(|k| self.mrs.get(k as usize))
-                    .ok_or(Error::Unknown {
-                        what: "memory key",
-                        id: s.lkey as u64,
-                    })?;
-                Ok(Sge {
-                    lkey: m.real.expect("objects exist").lkey,
-                    ..*s
-                })
-            })
-            .collect()
+    /// Translates `sges` (virtual keys) into `out` (real keys).
+    fn local_sges(mrs: &[MrRec], sges: &[Sge], out: &mut Vec<Sge>) -> Result<()> {
+        out.clear();
+        for s in sges {
+            let m = s
+                .lkey
+                .checked_sub(MR_KEY_BASE)
+                .and_then(|k| mrs.get(k as usize))
+                .ok_or(Error::Unknown {
+                    what: "memory key",
+                    id: s.lkey as u64,
+                })?;
+            out.push(Sge {
+                lkey: m.real.expect("objects exist").lkey,
+                ..*s
+            });
+        }
+        Ok(())
     }
 
     /// Posts a send (virtual keys; a write names the peer's virtual rkey).
@@ -429,19 +509,21 @@ impl<V: Verbs> Channel<V> {
             SendOp::Send => SendOp::Send,
             SendOp::Write { remote_addr, rkey } => SendOp::Write {
                 remote_addr,
-                rkey: *q.peer_keys.get(&rkey).ok_or(Error::Unknown {
-                    what: "peer memory key",
-                    id: rkey as u64,
-                })?,
+                rkey: rkey
+                    .checked_sub(MR_KEY_BASE)
+                    .and_then(|k| q.peer_keys.get(k as usize).copied().flatten())
+                    .ok_or(Error::Unknown {
+                        what: "peer memory key",
+                        id: rkey as u64,
+                    })?,
             },
         };
-        let real = SendWr {
-            wr_id: wr.wr_id,
-            op,
-            sges: self.local_sges(&wr.sges)?,
-            signaled: wr.signaled,
-        };
-        self.v.post_send(q.real.expect("up").0, &real)?;
+        let real = &mut self.send_wr;
+        Self::local_sges(&self.mrs, &wr.sges, &mut real.sges)?;
+        real.wr_id = wr.wr_id;
+        real.op = op;
+        real.signaled = wr.signaled;
+        self.v.post_send(q.real.expect("up").0, real)?;
         if wr.signaled {
             self.outstanding += 1;
         }
@@ -455,19 +537,12 @@ impl<V: Verbs> Channel<V> {
             return Err(Error::ReservedWrId(wr.wr_id));
         }
         let i = self.qp_index(vqpn)?;
-        let real = RecvWr {
-            wr_id: wr.wr_id,
-            sges: self.local_sges(&wr.sges)?,
-        };
-        self.v.post_recv(self.qps[i].real.expect("up").0, &real)?;
+        let real = &mut self.recv_wr;
+        Self::local_sges(&self.mrs, &wr.sges, &mut real.sges)?;
+        real.wr_id = wr.wr_id;
+        self.v.post_recv(self.qps[i].real.expect("up").0, real)?;
         self.qps[i].receives.push_back(wr.clone());
         Ok(())
-    }
-
-    fn vqpn_of_real(&self, real: u32) -> Option<usize> {
-        self.qps
-            .iter()
-            .position(|q| q.real.map(|r| r.1) == Some(real))
     }
 
     /// Polls the backend CQ `i` once and files what it returns: the channel's own completions
@@ -480,8 +555,7 @@ impl<V: Verbs> Channel<V> {
                 internal.push(c);
                 continue;
             }
-            let qi = self.vqpn_of_real(c.qpn);
-            if let Some(qi) = qi {
+            if let Some(&qi) = self.by_real.get(&c.qpn) {
                 match c.opcode {
                     Opcode::Recv => {
                         let q = &mut self.qps[qi];
@@ -604,6 +678,7 @@ impl<V: Verbs> Channel<V> {
                 keep(self.v.destroy_qp(h));
             }
         }
+        self.by_real.clear();
         for c in &mut self.cqs {
             if let Some(h) = c.real.take() {
                 keep(self.v.destroy_cq(h));
@@ -662,6 +737,7 @@ impl<V: Verbs> Channel<V> {
                 self.qps[i].caps,
             )?;
             self.qps[i].real = Some(real);
+            self.by_real.insert(real.1, i);
             self.qps[i].psn = psn_for(self.marker, i);
         }
         self.state = State::Rebuilt;
@@ -681,24 +757,23 @@ impl<V: Verbs> Channel<V> {
             let Some(old) = &q.peer else {
                 continue;
             };
-            let ep = endpoints.get(&old.id).cloned().ok_or(Error::MissingPeer {
+            let ep = endpoints.get(&old.id).ok_or(Error::MissingPeer {
                 qp: QPN_BASE + i as u32,
                 peer: old.id,
             })?;
             found.push((i, ep));
         }
+        // Every peer channel's keys changed: one new table each, shared by its QPs.
+        self.peer_tables.clear();
         for (i, ep) in found {
             self.connect_index(i, ep)?;
         }
-        for i in 0..self.qps.len() {
-            let kept: Vec<RecvWr> = self.qps[i].receives.iter().cloned().collect();
-            for wr in kept {
-                let real = RecvWr {
-                    wr_id: wr.wr_id,
-                    sges: self.local_sges(&wr.sges)?,
-                };
-                self.v
-                    .post_recv(self.qps[i].real.expect("rebuilt").0, &real)?;
+        for q in &self.qps {
+            let real = &mut self.recv_wr;
+            for wr in &q.receives {
+                Self::local_sges(&self.mrs, &wr.sges, &mut real.sges)?;
+                real.wr_id = wr.wr_id;
+                self.v.post_recv(q.real.expect("rebuilt").0, real)?;
             }
         }
         self.state = State::Up;
@@ -1037,6 +1112,61 @@ mod tests {
         assert_eq!(&b.buf[512..516], b"ping");
         assert_eq!(&b.buf[3000..3004], b"ping");
         assert_eq!(f.in_flight(), 0);
+    }
+
+    /// Rebuilds both sides and connects each to the other's new endpoints.
+    fn rebuild_both(a: &mut Side, b: &mut Side) {
+        let all: HashMap<QpId, Endpoint> = [a.ch.rebuild().unwrap(), b.ch.rebuild().unwrap()]
+            .into_iter()
+            .flatten()
+            .map(|(_, e)| (e.id, e))
+            .collect();
+        a.ch.reconnect(&all).unwrap();
+        b.ch.reconnect(&all).unwrap();
+    }
+
+    #[test]
+    fn rebuild_reopens_a_matching_device_when_its_own_is_gone() {
+        use crate::verbs::{LINK_ETHERNET, LINK_INFINIBAND};
+        let (f, a, b) = pair();
+        let ((mut a, _), (mut b, _)) = quiesce_both(a, b);
+        // Restarted where A's device has another name: the InfiniBand one does not match
+        // A's RoCE port, the Ethernet one does.
+        f.set_devices(0, &[("mlx5_0", LINK_INFINIBAND), ("rxe1", LINK_ETHERNET)]);
+        rebuild_both(&mut a, &mut b);
+        assert_eq!(a.ch.endpoint(a.qp).unwrap().port.device, "rxe1");
+        a.buf[..4].copy_from_slice(b"move");
+        let write = SendWr {
+            wr_id: 1,
+            op: SendOp::Write {
+                remote_addr: b.addr(64),
+                rkey: b.key,
+            },
+            sges: a.sge(0, 4),
+            signaled: true,
+        };
+        a.ch.post_send(a.qp, &write).unwrap();
+        for _ in 0..4 {
+            b.ch.poll_cq(b.cq, 4).unwrap();
+            a.ch.poll_cq(a.cq, 4).unwrap();
+        }
+        assert_eq!(&b.buf[64..68], b"move");
+
+        // No device of the same kind at all: the rebuild fails and says what it looked for;
+        // the channel stays down, and a later rebuild may still succeed.
+        let ((mut a, _), (mut b, _)) = quiesce_both(a, b);
+        f.set_devices(0, &[("mlx5_0", LINK_INFINIBAND)]);
+        let err = a.ch.rebuild().unwrap_err().to_string();
+        assert!(err.contains("rxe1 is gone"), "{err}");
+        assert!(err.contains("mlx5_0"), "{err}");
+        assert!(f
+            .log()
+            .iter()
+            .any(|l| l == "end 0: open_matching Ethernet (RoCE)"));
+        assert_eq!(a.ch.state(), State::Down);
+        f.set_devices(0, &[("rxe1", LINK_ETHERNET)]);
+        rebuild_both(&mut a, &mut b);
+        assert_eq!(a.ch.state(), State::Up);
     }
 
     #[test]

@@ -9,8 +9,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use crate::verbs::{
-    Completion, Handle, MrKeys, Opcode, Port, QpCaps, RecvWr, Remote, SendOp, SendWr, VResult,
-    Verbs, VerbsError,
+    link_layer_name, Completion, Handle, MrKeys, Opcode, Port, QpCaps, RecvWr, Remote, SendOp,
+    SendWr, VResult, Verbs, VerbsError, LINK_ETHERNET,
 };
 
 #[derive(Debug)]
@@ -34,6 +34,8 @@ struct Qp {
 struct State {
     next: u64,
     open: HashMap<usize, bool>,
+    /// Devices an end sees, (name, link layer); unset: one RoCE device `fake0`.
+    devices: HashMap<usize, Vec<(String, u8)>>,
     pds: HashMap<Handle, usize>,
     mrs: HashMap<Handle, Mr>,
     lkeys: HashMap<u32, Handle>,
@@ -206,6 +208,15 @@ impl Fabric {
         self.s.lock().expect("fabric").fail = Some(op);
     }
 
+    /// Replaces the devices end `id` sees (a restart on a node whose HCA is named otherwise):
+    /// (name, link layer) in listing order.
+    pub fn set_devices(&self, id: usize, devices: &[(&str, u8)]) {
+        self.s.lock().expect("fabric").devices.insert(
+            id,
+            devices.iter().map(|(n, l)| (n.to_string(), *l)).collect(),
+        );
+    }
+
     /// Operations posted and not yet delivered.
     pub fn in_flight(&self) -> usize {
         self.s.lock().expect("fabric").wire.len()
@@ -241,19 +252,46 @@ impl FakeVerbs {
         s.log.push(format!("end {}: {call}", self.end));
         f(&mut s)
     }
+
+    fn open_where(&mut self, call: String, usable: impl Fn(&str, u8) -> bool) -> VResult<Port> {
+        let end = self.end;
+        self.with(call, |s| {
+            let devices = s
+                .devices
+                .get(&end)
+                .cloned()
+                .unwrap_or_else(|| vec![("fake0".to_string(), LINK_ETHERNET)]);
+            let Some((name, link_layer)) = devices.iter().find(|(n, l)| usable(n, *l)) else {
+                let names: Vec<&String> = devices.iter().map(|d| &d.0).collect();
+                return Err(err(
+                    "ibv_open_device",
+                    &format!("no such device (found: {names:?})"),
+                ));
+            };
+            s.open.insert(end, true);
+            Ok(Port {
+                device: name.clone(),
+                lid: 0,
+                gid: [end as u8; 16],
+                link_layer: *link_layer,
+            })
+        })
+    }
 }
 
 impl Verbs for FakeVerbs {
     fn open(&mut self, device: &str) -> VResult<Port> {
-        let end = self.end;
-        self.with(format!("open {device:?}"), |s| {
-            s.open.insert(end, true);
-            Ok(Port {
-                device: "fake0".into(),
-                lid: 0,
-                gid: [end as u8; 16],
-            })
+        self.open_where(format!("open {device:?}"), |name, _| {
+            device.is_empty() || name == device
         })
+    }
+
+    fn open_matching(&mut self, like: &Port) -> VResult<Port> {
+        let want = like.link_layer;
+        self.open_where(
+            format!("open_matching {}", link_layer_name(want)),
+            |_, l| l == want,
+        )
     }
 
     fn close(&mut self) -> VResult<()> {

@@ -12,8 +12,8 @@ use std::ptr;
 use ibverbs_sys as ffi;
 
 use crate::verbs::{
-    Completion, Handle, MrKeys, Opcode, Port, QpCaps, RecvWr, Remote, SendOp, SendWr, Sge, VResult,
-    Verbs, VerbsError,
+    link_layer_name, Completion, Handle, MrKeys, Opcode, Port, QpCaps, RecvWr, Remote, SendOp,
+    SendWr, Sge, VResult, Verbs, VerbsError,
 };
 
 /// The port every object uses (rxe and single-port HCAs have only port 1).
@@ -27,6 +27,8 @@ pub struct Rdma {
     mtu: ffi::ibv_mtu,
     /// Completion slots for `poll_cq`, allocated once: polling is the hot path.
     wcs: Vec<ffi::ibv_wc>,
+    /// The scatter list of the request being posted, reused from post to post.
+    sgs: Vec<ffi::ibv_sge>,
 }
 
 /// Completions one `poll_cq` call takes at most.
@@ -85,6 +87,7 @@ impl Rdma {
             mtu: ffi::IBV_MTU_1024,
             // SAFETY: ibv_wc is plain data, valid when zeroed.
             wcs: vec![unsafe { std::mem::zeroed() }; POLL_MAX],
+            sgs: Vec::new(),
         }
     }
 
@@ -146,18 +149,25 @@ fn modify_qp(
     })
 }
 
-fn sg_list(sges: &[Sge]) -> Vec<ffi::ibv_sge> {
-    sges.iter()
-        .map(|s| ffi::ibv_sge {
-            addr: s.addr,
-            length: s.len,
-            lkey: s.lkey,
-        })
-        .collect()
+/// Fills `out` with `sges` in the library's layout (the buffer is reused across posts).
+fn sg_list<'a>(out: &'a mut Vec<ffi::ibv_sge>, sges: &[Sge]) -> &'a mut Vec<ffi::ibv_sge> {
+    out.clear();
+    out.extend(sges.iter().map(|s| ffi::ibv_sge {
+        addr: s.addr,
+        length: s.len,
+        lkey: s.lkey,
+    }));
+    out
 }
 
-impl Verbs for Rdma {
-    fn open(&mut self, device: &str) -> VResult<Port> {
+impl Rdma {
+    /// Opens the first listed device that `usable` accepts (by name and port attributes);
+    /// `none` words the error when there is none, given the names found.
+    fn open_first(
+        &mut self,
+        usable: impl Fn(&str, &ffi::ibv_port_attr) -> bool,
+        none: impl FnOnce(&[String]) -> String,
+    ) -> VResult<Port> {
         if !self.ctx.is_null() {
             return Err(err("ibv_open_device", "a device is already open"));
         }
@@ -166,47 +176,30 @@ impl Verbs for Rdma {
         unsafe {
             let list = non_null("ibv_get_device_list", ffi::ibv_get_device_list(&mut n))?;
             let mut found = Vec::new();
-            let mut chosen: Option<(*mut ffi::ibv_context, String)> = None;
+            let mut chosen: Option<(*mut ffi::ibv_context, String, ffi::ibv_port_attr)> = None;
             for i in 0..n as usize {
                 let dev = *list.add(i);
                 let name = CStr::from_ptr(ffi::ibv_get_device_name(dev))
                     .to_string_lossy()
                     .into_owned();
                 found.push(name.clone());
-                if !device.is_empty() && name != device {
-                    continue;
-                }
                 let ctx = ffi::ibv_open_device(dev);
                 if ctx.is_null() {
                     continue;
                 }
-                // Without a name, the first device whose port is up.
-                let usable = !device.is_empty()
-                    || Self::query_port(ctx)
-                        .is_ok_and(|a| a.state == ffi::ibv_port_state::IBV_PORT_ACTIVE);
-                if usable {
-                    chosen = Some((ctx, name));
-                    break;
+                match Self::query_port(ctx) {
+                    Ok(port) if usable(&name, &port) => {
+                        chosen = Some((ctx, name, port));
+                        break;
+                    }
+                    _ => {
+                        ffi::ibv_close_device(ctx);
+                    }
                 }
-                ffi::ibv_close_device(ctx);
             }
             ffi::ibv_free_device_list(list);
-            let Some((ctx, name)) = chosen else {
-                return Err(err(
-                    "ibv_open_device",
-                    if device.is_empty() {
-                        format!("no verbs device with an active port (found: {found:?})")
-                    } else {
-                        format!("device {device} not found or not openable (found: {found:?})")
-                    },
-                ));
-            };
-            let port = match Self::query_port(ctx) {
-                Ok(p) => p,
-                Err(e) => {
-                    ffi::ibv_close_device(ctx);
-                    return Err(e);
-                }
+            let Some((ctx, name, port)) = chosen else {
+                return Err(err("ibv_open_device", none(&found)));
             };
             let mut gid = ffi::ibv_gid::default();
             let r = ffi::ibv_query_gid(ctx, PORT, self.gid_index as c_int, &mut gid);
@@ -223,8 +216,42 @@ impl Verbs for Rdma {
                 device: name,
                 lid: port.lid,
                 gid: gid.raw,
+                link_layer: port.link_layer,
             })
         }
+    }
+}
+
+fn active(port: &ffi::ibv_port_attr) -> bool {
+    port.state == ffi::ibv_port_state::IBV_PORT_ACTIVE
+}
+
+impl Verbs for Rdma {
+    fn open(&mut self, device: &str) -> VResult<Port> {
+        if device.is_empty() {
+            // Without a name, the first device whose port is up.
+            self.open_first(
+                |_, port| active(port),
+                |found| format!("no verbs device with an active port (found: {found:?})"),
+            )
+        } else {
+            self.open_first(
+                |name, _| name == device,
+                |found| format!("device {device} not found or not openable (found: {found:?})"),
+            )
+        }
+    }
+
+    fn open_matching(&mut self, like: &Port) -> VResult<Port> {
+        self.open_first(
+            |_, port| active(port) && port.link_layer == like.link_layer,
+            |found| {
+                format!(
+                    "no device with an active {} port (found: {found:?})",
+                    link_layer_name(like.link_layer)
+                )
+            },
+        )
     }
 
     fn close(&mut self) -> VResult<()> {
@@ -408,7 +435,7 @@ impl Verbs for Rdma {
 
     fn post_send(&mut self, qp: Handle, wr: &SendWr) -> VResult<()> {
         let ctx = self.ctx("ibv_post_send")?;
-        let mut sg = sg_list(&wr.sges);
+        let sg = sg_list(&mut self.sgs, &wr.sges);
         let mut w = ffi::ibv_send_wr {
             wr_id: wr.wr_id,
             next: ptr::null_mut(),
@@ -442,7 +469,7 @@ impl Verbs for Rdma {
 
     fn post_recv(&mut self, qp: Handle, wr: &RecvWr) -> VResult<()> {
         let ctx = self.ctx("ibv_post_recv")?;
-        let mut sg = sg_list(&wr.sges);
+        let sg = sg_list(&mut self.sgs, &wr.sges);
         let mut w = ffi::ibv_recv_wr {
             wr_id: wr.wr_id,
             next: ptr::null_mut(),

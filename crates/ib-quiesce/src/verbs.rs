@@ -27,6 +27,24 @@ pub struct Port {
     pub lid: u16,
     /// GID at the index in use (RoCE addressing).
     pub gid: [u8; 16],
+    /// The port's link layer, as libibverbs numbers it: [`LINK_INFINIBAND`] or
+    /// [`LINK_ETHERNET`] (RoCE); 0 when unknown.
+    #[serde(default)]
+    pub link_layer: u8,
+}
+
+/// [`Port::link_layer`] of an InfiniBand port.
+pub const LINK_INFINIBAND: u8 = 1;
+/// [`Port::link_layer`] of an Ethernet (RoCE) port.
+pub const LINK_ETHERNET: u8 = 2;
+
+/// A link layer's name, for messages.
+pub fn link_layer_name(l: u8) -> &'static str {
+    match l {
+        LINK_INFINIBAND => "InfiniBand",
+        LINK_ETHERNET => "Ethernet (RoCE)",
+        _ => "unknown",
+    }
 }
 
 /// Keys of a registered memory region.
@@ -138,6 +156,10 @@ pub struct Completion {
 pub trait Verbs: Send {
     /// Opens `device` (or, when empty or absent, the first active one) and returns its port.
     fn open(&mut self, device: &str) -> VResult<Port>;
+    /// Opens the first device whose port is active and has `like`'s link layer: what a
+    /// rebuild falls back to when the device it had is gone (a restart on a node whose HCA
+    /// has another name).
+    fn open_matching(&mut self, like: &Port) -> VResult<Port>;
     /// Closes the device; every object must be gone.
     fn close(&mut self) -> VResult<()>;
     /// Allocates the protection domain.
