@@ -88,9 +88,10 @@ fn field<'a>(line: &'a str, key: &str) -> &'a str {
 }
 
 /// One guest, two ranks over RC on rxe through ib-quiesce: ckpt checkpoints the job under
-/// traffic (quiesce, dump, rebuild, continue), the job is killed, restarted from the image,
-/// rebuilt with new QP numbers and keys, and finishes with the checksums of an uninterrupted
-/// run. The application's virtual QP number and key never change.
+/// traffic (quiesce, dump, rebuild, continue); a third checkpoint fails in its dump, after the
+/// quiesce, and the job goes on on rebuilt channels; the job is killed, restarted from the
+/// last committed image, rebuilt with new QP numbers and keys, and finishes with the checksums
+/// of an uninterrupted run. The application's virtual QP number and key never change.
 #[test]
 fn an_rdma_job_is_checkpointed_killed_and_restarted_in_a_guest() {
     if let Some(why) = vm::unavailable() {
@@ -100,7 +101,7 @@ fn an_rdma_job_is_checkpointed_killed_and_restarted_in_a_guest() {
     let apps = ckpt_tests::apps();
     let bin = ckpt_tests::bin_dir();
     let body = format!(
-        "export BIN={} APP={} ITERS=30000 WORDS=512 CHECKPOINTS=2\nbash {}\n",
+        "export BIN={} APP={} ITERS=30000 WORDS=512 CHECKPOINTS=2 ABORT=1\nbash {}\n",
         bin.display(),
         apps.join("rdma_halo").display(),
         ckpt_tests::workspace()
@@ -110,6 +111,7 @@ fn an_rdma_job_is_checkpointed_killed_and_restarted_in_a_guest() {
     let r = vm::run(&body, &["name=ibjob", "mem=2048", "timeout=900"]);
     assert_eq!(r.status, 0, "guest script failed: {}", r.console);
     let res = results(&r.console);
+    eprintln!("{}", res.join("\n"));
     let find = |p: &str| {
         res.iter()
             .filter(|l| l.starts_with(p))
@@ -117,6 +119,24 @@ fn an_rdma_job_is_checkpointed_killed_and_restarted_in_a_guest() {
             .collect::<Vec<_>>()
     };
     assert_eq!(find("checkpoint ").len(), 2, "{}", r.console);
+    let aborted = find("aborted checkpoint: ");
+    assert!(
+        aborted.len() == 1 && aborted[0].contains("dump"),
+        "the injected dump failure: {}",
+        r.console
+    );
+    assert_eq!(
+        find("after the abort the job goes on").len(),
+        1,
+        "{}",
+        r.console
+    );
+    assert_eq!(
+        find("channels rebuilt after the abort").len(),
+        1,
+        "{}",
+        r.console
+    );
     for rank in 0..2 {
         let want = find(&format!("reference rank {rank} "));
         let got = find(&format!("restarted rank {rank} "));

@@ -4,10 +4,12 @@
 # restarted; prints the lines the e2e test asserts on ("RESULT ...").
 #
 # Environment: BIN (release binaries), APP (rdma_halo), ITERS, WORDS,
-# CHECKPOINTS (continue-checkpoints before the kill, default 1).
+# CHECKPOINTS (continue-checkpoints before the kill, default 1),
+# ABORT (1: then one more checkpoint whose dump fails after the quiesce, through a failpoint;
+# the epoch aborts, the channels are rebuilt and the job must go on).
 set -eu
 : "${BIN:?}" "${APP:?}" "${ITERS:?}" "${WORDS:?}"
-CHECKPOINTS=${CHECKPOINTS:-1}
+CHECKPOINTS=${CHECKPOINTS:-1} ABORT=${ABORT:-0}
 W=$(mktemp -d /tmp/ibjob.XXXXXX)
 say() { echo "[guest] $*"; }
 
@@ -29,7 +31,7 @@ database = "$W/ckptd.redb"
 state_dir = "$W/state"
 local_dir = "$W/local"
 TOML
-"$BIN/ckptd" --standalone --config "$W/ckptd.toml" > "$W/ckptd.log" 2>&1 &
+CKPT_FAILPOINTS=$W/failpoints "$BIN/ckptd" --standalone --config "$W/ckptd.toml" > "$W/ckptd.log" 2>&1 &
 CKPTD=$!
 trap 'kill $CKPTD 2>/dev/null || true; echo "--- ckptd log"; tail -n 60 "$W/ckptd.log"' EXIT
 for _ in $(seq 200); do "$BIN/ckptctl" list > /dev/null 2>&1 && break; sleep 0.1; done
@@ -52,6 +54,17 @@ for i in $(seq "$CHECKPOINTS"); do
     echo "RESULT checkpoint $i ok"
     wait_progress 2
 done
+if [ "$ABORT" = 1 ]; then
+    echo "dump=error" > "$W/failpoints"
+    if "$BIN/ckptctl" checkpoint "$JOB" --wait > "$W/abort.out" 2>&1; then
+        say "the checkpoint with a failing dump succeeded"; cat "$W/abort.out"; exit 6
+    fi
+    rm -f "$W/failpoints"
+    echo "RESULT aborted checkpoint: $(grep -m1 -i 'abort\|fail' "$W/abort.out")"
+    wait_progress 2
+    echo "RESULT after the abort the job goes on"
+    grep -q "rebuilt after the abort" "$W/ckptd.log" && echo "RESULT channels rebuilt after the abort"
+fi
 grep -q ' done ' "$OUT" && { say "the job finished before the kill; raise ITERS"; exit 5; }
 say "SIGKILL every process of job $JOB"
 CG=$(awk -F: '$2=="" || $2 ~ /freezer/ {print $3}' /proc/"$(pgrep -f "rdma_halo 0 127.0.0.1 7102" | head -1)"/cgroup | head -1)

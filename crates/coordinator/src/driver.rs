@@ -681,9 +681,16 @@ impl Coordinator {
                     && phase >= Phase::Quiesce
                     && !killed
                 {
-                    if let Err(e) = self.rebuild_channels(&now, id, number).await {
-                        warn!(error = %e, "ib-quiesce channels not rebuilt after the abort");
-                        reason.push_str(&format!("; channel rebuild on {e}"));
+                    match self.rebuild_channels(&now, id, number).await {
+                        Ok((qps, took)) => info!(
+                            qps,
+                            ms = took.as_millis() as u64,
+                            "ib-quiesce channels rebuilt after the abort; the job runs on"
+                        ),
+                        Err(e) => {
+                            warn!(error = %e, "ib-quiesce channels not rebuilt after the abort");
+                            reason.push_str(&format!("; channel rebuild on {e}"));
+                        }
                     }
                 }
                 epoch.fail(reason, now_ms())?;
