@@ -443,7 +443,7 @@ impl<V: Verbs> Channel<V> {
         Ok(self.endpoint_of(self.qp_index(vqpn)?))
     }
 
-    fn connect_index(&mut self, i: usize, peer: &Endpoint) -> Result<()> {
+    fn connect_index(&mut self, i: usize, peer: &Endpoint, keys: PeerKeys) -> Result<()> {
         let remote = Remote {
             port: peer.port.clone(),
             qpn: peer.qpn,
@@ -452,7 +452,6 @@ impl<V: Verbs> Channel<V> {
         let q = &mut self.qps[i];
         self.v
             .connect(q.real.expect("objects exist").0, q.psn, &remote)?;
-        let keys = peer_keys(&peer.rkeys, self.peer_tables.get(&peer.id.0));
         self.peer_tables.insert(peer.id.0, keys.clone());
         q.peer_keys = keys;
         q.peer = Some(Endpoint {
@@ -471,7 +470,9 @@ impl<V: Verbs> Channel<V> {
     pub fn connect(&mut self, vqpn: u32, peer: Endpoint) -> Result<()> {
         self.need(State::Up, "connect")?;
         let i = self.qp_index(vqpn)?;
-        self.connect_index(i, &peer)
+        // The peer may have registered memory since its last endpoint: compare, share if same.
+        let keys = peer_keys(&peer.rkeys, self.peer_tables.get(&peer.id.0));
+        self.connect_index(i, &peer, keys)
     }
 
     /// Translates `sges` (virtual keys) into `out` (real keys).
@@ -763,10 +764,15 @@ impl<V: Verbs> Channel<V> {
             })?;
             found.push((i, ep));
         }
-        // Every peer channel's keys changed: one new table each, shared by its QPs.
+        // Every peer channel's keys changed: one new table each, built from the first of its
+        // endpoints (one rebuild published them all, with the same keys) and shared by its QPs.
         self.peer_tables.clear();
         for (i, ep) in found {
-            self.connect_index(i, ep)?;
+            let keys = match self.peer_tables.get(&ep.id.0) {
+                Some(k) => k.clone(),
+                None => peer_keys(&ep.rkeys, None),
+            };
+            self.connect_index(i, ep, keys)?;
         }
         for q in &self.qps {
             let real = &mut self.recv_wr;
