@@ -232,6 +232,14 @@ fn an_rdma_job_across_two_guests_is_checkpointed_killed_and_restarted() {
     let res = results(&a.console);
     let find = |p: &str| res.iter().find(|l| l.starts_with(p)).cloned();
     assert!(find("checkpoint ok").is_some(), "{}", a.console);
+    // One QP per node, each connected to the other's: each node is sent its peer's endpoint
+    // only (all of the job's to both would be 4).
+    let rebuild = find("rebuild ").unwrap_or_default();
+    assert!(
+        rebuild.contains(": 2 QP(s), 2 endpoint(s) relayed"),
+        "{rebuild}: {}",
+        a.console
+    );
     for rank in 0..2 {
         let r = rank.to_string();
         let want = find(&format!("reference rank {rank} ")).expect("reference");

@@ -84,8 +84,10 @@ wait_progress() {
     say "no progress"; tail -n 20 "$OUT"; tail -n 20 "${OUT%stdout}stderr"; exit 4
 }
 wait_progress 2
-"$BIN/ckptctl" checkpoint "$JOB" --wait
+"$BIN/ckptctl" checkpoint "$JOB" --wait > "$W/checkpoint.out" 2>&1 || { cat "$W/checkpoint.out"; exit 7; }
+cat "$W/checkpoint.out"
 echo "RESULT checkpoint ok"
+echo "RESULT rebuild $(grep -m1 -o 'ib-quiesce channel(s) rebuilt.*' "$W/checkpoint.out")"
 wait_progress 2
 grep -q ' done ' "$OUT" && { say "the job finished before the kill; raise ITERS"; exit 5; }
 touch "$S/kill"

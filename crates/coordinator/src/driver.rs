@@ -6,7 +6,7 @@
 //! node thaws what it froze and deletes the epoch's partial images, the epoch is recorded failed
 //! with the phase and the reason, and the job keeps running from where it was. Nothing is
 //! restorable until the commit is written to the registry, after every node sealed its images.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -566,17 +566,13 @@ impl Coordinator {
                 .await
                 .map_err(|f| (Phase::Resume, f))?;
             if !kill && channels.load(std::sync::atomic::Ordering::Relaxed) > 0 {
-                let (qps, took) = self
+                let r = self
                     .rebuild_channels(&nodes, id, number)
                     .await
                     .map_err(|f| (Phase::Resume, f))?;
                 say(
                     Phase::Resume,
-                    format!(
-                        "{} ib-quiesce channel(s) rebuilt and reconnected: {qps} QP(s) in {} ms",
-                        channels.load(std::sync::atomic::Ordering::Relaxed),
-                        took.as_millis()
-                    ),
+                    r.say(channels.load(std::sync::atomic::Ordering::Relaxed)),
                 );
             }
             // The job's frozen time: from the first freeze to the last thaw, per node; the
@@ -682,9 +678,10 @@ impl Coordinator {
                     && !killed
                 {
                     match self.rebuild_channels(&now, id, number).await {
-                        Ok((qps, took)) => info!(
-                            qps,
-                            ms = took.as_millis() as u64,
+                        Ok(r) => info!(
+                            qps = r.qps,
+                            relayed = r.relayed,
+                            ms = r.took.as_millis() as u64,
                             "ib-quiesce channels rebuilt after the abort; the job runs on"
                         ),
                         Err(e) => {
@@ -713,14 +710,14 @@ impl Coordinator {
     }
 
     /// Post-checkpoint coordination for InfiniBand: every node's down channels recreate their
-    /// objects and report new endpoints; every node then gets all of them and reconnects.
-    /// Returns the number of QPs and the time taken.
+    /// objects and report new endpoints and the peer QPs they need; each node then gets the
+    /// endpoints it asked for and reconnects. Returns the number of QPs and the time taken.
     async fn rebuild_channels(
         &self,
         nodes: &[String],
         id: u64,
         number: u32,
-    ) -> Result<(usize, std::time::Duration), NodeFailure> {
+    ) -> Result<ChannelsRebuilt, NodeFailure> {
         let begin = Instant::now();
         let d = self.cfg.deadlines.resume;
         let rebuilt = self
@@ -732,19 +729,25 @@ impl Coordinator {
                 .await
             })
             .await?;
-        let endpoints: Vec<Vec<u8>> = rebuilt.into_iter().flat_map(|(_, r)| r.endpoints).collect();
-        let qps = endpoints.len();
-        let endpoints = &endpoints;
-        self.on_all(nodes, "reconnect", d, |mut c| async move {
+        let for_node = route_endpoints(&rebuilt)?;
+        let qps = rebuilt.iter().map(|(_, r)| r.endpoints.len()).sum();
+        let relayed = for_node.values().map(Vec::len).sum();
+        let for_node = &for_node;
+        self.on_each(nodes, "reconnect", d, |node, mut c| async move {
+            let endpoints = for_node.get(node).cloned().unwrap_or_default();
             c.reconnect(pb::ReconnectRequest {
                 job_id: id,
                 epoch: number,
-                endpoints: endpoints.clone(),
+                endpoints,
             })
             .await
         })
         .await?;
-        Ok((qps, begin.elapsed()))
+        Ok(ChannelsRebuilt {
+            qps,
+            relayed,
+            took: begin.elapsed(),
+        })
     }
 
     async fn advance(&self, epoch: &mut Epoch, next: Phase) {
@@ -769,10 +772,25 @@ impl Coordinator {
         F: Fn(ckpt_proto::v1::agent_client::AgentClient<tonic::transport::Channel>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
+        self.on_each(nodes, what, deadline, |_, c| f(c)).await
+    }
+
+    /// [`Self::on_all`] with a request that depends on the node.
+    async fn on_each<'n, T, F, Fut>(
+        &self,
+        nodes: &'n [String],
+        what: &str,
+        deadline: std::time::Duration,
+        f: F,
+    ) -> Result<Vec<(String, T)>, NodeFailure>
+    where
+        F: Fn(&'n str, ckpt_proto::v1::agent_client::AgentClient<tonic::transport::Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
         let mut calls = Vec::new();
         for n in nodes {
             let client = self.agents.client(n)?;
-            let fut = f(client);
+            let fut = f(n, client);
             calls.push(async move { (n.clone(), call(n, what, deadline, fut).await) });
         }
         let mut out = Vec::new();
@@ -1113,15 +1131,12 @@ impl Coordinator {
             return Err(f);
         }
         if channels > 0 {
-            let (qps, took) = self.rebuild_channels(&restored, id, number).await?;
+            let r = self.rebuild_channels(&restored, id, number).await?;
             let _ = progress.send(Step {
                 job: id,
                 epoch: number,
                 phase: "restore",
-                message: format!(
-                    "{channels} ib-quiesce channel(s) rebuilt and reconnected: {qps} QP(s) in {} ms",
-                    took.as_millis()
-                ),
+                message: r.say(channels),
             });
         }
         Ok(incarnation)
@@ -1408,4 +1423,155 @@ fn supplementary_groups(pid: i32) -> Vec<u32> {
             })
         })
         .unwrap_or_default()
+}
+
+/// What the post-checkpoint InfiniBand coordination did.
+struct ChannelsRebuilt {
+    /// QPs rebuilt on all nodes.
+    qps: usize,
+    /// Endpoints sent to the nodes (each node gets those of its channels' peers).
+    relayed: usize,
+    took: std::time::Duration,
+}
+
+impl ChannelsRebuilt {
+    /// The progress line of `channels` channels.
+    fn say(&self, channels: u32) -> String {
+        format!(
+            "{channels} ib-quiesce channel(s) rebuilt and reconnected: {} QP(s), {} endpoint(s) \
+             relayed, in {} ms",
+            self.qps,
+            self.relayed,
+            self.took.as_millis()
+        )
+    }
+}
+
+/// After a rebuild: for each node, the endpoints its channels asked for (`wants`), from all
+/// nodes' replies; every endpoint of the job to a node that could not say (`wants_all`). A QP
+/// asked for that no node reported is a failure of the node that asked, named here rather
+/// than by the channel that would not connect.
+fn route_endpoints(
+    rebuilt: &[(String, pb::RebuildReply)],
+) -> Result<HashMap<String, Vec<Vec<u8>>>, NodeFailure> {
+    let mut by_id: HashMap<(u64, u32), &Vec<u8>> = HashMap::new();
+    for (node, r) in rebuilt {
+        if r.ids.len() != r.endpoints.len() {
+            return Err(NodeFailure {
+                node: node.clone(),
+                kind: FailureKind::Internal,
+                message: format!(
+                    "rebuild: {} endpoints but {} QP ids (is the agent older than ckptd?)",
+                    r.endpoints.len(),
+                    r.ids.len()
+                ),
+            });
+        }
+        for (id, e) in r.ids.iter().zip(&r.endpoints) {
+            by_id.insert((id.channel, id.qpn), e);
+        }
+    }
+    let mut out = HashMap::new();
+    for (node, r) in rebuilt {
+        let eps: Vec<Vec<u8>> = if r.wants_all {
+            rebuilt
+                .iter()
+                .flat_map(|(_, r)| r.endpoints.iter().cloned())
+                .collect()
+        } else {
+            r.wants
+                .iter()
+                .map(|w| {
+                    by_id
+                        .get(&(w.channel, w.qpn))
+                        .map(|e| (*e).clone())
+                        .ok_or_else(|| NodeFailure {
+                            node: node.clone(),
+                            kind: FailureKind::Refused,
+                            message: format!(
+                                "a channel there is connected to QP {:#x} of channel {:#x}, \
+                                 which no node of the job rebuilt (did that process exit?)",
+                                w.qpn, w.channel
+                            ),
+                        })
+                })
+                .collect::<Result<_, _>>()?
+        };
+        out.insert(node.clone(), eps);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(eps: &[(u64, u32)], wants: Option<&[(u64, u32)]>) -> pb::RebuildReply {
+        let qp = |&(channel, qpn): &(u64, u32)| pb::QpRef { channel, qpn };
+        pb::RebuildReply {
+            endpoints: eps
+                .iter()
+                .map(|(c, q)| format!("{c}/{q}").into_bytes())
+                .collect(),
+            ids: eps.iter().map(qp).collect(),
+            wants: wants.unwrap_or_default().iter().map(qp).collect(),
+            wants_all: wants.is_none(),
+            elapsed_us: 0,
+        }
+    }
+
+    fn names(v: &[Vec<u8>]) -> Vec<String> {
+        v.iter()
+            .map(|b| String::from_utf8(b.clone()).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn each_node_gets_the_endpoints_its_channels_asked_for() {
+        let rebuilt = vec![
+            (
+                "n1".to_string(),
+                reply(&[(1, 10), (1, 11)], Some(&[(2, 10)])),
+            ),
+            (
+                "n2".to_string(),
+                reply(&[(2, 10)], Some(&[(1, 10), (1, 11)])),
+            ),
+            ("n3".to_string(), reply(&[], Some(&[]))),
+            ("n4".to_string(), reply(&[], None)),
+        ];
+        let r = route_endpoints(&rebuilt).unwrap();
+        assert_eq!(names(&r["n1"]), ["2/10"]);
+        assert_eq!(names(&r["n2"]), ["1/10", "1/11"]);
+        assert!(r["n3"].is_empty(), "no channels, nothing to send");
+        assert_eq!(
+            names(&r["n4"]),
+            ["1/10", "1/11", "2/10"],
+            "could not say: all"
+        );
+    }
+
+    #[test]
+    fn a_peer_nobody_rebuilt_or_an_endpoint_without_an_id_is_a_named_failure() {
+        let rebuilt = vec![
+            ("n1".to_string(), reply(&[(1, 10)], Some(&[(9, 0x710003)]))),
+            ("n2".to_string(), reply(&[(2, 10)], Some(&[(1, 10)]))),
+        ];
+        let e = route_endpoints(&rebuilt).unwrap_err();
+        assert_eq!(e.node, "n1");
+        assert!(
+            e.message.contains("QP 0x710003 of channel 0x9"),
+            "{}",
+            e.message
+        );
+        let mut bad = reply(&[(1, 10)], Some(&[]));
+        bad.ids.clear();
+        let e = route_endpoints(&[("n5".to_string(), bad)]).unwrap_err();
+        assert_eq!((e.node.as_str(), e.kind), ("n5", FailureKind::Internal));
+        assert!(
+            e.message.contains("1 endpoints but 0 QP ids"),
+            "{}",
+            e.message
+        );
+    }
 }

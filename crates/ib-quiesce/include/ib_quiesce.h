@@ -56,7 +56,9 @@ int ibq_create_cq(int cqe, uint32_t *cq);
 /* Creates an RC QP; *qpn is its virtual QP number. */
 int ibq_create_qp(uint32_t send_cq, uint32_t recv_cq, uint32_t max_send_wr,
                   uint32_t max_recv_wr, uint32_t *qpn);
-/* Writes QP qpn's endpoint (a NUL-terminated text) for the peer to pass to ibq_connect. */
+/* Writes QP qpn's endpoint (a NUL-terminated text) for the peer to pass to ibq_connect.
+ * The text names every MR of the channel: IBQ_ENDPOINT_MAX always holds it for up to 160 MRs.
+ * With a smaller buffer it fails, and ibq_last_error() says how many bytes are needed. */
 int ibq_endpoint(uint32_t qpn, char *buf, size_t len);
 /* Connects QP qpn to the peer QP whose ibq_endpoint() text is `peer`. */
 int ibq_connect(uint32_t qpn, const char *peer);

@@ -786,6 +786,19 @@ impl<V: Verbs> Channel<V> {
         Ok(())
     }
 
+    /// The peer QPs this channel's QPs are connected to (their identities outlive rebuilds):
+    /// the endpoints a reconnect needs, and the only ones it needs.
+    pub fn peers(&self) -> Vec<QpId> {
+        let mut p: Vec<QpId> = self
+            .qps
+            .iter()
+            .filter_map(|q| q.peer.as_ref().map(|e| e.id))
+            .collect();
+        p.sort_unstable();
+        p.dedup();
+        p
+    }
+
     /// The current real QP number behind a virtual one (diagnostics and tests).
     pub fn real_qpn(&self, vqpn: u32) -> Result<u32> {
         let i = self.qp_index(vqpn)?;

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::channel::{Channel, Endpoint, Error, QuiesceReport, Result, State};
+use crate::channel::{Channel, Endpoint, Error, QpId, QuiesceReport, Result, State};
 use crate::verbs::{Verbs, VerbsError};
 
 /// The environment variable naming the agent's control socket.
@@ -63,6 +63,9 @@ pub enum ToAgent {
     Rebuilt {
         /// One per QP.
         endpoints: Vec<Endpoint>,
+        /// The peer QPs whose new endpoints the reconnect needs (absent: all of the job's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        peers: Option<Vec<QpId>>,
         /// How long it took.
         micros: u64,
     },
@@ -93,9 +96,9 @@ pub enum ToChannel {
     Resume,
     /// Recreate every object.
     Rebuild,
-    /// Connect to these endpoints (all of the job's) and let the application run.
+    /// Connect to these endpoints and let the application run.
     Reconnect {
-        /// Every endpoint the coordinator gathered.
+        /// The new endpoints of the peers named in `rebuilt` (or of the whole job).
         endpoints: Vec<Endpoint>,
     },
 }
@@ -298,8 +301,12 @@ impl<V: Verbs + 'static> Shared<V> {
     }
 
     /// Recreates every object; returns the new endpoints.
-    pub fn rebuild(&self) -> Result<Vec<Endpoint>> {
-        self.run(|c| Ok(c.rebuild()?.into_iter().map(|(_, e)| e).collect()))
+    /// Returns the new endpoints and the peers whose endpoints the reconnect needs.
+    pub fn rebuild(&self) -> Result<(Vec<Endpoint>, Vec<QpId>)> {
+        self.run(|c| {
+            let eps = c.rebuild()?.into_iter().map(|(_, e)| e).collect();
+            Ok((eps, c.peers()))
+        })
     }
 
     /// Connects to the peers' new endpoints and ungates.
@@ -416,8 +423,9 @@ fn control_loop<V: Verbs + 'static>(shared: &Shared<V>, socket: &Path) {
                 Ok(ToChannel::Rebuild) => {
                     let t = Instant::now();
                     match shared.rebuild() {
-                        Ok(endpoints) => ToAgent::Rebuilt {
+                        Ok((endpoints, peers)) => ToAgent::Rebuilt {
                             endpoints,
+                            peers: Some(peers),
                             micros: micros(t),
                         },
                         Err(e) => ToAgent::Failed {
@@ -598,22 +606,34 @@ mod tests {
         std::fs::write(flag_path(&socket, std::process::id() as i32), b"").unwrap();
         let mut conns: Vec<_> = (0..2).map(|_| accept(&listener)).collect();
         let mut endpoints = Vec::new();
+        let mut wants = Vec::new();
         for (s, r, h) in &mut conns {
             assert!(matches!(h, ToAgent::Hello { down: true, .. }), "{h:?}");
             tell(s, &ToChannel::Rebuild);
             match line::<ToAgent>(r).unwrap() {
-                ToAgent::Rebuilt { endpoints: e, .. } => endpoints.extend(e),
+                ToAgent::Rebuilt {
+                    endpoints: e,
+                    peers,
+                    ..
+                } => {
+                    endpoints.extend(e);
+                    wants.push(peers.expect("a channel names its peers"));
+                }
                 other => panic!("{other:?}"),
             }
         }
         assert_eq!(endpoints.len(), 2);
-        for (s, r, _) in &mut conns {
-            tell(
-                s,
-                &ToChannel::Reconnect {
-                    endpoints: endpoints.clone(),
-                },
-            );
+        // Each channel names the other's QP, and gets only that endpoint.
+        assert_eq!(wants.iter().map(Vec::len).collect::<Vec<_>>(), [1, 1]);
+        assert_ne!(wants[0], wants[1]);
+        for ((s, r, _), want) in conns.iter_mut().zip(&wants) {
+            let mine: Vec<Endpoint> = endpoints
+                .iter()
+                .filter(|e| want.contains(&e.id))
+                .cloned()
+                .collect();
+            assert_eq!(mine.len(), 1);
+            tell(s, &ToChannel::Reconnect { endpoints: mine });
             let m: ToAgent = line(r).unwrap();
             assert!(matches!(m, ToAgent::Reconnected { .. }), "{m:?}");
         }

@@ -220,17 +220,21 @@ impl Agent for AgentHandler {
     ) -> Result<Response<pb::RebuildReply>, Status> {
         let r = req.into_inner();
         let begin = std::time::Instant::now();
-        let eps = self
+        let (eps, wants) = self
             .jobs
             .rebuild_channels(r.job_id)
             .await
             .map_err(to_status)?;
+        let qp = |(channel, qpn): (u64, u32)| pb::QpRef { channel, qpn };
         Ok(Response::new(pb::RebuildReply {
             endpoints: eps
                 .iter()
                 .map(|e| serde_json::to_vec(e).expect("serializable"))
                 .collect(),
             elapsed_us: us(begin.elapsed()),
+            ids: eps.iter().map(|e| qp(e.id)).collect(),
+            wants_all: wants.is_none(),
+            wants: wants.unwrap_or_default().into_iter().map(qp).collect(),
         }))
     }
 

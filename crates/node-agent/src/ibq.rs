@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
+use ib_quiesce::channel::QpId;
 use ib_quiesce::control::{flag_path, ToAgent, ToChannel};
 use ib_quiesce::{Endpoint, QuiesceReport};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
@@ -25,9 +26,15 @@ use tracing::{info, warn};
 /// How long a new connection has to say hello.
 const HELLO: Duration = Duration::from_secs(5);
 
+/// What a node's channels published after a rebuild: their new endpoints, and the peer QPs
+/// whose endpoints they need back (None: a channel did not say; it gets all of the job's).
+pub type Rebuilt = (Vec<Endpoint>, Option<Vec<QpId>>);
+
 struct Conn {
     channel: u64,
     down: bool,
+    /// After a rebuild, the peer QPs whose endpoints the channel needs (None: all).
+    wants: Option<Vec<QpId>>,
     lines: Lines<BufReader<OwnedReadHalf>>,
     writer: OwnedWriteHalf,
 }
@@ -189,6 +196,7 @@ impl Channels {
         let conn = Conn {
             channel,
             down,
+            wants: None,
             lines,
             writer,
         };
@@ -274,12 +282,13 @@ impl Channels {
     }
 
     /// Raises the rebuild flags of `pids`, waits for their channels' hellos (until `deadline`),
-    /// and has each recreate its objects. Returns every new endpoint.
+    /// and has each recreate its objects. Returns every new endpoint, and the peer QPs whose
+    /// endpoints the channels need to reconnect (None: a channel did not say, send all).
     pub async fn rebuild(
         &self,
         pids: &[i32],
         deadline: Duration,
-    ) -> Result<Vec<Endpoint>, ChannelFailure> {
+    ) -> Result<Rebuilt, ChannelFailure> {
         let begin = Instant::now();
         for &pid in pids {
             let flag = flag_path(&self.socket, pid);
@@ -323,7 +332,11 @@ impl Channels {
         let calls = conns.iter().map(|(pid, conn)| async move {
             let mut c = conn.lock().await;
             let r = match c.ask(&ToChannel::Rebuild, left).await {
-                Ok(ToAgent::Rebuilt { endpoints, micros }) => {
+                Ok(ToAgent::Rebuilt {
+                    endpoints,
+                    peers,
+                    micros,
+                }) => {
                     info!(
                         pid,
                         channel = format_args!("{:#x}", c.channel),
@@ -331,23 +344,39 @@ impl Channels {
                         qps = endpoints.len(),
                         "channel rebuilt"
                     );
-                    Ok(endpoints)
+                    c.wants = peers.clone().map(|mut p| {
+                        p.sort_unstable();
+                        p
+                    });
+                    Ok((endpoints, peers))
                 }
                 Ok(other) => Err(unexpected(other)),
                 Err(e) => Err(e),
             };
             (*pid, r)
         });
+        let mut wants = Some(Vec::new());
         for (pid, r) in join_all(calls).await {
             match r {
-                Ok(eps) => endpoints.extend(eps),
+                Ok((eps, peers)) => {
+                    endpoints.extend(eps);
+                    match (&mut wants, peers) {
+                        (Some(w), Some(p)) => w.extend(p),
+                        _ => wants = None,
+                    }
+                }
                 Err(message) => return Err(ChannelFailure { pid, message }),
             }
         }
-        Ok(endpoints)
+        if let Some(w) = &mut wants {
+            w.sort_unstable();
+            w.dedup();
+        }
+        Ok((endpoints, wants))
     }
 
-    /// Hands every endpoint of the job to the channels of `pids`; they connect and run again.
+    /// Hands the channels of `pids` the endpoints of their peers (each only those it named
+    /// when it rebuilt), found in `endpoints`; they connect and run again.
     pub async fn reconnect(
         &self,
         pids: &[i32],
@@ -362,9 +391,15 @@ impl Channels {
                 );
             };
             let mut c = conn.lock().await;
-            let cmd = ToChannel::Reconnect {
-                endpoints: endpoints.to_vec(),
+            let endpoints = match &c.wants {
+                Some(w) => endpoints
+                    .iter()
+                    .filter(|e| w.binary_search(&e.id).is_ok())
+                    .cloned()
+                    .collect(),
+                None => endpoints.to_vec(),
             };
+            let cmd = ToChannel::Reconnect { endpoints };
             let r = match c.ask(&cmd, timeout).await {
                 Ok(ToAgent::Reconnected { micros }) => {
                     c.down = false;

@@ -22,7 +22,7 @@ use crate::cgroup::{CgroupParent, JobCgroup};
 use crate::engine::{DumpSpec, RestoreSpec, SnapshotEngine};
 use crate::error::AgentError;
 use crate::failpoint::{Action, Failpoints};
-use crate::ibq::Channels;
+use crate::ibq::{Channels, Rebuilt};
 use crate::procfs;
 use crate::shim::{self, Exit, ShimMode, ShimSpec, Started};
 
@@ -928,15 +928,13 @@ impl Jobs {
     }
 
     /// Post-checkpoint (or after a restart's release): the job's channels that are down
-    /// recreate their objects; returns their new endpoints (none without channels).
-    pub async fn rebuild_channels(
-        &self,
-        job_id: u64,
-    ) -> Result<Vec<ib_quiesce::Endpoint>, AgentError> {
+    /// recreate their objects; returns their new endpoints (none without channels) and the
+    /// peer QPs whose endpoints they need back.
+    pub async fn rebuild_channels(&self, job_id: u64) -> Result<Rebuilt, AgentError> {
         let j = self.get(job_id)?;
         let job = j.lock().await;
         if job.ibq_down.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Some(Vec::new())));
         }
         self.channels
             .rebuild(&job.ibq_down, CHANNEL_REBUILD_TIMEOUT)
