@@ -195,13 +195,14 @@ struct QpRec {
 /// A peer channel's real rkeys, indexed by virtual key − [`MR_KEY_BASE`].
 type PeerKeys = Arc<[Option<u32>]>;
 
+/// The index of virtual memory key `v` (in a channel's MRs or a peer key table).
+fn key_index(v: u32) -> Option<usize> {
+    v.checked_sub(MR_KEY_BASE).map(|k| k as usize)
+}
+
 /// The key table of `rkeys` (virtual, real), or `cached` when it holds the same keys.
 fn peer_keys(rkeys: &[(u32, u32)], cached: Option<&PeerKeys>) -> PeerKeys {
-    let index = |v: u32| {
-        v.checked_sub(MR_KEY_BASE)
-            .map(|k| k as usize)
-            .filter(|k| *k < MAX_PEER_KEYS)
-    };
+    let index = |v: u32| key_index(v).filter(|k| *k < MAX_PEER_KEYS);
     if let Some(c) = cached {
         let same = c.iter().filter(|k| k.is_some()).count() == rkeys.len()
             && rkeys
@@ -239,8 +240,6 @@ pub struct Channel<V: Verbs> {
     qps: Vec<QpRec>,
     /// Index of the QP behind each real QP number (completions name real ones).
     by_real: HashMap<u32, usize>,
-    /// Key tables of the peer channels, by channel id, as last connected.
-    peer_tables: HashMap<u64, PeerKeys>,
     /// The request being posted, in real keys; its buffers are reused from post to post.
     send_wr: SendWr,
     recv_wr: RecvWr,
@@ -266,7 +265,6 @@ impl<V: Verbs> Channel<V> {
             cqs: Vec::new(),
             qps: Vec::new(),
             by_real: HashMap::new(),
-            peer_tables: HashMap::new(),
             send_wr: SendWr {
                 wr_id: 0,
                 op: SendOp::Send,
@@ -452,7 +450,6 @@ impl<V: Verbs> Channel<V> {
         let q = &mut self.qps[i];
         self.v
             .connect(q.real.expect("objects exist").0, q.psn, &remote)?;
-        self.peer_tables.insert(peer.id.0, keys.clone());
         q.peer_keys = keys;
         q.peer = Some(Endpoint {
             id: peer.id,
@@ -470,23 +467,32 @@ impl<V: Verbs> Channel<V> {
     pub fn connect(&mut self, vqpn: u32, peer: Endpoint) -> Result<()> {
         self.need(State::Up, "connect")?;
         let i = self.qp_index(vqpn)?;
-        // The peer may have registered memory since its last endpoint: compare, share if same.
-        let keys = peer_keys(&peer.rkeys, self.peer_tables.get(&peer.id.0));
+        // Share the table of another QP to the same peer channel, unless the peer registered
+        // memory since (compared).
+        let cached = self
+            .qps
+            .iter()
+            .find(|q| q.peer.as_ref().is_some_and(|p| p.id.0 == peer.id.0))
+            .map(|q| &q.peer_keys);
+        let keys = peer_keys(&peer.rkeys, cached);
         self.connect_index(i, &peer, keys)
+    }
+
+    /// The MR behind virtual key `vkey`.
+    fn mr(mrs: &[MrRec], vkey: u32) -> Result<&MrRec> {
+        key_index(vkey)
+            .and_then(|k| mrs.get(k))
+            .ok_or(Error::Unknown {
+                what: "memory key",
+                id: vkey as u64,
+            })
     }
 
     /// Translates `sges` (virtual keys) into `out` (real keys).
     fn local_sges(mrs: &[MrRec], sges: &[Sge], out: &mut Vec<Sge>) -> Result<()> {
         out.clear();
         for s in sges {
-            let m = s
-                .lkey
-                .checked_sub(MR_KEY_BASE)
-                .and_then(|k| mrs.get(k as usize))
-                .ok_or(Error::Unknown {
-                    what: "memory key",
-                    id: s.lkey as u64,
-                })?;
+            let m = Self::mr(mrs, s.lkey)?;
             out.push(Sge {
                 lkey: m.real.expect("objects exist").lkey,
                 ..*s
@@ -510,9 +516,8 @@ impl<V: Verbs> Channel<V> {
             SendOp::Send => SendOp::Send,
             SendOp::Write { remote_addr, rkey } => SendOp::Write {
                 remote_addr,
-                rkey: rkey
-                    .checked_sub(MR_KEY_BASE)
-                    .and_then(|k| q.peer_keys.get(k as usize).copied().flatten())
+                rkey: key_index(rkey)
+                    .and_then(|k| q.peer_keys.get(k).copied().flatten())
                     .ok_or(Error::Unknown {
                         what: "peer memory key",
                         id: rkey as u64,
@@ -766,12 +771,12 @@ impl<V: Verbs> Channel<V> {
         }
         // Every peer channel's keys changed: one new table each, built from the first of its
         // endpoints (one rebuild published them all, with the same keys) and shared by its QPs.
-        self.peer_tables.clear();
+        let mut tables: HashMap<u64, PeerKeys> = HashMap::new();
         for (i, ep) in found {
-            let keys = match self.peer_tables.get(&ep.id.0) {
-                Some(k) => k.clone(),
-                None => peer_keys(&ep.rkeys, None),
-            };
+            let keys = tables
+                .entry(ep.id.0)
+                .or_insert_with(|| peer_keys(&ep.rkeys, None))
+                .clone();
             self.connect_index(i, ep, keys)?;
         }
         for q in &self.qps {
@@ -810,17 +815,13 @@ impl<V: Verbs> Channel<V> {
 
     /// The current real rkey behind a virtual memory key (diagnostics and tests).
     pub fn real_rkey(&self, vkey: u32) -> Result<u32> {
-        let m = vkey
-            .checked_sub(MR_KEY_BASE)
-            .and_then(|k| self.mrs.get(k as usize))
-            .ok_or(Error::Unknown {
-                what: "memory key",
-                id: vkey as u64,
-            })?;
-        m.real.map(|k| k.rkey).ok_or(Error::WrongState {
-            op: "real_rkey",
-            state: self.state.name(),
-        })
+        Self::mr(&self.mrs, vkey)?
+            .real
+            .map(|k| k.rkey)
+            .ok_or(Error::WrongState {
+                op: "real_rkey",
+                state: self.state.name(),
+            })
     }
 }
 
