@@ -161,11 +161,13 @@ fn sg_list<'a>(out: &'a mut Vec<ffi::ibv_sge>, sges: &[Sge]) -> &'a mut Vec<ffi:
 }
 
 impl Rdma {
-    /// Opens the first listed device that `usable` accepts (by name and port attributes);
-    /// `none` words the error when there is none, given the names found.
+    /// Opens the first listed device named `want` (any, if None) whose port `usable` accepts;
+    /// `none` words the error when there is none, given the names found. Devices with another
+    /// name are not opened.
     fn open_first(
         &mut self,
-        usable: impl Fn(&str, &ffi::ibv_port_attr) -> bool,
+        want: Option<&str>,
+        usable: impl Fn(&ffi::ibv_port_attr) -> bool,
         none: impl FnOnce(&[String]) -> String,
     ) -> VResult<Port> {
         if !self.ctx.is_null() {
@@ -183,12 +185,15 @@ impl Rdma {
                     .to_string_lossy()
                     .into_owned();
                 found.push(name.clone());
+                if want.is_some_and(|w| w != name) {
+                    continue;
+                }
                 let ctx = ffi::ibv_open_device(dev);
                 if ctx.is_null() {
                     continue;
                 }
                 match Self::query_port(ctx) {
-                    Ok(port) if usable(&name, &port) => {
+                    Ok(port) if usable(&port) => {
                         chosen = Some((ctx, name, port));
                         break;
                     }
@@ -230,13 +235,13 @@ impl Verbs for Rdma {
     fn open(&mut self, device: &str) -> VResult<Port> {
         if device.is_empty() {
             // Without a name, the first device whose port is up.
-            self.open_first(
-                |_, port| active(port),
-                |found| format!("no verbs device with an active port (found: {found:?})"),
-            )
+            self.open_first(None, active, |found| {
+                format!("no verbs device with an active port (found: {found:?})")
+            })
         } else {
             self.open_first(
-                |name, _| name == device,
+                Some(device),
+                |_| true,
                 |found| format!("device {device} not found or not openable (found: {found:?})"),
             )
         }
@@ -244,7 +249,8 @@ impl Verbs for Rdma {
 
     fn open_matching(&mut self, like: &Port) -> VResult<Port> {
         self.open_first(
-            |_, port| active(port) && port.link_layer == like.link_layer,
+            None,
+            |port| active(port) && port.link_layer == like.link_layer,
             |found| {
                 format!(
                     "no device with an active {} port (found: {found:?})",

@@ -22,7 +22,7 @@ use crate::cgroup::{CgroupParent, JobCgroup};
 use crate::engine::{DumpSpec, RestoreSpec, SnapshotEngine};
 use crate::error::AgentError;
 use crate::failpoint::{Action, Failpoints};
-use crate::ibq::{Channels, Rebuilt};
+use crate::ibq::{ChannelFailure, Channels, Rebuilt};
 use crate::procfs;
 use crate::shim::{self, Exit, ShimMode, ShimSpec, Started};
 
@@ -903,11 +903,7 @@ impl Jobs {
                 // Channels still up run on; those that quiesced wait for the rebuild that
                 // follows the abort.
                 self.channels.resume(&up).await;
-                return Err(AgentError::Channel {
-                    job: job_id,
-                    pid: f.pid,
-                    message: format!("quiesce failed: {}", f.message),
-                });
+                return Err(channel_error(job_id, "quiesce")(f));
             }
             info!(
                 channels = done.pids.len(),
@@ -939,11 +935,7 @@ impl Jobs {
         self.channels
             .rebuild(&job.ibq_down, CHANNEL_REBUILD_TIMEOUT)
             .await
-            .map_err(|f| AgentError::Channel {
-                job: job_id,
-                pid: f.pid,
-                message: format!("rebuild failed: {}", f.message),
-            })
+            .map_err(channel_error(job_id, "rebuild"))
     }
 
     /// Connects the rebuilt channels to the job's endpoints (all nodes) and lets them run.
@@ -960,11 +952,7 @@ impl Jobs {
         self.channels
             .reconnect(&job.ibq_down, endpoints, CHANNEL_REBUILD_TIMEOUT)
             .await
-            .map_err(|f| AgentError::Channel {
-                job: job_id,
-                pid: f.pid,
-                message: format!("reconnect failed: {}", f.message),
-            })?;
+            .map_err(channel_error(job_id, "reconnect"))?;
         job.ibq_down.clear();
         Ok(())
     }
@@ -1869,6 +1857,15 @@ const CHANNEL_NOTE: &str = "ibq_channels";
 const CHANNEL_QUIESCE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long channels have to come back, recreate their objects and connect.
 const CHANNEL_REBUILD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The agent error for a channel that failed `step` in job `job`.
+fn channel_error(job: u64, step: &'static str) -> impl Fn(ChannelFailure) -> AgentError {
+    move |f| AgentError::Channel {
+        job,
+        pid: f.pid,
+        message: format!("{step} failed: {}", f.message),
+    }
+}
 
 /// Fails naming the first of `pids` that maps or holds a verbs device.
 fn refuse_verbs_without_channel<'a>(
