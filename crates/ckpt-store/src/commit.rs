@@ -3,14 +3,14 @@
 //! Written last, once every node's flushed copy is complete: it lists each node's manifest
 //! digest, so a shared copy can be recognised as a complete, committed checkpoint without the
 //! coordinator's database. Same frame as the node manifest (see [`crate::manifest`]) with magic
-//! `CKPTCMIT`.
+//! `CKPTCMIT`. A record is only read or written with valid node names and digests ([`check`]).
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use crate::manifest::{decode_framed, encode_framed, read_capped};
-use crate::{atomic, Result, StoreError};
+use crate::{atomic, validate, Result, StoreError};
 
 /// Magic bytes at the start of every commit record.
 pub const MAGIC: &[u8; 8] = b"CKPTCMIT";
@@ -41,18 +41,41 @@ pub fn encode(r: &CommitRecord) -> Vec<u8> {
     )
 }
 
-/// Decodes on-disk bytes; `path` only names the file in errors.
+/// Decodes on-disk bytes; `path` only names the file in errors. Refuses a record that
+/// [`check`] refuses.
 pub fn decode(path: &Path, bytes: &[u8]) -> Result<CommitRecord> {
     let body = decode_framed(path, MAGIC, bytes)?;
-    serde_json::from_slice(body).map_err(|source| StoreError::Decode {
+    let r = serde_json::from_slice(body).map_err(|source| StoreError::Decode {
         path: path.to_path_buf(),
         source,
-    })
+    })?;
+    check(path, &r)?;
+    Ok(r)
 }
 
-/// Writes the record atomically as `epoch_dir/COMMIT`.
+/// Checks that every node name of a record is a valid node name (it is a directory name in
+/// shared storage) and every digest a BLAKE3 hex digest (an empty one would check nothing).
+/// `path` names the record in errors.
+pub fn check(path: &Path, r: &CommitRecord) -> Result<()> {
+    for (node, digest) in &r.manifests {
+        validate::check_node(path, node)?;
+        if !validate::is_hex_digest(digest) {
+            return Err(StoreError::BadDigest {
+                path: path.to_path_buf(),
+                node: node.clone(),
+                shown: validate::shown(digest),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Writes the record atomically as `epoch_dir/COMMIT`; refuses (writing nothing) a record that
+/// [`check`] refuses.
 pub fn write(epoch_dir: &Path, r: &CommitRecord) -> Result<()> {
-    atomic::write_file(&epoch_dir.join(FILE_NAME), &encode(r))
+    let path = epoch_dir.join(FILE_NAME);
+    check(&path, r)?;
+    atomic::write_file(&path, &encode(r))
 }
 
 /// Reads and checks `epoch_dir/COMMIT`.

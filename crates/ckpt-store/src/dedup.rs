@@ -18,6 +18,10 @@
 //! digest, and checks each rebuilt file against the manifest. Deleting an epoch deletes its
 //! MANIFEST and RECIPE, then every pack of the node that no remaining recipe references
 //! ([`sweep`]); the coordinator never runs a sweep during a flush of the same job.
+//!
+//! A recipe is read like any file from shared storage: untrusted until checked. Its decoder caps
+//! every count before allocating and refuses a pack name or file path that could lead outside
+//! its directory; flush, rebuild and sweep refuse a node name that is not one.
 use std::collections::{BTreeSet, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
@@ -29,7 +33,7 @@ use std::sync::Mutex;
 use crate::copy::{CopyOptions, CopyProgress, Throttle};
 use crate::layout::Staging;
 use crate::manifest::{self, decode_framed, encode_framed, read_capped, NodeManifest};
-use crate::{atomic, Result, StoreError};
+use crate::{atomic, validate, Result, StoreError};
 
 /// Magic bytes of a recipe.
 pub const MAGIC: &[u8; 8] = b"CKPTRCPE";
@@ -37,6 +41,12 @@ pub const MAGIC: &[u8; 8] = b"CKPTRCPE";
 pub const RECIPE: &str = "RECIPE";
 /// Largest recipe read (about 20 million chunks, over a TiB of images).
 pub const MAX_RECIPE_BYTES: u64 = 1 << 30;
+/// Most pack names a recipe may list. A recipe lists every pack of the node's earlier copy plus
+/// one per file of this epoch, so the list grows with the epochs kept; 16 million names take
+/// well over the 1 GiB recipe limit's share anyway.
+pub const MAX_PACKS: usize = 1 << 24;
+/// Encoded size of one chunk reference: pack index, offset, length, digest.
+const CHUNK_REF_BYTES: usize = 4 + 8 + 4 + 32;
 
 const MIN_CHUNK: usize = 8 << 10;
 const MAX_CHUNK: usize = 128 << 10;
@@ -133,23 +143,52 @@ impl Recipe {
         encode_framed(MAGIC, &b)
     }
 
-    /// Decodes a recipe; `path` only names the file in errors.
+    /// Decodes a recipe; `path` only names the file in errors. Every count is checked against
+    /// its limit ([`MAX_PACKS`], [`manifest::MAX_FILES`]) and against the bytes left before
+    /// anything is allocated for it; every pack name must be a plain file name and every file
+    /// path a plain relative path ([`crate::validate`]); every chunk must be 1 to 128 KiB long
+    /// and in a listed pack.
     pub fn decode(path: &Path, bytes: &[u8]) -> Result<Recipe> {
         let body = decode_framed(path, MAGIC, bytes)?;
         let bad = || StoreError::ChecksumMismatch {
             path: path.to_path_buf(),
         };
+        let unsafe_path = |source| StoreError::UnsafePath {
+            path: path.to_path_buf(),
+            source,
+        };
+        let over = |what, value: u64, limit: usize| StoreError::LimitExceeded {
+            path: path.to_path_buf(),
+            what,
+            value,
+            limit: limit as u64,
+        };
         let mut r = Reader { b: body, at: 0 };
-        let mut out = Recipe::default();
-        let packs = r.u32().ok_or_else(bad)?;
-        for _ in 0..packs {
-            out.packs.push(r.string().ok_or_else(bad)?);
+        // Each pack name takes at least 5 bytes (length and one byte).
+        let packs = r.count(5).ok_or_else(bad)?;
+        if packs > MAX_PACKS {
+            return Err(over("pack count", packs as u64, MAX_PACKS));
         }
-        let files = r.u32().ok_or_else(bad)?;
+        let mut out = Recipe {
+            packs: Vec::with_capacity(packs),
+            files: Vec::new(),
+        };
+        for _ in 0..packs {
+            let name = r.string().ok_or_else(bad)?;
+            validate::file_name(&name).map_err(unsafe_path)?;
+            out.packs.push(name);
+        }
+        // Each file takes at least 9 bytes (path length, one byte, chunk count).
+        let files = r.count(9).ok_or_else(bad)?;
+        if files > manifest::MAX_FILES {
+            return Err(over("file count", files as u64, manifest::MAX_FILES));
+        }
+        out.files.reserve_exact(files);
         for _ in 0..files {
             let path_s = r.string().ok_or_else(bad)?;
-            let n = r.u32().ok_or_else(bad)?;
-            let mut chunks = Vec::with_capacity((n as usize).min(1 << 20));
+            validate::relative_path(&path_s).map_err(unsafe_path)?;
+            let n = r.count(CHUNK_REF_BYTES).ok_or_else(bad)?;
+            let mut chunks = Vec::with_capacity(n);
             for _ in 0..n {
                 let c = ChunkRef {
                     pack: r.u32().ok_or_else(bad)?,
@@ -157,8 +196,11 @@ impl Recipe {
                     len: r.u32().ok_or_else(bad)?,
                     digest: r.take(32).ok_or_else(bad)?.try_into().expect("32 bytes"),
                 };
-                if c.pack as usize >= out.packs.len() {
+                if c.pack as usize >= out.packs.len() || c.len == 0 {
                     return Err(bad());
+                }
+                if c.len as usize > MAX_CHUNK {
+                    return Err(over("chunk length", c.len.into(), MAX_CHUNK));
                 }
                 chunks.push(c);
             }
@@ -196,6 +238,12 @@ impl<'a> Reader<'a> {
     }
     fn u64(&mut self) -> Option<u64> {
         Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+    /// A u32 count of items of at least `min_bytes` each; None unless the bytes left can hold
+    /// that many, so a forged count never sizes an allocation.
+    fn count(&mut self, min_bytes: usize) -> Option<usize> {
+        let n = self.u32()? as usize;
+        (n <= (self.b.len() - self.at) / min_bytes).then_some(n)
     }
     fn string(&mut self) -> Option<String> {
         let n = self.u32()? as usize;
@@ -260,6 +308,7 @@ pub fn flush(
     progress: &CopyProgress,
 ) -> Result<FlushStats> {
     let Target { job, epoch, node } = t;
+    validate::check_node(shared.root(), node)?;
     let (mbytes, m) = crate::stream::open_source(src, committed)?;
     progress.total.store(m.image_bytes(), Ordering::Relaxed);
     let dest = shared.node_dir(job, epoch, node);
@@ -314,7 +363,7 @@ fn flush_file(
     throttle: Option<&Throttle>,
     progress: &CopyProgress,
 ) -> Result<(FileRecipe, FlushStats)> {
-    let src = src_root.join(&entry.path);
+    let src = validate::join_relative(src_root, &entry.path)?;
     let mut input = File::open(&src).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => StoreError::FileMissing { path: src.clone() },
         _ => StoreError::io("open", &src, e),
@@ -470,6 +519,7 @@ pub fn rebuild(
     opts: &CopyOptions,
 ) -> Result<NodeManifest> {
     let Target { job, epoch, node } = t;
+    validate::check_node(shared.root(), node)?;
     let dir = shared.node_dir(job, epoch, node);
     let (mbytes, m) = crate::stream::open_source(&dir, committed)?;
     let recipe = Recipe::read(&dir)?;
@@ -517,7 +567,7 @@ fn rebuild_file(
 ) -> Result<()> {
     let mut out = match dest {
         Some(d) => {
-            let p = d.join(&entry.path);
+            let p = validate::join_relative(d, &entry.path)?;
             if let Some(parent) = p.parent() {
                 fs::create_dir_all(parent).map_err(|e| StoreError::io("create", parent, e))?;
             }
@@ -533,7 +583,7 @@ fn rebuild_file(
     let mut size = 0u64;
     let mut buf = Vec::new();
     for c in &recipe.files[i].chunks {
-        let ppath = pdir.join(&recipe.packs[c.pack as usize]);
+        let ppath = validate::join_file_name(pdir, &recipe.packs[c.pack as usize])?;
         let pack = match packs.entry(c.pack) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
@@ -580,6 +630,7 @@ fn rebuild_file(
 /// Deletes `node`'s packs of `job` that no remaining recipe of the node references (after its
 /// epochs were deleted). Returns the bytes freed. Must not run during a flush of the job.
 pub fn sweep(shared: &Staging, job: u64, node: &str) -> Result<u64> {
+    validate::check_node(shared.root(), node)?;
     let pdir = packs_dir(shared, job, node);
     let Ok(rd) = fs::read_dir(&pdir) else {
         return Ok(0);

@@ -100,10 +100,11 @@ pub fn seal_tree(root: &Path, skip: &[&str]) -> Result<Vec<FileEntry>> {
 }
 
 /// Checks every listed file below `root`: present, same size, same digest. Stops at the first
-/// mismatch and names the file.
+/// mismatch and names the file; refuses a path that [`crate::validate::relative_path`] refuses
+/// before looking at it.
 pub fn verify_tree(root: &Path, entries: &[FileEntry]) -> Result<()> {
     for e in entries {
-        let path = root.join(&e.path);
+        let path = crate::validate::join_relative(root, &e.path)?;
         let meta = match fs::metadata(&path) {
             Ok(m) => m,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {

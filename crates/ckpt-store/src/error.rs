@@ -99,6 +99,55 @@ pub enum StoreError {
         /// Digest the coordinator committed.
         expected: String,
     },
+    /// A check against the committed manifest digest was asked for without a digest: without
+    /// one, any intact manifest would pass.
+    #[error("{path}: a committed manifest digest is required to accept these images, and none was given")]
+    DigestRequired {
+        /// The manifest that was to be checked.
+        path: PathBuf,
+    },
+    /// A file, a peer or a caller named a file with a path that is not allowed (it could
+    /// lead outside the directory it belongs to, or it is malformed).
+    #[error("{path}: {source}")]
+    UnsafePath {
+        /// The file the path was read from, or the directory it was to be joined onto.
+        path: PathBuf,
+        /// The path and what is wrong with it.
+        #[source]
+        source: crate::validate::InvalidPath,
+    },
+    /// A file, a peer or a caller named a node with a name that is not allowed as a directory
+    /// name.
+    #[error("{path}: {source}")]
+    UnsafeName {
+        /// The file the name was read from, or the directory it was to be joined onto.
+        path: PathBuf,
+        /// The name and what is wrong with it.
+        #[source]
+        source: crate::validate::InvalidName,
+    },
+    /// A count, length or size in a file is above what any valid file of its kind holds.
+    #[error("{path}: {what} {value} is above the limit of {limit}")]
+    LimitExceeded {
+        /// The file.
+        path: PathBuf,
+        /// What was counted or measured ("file count", "chunk length", ...).
+        what: &'static str,
+        /// The value found.
+        value: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// A digest in a file is not a BLAKE3 hex digest.
+    #[error("{path}: the manifest digest of node {node} is {shown}, not a BLAKE3 digest (64 lowercase hex digits)")]
+    BadDigest {
+        /// The file.
+        path: PathBuf,
+        /// The node whose digest it is.
+        node: String,
+        /// The digest, escaped and truncated for display.
+        shown: String,
+    },
 }
 
 impl StoreError {

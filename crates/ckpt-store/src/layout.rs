@@ -47,15 +47,24 @@ impl Staging {
         self.job_dir(job).join(epoch.to_string())
     }
 
-    /// Directory of one node's images of one epoch.
+    /// Directory of one node's images of one epoch. `node` is joined as it is: a name from a
+    /// peer or a file goes through [`Staging::checked_node_dir`] instead.
     pub fn node_dir(&self, job: u64, epoch: u32, node: &str) -> PathBuf {
         self.epoch_dir(job, epoch).join(node)
     }
 
+    /// [`Staging::node_dir`] for a node name that [`crate::validate::node_name`] accepts: never
+    /// the epoch directory itself, its parent or anything outside it.
+    pub fn checked_node_dir(&self, job: u64, epoch: u32, node: &str) -> Result<PathBuf> {
+        let epoch_dir = self.epoch_dir(job, epoch);
+        crate::validate::check_node(&epoch_dir, node)?;
+        Ok(epoch_dir.join(node))
+    }
+
     /// Creates an empty node directory for a new epoch, removing leftovers of an earlier
-    /// attempt with the same number.
+    /// attempt with the same number. Refuses an invalid node name.
     pub fn create_node_dir(&self, job: u64, epoch: u32, node: &str) -> Result<PathBuf> {
-        let dir = self.node_dir(job, epoch, node);
+        let dir = self.checked_node_dir(job, epoch, node)?;
         if dir.exists() {
             fs::remove_dir_all(&dir).map_err(|e| StoreError::io("remove", &dir, e))?;
         }
@@ -63,9 +72,10 @@ impl Staging {
         Ok(dir)
     }
 
-    /// Deletes one node's images of one epoch (and the epoch directory once empty).
+    /// Deletes one node's images of one epoch (and the epoch directory once empty). Refuses an
+    /// invalid node name.
     pub fn remove_node_dir(&self, job: u64, epoch: u32, node: &str) -> Result<()> {
-        let dir = self.node_dir(job, epoch, node);
+        let dir = self.checked_node_dir(job, epoch, node)?;
         match fs::remove_dir_all(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -133,5 +143,27 @@ mod tests {
         assert!(!s.epoch_dir(3, 2).exists());
         s.remove_node_dir(3, 2, "n1").unwrap();
         assert!(s.free_bytes().unwrap() > 0);
+    }
+
+    #[test]
+    fn node_names_that_lead_elsewhere_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Staging::open(d.path().join("stage")).unwrap();
+        let keep = s.create_node_dir(3, 2, "n1").unwrap().join("keep");
+        fs::write(&keep, b"1").unwrap();
+        for bad in ["..", ".", "", "a/b", "../../x"] {
+            let err = s.remove_node_dir(3, 2, bad).unwrap_err();
+            assert!(
+                matches!(err, StoreError::UnsafeName { .. }),
+                "{bad:?}: {err}"
+            );
+            assert!(s.create_node_dir(3, 2, bad).is_err(), "{bad:?}");
+            assert!(s.checked_node_dir(3, 2, bad).is_err(), "{bad:?}");
+        }
+        assert!(keep.exists(), "nothing was removed");
+        assert_eq!(
+            s.checked_node_dir(3, 2, "n1").unwrap(),
+            s.node_dir(3, 2, "n1")
+        );
     }
 }

@@ -5,6 +5,8 @@
 //! ([`manifest`], documented in `docs/formats.md`), crash-safe file replacement ([`atomic`]), and
 //! digesting and verifying image trees ([`digest`]), verified copies between stores ([`copy`]:
 //! flush to shared storage and fetch back) and the global commit record ([`commit`]).
+//! Every path and node name read from a file or a peer is checked ([`validate`]) before it is
+//! joined onto a directory.
 //!
 //! Nothing here knows about processes or the protocol; the node agent writes images into a
 //! directory given by [`layout::Staging`] and asks this crate to seal and verify them.
@@ -18,7 +20,10 @@ pub mod digest;
 pub mod layout;
 pub mod manifest;
 pub mod stream;
+pub mod validate;
 
+#[cfg(test)]
+mod decode_props;
 mod error;
 pub use error::StoreError;
 

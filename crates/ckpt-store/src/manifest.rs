@@ -14,7 +14,9 @@
 //! ```
 //!
 //! Written with [`crate::atomic::write_file`]; read with a size cap, so a torn, truncated,
-//! oversized or bit-flipped manifest is refused with an error naming the file.
+//! oversized or bit-flipped manifest is refused with an error naming the file. Decoding also
+//! checks every path and name in it ([`check`]): a manifest is never trusted to stay inside
+//! the directory it describes.
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Read;
@@ -23,7 +25,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::digest::FileEntry;
-use crate::{atomic, Result, StoreError};
+use crate::{atomic, validate, Result, StoreError};
 
 /// Magic bytes at the start of every manifest.
 pub const MAGIC: &[u8; 8] = b"CKPTMNFT";
@@ -33,6 +35,13 @@ pub const FORMAT_VERSION: u16 = 1;
 pub const MAX_MANIFEST_BYTES: u64 = 64 << 20;
 /// File name of the manifest inside a node's image directory.
 pub const FILE_NAME: &str = "MANIFEST";
+/// Most image files a node's part of an epoch may have (manifest and recipe alike). CRIU
+/// writes a few files per process; a 64 MiB manifest cannot list many more than half a
+/// million files anyway.
+pub const MAX_FILES: usize = 1 << 20;
+/// Largest total of image bytes of one node (1 EiB): any real total is far below it, and sums
+/// of sizes below it cannot overflow.
+pub const MAX_IMAGE_BYTES: u64 = 1 << 60;
 
 const HEADER: usize = 16;
 const TRAILER: usize = 32;
@@ -147,13 +156,61 @@ pub fn encode(m: &NodeManifest) -> Vec<u8> {
     encode_framed(MAGIC, &serde_json::to_vec(m).expect("manifest serializes"))
 }
 
-/// Decodes on-disk bytes; `path` only names the file in errors.
+/// Decodes on-disk bytes; `path` only names the file in errors. Refuses a manifest that
+/// [`check`] refuses.
 pub fn decode(path: &Path, bytes: &[u8]) -> Result<NodeManifest> {
     let body = decode_framed(path, MAGIC, bytes)?;
-    serde_json::from_slice(body).map_err(|source| StoreError::Decode {
+    let m = serde_json::from_slice(body).map_err(|source| StoreError::Decode {
         path: path.to_path_buf(),
         source,
-    })
+    })?;
+    check(path, &m)?;
+    Ok(m)
+}
+
+/// Checks what a manifest makes a reader do with paths and names: the node name
+/// ([`validate::node_name`]), every image file path and every `saved_as`
+/// ([`validate::relative_path`]), every host path a restore puts back
+/// ([`validate::absolute_path`]), at most [`MAX_FILES`] files of at most [`MAX_IMAGE_BYTES`] in
+/// total. `path` names the manifest in errors.
+pub fn check(path: &Path, m: &NodeManifest) -> Result<()> {
+    let unsafe_path = |source| StoreError::UnsafePath {
+        path: path.to_path_buf(),
+        source,
+    };
+    validate::check_node(path, &m.node)?;
+    if m.files.len() > MAX_FILES {
+        return Err(StoreError::LimitExceeded {
+            path: path.to_path_buf(),
+            what: "file count",
+            value: m.files.len() as u64,
+            limit: MAX_FILES as u64,
+        });
+    }
+    let mut total = 0u64;
+    for f in &m.files {
+        validate::relative_path(&f.path).map_err(unsafe_path)?;
+        total = total.saturating_add(f.size);
+    }
+    if total > MAX_IMAGE_BYTES {
+        return Err(StoreError::LimitExceeded {
+            path: path.to_path_buf(),
+            what: "total image bytes",
+            value: total,
+            limit: MAX_IMAGE_BYTES,
+        });
+    }
+    for f in &m.open_files {
+        validate::absolute_path(&f.path).map_err(unsafe_path)?;
+    }
+    for p in &m.preserved {
+        validate::absolute_path(&p.path).map_err(unsafe_path)?;
+        // A named pipe is recreated, not copied: it has no saved copy.
+        if !(p.fifo && p.saved_as.is_empty()) {
+            validate::relative_path(&p.saved_as).map_err(unsafe_path)?;
+        }
+    }
+    Ok(())
 }
 
 /// Frames `body` as magic, version, length, body, BLAKE3 trailer (the layout above; the commit
@@ -230,9 +287,13 @@ pub(crate) fn read_capped(path: &Path, limit: u64) -> Result<Vec<u8>> {
 }
 
 /// Writes `m` atomically as `dir/MANIFEST` and returns the BLAKE3 hex digest of the file.
+/// Refuses (writing nothing) a manifest that [`check`] refuses, so no epoch is sealed with a
+/// manifest its restore would refuse.
 pub fn write(dir: &Path, m: &NodeManifest) -> Result<String> {
+    let path = dir.join(FILE_NAME);
+    check(&path, m)?;
     let bytes = encode(m);
-    atomic::write_file(&dir.join(FILE_NAME), &bytes)?;
+    atomic::write_file(&path, &bytes)?;
     Ok(blake3::hash(&bytes).to_hex().to_string())
 }
 

@@ -5,30 +5,45 @@
 //! each file's digest as it reads (a damaged source stops the stream). The receiver checks the
 //! manifest against the committed digest before writing anything, digests every file as it
 //! arrives, fsyncs it, and writes the manifest last and atomically: a copy without MANIFEST is
-//! incomplete.
+//! incomplete. Both ends require the committed digest, and the manifest's paths are checked
+//! when it is decoded ([`manifest::check`]) and again where each is joined onto a directory.
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use crate::manifest::{self, NodeManifest};
-use crate::{atomic, Result, StoreError};
+use crate::{atomic, validate, Result, StoreError};
 
 /// Size of the chunks a sender produces.
 pub const CHUNK: usize = 1 << 20;
 
-/// Reads a node directory's manifest and checks it against the committed digest; returns the
-/// manifest file's bytes and the manifest.
+/// Reads a node directory's manifest and checks it against the committed digest, which is
+/// required (an empty one is [`StoreError::DigestRequired`]); returns the manifest file's bytes
+/// and the manifest.
 pub fn open_source(dir: &Path, committed: &str) -> Result<(Vec<u8>, NodeManifest)> {
     let path = dir.join(manifest::FILE_NAME);
+    require_digest(&path, committed)?;
     let bytes = manifest::read_capped(&path, manifest::MAX_MANIFEST_BYTES)?;
     let m = manifest::decode(&path, &bytes)?;
     check_committed(&path, &bytes, committed)?;
     Ok((bytes, m))
 }
 
+/// A committed digest is required wherever one is checked: an empty one would let any intact
+/// manifest through.
+fn require_digest(path: &Path, committed: &str) -> Result<()> {
+    if committed.is_empty() {
+        return Err(StoreError::DigestRequired {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
 fn check_committed(path: &Path, bytes: &[u8], committed: &str) -> Result<()> {
+    require_digest(path, committed)?;
     let found = blake3::hash(bytes).to_hex().to_string();
-    if !committed.is_empty() && found != committed {
+    if found != committed {
         return Err(StoreError::NotCommitted {
             path: path.to_path_buf(),
             found,
@@ -39,7 +54,8 @@ fn check_committed(path: &Path, bytes: &[u8], committed: &str) -> Result<()> {
 }
 
 /// Calls `send(file_index, chunk)` for every chunk of every file of `m` below `dir`, in order;
-/// a file that does not match the manifest fails before its last chunk is sent. `send`
+/// a file that does not match the manifest fails before its last chunk is sent, and a path
+/// that [`crate::validate::relative_path`] refuses before anything of it is read. `send`
 /// returning false stops early (the receiver went away) without error.
 pub fn send_files(
     dir: &Path,
@@ -47,7 +63,7 @@ pub fn send_files(
     mut send: impl FnMut(u32, Vec<u8>) -> bool,
 ) -> Result<()> {
     for (i, f) in m.files.iter().enumerate() {
-        let path = dir.join(&f.path);
+        let path = validate::join_relative(dir, &f.path)?;
         let mut input = File::open(&path).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => StoreError::FileMissing { path: path.clone() },
             _ => StoreError::io("open", &path, e),
@@ -115,9 +131,19 @@ pub struct Receiver {
 
 impl Receiver {
     /// Starts receiving into `dest` (replaced) the images whose manifest file is
-    /// `manifest_bytes`; refused unless it is intact and has the committed digest.
+    /// `manifest_bytes`; refused before anything is written unless it is intact, no larger than
+    /// [`manifest::MAX_MANIFEST_BYTES`], passes [`manifest::check`] and has the committed
+    /// digest, which is required.
     pub fn begin(dest: &Path, manifest_bytes: Vec<u8>, committed: &str) -> Result<Self> {
         let mpath = dest.join(manifest::FILE_NAME);
+        require_digest(&mpath, committed)?;
+        if manifest_bytes.len() as u64 > manifest::MAX_MANIFEST_BYTES {
+            return Err(StoreError::TooLarge {
+                path: mpath,
+                size: manifest_bytes.len() as u64,
+                limit: manifest::MAX_MANIFEST_BYTES,
+            });
+        }
         let m = manifest::decode(&mpath, &manifest_bytes)?;
         check_committed(&mpath, &manifest_bytes, committed)?;
         if dest.exists() {
@@ -146,7 +172,7 @@ impl Receiver {
             if file != self.done || file >= self.manifest.files.len() {
                 return Err(self.out_of_order(file));
             }
-            let path = self.dest.join(&self.manifest.files[file].path);
+            let path = validate::join_relative(&self.dest, &self.manifest.files[file].path)?;
             if let Some(parent) = path.parent() {
                 fs::create_dir_all(parent).map_err(|e| StoreError::io("create", parent, e))?;
             }
@@ -320,7 +346,75 @@ mod tests {
         ));
         let mut torn = bytes.clone();
         torn.truncate(bytes.len() - 3);
-        assert!(Receiver::begin(&dest, torn, "").is_err());
+        assert!(Receiver::begin(&dest, torn, &digest).is_err());
+    }
+
+    #[test]
+    fn a_committed_digest_is_required_at_both_ends() {
+        let d = tempfile::tempdir().unwrap();
+        let (src, dest) = (d.path().join("a"), d.path().join("b"));
+        let digest = sealed(&src);
+        let err = open_source(&src, "").unwrap_err();
+        assert!(matches!(err, StoreError::DigestRequired { .. }), "{err}");
+        assert!(err
+            .to_string()
+            .contains("committed manifest digest is required"));
+        let (bytes, _) = chunks(&src, &digest);
+        fs::create_dir_all(&dest).unwrap();
+        fs::write(dest.join("keep"), b"x").unwrap();
+        let err = Receiver::begin(&dest, bytes, "").unwrap_err();
+        assert!(matches!(err, StoreError::DigestRequired { .. }), "{err}");
+        assert!(
+            dest.join("keep").exists(),
+            "refused before anything was touched"
+        );
+    }
+
+    /// A manifest that lists `path`, framed and intact, with its digest.
+    fn forged(path: &str) -> (Vec<u8>, String) {
+        let f = crate::digest::FileEntry {
+            path: path.into(),
+            size: 1,
+            blake3: blake3::hash(b"x").to_hex().to_string(),
+        };
+        let bytes = manifest::encode(&NodeManifest::new(1, 1, "n1", vec![f]));
+        let digest = blake3::hash(&bytes).to_hex().to_string();
+        (bytes, digest)
+    }
+
+    #[test]
+    fn a_manifest_with_an_escaping_path_is_refused_before_anything_is_written() {
+        let d = tempfile::tempdir().unwrap();
+        let dest = d.path().join("deep/b");
+        for bad in [
+            "../escaped",
+            "/tmp/escaped",
+            "images/../../escaped",
+            "a//b",
+            "x\0",
+        ] {
+            let (bytes, digest) = forged(bad);
+            let err = Receiver::begin(&dest, bytes, &digest).unwrap_err();
+            assert!(
+                matches!(err, StoreError::UnsafePath { .. }),
+                "{bad:?}: {err}"
+            );
+            assert!(!dest.exists(), "{bad:?}: destination created");
+        }
+        assert!(!d.path().join("deep/escaped").exists());
+        // Nor does a sender read a path a caller-built manifest gives it.
+        let m = NodeManifest::new(
+            1,
+            1,
+            "n1",
+            vec![crate::digest::FileEntry {
+                path: "../../etc/passwd".into(),
+                size: 1,
+                blake3: String::new(),
+            }],
+        );
+        let err = send_files(&dest, &m, |_, _| true).unwrap_err();
+        assert!(matches!(err, StoreError::UnsafePath { .. }), "{err}");
     }
 
     #[test]
