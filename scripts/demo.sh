@@ -29,9 +29,13 @@ cat > "$WORK/ckptd.toml" <<TOML
 listen = "127.0.0.1:0"
 socket = "$WORK/ckptd.sock"
 database = "$WORK/ckptd.redb"
+# No cluster CA: a standalone ckptd without one serves this machine on local sockets only.
+tls_dir = "$WORK/tls"
 [agent]
 state_dir = "$WORK/state"
 local_dir = "$WORK/local"
+# The demo runs as root, so its job does too; a site leaves root jobs off (docs/security.md).
+allow_root_jobs = true
 [agent.cgroup]
 prefix = "ckpt-demo-$$-"
 TOML

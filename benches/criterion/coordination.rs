@@ -141,15 +141,23 @@ fn serve_agents(n: usize) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
         let mut out = String::new();
-        for _ in 0..n {
+        // Each agent serves TLS with a credential of its own (node a<i>), as a real one does.
+        let ca = std::path::PathBuf::from(std::env::var_os("CKPT_BENCH_CA").expect("CA dir"));
+        for i in 0..n {
+            let bundle = ckpt_auth::ca::issue(&ca, &format!("a{i}")).expect("issue");
+            let cred = ckpt_auth::tls::Credential::from_bundle(
+                &ckpt_auth::ca::Bundle::parse(&bundle).expect("bundle"),
+            )
+            .expect("credential");
             let l = tokio::net::TcpListener::bind("127.0.0.1:0")
                 .await
                 .expect("bind");
             out.push_str(&format!("{}\n", l.local_addr().expect("addr")));
+            let tls = cred.server_config().expect("server config");
             tokio::spawn(
                 tonic::transport::Server::builder()
                     .add_service(AgentServer::new(NoopAgent))
-                    .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(l)),
+                    .serve_with_incoming(ckpt_auth::transport::tls_incoming(l, tls)),
             );
         }
         let mut so = std::io::stdout();
@@ -183,9 +191,15 @@ impl Drop for Setup {
 async fn setup(n: usize) -> Setup {
     let dir = tempfile::tempdir().expect("tempdir");
     let registry = Registry::open(&dir.path().join("ckptd.redb")).expect("registry");
-    let coord = Coordinator::new(registry, CoordinatorConfig::default()).expect("coordinator");
+    let ca = dir.path().join("tls");
+    ckpt_auth::ca::init(&ca).expect("cluster CA");
+    let cred = ckpt_auth::tls::Credential::load(&ca, &ckpt_auth::Identity::Coordinator)
+        .expect("coordinator credential");
+    let coord =
+        Coordinator::new(registry, CoordinatorConfig::default(), Some(cred)).expect("coordinator");
     let mut agents = std::process::Command::new(std::env::current_exe().expect("exe"))
         .env("CKPT_BENCH_AGENTS", n.to_string())
+        .env("CKPT_BENCH_CA", &ca)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()

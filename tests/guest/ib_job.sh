@@ -27,9 +27,11 @@ cat > "$W/ckptd.toml" <<TOML
 listen = "127.0.0.1:0"
 socket = "$W/ckptd.sock"
 database = "$W/ckptd.redb"
+tls_dir = "$W/tls"
 [agent]
 state_dir = "$W/state"
 local_dir = "$W/local"
+allow_root_jobs = true
 TOML
 CKPT_FAILPOINTS=$W/failpoints "$BIN/ckptd" --standalone --config "$W/ckptd.toml" > "$W/ckptd.log" 2>&1 &
 CKPTD=$!

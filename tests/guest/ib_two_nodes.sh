@@ -25,6 +25,8 @@ coordinator = "192.168.98.1:7600"
 state_dir = "$W/state"
 local_dir = "$W/local"
 heartbeat_interval = "200ms"
+tls_dir = "$W/tls"
+allow_root_jobs = true
 [cgroup]
 prefix = "ib2-"
 TOML
@@ -38,9 +40,21 @@ if [ "$ROLE" = a ]; then
 listen = "0.0.0.0:7600"
 socket = "$W/ckptd.sock"
 database = "$W/ckptd.redb"
+tls_dir = "$W/ca"
 TOML
+    # The cluster CA on the head node, and a credential for each node, as a site sets them up
+    # (the bundle of b travels through the shared directory instead of ssh).
+    "$BIN/ckptd" --config "$W/ckptd.toml" ca init
+    "$BIN/ckptd" --config "$W/ckptd.toml" ca issue gb --out "$S/gb.bundle.tmp"
+    mv "$S/gb.bundle.tmp" "$S/gb.bundle"
+    "$BIN/ckptd" --config "$W/ckptd.toml" ca issue ga | "$BIN/ckpt-agent" --config "$W/agent.toml" enroll -
     "$BIN/ckptd" --config "$W/ckptd.toml" > "$W/ckptd.log" 2>&1 &
     PIDS+=($!)
+fi
+if [ "$ROLE" = b ]; then
+    wait_file "$S/gb.bundle" 300
+    "$BIN/ckpt-agent" --config "$W/agent.toml" enroll "$S/gb.bundle"
+    rm -f "$S/gb.bundle"
 fi
 "$BIN/ckpt-agent" --config "$W/agent.toml" > "$W/agent.log" 2>&1 &
 PIDS+=($!)

@@ -14,6 +14,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 pub mod netns;
+pub mod sockets;
 pub mod vm;
 
 /// Workspace root.
@@ -260,6 +261,9 @@ pub struct Options {
     pub shared_size: Option<String>,
     /// Extra TOML for the agent's table (e.g. `"[agent.flush]\nbandwidth_mb = 5\n"`).
     pub agent_toml: String,
+    /// Extra keys of the `[agent]` table itself (e.g. `"allow_root_jobs = false\nmin_uid = 500\n"`).
+    /// Without `allow_root_jobs` among them, the harness allows root jobs (the tests run as root).
+    pub agent_keys: String,
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -328,10 +332,17 @@ impl Ckptd {
         } else {
             "127.0.0.1"
         };
+        // Jobs of these tests run as root unless a test says otherwise in its agent table.
+        let root_jobs = if opts.agent_keys.contains("allow_root_jobs") {
+            opts.agent_keys.clone()
+        } else {
+            format!("allow_root_jobs = true\n{}", opts.agent_keys)
+        };
         let text = format!(
-            "listen = \"{listen}:{coord_port}\"\nsocket = \"{}\"\ndatabase = \"{d}/ckptd.redb\"\n{}\n\
+            "listen = \"{listen}:{coord_port}\"\nsocket = \"{}\"\ndatabase = \"{d}/ckptd.redb\"\n\
+             tls_dir = \"{d}/tls\"\n{}\n\
              [agent]\nnode_name = \"node0\"\nstate_dir = \"{d}/state\"\nlocal_dir = \"{d}/local\"\n\
-             heartbeat_interval = \"200ms\"\ncoordinator = \"127.0.0.1:{coord_port}\"\n\
+             heartbeat_interval = \"200ms\"\ncoordinator = \"127.0.0.1:{coord_port}\"\n{root_jobs}\
              {shared}[agent.cgroup]\nprefix = \"{prefix}\"\n[agent.criu]\n{criu}{}",
             socket.display(),
             opts.extra_toml,
@@ -343,6 +354,17 @@ impl Ckptd {
             },
         );
         std::fs::write(&config, text).expect("write config");
+        if opts.separate_agent || opts.no_agent {
+            // Agents on TCP: a cluster CA, as a site creates it (`ckptd ca init`); each agent is
+            // enrolled when it starts. A standalone ckptd alone gets none and opens no TCP port.
+            let out = Command::new(bin_dir().join("ckptd"))
+                .args(["--config"])
+                .arg(&config)
+                .args(["ca", "init"])
+                .output()
+                .expect("run ckptd ca init");
+            assert!(out.status.success(), "ckptd ca init: {out:?}");
+        }
         if let Some(size) = &opts.local_size {
             let local = dir.path().join("local");
             std::fs::create_dir_all(&local).expect("local dir");
@@ -434,9 +456,14 @@ impl Ckptd {
             .replace("[agent.", "[");
         std::fs::write(
             &agent_cfg,
-            format!("listen = \"127.0.0.1:{}\"\n{table}", self.agent_port),
+            format!(
+                "listen = \"127.0.0.1:{}\"\ntls_dir = \"{}\"\n{table}",
+                self.agent_port,
+                self.dir.path().join("tls-node0").display()
+            ),
         )
         .unwrap();
+        self.enroll(&agent_cfg, "node0");
         let mut cmd = Command::new(bin_dir().join("ckpt-agent"));
         self.apply_env(&mut cmd);
         let child = cmd
@@ -463,6 +490,7 @@ impl Ckptd {
             format!(
                 "node_name = \"{node}\"\nlisten = \"{ip}:7601\"\ncoordinator = \"{host}:{port}\"\n\
                  state_dir = \"{d}/state\"\nlocal_dir = \"{d}/local\"\nheartbeat_interval = \"200ms\"\n\
+                 tls_dir = \"{d}/tls\"\nallow_root_jobs = true\n\
                  [cgroup]\nprefix = \"{prefix}{node}-\"\n",
                 ip = n.mgmt_ip,
                 host = cluster.host_ip,
@@ -472,6 +500,7 @@ impl Ckptd {
             ),
         )
         .unwrap();
+        self.enroll(&cfg, node);
         let mut cmd = cluster.command_in(node, &bin_dir().join("ckpt-agent"));
         self.apply_env(&mut cmd);
         let child = cmd
@@ -484,6 +513,61 @@ impl Ckptd {
             .spawn()
             .expect("start ckpt-agent in namespace");
         self.node_agents.push((node.to_string(), child));
+    }
+
+    /// Enrolls the agent configured by `agent_cfg` as `node`, as an admin does:
+    /// `ckptd ca issue NODE | ckpt-agent enroll -` (once per configuration).
+    pub fn enroll(&self, agent_cfg: &Path, node: &str) {
+        let text = std::fs::read_to_string(agent_cfg).expect("agent config");
+        if text
+            .lines()
+            .find_map(|l| l.strip_prefix("tls_dir = \""))
+            .map(|d| Path::new(d.trim_end_matches('"')).join("node.key").exists())
+            .unwrap_or(false)
+        {
+            return;
+        }
+        let bundle = Command::new(bin_dir().join("ckptd"))
+            .arg("--config")
+            .arg(&self.config)
+            .args(["ca", "issue", node])
+            .output()
+            .expect("run ckptd ca issue");
+        assert!(bundle.status.success(), "ckptd ca issue {node}: {bundle:?}");
+        let mut enroll = Command::new(bin_dir().join("ckpt-agent"))
+            .arg("--config")
+            .arg(agent_cfg)
+            .args(["enroll", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run ckpt-agent enroll");
+        use std::io::Write as _;
+        enroll
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(&bundle.stdout)
+            .expect("write bundle");
+        let out = enroll.wait_with_output().expect("ckpt-agent enroll");
+        assert!(out.status.success(), "ckpt-agent enroll ({node}): {out:?}");
+    }
+
+    /// The daemons this test started, by name (`ckptd`, `agent`, or a namespace node's name),
+    /// with their pids.
+    pub fn daemon_pids(&self) -> Vec<(String, u32)> {
+        let mut out = Vec::new();
+        if let Some(d) = &self.daemon {
+            out.push(("ckptd".to_string(), d.id()));
+        }
+        if let Some(a) = &self.agent {
+            out.push(("agent".to_string(), a.id()));
+        }
+        for (n, a) in &self.node_agents {
+            out.push((n.clone(), a.id()));
+        }
+        out
     }
 
     /// Kills (SIGKILL) the agent of a namespace node, as a crash would.

@@ -192,54 +192,79 @@ pub fn issue(dir: &Path, node: &str) -> Result<String, AuthError> {
     Ok(format!("{ca}{cert}{key}"))
 }
 
+/// A node credential as [`issue`] prints it, taken apart.
+#[derive(Debug, Clone)]
+pub struct Bundle {
+    /// The CA certificate (PEM).
+    pub ca: String,
+    /// The node's certificate (PEM).
+    pub cert: String,
+    /// The node's private key (PEM).
+    pub key: String,
+    /// The node it names.
+    pub identity: Identity,
+}
+
+impl Bundle {
+    /// Takes a bundle apart: one CA certificate, one node certificate and its key.
+    pub fn parse(text: &str) -> Result<Bundle, AuthError> {
+        let bad = |problem: String| AuthError::Bad {
+            path: PathBuf::from("<bundle>"),
+            problem,
+        };
+        let mut certs = Vec::new();
+        let mut key = None;
+        for block in pem_blocks(text) {
+            if block.starts_with("-----BEGIN CERTIFICATE-----") {
+                certs.push(block);
+            } else if block.contains("PRIVATE KEY-----") {
+                key = Some(block);
+            }
+        }
+        let key = key.ok_or_else(|| {
+            bad("no private key in it: pass the whole output of `ckptd ca issue NODE`".into())
+        })?;
+        let mut ca = None;
+        let mut leaf = None;
+        for c in certs {
+            let der = crate::tls::pem_to_der(&c).map_err(bad)?;
+            match crate::tls::common_name(&der).as_deref() {
+                Some(CA_CN) => ca = Some(c),
+                Some(cn) => {
+                    let id = Identity::from_common_name(cn)
+                        .ok_or_else(|| bad(format!("a certificate for {cn:?}, not a ckpt node")))?;
+                    leaf = Some((c, id));
+                }
+                None => return Err(bad("a certificate without a common name".into())),
+            }
+        }
+        let ca = ca.ok_or_else(|| bad("no CA certificate in it".into()))?;
+        let (cert, identity) = leaf.ok_or_else(|| bad("no node certificate in it".into()))?;
+        if !matches!(identity, Identity::Node(_)) {
+            return Err(bad(
+                "it holds the coordinator's credential, not a node's: issue one with `ckptd ca issue NODE`"
+                    .into(),
+            ));
+        }
+        Ok(Bundle {
+            ca,
+            cert,
+            key,
+            identity,
+        })
+    }
+}
+
 /// Installs a bundle from [`issue`] into `dir` (`ckpt-agent enroll`): `ca.pem`, `node.pem` and
 /// `node.key` (0600). With `node`, refuses a bundle issued for another node. Returns the
 /// identity installed.
 pub fn install(bundle: &str, dir: &Path, node: Option<&str>) -> Result<Identity, AuthError> {
-    let origin = PathBuf::from("<bundle>");
-    let bad = |problem: String| AuthError::Bad {
-        path: origin.clone(),
-        problem,
-    };
-    let mut certs = Vec::new();
-    let mut key = None;
-    for block in pem_blocks(bundle) {
-        if block.starts_with("-----BEGIN CERTIFICATE-----") {
-            certs.push(block);
-        } else if block.contains("PRIVATE KEY-----") {
-            key = Some(block);
-        }
-    }
-    let key = key.ok_or_else(|| {
-        bad("no private key in it: pass the whole output of `ckptd ca issue NODE`".into())
-    })?;
-    let mut ca = None;
-    let mut leaf = None;
-    for c in certs {
-        let der = crate::tls::pem_to_der(&c).map_err(bad)?;
-        match crate::tls::common_name(&der).as_deref() {
-            Some(CA_CN) => ca = Some(c),
-            Some(cn) => {
-                let id = Identity::from_common_name(cn)
-                    .ok_or_else(|| bad(format!("a certificate for {cn:?}, not a ckpt node")))?;
-                leaf = Some((c, id));
-            }
-            None => return Err(bad("a certificate without a common name".into())),
-        }
-    }
-    let ca = ca.ok_or_else(|| bad("no CA certificate in it".into()))?;
-    let (leaf, id) = leaf.ok_or_else(|| bad("no node certificate in it".into()))?;
-    let Identity::Node(name) = &id else {
-        return Err(bad(
-            "it holds the coordinator's credential, not a node's: issue one with `ckptd ca issue NODE`"
-                .into(),
-        ));
-    };
-    if let Some(want) = node {
+    let b = Bundle::parse(bundle)?;
+    if let (Some(want), Identity::Node(name)) = (node, &b.identity) {
         if name != want {
             return Err(AuthError::WrongIdentity {
-                path: origin,
-                found: id.clone(),
+                path: PathBuf::from("<bundle>"),
+                found: b.identity.clone(),
                 wanted: Identity::Node(want.to_string()),
                 hint: format!(
                     "issue one for this node with `ckptd ca issue {want}`, or set node_name = \"{name}\" in agent.toml"
@@ -248,10 +273,10 @@ pub fn install(bundle: &str, dir: &Path, node: Option<&str>) -> Result<Identity,
         }
     }
     make_dir(dir)?;
-    write_private(dir, NODE_KEY, &key, 0o600)?;
-    write_private(dir, NODE_CERT, &leaf, 0o644)?;
-    write_private(dir, CA_CERT, &ca, 0o644)?;
-    Ok(id)
+    write_private(dir, NODE_KEY, &b.key, 0o600)?;
+    write_private(dir, NODE_CERT, &b.cert, 0o644)?;
+    write_private(dir, CA_CERT, &b.ca, 0o644)?;
+    Ok(b.identity)
 }
 
 /// The PEM blocks of a text, each with its BEGIN and END lines.

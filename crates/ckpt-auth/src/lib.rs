@@ -164,6 +164,16 @@ pub fn refuse<T>(req: &tonic::Request<T>, call: &str, allowed: &str) -> tonic::S
     }
 }
 
+/// Whether a job token presented by a caller is the job's: never for an empty token, and in
+/// time that does not depend on where the two first differ.
+pub fn token_eq(expected: &str, presented: &str) -> bool {
+    let (a, b) = (expected.as_bytes(), presented.as_bytes());
+    if a.is_empty() || a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// Errors loading, creating or using credentials. Each names the file and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
@@ -236,6 +246,15 @@ mod tests {
         ] {
             assert_eq!(Identity::from_common_name(cn), None, "{cn:?}");
         }
+    }
+
+    #[test]
+    fn tokens_compare_whole_and_never_empty() {
+        assert!(token_eq("abc", "abc"));
+        assert!(!token_eq("abc", "abd"));
+        assert!(!token_eq("abc", "ab"));
+        assert!(!token_eq("", ""));
+        assert!(!token_eq("abc", ""));
     }
 
     #[test]

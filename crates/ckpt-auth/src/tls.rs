@@ -141,6 +141,32 @@ impl Credential {
         })
     }
 
+    /// A node's credential straight from a bundle of [`ca::issue`], without files (tools and
+    /// benchmarks that stand up many agents).
+    pub fn from_bundle(bundle: &ca::Bundle) -> Result<Credential, AuthError> {
+        let bad = |problem: String| AuthError::Bad {
+            path: "<bundle>".into(),
+            problem,
+        };
+        let mut roots = RootCertStore::empty();
+        roots
+            .add(
+                CertificateDer::from_pem_slice(bundle.ca.as_bytes())
+                    .map_err(|e| bad(e.to_string()))?,
+            )
+            .map_err(|e| bad(e.to_string()))?;
+        let cert = CertificateDer::from_pem_slice(bundle.cert.as_bytes())
+            .map_err(|e| bad(e.to_string()))?;
+        let key =
+            PrivateKeyDer::from_pem_slice(bundle.key.as_bytes()).map_err(|e| bad(e.to_string()))?;
+        Ok(Credential {
+            identity: bundle.identity.clone(),
+            chain: vec![cert],
+            key: Arc::new(key),
+            roots: Arc::new(roots),
+        })
+    }
+
     /// Whose credential this is.
     pub fn identity(&self) -> &Identity {
         &self.identity

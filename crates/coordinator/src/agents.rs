@@ -6,7 +6,11 @@ use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
 use ckpt_proto::v1::agent_client::AgentClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
+
+/// Connecting (TCP and the TLS handshake) to an agent on the cluster network takes
+/// milliseconds; one that has not answered in this long is down.
+const AGENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How an agent call failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,11 +111,11 @@ impl Agents {
         address: &str,
         host_addresses: Vec<String>,
         shared_dir: String,
+        dial: ckpt_auth::transport::Dial,
     ) -> Result<(), String> {
-        let ep = Endpoint::from_shared(format!("http://{address}"))
-            .map_err(|e| format!("bad agent address {address:?}: {e}"))?
-            .connect_timeout(Duration::from_secs(5));
-        let client = AgentClient::new(ep.connect_lazy());
+        let channel = ckpt_auth::transport::channel(address, dial, AGENT_CONNECT_TIMEOUT)
+            .map_err(|e| format!("bad agent address {address:?}: {e}"))?;
+        let client = AgentClient::new(channel);
         self.map.write().expect("agents lock").insert(
             node.to_string(),
             Entry {

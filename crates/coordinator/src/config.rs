@@ -26,6 +26,10 @@ pub struct CoordinatorConfig {
     pub flush: Flush,
     /// Extra copies in node-local storage.
     pub redundancy: Redundancy,
+    /// The cluster credential (`ca.pem`, `ckptd.pem`, `ckptd.key`) made by `ckptd ca init`.
+    /// Agents and ckptd authenticate each other with it on every connection. A standalone
+    /// ckptd without one opens no TCP port at all.
+    pub tls_dir: PathBuf,
     /// The embedded agent's settings, used with `--standalone`.
     pub agent: AgentConfig,
 }
@@ -142,6 +146,7 @@ impl Default for CoordinatorConfig {
             retention: Retention::default(),
             flush: Flush::default(),
             redundancy: Redundancy::default(),
+            tls_dir: ckpt_auth::ca::DEFAULT_DIR.into(),
             agent,
         }
     }

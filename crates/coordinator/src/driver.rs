@@ -175,12 +175,19 @@ pub struct Coordinator {
     /// Epochs to abort on a node when its agent registers: found in progress at start-up, or
     /// whose abort could not reach the node.
     orphaned: std::sync::Mutex<Vec<(String, u64, u32)>>,
+    /// The coordinator's cluster credential: agents are called over TLS with it. None for a
+    /// standalone ckptd without one, which reaches only its embedded agent (local socket).
+    credential: Option<ckpt_auth::tls::Credential>,
 }
 
 impl Coordinator {
     /// A coordinator over an opened registry. Epochs left in progress by an earlier ckptd are
     /// marked failed, and their nodes are told to abort them when they register.
-    pub fn new(registry: Registry, cfg: CoordinatorConfig) -> Result<Arc<Self>, DriveError> {
+    pub fn new(
+        registry: Registry,
+        cfg: CoordinatorConfig,
+        credential: Option<ckpt_auth::tls::Credential>,
+    ) -> Result<Arc<Self>, DriveError> {
         let mut orphaned = Vec::new();
         let flushes = crate::flush::Flushes::default();
         for mut job in registry.jobs()? {
@@ -226,6 +233,7 @@ impl Coordinator {
             cfg,
             state: Mutex::new(()),
             orphaned: std::sync::Mutex::new(orphaned),
+            credential,
             flushes,
         }))
     }
@@ -238,8 +246,15 @@ impl Coordinator {
         host_addresses: Vec<String>,
         shared_dir: String,
     ) -> Result<(), String> {
+        let dial = match (&self.credential, address.starts_with("unix:")) {
+            (_, true) | (None, false) => ckpt_auth::transport::Dial::LocalOnly,
+            (Some(c), false) => ckpt_auth::transport::Dial::Tls(
+                c.client_config(ckpt_auth::Identity::Node(node.to_string()))
+                    .map_err(|e| e.to_string())?,
+            ),
+        };
         self.agents
-            .register(node, address, host_addresses, shared_dir)?;
+            .register(node, address, host_addresses, shared_dir, dial)?;
         info!(node, address, "agent registered");
         self.resume_waiting_flushes();
         let pending: Vec<(String, u64, u32)> = {
@@ -366,7 +381,6 @@ impl Coordinator {
             spec.node.clone()
         };
         let mut client = self.agents.client(&node)?;
-        let groups = caller.pid.map(supplementary_groups).unwrap_or_default();
         let (id, name, token) = {
             let _g = self.state.lock().await;
             let id = self.registry.next_job_id()?;
@@ -406,7 +420,8 @@ impl Coordinator {
             env: spec.env,
             uid: caller.uid,
             gid: caller.gid,
-            groups,
+            // The agent takes the groups (and the primary group) from its node's user database.
+            groups: Vec::new(),
             token,
             part: 0,
         };
@@ -1176,7 +1191,7 @@ impl Coordinator {
     }
 
     fn check_token(job: &Job, token: &str) -> Result<(), DriveError> {
-        if job.token.is_empty() || job.token != token {
+        if !ckpt_auth::token_eq(&job.token, token) {
             return Err(DriveError::Denied(format!(
                 "wrong secret for job {}: ckpt-rsh must run inside the job (CKPT_JOB_TOKEN)",
                 job.id
@@ -1190,8 +1205,14 @@ impl Coordinator {
     /// would give it. Returns the node and its agent's address.
     #[instrument(skip_all, fields(job = req.job_id, host = %req.host))]
     pub async fn attach(&self, req: pb::AttachRequest) -> Result<pb::AttachReply, DriveError> {
-        let node = self.resolve_host(&req.host).await?;
         let id = req.job_id;
+        // The token first: a caller without it learns nothing of the cluster's nodes.
+        let job = self
+            .registry
+            .job(id)?
+            .ok_or(DriveError::UnknownJob { job: id })?;
+        Self::check_token(&job, &req.token)?;
+        let node = self.resolve_host(&req.host).await?;
         let (job, part) = {
             let _g = self.state.lock().await;
             let mut job = self
@@ -1312,7 +1333,11 @@ impl Coordinator {
         let client = self.agents.client(&node)?;
         let d = &self.cfg.deadlines;
         let signal = |signal| {
-            let req = pb::SignalRequest { job_id: id, signal };
+            let req = pb::SignalRequest {
+                job_id: id,
+                signal,
+                ..Default::default()
+            };
             let mut c = client.clone();
             let node = node.clone();
             async move { call(&node, "cancel", d.resume, c.signal(req)).await }
@@ -1336,6 +1361,7 @@ impl Coordinator {
                 let req = pb::SignalRequest {
                     job_id: id,
                     signal: libc::SIGKILL,
+                    ..Default::default()
                 };
                 async move { c.signal(req).await }
             })
@@ -1410,20 +1436,6 @@ fn new_token() -> String {
 /// SIGTERM grace period of `cancel`, in 100 ms steps: MPI launchers forward SIGTERM to ranks
 /// and need a moment to tear down.
 const CANCEL_GRACE_STEPS: u32 = 50;
-
-/// Supplementary groups of a process (from /proc/<pid>/status).
-fn supplementary_groups(pid: i32) -> Vec<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| l.strip_prefix("Groups:")).map(|g| {
-                g.split_whitespace()
-                    .filter_map(|x| x.parse().ok())
-                    .collect()
-            })
-        })
-        .unwrap_or_default()
-}
 
 /// What the post-checkpoint InfiniBand coordination did.
 struct ChannelsRebuilt {

@@ -555,7 +555,7 @@ mod tests {
         let mut cfg = CoordinatorConfig::default();
         cfg.retention.keep_local = 2;
         cfg.retention.keep_shared = 2;
-        let c = Coordinator::new(reg, cfg).unwrap();
+        let c = Coordinator::new(reg, cfg, None).unwrap();
         let pruned = c.apply_retention(1).unwrap();
         let es: BTreeMap<u32, Epoch> = c
             .registry

@@ -407,10 +407,28 @@ impl pb::registry_server::Registry for RegistryHandler {
         &self,
         req: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterReply>, Status> {
-        let r = req.into_inner();
-        if r.node.is_empty() {
-            return Err(Status::invalid_argument("node name is empty"));
+        // A node's name is bound to its credential: only n2's agent registers as n2, and only
+        // root on this machine (the standalone daemon's own agent) on a local socket address.
+        let peer = ckpt_auth::peer_of(&req);
+        let r = req.get_ref();
+        if !ckpt_auth::valid_node_name(&r.node) {
+            return Err(Status::invalid_argument(format!(
+                "{:?} is not a valid node name: use letters, digits, '.', '_' and '-' (at most 64)",
+                r.node
+            )));
         }
+        if !peer.is_node(&r.node) {
+            let allowed = format!("the agent holding node {}'s credential", r.node);
+            return Err(ckpt_auth::refuse(&req, "Registry.Register", &allowed));
+        }
+        if r.address.starts_with("unix:") && peer != ckpt_auth::Peer::LocalRoot {
+            return Err(ckpt_auth::refuse(
+                &req,
+                "Registry.Register with a local socket address",
+                "root on this machine",
+            ));
+        }
+        let r = req.into_inner();
         self.coord
             .register_agent(&r.node, &r.address, r.host_addresses, r.shared_dir)
             .await
@@ -424,6 +442,10 @@ impl pb::registry_server::Registry for RegistryHandler {
         &self,
         req: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatReply>, Status> {
+        if !ckpt_auth::peer_of(&req).is_node(&req.get_ref().node) {
+            let allowed = format!("the agent holding node {}'s credential", req.get_ref().node);
+            return Err(ckpt_auth::refuse(&req, "Registry.Heartbeat", &allowed));
+        }
         let r = req.into_inner();
         if self.coord.heartbeat(&r.node, r.jobs).await {
             Ok(Response::new(pb::HeartbeatReply {}))

@@ -1,5 +1,9 @@
 //! The job registry and epoch history, in an embedded redb database, so that a restarted ckptd
 //! loses nothing. Values are JSON of [`Job`] and [`Epoch`]; every write is one transaction.
+//!
+//! The database holds every job's secret and command line: it is root's alone (0600), also when
+//! an older ckptd created it with other modes.
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -42,15 +46,34 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// Opens (or creates) the database.
+    /// Opens (or creates) the database, 0600.
     pub fn open(path: &Path) -> Result<Self, RegistryError> {
-        if let Some(parent) = path.parent() {
-            let _ = std::fs::create_dir_all(parent);
-        }
-        let db = Database::create(path).map_err(|e| RegistryError::Db {
+        let db_err = |e: &dyn std::fmt::Display| RegistryError::Db {
             path: path.into(),
             message: e.to_string(),
-        })?;
+        };
+        if let Some(parent) = path.parent() {
+            // Missing parents like /var/lib's: other daemons' directories may live beside it.
+            let _ = std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(parent);
+        }
+        // Created (or narrowed) 0600 before redb opens it: never readable by others, not even
+        // for a moment.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(|e| db_err(&e))?;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| db_err(&e))?;
+        drop(file);
+        let db = Database::create(path).map_err(|e| db_err(&e))?;
         let r = Registry {
             db,
             path: path.into(),
@@ -233,5 +256,18 @@ mod tests {
         assert_eq!(es[0].phase(), Some(Phase::Sync));
         assert!(r.job(9).unwrap().is_none());
         assert!(r.epoch(1, 9).unwrap().is_none());
+    }
+
+    #[test]
+    fn database_is_private_also_when_an_older_ckptd_made_it_readable() {
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("sub/ckptd.redb");
+        drop(Registry::open(&p).unwrap());
+        assert_eq!(std::fs::metadata(&p).unwrap().mode() & 0o777, 0o600);
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let r = Registry::open(&p).unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().mode() & 0o777, 0o600);
+        assert_eq!(r.next_job_id().unwrap(), 1, "the database still opens");
     }
 }

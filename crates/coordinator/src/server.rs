@@ -29,15 +29,16 @@ pub fn bind_control_socket(path: &Path) -> std::io::Result<UnixListener> {
     Ok(l)
 }
 
-/// Serves the Registry service on `agents` and the Control service on `control` until
-/// `shutdown` resolves.
+/// Serves the Registry service to agents on `agents` (TLS with the coordinator's credential;
+/// none for a standalone ckptd without one), and the Control service on the Unix socket
+/// `control` — together with the Registry service, which a standalone ckptd's own agent and the
+/// `ckpt-rsh` of its jobs reach there — until `shutdown` resolves.
 pub async fn run(
     coord: Arc<Coordinator>,
-    agents: TcpListener,
+    agents: Option<(TcpListener, Arc<rustls::ServerConfig>)>,
     control: UnixListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
-    info!(agents = %agents.local_addr().map(|a| a.to_string()).unwrap_or_default(), "ckptd listening");
     let (tx, rx) = watch::channel(false);
     let mut rx2 = rx.clone();
     let mut rx1 = rx;
@@ -45,16 +46,26 @@ pub async fn run(
         shutdown.await;
         let _ = tx.send(true);
     });
-    let reg = tonic::transport::Server::builder()
-        .add_service(RegistryServer::new(RegistryHandler::new(coord.clone())))
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(agents),
-            async move {
-                let _ = rx1.wait_for(|v| *v).await;
-            },
-        );
+    let reg_coord = coord.clone();
+    let reg = async move {
+        let Some((agents, tls)) = agents else {
+            info!("no cluster credential: serving this machine only, on local sockets");
+            return Ok(());
+        };
+        info!(agents = %agents.local_addr().map(|a| a.to_string()).unwrap_or_default(), "ckptd listening (TLS)");
+        tonic::transport::Server::builder()
+            .add_service(RegistryServer::new(RegistryHandler::new(reg_coord)))
+            .serve_with_incoming_shutdown(
+                ckpt_auth::transport::tls_incoming(agents, tls),
+                async move {
+                    let _ = rx1.wait_for(|v| *v).await;
+                },
+            )
+            .await
+    };
     let ctl = tonic::transport::Server::builder()
-        .add_service(ControlServer::new(ControlHandler::new(coord)))
+        .add_service(ControlServer::new(ControlHandler::new(coord.clone())))
+        .add_service(RegistryServer::new(RegistryHandler::new(coord)))
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::UnixListenerStream::new(control),
             async move {

@@ -35,6 +35,12 @@ pub const SOCKET_ENV: &str = "CKPT_IBQ_SOCKET";
 /// How often a quiesced channel looks for its rebuild flag.
 const FLAG_POLL: Duration = Duration::from_millis(5);
 
+/// How long the control thread waits before connecting again after the agent closed a
+/// connection before any command: the agent refused it (one of its connection caps, or a line
+/// over [`MAX_LINE`]). Without it a quiesced channel, whose flag stays raised, would reconnect
+/// in a tight loop; 100 ms is still well inside the agent's rebuild deadline.
+const REFUSED_RETRY: Duration = Duration::from_millis(100);
+
 /// What a channel tells the agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "msg", rename_all = "snake_case")]
@@ -114,6 +120,139 @@ pub fn flag_dir(socket: &Path) -> PathBuf {
 /// The rebuild flag of the channel in process `pid`.
 pub fn flag_path(socket: &Path, pid: i32) -> PathBuf {
     flag_dir(socket).join(pid.to_string())
+}
+
+/// The longest line either side reads, except the two that carry endpoints (see
+/// [`MAX_ENDPOINTS_LINE`]). A hello, a command or any other answer is a few hundred bytes;
+/// 64 KiB leaves room for a long error message, and bounds what a peer that never sends a
+/// newline makes the reader hold.
+pub const MAX_LINE: usize = 64 * 1024;
+
+/// The longest `rebuilt` answer (read by the agent) and `reconnect` command (read by the
+/// channel). They carry one endpoint per QP, and an endpoint grows with the channel's MRs:
+/// about 250 bytes plus 25 per MR (`IBQ_ENDPOINT_MAX`, 4 KiB, holds one with 160 MRs). 16 MiB
+/// carries 4096 such endpoints, a rank with an RC QP to each of 4096 peers, which [`MAX_LINE`]
+/// could not (it holds 16). Each side accepts a line this long only where the protocol puts
+/// one: the agent in answer to its own `rebuild`, the channel right after it answered
+/// `rebuilt`.
+pub const MAX_ENDPOINTS_LINE: usize = 16 << 20;
+
+impl ToChannel {
+    /// The longest answer line the agent reads to this command.
+    pub fn answer_cap(&self) -> usize {
+        match self {
+            ToChannel::Rebuild => MAX_ENDPOINTS_LINE,
+            _ => MAX_LINE,
+        }
+    }
+
+    /// Decodes one control line (without its newline).
+    pub fn decode(line: &[u8]) -> std::result::Result<Self, DecodeError> {
+        decode(line)
+    }
+}
+
+impl ToAgent {
+    /// Decodes one control line (without its newline).
+    pub fn decode(line: &[u8]) -> std::result::Result<Self, DecodeError> {
+        decode(line)
+    }
+}
+
+/// A control line that is no message of the protocol.
+#[derive(Debug, thiserror::Error)]
+#[error("unreadable line {excerpt}: {source}")]
+pub struct DecodeError {
+    /// The line's start, escaped (a line can be as long as the cap).
+    pub excerpt: String,
+    /// What the JSON decoder said.
+    #[source]
+    pub source: serde_json::Error,
+}
+
+fn decode<T: serde::de::DeserializeOwned>(line: &[u8]) -> std::result::Result<T, DecodeError> {
+    serde_json::from_slice(line).map_err(|source| DecodeError {
+        excerpt: excerpt(line),
+        source,
+    })
+}
+
+/// The start of `line`, escaped, for messages and logs.
+pub fn excerpt(line: &[u8]) -> String {
+    const SHOWN: usize = 120;
+    let text = String::from_utf8_lossy(&line[..line.len().min(SHOWN)]);
+    if line.len() > SHOWN {
+        format!("{text:?}... ({} bytes)", line.len())
+    } else {
+        format!("{text:?}")
+    }
+}
+
+/// A line longer than the reader's cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a line longer than the {cap}-byte cap")]
+pub struct LineTooLong {
+    /// The cap.
+    pub cap: usize,
+}
+
+/// The part of a line read so far. It never holds more than the cap it is fed with: a line
+/// that would grow past it is an error, and the part is dropped.
+#[derive(Debug, Default)]
+pub struct LineBuf {
+    part: Vec<u8>,
+}
+
+impl LineBuf {
+    /// Takes bytes from `avail` up to and including the next newline. Returns how many it took
+    /// and, if the newline was among them, the whole line without it.
+    pub fn feed(
+        &mut self,
+        avail: &[u8],
+        cap: usize,
+    ) -> std::result::Result<(usize, Option<Vec<u8>>), LineTooLong> {
+        let (take, end) = match avail.iter().position(|&b| b == b'\n') {
+            Some(i) => (i, true),
+            None => (avail.len(), false),
+        };
+        if self.part.len() + take > cap {
+            self.part = Vec::new();
+            return Err(LineTooLong { cap });
+        }
+        self.part.extend_from_slice(&avail[..take]);
+        if end {
+            Ok((take + 1, Some(std::mem::take(&mut self.part))))
+        } else {
+            Ok((take, None))
+        }
+    }
+}
+
+/// Reads the next line of at most `cap` bytes, without its newline; `None` at the end of the
+/// stream (an unterminated last line is dropped: its writer died mid-message). A longer line
+/// is an `InvalidData` error carrying [`LineTooLong`].
+pub fn read_line(
+    r: &mut impl BufRead,
+    part: &mut LineBuf,
+    cap: usize,
+) -> std::io::Result<Option<Vec<u8>>> {
+    loop {
+        let avail = match r.fill_buf() {
+            Ok(a) => a,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if avail.is_empty() {
+            return Ok(None);
+        }
+        let (used, line) = part
+            .feed(avail, cap)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        r.consume(used);
+        if line.is_some() {
+            return Ok(line);
+        }
+    }
 }
 
 /// A verbs device this process still maps or holds open, if any.
@@ -384,11 +523,16 @@ fn control_loop<V: Verbs + 'static>(shared: &Shared<V>, socket: &Path) {
         let Ok(reader) = stream.try_clone() else {
             continue;
         };
-        for line in BufReader::new(reader).lines() {
-            let Ok(line) = line else { break };
-            let reply = match serde_json::from_str::<ToChannel>(&line) {
+        let mut reader = BufReader::new(reader);
+        let mut part = LineBuf::default();
+        let mut cap = MAX_LINE;
+        let mut commands = 0u64;
+        // A line over the cap closes the connection like the end of the stream does.
+        while let Ok(Some(line)) = read_line(&mut reader, &mut part, cap) {
+            commands += 1;
+            let reply = match ToChannel::decode(&line) {
                 Err(e) => ToAgent::Failed {
-                    error: format!("unreadable command {line:?}: {e}"),
+                    error: format!("unreadable command: {e}"),
                 },
                 Ok(ToChannel::Quiesce { timeout_ms }) => {
                     let t = Instant::now();
@@ -446,6 +590,12 @@ fn control_loop<V: Verbs + 'static>(shared: &Shared<V>, socket: &Path) {
                     }
                 }
             };
+            // Only the command that follows a `rebuilt` answer carries endpoints.
+            cap = if matches!(reply, ToAgent::Rebuilt { .. }) {
+                MAX_ENDPOINTS_LINE
+            } else {
+                MAX_LINE
+            };
             if send(&mut stream, &reply).is_err() {
                 break;
             }
@@ -454,6 +604,8 @@ fn control_loop<V: Verbs + 'static>(shared: &Shared<V>, socket: &Path) {
         if !down {
             // The agent went away (restarted): say hello to the next one.
             std::thread::sleep(Duration::from_secs(1));
+        } else if commands == 0 {
+            std::thread::sleep(REFUSED_RETRY);
         }
     }
 }
@@ -667,5 +819,243 @@ mod tests {
             }],
         };
         a.shared.call(|c| c.post_recv(a.qp, &wr)).unwrap();
+    }
+
+    /// A command line longer than [`MAX_LINE`] closes the connection; the control thread then
+    /// says hello to the agent again.
+    #[test]
+    fn an_over_long_command_closes_the_connection_and_the_channel_says_hello_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("control.sock");
+        let listener = UnixListener::bind(&socket).unwrap();
+        std::fs::create_dir_all(flag_dir(&socket)).unwrap();
+        let (_f, a, _b) = pair();
+        start_at(&a.shared, socket).unwrap();
+        let (mut s, _) = listener.accept().unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        assert!(matches!(
+            line::<ToAgent>(&mut r),
+            Some(ToAgent::Hello { .. })
+        ));
+        let mut long = vec![b' '; MAX_LINE + 1];
+        long.push(b'\n');
+        // The channel may close while this is still being written.
+        let _ = s.write_all(&long);
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut rest = Vec::new();
+        assert_eq!(
+            std::io::Read::read_to_end(&mut r, &mut rest).unwrap(),
+            0,
+            "closed without an answer"
+        );
+        let (s, _) = listener.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut r = BufReader::new(s);
+        assert!(matches!(
+            line::<ToAgent>(&mut r),
+            Some(ToAgent::Hello { down: false, .. })
+        ));
+    }
+
+    #[test]
+    fn a_line_over_the_cap_is_an_error_and_one_at_the_cap_is_not() {
+        let mut input = vec![b'a'; 10];
+        input.push(b'\n');
+        input.extend_from_slice(&[b'b'; 11]);
+        input.push(b'\n');
+        let mut r = BufReader::with_capacity(4, &input[..]);
+        let mut part = LineBuf::default();
+        assert_eq!(
+            read_line(&mut r, &mut part, 10).unwrap(),
+            Some(vec![b'a'; 10])
+        );
+        let e = read_line(&mut r, &mut part, 10).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains("10-byte cap"), "{e}");
+    }
+
+    /// One valid line of every message each side decodes.
+    fn samples() -> Vec<Vec<u8>> {
+        let endpoint = Endpoint {
+            id: (7, 0x710000),
+            rkeys: vec![(0x7100_0000, 42), (0x7100_0001, 43)],
+            ..Endpoint::default()
+        };
+        let agent = [
+            ToAgent::Hello {
+                pid: 1,
+                channel: 7,
+                down: true,
+                qps: 2,
+                mrs: 3,
+            },
+            ToAgent::Quiesced {
+                report: QuiesceReport::default(),
+                micros: 5,
+            },
+            ToAgent::Rebuilt {
+                endpoints: vec![endpoint.clone()],
+                peers: Some(vec![(8, 0x710001)]),
+                micros: 6,
+            },
+            ToAgent::Reconnected { micros: 7 },
+            ToAgent::Resumed,
+            ToAgent::Failed { error: "x".into() },
+        ];
+        let channel = [
+            ToChannel::Quiesce { timeout_ms: 100 },
+            ToChannel::Resume,
+            ToChannel::Rebuild,
+            ToChannel::Reconnect {
+                endpoints: vec![endpoint],
+            },
+        ];
+        agent
+            .iter()
+            .map(|m| serde_json::to_vec(m).unwrap())
+            .chain(channel.iter().map(|c| serde_json::to_vec(c).unwrap()))
+            .collect()
+    }
+
+    /// A change to a line: overwrite, insert or remove a byte at a position (modulo the length).
+    #[derive(Debug, Clone)]
+    enum Mutation {
+        Set(usize, u8),
+        Insert(usize, u8),
+        Remove(usize),
+        Truncate(usize),
+    }
+
+    fn mutation() -> impl proptest::strategy::Strategy<Value = Mutation> {
+        use proptest::prelude::*;
+        let byte = prop_oneof![
+            Just(b'{'),
+            Just(b'}'),
+            Just(b'['),
+            Just(b'"'),
+            Just(b':'),
+            Just(b'-'),
+            Just(b'9'),
+            Just(0xff),
+            any::<u8>()
+        ];
+        prop_oneof![
+            (any::<usize>(), byte.clone()).prop_map(|(i, b)| Mutation::Set(i, b)),
+            (any::<usize>(), byte).prop_map(|(i, b)| Mutation::Insert(i, b)),
+            any::<usize>().prop_map(Mutation::Remove),
+            any::<usize>().prop_map(Mutation::Truncate),
+        ]
+    }
+
+    fn mutate(mut line: Vec<u8>, ms: &[Mutation]) -> Vec<u8> {
+        for m in ms {
+            let n = line.len().max(1);
+            match *m {
+                Mutation::Set(i, b) if !line.is_empty() => line[i % n] = b,
+                Mutation::Insert(i, b) => line.insert(i % (line.len() + 1), b),
+                Mutation::Remove(i) if !line.is_empty() => {
+                    line.remove(i % n);
+                }
+                Mutation::Truncate(i) => line.truncate(i % n),
+                _ => {}
+            }
+        }
+        line
+    }
+
+    /// Both decoders on any line: an error or a message, never a panic; a message decoded is
+    /// encoded back to the same message.
+    fn decode_both(line: &[u8]) {
+        if let Ok(m) = ToAgent::decode(line) {
+            assert_eq!(
+                ToAgent::decode(&serde_json::to_vec(&m).unwrap()).unwrap(),
+                m
+            );
+        }
+        if let Ok(c) = ToChannel::decode(line) {
+            assert_eq!(
+                ToChannel::decode(&serde_json::to_vec(&c).unwrap()).unwrap(),
+                c
+            );
+        }
+        if let Err(e) = ToAgent::decode(line) {
+            assert!(
+                e.to_string().len() < 600,
+                "the message quotes a bounded excerpt"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn the_decoders_never_panic_on_random_lines(
+            line in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2048),
+        ) {
+            decode_both(&line);
+        }
+
+        #[test]
+        fn the_decoders_never_panic_on_mutated_messages(
+            which in 0usize..10,
+            ms in proptest::collection::vec(mutation(), 1..8),
+        ) {
+            let line = samples()[which].clone();
+            decode_both(&mutate(line, &ms));
+        }
+
+        #[test]
+        fn the_decoders_never_panic_on_deep_nesting(depth in 0usize..20_000, open in 0u8..3) {
+            let c = [b'[', b'{', b'"'][open as usize];
+            let mut line = b"{\"msg\":".to_vec();
+            line.extend(std::iter::repeat_n(c, depth));
+            decode_both(&line);
+        }
+
+        /// The channel's line reader, fed any bytes, returns exactly the lines within the cap
+        /// and stops at the first longer one.
+        #[test]
+        fn the_channels_line_reader_splits_any_input_within_the_cap(
+            input in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::strategy::Just(b'\n'),
+                    proptest::prelude::any::<u8>()
+                ],
+                0..4096,
+            ),
+            cap in 0usize..512,
+            chunk in 1usize..64,
+        ) {
+            let mut want = Vec::new();
+            let mut too_long = false;
+            let mut segments: Vec<&[u8]> = input.split(|&b| b == b'\n').collect();
+            let last = segments.pop().unwrap_or_default();
+            for seg in segments {
+                if seg.len() > cap {
+                    too_long = true;
+                    break;
+                }
+                want.push(seg.to_vec());
+            }
+            too_long |= !too_long && last.len() > cap;
+            let mut r = BufReader::with_capacity(chunk, &input[..]);
+            let mut part = LineBuf::default();
+            let mut got = Vec::new();
+            let ended_long = loop {
+                match read_line(&mut r, &mut part, cap) {
+                    Ok(Some(l)) => {
+                        decode_both(&l);
+                        got.push(l);
+                    }
+                    Ok(None) => break false,
+                    Err(e) => {
+                        proptest::prop_assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+                        break true;
+                    }
+                }
+            };
+            proptest::prop_assert_eq!((got, ended_long), (want, too_long));
+        }
     }
 }

@@ -67,6 +67,15 @@ pub struct AgentConfig {
     pub cgroup: CgroupConfig,
     /// How MPI launchers in jobs reach other nodes.
     pub launcher: LauncherConfig,
+    /// Run jobs (and parts of jobs, and restores) as root (uid 0). Off by default: a job runs
+    /// with its owner's uid, and root's jobs have no business on a compute node.
+    pub allow_root_jobs: bool,
+    /// This node's cluster credential (`ca.pem`, `node.pem`, `node.key`), installed by
+    /// `ckpt-agent enroll`. Its certificate names the node: it must name `node_name`.
+    pub tls_dir: PathBuf,
+    /// Lowest uid other than root that jobs may run as: uids below it are system accounts
+    /// (daemon, bin, ...), as in `/etc/login.defs`' `UID_MIN`.
+    pub min_uid: u32,
 }
 
 /// How this node copies images to shared storage.
@@ -175,6 +184,9 @@ impl Default for AgentConfig {
             criu: CriuConfig::default(),
             cgroup: CgroupConfig::default(),
             launcher: LauncherConfig::default(),
+            allow_root_jobs: false,
+            tls_dir: ckpt_auth::ca::DEFAULT_DIR.into(),
+            min_uid: 1000,
         }
     }
 }
@@ -340,6 +352,15 @@ mod tests {
         assert_eq!(c.heartbeat_interval, Duration::from_millis(250));
         assert_eq!(c.criu.path, "/usr/sbin/criu");
         assert_eq!(c.criu.network_lock, "nftables");
+        assert!(!c.allow_root_jobs, "root jobs are refused unless allowed");
+        assert_eq!(c.min_uid, 1000);
+        let c = AgentConfig::from_toml(
+            Path::new("a.toml"),
+            "allow_root_jobs = true\nmin_uid = 500\n",
+        )
+        .unwrap();
+        assert!(c.allow_root_jobs);
+        assert_eq!(c.min_uid, 500);
     }
 
     #[test]

@@ -221,4 +221,60 @@ pub enum AgentError {
         /// Job id.
         job: u64,
     },
+    /// A job (a launch, an attached part or a restore) would run as root, which this node
+    /// does not allow.
+    #[error("job {job}: node {node} refuses to run jobs as root (uid 0); run the job as an ordinary user, or set `allow_root_jobs = true` in the agent config")]
+    RootRefused {
+        /// Job id.
+        job: u64,
+        /// This node.
+        node: String,
+    },
+    /// A job would run as a system account.
+    #[error("job {job}: node {node} refuses to run jobs as uid {uid}: uids below {min_uid} are system accounts; run the job as an ordinary user, or lower `min_uid` in the agent config")]
+    UidBelowMinimum {
+        /// Job id.
+        job: u64,
+        /// This node.
+        node: String,
+        /// The job's uid.
+        uid: u32,
+        /// The configured `min_uid`.
+        min_uid: u32,
+    },
+    /// The job's uid has no passwd entry on this node, so its groups are unknown.
+    #[error("job {job}: uid {uid} has no passwd entry on node {node} (its groups come from there); add the user to this node (or its directory service)")]
+    UnknownUser {
+        /// Job id.
+        job: u64,
+        /// This node.
+        node: String,
+        /// The job's uid.
+        uid: u32,
+    },
+    /// A checkpoint does not say whose job it is, and this node has no record of it.
+    #[error("job {job} epoch {epoch}: the checkpoint does not record the job's owner (it was taken by an older agent) and node {node} has no record of the job; restart from a newer epoch")]
+    OwnerUnknown {
+        /// Job id.
+        job: u64,
+        /// Epoch.
+        epoch: u32,
+        /// This node.
+        node: String,
+    },
+    /// A file of the job that a checkpoint saves or a restore puts back is not what it was
+    /// (a symbolic link now, or another user's file): root does not touch it.
+    #[error("job {job}: cannot {action} {path} as uid {uid}: {problem}")]
+    FileRefused {
+        /// Job id.
+        job: u64,
+        /// "save" (checkpoint) or "put back" (restore).
+        action: &'static str,
+        /// The file.
+        path: String,
+        /// The job's owner.
+        uid: u32,
+        /// What is wrong, and what to do.
+        problem: String,
+    },
 }

@@ -37,6 +37,11 @@ pub fn to_status(e: AgentError) -> Status {
         | AgentError::AddressMissing { .. }
         | AgentError::OutsideTree { .. } => Status::failed_precondition(msg),
         AgentError::BadToken { .. } => Status::permission_denied(msg),
+        AgentError::RootRefused { .. }
+        | AgentError::UidBelowMinimum { .. }
+        | AgentError::UnknownUser { .. }
+        | AgentError::OwnerUnknown { .. }
+        | AgentError::FileRefused { .. } => Status::permission_denied(msg),
         AgentError::NoRoom { .. } => Status::resource_exhausted(msg),
         AgentError::Store { .. }
         | AgentError::ManifestMismatch { .. }
@@ -68,12 +73,25 @@ fn took(d: std::time::Duration) -> Response<pb::PhaseReply> {
     })
 }
 
+/// Refuses a call from anyone but the coordinator (or root over the standalone daemon's local
+/// socket). Every call of this service is the coordinator's except the three below: `Poll`
+/// (a job's `ckpt-rsh`, with the job's token), `Receive` and `Send` (the agents of the
+/// cluster, each for its own images).
+fn from_coordinator<T>(req: &Request<T>, call: &str) -> Result<(), Status> {
+    if ckpt_auth::peer_of(req).is_coordinator() {
+        Ok(())
+    } else {
+        Err(ckpt_auth::refuse(req, call, "the coordinator"))
+    }
+}
+
 #[tonic::async_trait]
 impl Agent for AgentHandler {
     async fn launch(
         &self,
         req: Request<pb::LaunchRequest>,
     ) -> Result<Response<pb::LaunchReply>, Status> {
+        from_coordinator(&req, "Agent.Launch")?;
         let r = req.into_inner();
         let spec = LaunchSpec {
             job: r.job_id,
@@ -98,6 +116,7 @@ impl Agent for AgentHandler {
         &self,
         req: Request<pb::PhaseRequest>,
     ) -> Result<Response<pb::PrepareReply>, Status> {
+        from_coordinator(&req, "Agent.Prepare")?;
         let r = req.into_inner();
         let p = self
             .jobs
@@ -116,6 +135,7 @@ impl Agent for AgentHandler {
         &self,
         req: Request<pb::PhaseRequest>,
     ) -> Result<Response<pb::PhaseReply>, Status> {
+        from_coordinator(&req, "Agent.Quiesce")?;
         let r = req.into_inner();
         let d = self
             .jobs
@@ -129,6 +149,7 @@ impl Agent for AgentHandler {
         &self,
         req: Request<pb::PhaseRequest>,
     ) -> Result<Response<pb::DumpReply>, Status> {
+        from_coordinator(&req, "Agent.Dump")?;
         let r = req.into_inner();
         let (d, frozen) = self.jobs.dump(r.job_id, r.epoch).await.map_err(to_status)?;
         Ok(Response::new(pb::DumpReply {
@@ -141,6 +162,7 @@ impl Agent for AgentHandler {
         &self,
         req: Request<pb::ResumeRequest>,
     ) -> Result<Response<pb::PhaseReply>, Status> {
+        from_coordinator(&req, "Agent.Resume")?;
         let r = req.into_inner();
         let (d, frozen) = self
             .jobs
@@ -157,6 +179,7 @@ impl Agent for AgentHandler {
         &self,
         req: Request<pb::PhaseRequest>,
     ) -> Result<Response<pb::FinalizeReply>, Status> {
+        from_coordinator(&req, "Agent.Finalize")?;
         let r = req.into_inner();
         let f = self
             .jobs
@@ -174,6 +197,7 @@ impl Agent for AgentHandler {
         &self,
         req: Request<pb::AbortRequest>,
     ) -> Result<Response<pb::PhaseReply>, Status> {
+        from_coordinator(&req, "Agent.Abort")?;
         let r = req.into_inner();
         self.jobs
             .abort(r.job_id, r.epoch, &r.reason)
@@ -186,6 +210,7 @@ impl Agent for AgentHandler {
         &self,
         req: Request<pb::RestoreRequest>,
     ) -> Result<Response<pb::RestoreReply>, Status> {
+        from_coordinator(&req, "Agent.Restore")?;
         let r = req.into_inner();
         let begin = std::time::Instant::now();
         let done = self
@@ -218,6 +243,7 @@ impl Agent for AgentHandler {
         &self,
         req: Request<pb::PhaseRequest>,
     ) -> Result<Response<pb::RebuildReply>, Status> {
+        from_coordinator(&req, "Agent.Rebuild")?;
         let r = req.into_inner();
         let begin = std::time::Instant::now();
         let (eps, wants) = self
@@ -242,6 +268,7 @@ impl Agent for AgentHandler {
         &self,
         req: Request<pb::ReconnectRequest>,
     ) -> Result<Response<pb::PhaseReply>, Status> {
+        from_coordinator(&req, "Agent.Reconnect")?;
         let r = req.into_inner();
         let begin = std::time::Instant::now();
         let eps = r
@@ -261,6 +288,15 @@ impl Agent for AgentHandler {
         &self,
         req: Request<pb::SignalRequest>,
     ) -> Result<Response<pb::PhaseReply>, Status> {
+        // The coordinator, or a job's ckpt-rsh forwarding a signal to its remote part (with
+        // the job's token).
+        if !ckpt_auth::peer_of(&req).is_coordinator() {
+            let r = req.get_ref();
+            if let Err(e) = self.jobs.check_token(r.job_id, &r.token).await {
+                tracing::warn!(job = r.job_id, peer = %ckpt_auth::peer_of(&req), "refused a signal without the job's token");
+                return Err(to_status(e));
+            }
+        }
         let r = req.into_inner();
         self.jobs
             .signal(r.job_id, r.signal)
@@ -273,6 +309,7 @@ impl Agent for AgentHandler {
         &self,
         req: Request<pb::InspectRequest>,
     ) -> Result<Response<pb::NodeJobInfo>, Status> {
+        from_coordinator(&req, "Agent.Inspect")?;
         let r = req.into_inner();
         let (observed, part, procs) = self.jobs.processes(r.job_id).await.map_err(to_status)?;
         Ok(Response::new(pb::NodeJobInfo {
@@ -295,6 +332,7 @@ impl Agent for AgentHandler {
         &self,
         req: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::PhaseReply>, Status> {
+        from_coordinator(&req, "Agent.Release")?;
         let r = req.into_inner();
         let begin = std::time::Instant::now();
         self.jobs
@@ -308,6 +346,7 @@ impl Agent for AgentHandler {
         &self,
         req: Request<pb::RestoreRequest>,
     ) -> Result<Response<pb::NodeVerify>, Status> {
+        from_coordinator(&req, "Agent.Verify")?;
         let r = req.into_inner();
         let begin = std::time::Instant::now();
         let node = self.jobs.node().to_string();
@@ -366,6 +405,7 @@ impl Agent for AgentHandler {
         &self,
         req: Request<pb::PruneRequest>,
     ) -> Result<Response<pb::PhaseReply>, Status> {
+        from_coordinator(&req, "Agent.Prune")?;
         let r = req.into_inner();
         let begin = std::time::Instant::now();
         self.jobs
@@ -383,6 +423,7 @@ impl Agent for AgentHandler {
         &self,
         req: Request<pb::FlushRequest>,
     ) -> Result<Response<Self::FlushStream>, Status> {
+        from_coordinator(&req, "Agent.Flush")?;
         let r = req.into_inner();
         let begin = std::time::Instant::now();
         let (progress, mut task) = self
@@ -438,6 +479,7 @@ impl Agent for AgentHandler {
         &self,
         req: Request<pb::PublishRequest>,
     ) -> Result<Response<pb::PhaseReply>, Status> {
+        from_coordinator(&req, "Agent.Publish")?;
         let r = req.into_inner();
         let begin = std::time::Instant::now();
         self.jobs
@@ -457,6 +499,7 @@ impl Agent for AgentHandler {
         &self,
         req: Request<pb::ReplicateRequest>,
     ) -> Result<Response<pb::PhaseReply>, Status> {
+        from_coordinator(&req, "Agent.Replicate")?;
         let r = req.into_inner();
         let begin = std::time::Instant::now();
         self.jobs
@@ -477,8 +520,27 @@ impl Agent for AgentHandler {
         req: Request<tonic::Streaming<pb::ImageChunk>>,
     ) -> Result<Response<pb::PhaseReply>, Status> {
         let begin = std::time::Instant::now();
+        // Another node's agent, keeping its own images here: nothing is read from anyone else.
+        let peer = ckpt_auth::peer_of(&req);
+        if !matches!(
+            peer,
+            ckpt_auth::Peer::Daemon(ckpt_auth::Identity::Node(_)) | ckpt_auth::Peer::LocalRoot
+        ) {
+            return Err(ckpt_auth::refuse(
+                &req,
+                "Agent.Receive",
+                "the agents of the cluster",
+            ));
+        }
         let (header, rest) = crate::partner::split_header(req.into_inner()).await?;
-        if header.node == self.jobs.node() || header.node.is_empty() || header.node.contains('/') {
+        if !peer.is_node(&header.node) {
+            tracing::warn!(%peer, node = %header.node, job = header.job_id, "refused a partner copy sent for another node");
+            return Err(Status::permission_denied(format!(
+                "{peer} cannot send node {}'s images: a node sends only its own",
+                header.node
+            )));
+        }
+        if header.node == self.jobs.node() || !ckpt_auth::valid_node_name(&header.node) {
             return Err(Status::invalid_argument(format!(
                 "node {} cannot keep a partner copy of {:?}",
                 self.jobs.node(),
@@ -490,7 +552,23 @@ impl Agent for AgentHandler {
         let sender = header.node.clone();
         crate::partner::receive(job, &sender, dest, header, &digest, rest)
             .await
-            .map_err(to_status)?;
+            .map_err(|e| match e {
+                // What the peer sent is unusable (a path leaving the directory, a bad name, no
+                // digest, an absurd count): its fault, not damaged data here.
+                AgentError::Store {
+                    source:
+                        ckpt_store::StoreError::UnsafePath { .. }
+                        | ckpt_store::StoreError::UnsafeName { .. }
+                        | ckpt_store::StoreError::LimitExceeded { .. }
+                        | ckpt_store::StoreError::DigestRequired { .. }
+                        | ckpt_store::StoreError::BadDigest { .. },
+                    ..
+                } => {
+                    tracing::warn!(%peer, job, error = %e, "refused a partner copy");
+                    Status::invalid_argument(e.to_string())
+                }
+                e => to_status(e),
+            })?;
         Ok(took(begin.elapsed()))
     }
 
@@ -502,10 +580,20 @@ impl Agent for AgentHandler {
         req: Request<pb::SendRequest>,
     ) -> Result<Response<Self::SendStream>, Status> {
         use tokio_stream::StreamExt;
-        let r = req.into_inner();
-        if r.node.is_empty() || r.node.contains('/') {
-            return Err(Status::invalid_argument("bad node name"));
+        let peer = ckpt_auth::peer_of(&req);
+        let r = req.get_ref();
+        if !ckpt_auth::valid_node_name(&r.node) {
+            return Err(Status::invalid_argument(format!(
+                "{:?} is not a node name",
+                r.node
+            )));
         }
+        // A node fetches back its own images (or the coordinator asks on its behalf).
+        if !(peer.is_node(&r.node) || peer.is_coordinator()) {
+            let allowed = format!("node {} or the coordinator", r.node);
+            return Err(ckpt_auth::refuse(&req, "Agent.Send", &allowed));
+        }
+        let r = req.into_inner();
         let header = pb::ChunkHeader {
             job_id: r.job_id,
             epoch: r.epoch,

@@ -40,17 +40,20 @@ pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
 }
 
 /// Registers, then heartbeats every `heartbeat_interval`; re-registers after any failure
-/// (for example a restarted coordinator).
-pub async fn run(cfg: AgentConfig, advertise: String, jobs: Arc<Jobs>) {
-    let url = format!("http://{}", cfg.coordinator);
+/// (for example a restarted coordinator). `dial` says how the coordinator is reached (TLS with
+/// this node's credential, or its local socket).
+pub async fn run(
+    cfg: AgentConfig,
+    advertise: String,
+    dial: ckpt_auth::transport::Dial,
+    jobs: Arc<Jobs>,
+) {
     let mut registered = false;
     let mut client: Option<RegistryClient<tonic::transport::Channel>> = None;
     loop {
         if client.is_none() {
-            match tonic::transport::Endpoint::from_shared(url.clone()) {
-                Ok(ep) => {
-                    client = Some(RegistryClient::new(ep.timeout(CALL_TIMEOUT).connect_lazy()));
-                }
+            match ckpt_auth::transport::channel(&cfg.coordinator, dial.clone(), CALL_TIMEOUT) {
+                Ok(ch) => client = Some(RegistryClient::new(ch)),
                 Err(e) => {
                     warn!(coordinator = %cfg.coordinator, error = %e, "bad coordinator address");
                     return;
@@ -74,21 +77,37 @@ pub async fn run(cfg: AgentConfig, advertise: String, jobs: Arc<Jobs>) {
                     .map(|d| d.display().to_string())
                     .unwrap_or_default(),
             };
-            match c.register(req).await {
-                Ok(_) => {
+            match tokio::time::timeout(CALL_TIMEOUT, c.register(req)).await {
+                Ok(Ok(_)) => {
                     info!(coordinator = %cfg.coordinator, "registered");
                     registered = true;
                 }
-                Err(e) => debug!(error = %e, "registration failed; retrying"),
+                Ok(Err(e))
+                    if matches!(
+                        e.code(),
+                        tonic::Code::PermissionDenied | tonic::Code::Unauthenticated
+                    ) =>
+                {
+                    warn!(error = %e.message(), "the coordinator refused the registration; retrying");
+                }
+                Ok(Err(e)) => debug!(error = %e, "registration failed; retrying"),
+                Err(_) => debug!("registration timed out; retrying"),
             }
         } else {
             let req = pb::HeartbeatRequest {
                 node: cfg.node_name.clone(),
                 jobs: reports(&jobs),
             };
-            if let Err(e) = c.heartbeat(req).await {
-                warn!(error = %e, "heartbeat failed; registering again");
-                registered = false;
+            match tokio::time::timeout(CALL_TIMEOUT, c.heartbeat(req)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    warn!(error = %e, "heartbeat failed; registering again");
+                    registered = false;
+                }
+                Err(_) => {
+                    warn!("heartbeat timed out; registering again");
+                    registered = false;
+                }
             }
         }
         tokio::time::sleep(cfg.heartbeat_interval).await;

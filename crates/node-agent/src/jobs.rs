@@ -4,9 +4,19 @@
 //! stdout/stderr, engine logs, and one run directory per incarnation (`run/<n>/`) owned by that
 //! incarnation's shim. Each checkpoint epoch walks a node-side phase machine
 //! ([`NodePhase`]); a call in the wrong phase is refused with [`AgentError::WrongPhase`].
+//!
+//! Who may run jobs here is the [`LaunchPolicy`] (`allow_root_jobs`, `min_uid`); a job runs as
+//! its owner's uid with the groups this node's user databases give it ([`Identity`]), whatever
+//! the request says. Files: the directories on the way to a job's stdout and stderr
+//! (`<state_dir>`, `jobs/`, `jobs/<id>/`) are 0711 (users pass through, nobody lists them);
+//! stdout and stderr are 0600 and the job owner's; everything else the agent keeps (job
+//! records, launch specs, engine logs, staging) is root's alone. Root does nothing by path in a
+//! directory a job's owner controls: dump-time reads refuse symbolic links and other users'
+//! files, and the put-back before a restore runs as the owner ([`crate::shim::PutBack`]).
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
-use std::os::unix::fs::FileTypeExt;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -24,7 +34,9 @@ use crate::error::AgentError;
 use crate::failpoint::{Action, Failpoints};
 use crate::ibq::{ChannelFailure, Channels, Rebuilt};
 use crate::procfs;
-use crate::shim::{self, Exit, ShimMode, ShimSpec, Started};
+use crate::shim::{
+    self, Exit, Identity, PutBack, PutBackFailure, PutBackTask, ShimMode, ShimSpec, Started,
+};
 
 /// How long a newly started shim may take to report the job's root running. Exec of a
 /// launcher is milliseconds; 30 s covers a loaded node.
@@ -38,6 +50,203 @@ pub const PID_FREE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Headroom over the resident size when checking staging room: images add metadata, and a
 /// checkpoint that fills the disk fails late.
 const ROOM_FACTOR: f64 = 1.10;
+/// How long the put-back before a restore may take: it copies the saved shared-memory and
+/// session files back; at a pessimistic 100 MB/s this covers 60 GB.
+pub const PUT_BACK_TIMEOUT: Duration = Duration::from_secs(600);
+/// Mode of the directories on the way to a job's stdout and stderr (`<state_dir>`, `jobs/`,
+/// `jobs/<id>/`): users pass through to their own files; nobody lists them.
+const TRAVERSE_ONLY: u32 = 0o711;
+/// Mode of every other directory the agent keeps.
+const PRIVATE_DIR: u32 = 0o700;
+/// Mode of the files the agent keeps (a job's stdout and stderr too, owned by its user).
+const PRIVATE_FILE: u32 = 0o600;
+/// Manifest note naming the uid of the job's owner: a restore puts files back as that user,
+/// and checks that the node still lets it run jobs.
+const OWNER_NOTE: &str = "owner_uid";
+
+/// Who may run jobs on this node (`allow_root_jobs` and `min_uid` in the agent config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchPolicy {
+    /// Jobs may run as root.
+    pub allow_root: bool,
+    /// Lowest uid other than root that jobs may run as.
+    pub min_uid: u32,
+}
+
+impl Default for LaunchPolicy {
+    fn default() -> Self {
+        LaunchPolicy {
+            allow_root: false,
+            min_uid: 1000,
+        }
+    }
+}
+
+impl LaunchPolicy {
+    /// The identity that job `job`, owned by `uid`, runs as on `node`; or why it may not run
+    /// there. Applies to launches, attached parts and restores alike.
+    pub fn authorize(&self, job: u64, node: &str, uid: u32) -> Result<Identity, AgentError> {
+        let node = node.to_string();
+        if uid == 0 && !self.allow_root {
+            return Err(AgentError::RootRefused { job, node });
+        }
+        if uid != 0 && uid < self.min_uid {
+            return Err(AgentError::UidBelowMinimum {
+                job,
+                node,
+                uid,
+                min_uid: self.min_uid,
+            });
+        }
+        match Identity::of_uid(uid) {
+            Ok(Some(id)) => Ok(id),
+            Ok(None) => Err(AgentError::UnknownUser { job, node, uid }),
+            Err(e) => Err(AgentError::Start {
+                job,
+                message: format!("cannot look up uid {uid} in the user database: {e}"),
+            }),
+        }
+    }
+}
+
+/// Creates `dir` if missing (missing parents 0755, like `/var/lib`) and gives it `mode`, also
+/// when it existed: an older agent made its directories with the umask's modes.
+fn ensure_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
+    let mut missing: Vec<&Path> = dir
+        .ancestors()
+        .skip(1)
+        .take_while(|a| !a.exists())
+        .collect();
+    missing.reverse();
+    for a in missing {
+        match fs::create_dir(a) {
+            Ok(()) => fs::set_permissions(a, fs::Permissions::from_mode(0o755))?,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    match fs::create_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    set_mode(dir, mode)
+}
+
+/// Sets the permission bits of `path` (not following a final symbolic link) if they differ.
+fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
+    let meta = fs::symlink_metadata(path)?;
+    if meta.file_type().is_symlink() || meta.mode() & 0o7777 == mode {
+        return Ok(());
+    }
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+}
+
+/// Replaces `path` with `data` like [`ckpt_store::atomic::write_file`], the new file 0600 from
+/// its creation (job records sit in a directory users pass through, and hold the job's secret).
+fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(PRIVATE_FILE)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)?;
+    f.set_permissions(fs::Permissions::from_mode(PRIVATE_FILE))?;
+    f.write_all(data)?;
+    f.sync_all()?;
+    drop(f);
+    fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = fs::remove_file(&tmp);
+    })?;
+    ckpt_store::atomic::sync_dir(dir).map_err(std::io::Error::other)
+}
+
+/// The uid the newest launch of a job (in `dir`, incarnations up to `incarnation`) ran as.
+fn launched_as(dir: &Path, incarnation: u32) -> Option<u32> {
+    (1..=incarnation).rev().find_map(|n| {
+        let spec = dir.join("run").join(n.to_string()).join(shim::SPEC);
+        match shim::read_json::<ShimSpec>(&spec)?.mode {
+            ShimMode::Launch { uid, .. } => Some(uid),
+            ShimMode::Restore { .. } => None,
+        }
+    })
+}
+
+/// Brings a job directory made by an older agent to today's modes: the directory 0711, its
+/// record and other files 0600, `logs/` and `run/` 0700, stdout and stderr 0600 and, when the
+/// owner is known, the owner's (through the open file).
+fn fix_job_dir_modes(dir: &Path, owner: Option<u32>) {
+    let fix = |path: &Path, r: std::io::Result<()>| {
+        if let Err(e) = r {
+            warn!(path = %path.display(), error = %e, "cannot fix the mode of a job file");
+        }
+    };
+    fix(dir, set_mode(dir, TRAVERSE_ONLY));
+    let Ok(rd) = fs::read_dir(dir) else { return };
+    for e in rd.flatten() {
+        let p = e.path();
+        let Ok(t) = e.file_type() else { continue };
+        let name = e.file_name();
+        if t.is_dir() {
+            fix(&p, set_mode(&p, PRIVATE_DIR));
+        } else if name == "stdout" || name == "stderr" {
+            fix(&p, give_output(&p, owner));
+        } else if t.is_file() {
+            fix(&p, set_mode(&p, PRIVATE_FILE));
+        }
+    }
+}
+
+/// Makes a job's stdout or stderr 0600 and, if known, its owner's, through the open file.
+fn give_output(path: &Path, owner: Option<u32>) -> std::io::Result<()> {
+    let f = shim::open_no_symlinks(path, libc::O_RDONLY | libc::O_NONBLOCK, 0)?;
+    if !f.metadata()?.is_file() {
+        return Ok(());
+    }
+    f.set_permissions(fs::Permissions::from_mode(PRIVATE_FILE))?;
+    if let Some(uid) = owner {
+        let gid = Identity::of_uid(uid).ok().flatten().map(|i| i.gid.into());
+        nix::unistd::fchown(&f, Some(uid.into()), gid)
+            .map_err(|e| std::io::Error::from_raw_os_error(e as i32))?;
+    }
+    Ok(())
+}
+
+/// Keeps node-local staging root's alone: its root 0700, unless it is a shared directory
+/// (sticky or writable by others, e.g. `/dev/shm`), where only the job directories are made
+/// 0700 and a warning says to give staging a directory of its own.
+fn protect_staging(root: &Path) {
+    let Ok(meta) = fs::symlink_metadata(root) else {
+        return;
+    };
+    if meta.mode() & 0o1002 == 0 {
+        if let Err(e) = set_mode(root, PRIVATE_DIR) {
+            warn!(local_dir = %root.display(), error = %e, "cannot make staging private");
+        }
+        return;
+    }
+    warn!(local_dir = %root.display(), "local_dir is shared with other users; give staging a directory of its own (e.g. /dev/shm/ckpt)");
+    for e in fs::read_dir(root).into_iter().flatten().flatten() {
+        let is_job = e
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.parse::<u64>().is_ok());
+        if is_job
+            && e.file_type().is_ok_and(|t| t.is_dir())
+            && e.metadata().is_ok_and(|m| m.uid() == 0)
+        {
+            let _ = set_mode(&e.path(), PRIVATE_DIR);
+        }
+    }
+}
 
 /// The persisted record of a job on this node.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -57,6 +266,9 @@ pub struct JobRecord {
     /// 0: this node runs the job's command; >0: a part started through `ckpt-rsh`.
     #[serde(default)]
     pub part: u32,
+    /// The job's owner (uid); unknown for records of an older agent.
+    #[serde(default)]
+    pub owner: Option<u32>,
 }
 
 /// Where one epoch is on this node.
@@ -138,14 +350,11 @@ impl NodeJob {
 
     fn save(&self) -> Result<(), AgentError> {
         let path = self.dir.join("job.json");
-        ckpt_store::atomic::write_file(
+        write_private(
             &path,
             &serde_json::to_vec_pretty(&self.record).expect("serializable"),
         )
-        .map_err(|source| AgentError::Store {
-            job: self.record.id,
-            source,
-        })
+        .map_err(io_err(self.record.id, "write", &path))
     }
 
     /// Current state of the job's processes.
@@ -253,9 +462,9 @@ pub struct LaunchSpec {
     pub env: BTreeMap<String, String>,
     /// User.
     pub uid: u32,
-    /// Group.
+    /// Group: not used, the agent takes the uid's primary group from this node's passwd.
     pub gid: u32,
-    /// Supplementary groups.
+    /// Supplementary groups: not used, the agent asks this node's group database.
     pub groups: Vec<u32>,
     /// The job's secret.
     pub token: String,
@@ -271,6 +480,9 @@ pub struct LaunchEnv {
     pub coordinator: String,
     /// `ckpt-rsh`, if installed.
     pub launcher: Option<PathBuf>,
+    /// The cluster CA certificate `ckpt-rsh` checks the daemons against (`CKPT_TLS_CA`); none
+    /// when the coordinator is reached over a local socket.
+    pub ca: Option<PathBuf>,
     /// Point Hydra and Open MPI at `launcher` unless the job chose a launcher itself.
     pub set_mpi_env: bool,
 }
@@ -283,6 +495,9 @@ impl LaunchEnv {
         env.insert("CKPT_NODE".into(), node.into());
         if !self.coordinator.is_empty() {
             env.insert("CKPT_COORDINATOR".into(), self.coordinator.clone());
+        }
+        if let Some(ca) = &self.ca {
+            env.insert("CKPT_TLS_CA".into(), ca.display().to_string());
         }
         let Some(l) = &self.launcher else { return };
         let l = l.display().to_string();
@@ -326,12 +541,17 @@ pub struct Jobs {
     jobs: std::sync::Mutex<HashMap<u64, Arc<Mutex<NodeJob>>>>,
     failpoints: Failpoints,
     launch_env: LaunchEnv,
+    /// This node's cluster credential, for partner copies to and from other agents; none when
+    /// embedded in a standalone ckptd.
+    credential: Option<ckpt_auth::tls::Credential>,
     shared: Option<Staging>,
     copy_opts: CopyOptions,
     /// Jobs frozen on this node right now: flushes and partner copies wait while above zero.
     frozen: Arc<std::sync::atomic::AtomicUsize>,
     /// The ib-quiesce channels of job processes.
     channels: Arc<Channels>,
+    /// Who may run jobs here.
+    policy: LaunchPolicy,
 }
 
 /// Where a restore may find this node's images besides its own staging.
@@ -401,6 +621,33 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// For the ib-quiesce control socket: the job whose cgroup is `cgroup`, and its owner.
+/// `JobRecord` has no owner uid yet, so the uid is that of the job's newest launch on this node
+/// (`run/<n>/spec.json`); a job that was only restored here has none, and is refused.
+fn ibq_job_owner(
+    state_dir: PathBuf,
+    cgroups: CgroupParent,
+) -> impl Fn(&Path) -> Option<crate::ibq::JobOwner> + Send + Sync {
+    move |cgroup: &Path| {
+        // A job's cgroup is `<parent>/<prefix><id>`: try each tail of trailing digits as the id.
+        let name = cgroup.file_name()?.to_str()?;
+        let digits = name.len() - name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+        let job = (1..=digits.min(20))
+            .filter_map(|k| name[name.len() - k..].parse::<u64>().ok())
+            .find(|&id| cgroups.job(id).path() == cgroup)?;
+        let dir = state_dir.join("jobs").join(job.to_string());
+        let record = shim::read_json::<JobRecord>(&dir.join("job.json"))?;
+        let uid = (1..=record.incarnation).rev().find_map(|n| {
+            let run = dir.join("run").join(n.to_string());
+            match shim::read_json::<ShimSpec>(&run.join(shim::SPEC))?.mode {
+                ShimMode::Launch { uid, .. } => Some(uid),
+                ShimMode::Restore { .. } => None,
+            }
+        })?;
+        Some(crate::ibq::JobOwner { job, uid })
+    }
+}
+
 impl Jobs {
     /// Opens the node's job table, reloading jobs persisted by an earlier agent run and
     /// thawing any left frozen by a checkpoint that the earlier run did not finish.
@@ -413,13 +660,28 @@ impl Jobs {
         shim_exe: PathBuf,
     ) -> std::io::Result<Self> {
         let jobs_dir = state_dir.join("jobs");
-        fs::create_dir_all(&jobs_dir)?;
+        ensure_dir(&state_dir, TRAVERSE_ONLY)?;
+        ensure_dir(&jobs_dir, TRAVERSE_ONLY)?;
+        protect_staging(staging.root());
         let mut map = HashMap::new();
         for ent in fs::read_dir(&jobs_dir)?.flatten() {
-            let Some(record) = shim::read_json::<JobRecord>(&ent.path().join("job.json")) else {
+            let Some(mut record) = shim::read_json::<JobRecord>(&ent.path().join("job.json"))
+            else {
                 continue;
             };
             let cgroup = cgroups.job(record.id);
+            // An older agent's record has no owner: that of the job's live root process, else
+            // the user its newest launch here ran as.
+            let owner = record.owner.or_else(|| {
+                let root = record.root_pid?;
+                cgroup
+                    .pids()
+                    .ok()?
+                    .contains(&root)
+                    .then(|| procfs::uid_of(root))?
+            });
+            record.owner = owner.or_else(|| launched_as(&ent.path(), record.incarnation));
+            fix_job_dir_modes(&ent.path(), record.owner);
             if cgroup.exists() && cgroup.state().map(|s| s != "THAWED").unwrap_or(false) {
                 warn!(
                     job = record.id,
@@ -438,7 +700,10 @@ impl Jobs {
             };
             map.insert(job.record.id, Arc::new(Mutex::new(job)));
         }
-        let channels = Channels::new(state_dir.join("ibq").join("control.sock"));
+        let channels = Channels::new(
+            state_dir.join("ibq").join("control.sock"),
+            ibq_job_owner(state_dir.clone(), cgroups.clone()),
+        );
         Ok(Jobs {
             node,
             state_dir,
@@ -449,16 +714,30 @@ impl Jobs {
             jobs: std::sync::Mutex::new(map),
             failpoints: Failpoints::from_env(),
             launch_env: LaunchEnv::default(),
+            credential: None,
             shared: None,
             copy_opts: CopyOptions::default(),
             frozen: Arc::default(),
             channels,
+            policy: LaunchPolicy::default(),
         })
+    }
+
+    /// Sets who may run jobs here.
+    pub fn with_launch_policy(mut self, policy: LaunchPolicy) -> Self {
+        self.policy = policy;
+        self
     }
 
     /// Sets what launches add to jobs' environments.
     pub fn with_launch_env(mut self, env: LaunchEnv) -> Self {
         self.launch_env = env;
+        self
+    }
+
+    /// Sets the credential partner copies are made with.
+    pub fn with_credential(mut self, credential: Option<ckpt_auth::tls::Credential>) -> Self {
+        self.credential = credential;
         self
     }
 
@@ -597,12 +876,15 @@ impl Jobs {
             return Ok(j.clone());
         }
         let dir = self.state_dir.join("jobs").join(job.to_string());
-        fs::create_dir_all(dir.join("logs")).map_err(|source| AgentError::Io {
-            job,
-            what: "create",
-            path: dir.clone(),
-            source,
-        })?;
+        let logs = dir.join("logs");
+        ensure_dir(&dir, TRAVERSE_ONLY)
+            .and_then(|()| ensure_dir(&logs, PRIVATE_DIR))
+            .map_err(|source| AgentError::Io {
+                job,
+                what: "create",
+                path: dir.clone(),
+                source,
+            })?;
         let j = Arc::new(Mutex::new(NodeJob {
             record: JobRecord {
                 id: job,
@@ -611,6 +893,7 @@ impl Jobs {
                 shim: None,
                 token: String::new(),
                 part: 0,
+                owner: None,
             },
             dir,
             cgroup: self.cgroups.job(job),
@@ -640,6 +923,7 @@ impl Jobs {
         &self,
         job: &mut NodeJob,
         mode: ShimMode,
+        owner: &Identity,
         timeout: Duration,
     ) -> Result<i32, AgentError> {
         let id = job.record.id;
@@ -647,7 +931,9 @@ impl Jobs {
         job.record.root_pid = None;
         let run_dir = job.run_dir();
         let io = |what, path: &Path| io_err(id, what, path);
-        fs::create_dir_all(&run_dir).map_err(io("create", &run_dir))?;
+        ensure_dir(&job.dir.join("run"), PRIVATE_DIR)
+            .and_then(|()| ensure_dir(&run_dir, PRIVATE_DIR))
+            .map_err(io("create", &run_dir))?;
         job.cgroup
             .create()
             .map_err(|source| AgentError::Cgroup { job: id, source })?;
@@ -657,15 +943,23 @@ impl Jobs {
             stdout: job.dir.join("stdout"),
             stderr: job.dir.join("stderr"),
             run_dir: run_dir.clone(),
+            output_owner: Some((owner.uid, owner.gid)),
         };
         let spec_path = run_dir.join(shim::SPEC);
-        ckpt_store::atomic::write_file(
+        // It holds the job's secret and whole environment.
+        write_private(
             &spec_path,
             &serde_json::to_vec_pretty(&spec).expect("serializable"),
         )
-        .map_err(|source| AgentError::Store { job: id, source })?;
+        .map_err(io("write", &spec_path))?;
         job.save()?;
-        let log = fs::File::create(run_dir.join("shim.log")).map_err(io("create", &run_dir))?;
+        let log = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(PRIVATE_FILE)
+            .open(run_dir.join("shim.log"))
+            .map_err(io("create", &run_dir))?;
         let log2 = log.try_clone().map_err(io("create", &run_dir))?;
         let mut cmd = tokio::process::Command::new(&self.shim_exe);
         cmd.arg("shim")
@@ -724,6 +1018,9 @@ impl Jobs {
     /// Starts a job's command on this node.
     #[instrument(skip_all, fields(job = spec.job))]
     pub async fn launch(&self, spec: LaunchSpec) -> Result<(i32, u32), AgentError> {
+        // Checked before anything is created: a refused launch leaves nothing behind. The
+        // request's gid and groups are not used.
+        let owner = self.policy.authorize(spec.job, &self.node, spec.uid)?;
         let j = self.get_or_create(spec.job)?;
         let mut job = j.lock().await;
         if job.observe() == Observed::Running {
@@ -741,15 +1038,18 @@ impl Jobs {
         );
         job.record.token = spec.token;
         job.record.part = spec.part;
+        job.record.owner = Some(owner.uid);
         let mode = ShimMode::Launch {
             argv: spec.argv,
             cwd: spec.cwd,
             env,
-            uid: spec.uid,
-            gid: spec.gid,
-            groups: spec.groups,
+            uid: owner.uid,
+            gid: owner.gid,
+            groups: owner.groups.clone(),
         };
-        let pid = self.start_shim(&mut job, mode, LAUNCH_TIMEOUT).await?;
+        let pid = self
+            .start_shim(&mut job, mode, &owner, LAUNCH_TIMEOUT)
+            .await?;
         info!(pid, "job started");
         Ok((pid, job.record.incarnation))
     }
@@ -831,6 +1131,9 @@ impl Jobs {
                 job: job_id,
                 source,
             })?;
+        // Root's alone even where staging is a shared directory (see `protect_staging`).
+        let job_stage = self.staging.job_dir(job_id);
+        set_mode(&job_stage, PRIVATE_DIR).map_err(io_err(job_id, "chmod", &job_stage))?;
         let root_pid = job.record.root_pid.unwrap_or(0);
         job.work = Some(EpochWork {
             epoch,
@@ -1148,10 +1451,24 @@ impl Jobs {
                 });
             }
         }
+        // The owner recorded at checkpoint time (committed with the manifest) must still be
+        // allowed to run jobs here; files are put back as that user.
+        let owner_uid = m
+            .notes
+            .get(OWNER_NOTE)
+            .and_then(|v| v.parse().ok())
+            .or(job.record.owner)
+            .ok_or_else(|| AgentError::OwnerUnknown {
+                job: job_id,
+                epoch,
+                node: self.node.clone(),
+            })?;
+        let owner = self.policy.authorize(job_id, &self.node, owner_uid)?;
+        job.record.owner = Some(owner.uid);
         let ids: Vec<i32> = m.pids.iter().chain(&m.tids).copied().collect();
         wait_pids_free(job_id, &ids).await?;
         let channels = channel_pids(&m.notes);
-        put_back_files(job_id, &m, &node_dir)?;
+        self.put_back_files(&job, &owner, &m, &node_dir).await?;
         clear_stale_sockets(&m.tcp_ports).await;
         if !token.is_empty() {
             job.record.token = token.to_string();
@@ -1179,6 +1496,7 @@ impl Jobs {
             .start_shim(
                 &mut job,
                 ShimMode::Restore { argv, pid_file },
+                &owner,
                 RESTORE_TIMEOUT,
             )
             .await;
@@ -1198,6 +1516,11 @@ impl Jobs {
                         });
                     }
                 }
+                if let Err(e) = verify_restored(job_id, &job.cgroup, &owner) {
+                    let _ = job.cgroup.kill_all();
+                    self.release_tcp(job_id).await;
+                    return Err(e);
+                }
                 info!(
                     pid,
                     source = source.name(),
@@ -1213,6 +1536,10 @@ impl Jobs {
                 })
             }
             Ok(pid) => {
+                if let Err(e) = verify_restored(job_id, &job.cgroup, &owner) {
+                    let _ = job.cgroup.kill_all();
+                    return Err(e);
+                }
                 // The engine recreates a missing cgroup with the freezer state it had at dump
                 // time (frozen); the job must run.
                 if job.cgroup.state().map(|s| s != "THAWED").unwrap_or(false) {
@@ -1422,7 +1749,8 @@ impl Jobs {
             node: partner.to_string(),
             message: s.message().to_string(),
         };
-        let mut c = crate::partner::connect(job_id, partner, address).await?;
+        let mut c =
+            crate::partner::connect(job_id, partner, address, self.credential.as_ref()).await?;
         let s = c
             .send(ckpt_proto::v1::SendRequest {
                 job_id,
@@ -1455,7 +1783,8 @@ impl Jobs {
         address: &str,
     ) -> Result<(), AgentError> {
         use tokio_stream::StreamExt;
-        let mut c = crate::partner::connect(job_id, partner, address).await?;
+        let mut c =
+            crate::partner::connect(job_id, partner, address, self.credential.as_ref()).await?;
         let header = ckpt_proto::v1::ChunkHeader {
             job_id,
             epoch,
@@ -1617,6 +1946,55 @@ impl Jobs {
         })
     }
 
+    /// Puts the job's files back as they were at checkpoint time, before the engine restores:
+    /// the job's own stdout and stderr (in the job directory, which root controls) here, and
+    /// everything else, in directories the owner controls, through the put-back helper running
+    /// as the owner ([`PutBack`]).
+    async fn put_back_files(
+        &self,
+        job: &NodeJob,
+        owner: &Identity,
+        m: &NodeManifest,
+        node_dir: &Path,
+    ) -> Result<(), AgentError> {
+        let job_id = job.record.id;
+        let own_dir = fs::canonicalize(&job.dir).unwrap_or_else(|_| job.dir.clone());
+        let (ours, theirs): (Vec<OpenFile>, Vec<OpenFile>) =
+            m.open_files.iter().cloned().partition(|f| {
+                let p = Path::new(&f.path);
+                p.parent() == Some(own_dir.as_path())
+                    && p.file_name()
+                        .is_some_and(|n| n == "stdout" || n == "stderr")
+            });
+        for f in &ours {
+            put_back_own_output(job_id, f, owner)?;
+        }
+        if let Some(pf) = m.preserved.iter().find(|pf| pf.uid != owner.uid) {
+            return Err(AgentError::FileRefused {
+                job: job_id,
+                action: "put back",
+                path: pf.path.clone(),
+                uid: owner.uid,
+                problem: format!(
+                    "it belonged to uid {} at checkpoint time, not to the job's owner",
+                    pf.uid
+                ),
+            });
+        }
+        if theirs.is_empty() && m.preserved.is_empty() {
+            return Ok(());
+        }
+        let task = PutBackTask {
+            put_back: PutBack {
+                owner: owner.clone(),
+                open_files: theirs,
+                preserved: m.preserved.clone(),
+                saved_dir: node_dir.to_path_buf(),
+            },
+        };
+        run_put_back(job_id, &self.shim_exe, &task).await
+    }
+
     /// New output of the job's part on this node after the given offsets, and its exit status
     /// once all output has been returned. Never waits for a phase in progress.
     pub async fn poll(
@@ -1634,7 +2012,7 @@ impl Jobs {
                 observed: Observed::Running,
             });
         };
-        if job.record.token != token {
+        if !ckpt_auth::token_eq(&job.record.token, token) {
             return Err(AgentError::BadToken { job: job_id });
         }
         let observed = job.observe();
@@ -1665,6 +2043,17 @@ impl Jobs {
             stderr,
             observed,
         })
+    }
+
+    /// Whether `token` is the job's (constant time; an empty token never is).
+    pub async fn check_token(&self, job_id: u64, token: &str) -> Result<(), AgentError> {
+        let j = self.get(job_id)?;
+        let job = j.lock().await;
+        if ckpt_auth::token_eq(&job.record.token, token) {
+            Ok(())
+        } else {
+            Err(AgentError::BadToken { job: job_id })
+        }
     }
 
     /// Sends a signal to every process of the job on this node.
@@ -1753,7 +2142,19 @@ const PRESERVE_PREFIXES: [&str; 2] = ["/dev/shm/", "/tmp/ompi."];
 
 fn dump_frozen(job: &mut NodeJob, engine: &dyn SnapshotEngine) -> Result<(), AgentError> {
     let id = job.record.id;
+    let root = job.work.as_ref().map(|w| w.root_pid).unwrap_or(0);
+    // An older agent's record has no owner: the job's root process says who it is.
+    let owner = job
+        .record
+        .owner
+        .or_else(|| procfs::uid_of(root))
+        .ok_or_else(|| AgentError::NotRunning {
+            job: id,
+            state: format!("its root process {root} is gone"),
+        })?;
+    job.record.owner = Some(owner);
     let w = job.work.as_mut().expect("checked by caller");
+    w.notes.insert(OWNER_NOTE.into(), owner.to_string());
     let io = |what, path: &Path| io_err(id, what, path);
     let begin = Instant::now();
     // Sizes of files open for writing: restore truncates them back.
@@ -1787,7 +2188,8 @@ fn dump_frozen(job: &mut NodeJob, engine: &dyn SnapshotEngine) -> Result<(), Age
             let session = comps.next()?;
             Some(Path::new("/tmp").join(top).join(session))
         })
-        .filter(|t| t.is_dir())
+        // Never through a link: a user's link to another directory is not the job's session.
+        .filter(|t| fs::symlink_metadata(t).is_ok_and(|m| m.is_dir()))
         .collect();
     trees.sort();
     trees.dedup();
@@ -1814,7 +2216,7 @@ fn dump_frozen(job: &mut NodeJob, engine: &dyn SnapshotEngine) -> Result<(), Age
     let node_dir = w.node_dir.clone();
     let root_pid = w.root_pid;
     let (dumped, copied) = std::thread::scope(|scope| {
-        let copier = scope.spawn(|| copy_preserved(id, &node_dir, &preserve));
+        let copier = scope.spawn(|| copy_preserved(id, owner, &node_dir, &preserve));
         let t = Instant::now();
         let dumped = engine
             .dump(&DumpSpec {
@@ -1902,42 +2304,80 @@ fn channel_pids(notes: &BTreeMap<String, String>) -> Vec<i32> {
 }
 
 /// Copies the files the engine does not save into `extra/` of the node directory (named pipes
-/// are only recorded); returns what was saved, the bytes copied and the time taken.
+/// are only recorded); returns what was saved, the bytes copied and the time taken. These files
+/// are in directories users control (`/dev/shm`, `/tmp`): each is opened without following a
+/// symbolic link anywhere on its path, and must belong to the job's owner `owner`; what the
+/// open file is (type, owner, mode) is read from the open file.
 fn copy_preserved(
     job: u64,
+    owner: u32,
     node_dir: &Path,
     files: &[PathBuf],
 ) -> Result<(Vec<PreservedFile>, u64, Duration), AgentError> {
     let begin = Instant::now();
     let io = |what, path: &Path| io_err(job, what, path);
+    let refused = |p: &Path, problem: String| AgentError::FileRefused {
+        job,
+        action: "save",
+        path: p.display().to_string(),
+        uid: owner,
+        problem,
+    };
     let extra = node_dir.join("extra");
     let mut out = Vec::new();
     let mut bytes = 0u64;
     for (i, p) in files.iter().enumerate() {
-        let Ok(meta) = fs::symlink_metadata(p) else {
-            continue;
+        const LINK: &str = "it is a symbolic link, or a directory on its path is; root does not follow a user's links (remove the link, or keep the job's files under their real path)";
+        // O_PATH: no open of the file itself yet (a FIFO's reader would wake its writer). With
+        // O_NOFOLLOW a final link is opened as the link itself, and refused below.
+        let handle = match shim::open_no_symlinks(p, libc::O_PATH, 0) {
+            Ok(h) => h,
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(refused(p, LINK.into())),
+            // Gone since the scan.
+            Err(_) => continue,
         };
-        let Some((uid, gid, mode)) = procfs::owner_mode(p) else {
-            continue;
-        };
+        let meta = handle.metadata().map_err(io("stat", p))?;
+        if meta.file_type().is_symlink() {
+            return Err(refused(p, LINK.into()));
+        }
         let fifo = meta.file_type().is_fifo();
         if !fifo && !meta.is_file() {
             continue;
         }
+        if meta.uid() != owner {
+            return Err(refused(
+                p,
+                format!(
+                    "it belongs to uid {}, not to the job's owner; a checkpoint saves only the owner's files",
+                    meta.uid()
+                ),
+            ));
+        }
         let saved_as = if fifo {
             String::new()
         } else {
-            fs::create_dir_all(&extra).map_err(io("create", &extra))?;
+            ensure_dir(&extra, PRIVATE_DIR).map_err(io("create", &extra))?;
             let saved = format!("extra/{i}");
-            bytes += fs::copy(p, node_dir.join(&saved)).map_err(io("copy", p))?;
+            // The same file, reopened for reading through the handle (not by its path again).
+            let mut src = fs::File::open(format!("/proc/self/fd/{}", handle.as_raw_fd()))
+                .map_err(io("read", p))?;
+            let dst_path = node_dir.join(&saved);
+            let mut dst = fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(PRIVATE_FILE)
+                .open(&dst_path)
+                .map_err(io("create", &dst_path))?;
+            bytes += std::io::copy(&mut src, &mut dst).map_err(io("copy", p))?;
             saved
         };
         out.push(PreservedFile {
             path: p.display().to_string(),
             saved_as,
-            mode,
-            uid,
-            gid,
+            mode: meta.mode() & 0o7777,
+            uid: meta.uid(),
+            gid: meta.gid(),
             fifo,
         });
     }
@@ -2080,66 +2520,306 @@ async fn clear_stale_sockets(ports: &[u16]) {
     }
 }
 
-fn put_back_files(job: u64, m: &NodeManifest, node_dir: &Path) -> Result<(), AgentError> {
+/// Brings the job's own stdout or stderr (in the job directory, which root controls) back to
+/// its checkpoint size, recreating it if it is gone; 0600 and the owner's, through the open
+/// file.
+fn put_back_own_output(job: u64, f: &OpenFile, owner: &Identity) -> Result<(), AgentError> {
+    let p = Path::new(&f.path);
     let io = |what, path: &Path| io_err(job, what, path);
-    for f in &m.open_files {
-        let p = Path::new(&f.path);
-        match fs::metadata(p) {
-            Ok(meta) if meta.len() > f.size => {
-                fs::OpenOptions::new()
-                    .write(true)
-                    .open(p)
-                    .and_then(|h| h.set_len(f.size))
-                    .map_err(io("truncate", p))?;
-            }
-            Ok(meta) if meta.len() < f.size => {
-                // The engine will refuse; extend with zeros is wrong, so say what happened.
-                return Err(AgentError::Start {
-                    job,
-                    message: format!(
-                        "{} is {} bytes but was {} at checkpoint time: it was truncated or replaced since; restore it or remove it and restart from an epoch taken after",
-                        f.path,
-                        meta.len(),
-                        f.size
-                    ),
-                });
-            }
-            Ok(_) => {}
-            Err(_) => {
-                // Recreate a missing output file at its checkpoint size (content was written
-                // by the job; the engine only needs the file and its size to match).
-                if let Some(parent) = p.parent() {
-                    fs::create_dir_all(parent).map_err(io("create", parent))?;
-                }
-                fs::File::create(p)
-                    .and_then(|h| h.set_len(f.size))
-                    .map_err(io("create", p))?;
-            }
+    let flags = libc::O_WRONLY | libc::O_NONBLOCK;
+    let (file, created) = match shim::open_no_symlinks(p, flags, 0) {
+        Ok(file) => (file, false),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+            let file = shim::open_no_symlinks(p, flags | libc::O_CREAT, PRIVATE_FILE)
+                .map_err(io("create", p))?;
+            (file, true)
         }
+        Err(e) => return Err(io("open", p)(e)),
+    };
+    let meta = file.metadata().map_err(io("stat", p))?;
+    if !meta.is_file() {
+        return Err(io("open", p)(std::io::Error::other("not a regular file")));
     }
-    for pf in &m.preserved {
-        let dst = Path::new(&pf.path);
-        if let Some(parent) = dst.parent() {
-            fs::create_dir_all(parent).map_err(io("create", parent))?;
-        }
-        if pf.fifo {
-            let _ = fs::remove_file(dst);
-            nix::unistd::mkfifo(dst, nix::sys::stat::Mode::from_bits_truncate(pf.mode))
-                .map_err(|e| std::io::Error::from_raw_os_error(e as i32))
-                .map_err(io("mkfifo", dst))?;
-        } else {
-            fs::copy(node_dir.join(&pf.saved_as), dst).map_err(io("restore", dst))?;
-        }
-        let _ = nix::unistd::chown(dst, Some(pf.uid.into()), Some(pf.gid.into()));
-        use std::os::unix::fs::PermissionsExt;
-        let _ = fs::set_permissions(dst, fs::Permissions::from_mode(pf.mode));
+    nix::unistd::fchown(&file, Some(owner.uid.into()), Some(owner.gid.into()))
+        .map_err(|e| io("chown", p)(std::io::Error::from_raw_os_error(e as i32)))?;
+    file.set_permissions(fs::Permissions::from_mode(PRIVATE_FILE))
+        .map_err(io("chmod", p))?;
+    if meta.len() < f.size && !created {
+        // The engine will refuse; extend with zeros is wrong, so say what happened.
+        return Err(AgentError::Start {
+            job,
+            message: format!(
+                "{} is {} bytes but was {} at checkpoint time: it was truncated or replaced since; restore it or remove it and restart from an epoch taken after",
+                f.path,
+                meta.len(),
+                f.size
+            ),
+        });
+    }
+    // Longer: truncated back. Recreated: content was written by the job; the engine only needs
+    // the file and its size to match.
+    if meta.len() != f.size {
+        file.set_len(f.size).map_err(io("truncate", p))?;
     }
     Ok(())
+}
+
+/// Checks, while the restored processes are still frozen, that each holds only files its owner
+/// may use as it does. The engine reopens the job's files by path, as root, and follows links:
+/// a file the user swapped for a link (to root's secrets, or a file only root may write) since
+/// the put-back would otherwise stay open in the user's process. Judged by the mode bits; a
+/// file with an ACL is left alone (only its owner can set one). Root's jobs are not checked.
+fn verify_restored(job: u64, cgroup: &JobCgroup, owner: &Identity) -> Result<(), AgentError> {
+    if owner.uid == 0 {
+        return Ok(());
+    }
+    for pid in cgroup.pids().unwrap_or_default() {
+        for h in procfs::held_files(pid) {
+            if owner_may(owner, &h.meta, h.access) || has_acl(&h.handle) {
+                continue;
+            }
+            let how = match (h.access.write, h.access.read) {
+                _ if h.access.search => "as its working directory",
+                (true, _) => "open for writing",
+                _ => "open for reading",
+            };
+            return Err(AgentError::FileRefused {
+                job,
+                action: "restore",
+                path: h.path.display().to_string(),
+                uid: owner.uid,
+                problem: format!(
+                    "the restored process {pid} would hold it {how}, which its owner may not (it belongs to uid {}, mode 0{:o}); it was replaced, e.g. by a link, after the checkpoint; the restored processes were killed",
+                    h.meta.uid(),
+                    h.meta.mode() & 0o7777
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Whether `owner` may use a file as `access` says, by its mode bits (the owner's class, else
+/// the group's, else the others').
+fn owner_may(owner: &Identity, meta: &fs::Metadata, access: procfs::Access) -> bool {
+    let mode = meta.mode();
+    let bits = if meta.uid() == owner.uid {
+        (mode >> 6) & 7
+    } else if meta.gid() == owner.gid || owner.groups.contains(&meta.gid()) {
+        (mode >> 3) & 7
+    } else {
+        mode & 7
+    };
+    (!access.read || bits & 4 != 0)
+        && (!access.write || bits & 2 != 0)
+        && (!access.search || bits & 1 != 0)
+}
+
+/// Whether the file reached through `handle` has a POSIX access ACL.
+fn has_acl(handle: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(handle.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: getxattr with a NUL-terminated path and name, and a null buffer of size 0 (it
+    // only returns the value's size).
+    let n = unsafe {
+        libc::getxattr(
+            c.as_ptr(),
+            c"system.posix_acl_access".as_ptr(),
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    n > 0
+}
+
+/// Runs the put-back helper (`<shim_exe> shim /dev/stdin` with `task` on its stdin) and turns
+/// its report into an error naming the file.
+async fn run_put_back(job: u64, shim_exe: &Path, task: &PutBackTask) -> Result<(), AgentError> {
+    use tokio::io::AsyncWriteExt;
+    let failed = |message: String| AgentError::Start {
+        job,
+        message: format!("put-back helper: {message}"),
+    };
+    let mut child = tokio::process::Command::new(shim_exe)
+        .arg("shim")
+        .arg("/dev/stdin")
+        .env_clear()
+        .current_dir("/")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| failed(format!("cannot start {}: {e}", shim_exe.display())))?;
+    let input = serde_json::to_vec(task).expect("serializable");
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(&input)
+            .await
+            .map_err(|e| failed(format!("cannot send its task: {e}")))?;
+    }
+    let out = tokio::time::timeout(PUT_BACK_TIMEOUT, child.wait_with_output())
+        .await
+        .map_err(|_| AgentError::Timeout {
+            job,
+            what: "putting back the job's files",
+            waited: PUT_BACK_TIMEOUT,
+        })?
+        .map_err(|e| failed(e.to_string()))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    match serde_json::from_slice::<PutBackFailure>(&out.stdout) {
+        Ok(f) => Err(AgentError::FileRefused {
+            job,
+            action: "put back",
+            path: f.path,
+            uid: task.put_back.owner.uid,
+            problem: f.problem,
+        }),
+        Err(_) => Err(failed(format!(
+            "{}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn launch_policy_refuses_root_system_accounts_and_unknown_users() {
+        let strict = LaunchPolicy::default();
+        let e = strict.authorize(7, "n1", 0).unwrap_err();
+        assert!(matches!(e, AgentError::RootRefused { .. }), "{e}");
+        assert!(e.to_string().contains("allow_root_jobs"), "{e}");
+        let e = strict.authorize(7, "n1", 1).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                AgentError::UidBelowMinimum {
+                    uid: 1,
+                    min_uid: 1000,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains("uid 1") && e.to_string().contains("min_uid"),
+            "{e}"
+        );
+        let e = strict.authorize(7, "n1", u32::MAX - 7).unwrap_err();
+        assert!(matches!(e, AgentError::UnknownUser { .. }), "{e}");
+        assert!(e.to_string().contains("no passwd entry"), "{e}");
+        let open = LaunchPolicy {
+            allow_root: true,
+            min_uid: 1000,
+        };
+        let root = open.authorize(7, "n1", 0).unwrap();
+        assert_eq!((root.uid, root.gid), (0, 0), "gid from passwd");
+        assert!(matches!(
+            crate::grpc::to_status(strict.authorize(7, "n1", 0).unwrap_err()).code(),
+            tonic::Code::PermissionDenied
+        ));
+    }
+
+    #[test]
+    fn agent_directories_and_records_get_explicit_modes() {
+        let d = tempfile::tempdir().unwrap();
+        let state = d.path().join("new/state");
+        ensure_dir(&state, TRAVERSE_ONLY).unwrap();
+        let mode = |p: &Path| fs::symlink_metadata(p).unwrap().mode() & 0o7777;
+        assert_eq!(mode(&state), 0o711);
+        assert_eq!(
+            mode(&d.path().join("new")),
+            0o755,
+            "missing parents like /var/lib"
+        );
+        let rec = state.join("job.json");
+        write_private(&rec, b"{}").unwrap();
+        assert_eq!(mode(&rec), 0o600);
+        // An older agent's job directory, made with umask 022.
+        let job = state.join("7");
+        for sub in ["logs", "run/1"] {
+            fs::create_dir_all(job.join(sub)).unwrap();
+        }
+        for f in ["job.json", "stdout", "run/1/spec.json"] {
+            fs::write(job.join(f), b"x").unwrap();
+        }
+        for p in [&job, &job.join("logs"), &job.join("run")] {
+            fs::set_permissions(p, fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        fs::set_permissions(job.join("job.json"), fs::Permissions::from_mode(0o644)).unwrap();
+        fs::set_permissions(job.join("stdout"), fs::Permissions::from_mode(0o644)).unwrap();
+        fix_job_dir_modes(&job, None);
+        assert_eq!(mode(&job), 0o711);
+        assert_eq!(mode(&job.join("logs")), 0o700);
+        assert_eq!(mode(&job.join("run")), 0o700);
+        assert_eq!(mode(&job.join("job.json")), 0o600);
+        assert_eq!(mode(&job.join("stdout")), 0o600);
+    }
+
+    #[test]
+    fn restored_files_are_judged_by_what_the_owner_may_do() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("f");
+        fs::write(&f, b"x").unwrap();
+        let me = nix::unistd::getuid().as_raw();
+        let owner = Identity {
+            uid: me.wrapping_add(1),
+            gid: 4242,
+            groups: vec![4242, 4343],
+        };
+        let read = procfs::Access {
+            read: true,
+            ..Default::default()
+        };
+        let write = procfs::Access {
+            write: true,
+            ..Default::default()
+        };
+        let judge = |mode: u32, gid: u32, access| {
+            fs::set_permissions(&f, fs::Permissions::from_mode(mode)).unwrap();
+            std::os::unix::fs::chown(&f, None, Some(gid)).unwrap();
+            owner_may(&owner, &fs::metadata(&f).unwrap(), access)
+        };
+        assert!(judge(0o644, 0, read), "others may read");
+        assert!(!judge(0o640, 0, read), "another user's group-only file");
+        assert!(judge(0o640, 4343, read), "a supplementary group's file");
+        assert!(!judge(0o644, 4343, write), "not writable by the group");
+        assert!(judge(0o664, 4242, write), "writable by the primary group");
+        assert!(!judge(0o600, 0, read), "another user's private file");
+        let mine = Identity { uid: me, ..owner };
+        assert!(
+            owner_may(&mine, &fs::metadata(&f).unwrap(), write),
+            "the owner's own file"
+        );
+        assert!(!has_acl(&f));
+    }
+
+    #[test]
+    fn staging_is_made_private_unless_it_is_a_shared_directory() {
+        let d = tempfile::tempdir().unwrap();
+        let own = d.path().join("local");
+        fs::create_dir(&own).unwrap();
+        fs::set_permissions(&own, fs::Permissions::from_mode(0o755)).unwrap();
+        protect_staging(&own);
+        assert_eq!(fs::metadata(&own).unwrap().mode() & 0o7777, 0o700);
+        let shared = d.path().join("shm");
+        fs::create_dir(&shared).unwrap();
+        fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).unwrap();
+        protect_staging(&shared);
+        assert_eq!(
+            fs::metadata(&shared).unwrap().mode() & 0o7777,
+            0o1777,
+            "a shared directory keeps its mode"
+        );
+    }
 
     #[test]
     fn addresses_not_on_this_node_are_told_apart() {

@@ -48,6 +48,13 @@ pub fn init_tracing() {
         .init();
 }
 
+/// Makes every file and directory the daemon creates private (umask 077); call first thing in
+/// a daemon's `main`. Directories users must pass through, and the files they may read (a job's
+/// stdout and stderr), get their modes explicitly; jobs get umask 022 (see [`shim`]).
+pub fn set_private_umask() {
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+}
+
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -68,13 +75,32 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    /// The node's credential is missing or unusable.
+    #[error(transparent)]
+    Auth(#[from] ckpt_auth::AuthError),
     /// Serving failed.
     #[error("agent gRPC server: {0}")]
     Serve(#[from] tonic::transport::Error),
 }
 
-/// Checks the engine and the cgroup hierarchy and opens the node's job table.
-pub fn open_jobs(cfg: &AgentConfig, shim_exe: PathBuf) -> Result<Arc<jobs::Jobs>, StartError> {
+/// This node's cluster credential from `tls_dir`, checked to name `node_name`.
+pub fn load_credential(
+    cfg: &AgentConfig,
+) -> Result<ckpt_auth::tls::Credential, ckpt_auth::AuthError> {
+    ckpt_auth::tls::Credential::load(
+        &cfg.tls_dir,
+        &ckpt_auth::Identity::Node(cfg.node_name.clone()),
+    )
+}
+
+/// Checks the engine and the cgroup hierarchy and opens the node's job table. `credential` is
+/// the node's cluster credential (none when embedded in a standalone ckptd, which reaches its
+/// agent over a local socket only).
+pub fn open_jobs(
+    cfg: &AgentConfig,
+    shim_exe: PathBuf,
+    credential: Option<ckpt_auth::tls::Credential>,
+) -> Result<Arc<jobs::Jobs>, StartError> {
     let criu = engine::criu::Criu::detect(&cfg.criu)?;
     info!(criu = criu.path(), version = %engine::SnapshotEngine::version(&criu), "snapshot engine ready");
     let cgroups = cgroup::CgroupParent::resolve(&cfg.cgroup.parent, &cfg.cgroup.prefix)?;
@@ -101,9 +127,58 @@ pub fn open_jobs(cfg: &AgentConfig, shim_exe: PathBuf) -> Result<Arc<jobs::Jobs>
         coordinator: cfg.coordinator.clone(),
         launcher: cfg.launcher.resolve(),
         set_mpi_env: cfg.launcher.set_mpi_env,
+        ca: credential
+            .as_ref()
+            .map(|_| cfg.tls_dir.join(ckpt_auth::ca::CA_CERT)),
     })
-    .with_shared(cfg.shared_dir.clone(), cfg.flush.copy_options());
+    .with_credential(credential)
+    .with_shared(cfg.shared_dir.clone(), cfg.flush.copy_options())
+    .with_launch_policy(jobs::LaunchPolicy {
+        allow_root: cfg.allow_root_jobs,
+        min_uid: cfg.min_uid,
+    });
     Ok(Arc::new(jobs))
+}
+
+/// Where the Agent service listens.
+#[derive(Debug)]
+pub enum Listener {
+    /// A compute node: TLS on a TCP port with the node's credential, which also authenticates
+    /// the agent to the coordinator and to other agents.
+    Cluster {
+        /// The TCP listener.
+        tcp: TcpListener,
+        /// The node's credential.
+        credential: ckpt_auth::tls::Credential,
+    },
+    /// Embedded in `ckptd --standalone`: a Unix socket in a root-only directory, and the
+    /// coordinator reached over its local socket; no TCP port at all.
+    Local {
+        /// The listener.
+        unix: tokio::net::UnixListener,
+        /// Its path (advertised as `unix:PATH`).
+        path: PathBuf,
+    },
+}
+
+/// Binds the embedded agent's socket at `path`, in a directory only root may enter.
+pub fn bind_local(path: &std::path::Path) -> std::io::Result<Listener> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let unix = tokio::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(Listener::Local {
+        unix,
+        path: path.to_path_buf(),
+    })
 }
 
 /// Runs the agent until `shutdown` resolves: serves the Agent service on `listener` and, when a
@@ -111,29 +186,42 @@ pub fn open_jobs(cfg: &AgentConfig, shim_exe: PathBuf) -> Result<Arc<jobs::Jobs>
 pub async fn run(
     cfg: AgentConfig,
     jobs: Arc<jobs::Jobs>,
-    listener: TcpListener,
+    listener: Listener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
-    let local = listener.local_addr().map_err(|source| StartError::Dir {
-        what: "listen",
-        path: cfg.listen.to_string().into(),
-        source,
-    })?;
-    let advertise = cfg.advertise.clone().unwrap_or_else(|| {
-        let ip = if local.ip().is_unspecified() {
-            std::net::IpAddr::from([127, 0, 0, 1])
-        } else {
-            local.ip()
-        };
-        std::net::SocketAddr::new(ip, local.port()).to_string()
-    });
-    info!(node = %cfg.node_name, %local, %advertise, "agent listening");
+    let (advertise, dial) = match &listener {
+        Listener::Cluster { tcp, credential } => {
+            let local = tcp.local_addr().map_err(|source| StartError::Dir {
+                what: "listen",
+                path: cfg.listen.to_string().into(),
+                source,
+            })?;
+            let advertise = cfg.advertise.clone().unwrap_or_else(|| {
+                let ip = if local.ip().is_unspecified() {
+                    std::net::IpAddr::from([127, 0, 0, 1])
+                } else {
+                    local.ip()
+                };
+                std::net::SocketAddr::new(ip, local.port()).to_string()
+            });
+            let dial = credential
+                .client_config(ckpt_auth::Identity::Coordinator)
+                .map_err(StartError::Auth)?;
+            (advertise, ckpt_auth::transport::Dial::Tls(dial))
+        }
+        Listener::Local { path, .. } => (
+            format!("unix:{}", path.display()),
+            ckpt_auth::transport::Dial::LocalOnly,
+        ),
+    };
+    info!(node = %cfg.node_name, %advertise, "agent listening");
     let hb = if cfg.coordinator.is_empty() {
         None
     } else {
         Some(tokio::spawn(heartbeat::run(
             cfg.clone(),
             advertise,
+            dial,
             jobs.clone(),
         )))
     };
@@ -145,11 +233,27 @@ pub async fn run(
             None
         }
     };
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    let r = tonic::transport::Server::builder()
-        .add_service(AgentServer::new(grpc::AgentHandler::new(jobs)))
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await;
+    let server = tonic::transport::Server::builder()
+        .add_service(AgentServer::new(grpc::AgentHandler::new(jobs)));
+    let r = match listener {
+        Listener::Cluster { tcp, credential } => {
+            let tls = credential.server_config().map_err(StartError::Auth)?;
+            server
+                .serve_with_incoming_shutdown(
+                    ckpt_auth::transport::tls_incoming(tcp, tls),
+                    shutdown,
+                )
+                .await
+        }
+        Listener::Local { unix, .. } => {
+            server
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::UnixListenerStream::new(unix),
+                    shutdown,
+                )
+                .await
+        }
+    };
     if let Some(h) = hb {
         h.abort();
     }

@@ -39,6 +39,17 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
+    /// Installs this node's cluster credential: the bundle `ckptd ca issue NODE` printed on the
+    /// head node (a file, or - for standard input), into `tls_dir` (default /etc/ckpt/tls).
+    ///
+    /// One command per node, e.g.: ckptd ca issue n1 | ssh n1 ckpt-agent enroll -
+    ///
+    /// The bundle must be issued for this node's `node_name`: the coordinator accepts a
+    /// node's registration only from that node's credential.
+    Enroll {
+        /// The bundle file, or - for standard input.
+        bundle: PathBuf,
+    },
     /// Internal: the per-job shim the agent starts (not for direct use).
     #[command(hide = true)]
     Shim {
@@ -48,10 +59,15 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
+    node_agent::set_private_umask();
     let cli = Cli::parse();
     if let Some(Cmd::Shim { spec }) = &cli.cmd {
         return ExitCode::from(node_agent::shim::main(spec) as u8);
     }
+    let enroll = match cli.cmd {
+        Some(Cmd::Enroll { bundle }) => Some(bundle),
+        _ => None,
+    };
     node_agent::init_tracing();
     let default_path = std::path::Path::new(AgentConfig::DEFAULT_PATH);
     let mut cfg: AgentConfig = match node_agent::config::load_or_default(&cli.config, default_path)
@@ -75,12 +91,22 @@ fn main() -> ExitCode {
         eprintln!("ckpt-agent: {e}");
         return ExitCode::from(2);
     }
+    if let Some(bundle) = enroll {
+        return enroll_node(&cfg, &bundle);
+    }
     if cli.check_config {
         println!("ckpt-agent: config {} is valid", cli.config.display());
         return ExitCode::SUCCESS;
     }
+    let credential = match node_agent::load_credential(&cfg) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ckpt-agent: node {}: {e}", cfg.node_name);
+            return ExitCode::from(2);
+        }
+    };
     let exe = std::env::current_exe().unwrap_or_else(|_| "ckpt-agent".into());
-    let jobs = match node_agent::open_jobs(&cfg, exe) {
+    let jobs = match node_agent::open_jobs(&cfg, exe, Some(credential.clone())) {
         Ok(j) => j,
         Err(node_agent::StartError::Engine(e)) => {
             eprintln!("ckpt-agent: {e}");
@@ -100,6 +126,10 @@ fn main() -> ExitCode {
                 path: cfg.listen.to_string().into(),
                 source,
             })?;
+        let listener = node_agent::Listener::Cluster {
+            tcp: listener,
+            credential,
+        };
         node_agent::run(cfg, jobs, listener, async {
             let _ = tokio::signal::ctrl_c().await;
         })
@@ -110,6 +140,41 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("ckpt-agent: {e}");
             ExitCode::from(4)
+        }
+    }
+}
+
+/// `ckpt-agent enroll BUNDLE`.
+fn enroll_node(cfg: &AgentConfig, bundle: &std::path::Path) -> ExitCode {
+    let text = if bundle == std::path::Path::new("-") {
+        let mut t = String::new();
+        match std::io::Read::read_to_string(&mut std::io::stdin(), &mut t) {
+            Ok(_) => t,
+            Err(e) => {
+                eprintln!("ckpt-agent: cannot read the bundle from standard input: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        match std::fs::read_to_string(bundle) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("ckpt-agent: {}: {e}", bundle.display());
+                return ExitCode::from(2);
+            }
+        }
+    };
+    match ckpt_auth::ca::install(&text, &cfg.tls_dir, Some(&cfg.node_name)) {
+        Ok(id) => {
+            println!(
+                "ckpt-agent: enrolled as {id}: credential installed in {} (start the agent: systemctl restart ckpt-agent)",
+                cfg.tls_dir.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ckpt-agent: {e}");
+            ExitCode::from(2)
         }
     }
 }

@@ -12,7 +12,6 @@ use ckpt_store::copy::CopyProgress;
 use ckpt_store::manifest::NodeManifest;
 use ckpt_store::stream::{self, Receiver};
 use tokio::sync::mpsc;
-use tonic::transport::Endpoint;
 
 use crate::error::AgentError;
 
@@ -27,22 +26,24 @@ fn partner_err(job: u64, node: &str, message: impl std::fmt::Display) -> AgentEr
     }
 }
 
-/// A client to another node's agent.
+/// A client to another node's agent, over TLS with this node's credential; the server must
+/// prove it is `node`.
 pub async fn connect(
     job: u64,
     node: &str,
     address: &str,
+    credential: Option<&ckpt_auth::tls::Credential>,
 ) -> Result<AgentClient<tonic::transport::Channel>, AgentError> {
-    let ep = Endpoint::from_shared(format!("http://{address}"))
-        .map_err(|e| partner_err(job, node, format!("bad address {address:?}: {e}")))?
-        .connect_timeout(CONNECT_TIMEOUT);
-    let ch = ep.connect().await.map_err(|e| {
-        partner_err(
-            job,
-            node,
-            format!("cannot reach its agent at {address}: {e}"),
-        )
-    })?;
+    let dial = match credential {
+        Some(c) => ckpt_auth::transport::Dial::Tls(
+            c.client_config(ckpt_auth::Identity::Node(node.to_string()))
+                .map_err(|e| partner_err(job, node, e))?,
+        ),
+        None => ckpt_auth::transport::Dial::LocalOnly,
+    };
+    let ch = ckpt_auth::transport::connect(address, dial, CONNECT_TIMEOUT)
+        .await
+        .map_err(|e| partner_err(job, node, format!("its agent: {e}")))?;
     Ok(AgentClient::new(ch)
         .max_decoding_message_size(stream::CHUNK * 2)
         .max_encoding_message_size(stream::CHUNK * 2))

@@ -3,7 +3,6 @@
 //! checkpoint and restored before a restore), shared-memory files the engine does not save, and
 //! verbs device mappings (which need an ib-quiesce channel).
 use std::fs;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// One process as `/proc/<pid>/stat` shows it.
@@ -88,7 +87,8 @@ pub fn files_open_for_write(pid: i32) -> Vec<(PathBuf, u64)> {
         if access != libc::O_WRONLY as u32 && access != libc::O_RDWR as u32 {
             continue;
         }
-        if let Ok(meta) = fs::metadata(&target) {
+        // The open file itself, not whatever its path names now.
+        if let Ok(meta) = fs::metadata(ent.path()) {
             if meta.is_file() {
                 out.push((target, meta.len()));
             }
@@ -312,11 +312,112 @@ pub fn outside_tree(root: i32, pids: &[i32]) -> Vec<ProcStat> {
         .collect()
 }
 
-/// Owner and mode of a file.
-pub fn owner_mode(path: &Path) -> Option<(u32, u32, u32)> {
-    fs::metadata(path)
+/// Access a process has to a file it holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Access {
+    /// Reads it (a descriptor open for reading, a readable mapping, a listed directory).
+    pub read: bool,
+    /// Writes it (a descriptor open for writing, a shared writable mapping).
+    pub write: bool,
+    /// Looks names up in it (the working directory).
+    pub search: bool,
+}
+
+/// A regular file or directory a process holds.
+#[derive(Debug, Clone)]
+pub struct Held {
+    /// Its path as the kernel shows it.
+    pub path: PathBuf,
+    /// The `/proc` entry that reaches the held file itself (not whatever its path names now).
+    pub handle: PathBuf,
+    /// The held file's metadata.
+    pub meta: fs::Metadata,
+    /// What the process does with it.
+    pub access: Access,
+}
+
+/// The regular files and directories a process holds, and how: its open descriptors (not
+/// `O_PATH` ones), its file mappings and its working directory.
+pub fn held_files(pid: i32) -> Vec<Held> {
+    let mut out = Vec::new();
+    let mut hold = |handle: PathBuf, access: Access| {
+        let (Ok(meta), Ok(path)) = (fs::metadata(&handle), fs::read_link(&handle)) else {
+            return;
+        };
+        if meta.is_file() || meta.is_dir() {
+            out.push(Held {
+                path,
+                handle,
+                meta,
+                access,
+            });
+        }
+    };
+    if let Ok(rd) = fs::read_dir(format!("/proc/{pid}/fd")) {
+        for ent in rd.flatten() {
+            let fd = ent.file_name().to_string_lossy().into_owned();
+            let flags = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))
+                .ok()
+                .and_then(|info| {
+                    let v = info.lines().find_map(|l| l.strip_prefix("flags:"))?;
+                    u32::from_str_radix(v.trim(), 8).ok()
+                })
+                .unwrap_or(0);
+            if flags & libc::O_PATH as u32 != 0 {
+                continue;
+            }
+            let mode = flags & libc::O_ACCMODE as u32;
+            hold(
+                ent.path(),
+                Access {
+                    read: mode != libc::O_WRONLY as u32,
+                    write: mode != libc::O_RDONLY as u32,
+                    search: false,
+                },
+            );
+        }
+    }
+    if let Ok(text) = fs::read_to_string(format!("/proc/{pid}/maps")) {
+        let mut seen = std::collections::HashSet::new();
+        for line in text.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (Some(range), Some(perms), Some(path)) = (f.first(), f.get(1), f.get(5)) else {
+                continue;
+            };
+            if !path.starts_with('/') || !seen.insert((*range).to_string()) {
+                continue;
+            }
+            let p = perms.as_bytes();
+            let shared_write = p.get(1) == Some(&b'w') && p.get(3) == Some(&b's');
+            hold(
+                PathBuf::from(format!("/proc/{pid}/map_files/{range}")),
+                Access {
+                    read: p.first() == Some(&b'r'),
+                    write: shared_write,
+                    search: false,
+                },
+            );
+        }
+    }
+    hold(
+        PathBuf::from(format!("/proc/{pid}/cwd")),
+        Access {
+            search: true,
+            ..Access::default()
+        },
+    );
+    out
+}
+
+/// Real uid of a process (from `/proc/<pid>/status`).
+pub fn uid_of(pid: i32) -> Option<u32> {
+    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
         .ok()
-        .map(|m| (m.uid(), m.gid(), m.mode() & 0o7777))
 }
 
 #[cfg(test)]
@@ -349,6 +450,24 @@ mod tests {
             "own listening port found"
         );
         assert!(outside_tree(me, &[me]).is_empty());
+        assert_eq!(uid_of(me), Some(nix::unistd::getuid().as_raw()));
+        assert_eq!(uid_of(i32::MAX - 1), None);
+        let held = held_files(me);
+        let out_log = held
+            .iter()
+            .find(|h| h.path == p)
+            .expect("the open output file is held");
+        assert!(out_log.access.write && !out_log.access.read, "{out_log:?}");
+        assert!(
+            held.iter().any(|h| h.access.search && h.meta.is_dir()),
+            "the working directory is held"
+        );
+        let exe = std::env::current_exe().unwrap();
+        assert!(
+            held.iter()
+                .any(|h| h.path == exe && h.access.read && !h.access.write),
+            "the mapped executable is held for reading"
+        );
         assert!(local_addresses().iter().all(|a| !a.is_loopback()));
         let t = std::thread::spawn(|| std::thread::sleep(std::time::Duration::from_millis(300)));
         assert!(!thread_ids(&[me]).is_empty(), "a running thread is listed");

@@ -55,12 +55,97 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
+    /// The cluster CA that ckptd and the agents authenticate each other with.
+    ///
+    /// Set-up, once: `ckptd ca init` on the head node; then, per compute node,
+    /// `ckptd ca issue NODE | ssh NODE ckpt-agent enroll -`. Files live in `tls_dir`
+    /// (default /etc/ckpt/tls); see docs/security.md.
+    Ca {
+        #[command(subcommand)]
+        cmd: CaCmd,
+    },
     /// Internal: the per-job shim of the embedded agent (not for direct use).
     #[command(hide = true)]
     Shim {
         /// Shim spec.
         spec: PathBuf,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum CaCmd {
+    /// Creates the cluster CA and ckptd's own credential in `tls_dir`. Refuses to replace an
+    /// existing CA.
+    Init {
+        /// Where to create it (default: `tls_dir` of the config).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Issues NODE's credential and prints it as one bundle for `ckpt-agent enroll` on that
+    /// node. The bundle holds the node's private key: send it straight to the node (a pipe
+    /// through ssh), do not leave it lying around.
+    Issue {
+        /// The node's name, as its agent's `node_name` says (letters, digits, '.', '_', '-').
+        node: String,
+        /// The CA's directory (default: `tls_dir` of the config).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Write the bundle to this file (created 0600) instead of standard output.
+        #[arg(long, short)]
+        out: Option<PathBuf>,
+    },
+}
+
+/// `ckptd ca ...`.
+fn ca_command(cmd: &CaCmd, tls_dir: &std::path::Path) -> ExitCode {
+    match cmd {
+        CaCmd::Init { dir } => {
+            let dir = dir.as_deref().unwrap_or(tls_dir);
+            match ckpt_auth::ca::init(dir) {
+                Ok(()) => {
+                    println!(
+                        "ckptd: cluster CA and ckptd's credential created in {}\n\
+                         next, for every compute node: ckptd ca issue NODE | ssh NODE ckpt-agent enroll -",
+                        dir.display()
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("ckptd: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
+        CaCmd::Issue { node, dir, out } => {
+            let dir = dir.as_deref().unwrap_or(tls_dir);
+            let bundle = match ckpt_auth::ca::issue(dir, node) {
+                Ok(b) => b,
+                Err(e) => {
+                    eprintln!("ckptd: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let written = match out {
+                None => std::io::Write::write_all(&mut std::io::stdout(), bundle.as_bytes()),
+                Some(path) => {
+                    use std::os::unix::fs::OpenOptionsExt;
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o600)
+                        .open(path)
+                        .and_then(|mut f| std::io::Write::write_all(&mut f, bundle.as_bytes()))
+                }
+            };
+            match written {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("ckptd: cannot write the bundle: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -86,9 +171,6 @@ fn main() -> ExitCode {
     }
     if let Some(l) = cli.listen {
         cfg.listen = l;
-    } else if cli.standalone && cli.config == default_path && !cli.config.exists() {
-        // A standalone coordinator without a config serves only this machine.
-        cfg.listen = "127.0.0.1:7600".parse().expect("valid");
     }
     if let Some(d) = cli.state_dir {
         cfg.agent.state_dir = d;
@@ -100,16 +182,36 @@ fn main() -> ExitCode {
         eprintln!("ckptd: {e}");
         return ExitCode::from(2);
     }
+    if let Some(Cmd::Ca { cmd }) = &cli.cmd {
+        return ca_command(cmd, &cfg.tls_dir);
+    }
     if cli.check_config {
         println!("ckptd: config {} is valid", cli.config.display());
         return ExitCode::SUCCESS;
     }
+    // The cluster credential. A standalone ckptd without one serves this machine only, on
+    // local sockets: no TCP port at all.
+    let have_credential = cfg.tls_dir.join(ckpt_auth::ca::COORDINATOR_CERT).exists();
+    let credential = if have_credential || !cli.standalone {
+        match ckpt_auth::tls::Credential::load(&cfg.tls_dir, &ckpt_auth::Identity::Coordinator) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                eprintln!(
+                    "ckptd: no usable cluster credential: {e}\n\
+                     (a cluster needs one: `ckptd ca init`; one machine needs none: `ckptd --standalone`)"
+                );
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        None
+    };
     let jobs = if cli.standalone {
         let exe = std::env::current_exe().unwrap_or_else(|_| "ckptd".into());
-        // Jobs of the embedded agent reach the coordinator (ckpt-rsh) over loopback.
+        // The embedded agent and its jobs (ckpt-rsh) reach the coordinator on its local socket.
         let mut acfg = cfg.agent.clone();
-        acfg.coordinator = format!("127.0.0.1:{}", cfg.listen.port());
-        match node_agent::open_jobs(&acfg, exe) {
+        acfg.coordinator = format!("unix:{}", cfg.socket.display());
+        match node_agent::open_jobs(&acfg, exe, None) {
             Ok(j) => Some(j),
             Err(node_agent::StartError::Engine(e)) => {
                 eprintln!("ckptd: {e}");
@@ -132,24 +234,29 @@ fn main() -> ExitCode {
     };
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     let r: Result<(), String> = rt.block_on(async move {
-        let coord: Arc<Coordinator> =
-            Coordinator::new(registry, cfg.clone()).map_err(|e| e.to_string())?;
-        let agents = tokio::net::TcpListener::bind(cfg.listen)
-            .await
-            .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
+        let coord: Arc<Coordinator> = Coordinator::new(registry, cfg.clone(), credential.clone())
+            .map_err(|e| e.to_string())?;
+        let agents = match &credential {
+            Some(c) => {
+                let tls = c.server_config().map_err(|e| e.to_string())?;
+                let l = tokio::net::TcpListener::bind(cfg.listen)
+                    .await
+                    .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
+                Some((l, tls))
+            }
+            None => None,
+        };
         let control = coordinator::server::bind_control_socket(&cfg.socket)
             .map_err(|e| format!("cannot bind control socket {}: {e}", cfg.socket.display()))?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         if let Some(jobs) = jobs {
             let mut acfg = cfg.agent.clone();
-            let port = agents.local_addr().map_err(|e| e.to_string())?.port();
-            acfg.coordinator = format!("127.0.0.1:{port}");
-            // Only this process calls the embedded agent: keep it on loopback, on a free port.
-            acfg.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-            acfg.advertise = None;
-            let l = tokio::net::TcpListener::bind(acfg.listen)
-                .await
-                .map_err(|e| format!("cannot listen on {}: {e}", acfg.listen))?;
+            acfg.coordinator = format!("unix:{}", cfg.socket.display());
+            // Only this process calls the embedded agent: a socket in a directory only root
+            // may enter, no TCP port.
+            let sock = acfg.state_dir.join("rpc").join("agent.sock");
+            let l = node_agent::bind_local(&sock)
+                .map_err(|e| format!("cannot bind {}: {e}", sock.display()))?;
             let mut rx = stop_rx.clone();
             tokio::spawn(async move {
                 if let Err(e) = node_agent::run(acfg, jobs, l, async move {

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use ckpt_proto::v1 as pb;
 use ckpt_proto::v1::agent_client::AgentClient;
 use ckpt_proto::v1::registry_client::RegistryClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 const USAGE: &str = "usage: ckpt-rsh [ssh options] HOST COMMAND [ARGS...]
 
@@ -37,6 +37,8 @@ environment. ssh options (-x, -q, -o KEY=VALUE, -p PORT, -l USER, ...) are accep
 const UNREACHABLE: u8 = 255;
 /// How long to keep trying a coordinator or agent that does not answer.
 const GIVE_UP_AFTER: Duration = Duration::from_secs(300);
+/// Connecting (and the TLS handshake) to a daemon on the cluster network.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Limit of one call.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Poll intervals: fast while output flows, slower when idle.
@@ -68,14 +70,24 @@ fn parse_args(args: &[String]) -> Option<(String, String)> {
     Some((host, command))
 }
 
-async fn connect(addr: &str) -> Result<Channel, String> {
-    Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| format!("bad address {addr}: {e}"))?
-        .connect_timeout(Duration::from_secs(3))
-        .timeout(CALL_TIMEOUT)
-        .connect()
-        .await
-        .map_err(|e| format!("cannot reach {addr}: {e}"))
+/// Connects to a daemon of the cluster: over TLS, checking against the cluster CA
+/// (`CKPT_TLS_CA`) that the server is `server` (ckptd, or the agent of the node named), or over
+/// the standalone daemon's local socket.
+async fn connect(addr: &str, server: ckpt_auth::Identity) -> Result<Channel, String> {
+    let dial = if addr.starts_with("unix:") {
+        ckpt_auth::transport::Dial::LocalOnly
+    } else {
+        let ca = std::env::var_os("CKPT_TLS_CA")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                std::path::Path::new(ckpt_auth::ca::DEFAULT_DIR).join(ckpt_auth::ca::CA_CERT)
+            });
+        let roots = ckpt_auth::tls::load_roots(&ca).map_err(|e| e.to_string())?;
+        let cfg =
+            ckpt_auth::tls::anonymous_client_config(&roots, server).map_err(|e| e.to_string())?;
+        ckpt_auth::transport::Dial::Tls(cfg)
+    };
+    ckpt_auth::transport::connect(addr, dial, CONNECT_TIMEOUT).await
 }
 
 /// Whether a failed call may succeed if tried again.
@@ -101,7 +113,7 @@ async fn attach(job: &Job, host: &str, command: &str) -> Result<pb::AttachReply,
     let begin = Instant::now();
     let mut wait = Duration::from_millis(100);
     loop {
-        let err = match connect(&job.coordinator).await {
+        let err = match connect(&job.coordinator, ckpt_auth::Identity::Coordinator).await {
             Ok(ch) => {
                 let req = pb::AttachRequest {
                     job_id: job.id,
@@ -110,7 +122,7 @@ async fn attach(job: &Job, host: &str, command: &str) -> Result<pb::AttachReply,
                     command: command.into(),
                     cwd: cwd.clone(),
                 };
-                match RegistryClient::new(ch).attach(req).await {
+                match with_timeout(RegistryClient::new(ch).attach(req)).await {
                     Ok(r) => return Ok(r.into_inner()),
                     Err(s) if transient(&s) => s.message().to_string(),
                     Err(s) => return Err(s.message().to_string()),
@@ -131,33 +143,51 @@ async fn attach(job: &Job, host: &str, command: &str) -> Result<pb::AttachReply,
 
 /// Where the node's agent is now, from the coordinator.
 async fn locate(job: &Job, node: &str) -> Option<String> {
-    let ch = connect(&job.coordinator).await.ok()?;
+    let ch = connect(&job.coordinator, ckpt_auth::Identity::Coordinator)
+        .await
+        .ok()?;
     let req = pb::LocateRequest {
         job_id: job.id,
         token: job.token.clone(),
         node: node.into(),
     };
-    RegistryClient::new(ch)
-        .locate(req)
+    with_timeout(RegistryClient::new(ch).locate(req))
         .await
         .ok()
         .map(|r| r.into_inner().agent)
 }
 
-async fn poll_once(agent: &str, req: pb::PollRequest) -> Result<pb::PollReply, tonic::Status> {
-    let ch = connect(agent).await.map_err(tonic::Status::unavailable)?;
-    AgentClient::new(ch).poll(req).await.map(|r| r.into_inner())
+/// A call bounded by [`CALL_TIMEOUT`].
+async fn with_timeout<T>(
+    call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<tonic::Response<T>, tonic::Status> {
+    tokio::time::timeout(CALL_TIMEOUT, call)
+        .await
+        .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("no answer in time")))
+}
+
+async fn poll_once(
+    agent: &str,
+    node: &str,
+    req: pb::PollRequest,
+) -> Result<pb::PollReply, tonic::Status> {
+    let ch = connect(agent, ckpt_auth::Identity::Node(node.to_string()))
+        .await
+        .map_err(tonic::Status::unavailable)?;
+    with_timeout(AgentClient::new(ch).poll(req))
+        .await
+        .map(|r| r.into_inner())
 }
 
 /// Forwards a signal this process got to the remote part, as sshd hangs up a session.
-async fn forward_signal(agent: &str, job: u64, signal: i32) {
-    if let Ok(ch) = connect(agent).await {
-        let _ = AgentClient::new(ch)
-            .signal(pb::SignalRequest {
-                job_id: job,
-                signal,
-            })
-            .await;
+async fn forward_signal(agent: &str, node: &str, job: &Job, signal: i32) {
+    if let Ok(ch) = connect(agent, ckpt_auth::Identity::Node(node.to_string())).await {
+        let _ = with_timeout(AgentClient::new(ch).signal(pb::SignalRequest {
+            job_id: job.id,
+            signal,
+            token: job.token.clone(),
+        }))
+        .await;
     }
 }
 
@@ -184,7 +214,7 @@ async fn follow(job: &Job, reply: pb::AttachReply) -> u8 {
             stdout_offset: out_off,
             stderr_offset: err_off,
         };
-        match poll_once(&agent, req).await {
+        match poll_once(&agent, &node, req).await {
             Ok(r) => {
                 failing_since = None;
                 let got = !r.stdout.is_empty() || !r.stderr.is_empty();
@@ -250,7 +280,7 @@ async fn follow(job: &Job, reply: pb::AttachReply) -> u8 {
             Some(()) = async { hup.as_mut()?.recv().await } => Some(libc::SIGHUP),
         };
         if let Some(s) = sig {
-            forward_signal(&agent, job.id, s).await;
+            forward_signal(&agent, &node, job, s).await;
             return (128 + s) as u8;
         }
     }

@@ -1,0 +1,379 @@
+//! `ckpt-attack`: what a local user or a foreign host would try against the daemons, for the
+//! security end-to-end tests. Calls every RPC of the Registry and Agent services at one address
+//! and prints one line per call: `RPC <service>.<call> <gRPC code> <message>`.
+//!
+//! Usage: `ckpt-attack ADDRESS [--ca CA_PEM] [--cred DIR NODE] [--target NODE] [--job ID]`
+//! - ADDRESS: `host:port` (TLS when `--ca` is given, else plain HTTP/2) or `unix:/path`.
+//! - `--ca`: trust this CA (what any user can read) and present no certificate.
+//! - `--cred DIR NODE`: present node NODE's credential from DIR (a compromised node).
+//! - `--target NODE`: the identity the server must prove (default: the coordinator).
+//! - `--job ID`: the job to aim at (default 1).
+//!
+//! Every call asks for something harmful: run a command as root (creating
+//! `/tmp/ckpt-attack-pwned`), take over a node name, stream a job's images, write `/etc/x` or
+//! `../../x` through a partner copy, signal or release a job, and so on.
+use std::time::Duration;
+
+use ckpt_proto::v1 as pb;
+use ckpt_proto::v1::agent_client::AgentClient;
+use ckpt_proto::v1::registry_client::RegistryClient;
+use tonic::transport::{Channel, Endpoint};
+
+/// The file a successful `Launch` would create.
+const PWNED: &str = "/tmp/ckpt-attack-pwned";
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: ckpt-attack ADDRESS [--ca CA_PEM] [--cred DIR NODE] [--target NODE] [--job ID]"
+    );
+    std::process::exit(2)
+}
+
+async fn channel(addr: &str, dial: Option<ckpt_auth::transport::Dial>) -> Result<Channel, String> {
+    match dial {
+        Some(d) => ckpt_auth::transport::connect(addr, d, Duration::from_secs(5)).await,
+        None => Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| e.to_string())?
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(10))
+            .connect()
+            .await
+            .map_err(|e| format!("cannot connect: {e}")),
+    }
+}
+
+fn report<T>(name: &str, r: Result<tonic::Response<T>, tonic::Status>) {
+    match r {
+        Ok(_) => println!("RPC {name} Ok -"),
+        Err(s) => println!(
+            "RPC {name} {:?} {}",
+            s.code(),
+            s.message().replace('\n', " ")
+        ),
+    }
+}
+
+/// A partner copy whose manifest names `path`, sent as `node`.
+fn evil_stream(job: u64, node: &str, path: &str) -> Vec<pb::ImageChunk> {
+    let data = b"owned\n".to_vec();
+    let m = ckpt_store::manifest::NodeManifest::new(
+        job,
+        1,
+        node,
+        vec![ckpt_store::digest::FileEntry {
+            path: path.into(),
+            size: data.len() as u64,
+            blake3: blake3::hash(&data).to_hex().to_string(),
+        }],
+    );
+    let manifest = ckpt_store::manifest::encode(&m);
+    let digest = blake3::hash(&manifest).to_hex().to_string();
+    vec![
+        pb::ImageChunk {
+            header: Some(pb::ChunkHeader {
+                job_id: job,
+                epoch: 1,
+                node: node.into(),
+                manifest,
+                manifest_digest: digest,
+            }),
+            ..Default::default()
+        },
+        pb::ImageChunk {
+            header: None,
+            file: 0,
+            data,
+        },
+    ]
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(addr) = args.first().cloned() else {
+        usage()
+    };
+    let (mut ca, mut cred, mut target, mut job) = (None, None, None, 1u64);
+    let mut i = 1;
+    while i < args.len() {
+        match args[i].as_str() {
+            "--ca" => {
+                ca = args.get(i + 1).cloned();
+                i += 2;
+            }
+            "--cred" => {
+                cred = Some((
+                    args.get(i + 1).cloned().unwrap_or_else(|| usage()),
+                    args.get(i + 2).cloned().unwrap_or_else(|| usage()),
+                ));
+                i += 3;
+            }
+            "--target" => {
+                target = args.get(i + 1).cloned();
+                i += 2;
+            }
+            "--job" => {
+                job = args
+                    .get(i + 1)
+                    .and_then(|j| j.parse().ok())
+                    .unwrap_or_else(|| usage());
+                i += 2;
+            }
+            _ => usage(),
+        }
+    }
+    let server = match &target {
+        Some(n) => ckpt_auth::Identity::Node(n.clone()),
+        None => ckpt_auth::Identity::Coordinator,
+    };
+    let me = cred.as_ref().map(|(_, n)| n.clone());
+    let dial = if addr.starts_with("unix:") {
+        Some(ckpt_auth::transport::Dial::LocalOnly)
+    } else if let Some((dir, node)) = &cred {
+        let c = ckpt_auth::tls::Credential::load(
+            std::path::Path::new(dir),
+            &ckpt_auth::Identity::Node(node.clone()),
+        )
+        .expect("credential");
+        Some(ckpt_auth::transport::Dial::Tls(
+            c.client_config(server).expect("client config"),
+        ))
+    } else if let Some(ca) = &ca {
+        let roots = ckpt_auth::tls::load_roots(std::path::Path::new(ca)).expect("CA");
+        Some(ckpt_auth::transport::Dial::Tls(
+            ckpt_auth::tls::anonymous_client_config(&roots, server).expect("client config"),
+        ))
+    } else {
+        None
+    };
+    let ch = match channel(&addr, dial).await {
+        Ok(c) => c,
+        Err(e) => {
+            println!("CONNECT refused {}", e.replace('\n', " "));
+            return;
+        }
+    };
+    let mut reg = RegistryClient::new(ch.clone());
+    let mut ag = AgentClient::new(ch);
+    // Pose as another node (or as any name), and report that every job ended.
+    let victim = "n3".to_string();
+    report(
+        "Registry.Register",
+        reg.register(pb::RegisterRequest {
+            node: victim.clone(),
+            address: "127.0.0.1:1".into(),
+            ..Default::default()
+        })
+        .await,
+    );
+    report(
+        "Registry.RegisterLocal",
+        reg.register(pb::RegisterRequest {
+            node: me.clone().unwrap_or_else(|| "evil".into()),
+            address: "unix:/run/ckpt/ckptd.sock".into(),
+            ..Default::default()
+        })
+        .await,
+    );
+    report(
+        "Registry.Heartbeat",
+        reg.heartbeat(pb::HeartbeatRequest {
+            node: victim.clone(),
+            jobs: vec![pb::JobReport {
+                job_id: job,
+                state: "exited".into(),
+                exit_code: Some(0),
+                ..Default::default()
+            }],
+        })
+        .await,
+    );
+    report(
+        "Registry.Attach",
+        reg.attach(pb::AttachRequest {
+            job_id: job,
+            token: String::new(),
+            host: victim.clone(),
+            command: format!("touch {PWNED}"),
+            cwd: "/".into(),
+        })
+        .await,
+    );
+    report(
+        "Registry.Locate",
+        reg.locate(pb::LocateRequest {
+            job_id: job,
+            token: "guess".into(),
+            node: victim.clone(),
+        })
+        .await,
+    );
+    let phase = pb::PhaseRequest {
+        job_id: job,
+        epoch: 1,
+    };
+    report(
+        "Agent.Launch",
+        ag.launch(pb::LaunchRequest {
+            job_id: 999_999,
+            argv: vec!["/bin/sh".into(), "-c".into(), format!("touch {PWNED}")],
+            cwd: "/".into(),
+            uid: 0,
+            gid: 0,
+            token: "t".into(),
+            ..Default::default()
+        })
+        .await,
+    );
+    report("Agent.Prepare", ag.prepare(phase.clone()).await);
+    report("Agent.Quiesce", ag.quiesce(phase.clone()).await);
+    report("Agent.Dump", ag.dump(phase.clone()).await);
+    report(
+        "Agent.Resume",
+        ag.resume(pb::ResumeRequest {
+            job_id: job,
+            epoch: 1,
+            kill: true,
+        })
+        .await,
+    );
+    report("Agent.Finalize", ag.finalize(phase.clone()).await);
+    report(
+        "Agent.Abort",
+        ag.abort(pb::AbortRequest {
+            job_id: job,
+            epoch: 1,
+            reason: "attack".into(),
+        })
+        .await,
+    );
+    report(
+        "Agent.Restore",
+        ag.restore(pb::RestoreRequest {
+            job_id: job,
+            epoch: 1,
+            partner: "n9".into(),
+            partner_address: "127.0.0.1:1".into(),
+            ..Default::default()
+        })
+        .await,
+    );
+    report(
+        "Agent.Signal",
+        ag.signal(pb::SignalRequest {
+            job_id: job,
+            signal: 9,
+            token: String::new(),
+        })
+        .await,
+    );
+    report(
+        "Agent.Inspect",
+        ag.inspect(pb::InspectRequest { job_id: job }).await,
+    );
+    report(
+        "Agent.Release",
+        ag.release(pb::ReleaseRequest {
+            job_id: job,
+            kill: true,
+        })
+        .await,
+    );
+    report(
+        "Agent.Poll",
+        ag.poll(pb::PollRequest {
+            job_id: job,
+            token: "guess".into(),
+            ..Default::default()
+        })
+        .await,
+    );
+    report(
+        "Agent.Verify",
+        ag.verify(pb::RestoreRequest {
+            job_id: job,
+            epoch: 1,
+            ..Default::default()
+        })
+        .await,
+    );
+    report(
+        "Agent.Prune",
+        ag.prune(pb::PruneRequest {
+            job_id: job,
+            epochs: vec![1],
+            ..Default::default()
+        })
+        .await,
+    );
+    report(
+        "Agent.Flush",
+        ag.flush(pb::FlushRequest {
+            job_id: job,
+            epoch: 1,
+            manifest_digest: String::new(),
+        })
+        .await,
+    );
+    report(
+        "Agent.Publish",
+        ag.publish(pb::PublishRequest {
+            job_id: job,
+            epoch: 1,
+            ..Default::default()
+        })
+        .await,
+    );
+    report(
+        "Agent.Replicate",
+        ag.replicate(pb::ReplicateRequest {
+            job_id: job,
+            epoch: 1,
+            partner: "n9".into(),
+            partner_address: "127.0.0.1:1".into(),
+            ..Default::default()
+        })
+        .await,
+    );
+    report("Agent.Rebuild", ag.rebuild(phase.clone()).await);
+    report(
+        "Agent.Reconnect",
+        ag.reconnect(pb::ReconnectRequest {
+            job_id: job,
+            ..Default::default()
+        })
+        .await,
+    );
+    // Stream someone's images out, with no digest to check against.
+    let send = ag
+        .send(pb::SendRequest {
+            job_id: job,
+            epoch: 1,
+            node: victim.clone(),
+            manifest_digest: String::new(),
+        })
+        .await;
+    match send {
+        Ok(r) => {
+            // The refusal may come as the stream's first message.
+            let mut s = r.into_inner();
+            match s.message().await {
+                Ok(Some(_)) => println!("RPC Agent.Send Ok -"),
+                Ok(None) => println!("RPC Agent.Send Ok empty"),
+                Err(e) => println!("RPC Agent.Send {:?} {}", e.code(), e.message()),
+            }
+        }
+        Err(e) => report::<()>("Agent.Send", Err(e)),
+    }
+    // Partner copies that would write outside the staging directory, as this node (when it
+    // has a credential) and as another node.
+    let sender = me.clone().unwrap_or_else(|| victim.clone());
+    for (name, node, path) in [
+        ("Agent.ReceiveAbsolute", sender.as_str(), "/etc/x"),
+        ("Agent.ReceiveDotDot", sender.as_str(), "../../x"),
+        ("Agent.ReceiveForOther", victim.as_str(), "pages-1.img"),
+    ] {
+        let stream = tokio_stream::iter(evil_stream(job, node, path));
+        report(name, ag.receive(stream).await);
+    }
+}
