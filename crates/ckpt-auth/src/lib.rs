@@ -70,15 +70,10 @@ impl fmt::Display for Identity {
     }
 }
 
-/// Whether `name` may name a node: `[A-Za-z0-9._-]+`, at most 64 bytes, not `.` or `..`.
+/// Whether `name` may name a node: `[A-Za-z0-9._-]{1,64}`, not `.` or `..` (the one rule of
+/// ckpt-store, which also guards every directory named after a node).
 pub fn valid_node_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name != "."
-        && name != ".."
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    ckpt_store::validate::node_name(name).is_ok()
 }
 
 /// Who is calling, as the connection proved it.

@@ -188,7 +188,11 @@ impl Epoch {
         if self.state != EpochState::InProgress(Phase::Commit) {
             return Err(self.refuse("commit"));
         }
-        if let Some(missing) = self.nodes.iter().find(|n| !manifests.contains_key(*n)) {
+        if let Some(missing) = self
+            .nodes
+            .iter()
+            .find(|n| manifests.get(*n).is_none_or(|d| d.is_empty()))
+        {
             return Err(TransitionError {
                 what: format!("job {} epoch {}", self.job_id, self.number),
                 from: self.state_name(),

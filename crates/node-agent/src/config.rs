@@ -268,13 +268,10 @@ impl AgentConfig {
 
 impl TomlConfig for AgentConfig {
     fn validate(&self) -> Result<(), ConfigError> {
-        if self.node_name.is_empty() || self.node_name.contains('/') {
+        if let Err(e) = ckpt_store::validate::node_name(&self.node_name) {
             return Err(ConfigError::Invalid {
                 key: "node_name",
-                problem: format!(
-                    "must be a non-empty name without '/', got {:?}",
-                    self.node_name
-                ),
+                problem: e.to_string(),
             });
         }
         if !self.state_dir.is_absolute() {

@@ -1588,8 +1588,13 @@ impl Jobs {
                 job: job_id,
                 source,
             };
+            if committed.is_empty() {
+                return Err(store_err(ckpt_store::StoreError::DigestRequired {
+                    path: nd.join(ckpt_store::manifest::FILE_NAME),
+                }));
+            }
             let (m, digest) = manifest::read(&nd).map_err(store_err)?;
-            if !committed.is_empty() && digest != committed {
+            if digest != committed {
                 return Err(AgentError::ManifestMismatch {
                     job: job_id,
                     epoch,
@@ -2836,9 +2841,11 @@ mod tests {
             coordinator: "10.0.0.1:7600".into(),
             launcher: Some("/usr/lib/ckpt/ckpt-rsh".into()),
             set_mpi_env: true,
+            ca: Some("/etc/ckpt/tls/ca.pem".into()),
         };
         let mut env = BTreeMap::from([("OMPI_MCA_plm_rsh_agent".to_string(), "ssh".to_string())]);
         le.apply(&mut env, 7, "secret", "n1");
+        assert_eq!(env["CKPT_TLS_CA"], "/etc/ckpt/tls/ca.pem");
         assert_eq!(env["CKPT_JOB_ID"], "7");
         assert_eq!(env["CKPT_JOB_TOKEN"], "secret");
         assert_eq!(env["CKPT_COORDINATOR"], "10.0.0.1:7600");
