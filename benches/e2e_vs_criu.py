@@ -257,14 +257,21 @@ class Ckpt:
 
     def start(self):
         cfg = os.path.join(self.tmp, "ckptd.toml")
+        # No cluster credential: an empty tls_dir of our own (never a host-wide /etc/ckpt/tls),
+        # so this standalone ckptd opens no TCP port and its embedded agent is on a Unix socket.
+        tls_dir = os.path.join(self.tmp, "tls")
+        os.makedirs(tls_dir, mode=0o700, exist_ok=True)
         with open(cfg, "w") as f:
             f.write(f'listen = "127.0.0.1:0"\n'
                     f'socket = "{self.sock}"\n'
                     f'database = "{self.tmp}/ckptd.redb"\n'
+                    f'tls_dir = "{tls_dir}"\n'
                     f'[agent]\n'
                     # older ckptd builds bind the embedded agent to [agent] listen (default
                     # 0.0.0.0:7601) instead of a free loopback port
                     f'listen = "127.0.0.1:0"\n'
+                    # the benchmark runs as root, so its jobs do
+                    f'allow_root_jobs = true\n'
                     f'state_dir = "{self.state_dir}"\n'
                     f'local_dir = "{self.tmp}/local"\n'
                     f'[agent.cgroup]\n'

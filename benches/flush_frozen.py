@@ -82,13 +82,18 @@ class Daemon:
         self.sock = os.path.join(self.dir, "ckptd.sock")
         self.prefix = f"ckpt-fbench-{os.getpid()}-"
         flush = mode == "flush"
+        # An empty tls_dir of our own (no cluster credential, never a host-wide /etc/ckpt/tls):
+        # this standalone ckptd opens no TCP port. The benchmark runs as root, so its jobs do.
+        tls_dir = os.path.join(self.dir, "tls")
+        os.mkdir(tls_dir, mode=0o700)
         with open(os.path.join(self.dir, "ckptd.toml"), "w") as f:
             f.write(f'listen = "127.0.0.1:0"\nsocket = "{self.sock}"\n'
                     f'database = "{self.dir}/ckptd.redb"\n'
+                    f'tls_dir = "{tls_dir}"\n'
                     f'[retention]\nkeep_local = 2\n'
                     f'[flush]\nevery = {1 if flush else 0}\n'
                     f'[agent]\nlisten = "127.0.0.1:0"\nstate_dir = "{self.dir}/state"\n'
-                    f'local_dir = "{self.dir}/local"\n'
+                    f'local_dir = "{self.dir}/local"\nallow_root_jobs = true\n'
                     + (f'shared_dir = "{shared}"\n' if flush else "")
                     + f'[agent.flush]\nbandwidth_mb = {bw}\n'
                     f'[agent.cgroup]\nprefix = "{self.prefix}"\n')

@@ -9,6 +9,11 @@ Test nodes are made the way the project's tests make them (tests/src/netns.rs): 
 /run/ckpt-uts/<ns> (host name <ns>). One `ckptd` (not --standalone) listens on the bridge address;
 one `ckpt-agent` per node runs inside the node's namespaces (`nsenter --net --uts`, never
 `ip netns exec`), with its own state/local dirs and the cgroup prefix `ckptB<tag>-n<i>-`.
+ckptd and the agents authenticate each other with mutual TLS, set up as a site does it: a cluster
+CA in the temp dir (`ckptd ca init`), and before each agent starts, `ckptd ca issue n<i> |
+ckpt-agent enroll -` into that agent's own `tls_dir`. The jobs run as root (`allow_root_jobs`).
+With --no-tls (binaries that predate authentication, e.g. commit a2ee541) none of this is done
+and the configs have neither key.
 
 For each node count N it starts one job, `ckptctl run --node n1 -- mpiexec.mpich -hosts
 <ip1,..,ipN> -n 2N heat SIZE ITERS SLEEP_US` (2 ranks per node; mpiexec reaches the other nodes
@@ -50,9 +55,10 @@ first so a rebuild during the run does not matter)  --app PATH (heat.mpich, defa
 target/apps/heat.mpich, also copied)  --criu PATH  --sleep-us US  --job-seconds S (nominal run time
 of each job; sets ITERS)  --gap S (pause between measurements)  --wait-idle S (first wait, bounded,
 polling every 10 s, until no cargo/rustc/single_node-/multi_node-/.ci/run/heat.* processes run)
---keep (keep the temp dir with logs). Standard library only. Every wait is bounded; every process
-the benchmark starts is stopped by PID, and every cgroup, namespace, link and UTS bind mount it
-creates is removed, also on errors and Ctrl-C.
+--no-tls (the binaries predate authentication: no CA, no enrollment, old-style configs)
+--json FILE (also write every sample as JSON)  --keep (keep the temp dir with logs). Standard
+library only. Every wait is bounded; every process the benchmark starts is stopped by PID, and
+every cgroup, namespace, link and UTS bind mount it creates is removed, also on errors and Ctrl-C.
 """
 
 import argparse
@@ -267,11 +273,13 @@ def free_port(addr):
 # ---------------------------------------------------------------- ckptd and agents
 
 class Ckpt:
-    def __init__(self, tmp, bindir, criu, cluster):
+    def __init__(self, tmp, bindir, criu, cluster, tls=True):
         self.tmp = tmp
         self.bindir = bindir
         self.criu = criu
         self.cluster = cluster
+        self.tls = tls  # False: binaries that predate authentication (no CA, old-style configs)
+        self.cfg = os.path.join(tmp, "ckptd.toml")
         self.sock = os.path.join(tmp, "ckptd.sock")
         self.log = os.path.join(tmp, "ckptd.log")
         self.proc = None
@@ -281,33 +289,69 @@ class Ckpt:
         return run([os.path.join(self.bindir, "ckptctl"), "--socket", self.sock, *args],
                    timeout=timeout, check=check, cwd=self.tmp)
 
+    def write_ckptd_config(self):
+        """ckptd.toml; with TLS, the cluster CA and ckptd's credential live in <tmp>/ca."""
+        with open(self.cfg, "w") as f:
+            f.write(f'listen = "{self.coord}"\n'
+                    f'socket = "{self.sock}"\n'
+                    f'database = "{self.tmp}/ckptd.redb"\n'
+                    + (f'tls_dir = "{self.tmp}/ca"\n' if self.tls else ""))
+
+    def write_agent_config(self, node):
+        """The agent.toml of `node`; with TLS, its credential lives in its own <node dir>/tls."""
+        acfg = os.path.join(node.dir, "agent.toml")
+        with open(acfg, "w") as f:
+            f.write(f'node_name = "{node.name}"\n'
+                    f'listen = "{node.ip}:7601"\n'
+                    f'coordinator = "{self.coord}"\n'
+                    f'state_dir = "{node.dir}/state"\n'
+                    f'local_dir = "{node.dir}/local"\n'
+                    f'heartbeat_interval = "200ms"\n'
+                    + (f'tls_dir = "{node.dir}/tls"\n'
+                       # the benchmark runs as root, so its jobs do
+                       'allow_root_jobs = true\n' if self.tls else "")
+                    + f'[criu]\npath = "{self.criu}"\n'
+                    f'[cgroup]\nprefix = "{CG_PREFIX}{node.name}-"\n')
+        return acfg
+
+    def ca_init(self):
+        """Creates the cluster CA and ckptd's credential, as a site does: `ckptd ca init`."""
+        run([os.path.join(self.bindir, "ckptd"), "--config", self.cfg, "ca", "init"], timeout=60,
+            cwd=self.tmp)
+
+    def enroll(self, node, acfg):
+        """Installs `node`'s credential, as an admin does: `ckptd ca issue NODE | ckpt-agent
+        enroll -` (the bundle, which holds the node's private key, stays in memory)."""
+        bundle, _ = run([os.path.join(self.bindir, "ckptd"), "--config", self.cfg, "ca", "issue",
+                         node.name], timeout=60, cwd=self.tmp)
+        cmd = [os.path.join(self.bindir, "ckpt-agent"), "--config", acfg, "enroll", "-"]
+        try:
+            p = subprocess.run(cmd, input=bundle.stdout, capture_output=True, text=True, timeout=60,
+                               cwd=self.tmp)
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"timed out after 60 s: {shlex.join(cmd)}")
+        if p.returncode != 0:
+            raise BenchError(f"enroll {node.name}: exit {p.returncode}: "
+                             f"{(p.stderr or p.stdout).strip()[-800:]}")
+
     def start(self):
         port = free_port(self.cluster.host_ip)
         self.coord = f"{self.cluster.host_ip}:{port}"
-        cfg = os.path.join(self.tmp, "ckptd.toml")
-        with open(cfg, "w") as f:
-            f.write(f'listen = "{self.coord}"\n'
-                    f'socket = "{self.sock}"\n'
-                    f'database = "{self.tmp}/ckptd.redb"\n')
+        self.write_ckptd_config()
+        if self.tls:
+            self.ca_init()
         env = dict(os.environ, CKPT_LOG="info")
         with open(self.log, "ab") as logf:
-            self.proc = subprocess.Popen([os.path.join(self.bindir, "ckptd"), "--config", cfg],
+            self.proc = subprocess.Popen([os.path.join(self.bindir, "ckptd"), "--config", self.cfg],
                                          stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, env=env,
                                          close_fds=True, start_new_session=True, cwd=self.tmp)
         log(f"ckptd pid {self.proc.pid} on {self.coord}")
         for node in self.cluster.nodes:
             node.dir = os.path.join(self.tmp, node.name)
             os.makedirs(node.dir)
-            acfg = os.path.join(node.dir, "agent.toml")
-            with open(acfg, "w") as f:
-                f.write(f'node_name = "{node.name}"\n'
-                        f'listen = "{node.ip}:7601"\n'
-                        f'coordinator = "{self.coord}"\n'
-                        f'state_dir = "{node.dir}/state"\n'
-                        f'local_dir = "{node.dir}/local"\n'
-                        f'heartbeat_interval = "200ms"\n'
-                        f'[criu]\npath = "{self.criu}"\n'
-                        f'[cgroup]\nprefix = "{CG_PREFIX}{node.name}-"\n')
+            acfg = self.write_agent_config(node)
+            if self.tls:
+                self.enroll(node, acfg)
             with open(os.path.join(self.tmp, f"agent-{node.name}.log"), "ab") as logf:
                 # nsenter (no --fork, no PID namespace) execs the agent: the PID is the agent's
                 node.agent = subprocess.Popen(node.nsenter() + [os.path.join(self.bindir, "ckpt-agent"),
@@ -563,6 +607,16 @@ def busy_processes():
     return busy
 
 
+def write_json(path, results, k, cmdline, tls):
+    """Every sample of the run, per node count (the lists `render` takes medians of)."""
+    doc = {"command": cmdline, "tls": tls, "repeats": k,
+           "nodes": {str(n): dict(r, ranks=2 * n) for n, r in results}}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    log(f"wrote {path}")
+
+
 def default_criu():
     path = read_text("/etc/ckpt/criu-path").strip()
     return path if path else "/opt/ckpt/criu/bin/criu"
@@ -586,6 +640,10 @@ def main():
     ap.add_argument("--wait-idle", type=float, default=0,
                     help="first wait up to this many seconds (polling every 10 s) until no "
                          "cargo/rustc/single_node-/multi_node-/.ci/run/heat.* processes run")
+    ap.add_argument("--no-tls", action="store_true",
+                    help="the binaries predate authentication (e.g. commit a2ee541): no cluster CA, "
+                         "no enrollment, configs without tls_dir/allow_root_jobs")
+    ap.add_argument("--json", metavar="FILE", help="also write every sample (ms, bytes) as JSON")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs)")
     args = ap.parse_args()
 
@@ -630,7 +688,7 @@ def main():
         header = machine_header(cmdline, args.criu, args.size, iters, args.sleep_us)
 
         cluster.create()
-        ckpt = Ckpt(tmp, bindir, args.criu, cluster)
+        ckpt = Ckpt(tmp, bindir, args.criu, cluster, tls=not args.no_tls)
         ckpt.start()
         for n in node_counts:
             r = {"frozen": [], "total": [], "ctl_wall": [], "bytes": [], "raw_frozen": [], "raw_dump": [],
@@ -658,6 +716,8 @@ def main():
         table += sampler.summary("\nNo cargo/rustc/test-binary/.ci/heat processes other than this run's were seen "
                                  "during it (sampled every 5 s).\n")
         emit(table, args.out)
+        if args.json:
+            write_json(args.json, results, k, cmdline, not args.no_tls)
         return 1 if any(r.get("error") for _, r in results) else 0
     except BenchError as e:
         log(f"FAILED: {e}")
