@@ -321,7 +321,7 @@ fn a_standalone_ckptd_has_no_network_attack_surface() {
     let before = registered_lines(&d);
     for l in unix {
         let addr = dial_addr(l, "127.0.0.1");
-        let out = attack_as(NOBODY, &[addr.clone()]);
+        let out = attack_as(NOBODY, std::slice::from_ref(&addr));
         assert_refused("nobody", &addr, &out);
     }
     let agent_sock = d.dir.path().join("state/rpc/agent.sock");

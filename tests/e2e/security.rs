@@ -127,49 +127,6 @@ fn wait_for(what: &str, cond: impl Fn() -> bool) {
     }
 }
 
-/// Sets keys of the `[agent]` table of ckptd.toml (replacing any the harness set) and restarts
-/// ckptd with them, waiting until its agent registered again. (`Options::agent_toml` lands after
-/// the `[agent.*]` sub-tables, where top-level agent keys cannot go.)
-fn set_agent_keys(d: &mut Ckptd, keys: &[(&str, &str)]) {
-    let text = fs::read_to_string(&d.config).unwrap();
-    let (head, rest) = text.split_once("[agent]\n").expect("an [agent] table");
-    let table_end = rest.find("\n[").map(|i| i + 1).unwrap_or(rest.len());
-    let (table, tail) = rest.split_at(table_end);
-    let mut lines: Vec<String> = table
-        .lines()
-        .filter(|l| {
-            !keys.iter().any(|(k, _)| {
-                l.trim_start()
-                    .strip_prefix(k)
-                    .is_some_and(|r| r.trim_start().starts_with('='))
-            })
-        })
-        .map(str::to_string)
-        .collect();
-    for (k, v) in keys.iter().rev() {
-        lines.insert(0, format!("{k} = {v}"));
-    }
-    fs::write(
-        &d.config,
-        format!("{head}[agent]\n{}\n{tail}", lines.join("\n")),
-    )
-    .unwrap();
-    let log = d.dir.path().join("ckptd.log");
-    let registrations = || {
-        fs::read_to_string(&log)
-            .unwrap_or_default()
-            .matches("agent registered")
-            .count()
-    };
-    let before = registrations();
-    d.stop_daemon();
-    d.start_daemon();
-    wait_for("the agent's registration after the restart", || {
-        registrations() > before
-    });
-    d.wait_registered();
-}
-
 /// Removes a file when dropped (for files tests create outside their temporary directories).
 struct RemoveOnDrop(PathBuf);
 
@@ -202,13 +159,9 @@ fn users_jobs_unsupported() -> Option<&'static str> {
         .then_some("needs CAP_SYS_RESOURCE (CRIU reads the rlimits of another user's processes)")
 }
 
-/// A coordinator whose agent runs jobs of `uid` (root's only with `allow_root_jobs`), reachable
-/// by other users.
-fn ckptd_for(uid: u32) -> Ckptd {
-    let mut d = Ckptd::start(Options::default());
-    if uid == 0 {
-        set_agent_keys(&mut d, &[("allow_root_jobs", "true")]);
-    }
+/// A coordinator (the harness allows root's jobs), reachable by other users.
+fn ckptd() -> Ckptd {
+    let d = Ckptd::start(Options::default());
     open_up(&d);
     d
 }
@@ -218,7 +171,7 @@ fn ckptd_for(uid: u32) -> Ckptd {
 /// it, naming the file, and the root file is unchanged byte for byte. With the link gone, the
 /// restart works and recreates the file, as the job's owner.
 fn output_file_swapped_for_a_link(owner: u32) {
-    let d = ckptd_for(owner);
+    let d = ckptd();
     let work = users_dir(NOBODY);
     let out_log = work.path().join("out.log");
     let (_root_dir, victim, content) = root_file();
@@ -275,7 +228,7 @@ fn output_file_swapped_for_a_link(owner: u32) {
 /// The same with a preserved shared-memory file (saved at checkpoint, put back at restart)
 /// swapped for a link to a file of root's.
 fn shm_file_swapped_for_a_link(owner: u32) {
-    let d = ckptd_for(owner);
+    let d = ckptd();
     let work = users_dir(NOBODY);
     let (_root_dir, victim, content) = root_file();
     let shm = PathBuf::from(format!("/dev/shm/ckpt-sec-{}-{owner}", std::process::id()));
@@ -350,6 +303,53 @@ fn restart_of_roots_job_does_not_follow_a_link_put_in_place_of_a_shm_file() {
     shm_file_swapped_for_a_link(0);
 }
 
+/// A file the job only reads, swapped for a link to a root-only file of the same size and
+/// mode: the engine reopens it by path, as root; the agent finds the restored process holding a
+/// file its owner may not read, kills it before it ever runs, and says so.
+#[test]
+fn restart_of_a_users_job_does_not_hand_it_a_file_it_may_not_read() {
+    skip_unless_ready!("sh");
+    if let Some(why) = users_jobs_unsupported() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let d = ckptd();
+    let work = users_dir(NOBODY);
+    let (_root_dir, victim, content) = root_file();
+    fs::set_permissions(&victim, fs::Permissions::from_mode(0o600)).unwrap();
+    let input = work.path().join("input.dat");
+    fs::write(&input, vec![b'a'; content.len()]).unwrap();
+    std::os::unix::fs::chown(&input, Some(NOBODY), Some(NOBODY)).unwrap();
+    fs::set_permissions(&input, fs::Permissions::from_mode(0o600)).unwrap();
+    let job = run_as(
+        &d,
+        NOBODY,
+        work.path(),
+        &["sh", "-c", "exec 5<input.dat; while :; do sleep 0.05; done"],
+    );
+    wait_for("the job's open input file", || {
+        d.job_pids(job)
+            .iter()
+            .any(|pid| fs::read_link(format!("/proc/{pid}/fd/5")).is_ok_and(|t| t == input))
+    });
+    checkpoint_and_kill(&d, job);
+    swap_for_link(&input, &victim, NOBODY);
+
+    let out = d.ctl(&["restart", &job.to_string()]);
+    assert_ne!(out.code, 0, "{out:?}");
+    assert!(
+        out.stderr.contains(&victim.display().to_string())
+            && out.stderr.contains("may not")
+            && out.stderr.contains("killed"),
+        "the message names the file and says why: {out:?}"
+    );
+    assert!(
+        d.job_pids(job).is_empty(),
+        "the restored processes are gone"
+    );
+    assert_eq!(fs::read(&victim).unwrap(), content);
+}
+
 /// Files of the harness itself (config, daemon logs it redirects, the control socket every
 /// user may connect to) and the ib-quiesce control socket (open to jobs by design).
 fn harness_or_public(rel: &Path) -> bool {
@@ -408,9 +408,7 @@ fn walk(root: &Path, out: &mut Vec<(PathBuf, fs::Metadata)>) {
 #[test]
 fn other_users_read_nothing_the_daemons_keep() {
     skip_unless_ready!("sh");
-    let mut d = Ckptd::start(Options::default());
-    set_agent_keys(&mut d, &[("allow_root_jobs", "true")]);
-    open_up(&d);
+    let d = ckptd();
     let work = users_dir(NOBODY);
     let loop_sh = "while :; do echo tick; sleep 0.05; done";
     let root_job = d.run_job("root-loop", &["sh".into(), "-c".into(), loop_sh.into()]);
@@ -625,8 +623,10 @@ fn has_passwd_entry(uid: u32) -> bool {
 #[test]
 fn launches_as_root_system_accounts_and_unknown_users_are_refused() {
     skip_unless_ready!();
-    let mut d = Ckptd::start(Options::default());
-    set_agent_keys(&mut d, &[("allow_root_jobs", "false"), ("min_uid", "1000")]);
+    let d = Ckptd::start(Options {
+        agent_keys: "allow_root_jobs = false\nmin_uid = 1000\n".into(),
+        ..Options::default()
+    });
     open_up(&d);
     let out = d.ctl(&["run", "--", "/bin/sleep", "60"]);
     assert_ne!(out.code, 0, "{out:?}");

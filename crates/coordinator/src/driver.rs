@@ -120,7 +120,8 @@ pub struct Caller {
     pub uid: u32,
     /// Group id.
     pub gid: u32,
-    /// Process id (for supplementary groups).
+    /// Process id, for logs (groups are not taken from it: the agent derives a job's groups
+    /// from its uid).
     pub pid: Option<i32>,
 }
 

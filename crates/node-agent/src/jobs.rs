@@ -1971,9 +1971,6 @@ impl Jobs {
                     && p.file_name()
                         .is_some_and(|n| n == "stdout" || n == "stderr")
             });
-        for f in &ours {
-            put_back_own_output(job_id, f, owner)?;
-        }
         if let Some(pf) = m.preserved.iter().find(|pf| pf.uid != owner.uid) {
             return Err(AgentError::FileRefused {
                 job: job_id,
@@ -1985,6 +1982,9 @@ impl Jobs {
                     pf.uid
                 ),
             });
+        }
+        for f in &ours {
+            put_back_own_output(job_id, f, owner)?;
         }
         if theirs.is_empty() && m.preserved.is_empty() {
             return Ok(());

@@ -225,9 +225,9 @@ async fn main() {
         })
         .await,
     );
-    report("Agent.Prepare", ag.prepare(phase.clone()).await);
-    report("Agent.Quiesce", ag.quiesce(phase.clone()).await);
-    report("Agent.Dump", ag.dump(phase.clone()).await);
+    report("Agent.Prepare", ag.prepare(phase).await);
+    report("Agent.Quiesce", ag.quiesce(phase).await);
+    report("Agent.Dump", ag.dump(phase).await);
     report(
         "Agent.Resume",
         ag.resume(pb::ResumeRequest {
@@ -237,7 +237,7 @@ async fn main() {
         })
         .await,
     );
-    report("Agent.Finalize", ag.finalize(phase.clone()).await);
+    report("Agent.Finalize", ag.finalize(phase).await);
     report(
         "Agent.Abort",
         ag.abort(pb::AbortRequest {
@@ -335,7 +335,7 @@ async fn main() {
         })
         .await,
     );
-    report("Agent.Rebuild", ag.rebuild(phase.clone()).await);
+    report("Agent.Rebuild", ag.rebuild(phase).await);
     report(
         "Agent.Reconnect",
         ag.reconnect(pb::ReconnectRequest {

@@ -149,6 +149,8 @@ fn ca_command(cmd: &CaCmd, tls_dir: &std::path::Path) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    // Everything the daemon creates is root's alone unless it says otherwise.
+    node_agent::set_private_umask();
     let cli = Cli::parse();
     if let Some(Cmd::Shim { spec }) = &cli.cmd {
         return ExitCode::from(node_agent::shim::main(spec) as u8);
