@@ -621,9 +621,8 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// For the ib-quiesce control socket: the job whose cgroup is `cgroup`, and its owner.
-/// `JobRecord` has no owner uid yet, so the uid is that of the job's newest launch on this node
-/// (`run/<n>/spec.json`); a job that was only restored here has none, and is refused.
+/// For the ib-quiesce control socket: the job whose cgroup is `cgroup`, and its owner (from the
+/// job's record, set at launch and at restore).
 fn ibq_job_owner(
     state_dir: PathBuf,
     cgroups: CgroupParent,
@@ -636,14 +635,7 @@ fn ibq_job_owner(
             .filter_map(|k| name[name.len() - k..].parse::<u64>().ok())
             .find(|&id| cgroups.job(id).path() == cgroup)?;
         let dir = state_dir.join("jobs").join(job.to_string());
-        let record = shim::read_json::<JobRecord>(&dir.join("job.json"))?;
-        let uid = (1..=record.incarnation).rev().find_map(|n| {
-            let run = dir.join("run").join(n.to_string());
-            match shim::read_json::<ShimSpec>(&run.join(shim::SPEC))?.mode {
-                ShimMode::Launch { uid, .. } => Some(uid),
-                ShimMode::Restore { .. } => None,
-            }
-        })?;
+        let uid = shim::read_json::<JobRecord>(&dir.join("job.json"))?.owner?;
         Some(crate::ibq::JobOwner { job, uid })
     }
 }
