@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use ckpt_tests::netns::Cluster;
 use ckpt_tests::sockets::{listening, Listening};
-use ckpt_tests::{bin_dir, skip_unless_ready, Ckptd, Options};
+use ckpt_tests::{as_user, bin_dir, skip_unless_ready, Ckptd, Options};
 
 const NOBODY: u32 = 65534;
 const PWNED: &str = "/tmp/ckpt-attack-pwned";
@@ -72,22 +72,9 @@ fn assert_refused(who: &str, target: &str, out: &Output) -> Vec<(String, String,
 
 /// Runs `ckpt-attack` with `args` as `uid` (with no supplementary groups).
 fn attack_as(uid: u32, args: &[String]) -> Output {
-    use std::os::unix::process::CommandExt;
     let mut cmd = Command::new(bin_dir().join("ckpt-attack"));
     cmd.args(args).stdin(Stdio::null()).current_dir("/");
-    // SAFETY: setgroups/setgid/setuid between fork and exec, on values copied in.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setgroups(0, std::ptr::null()) != 0
-                || libc::setgid(uid) != 0
-                || libc::setuid(uid) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    cmd.output().expect("run ckpt-attack")
+    as_user(&mut cmd, uid).output().expect("run ckpt-attack")
 }
 
 /// The cluster CA certificate where any user can read it, as `/etc/ckpt/tls/ca.pem` is.

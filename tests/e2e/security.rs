@@ -5,7 +5,6 @@
 //! printed reason where root or CRIU are missing.
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -26,18 +25,7 @@ fn open_up(d: &Ckptd) {
 fn command_as(uid: u32, cwd: &Path, prog: &Path, args: &[&str]) -> Command {
     let mut cmd = Command::new(prog);
     cmd.args(args).current_dir(cwd).stdin(Stdio::null());
-    // SAFETY: setgroups/setgid/setuid between fork and exec, on values copied in.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setgroups(0, std::ptr::null()) != 0
-                || libc::setgid(uid) != 0
-                || libc::setuid(uid) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    ckpt_tests::as_user(&mut cmd, uid);
     cmd
 }
 

@@ -100,6 +100,24 @@ macro_rules! skip_unless_ready {
     };
 }
 
+/// Makes `cmd` run as `uid` (gid `uid`, no supplementary groups), as `setpriv` would; the
+/// switch happens after std entered the command's working directory as root.
+pub fn as_user(cmd: &mut Command, uid: u32) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setgroups/setgid/setuid between fork and exec, on values copied in.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(uid) != 0
+                || libc::setuid(uid) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    }
+}
+
 /// Builds the MPI test programs once and returns their directory.
 pub fn apps() -> PathBuf {
     static APPS: OnceLock<PathBuf> = OnceLock::new();
@@ -663,25 +681,13 @@ impl Ckptd {
 
     /// Runs ckptctl with `args` as another user (uid and gid), as `setpriv` would.
     pub fn ctl_as(&self, uid: u32, args: &[&str]) -> Ctl {
-        use std::os::unix::process::CommandExt;
         let mut cmd = Command::new(bin_dir().join("ckptctl"));
         cmd.arg("--socket")
             .arg(&self.socket)
             .args(args)
             .stdin(Stdio::null())
             .current_dir("/");
-        // SAFETY: setgroups/setgid/setuid between fork and exec, on values copied in.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::setgroups(0, std::ptr::null()) != 0
-                    || libc::setgid(uid) != 0
-                    || libc::setuid(uid) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        as_user(&mut cmd, uid);
         Ctl::from(cmd.output().expect("run ckptctl as another user"))
     }
 

@@ -12,8 +12,7 @@
 //!
 //! `ckptd ca issue NODE` prints a bundle (CA certificate, node certificate and key, PEM) that
 //! `ckpt-agent enroll` installs on the node: `ckptd ca issue n1 | ssh n1 ckpt-agent enroll -`.
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -76,22 +75,15 @@ fn validity(params: &mut CertificateParams, years: i32) {
     params.not_after = rcgen::date_time_ymd(y + years, 1, 1);
 }
 
-/// Writes `text` to `dir/name` with `mode`, atomically (temp file, fsync, rename).
+/// Writes `text` to `dir/name` with `mode`, atomically.
 fn write_private(dir: &Path, name: &str, text: &str, mode: u32) -> Result<PathBuf, AuthError> {
     let path = dir.join(name);
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(io_err(&tmp))?;
-    f.write_all(text.as_bytes()).map_err(io_err(&tmp))?;
-    f.set_permissions(std::fs::Permissions::from_mode(mode))
-        .map_err(io_err(&tmp))?;
-    f.sync_all().map_err(io_err(&tmp))?;
-    std::fs::rename(&tmp, &path).map_err(io_err(&path))?;
+    ckpt_store::atomic::write_file_mode(&path, text.as_bytes(), mode).map_err(|e| {
+        AuthError::Io {
+            path: path.clone(),
+            source: std::io::Error::other(e.to_string()),
+        }
+    })?;
     Ok(path)
 }
 

@@ -7,20 +7,33 @@ use std::path::Path;
 
 use crate::{Result, StoreError};
 
-/// Atomically replaces `path` with `data`.
+/// Atomically replaces `path` with `data`, readable by its owner only (0600): every file the
+/// daemons keep is root's alone unless a user must read it.
 pub fn write_file(path: &Path, data: &[u8]) -> Result<()> {
+    write_file_mode(path, data, 0o600)
+}
+
+/// Atomically replaces `path` with `data`, the new file `mode` from its creation. The temporary
+/// file is created anew and never through a symbolic link.
+pub fn write_file_mode(path: &Path, data: &[u8], mode: u32) -> Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let _ = fs::remove_file(&tmp);
     let mut f = OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(&tmp)
         .map_err(|e| StoreError::io("create", &tmp, e))?;
+    // The umask may have narrowed the mode (or, for a public file, must not have).
+    f.set_permissions(fs::Permissions::from_mode(mode))
+        .map_err(|e| StoreError::io("chmod", &tmp, e))?;
     f.write_all(data)
         .map_err(|e| StoreError::io("write", &tmp, e))?;
     f.sync_all().map_err(|e| StoreError::io("fsync", &tmp, e))?;
@@ -55,6 +68,9 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names.len(), 1, "temp files left behind: {names:?}");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "private by default");
     }
 
     #[test]

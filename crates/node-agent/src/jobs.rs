@@ -142,31 +142,10 @@ fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
     fs::set_permissions(path, fs::Permissions::from_mode(mode))
 }
 
-/// Replaces `path` with `data` like [`ckpt_store::atomic::write_file`], the new file 0600 from
-/// its creation (job records sit in a directory users pass through, and hold the job's secret).
+/// Replaces `path` with `data`, 0600 from its creation (job records sit in a directory users
+/// pass through, and hold the job's secret).
 fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(PRIVATE_FILE)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)?;
-    f.set_permissions(fs::Permissions::from_mode(PRIVATE_FILE))?;
-    f.write_all(data)?;
-    f.sync_all()?;
-    drop(f);
-    fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = fs::remove_file(&tmp);
-    })?;
-    ckpt_store::atomic::sync_dir(dir).map_err(std::io::Error::other)
+    ckpt_store::atomic::write_file(path, data).map_err(std::io::Error::other)
 }
 
 /// The uid the newest launch of a job (in `dir`, incarnations up to `incarnation`) ran as.
