@@ -14,7 +14,7 @@ pub fn write_file(path: &Path, data: &[u8]) -> Result<()> {
 }
 
 /// Atomically replaces `path` with `data`, the new file `mode` from its creation. The temporary
-/// file is created anew and never through a symbolic link.
+/// file is never opened through a symbolic link.
 pub fn write_file_mode(path: &Path, data: &[u8], mode: u32) -> Result<()> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let dir = path.parent().unwrap_or(Path::new("."));
@@ -23,10 +23,10 @@ pub fn write_file_mode(path: &Path, data: &[u8], mode: u32) -> Result<()> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    let _ = fs::remove_file(&tmp);
     let mut f = OpenOptions::new()
         .write(true)
-        .create_new(true)
+        .create(true)
+        .truncate(true)
         .mode(mode)
         .custom_flags(libc::O_NOFOLLOW)
         .open(&tmp)
