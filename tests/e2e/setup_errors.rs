@@ -1,4 +1,5 @@
-//! Start-up errors an admin meets: a malformed config, a missing or too old CRIU. Each must be
+//! Start-up errors an admin meets: a malformed config, a missing or too old CRIU, a node that
+//! was not enrolled or holds another node's credential, a cluster ckptd without its CA. Each must be
 //! refused at start with a message naming the problem and a distinct exit code. Also checks the
 //! packaged systemd units and example configs.
 use std::path::Path;
@@ -68,7 +69,7 @@ fn missing_or_old_criu_is_refused_at_start() {
         std::fs::write(
             &cfg,
             format!(
-                "state_dir = \"{0}/s\"\nlocal_dir = \"{0}/l\"\nlisten = \"127.0.0.1:0\"\n[criu]\npath = \"{criu}\"\n",
+                "state_dir = \"{0}/s\"\nlocal_dir = \"{0}/l\"\nlisten = \"127.0.0.1:0\"\ntls_dir = \"{0}/tls\"\n[criu]\npath = \"{criu}\"\n",
                 d.path().display()
             ),
         )
@@ -80,6 +81,73 @@ fn missing_or_old_criu_is_refused_at_start() {
             "{criu}: {err}"
         );
     }
+}
+
+/// An agent without its credential, or with another node's, does not start and names the
+/// command that fixes it; `enroll` refuses a bundle of another node; a cluster ckptd (not
+/// standalone) without its CA does not start either.
+#[test]
+fn nodes_without_their_credential_are_refused_at_start() {
+    if !have_bins() {
+        return;
+    }
+    let Some(criu) = ckpt_tests::criu_path() else {
+        eprintln!("SKIPPED: needs CRIU (scripts/setup.sh)");
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().display();
+    let ckptd_cfg = d.path().join("ckptd.toml");
+    std::fs::write(
+        &ckptd_cfg,
+        format!("socket = \"{p}/c.sock\"\ndatabase = \"{p}/c.redb\"\ntls_dir = \"{p}/ca\"\n"),
+    )
+    .unwrap();
+    let (code, err) = run("ckptd", &ckptd_cfg, &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("ckptd ca init"), "{err}");
+
+    let agent_cfg = d.path().join("agent.toml");
+    std::fs::write(
+        &agent_cfg,
+        format!(
+            "node_name = \"n1\"\nstate_dir = \"{p}/s\"\nlocal_dir = \"{p}/l\"\nlisten = \"127.0.0.1:0\"\n\
+             tls_dir = \"{p}/tls\"\n[criu]\npath = \"{}\"\n",
+            criu.display()
+        ),
+    )
+    .unwrap();
+    let (code, err) = run("ckpt-agent", &agent_cfg, &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("ckpt-agent enroll"), "{err}");
+
+    // n2's bundle on n1: enroll refuses it and installs nothing.
+    let (code, err) = run("ckptd", &ckptd_cfg, &["ca", "init"]);
+    assert_eq!(code, 0, "{err}");
+    let bundle = Command::new(bin_dir().join("ckptd"))
+        .arg("--config")
+        .arg(&ckptd_cfg)
+        .args(["ca", "issue", "n2", "--out"])
+        .arg(d.path().join("n2.bundle"))
+        .output()
+        .unwrap();
+    assert!(bundle.status.success(), "{bundle:?}");
+    let bundle_path = d.path().join("n2.bundle").display().to_string();
+    let (code, err) = run("ckpt-agent", &agent_cfg, &["enroll", &bundle_path]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("ckptd ca issue n1"), "{err}");
+    assert!(!d.path().join("tls/node.key").exists());
+    // Installed by hand anyway (copied into place): the agent still refuses it.
+    std::fs::create_dir_all(d.path().join("tls")).unwrap();
+    let text = std::fs::read_to_string(d.path().join("n2.bundle")).unwrap();
+    let blocks: Vec<&str> = text.split_inclusive("-----\n").collect();
+    let pem = |begin: usize| blocks[begin..begin + 2].concat();
+    std::fs::write(d.path().join("tls/ca.pem"), pem(0)).unwrap();
+    std::fs::write(d.path().join("tls/node.pem"), pem(2)).unwrap();
+    std::fs::write(d.path().join("tls/node.key"), pem(4)).unwrap();
+    let (code, err) = run("ckpt-agent", &agent_cfg, &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("node n2, not of node n1"), "{err}");
 }
 
 #[test]

@@ -9,7 +9,8 @@ use node_agent::AgentConfig;
 /// The ckpt node agent: launches, freezes, snapshots and restores a job's processes on this node.
 ///
 /// Runs as root under systemd (packaging/systemd/ckpt-agent.service). Exit codes: 0 clean
-/// shutdown, 2 bad config, 3 snapshot engine (CRIU) missing or unusable, 4 other start failure.
+/// shutdown, 2 bad config or no usable cluster credential (`ckpt-agent enroll`), 3 snapshot
+/// engine (CRIU) missing or unusable, 4 other start failure.
 #[derive(Parser, Debug)]
 #[command(version, about, long_about)]
 struct Cli {
@@ -98,15 +99,10 @@ fn main() -> ExitCode {
         println!("ckpt-agent: config {} is valid", cli.config.display());
         return ExitCode::SUCCESS;
     }
-    let credential = match node_agent::load_credential(&cfg) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("ckpt-agent: node {}: {e}", cfg.node_name);
-            return ExitCode::from(2);
-        }
-    };
+    // The node's software first (exit 3), then its enrollment (exit 2).
+    let credential = node_agent::load_credential(&cfg);
     let exe = std::env::current_exe().unwrap_or_else(|_| "ckpt-agent".into());
-    let jobs = match node_agent::open_jobs(&cfg, exe, Some(credential.clone())) {
+    let jobs = match node_agent::open_jobs(&cfg, exe, credential.as_ref().ok().cloned()) {
         Ok(j) => j,
         Err(node_agent::StartError::Engine(e)) => {
             eprintln!("ckpt-agent: {e}");
@@ -115,6 +111,13 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("ckpt-agent: {e}");
             return ExitCode::from(4);
+        }
+    };
+    let credential = match credential {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ckpt-agent: node {}: {e}", cfg.node_name);
+            return ExitCode::from(2);
         }
     };
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
