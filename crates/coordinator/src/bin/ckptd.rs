@@ -15,8 +15,13 @@ use coordinator::registry::Registry;
 /// registry and epoch history in an embedded database, and serves ckptctl on a Unix socket.
 /// With --standalone it also runs an agent for this machine, so one daemon serves one server.
 ///
-/// Exit codes: 0 clean shutdown, 2 bad config or arguments, 3 snapshot engine (CRIU) missing or
-/// unusable (--standalone), 4 cannot open the database or bind a socket.
+/// Agents and ckptd authenticate each other with the cluster's CA (`ckptd ca init`, then
+/// `ckptd ca issue NODE | ssh NODE ckpt-agent enroll -`); a standalone ckptd without one opens
+/// no TCP port.
+///
+/// Exit codes: 0 clean shutdown, 2 bad config or arguments or no usable cluster credential, 3
+/// snapshot engine (CRIU) missing or unusable (--standalone), 4 cannot open the database or bind
+/// a socket.
 #[derive(Parser, Debug)]
 #[command(version, about, long_about)]
 struct Cli {
