@@ -103,6 +103,17 @@ fn grpc_socket(l: &Listening) -> bool {
     !matches!(l, Listening::Unix(p) if p.ends_with("ibq/control.sock"))
 }
 
+/// Where a daemon's port is on the test network: ckptd on the host's bridge address, an agent
+/// on its node's.
+fn network_addr(cluster: &Cluster, daemon: &str, port: u16) -> String {
+    let ip = if daemon == "ckptd" {
+        &cluster.host_ip
+    } else {
+        &cluster.node(daemon).mgmt_ip
+    };
+    format!("{ip}:{port}")
+}
+
 fn registered_lines(d: &Ckptd) -> usize {
     std::fs::read_to_string(d.dir.path().join("ckptd.log"))
         .unwrap_or_default()
@@ -199,12 +210,7 @@ fn every_daemon_port_refuses_users_foreign_hosts_and_other_nodes() {
     // 2. A foreign host (n3's namespace, no credential): every TCP port, over the network.
     for (name, l) in &tcp {
         let Listening::Tcp(a) = l else { continue };
-        let ip = if name == "ckptd" {
-            cluster.host_ip.clone()
-        } else {
-            cluster.node(name).mgmt_ip.clone()
-        };
-        let addr = format!("{ip}:{}", a.port());
+        let addr = network_addr(&cluster, name, a.port());
         let mut args = vec![addr.clone(), "--ca".into(), ca.clone()];
         args.extend(identity(name));
         args.extend(job_arg.clone());
@@ -226,12 +232,7 @@ fn every_daemon_port_refuses_users_foreign_hosts_and_other_nodes() {
         if name == "n2" {
             continue;
         }
-        let ip = if name == "ckptd" {
-            cluster.host_ip.clone()
-        } else {
-            cluster.node(name).mgmt_ip.clone()
-        };
-        let addr = format!("{ip}:{}", a.port());
+        let addr = network_addr(&cluster, name, a.port());
         let mut args = vec![addr.clone(), "--cred".into(), n2_tls.clone(), "n2".into()];
         args.extend(identity(name));
         args.extend(job_arg.clone());

@@ -12,11 +12,11 @@
 //! stdout and stderr are 0600 and the job owner's; everything else the agent keeps (job
 //! records, launch specs, engine logs, staging) is root's alone. Root does nothing by path in a
 //! directory a job's owner controls: dump-time reads refuse symbolic links and other users'
-//! files, and the put-back before a restore runs as the owner ([`crate::shim::PutBack`]).
+//! files, and the put-back before a restore runs as the owner ([`crate::owner::PutBack`]).
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -33,10 +33,16 @@ use crate::engine::{DumpSpec, RestoreSpec, SnapshotEngine};
 use crate::error::AgentError;
 use crate::failpoint::{Action, Failpoints};
 use crate::ibq::{ChannelFailure, Channels, Rebuilt};
-use crate::procfs;
-use crate::shim::{
-    self, Exit, Identity, PutBack, PutBackFailure, PutBackTask, ShimMode, ShimSpec, Started,
+use crate::modes::{
+    ensure_dir, fix_job_dir_modes, protect_staging, set_mode, write_private, PRIVATE_DIR,
+    PRIVATE_FILE, TRAVERSE_ONLY,
 };
+use crate::owner::{
+    put_back_own_output, run_put_back, verify_restored, Identity, PutBack, PutBackTask,
+};
+pub use crate::owner::{LaunchPolicy, PUT_BACK_TIMEOUT};
+use crate::procfs;
+use crate::shim::{self, Exit, ShimMode, ShimSpec, Started};
 
 /// How long a newly started shim may take to report the job's root running. Exec of a
 /// launcher is milliseconds; 30 s covers a loaded node.
@@ -50,103 +56,9 @@ pub const PID_FREE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Headroom over the resident size when checking staging room: images add metadata, and a
 /// checkpoint that fills the disk fails late.
 const ROOM_FACTOR: f64 = 1.10;
-/// How long the put-back before a restore may take: it copies the saved shared-memory and
-/// session files back; at a pessimistic 100 MB/s this covers 60 GB.
-pub const PUT_BACK_TIMEOUT: Duration = Duration::from_secs(600);
-/// Mode of the directories on the way to a job's stdout and stderr (`<state_dir>`, `jobs/`,
-/// `jobs/<id>/`): users pass through to their own files; nobody lists them.
-const TRAVERSE_ONLY: u32 = 0o711;
-/// Mode of every other directory the agent keeps.
-const PRIVATE_DIR: u32 = 0o700;
-/// Mode of the files the agent keeps (a job's stdout and stderr too, owned by its user).
-const PRIVATE_FILE: u32 = 0o600;
 /// Manifest note naming the uid of the job's owner: a restore puts files back as that user,
 /// and checks that the node still lets it run jobs.
 const OWNER_NOTE: &str = "owner_uid";
-
-/// Who may run jobs on this node (`allow_root_jobs` and `min_uid` in the agent config).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LaunchPolicy {
-    /// Jobs may run as root.
-    pub allow_root: bool,
-    /// Lowest uid other than root that jobs may run as.
-    pub min_uid: u32,
-}
-
-impl Default for LaunchPolicy {
-    fn default() -> Self {
-        LaunchPolicy {
-            allow_root: false,
-            min_uid: 1000,
-        }
-    }
-}
-
-impl LaunchPolicy {
-    /// The identity that job `job`, owned by `uid`, runs as on `node`; or why it may not run
-    /// there. Applies to launches, attached parts and restores alike.
-    pub fn authorize(&self, job: u64, node: &str, uid: u32) -> Result<Identity, AgentError> {
-        let node = node.to_string();
-        if uid == 0 && !self.allow_root {
-            return Err(AgentError::RootRefused { job, node });
-        }
-        if uid != 0 && uid < self.min_uid {
-            return Err(AgentError::UidBelowMinimum {
-                job,
-                node,
-                uid,
-                min_uid: self.min_uid,
-            });
-        }
-        match Identity::of_uid(uid) {
-            Ok(Some(id)) => Ok(id),
-            Ok(None) => Err(AgentError::UnknownUser { job, node, uid }),
-            Err(e) => Err(AgentError::Start {
-                job,
-                message: format!("cannot look up uid {uid} in the user database: {e}"),
-            }),
-        }
-    }
-}
-
-/// Creates `dir` if missing (missing parents 0755, like `/var/lib`) and gives it `mode`, also
-/// when it existed: an older agent made its directories with the umask's modes.
-fn ensure_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
-    let mut missing: Vec<&Path> = dir
-        .ancestors()
-        .skip(1)
-        .take_while(|a| !a.exists())
-        .collect();
-    missing.reverse();
-    for a in missing {
-        match fs::create_dir(a) {
-            Ok(()) => fs::set_permissions(a, fs::Permissions::from_mode(0o755))?,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
-        }
-    }
-    match fs::create_dir(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e),
-    }
-    set_mode(dir, mode)
-}
-
-/// Sets the permission bits of `path` (not following a final symbolic link) if they differ.
-fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
-    let meta = fs::symlink_metadata(path)?;
-    if meta.file_type().is_symlink() || meta.mode() & 0o7777 == mode {
-        return Ok(());
-    }
-    fs::set_permissions(path, fs::Permissions::from_mode(mode))
-}
-
-/// Replaces `path` with `data`, 0600 from its creation (job records sit in a directory users
-/// pass through, and hold the job's secret).
-fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    ckpt_store::atomic::write_file(path, data).map_err(std::io::Error::other)
-}
 
 /// The uid the newest launch of a job (in `dir`, incarnations up to `incarnation`) ran as.
 fn launched_as(dir: &Path, incarnation: u32) -> Option<u32> {
@@ -157,74 +69,6 @@ fn launched_as(dir: &Path, incarnation: u32) -> Option<u32> {
             ShimMode::Restore { .. } => None,
         }
     })
-}
-
-/// Brings a job directory made by an older agent to today's modes: the directory 0711, its
-/// record and other files 0600, `logs/` and `run/` 0700, stdout and stderr 0600 and, when the
-/// owner is known, the owner's (through the open file).
-fn fix_job_dir_modes(dir: &Path, owner: Option<u32>) {
-    let fix = |path: &Path, r: std::io::Result<()>| {
-        if let Err(e) = r {
-            warn!(path = %path.display(), error = %e, "cannot fix the mode of a job file");
-        }
-    };
-    fix(dir, set_mode(dir, TRAVERSE_ONLY));
-    let Ok(rd) = fs::read_dir(dir) else { return };
-    for e in rd.flatten() {
-        let p = e.path();
-        let Ok(t) = e.file_type() else { continue };
-        let name = e.file_name();
-        if t.is_dir() {
-            fix(&p, set_mode(&p, PRIVATE_DIR));
-        } else if name == "stdout" || name == "stderr" {
-            fix(&p, give_output(&p, owner));
-        } else if t.is_file() {
-            fix(&p, set_mode(&p, PRIVATE_FILE));
-        }
-    }
-}
-
-/// Makes a job's stdout or stderr 0600 and, if known, its owner's, through the open file.
-fn give_output(path: &Path, owner: Option<u32>) -> std::io::Result<()> {
-    let f = shim::open_no_symlinks(path, libc::O_RDONLY | libc::O_NONBLOCK, 0)?;
-    if !f.metadata()?.is_file() {
-        return Ok(());
-    }
-    f.set_permissions(fs::Permissions::from_mode(PRIVATE_FILE))?;
-    if let Some(uid) = owner {
-        let gid = Identity::of_uid(uid).ok().flatten().map(|i| i.gid.into());
-        nix::unistd::fchown(&f, Some(uid.into()), gid)
-            .map_err(|e| std::io::Error::from_raw_os_error(e as i32))?;
-    }
-    Ok(())
-}
-
-/// Keeps node-local staging root's alone: its root 0700, unless it is a shared directory
-/// (sticky or writable by others, e.g. `/dev/shm`), where only the job directories are made
-/// 0700 and a warning says to give staging a directory of its own.
-fn protect_staging(root: &Path) {
-    let Ok(meta) = fs::symlink_metadata(root) else {
-        return;
-    };
-    if meta.mode() & 0o1002 == 0 {
-        if let Err(e) = set_mode(root, PRIVATE_DIR) {
-            warn!(local_dir = %root.display(), error = %e, "cannot make staging private");
-        }
-        return;
-    }
-    warn!(local_dir = %root.display(), "local_dir is shared with other users; give staging a directory of its own (e.g. /dev/shm/ckpt)");
-    for e in fs::read_dir(root).into_iter().flatten().flatten() {
-        let is_job = e
-            .file_name()
-            .to_str()
-            .is_some_and(|n| n.parse::<u64>().is_ok());
-        if is_job
-            && e.file_type().is_ok_and(|t| t.is_dir())
-            && e.metadata().is_ok_and(|m| m.uid() == 0)
-        {
-            let _ = set_mode(&e.path(), PRIVATE_DIR);
-        }
-    }
 }
 
 /// The persisted record of a job on this node.
@@ -2068,7 +1912,11 @@ impl Jobs {
 }
 
 /// Maps an I/O error of step `what` on `path` to [`AgentError::Io`].
-fn io_err(job: u64, what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> AgentError {
+pub(crate) fn io_err(
+    job: u64,
+    what: &'static str,
+    path: &Path,
+) -> impl FnOnce(std::io::Error) -> AgentError {
     let path = path.to_path_buf();
     move |source| AgentError::Io {
         job,
@@ -2306,7 +2154,7 @@ fn copy_preserved(
         const LINK: &str = "it is a symbolic link, or a directory on its path is; root does not follow a user's links (remove the link, or keep the job's files under their real path)";
         // O_PATH: no open of the file itself yet (a FIFO's reader would wake its writer). With
         // O_NOFOLLOW a final link is opened as the link itself, and refused below.
-        let handle = match shim::open_no_symlinks(p, libc::O_PATH, 0) {
+        let handle = match crate::owner::open_no_symlinks(p, libc::O_PATH, 0) {
             Ok(h) => h,
             Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(refused(p, LINK.into())),
             // Gone since the scan.
@@ -2496,176 +2344,11 @@ async fn clear_stale_sockets(ports: &[u16]) {
     }
 }
 
-/// Brings the job's own stdout or stderr (in the job directory, which root controls) back to
-/// its checkpoint size, recreating it if it is gone; 0600 and the owner's, through the open
-/// file.
-fn put_back_own_output(job: u64, f: &OpenFile, owner: &Identity) -> Result<(), AgentError> {
-    let p = Path::new(&f.path);
-    let io = |what, path: &Path| io_err(job, what, path);
-    let flags = libc::O_WRONLY | libc::O_NONBLOCK;
-    let (file, created) = match shim::open_no_symlinks(p, flags, 0) {
-        Ok(file) => (file, false),
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-            let file = shim::open_no_symlinks(p, flags | libc::O_CREAT, PRIVATE_FILE)
-                .map_err(io("create", p))?;
-            (file, true)
-        }
-        Err(e) => return Err(io("open", p)(e)),
-    };
-    let meta = file.metadata().map_err(io("stat", p))?;
-    if !meta.is_file() {
-        return Err(io("open", p)(std::io::Error::other("not a regular file")));
-    }
-    nix::unistd::fchown(&file, Some(owner.uid.into()), Some(owner.gid.into()))
-        .map_err(|e| io("chown", p)(std::io::Error::from_raw_os_error(e as i32)))?;
-    file.set_permissions(fs::Permissions::from_mode(PRIVATE_FILE))
-        .map_err(io("chmod", p))?;
-    if meta.len() < f.size && !created {
-        // The engine will refuse; extend with zeros is wrong, so say what happened.
-        return Err(AgentError::Start {
-            job,
-            message: format!(
-                "{} is {} bytes but was {} at checkpoint time: it was truncated or replaced since; restore it or remove it and restart from an epoch taken after",
-                f.path,
-                meta.len(),
-                f.size
-            ),
-        });
-    }
-    // Longer: truncated back. Recreated: content was written by the job; the engine only needs
-    // the file and its size to match.
-    if meta.len() != f.size {
-        file.set_len(f.size).map_err(io("truncate", p))?;
-    }
-    Ok(())
-}
-
-/// Checks, while the restored processes are still frozen, that each holds only files its owner
-/// may use as it does. The engine reopens the job's files by path, as root, and follows links:
-/// a file the user swapped for a link (to root's secrets, or a file only root may write) since
-/// the put-back would otherwise stay open in the user's process. Judged by the mode bits; a
-/// file with an ACL is left alone (only its owner can set one). Root's jobs are not checked.
-fn verify_restored(job: u64, cgroup: &JobCgroup, owner: &Identity) -> Result<(), AgentError> {
-    if owner.uid == 0 {
-        return Ok(());
-    }
-    for pid in cgroup.pids().unwrap_or_default() {
-        for h in procfs::held_files(pid) {
-            if owner_may(owner, &h.meta, h.access) || has_acl(&h.handle) {
-                continue;
-            }
-            let how = match (h.access.write, h.access.read) {
-                _ if h.access.search => "as its working directory",
-                (true, _) => "open for writing",
-                _ => "open for reading",
-            };
-            return Err(AgentError::FileRefused {
-                job,
-                action: "restore",
-                path: h.path.display().to_string(),
-                uid: owner.uid,
-                problem: format!(
-                    "the restored process {pid} would hold it {how}, which its owner may not (it belongs to uid {}, mode 0{:o}); it was replaced, e.g. by a link, after the checkpoint; the restored processes were killed",
-                    h.meta.uid(),
-                    h.meta.mode() & 0o7777
-                ),
-            });
-        }
-    }
-    Ok(())
-}
-
-/// Whether `owner` may use a file as `access` says, by its mode bits (the owner's class, else
-/// the group's, else the others').
-fn owner_may(owner: &Identity, meta: &fs::Metadata, access: procfs::Access) -> bool {
-    let mode = meta.mode();
-    let bits = if meta.uid() == owner.uid {
-        (mode >> 6) & 7
-    } else if meta.gid() == owner.gid || owner.groups.contains(&meta.gid()) {
-        (mode >> 3) & 7
-    } else {
-        mode & 7
-    };
-    (!access.read || bits & 4 != 0)
-        && (!access.write || bits & 2 != 0)
-        && (!access.search || bits & 1 != 0)
-}
-
-/// Whether the file reached through `handle` has a POSIX access ACL.
-fn has_acl(handle: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(handle.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: getxattr with a NUL-terminated path and name, and a null buffer of size 0 (it
-    // only returns the value's size).
-    let n = unsafe {
-        libc::getxattr(
-            c.as_ptr(),
-            c"system.posix_acl_access".as_ptr(),
-            std::ptr::null_mut(),
-            0,
-        )
-    };
-    n > 0
-}
-
-/// Runs the put-back helper (`<shim_exe> shim /dev/stdin` with `task` on its stdin) and turns
-/// its report into an error naming the file.
-async fn run_put_back(job: u64, shim_exe: &Path, task: &PutBackTask) -> Result<(), AgentError> {
-    use tokio::io::AsyncWriteExt;
-    let failed = |message: String| AgentError::Start {
-        job,
-        message: format!("put-back helper: {message}"),
-    };
-    let mut child = tokio::process::Command::new(shim_exe)
-        .arg("shim")
-        .arg("/dev/stdin")
-        .env_clear()
-        .current_dir("/")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| failed(format!("cannot start {}: {e}", shim_exe.display())))?;
-    let input = serde_json::to_vec(task).expect("serializable");
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(&input)
-            .await
-            .map_err(|e| failed(format!("cannot send its task: {e}")))?;
-    }
-    let out = tokio::time::timeout(PUT_BACK_TIMEOUT, child.wait_with_output())
-        .await
-        .map_err(|_| AgentError::Timeout {
-            job,
-            what: "putting back the job's files",
-            waited: PUT_BACK_TIMEOUT,
-        })?
-        .map_err(|e| failed(e.to_string()))?;
-    if out.status.success() {
-        return Ok(());
-    }
-    match serde_json::from_slice::<PutBackFailure>(&out.stdout) {
-        Ok(f) => Err(AgentError::FileRefused {
-            job,
-            action: "put back",
-            path: f.path,
-            uid: task.put_back.owner.uid,
-            problem: f.problem,
-        }),
-        Err(_) => Err(failed(format!(
-            "{}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::owner::{has_acl, owner_may};
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn launch_policy_refuses_root_system_accounts_and_unknown_users() {

@@ -5,7 +5,9 @@
 //! every checkpoint phase ([`jobs`]): initial synchronization, freeze, dump with a snapshot
 //! engine ([`engine`]), thaw or kill, sealing images with a manifest, and restore. The
 //! coordinator drives it over gRPC ([`grpc`]); the agent registers and heartbeats
-//! ([`heartbeat`]).
+//! ([`heartbeat`]). A job runs as its owner, who may run jobs by the node's policy, and the
+//! agent acts in the owner's directories only as the owner ([`owner`]); what it keeps is root's
+//! alone ([`modes`]).
 //!
 //! [`run`] is the whole daemon; `main.rs` only parses arguments and calls it, and the coordinator
 //! calls it too when it embeds an agent (`ckptd --standalone`).
@@ -20,6 +22,8 @@ pub mod grpc;
 pub mod heartbeat;
 pub mod ibq;
 pub mod jobs;
+pub mod modes;
+pub mod owner;
 pub mod partner;
 pub mod procfs;
 pub mod shim;

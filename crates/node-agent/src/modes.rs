@@ -1,0 +1,128 @@
+//! The modes of what the agent keeps: root's alone (0700 directories, 0600 files), except the
+//! way to a job's stdout and stderr, which users pass through (0711) to files that are theirs
+//! (0600). Directories are given their mode also when they already exist, so an agent upgraded
+//! from one that used the umask's modes fixes them at start.
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use tracing::warn;
+
+use crate::owner::Identity;
+
+/// Mode of the directories on the way to a job's stdout and stderr (`<state_dir>`, `jobs/`,
+/// `jobs/<id>/`): users pass through to their own files; nobody lists them.
+pub(crate) const TRAVERSE_ONLY: u32 = 0o711;
+
+/// Mode of every other directory the agent keeps.
+pub(crate) const PRIVATE_DIR: u32 = 0o700;
+
+/// Mode of the files the agent keeps (a job's stdout and stderr too, owned by its user).
+pub(crate) const PRIVATE_FILE: u32 = 0o600;
+
+/// Creates `dir` if missing (missing parents 0755, like `/var/lib`) and gives it `mode`, also
+/// when it existed: an older agent made its directories with the umask's modes.
+pub(crate) fn ensure_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
+    let mut missing: Vec<&Path> = dir
+        .ancestors()
+        .skip(1)
+        .take_while(|a| !a.exists())
+        .collect();
+    missing.reverse();
+    for a in missing {
+        match fs::create_dir(a) {
+            Ok(()) => fs::set_permissions(a, fs::Permissions::from_mode(0o755))?,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    match fs::create_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    set_mode(dir, mode)
+}
+
+/// Sets the permission bits of `path` (not following a final symbolic link) if they differ.
+pub(crate) fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
+    let meta = fs::symlink_metadata(path)?;
+    if meta.file_type().is_symlink() || meta.mode() & 0o7777 == mode {
+        return Ok(());
+    }
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+}
+
+/// Replaces `path` with `data`, 0600 from its creation (job records sit in a directory users
+/// pass through, and hold the job's secret).
+pub(crate) fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    ckpt_store::atomic::write_file(path, data).map_err(std::io::Error::other)
+}
+
+/// Brings a job directory made by an older agent to today's modes: the directory 0711, its
+/// record and other files 0600, `logs/` and `run/` 0700, stdout and stderr 0600 and, when the
+/// owner is known, the owner's (through the open file).
+pub(crate) fn fix_job_dir_modes(dir: &Path, owner: Option<u32>) {
+    let fix = |path: &Path, r: std::io::Result<()>| {
+        if let Err(e) = r {
+            warn!(path = %path.display(), error = %e, "cannot fix the mode of a job file");
+        }
+    };
+    fix(dir, set_mode(dir, TRAVERSE_ONLY));
+    let Ok(rd) = fs::read_dir(dir) else { return };
+    for e in rd.flatten() {
+        let p = e.path();
+        let Ok(t) = e.file_type() else { continue };
+        let name = e.file_name();
+        if t.is_dir() {
+            fix(&p, set_mode(&p, PRIVATE_DIR));
+        } else if name == "stdout" || name == "stderr" {
+            fix(&p, give_output(&p, owner));
+        } else if t.is_file() {
+            fix(&p, set_mode(&p, PRIVATE_FILE));
+        }
+    }
+}
+
+/// Makes a job's stdout or stderr 0600 and, if known, its owner's, through the open file.
+pub(crate) fn give_output(path: &Path, owner: Option<u32>) -> std::io::Result<()> {
+    let f = crate::owner::open_no_symlinks(path, libc::O_RDONLY | libc::O_NONBLOCK, 0)?;
+    if !f.metadata()?.is_file() {
+        return Ok(());
+    }
+    f.set_permissions(fs::Permissions::from_mode(PRIVATE_FILE))?;
+    if let Some(uid) = owner {
+        let gid = Identity::of_uid(uid).ok().flatten().map(|i| i.gid.into());
+        nix::unistd::fchown(&f, Some(uid.into()), gid)
+            .map_err(|e| std::io::Error::from_raw_os_error(e as i32))?;
+    }
+    Ok(())
+}
+
+/// Keeps node-local staging root's alone: its root 0700, unless it is a shared directory
+/// (sticky or writable by others, e.g. `/dev/shm`), where only the job directories are made
+/// 0700 and a warning says to give staging a directory of its own.
+pub(crate) fn protect_staging(root: &Path) {
+    let Ok(meta) = fs::symlink_metadata(root) else {
+        return;
+    };
+    if meta.mode() & 0o1002 == 0 {
+        if let Err(e) = set_mode(root, PRIVATE_DIR) {
+            warn!(local_dir = %root.display(), error = %e, "cannot make staging private");
+        }
+        return;
+    }
+    warn!(local_dir = %root.display(), "local_dir is shared with other users; give staging a directory of its own (e.g. /dev/shm/ckpt)");
+    for e in fs::read_dir(root).into_iter().flatten().flatten() {
+        let is_job = e
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.parse::<u64>().is_ok());
+        if is_job
+            && e.file_type().is_ok_and(|t| t.is_dir())
+            && e.metadata().is_ok_and(|m| m.uid() == 0)
+        {
+            let _ = set_mode(&e.path(), PRIVATE_DIR);
+        }
+    }
+}
