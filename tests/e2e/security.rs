@@ -147,6 +147,34 @@ fn users_jobs_unsupported() -> Option<&'static str> {
         .then_some("needs CAP_SYS_RESOURCE (CRIU reads the rlimits of another user's processes)")
 }
 
+/// Where the tests of users' jobs run when this host cannot checkpoint them.
+const IN_A_GUEST: &str = "run in a soft-RoCE test guest by users_jobs_are_checkpointed_in_a_guest";
+
+/// The tests that checkpoint a job of NOBODY's.
+const USERS_JOB_TESTS: [&str; 4] = [
+    "restart_of_a_users_job_does_not_follow_a_link_put_in_place_of_an_output_file",
+    "restart_of_a_users_job_does_not_follow_a_link_put_in_place_of_a_shm_file",
+    "restart_of_a_users_job_does_not_hand_it_a_file_it_may_not_read",
+    "other_users_read_nothing_the_daemons_keep",
+];
+
+/// Where this host cannot checkpoint a user's job (a container without CAP_SYS_RESOURCE), the
+/// tests that do run again, this very test binary, inside a QEMU guest (`scripts/testvm.sh`),
+/// whose root holds every capability: one boot, the host's binaries as they are.
+#[test]
+fn users_jobs_are_checkpointed_in_a_guest() {
+    skip_unless_ready!("sh");
+    if users_jobs_unsupported().is_none() {
+        eprintln!("SKIPPED: not needed, this host checkpoints users' jobs itself");
+        return;
+    }
+    if let Some(why) = ckpt_tests::vm::unavailable() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    ckpt_tests::vm::rerun_in_guest("secusers", &USERS_JOB_TESTS);
+}
+
 /// A coordinator (the harness allows root's jobs), reachable by other users.
 fn ckptd() -> Ckptd {
     let d = Ckptd::start(Options::default());
@@ -263,7 +291,7 @@ fn shm_file_swapped_for_a_link(owner: u32) {
 fn restart_of_a_users_job_does_not_follow_a_link_put_in_place_of_an_output_file() {
     skip_unless_ready!("sh");
     if let Some(why) = users_jobs_unsupported() {
-        eprintln!("SKIPPED: {why}");
+        eprintln!("SKIPPED: {why}; {IN_A_GUEST}");
         return;
     }
     output_file_swapped_for_a_link(NOBODY);
@@ -279,7 +307,7 @@ fn restart_of_roots_job_does_not_follow_a_link_put_in_place_of_an_output_file() 
 fn restart_of_a_users_job_does_not_follow_a_link_put_in_place_of_a_shm_file() {
     skip_unless_ready!("sh");
     if let Some(why) = users_jobs_unsupported() {
-        eprintln!("SKIPPED: {why}");
+        eprintln!("SKIPPED: {why}; {IN_A_GUEST}");
         return;
     }
     shm_file_swapped_for_a_link(NOBODY);
@@ -298,7 +326,7 @@ fn restart_of_roots_job_does_not_follow_a_link_put_in_place_of_a_shm_file() {
 fn restart_of_a_users_job_does_not_hand_it_a_file_it_may_not_read() {
     skip_unless_ready!("sh");
     if let Some(why) = users_jobs_unsupported() {
-        eprintln!("SKIPPED: {why}");
+        eprintln!("SKIPPED: {why}; {IN_A_GUEST}");
         return;
     }
     let d = ckptd();

@@ -66,3 +66,23 @@ pub fn run(body: &str, settings: &[&str]) -> GuestRun {
             + &String::from_utf8_lossy(&out.stderr),
     }
 }
+
+/// Runs the named tests of the calling test binary again inside one guest (`name`: the guest's
+/// name), for what this host's kernel or container cannot do (cgroup v2, every capability), and
+/// panics unless every one of them ran and passed there, none skipped.
+pub fn rerun_in_guest(name: &str, tests: &[&str]) {
+    let exe = std::env::current_exe().expect("this test binary");
+    let body = format!(
+        "export CKPT_BIN_DIR={bin}\nexec {exe} --exact {tests} --test-threads=1 --nocapture\n",
+        bin = crate::bin_dir().display(),
+        exe = exe.display(),
+        tests = tests.join(" "),
+    );
+    let r = run(&body, &[&format!("name={name}"), "mem=2048", "timeout=900"]);
+    assert_eq!(r.status, 0, "guest run failed: {}", r.console);
+    let want = format!("test result: ok. {} passed", tests.len());
+    assert!(r.console.contains(&want), "all ran: {}", r.console);
+    for line in ["SKIPPED", "NOTE:"] {
+        assert!(!r.console.contains(line), "nothing skipped: {}", r.console);
+    }
+}

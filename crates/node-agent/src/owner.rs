@@ -521,7 +521,7 @@ pub(crate) fn has_acl(handle: &Path) -> bool {
     n > 0
 }
 
-/// Runs the put-back helper (`<shim_exe> shim /dev/stdin` with `task` on its stdin) and turns
+/// Runs the put-back helper (`<shim_exe> shim -` with `task` on its stdin) and turns
 /// its report into an error naming the file.
 pub(crate) async fn run_put_back(
     job: u64,
@@ -535,7 +535,7 @@ pub(crate) async fn run_put_back(
     };
     let mut child = tokio::process::Command::new(shim_exe)
         .arg("shim")
-        .arg("/dev/stdin")
+        .arg("-")
         .env_clear()
         .current_dir("/")
         .stdin(std::process::Stdio::piped())

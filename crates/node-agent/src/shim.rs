@@ -138,9 +138,16 @@ fn open_output(p: &Path, owner: Option<(u32, u32)>) -> io::Result<fs::File> {
 }
 
 /// Entry point of `ckpt-agent shim SPEC`: runs a job's shim, or with a [`PutBack`] task the
-/// put-back helper. Returns the exit code.
+/// put-back helper. `SPEC` `-` is standard input (no `/dev/stdin`: a minimal `/dev` lacks it).
+/// Returns the exit code.
 pub fn main(spec_path: &Path) -> i32 {
-    let Ok(bytes) = fs::read(spec_path) else {
+    let read = if spec_path == Path::new("-") {
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes).map(|_| bytes)
+    } else {
+        fs::read(spec_path)
+    };
+    let Ok(bytes) = read else {
         eprintln!("ckpt shim: cannot read {}", spec_path.display());
         return 2;
     };
