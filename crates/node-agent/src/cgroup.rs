@@ -43,6 +43,34 @@ pub enum CgroupError {
         /// Time waited.
         waited: Duration,
     },
+    /// Frozen, but some task stayed where a snapshot cannot take it, through every attempt.
+    #[error("cgroup {path}: {tasks} stayed in uninterruptible sleep (D) through {attempts} freezes: a parent waiting for a vfork child that has not called exec yet cannot be snapshotted; the job was thawed, try again (a child that never execs, e.g. one stopped by a debugger, must finish first)")]
+    Unsettled {
+        /// Cgroup directory.
+        path: PathBuf,
+        /// The tasks, as "pid N (comm)".
+        tasks: String,
+        /// Freezes tried.
+        attempts: u32,
+    },
+}
+
+/// How many times [`JobCgroup::freeze_for_snapshot`] freezes before it gives up.
+pub const SNAPSHOT_FREEZE_ATTEMPTS: u32 = 20;
+
+/// The scheduler state letter of a task (`/proc/TID/stat`, after the command name), if it exists.
+fn task_state(tid: i32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{tid}/stat")).ok()?;
+    stat_state(&stat)
+}
+
+/// The state letter in the text of a `stat` file: the command name may hold spaces and
+/// parentheses, so the field after its last ')'.
+fn stat_state(stat: &str) -> Option<char> {
+    stat.get(stat.rfind(')')? + 1..)?
+        .trim_start()
+        .chars()
+        .next()
 }
 
 /// Which freezer interface a cgroup has.
@@ -237,6 +265,68 @@ impl JobCgroup {
         self.wait_for("FROZEN")
     }
 
+    /// Freezes for a snapshot. cgroup v2 counts a parent blocked in `vfork()` (state D until its
+    /// child calls exec) as frozen, and the snapshot engine cannot seize such a task; when the
+    /// freeze lands in that window (a shell starting a command, `posix_spawn`, `system()`), the
+    /// cgroup is thawed, the parent is given up to 100 ms to come out, and the freeze is tried
+    /// again, up to [`SNAPSHOT_FREEZE_ATTEMPTS`] times. Returns how many retries it took; fails
+    /// thawed with [`CgroupError::Unsettled`] naming the tasks.
+    pub fn freeze_for_snapshot(&self) -> Result<u32, CgroupError> {
+        for retry in 0..SNAPSHOT_FREEZE_ATTEMPTS {
+            self.freeze()?;
+            let stuck = self.uninterruptible_tasks();
+            if stuck.is_empty() {
+                return Ok(retry);
+            }
+            self.thaw()?;
+            if retry + 1 == SNAPSHOT_FREEZE_ATTEMPTS {
+                return Err(CgroupError::Unsettled {
+                    path: self.path.clone(),
+                    tasks: stuck
+                        .iter()
+                        .map(|(tid, comm)| format!("pid {tid} ({comm})"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    attempts: SNAPSHOT_FREEZE_ATTEMPTS,
+                });
+            }
+            let begin = Instant::now();
+            let mut pause = Duration::from_micros(100);
+            while begin.elapsed() < Duration::from_millis(100)
+                && stuck.iter().any(|(tid, _)| task_state(*tid) == Some('D'))
+            {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(5));
+            }
+        }
+        unreachable!("the last attempt returns")
+    }
+
+    /// Tasks (threads) of a frozen v2 cgroup in uninterruptible sleep, with their names. Empty
+    /// on cgroup v1, whose frozen tasks all report D.
+    fn uninterruptible_tasks(&self) -> Vec<(i32, String)> {
+        if self.flavor != Flavor::V2 {
+            return Vec::new();
+        }
+        let mut stuck = Vec::new();
+        for pid in self.pids().unwrap_or_default() {
+            let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+                continue;
+            };
+            for t in tasks.flatten() {
+                let Some(tid) = t.file_name().to_str().and_then(|s| s.parse().ok()) else {
+                    continue;
+                };
+                if task_state(tid) == Some('D') {
+                    let comm = fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+                        .unwrap_or_default();
+                    stuck.push((tid, comm.trim().to_string()));
+                }
+            }
+        }
+        stuck
+    }
+
     /// Thaws the cgroup and waits until it reports THAWED.
     pub fn thaw(&self) -> Result<(), CgroupError> {
         self.write_state(false)?;
@@ -283,5 +373,21 @@ impl JobCgroup {
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
             Err(e) => Err(self.io("remove", self.path.clone())(e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_state_follows_the_last_parenthesis() {
+        assert_eq!(stat_state("42 (sh) S 1 42 42 0"), Some('S'));
+        assert_eq!(stat_state("7 (a) b) (c) D 1 7"), Some('D'));
+        assert_eq!(stat_state("7 (never closed"), None);
+        assert_eq!(stat_state(""), None);
+        // SAFETY: gettid has no preconditions.
+        let own = unsafe { libc::gettid() };
+        assert_eq!(task_state(own), Some('R'), "this thread is running");
     }
 }

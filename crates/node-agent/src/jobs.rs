@@ -985,16 +985,23 @@ impl Jobs {
         job.work.as_mut().expect("checked").pause = Some(PauseGuard::new(&self.frozen));
         let begin = Instant::now();
         let job = tokio::task::spawn_blocking(move || {
-            let r = job.cgroup.freeze();
+            let r = job.cgroup.freeze_for_snapshot();
             (job, r)
         })
         .await
         .expect("freeze task");
         let (mut job, r) = job;
-        r.map_err(|source| AgentError::Cgroup {
+        let retries = r.map_err(|source| AgentError::Cgroup {
             job: job_id,
             source,
         })?;
+        if retries > 0 {
+            tracing::info!(
+                job = job_id,
+                retries,
+                "froze again: a process was waiting for a vfork child"
+            );
+        }
         let pids = job.cgroup.pids().unwrap_or_default();
         let w = job.work.as_mut().expect("checked");
         w.frozen_at = Some(begin);
