@@ -4,8 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use node_agent::config::TomlConfig;
-use node_agent::config::{AgentConfig, ConfigError};
+pub use ckpt_daemon::config::{ConfigError, TomlConfig};
 use serde::Deserialize;
 
 /// `ckptd` configuration.
@@ -30,8 +29,9 @@ pub struct CoordinatorConfig {
     /// Agents and ckptd authenticate each other with it on every connection. A standalone
     /// ckptd without one opens no TCP port at all.
     pub tls_dir: PathBuf,
-    /// The embedded agent's settings, used with `--standalone`.
-    pub agent: AgentConfig,
+    /// The `[agent]` table: the embedded agent's settings, used with `--standalone`. The ckptd
+    /// binary reads and validates it; the coordinator does not look inside.
+    pub agent: toml::Table,
 }
 
 /// How many committed checkpoints of each job keep their images.
@@ -134,10 +134,6 @@ impl Default for Deadlines {
 
 impl Default for CoordinatorConfig {
     fn default() -> Self {
-        let agent = AgentConfig {
-            listen: "127.0.0.1:0".parse().expect("valid"),
-            ..AgentConfig::default()
-        };
         CoordinatorConfig {
             listen: "0.0.0.0:7600".parse().expect("valid"),
             socket: "/run/ckpt/ckptd.sock".into(),
@@ -147,7 +143,7 @@ impl Default for CoordinatorConfig {
             flush: Flush::default(),
             redundancy: Redundancy::default(),
             tls_dir: ckpt_auth::ca::DEFAULT_DIR.into(),
-            agent,
+            agent: toml::Table::new(),
         }
     }
 }
@@ -183,7 +179,7 @@ impl TomlConfig for CoordinatorConfig {
                 problem: "must be an absolute path".into(),
             });
         }
-        self.agent.validate()
+        Ok(())
     }
 }
 
@@ -201,7 +197,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.deadlines.dump, Duration::from_secs(120));
         assert_eq!(c.deadlines.sync, Duration::from_secs(30));
-        assert_eq!(c.agent.node_name, "head");
+        assert_eq!(c.agent["node_name"].as_str(), Some("head"));
     }
 
     #[test]
@@ -227,7 +223,5 @@ mod example_config {
         let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/config/ckptd.toml");
         let c = CoordinatorConfig::load(&p).unwrap();
         assert_eq!(c.deadlines.dump, Duration::from_secs(600));
-        let a = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/config/agent.toml");
-        AgentConfig::load(&a).unwrap();
     }
 }

@@ -8,7 +8,6 @@
 #![warn(missing_docs)]
 
 pub mod agents;
-pub mod client;
 pub mod config;
 pub mod driver;
 pub mod flush;

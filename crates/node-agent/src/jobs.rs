@@ -37,10 +37,10 @@ use crate::modes::{
     ensure_dir, fix_job_dir_modes, protect_staging, set_mode, write_private, PRIVATE_DIR,
     PRIVATE_FILE, TRAVERSE_ONLY,
 };
+pub use crate::owner::LaunchPolicy;
 use crate::owner::{
     put_back_own_output, run_put_back, verify_restored, Identity, PutBack, PutBackTask,
 };
-pub use crate::owner::{LaunchPolicy, PUT_BACK_TIMEOUT};
 use crate::procfs;
 use crate::shim::{self, Exit, ShimMode, ShimSpec, Started};
 

@@ -1,31 +1,32 @@
 //! ckpt-agent: the node agent.
 //!
 //! One runs on every compute node. It starts a job's processes on its node (each under a shim,
-//! see [`shim`]), keeps them in a per-job freezer cgroup ([`cgroup`]), and runs the node's side of
-//! every checkpoint phase ([`jobs`]): initial synchronization, freeze, dump with a snapshot
-//! engine ([`engine`]), thaw or kill, sealing images with a manifest, and restore. The
-//! coordinator drives it over gRPC ([`grpc`]); the agent registers and heartbeats
-//! ([`heartbeat`]). A job runs as its owner, who may run jobs by the node's policy, and the
-//! agent acts in the owner's directories only as the owner ([`owner`]); what it keeps is root's
-//! alone ([`modes`]).
+//! see [`shim`]), keeps them in a per-job freezer cgroup (`cgroup.rs`), and runs the node's side of
+//! every checkpoint phase (`jobs.rs`): initial synchronization, freeze, dump with a snapshot
+//! engine (`engine/`), thaw or kill, sealing images with a manifest, and restore. The
+//! coordinator drives it over gRPC (`grpc.rs`); the agent registers and heartbeats
+//! (`heartbeat.rs`). A job runs as its owner, who may run jobs by the node's policy, and the
+//! agent acts in the owner's directories only as the owner (`owner.rs`); what it keeps is root's
+//! alone (`modes.rs`).
 //!
-//! [`run`] is the whole daemon; `main.rs` only parses arguments and calls it, and the coordinator
-//! calls it too when it embeds an agent (`ckptd --standalone`).
+//! The public surface is small: [`open_jobs`], [`bind_local`] and [`run`] are the whole daemon;
+//! `main.rs` only parses arguments and calls them, and so does `ckptd --standalone`, which embeds
+//! an agent. [`config`] is the agent's config file, [`shim`] the per-job process.
 #![warn(missing_docs)]
 
-pub mod cgroup;
+mod cgroup;
 pub mod config;
-pub mod engine;
-pub mod error;
-pub mod failpoint;
-pub mod grpc;
-pub mod heartbeat;
-pub mod ibq;
-pub mod jobs;
-pub mod modes;
-pub mod owner;
-pub mod partner;
-pub mod procfs;
+mod engine;
+mod error;
+mod failpoint;
+mod grpc;
+mod heartbeat;
+mod ibq;
+mod jobs;
+mod modes;
+mod owner;
+mod partner;
+mod procfs;
 pub mod shim;
 
 use std::future::Future;
@@ -36,28 +37,13 @@ use ckpt_proto::v1::agent_server::AgentServer;
 use tokio::net::TcpListener;
 use tracing::info;
 
+pub use cgroup::CgroupError;
 pub use config::AgentConfig;
+pub use engine::EngineError;
 pub use error::AgentError;
+pub use jobs::Jobs;
 
-/// Logging for the daemons: to stderr (journald under systemd), filtered by `CKPT_LOG`
-/// (default `info`).
-pub fn init_tracing() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CKPT_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        // Colours only on a terminal: journald and log files get plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-}
-
-/// Makes every file and directory the daemon creates private (umask 077); call first thing in
-/// a daemon's `main`. Directories users must pass through, and the files they may read (a job's
-/// stdout and stderr), get their modes explicitly; jobs get umask 022 (see [`shim`]).
-pub fn set_private_umask() {
-    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
-}
+pub use ckpt_daemon::{init_tracing, set_private_umask};
 
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]

@@ -4,6 +4,8 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod client;
+
 use ckpt_proto::v1 as pb;
 use clap::{Parser, Subcommand};
 use serde_json::{json, Value};
@@ -32,7 +34,7 @@ Exit codes:
 #[command(version, about, long_about, after_help = AFTER_HELP)]
 struct Cli {
     /// ckptd's control socket.
-    #[arg(long, global = true, env = "CKPT_SOCKET", default_value = coordinator::client::DEFAULT_SOCKET)]
+    #[arg(long, global = true, env = "CKPT_SOCKET", default_value = client::DEFAULT_SOCKET)]
     socket: PathBuf,
     /// Print machine-readable JSON on stdout instead of text.
     #[arg(long, global = true)]
@@ -211,7 +213,7 @@ fn size(bytes: u64) -> String {
 }
 
 async fn run(cli: Cli) -> Result<(), Failure> {
-    let mut c = coordinator::client::connect(cli.socket.clone()).await.map_err(|e| Failure {
+    let mut c = client::connect(cli.socket.clone()).await.map_err(|e| Failure {
         code: 7,
         message: format!(
             "cannot connect to ckptd at {}: {e} (is ckptd running? start it with `systemctl start ckptd` or `ckptd --standalone`)",

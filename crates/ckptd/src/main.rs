@@ -5,9 +5,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use coordinator::config::{CoordinatorConfig, TomlConfig};
+use config::CkptdConfig;
+use coordinator::config::CoordinatorConfig;
 use coordinator::driver::Coordinator;
 use coordinator::registry::Registry;
+
+mod config;
 
 /// The ckpt global checkpoint coordinator.
 ///
@@ -155,21 +158,23 @@ fn ca_command(cmd: &CaCmd, tls_dir: &std::path::Path) -> ExitCode {
 
 fn main() -> ExitCode {
     // Everything the daemon creates is root's alone unless it says otherwise.
-    node_agent::set_private_umask();
+    ckpt_daemon::set_private_umask();
     let cli = Cli::parse();
     if let Some(Cmd::Shim { spec }) = &cli.cmd {
         return ExitCode::from(node_agent::shim::main(spec) as u8);
     }
-    node_agent::init_tracing();
+    ckpt_daemon::init_tracing();
     let default_path = std::path::Path::new(CoordinatorConfig::DEFAULT_PATH);
-    let mut cfg: CoordinatorConfig =
-        match node_agent::config::load_or_default(&cli.config, default_path) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("ckptd: {e}");
-                return ExitCode::from(2);
-            }
-        };
+    let CkptdConfig {
+        coordinator: mut cfg,
+        agent: mut acfg,
+    } = match CkptdConfig::load_or_default(&cli.config, default_path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ckptd: {e}");
+            return ExitCode::from(2);
+        }
+    };
     if let Some(s) = cli.socket {
         cfg.socket = s;
     }
@@ -180,15 +185,25 @@ fn main() -> ExitCode {
         cfg.listen = l;
     }
     if let Some(d) = cli.state_dir {
-        cfg.agent.state_dir = d;
+        acfg.state_dir = d;
     }
     if let Some(d) = cli.local_dir {
-        cfg.agent.local_dir = d;
+        acfg.local_dir = d;
     }
-    if let Err(e) = cfg.validate() {
+    // The embedded agent and its jobs (ckpt-rsh) reach the coordinator on its local socket.
+    acfg.coordinator = format!("unix:{}", cfg.socket.display());
+    let whole = CkptdConfig {
+        coordinator: cfg,
+        agent: acfg,
+    };
+    if let Err(e) = whole.validate() {
         eprintln!("ckptd: {e}");
         return ExitCode::from(2);
     }
+    let CkptdConfig {
+        coordinator: cfg,
+        agent: acfg,
+    } = whole;
     if let Some(Cmd::Ca { cmd }) = &cli.cmd {
         return ca_command(cmd, &cfg.tls_dir);
     }
@@ -215,9 +230,6 @@ fn main() -> ExitCode {
     };
     let jobs = if cli.standalone {
         let exe = std::env::current_exe().unwrap_or_else(|_| "ckptd".into());
-        // The embedded agent and its jobs (ckpt-rsh) reach the coordinator on its local socket.
-        let mut acfg = cfg.agent.clone();
-        acfg.coordinator = format!("unix:{}", cfg.socket.display());
         match node_agent::open_jobs(&acfg, exe, None) {
             Ok(j) => Some(j),
             Err(node_agent::StartError::Engine(e)) => {
@@ -257,8 +269,6 @@ fn main() -> ExitCode {
             .map_err(|e| format!("cannot bind control socket {}: {e}", cfg.socket.display()))?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         if let Some(jobs) = jobs {
-            let mut acfg = cfg.agent.clone();
-            acfg.coordinator = format!("unix:{}", cfg.socket.display());
             // Only this process calls the embedded agent: a socket in a directory only root
             // may enter, no TCP port.
             let sock = acfg.state_dir.join("rpc").join("agent.sock");
