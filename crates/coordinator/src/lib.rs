@@ -1,16 +1,15 @@
 //! ckptd, the global checkpoint coordinator, as a library.
 //!
 //! [`model`] holds jobs and epochs with their guarded transitions, [`registry`] persists them in
-//! redb, [`driver`] runs the checkpoint protocol and restarts over the registered [`agents`],
-//! and [`grpc`] serves it: the Control service to ckptctl over a Unix socket, the Registry
-//! service to agents over TCP. [`server::run`] is the whole daemon; [`client`] is what ckptctl
-//! uses to reach it.
+//! redb, [`driver`] runs the checkpoint protocol, restarts and the background work on committed
+//! epochs over the registered [`agents`], and [`grpc`] serves it: the Control service to ckptctl
+//! over a Unix socket, the Registry service to agents over TCP. [`server::run`] is the whole
+//! daemon; the `ckptd` crate starts it.
 #![warn(missing_docs)]
 
 pub mod agents;
 pub mod config;
 pub mod driver;
-pub mod flush;
 pub mod grpc;
 pub mod model;
 pub mod registry;

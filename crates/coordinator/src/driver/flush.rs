@@ -17,8 +17,8 @@ use ckpt_proto::v1 as pb;
 use futures_util::future::join_all;
 use tracing::{info, warn};
 
+use super::{Coordinator, DriveError};
 use crate::agents::{from_status, FailureKind, NodeFailure};
-use crate::driver::{Coordinator, DriveError};
 use crate::model::{Epoch, FlushState};
 
 /// Bytes copied and bytes to copy, by node, of each flush in progress.

@@ -1,0 +1,177 @@
+//! A job's processes on other nodes: `ckpt-rsh` resolving a host and attaching a part of the
+//! job there (checked by the job token), and locating a job by its token.
+
+use ckpt_proto::v1 as pb;
+use tracing::{info, instrument};
+
+use super::{Coordinator, DriveError};
+use crate::model::{Job, JobState};
+
+impl Coordinator {
+    /// The node a host name from an MPI host list means: a node name (also without its domain),
+    /// an address of the node (its agent's or one of its interfaces'), or a name resolving to one.
+    pub async fn resolve_host(&self, host: &str) -> Result<String, DriveError> {
+        let agents = self.agents.list();
+        let short = |s: &str| s.split('.').next().unwrap_or(s).to_string();
+        if let Some((n, _, _)) = agents
+            .iter()
+            .find(|(n, _, _)| n == host)
+            .or_else(|| agents.iter().find(|(n, _, _)| short(n) == short(host)))
+        {
+            return Ok(n.clone());
+        }
+        if let Some(n) = self.agents.node_with_address(host) {
+            return Ok(n);
+        }
+        if let Ok(ips) = tokio::net::lookup_host((host, 0)).await {
+            if let Some(n) = ips
+                .map(|s| s.ip().to_string())
+                .find_map(|ip| self.agents.node_with_address(&ip))
+            {
+                return Ok(n);
+            }
+        }
+        let known = agents
+            .iter()
+            .map(|(n, a, _)| format!("{n} ({a})"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        Err(DriveError::Invalid(format!(
+            "host {host:?} is not a node with a registered ckpt-agent (known: {known}); start ckpt-agent there, or name the host as its node name or agent address"
+        )))
+    }
+
+    fn check_token(job: &Job, token: &str) -> Result<(), DriveError> {
+        if !ckpt_auth::token_eq(&job.token, token) {
+            return Err(DriveError::Denied(format!(
+                "wrong secret for job {}: ckpt-rsh must run inside the job (CKPT_JOB_TOKEN)",
+                job.id
+            )));
+        }
+        Ok(())
+    }
+
+    /// Starts a part of a running job on another node, for `ckpt-rsh`: the command runs there
+    /// through `/bin/sh -c` as the job's owner, in the job's cgroup, with the environment sshd
+    /// would give it. Returns the node and its agent's address.
+    #[instrument(skip_all, fields(job = req.job_id, host = %req.host))]
+    pub async fn attach(&self, req: pb::AttachRequest) -> Result<pb::AttachReply, DriveError> {
+        let id = req.job_id;
+        // The token first: a caller without it learns nothing of the cluster's nodes.
+        let job = self
+            .registry
+            .job(id)?
+            .ok_or(DriveError::UnknownJob { job: id })?;
+        Self::check_token(&job, &req.token)?;
+        let node = self.resolve_host(&req.host).await?;
+        let (job, part) = {
+            let _g = self.state.lock().await;
+            let mut job = self
+                .registry
+                .job(id)?
+                .ok_or(DriveError::UnknownJob { job: id })?;
+            Self::check_token(&job, &req.token)?;
+            // The launcher may call here before the launch reply is in (`Starting`).
+            match job.state {
+                JobState::Running | JobState::Starting => {}
+                JobState::Checkpointing | JobState::Restarting => {
+                    return Err(DriveError::Busy(format!(
+                        "job {id} is {}; try again when it is done",
+                        job.state.name()
+                    )))
+                }
+                _ => {
+                    return Err(DriveError::Invalid(format!(
+                        "job {id} is {}: no new processes can join it",
+                        job.state.name()
+                    )))
+                }
+            }
+            if node == job.node {
+                return Err(DriveError::Invalid(format!(
+                    "node {node} runs job {id}'s launcher, which starts its processes there itself; name each host once in mpiexec's host list"
+                )));
+            }
+            if job.parts.contains(&node) {
+                return Err(DriveError::Invalid(format!(
+                    "job {id} already has processes on node {node}; name each host once in mpiexec's host list"
+                )));
+            }
+            job.parts.push(node.clone());
+            self.registry.put_job(&job)?;
+            let part = job.parts.len() as u32;
+            (job, part)
+        };
+        let user = nix::unistd::User::from_uid(job.owner_uid.into())
+            .ok()
+            .flatten();
+        let home = user
+            .as_ref()
+            .map(|u| u.dir.display().to_string())
+            .unwrap_or_else(|| "/".into());
+        let mut env = std::collections::HashMap::new();
+        env.insert("PATH".to_string(), DEFAULT_PATH.to_string());
+        env.insert("HOME".to_string(), home.clone());
+        if let Some(u) = &user {
+            env.insert("USER".to_string(), u.name.clone());
+            env.insert("LOGNAME".to_string(), u.name.clone());
+            env.insert("SHELL".to_string(), "/bin/sh".to_string());
+        }
+        let launch = pb::LaunchRequest {
+            job_id: id,
+            argv: vec!["/bin/sh".into(), "-c".into(), req.command.clone()],
+            cwd: home,
+            env,
+            uid: job.owner_uid,
+            gid: job.owner_gid,
+            groups: vec![],
+            token: job.token.clone(),
+            part,
+        };
+        let r = self
+            .agents
+            .call(
+                &node,
+                "launch",
+                self.cfg.deadlines.sync,
+                |mut c| async move { c.launch(launch).await },
+            )
+            .await;
+        match r {
+            Ok(reply) => {
+                info!(node, pid = reply.pid, part, "job part started");
+                Ok(pb::AttachReply {
+                    agent: self.agents.address(&node).unwrap_or_default(),
+                    node,
+                    pid: reply.pid,
+                    incarnation: reply.incarnation,
+                })
+            }
+            Err(failure) => {
+                let _ = self
+                    .update_job(id, |j| {
+                        j.parts.retain(|p| *p != node);
+                        Ok(())
+                    })
+                    .await;
+                Err(failure.into())
+            }
+        }
+    }
+
+    /// The current address of a node's agent, for `ckpt-rsh` of a job with a part there.
+    pub async fn locate(&self, req: pb::LocateRequest) -> Result<pb::LocateReply, DriveError> {
+        let job = self
+            .registry
+            .job(req.job_id)?
+            .ok_or(DriveError::UnknownJob { job: req.job_id })?;
+        Self::check_token(&job, &req.token)?;
+        let agent = self.agents.address(&req.node).ok_or_else(|| {
+            DriveError::Invalid(format!("node {} has no registered agent", req.node))
+        })?;
+        Ok(pb::LocateReply { agent })
+    }
+}
+
+/// PATH of commands started on other nodes, as sshd sets it.
+const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";

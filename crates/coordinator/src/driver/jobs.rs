@@ -1,0 +1,327 @@
+//! A job's life outside its checkpoints: agents registering and reporting, `run`, `cancel`,
+//! and what ckptctl shows of a job on its nodes.
+use std::sync::Arc;
+
+use ckpt_proto::v1 as pb;
+use tracing::{info, instrument};
+
+use super::{now_ms, Caller, Coordinator, DriveError, RunSpec};
+use crate::agents::call;
+use crate::model::{Job, JobState};
+
+impl Coordinator {
+    /// Registers an agent, and aborts on it any epoch a coordinator restart interrupted.
+    pub async fn register_agent(
+        self: &Arc<Self>,
+        node: &str,
+        address: &str,
+        host_addresses: Vec<String>,
+        shared_dir: String,
+    ) -> Result<(), String> {
+        let dial = match (&self.credential, address.starts_with("unix:")) {
+            (_, true) | (None, false) => ckpt_auth::transport::Dial::LocalOnly,
+            (Some(c), false) => ckpt_auth::transport::Dial::Tls(
+                c.client_config(ckpt_auth::Identity::Node(node.to_string()))
+                    .map_err(|e| e.to_string())?,
+            ),
+        };
+        self.agents
+            .register(node, address, host_addresses, shared_dir, dial)?;
+        info!(node, address, "agent registered");
+        self.resume_waiting_flushes();
+        let pending: Vec<(String, u64, u32)> = {
+            let mut o = self.orphaned.lock().expect("orphaned lock");
+            let (mine, rest) = o.drain(..).partition(|(n, _, _)| n == node);
+            *o = rest;
+            mine
+        };
+        for (_, job, epoch) in pending {
+            if let Ok(mut c) = self.agents.client(node) {
+                let req = pb::AbortRequest {
+                    job_id: job,
+                    epoch,
+                    reason: "coordinator restarted during the epoch".into(),
+                };
+                let _ = call(node, "abort", self.cfg.deadlines.abort, c.abort(req)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies an agent's report about its jobs.
+    pub async fn heartbeat(&self, node: &str, reports: Vec<pb::JobReport>) -> bool {
+        if !self.agents.seen(node) {
+            return false;
+        }
+        for r in reports {
+            let observed = match r.state.as_str() {
+                "exited" => JobState::Exited {
+                    code: r.exit_code,
+                    signal: r.exit_signal,
+                },
+                "absent" => JobState::Lost,
+                _ => continue,
+            };
+            let _g = self.state.lock().await;
+            if let Ok(Some(mut job)) = self.registry.job(r.job_id) {
+                if job.node == node && job.observe(r.incarnation, observed) {
+                    info!(job = job.id, state = %job.state.name(), "job ended");
+                    let _ = self.registry.put_job(&job);
+                }
+            }
+        }
+        true
+    }
+
+    /// A job the caller may act on.
+    pub fn job_for(&self, caller: &Caller, id: u64) -> Result<Job, DriveError> {
+        let job = self
+            .registry
+            .job(id)?
+            .ok_or(DriveError::UnknownJob { job: id })?;
+        caller.may_act_on(&job)?;
+        Ok(job)
+    }
+
+    /// Asks the job's agent whether its processes still run, and records an exit the heartbeat
+    /// has not reported yet. Errors reaching the agent leave the record as it is.
+    pub async fn refresh(&self, id: u64) -> Result<Job, DriveError> {
+        let job = self
+            .registry
+            .job(id)?
+            .ok_or(DriveError::UnknownJob { job: id })?;
+        if job.state != JobState::Running && job.state != JobState::Lost {
+            return Ok(job);
+        }
+        let Ok(mut c) = self.agents.client(&job.node) else {
+            return Ok(job);
+        };
+        let info = match call(
+            &job.node,
+            "inspect",
+            self.cfg.deadlines.sync,
+            c.inspect(pb::InspectRequest { job_id: id }),
+        )
+        .await
+        {
+            Ok(i) => i,
+            Err(_) => return Ok(job),
+        };
+        let observed = if let Some(rest) = info.state.strip_prefix("exited with code ") {
+            JobState::Exited {
+                code: rest.parse().ok(),
+                signal: None,
+            }
+        } else if let Some(rest) = info.state.strip_prefix("killed by signal ") {
+            JobState::Exited {
+                code: None,
+                signal: rest.parse().ok(),
+            }
+        } else if info.state == "absent" {
+            JobState::Lost
+        } else {
+            return Ok(job);
+        };
+        let _g = self.state.lock().await;
+        let mut job = self
+            .registry
+            .job(id)?
+            .ok_or(DriveError::UnknownJob { job: id })?;
+        let inc = job.incarnation;
+        if job.observe(inc, observed) {
+            self.registry.put_job(&job)?;
+        }
+        Ok(job)
+    }
+
+    /// Starts a job.
+    #[instrument(skip_all, fields(job))]
+    pub async fn run(&self, caller: Caller, spec: RunSpec) -> Result<Job, DriveError> {
+        if spec.argv.is_empty() {
+            return Err(DriveError::Invalid(
+                "no command given: ckptctl run -- COMMAND [ARGS...]".into(),
+            ));
+        }
+        let node = if spec.node.is_empty() {
+            self.agents
+                .list()
+                .into_iter()
+                .next()
+                .map(|(n, _, _)| n)
+                .ok_or(DriveError::NoAgents)?
+        } else {
+            spec.node.clone()
+        };
+        let mut client = self.agents.client(&node)?;
+        let (id, name, token) = {
+            let _g = self.state.lock().await;
+            let id = self.registry.next_job_id()?;
+            let name = if spec.name.is_empty() {
+                std::path::Path::new(&spec.argv[0])
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "job".into())
+            } else {
+                spec.name.clone()
+            };
+            let job = Job {
+                id,
+                name: name.clone(),
+                owner_uid: caller.uid,
+                owner_gid: caller.gid,
+                argv: spec.argv.clone(),
+                cwd: spec.cwd.clone(),
+                node: node.clone(),
+                state: JobState::Starting,
+                incarnation: 0,
+                last_epoch: 0,
+                latest_committed: 0,
+                created_unix_ms: now_ms(),
+                job_dir: String::new(),
+                parts: vec![],
+                token: new_token(),
+            };
+            self.registry.put_job(&job)?;
+            (id, name, job.token)
+        };
+        tracing::Span::current().record("job", id);
+        let req = pb::LaunchRequest {
+            job_id: id,
+            argv: spec.argv,
+            cwd: spec.cwd,
+            env: spec.env,
+            uid: caller.uid,
+            gid: caller.gid,
+            // The agent takes the groups (and the primary group) from its node's user database.
+            groups: Vec::new(),
+            token,
+            part: 0,
+        };
+        let reply = match call(&node, "launch", self.cfg.deadlines.sync, client.launch(req)).await {
+            Ok(r) => r,
+            Err(failure) => {
+                // Keep the record, so the id is never reused and `ckptctl list` says why.
+                let reason = failure.message.clone();
+                self.update_job(id, |j| {
+                    j.state = JobState::FailedToStart { reason };
+                    Ok(())
+                })
+                .await?;
+                return Err(failure.into());
+            }
+        };
+        let _g = self.state.lock().await;
+        let mut job = self
+            .registry
+            .job(id)?
+            .ok_or(DriveError::UnknownJob { job: id })?;
+        job.state = JobState::Running;
+        job.incarnation = reply.incarnation;
+        job.job_dir = reply.job_dir;
+        self.registry.put_job(&job)?;
+        info!(job = id, name, node, pid = reply.pid, "job started");
+        Ok(job)
+    }
+
+    /// Kills a running job (SIGTERM, then SIGKILL). Its epochs stay restorable.
+    pub async fn cancel(&self, caller: &Caller, id: u64) -> Result<Job, DriveError> {
+        self.job_for(caller, id)?;
+        let job = self.refresh(id).await?;
+        if job.state != JobState::Running {
+            // Refused by the guard, with the job's state in the message.
+            job.clone().cancel()?;
+        }
+        let node = job.node.clone();
+        let client = self.agents.client(&node)?;
+        let d = &self.cfg.deadlines;
+        let signal = |signal| {
+            let req = pb::SignalRequest {
+                job_id: id,
+                signal,
+                ..Default::default()
+            };
+            let mut c = client.clone();
+            let node = node.clone();
+            async move { call(&node, "cancel", d.resume, c.signal(req)).await }
+        };
+        let _ = signal(libc::SIGTERM).await;
+        // Give the job a grace period to exit on SIGTERM, then kill what is left.
+        for _ in 0..CANCEL_GRACE_STEPS {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            let mut c = client.clone();
+            let inspect = c.inspect(pb::InspectRequest { job_id: id });
+            if let Ok(i) = call(&node, "inspect", d.sync, inspect).await {
+                if i.processes.is_empty() {
+                    break;
+                }
+            }
+        }
+        let _ = signal(libc::SIGKILL).await;
+        // Parts on other nodes normally end with the launcher; kill what is left of them.
+        let _ = self
+            .on_all_collect(&job.parts, "cancel", d.resume, |mut c| {
+                let req = pb::SignalRequest {
+                    job_id: id,
+                    signal: libc::SIGKILL,
+                    ..Default::default()
+                };
+                async move { c.signal(req).await }
+            })
+            .await;
+        // The job was running when the cancel began; an end seen since (its exit on SIGTERM,
+        // reported by a heartbeat) is the cancel's doing.
+        self.update_job(id, |j| {
+            if j.state == JobState::Running || matches!(j.state, JobState::Exited { .. }) {
+                j.state = JobState::Cancelled;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// The job's processes per node, as the agents see them now (asked in parallel).
+    pub async fn inspect(&self, job: &Job) -> Vec<pb::NodeJobInfo> {
+        let id = job.id;
+        self.on_all_collect(
+            &job.nodes(),
+            "inspect",
+            self.cfg.deadlines.sync,
+            |mut c| async move { c.inspect(pb::InspectRequest { job_id: id }).await },
+        )
+        .await
+        .into_iter()
+        .map(|(n, r)| {
+            r.unwrap_or_else(|e| pb::NodeJobInfo {
+                role: if n == job.node {
+                    "launcher"
+                } else {
+                    "attached"
+                }
+                .into(),
+                node: n,
+                state: format!("unknown ({})", e.message),
+                processes: vec![],
+            })
+        })
+        .collect()
+    }
+}
+
+/// A fresh job secret: 128 random bits, hex.
+fn new_token() -> String {
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .is_err()
+    {
+        // Never reached on Linux; still unguessable enough to tell jobs apart.
+        b[..8].copy_from_slice(&now_ms().to_le_bytes());
+        b[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// SIGTERM grace period of `cancel`, in 100 ms steps: MPI launchers forward SIGTERM to ranks
+/// and need a moment to tear down.
+const CANCEL_GRACE_STEPS: u32 = 50;

@@ -1,0 +1,301 @@
+//! Restarts from a committed epoch: which epoch may be restored, `verify` of its copies, and
+//! the restore on every node with the release of the held job.
+
+use ckpt_proto::v1 as pb;
+use futures_util::future::join_all;
+use tokio::sync::mpsc;
+use tracing::{instrument, warn};
+
+use super::{Caller, Coordinator, DriveError, Step};
+use crate::agents::{FailureKind, NodeFailure};
+use crate::model::{Epoch, Job, JobState};
+
+impl Coordinator {
+    /// A committed epoch of the job: `epoch`, or the latest committed one for 0.
+    fn restorable_epoch(&self, job: &Job, epoch: u32) -> Result<Epoch, DriveError> {
+        let id = job.id;
+        let number = if epoch == 0 {
+            job.latest_committed
+        } else {
+            epoch
+        };
+        if number == 0 {
+            return Err(DriveError::NoCommittedEpoch { job: id });
+        }
+        let e = self.registry.epoch(id, number)?.ok_or_else(|| {
+            DriveError::Invalid(format!(
+                "job {id} has no epoch {number} (see `ckptctl epochs {id}`)"
+            ))
+        })?;
+        if !e.is_restorable() {
+            return Err(DriveError::EpochNotRestorable {
+                job: id,
+                epoch: number,
+                state: e.state_name(),
+            });
+        }
+        Ok(e)
+    }
+
+    /// Checks a committed epoch's images on every node against their digests, in parallel.
+    /// Reads only; a node that cannot be reached is reported as not verified.
+    pub async fn verify(
+        &self,
+        caller: &Caller,
+        id: u64,
+        epoch: u32,
+    ) -> Result<pb::VerifyReply, DriveError> {
+        let job = self.job_for(caller, id)?;
+        let e = self.restorable_epoch(&job, epoch)?;
+        let d = self.cfg.deadlines.restore;
+        let calls = e.nodes.iter().map(|n| {
+            let req = pb::RestoreRequest {
+                job_id: id,
+                epoch: e.number,
+                manifest_digest: e.manifests.get(n).cloned().unwrap_or_default(),
+                shared_durable: e.is_durable(),
+                local_pruned: !e.local_copy,
+                ..Default::default()
+            };
+            async move {
+                let r = self
+                    .agents
+                    .call(n, "verify", d, |mut c| async move { c.verify(req).await })
+                    .await;
+                r.unwrap_or_else(|f| pb::NodeVerify {
+                    node: n.clone(),
+                    ok: false,
+                    error: f.message,
+                    ..Default::default()
+                })
+            }
+        });
+        Ok(pb::VerifyReply {
+            job_id: id,
+            epoch: e.number,
+            nodes: join_all(calls).await,
+        })
+    }
+
+    /// Validates a restart request; returns the job, the epoch to restore and the state to go
+    /// back to if the restart fails.
+    pub async fn begin_restart(
+        &self,
+        caller: &Caller,
+        id: u64,
+        epoch: u32,
+    ) -> Result<(Job, Epoch, JobState), DriveError> {
+        self.job_for(caller, id)?;
+        let job = self.refresh(id).await?;
+        let e = self.restorable_epoch(&job, epoch)?;
+        let mut previous = job.state.clone();
+        let job = self
+            .update_job(id, |j| {
+                previous = j.state.clone();
+                j.begin_restart()
+            })
+            .await?;
+        Ok((job, e, previous))
+    }
+
+    /// Restores every node of an epoch begun by [`Coordinator::begin_restart`]. With
+    /// `fallback` (the caller asked for the latest checkpoint), an epoch whose images are
+    /// unusable on some node is skipped for the next older restorable one, each step reported.
+    /// Returns the job and the epoch it runs from.
+    #[instrument(skip_all, fields(job = job.id, epoch = epoch.number))]
+    pub async fn drive_restart(
+        &self,
+        job: Job,
+        epoch: Epoch,
+        previous: JobState,
+        fallback: bool,
+        progress: mpsc::UnboundedSender<Step>,
+    ) -> Result<(Job, Epoch), DriveError> {
+        let id = job.id;
+        let mut epoch = epoch;
+        let mut skipped: Vec<String> = Vec::new();
+        loop {
+            let number = epoch.number;
+            match self.restore_epoch(&job, &epoch, &progress).await {
+                Ok(incarnation) => {
+                    let job = self
+                        .update_job(id, |j| j.end_restart(Ok(incarnation)))
+                        .await?;
+                    if !epoch.local_copy {
+                        // Every node fetched its images back into local staging: record it,
+                        // so that retention deletes them again in time.
+                        let _g = self.state.lock().await;
+                        if let Some(mut e) = self.registry.epoch(id, number)? {
+                            e.local_copy = true;
+                            self.registry.put_epoch(&e)?;
+                        }
+                    }
+                    let _ = progress.send(Step {
+                        job: id,
+                        epoch: number,
+                        phase: "restore",
+                        message: "running again".into(),
+                    });
+                    return Ok((job, epoch));
+                }
+                Err(f) => {
+                    let older = if fallback && f.kind == FailureKind::DataLoss {
+                        self.registry
+                            .epochs(id)?
+                            .into_iter()
+                            .filter(|e| e.is_restorable() && e.number < number)
+                            .max_by_key(|e| e.number)
+                    } else {
+                        None
+                    };
+                    let Some(older) = older else {
+                        self.update_job(id, |j| j.end_restart(Err(previous)))
+                            .await?;
+                        let mut failure = f;
+                        for s in skipped.iter().rev() {
+                            failure.message = format!("{}; before that, {s}", failure.message);
+                        }
+                        return Err(DriveError::RestartFailed {
+                            job: id,
+                            epoch: number,
+                            failure,
+                        });
+                    };
+                    warn!(job = id, epoch = number, error = %f, older = older.number, "epoch unusable; falling back");
+                    let _ = progress.send(Step {
+                        job: id,
+                        epoch: number,
+                        phase: "restore",
+                        message: format!(
+                            "epoch {number} cannot be restored ({f}); trying epoch {}",
+                            older.number
+                        ),
+                    });
+                    skipped.push(format!("epoch {number}: {f}"));
+                    epoch = older;
+                }
+            }
+        }
+    }
+
+    /// Restores every node of one epoch, held, then releases them together; on any failure
+    /// the parts already restored are killed. Returns the launcher node's incarnation.
+    async fn restore_epoch(
+        &self,
+        job: &Job,
+        epoch: &Epoch,
+        progress: &mpsc::UnboundedSender<Step>,
+    ) -> Result<u32, NodeFailure> {
+        let (id, number) = (job.id, epoch.number);
+        let _ = progress.send(Step {
+            job: id,
+            epoch: number,
+            phase: "restore",
+            message: format!(
+                "verifying and restoring {} node(s) from epoch {number}",
+                epoch.nodes.len()
+            ),
+        });
+        // Every node restores its part frozen, with the part's TCP ports blocked; only when all
+        // are restored are they released together. A node released early would exchange
+        // packets with peers that do not exist yet and get its connections reset.
+        let d = self.cfg.deadlines.restore;
+        let calls = epoch.nodes.iter().map(|n| {
+            let partner = epoch
+                .local_copy
+                .then(|| epoch.partners.get(n).cloned())
+                .flatten()
+                .unwrap_or_default();
+            let req = pb::RestoreRequest {
+                job_id: id,
+                epoch: number,
+                manifest_digest: epoch.manifests.get(n).cloned().unwrap_or_default(),
+                hold: true,
+                token: job.token.clone(),
+                shared_durable: epoch.is_durable(),
+                partner_address: self.agents.address(&partner).unwrap_or_default(),
+                partner,
+                local_pruned: !epoch.local_copy,
+            };
+            async move {
+                let r = self
+                    .agents
+                    .call(n, "restore", d, |mut c| async move { c.restore(req).await })
+                    .await;
+                if let Ok(reply) = &r {
+                    let message = if reply.source == "local" || reply.source.is_empty() {
+                        format!("node {n} restored (held)")
+                    } else {
+                        format!(
+                            "node {n} restored (held) from its {} copy; {}",
+                            reply.source, reply.note
+                        )
+                    };
+                    let _ = progress.send(Step {
+                        job: id,
+                        epoch: number,
+                        phase: "restore",
+                        message,
+                    });
+                }
+                (n.clone(), r)
+            }
+        });
+        let results = join_all(calls).await;
+        let mut incarnation = 0;
+        let mut failure = None;
+        let mut restored = Vec::new();
+        let mut channels = 0;
+        for (n, r) in results {
+            match r {
+                Ok(reply) => {
+                    if n == job.node {
+                        incarnation = reply.incarnation;
+                    }
+                    channels += reply.channels;
+                    restored.push(n);
+                }
+                Err(e) => {
+                    failure.get_or_insert(e);
+                }
+            }
+        }
+        let kill = failure.is_some();
+        let released = self
+            .on_all_collect(&restored, "release", self.cfg.deadlines.resume, |mut c| {
+                let req = pb::ReleaseRequest { job_id: id, kill };
+                async move { c.release(req).await }
+            })
+            .await;
+        for (_, r) in released {
+            if let Err(e) = r {
+                failure.get_or_insert(e);
+            }
+        }
+        if failure.is_some() && !kill {
+            // Released elsewhere but not everywhere: the job cannot run incomplete.
+            let _ = self
+                .on_all_collect(&restored, "release", self.cfg.deadlines.resume, |mut c| {
+                    let req = pb::ReleaseRequest {
+                        job_id: id,
+                        kill: true,
+                    };
+                    async move { c.release(req).await }
+                })
+                .await;
+        }
+        if let Some(f) = failure {
+            return Err(f);
+        }
+        if channels > 0 {
+            let r = self.rebuild_channels(&restored, id, number).await?;
+            let _ = progress.send(Step {
+                job: id,
+                epoch: number,
+                phase: "restore",
+                message: r.say(channels),
+            });
+        }
+        Ok(incarnation)
+    }
+}
