@@ -9,7 +9,8 @@ use ckpt_proto::v1::agent_server::Agent;
 use tonic::{Request, Response, Status};
 
 use crate::error::AgentError;
-use crate::jobs::{exit_text, Jobs, LaunchSpec, Observed};
+use crate::jobs::{Jobs, Observed};
+use crate::launch::{exit_text, LaunchSpec};
 
 /// Handler of the Agent service.
 #[derive(Debug, Clone)]
@@ -221,7 +222,7 @@ impl Agent for AgentHandler {
                 &r.manifest_digest,
                 r.hold,
                 &r.token,
-                &crate::jobs::Sources {
+                &crate::copies::Sources {
                     partner: (!r.partner.is_empty()).then_some((r.partner, r.partner_address)),
                     shared_durable: r.shared_durable,
                     local_pruned: r.local_pruned,

@@ -2,7 +2,8 @@
 //!
 //! One runs on every compute node. It starts a job's processes on its node (each under a shim,
 //! see [`shim`]), keeps them in a per-job freezer cgroup (`cgroup.rs`), and runs the node's side of
-//! every checkpoint phase (`jobs.rs`): initial synchronization, freeze, dump with a snapshot
+//! every checkpoint phase (the table in `jobs.rs`; the steps in `launch.rs`, `checkpoint/`,
+//! `restore/` and `copies.rs`): initial synchronization, freeze, dump with a snapshot
 //! engine (`engine/`), thaw or kill, sealing images with a manifest, and restore. The
 //! coordinator drives it over gRPC (`grpc.rs`); the agent registers and heartbeats
 //! (`heartbeat.rs`). A job runs as its owner, who may run jobs by the node's policy, and the
@@ -15,7 +16,9 @@
 #![warn(missing_docs)]
 
 mod cgroup;
+mod checkpoint;
 pub mod config;
+mod copies;
 mod engine;
 mod error;
 mod failpoint;
@@ -23,10 +26,12 @@ mod grpc;
 mod heartbeat;
 mod ibq;
 mod jobs;
+mod launch;
 mod modes;
 mod owner;
 mod partner;
 mod procfs;
+mod restore;
 pub mod shim;
 
 use std::future::Future;
@@ -113,7 +118,7 @@ pub fn open_jobs(
         path: cfg.state_dir.clone(),
         source,
     })?
-    .with_launch_env(jobs::LaunchEnv {
+    .with_launch_env(launch::LaunchEnv {
         coordinator: cfg.coordinator.clone(),
         launcher: cfg.launcher.resolve(),
         set_mpi_env: cfg.launcher.set_mpi_env,
@@ -123,7 +128,7 @@ pub fn open_jobs(
     })
     .with_credential(credential)
     .with_shared(cfg.shared_dir.clone(), cfg.flush.copy_options())
-    .with_launch_policy(jobs::LaunchPolicy {
+    .with_launch_policy(owner::LaunchPolicy {
         allow_root: cfg.allow_root_jobs,
         min_uid: cfg.min_uid,
     });

@@ -1,0 +1,142 @@
+//! Checkpoint and restart, ib-quiesce channels: quiesced before the freeze, rebuilt and
+//! reconnected after the thaw or a restart's release.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::info;
+
+use crate::error::AgentError;
+use crate::ibq::{ChannelFailure, Channels, Rebuilt};
+use crate::jobs::{Jobs, NodeJob};
+use crate::procfs;
+
+/// The manifest note listing the processes whose ib-quiesce channels were quiesced.
+const CHANNEL_NOTE: &str = "ibq_channels";
+/// How long channels have to drain and flush before the freeze.
+const CHANNEL_QUIESCE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long channels have to come back, recreate their objects and connect.
+const CHANNEL_REBUILD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The agent error for a channel that failed `step` in job `job`.
+fn channel_error(job: u64, step: &'static str) -> impl Fn(ChannelFailure) -> AgentError {
+    move |f| AgentError::Channel {
+        job,
+        pid: f.pid,
+        message: format!("{step} failed: {}", f.message),
+    }
+}
+
+/// Fails naming the first of `pids` that maps or holds a verbs device.
+pub(super) fn refuse_verbs_without_channel<'a>(
+    job: u64,
+    pids: impl IntoIterator<Item = &'a i32>,
+) -> Result<(), AgentError> {
+    for &pid in pids {
+        if let Some(device) = procfs::verbs_device(pid) {
+            let comm = procfs::stat(pid).map(|s| s.comm).unwrap_or_default();
+            return Err(AgentError::VerbsWithoutChannel {
+                job,
+                pid,
+                comm,
+                device,
+            });
+        }
+    }
+    Ok(())
+}
+
+fn join_pids(pids: &[i32]) -> String {
+    pids.iter()
+        .map(|p| p.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The processes of a manifest whose channels must be rebuilt after a restore.
+pub(crate) fn channel_pids(notes: &BTreeMap<String, String>) -> Vec<i32> {
+    notes
+        .get(CHANNEL_NOTE)
+        .map(|v| v.split(',').filter_map(|p| p.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+impl Jobs {
+    /// Pre-checkpoint, before the freeze: quiesce the ib-quiesce channels of the job's
+    /// processes (all at once: their flush handshakes need each other), then check that no
+    /// process still maps a verbs device.
+    pub(super) async fn quiesce_channels(&self, job: &mut NodeJob) -> Result<(), AgentError> {
+        let job_id = job.record.id;
+        let pids = job
+            .work
+            .as_ref()
+            .map(|w| w.pids.clone())
+            .unwrap_or_default();
+        let up = self.channels.up(&pids).await;
+        if !up.is_empty() {
+            let (done, failed) = self.channels.quiesce(&up, CHANNEL_QUIESCE_TIMEOUT).await;
+            job.ibq_down.extend(&done.pids);
+            if let Some(f) = failed.into_iter().next() {
+                // Channels still up run on; those that quiesced wait for the rebuild that
+                // follows the abort.
+                self.channels.resume(&up).await;
+                return Err(channel_error(job_id, "quiesce")(f));
+            }
+            info!(
+                channels = done.pids.len(),
+                qps = done.report.flushed_qps,
+                kept_receives = done.report.kept_receives,
+                slowest_us = done.slowest.as_micros() as u64,
+                "ib-quiesce channels quiesced"
+            );
+            let w = job.work.as_mut().expect("checked");
+            w.notes
+                .insert(CHANNEL_NOTE.into(), join_pids(&job.ibq_down));
+            w.notes.insert(
+                "ibq_quiesce_us".into(),
+                done.slowest.as_micros().to_string(),
+            );
+        }
+        refuse_verbs_without_channel(job_id, &pids)
+    }
+
+    /// Post-checkpoint (or after a restart's release): the job's channels that are down
+    /// recreate their objects; returns their new endpoints (none without channels) and the
+    /// peer QPs whose endpoints they need back.
+    pub async fn rebuild_channels(&self, job_id: u64) -> Result<Rebuilt, AgentError> {
+        let j = self.get(job_id)?;
+        let job = j.lock().await;
+        if job.ibq_down.is_empty() {
+            return Ok((Vec::new(), Some(Vec::new())));
+        }
+        self.channels
+            .rebuild(&job.ibq_down, CHANNEL_REBUILD_TIMEOUT)
+            .await
+            .map_err(channel_error(job_id, "rebuild"))
+    }
+
+    /// Connects the rebuilt channels to the job's endpoints (all nodes) and lets them run.
+    pub async fn reconnect_channels(
+        &self,
+        job_id: u64,
+        endpoints: &[ib_quiesce::Endpoint],
+    ) -> Result<(), AgentError> {
+        let j = self.get(job_id)?;
+        let mut job = j.lock().await;
+        if job.ibq_down.is_empty() {
+            return Ok(());
+        }
+        self.channels
+            .reconnect(&job.ibq_down, endpoints, CHANNEL_REBUILD_TIMEOUT)
+            .await
+            .map_err(channel_error(job_id, "reconnect"))?;
+        job.ibq_down.clear();
+        Ok(())
+    }
+
+    /// The ib-quiesce channel registry (the daemon serves its socket).
+    pub fn channels(&self) -> &Arc<Channels> {
+        &self.channels
+    }
+}

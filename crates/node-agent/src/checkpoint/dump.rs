@@ -1,0 +1,232 @@
+//! Checkpoint, local dump of the frozen job: what it has open, the files the engine does not
+//! save, and the engine's dump.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use ckpt_store::manifest::{OpenFile, PreservedFile};
+use tracing::info;
+
+use crate::engine::{DumpSpec, SnapshotEngine};
+use crate::error::AgentError;
+use crate::jobs::{io_err, NodeJob, OWNER_NOTE};
+use crate::modes::{ensure_dir, PRIVATE_DIR, PRIVATE_FILE};
+use crate::procfs;
+
+/// Files under these prefixes are shared memory or session state that the engine does not put in
+/// the image and that launchers delete when the job ends (Open MPI's `vader_segment.*` in
+/// /dev/shm and its session directory in /tmp/ompi.*): the agent saves the ones the job uses.
+const PRESERVE_PREFIXES: [&str; 2] = ["/dev/shm/", "/tmp/ompi."];
+
+pub(super) fn dump_frozen(
+    job: &mut NodeJob,
+    engine: &dyn SnapshotEngine,
+) -> Result<(), AgentError> {
+    let id = job.record.id;
+    let root = job.work.as_ref().map(|w| w.root_pid).unwrap_or(0);
+    // An older agent's record has no owner: the job's root process says who it is.
+    let owner = job
+        .record
+        .owner
+        .or_else(|| procfs::uid_of(root))
+        .ok_or_else(|| AgentError::NotRunning {
+            job: id,
+            state: format!("its root process {root} is gone"),
+        })?;
+    job.record.owner = Some(owner);
+    let w = job.work.as_mut().expect("checked by caller");
+    w.notes.insert(OWNER_NOTE.into(), owner.to_string());
+    let io = |what, path: &Path| io_err(id, what, path);
+    let begin = Instant::now();
+    // Sizes of files open for writing: restore truncates them back.
+    let mut open: BTreeMap<String, u64> = BTreeMap::new();
+    let mut preserve: Vec<PathBuf> = Vec::new();
+    for &pid in &w.pids {
+        for (path, size) in procfs::files_open_for_write(pid) {
+            open.insert(path.display().to_string(), size);
+        }
+        let mut used: Vec<String> = procfs::mapped_paths(pid);
+        used.extend(
+            procfs::fd_paths(pid)
+                .into_iter()
+                .map(|p| p.display().to_string()),
+        );
+        for p in used {
+            if PRESERVE_PREFIXES.iter().any(|pre| p.starts_with(pre)) && !p.ends_with(" (deleted)")
+            {
+                preserve.push(PathBuf::from(p));
+            }
+        }
+    }
+    // Whole Open MPI session directories (`/tmp/ompi.<host>.<uid>/pid.<launcher pid>`), since
+    // processes find each other's files through them.
+    let mut trees: Vec<PathBuf> = preserve
+        .iter()
+        .filter_map(|p| {
+            let rest = p.strip_prefix("/tmp").ok()?;
+            let mut comps = rest.components();
+            let top = comps.next()?;
+            let session = comps.next()?;
+            Some(Path::new("/tmp").join(top).join(session))
+        })
+        // Never through a link: a user's link to another directory is not the job's session.
+        .filter(|t| fs::symlink_metadata(t).is_ok_and(|m| m.is_dir()))
+        .collect();
+    trees.sort();
+    trees.dedup();
+    for t in &trees {
+        collect_files(t, &mut preserve);
+    }
+    preserve.sort();
+    preserve.dedup();
+    w.open_files = open
+        .into_iter()
+        .map(|(path, size)| OpenFile { path, size })
+        .collect();
+    w.tids = procfs::thread_ids(&w.pids);
+    let tcp = procfs::tcp_endpoints(&w.pids);
+    w.tcp_ports = tcp.ports;
+    w.tcp_addrs = tcp.addrs.iter().map(|a| a.to_string()).collect();
+    let scanned = begin.elapsed();
+    let images = w.node_dir.join("images");
+    fs::create_dir_all(&images).map_err(io("create", &images))?;
+    let log = job.dir.join("logs").join(format!("dump-{}.log", w.epoch));
+    // Copying the preserved files and the engine's dump both only read the frozen job and write
+    // to different directories: run them side by side, so the job stays frozen for the longer
+    // of the two rather than their sum.
+    let node_dir = w.node_dir.clone();
+    let root_pid = w.root_pid;
+    let (dumped, copied) = std::thread::scope(|scope| {
+        let copier = scope.spawn(|| copy_preserved(id, owner, &node_dir, &preserve));
+        let t = Instant::now();
+        let dumped = engine
+            .dump(&DumpSpec {
+                root_pid,
+                images_dir: &images,
+                cgroup: job.cgroup.path(),
+                log_file: &log,
+            })
+            .map_err(|source| AgentError::Engine { job: id, source })
+            .map(|()| t.elapsed());
+        (dumped, copier.join().expect("copy thread panicked"))
+    });
+    let engine_time = dumped?;
+    let (preserved, copied_bytes, copy_time) = copied?;
+    let w = job.work.as_mut().expect("checked by caller");
+    w.preserved = preserved;
+    info!(
+        scan_ms = scanned.as_millis() as u64,
+        engine_dump_ms = engine_time.as_millis() as u64,
+        preserve_copy_ms = copy_time.as_millis() as u64,
+        preserved_bytes = copied_bytes,
+        "dumped"
+    );
+    w.notes.extend(
+        [
+            ("scan_ms", scanned.as_millis()),
+            ("engine_dump_ms", engine_time.as_millis()),
+            ("preserve_copy_ms", copy_time.as_millis()),
+            ("preserved_bytes", copied_bytes as u128),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
+    Ok(())
+}
+
+/// Copies the files the engine does not save into `extra/` of the node directory (named pipes
+/// are only recorded); returns what was saved, the bytes copied and the time taken. These files
+/// are in directories users control (`/dev/shm`, `/tmp`): each is opened without following a
+/// symbolic link anywhere on its path, and must belong to the job's owner `owner`; what the
+/// open file is (type, owner, mode) is read from the open file.
+fn copy_preserved(
+    job: u64,
+    owner: u32,
+    node_dir: &Path,
+    files: &[PathBuf],
+) -> Result<(Vec<PreservedFile>, u64, Duration), AgentError> {
+    let begin = Instant::now();
+    let io = |what, path: &Path| io_err(job, what, path);
+    let refused = |p: &Path, problem: String| AgentError::FileRefused {
+        job,
+        action: "save",
+        path: p.display().to_string(),
+        uid: owner,
+        problem,
+    };
+    let extra = node_dir.join("extra");
+    let mut out = Vec::new();
+    let mut bytes = 0u64;
+    for (i, p) in files.iter().enumerate() {
+        const LINK: &str = "it is a symbolic link, or a directory on its path is; root does not follow a user's links (remove the link, or keep the job's files under their real path)";
+        // O_PATH: no open of the file itself yet (a FIFO's reader would wake its writer). With
+        // O_NOFOLLOW a final link is opened as the link itself, and refused below.
+        let handle = match crate::owner::open_no_symlinks(p, libc::O_PATH, 0) {
+            Ok(h) => h,
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(refused(p, LINK.into())),
+            // Gone since the scan.
+            Err(_) => continue,
+        };
+        let meta = handle.metadata().map_err(io("stat", p))?;
+        if meta.file_type().is_symlink() {
+            return Err(refused(p, LINK.into()));
+        }
+        let fifo = meta.file_type().is_fifo();
+        if !fifo && !meta.is_file() {
+            continue;
+        }
+        if meta.uid() != owner {
+            return Err(refused(
+                p,
+                format!(
+                    "it belongs to uid {}, not to the job's owner; a checkpoint saves only the owner's files",
+                    meta.uid()
+                ),
+            ));
+        }
+        let saved_as = if fifo {
+            String::new()
+        } else {
+            ensure_dir(&extra, PRIVATE_DIR).map_err(io("create", &extra))?;
+            let saved = format!("extra/{i}");
+            // The same file, reopened for reading through the handle (not by its path again).
+            let mut src = fs::File::open(format!("/proc/self/fd/{}", handle.as_raw_fd()))
+                .map_err(io("read", p))?;
+            let dst_path = node_dir.join(&saved);
+            let mut dst = fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(PRIVATE_FILE)
+                .open(&dst_path)
+                .map_err(io("create", &dst_path))?;
+            bytes += std::io::copy(&mut src, &mut dst).map_err(io("copy", p))?;
+            saved
+        };
+        out.push(PreservedFile {
+            path: p.display().to_string(),
+            saved_as,
+            mode: meta.mode() & 0o7777,
+            uid: meta.uid(),
+            gid: meta.gid(),
+            fifo,
+        });
+    }
+    Ok((out, bytes, begin.elapsed()))
+}
+
+fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(rd) = fs::read_dir(dir) else { return };
+    for e in rd.flatten() {
+        let p = e.path();
+        match e.file_type() {
+            Ok(t) if t.is_dir() => collect_files(&p, out),
+            Ok(t) if t.is_file() || t.is_fifo() => out.push(p),
+            _ => {}
+        }
+    }
+}

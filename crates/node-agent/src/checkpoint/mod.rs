@@ -1,0 +1,336 @@
+//! The checkpoint steps on this node: prepare, quiesce (freeze), dump, resume (thaw or kill),
+//! finalize (seal), abort. The dump's work is in `dump.rs`, the ib-quiesce channels in
+//! `channels.rs`.
+
+mod channels;
+mod dump;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use ckpt_store::manifest::{self, NodeManifest};
+use tracing::{instrument, warn};
+
+use crate::error::AgentError;
+use crate::jobs::{io_err, now_ms, EpochWork, Jobs, NodePhase, Observed, PauseGuard};
+use crate::launch::exit_text;
+use crate::modes::{set_mode, PRIVATE_DIR};
+use crate::procfs;
+use channels::refuse_verbs_without_channel;
+use dump::dump_frozen;
+
+pub(crate) use channels::channel_pids;
+
+/// Headroom over the resident size when checking staging room: images add metadata, and a
+/// checkpoint that fills the disk fails late.
+const ROOM_FACTOR: f64 = 1.10;
+
+/// Result of a finished local checkpoint.
+#[derive(Debug, Clone)]
+pub struct Finalized {
+    /// Total image bytes.
+    pub image_bytes: u64,
+    /// Number of image files.
+    pub image_files: u32,
+    /// Digest of the node manifest.
+    pub manifest_digest: String,
+}
+
+/// Result of initial synchronization.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// Processes in the job on this node.
+    pub processes: u32,
+    /// Estimated image size.
+    pub estimated_bytes: u64,
+    /// Free bytes in staging.
+    pub staging_free_bytes: u64,
+    /// ib-quiesce channels among the processes.
+    pub channels: u32,
+}
+
+impl Jobs {
+    /// Phase 1, initial synchronization: the job runs, no process holds verbs resources without
+    /// a channel, the engine works, and staging has room.
+    #[instrument(skip_all, fields(job, epoch))]
+    pub async fn prepare(&self, job_id: u64, epoch: u32) -> Result<Prepared, AgentError> {
+        let j = self.get(job_id)?;
+        let mut job = j.lock().await;
+        if let Some(w) = &job.work {
+            return Err(AgentError::WrongPhase {
+                job: job_id,
+                epoch,
+                call: "prepare",
+                state: format!("epoch {} is {:?}", w.epoch, w.phase),
+            });
+        }
+        self.failpoint(job_id, "sync").await?;
+        let root = job.record.root_pid.unwrap_or(0);
+        let live = job.cgroup.pids().unwrap_or_default();
+        if let Some(p) = procfs::outside_tree(root, &live)
+            .into_iter()
+            .min_by_key(|p| p.pid)
+        {
+            return Err(AgentError::OutsideTree {
+                job: job_id,
+                pid: p.pid,
+                comm: p.comm,
+                root,
+            });
+        }
+        match job.observe() {
+            Observed::Running => {}
+            Observed::Exited(e) => {
+                return Err(AgentError::NotRunning {
+                    job: job_id,
+                    state: exit_text(&e),
+                })
+            }
+            Observed::Lost => {
+                return Err(AgentError::NotRunning {
+                    job: job_id,
+                    state: "no processes".into(),
+                })
+            }
+        }
+        let pids = job.cgroup.pids().map_err(|source| AgentError::Cgroup {
+            job: job_id,
+            source,
+        })?;
+        let mut estimated = 0u64;
+        // A process with a channel releases the device before the freeze; checked again then.
+        let channeled = self.channels.up(&pids).await;
+        refuse_verbs_without_channel(job_id, pids.iter().filter(|p| !channeled.contains(p)))?;
+        for &pid in &pids {
+            estimated += procfs::rss_bytes(pid);
+        }
+        let free = self
+            .staging
+            .free_bytes()
+            .map_err(|source| AgentError::Store {
+                job: job_id,
+                source,
+            })?;
+        let need = (estimated as f64 * ROOM_FACTOR) as u64;
+        if free < need {
+            return Err(AgentError::NoRoom {
+                job: job_id,
+                dir: self.staging.root().to_path_buf(),
+                need,
+                free,
+            });
+        }
+        let node_dir = self
+            .staging
+            .create_node_dir(job_id, epoch, &self.node)
+            .map_err(|source| AgentError::Store {
+                job: job_id,
+                source,
+            })?;
+        // Root's alone even where staging is a shared directory (see `protect_staging`).
+        let job_stage = self.staging.job_dir(job_id);
+        set_mode(&job_stage, PRIVATE_DIR).map_err(io_err(job_id, "chmod", &job_stage))?;
+        let root_pid = job.record.root_pid.unwrap_or(0);
+        job.work = Some(EpochWork {
+            epoch,
+            phase: NodePhase::Prepared,
+            node_dir,
+            frozen_at: None,
+            pids,
+            root_pid,
+            open_files: Vec::new(),
+            preserved: Vec::new(),
+            tcp_ports: Vec::new(),
+            tcp_addrs: Vec::new(),
+            tids: Vec::new(),
+            notes: BTreeMap::new(),
+            pause: None,
+        });
+        Ok(Prepared {
+            processes: job.work.as_ref().map(|w| w.pids.len() as u32).unwrap_or(0),
+            estimated_bytes: estimated,
+            staging_free_bytes: free,
+            channels: channeled.len() as u32,
+        })
+    }
+
+    /// Phase 2, pre-checkpoint coordination: freeze every process of the job on this node.
+    #[instrument(skip_all, fields(job, epoch))]
+    pub async fn quiesce(&self, job_id: u64, epoch: u32) -> Result<Duration, AgentError> {
+        let j = self.get(job_id)?;
+        let mut job = j.lock_owned().await;
+        job.expect_phase(epoch, NodePhase::Prepared, "quiesce")?;
+        self.failpoint(job_id, "quiesce").await?;
+        self.quiesce_channels(&mut job).await?;
+        // Background copies stop taking CPU and disk before the freeze, until the thaw.
+        job.work.as_mut().expect("checked").pause = Some(PauseGuard::new(&self.frozen));
+        let begin = Instant::now();
+        let job = tokio::task::spawn_blocking(move || {
+            let r = job.cgroup.freeze_for_snapshot();
+            (job, r)
+        })
+        .await
+        .expect("freeze task");
+        let (mut job, r) = job;
+        let retries = r.map_err(|source| AgentError::Cgroup {
+            job: job_id,
+            source,
+        })?;
+        if retries > 0 {
+            tracing::info!(
+                job = job_id,
+                retries,
+                "froze again: a process was waiting for a vfork child"
+            );
+        }
+        let pids = job.cgroup.pids().unwrap_or_default();
+        let w = job.work.as_mut().expect("checked");
+        w.frozen_at = Some(begin);
+        w.pids = pids;
+        w.phase = NodePhase::Frozen;
+        Ok(begin.elapsed())
+    }
+
+    /// Phase 3, local checkpoint: record open-file sizes, save what the engine does not, and
+    /// have the engine dump the frozen tree into staging. Returns (elapsed, frozen so far).
+    #[instrument(skip_all, fields(job, epoch))]
+    pub async fn dump(&self, job_id: u64, epoch: u32) -> Result<(Duration, Duration), AgentError> {
+        let j = self.get(job_id)?;
+        let mut job = j.lock_owned().await;
+        job.expect_phase(epoch, NodePhase::Frozen, "dump")?;
+        self.failpoint(job_id, "dump").await?;
+        let engine = self.engine.clone();
+        let begin = Instant::now();
+        let (mut job, r) = tokio::task::spawn_blocking(move || {
+            let r = dump_frozen(&mut job, engine.as_ref());
+            (job, r)
+        })
+        .await
+        .expect("dump task");
+        r?;
+        let w = job.work.as_mut().expect("checked");
+        w.phase = NodePhase::Dumped;
+        let frozen = w.frozen_at.map(|t| t.elapsed()).unwrap_or_default();
+        Ok((begin.elapsed(), frozen))
+    }
+
+    /// Phase 4, post-checkpoint coordination: thaw the job (or kill it for `--kill`). Returns
+    /// (elapsed, time frozen from the freeze to the end of the thaw).
+    #[instrument(skip_all, fields(job, epoch, kill))]
+    pub async fn resume(
+        &self,
+        job_id: u64,
+        epoch: u32,
+        kill: bool,
+    ) -> Result<(Duration, Duration), AgentError> {
+        let j = self.get(job_id)?;
+        let mut job = j.lock_owned().await;
+        job.expect_phase(epoch, NodePhase::Dumped, "resume")?;
+        self.failpoint(job_id, "resume").await?;
+        let begin = Instant::now();
+        let (mut job, r) = tokio::task::spawn_blocking(move || {
+            let r = if kill {
+                job.cgroup.kill_all()
+            } else {
+                job.cgroup.thaw()
+            };
+            (job, r)
+        })
+        .await
+        .expect("resume task");
+        r.map_err(|source| AgentError::Cgroup {
+            job: job_id,
+            source,
+        })?;
+        if kill {
+            job.ibq_down.clear();
+        }
+        let w = job.work.as_mut().expect("checked");
+        w.phase = NodePhase::Resumed;
+        w.pause = None;
+        let frozen = w.frozen_at.map(|t| t.elapsed()).unwrap_or_default();
+        Ok((begin.elapsed(), frozen))
+    }
+
+    /// Seals the epoch on this node: digest and fsync every image, write the node manifest.
+    /// Runs after the job has resumed, so it costs the job no frozen time.
+    #[instrument(skip_all, fields(job, epoch))]
+    pub async fn finalize(&self, job_id: u64, epoch: u32) -> Result<Finalized, AgentError> {
+        let j = self.get(job_id)?;
+        let mut job = j.lock_owned().await;
+        job.expect_phase(epoch, NodePhase::Resumed, "finalize")?;
+        self.failpoint(job_id, "finalize").await?;
+        let w = job.work.take().expect("checked");
+        let node = self.node.clone();
+        let engine = (
+            self.engine.name().to_string(),
+            self.engine.version().to_string(),
+        );
+        let r =
+            tokio::task::spawn_blocking(move || -> Result<Finalized, ckpt_store::StoreError> {
+                let files = ckpt_store::digest::seal_tree(&w.node_dir, &[manifest::FILE_NAME])?;
+                let m = NodeManifest {
+                    job_id,
+                    epoch,
+                    node,
+                    engine: engine.0,
+                    engine_version: engine.1,
+                    created_unix_ms: now_ms(),
+                    root_pid: w.root_pid,
+                    pids: w.pids,
+                    tids: w.tids,
+                    files,
+                    open_files: w.open_files,
+                    preserved: w.preserved,
+                    tcp_ports: w.tcp_ports,
+                    tcp_addrs: w.tcp_addrs,
+                    notes: w.notes,
+                };
+                let digest = manifest::write(&w.node_dir, &m)?;
+                Ok(Finalized {
+                    image_bytes: m.image_bytes(),
+                    image_files: m.files.len() as u32,
+                    manifest_digest: digest,
+                })
+            })
+            .await
+            .expect("finalize task");
+        r.map_err(|source| AgentError::Store {
+            job: job_id,
+            source,
+        })
+    }
+
+    /// Abandons an epoch: thaw the job if it is frozen, delete the epoch's images on this node.
+    /// Safe to call in any phase and more than once.
+    #[instrument(skip_all, fields(job, epoch))]
+    pub async fn abort(&self, job_id: u64, epoch: u32, reason: &str) -> Result<(), AgentError> {
+        let j = self.get(job_id)?;
+        let mut job = j.lock_owned().await;
+        if job.work.as_ref().is_some_and(|w| w.epoch == epoch) {
+            job.work = None;
+        }
+        warn!(reason, "aborting epoch");
+        let staging = self.staging.clone();
+        let node = self.node.clone();
+        let (_job, r) = tokio::task::spawn_blocking(move || {
+            let mut r = Ok(());
+            if job.cgroup.exists() && job.cgroup.state().map(|s| s != "THAWED").unwrap_or(false) {
+                r = job.cgroup.thaw().map_err(|source| AgentError::Cgroup {
+                    job: job_id,
+                    source,
+                });
+            }
+            if let Err(source) = staging.remove_node_dir(job_id, epoch, &node) {
+                r = r.and(Err(AgentError::Store {
+                    job: job_id,
+                    source,
+                }));
+            }
+            (job, r)
+        })
+        .await
+        .expect("abort task");
+        r
+    }
+}

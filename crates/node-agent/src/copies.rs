@@ -1,0 +1,478 @@
+//! Images and their copies: verification, shared storage (flush, publish, rebuild), partner
+//! copies, retention, and the choice of the copy a restore uses.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ckpt_store::copy::CopyProgress;
+use ckpt_store::layout::Staging;
+use ckpt_store::manifest::{self, NodeManifest};
+use tracing::warn;
+
+use crate::error::AgentError;
+use crate::jobs::{io_err, Jobs};
+
+/// Where a restore may find this node's images besides its own staging.
+#[derive(Debug, Clone, Default)]
+pub struct Sources {
+    /// The node keeping a partner copy, and its agent's host:port.
+    pub partner: Option<(String, String)>,
+    /// The epoch is complete in shared storage.
+    pub shared_durable: bool,
+    /// Retention deleted the local copies: do not look for them.
+    pub local_pruned: bool,
+}
+
+/// A flush running in a blocking thread.
+pub type FlushTask = tokio::task::JoinHandle<Result<ckpt_store::dedup::FlushStats, AgentError>>;
+
+/// Where a copy of a node's images is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Location {
+    /// Node-local staging.
+    Local,
+    /// Another node's staging.
+    Partner,
+    /// Shared storage.
+    Shared,
+}
+
+impl Location {
+    /// Name shown to users.
+    pub fn name(self) -> &'static str {
+        match self {
+            Location::Local => "local",
+            Location::Partner => "partner",
+            Location::Shared => "shared",
+        }
+    }
+}
+
+/// The outcome of checking one copy.
+#[derive(Debug)]
+pub struct CopyCheck {
+    /// Which copy.
+    pub location: Location,
+    /// Its manifest if every file is intact.
+    pub result: Result<NodeManifest, AgentError>,
+}
+
+impl Jobs {
+    /// The shared storage mount, if configured.
+    pub fn shared_dir(&self) -> Option<&Path> {
+        self.shared.as_ref().map(|s| s.root())
+    }
+
+    /// The shared store, if configured and mounted.
+    fn shared(&self, job: u64) -> Result<Staging, AgentError> {
+        let s = self.shared.clone().ok_or_else(|| AgentError::NoShared {
+            job,
+            problem: format!("node {} has no shared storage", self.node),
+        })?;
+        if !s.root().is_dir() {
+            return Err(AgentError::NoShared {
+                job,
+                problem: format!(
+                    "shared_dir {} does not exist on node {} (is the file system mounted?)",
+                    s.root().display(),
+                    self.node
+                ),
+            });
+        }
+        Ok(s)
+    }
+
+    /// Starts copying this node's images of a committed epoch to shared storage, in a blocking
+    /// thread; returns its progress and the task. Does not touch the job: it may have moved
+    /// on, or ended.
+    pub fn flush(
+        &self,
+        job_id: u64,
+        epoch: u32,
+        committed_digest: &str,
+    ) -> Result<(Arc<CopyProgress>, FlushTask), AgentError> {
+        let shared = self.shared(job_id)?;
+        let src = self.staging.node_dir(job_id, epoch, &self.node);
+        let progress = Arc::new(CopyProgress::pausing_on(self.frozen.clone()));
+        let (p, opts, digest, node) = (
+            progress.clone(),
+            self.copy_opts.clone(),
+            committed_digest.to_string(),
+            self.node.clone(),
+        );
+        let task = tokio::task::spawn_blocking(move || {
+            let r = ckpt_store::dedup::flush(
+                &src,
+                &shared,
+                target(job_id, epoch, &node),
+                &digest,
+                &opts,
+                &p,
+            );
+            if r.is_err() {
+                // An incomplete copy has no manifest and is never used; do not keep its bytes.
+                let _ = fs::remove_dir_all(shared.node_dir(job_id, epoch, &node));
+                let _ = ckpt_store::dedup::sweep(&shared, job_id, &node);
+            }
+            r.map_err(|source| AgentError::Store {
+                job: job_id,
+                source,
+            })
+        });
+        Ok((progress, task))
+    }
+
+    /// Writes an epoch's commit record into shared storage after checking that every node's
+    /// flushed manifest there is the committed one.
+    pub async fn publish(
+        &self,
+        record: ckpt_store::commit::CommitRecord,
+    ) -> Result<(), AgentError> {
+        let job = record.job_id;
+        let shared = self.shared(job)?;
+        tokio::task::spawn_blocking(move || -> Result<(), ckpt_store::StoreError> {
+            for (node, want) in &record.manifests {
+                let dir = shared.node_dir(job, record.epoch, node);
+                let (_, found) = manifest::read(&dir)?;
+                if &found != want {
+                    return Err(ckpt_store::StoreError::NotCommitted {
+                        path: dir.join(manifest::FILE_NAME),
+                        found,
+                        expected: want.clone(),
+                    });
+                }
+            }
+            ckpt_store::commit::write(&shared.epoch_dir(job, record.epoch), &record)
+        })
+        .await
+        .expect("publish task")
+        .map_err(|source| AgentError::Store { job, source })
+    }
+
+    /// Checks this node's images of an epoch: the manifest against the committed digest (if
+    /// given), then every file against the manifest. Reads only.
+    pub async fn verify(
+        &self,
+        job_id: u64,
+        epoch: u32,
+        committed_digest: &str,
+    ) -> Result<NodeManifest, AgentError> {
+        let nd = self.staging.node_dir(job_id, epoch, &self.node);
+        let committed = committed_digest.to_string();
+        tokio::task::spawn_blocking(move || -> Result<NodeManifest, AgentError> {
+            let store_err = |source| AgentError::Store {
+                job: job_id,
+                source,
+            };
+            if committed.is_empty() {
+                return Err(store_err(ckpt_store::StoreError::DigestRequired {
+                    path: nd.join(ckpt_store::manifest::FILE_NAME),
+                }));
+            }
+            let (m, digest) = manifest::read(&nd).map_err(store_err)?;
+            if digest != committed {
+                return Err(AgentError::ManifestMismatch {
+                    job: job_id,
+                    epoch,
+                    found: digest,
+                    committed,
+                });
+            }
+            ckpt_store::digest::verify_tree(&nd, &m.files).map_err(store_err)?;
+            Ok(m)
+        })
+        .await
+        .expect("verify task")
+    }
+
+    /// Rebuilds this node's images of an epoch from shared storage into `dest` (removed again
+    /// on failure), or with `None` only checks that they can be rebuilt intact.
+    async fn rebuild_shared(
+        &self,
+        job_id: u64,
+        epoch: u32,
+        committed_digest: &str,
+        dest: Option<PathBuf>,
+    ) -> Result<NodeManifest, AgentError> {
+        let shared = self.shared(job_id)?;
+        let (opts, digest, node) = (
+            self.copy_opts.clone(),
+            committed_digest.to_string(),
+            self.node.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            let t = target(job_id, epoch, &node);
+            let r = ckpt_store::dedup::rebuild(&shared, t, &digest, dest.as_deref(), &opts);
+            if let (Err(_), Some(d)) = (&r, &dest) {
+                let _ = fs::remove_dir_all(d);
+            }
+            r
+        })
+        .await
+        .expect("rebuild task")
+        .map_err(|source| AgentError::Store {
+            job: job_id,
+            source,
+        })
+    }
+
+    /// Checks every copy of this node's images of an epoch: the local one (unless retention
+    /// deleted it), and the shared one when the coordinator says it is complete. Reads only.
+    pub async fn verify_copies(
+        &self,
+        job_id: u64,
+        epoch: u32,
+        committed_digest: &str,
+        local: bool,
+        shared_durable: bool,
+    ) -> Vec<CopyCheck> {
+        let mut out = Vec::new();
+        if local {
+            out.push(CopyCheck {
+                location: Location::Local,
+                result: self.verify(job_id, epoch, committed_digest).await,
+            });
+        }
+        if shared_durable {
+            out.push(CopyCheck {
+                location: Location::Shared,
+                result: self
+                    .rebuild_shared(job_id, epoch, committed_digest, None)
+                    .await,
+            });
+        }
+        out
+    }
+
+    /// Images to restore from, in order: the local copy if intact, else a fresh local copy
+    /// fetched from the partner node, else from shared storage (for a durable epoch), each
+    /// verified as it is read. Returns the manifest, where the images came from and why the
+    /// sources before it were not used.
+    pub(crate) async fn usable_images(
+        &self,
+        job_id: u64,
+        epoch: u32,
+        committed_digest: &str,
+        sources: &Sources,
+    ) -> Result<(NodeManifest, Location, String), AgentError> {
+        let local_err = if sources.local_pruned {
+            AgentError::Store {
+                job: job_id,
+                source: ckpt_store::StoreError::FileMissing {
+                    path: self.staging.node_dir(job_id, epoch, &self.node),
+                },
+            }
+        } else {
+            match self.verify(job_id, epoch, committed_digest).await {
+                Ok(m) => return Ok((m, Location::Local, String::new())),
+                Err(e) => e,
+            }
+        };
+        let mut tried = vec![if sources.local_pruned {
+            "local copy deleted by retention".to_string()
+        } else {
+            format!("local copy unusable: {local_err}")
+        }];
+        let dest = self.staging.node_dir(job_id, epoch, &self.node);
+        let tmp = self
+            .staging
+            .epoch_dir(job_id, epoch)
+            .join(format!(".{}.fetch", self.node));
+        if let Some((pn, pa)) = &sources.partner {
+            warn!(job = job_id, epoch, partner = %pn, error = %local_err, "local images unusable; fetching the partner copy");
+            match self
+                .fetch_from_partner(job_id, epoch, committed_digest, pn, pa, &tmp)
+                .await
+            {
+                Ok(m) => {
+                    install(job_id, &tmp, &dest).await?;
+                    return Ok((m, Location::Partner, tried.join("; ")));
+                }
+                Err(e) => tried.push(format!("partner copy on {pn}: {e}")),
+            }
+        }
+        if sources.shared_durable {
+            warn!(job = job_id, epoch, "fetching the shared copy");
+            let fetched = self
+                .rebuild_shared(job_id, epoch, committed_digest, Some(tmp.clone()))
+                .await;
+            match fetched {
+                Ok(m) => {
+                    install(job_id, &tmp, &dest).await?;
+                    return Ok((m, Location::Shared, tried.join("; ")));
+                }
+                Err(e) => tried.push(format!("shared copy: {e}")),
+            }
+        }
+        if tried.len() == 1 {
+            return Err(local_err);
+        }
+        Err(AgentError::NoUsableCopy {
+            job: job_id,
+            epoch,
+            node: self.node.clone(),
+            tried: tried.join("; "),
+        })
+    }
+
+    /// Has the partner node send back the copy of this node's images it keeps, into `tmp`.
+    async fn fetch_from_partner(
+        &self,
+        job_id: u64,
+        epoch: u32,
+        committed_digest: &str,
+        partner: &str,
+        address: &str,
+        tmp: &Path,
+    ) -> Result<NodeManifest, AgentError> {
+        let failed = |s: tonic::Status| AgentError::Partner {
+            job: job_id,
+            node: partner.to_string(),
+            message: s.message().to_string(),
+        };
+        let mut c =
+            crate::partner::connect(job_id, partner, address, self.credential.as_ref()).await?;
+        let s = c
+            .send(ckpt_proto::v1::SendRequest {
+                job_id,
+                epoch,
+                node: self.node.clone(),
+                manifest_digest: committed_digest.to_string(),
+            })
+            .await
+            .map_err(failed)?
+            .into_inner();
+        let (header, rest) = crate::partner::split_header(s).await.map_err(failed)?;
+        crate::partner::receive(
+            job_id,
+            partner,
+            tmp.to_path_buf(),
+            header,
+            committed_digest,
+            rest,
+        )
+        .await
+    }
+
+    /// Sends this node's images of a committed epoch to the partner node's agent.
+    pub async fn replicate(
+        &self,
+        job_id: u64,
+        epoch: u32,
+        committed_digest: &str,
+        partner: &str,
+        address: &str,
+    ) -> Result<(), AgentError> {
+        use tokio_stream::StreamExt;
+        let mut c =
+            crate::partner::connect(job_id, partner, address, self.credential.as_ref()).await?;
+        let header = ckpt_proto::v1::ChunkHeader {
+            job_id,
+            epoch,
+            node: self.node.clone(),
+            ..Default::default()
+        };
+        let rx = crate::partner::chunks(
+            self.staging.node_dir(job_id, epoch, &self.node),
+            header,
+            committed_digest.to_string(),
+            self.frozen.clone(),
+        );
+        // A damaged local file ends the stream early; the partner then refuses the incomplete
+        // copy, and the local error is the one worth reporting.
+        let failed = Arc::new(std::sync::Mutex::new(None));
+        let f = failed.clone();
+        let s = tokio_stream::wrappers::ReceiverStream::new(rx).map_while(move |r| match r {
+            Ok(c) => Some(c),
+            Err(e) => {
+                *f.lock().expect("lock") = Some(e);
+                None
+            }
+        });
+        let r = c.receive(s).await;
+        if let Some(e) = failed.lock().expect("lock").take() {
+            return Err(e);
+        }
+        r.map(|_| ()).map_err(|s| AgentError::Partner {
+            job: job_id,
+            node: partner.to_string(),
+            message: s.message().to_string(),
+        })
+    }
+
+    /// Where this node keeps its own or a partner's images of an epoch.
+    pub fn node_dir(&self, job_id: u64, epoch: u32, node: &str) -> PathBuf {
+        self.staging.node_dir(job_id, epoch, node)
+    }
+
+    /// Deletes this node's images of the given epochs (retention): the local copies unless
+    /// `keep_local`, and with `shared` the shared copies (the epoch's commit record first, so a
+    /// partly deleted epoch never looks complete). Missing ones are fine.
+    pub async fn prune(
+        &self,
+        job_id: u64,
+        epochs: &[u32],
+        shared: bool,
+        keep_local: bool,
+    ) -> Result<(), AgentError> {
+        let staging = self.staging.clone();
+        let shared = if shared {
+            Some(self.shared(job_id)?)
+        } else {
+            None
+        };
+        let node = self.node.clone();
+        let epochs = epochs.to_vec();
+        tokio::task::spawn_blocking(move || {
+            let store_err = |source| AgentError::Store {
+                job: job_id,
+                source,
+            };
+            for e in epochs {
+                if let Some(sh) = &shared {
+                    let commit = sh.epoch_dir(job_id, e).join(ckpt_store::commit::FILE_NAME);
+                    match fs::remove_file(&commit) {
+                        Ok(()) => {}
+                        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(err) => return Err(io_err(job_id, "remove", &commit)(err)),
+                    }
+                    sh.remove_node_dir(job_id, e, &node).map_err(store_err)?;
+                    ckpt_store::dedup::sweep(sh, job_id, &node).map_err(store_err)?;
+                }
+                if !keep_local {
+                    staging
+                        .remove_node_dir(job_id, e, &node)
+                        .map_err(store_err)?;
+                }
+            }
+            Ok(())
+        })
+        .await
+        .expect("prune task")
+    }
+}
+
+/// A node's copy of one epoch in shared storage.
+fn target(job: u64, epoch: u32, node: &str) -> ckpt_store::dedup::Target<'_> {
+    ckpt_store::dedup::Target { job, epoch, node }
+}
+
+/// Puts a fetched copy in place of the node's unusable one.
+async fn install(job: u64, tmp: &Path, dest: &Path) -> Result<(), AgentError> {
+    let (tmp, dest, path) = (tmp.to_path_buf(), dest.to_path_buf(), dest.to_path_buf());
+    tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        if dest.exists() {
+            fs::remove_dir_all(&dest)?;
+        }
+        fs::rename(&tmp, &dest)
+    })
+    .await
+    .expect("install task")
+    .map_err(|source| AgentError::Io {
+        job,
+        what: "install fetched images",
+        path,
+        source,
+    })
+}

@@ -1,0 +1,425 @@
+//! Launch: starting a job's processes on this node under a shim, and what `ckpt-rsh` and the
+//! coordinator ask of a running part (output, token, signals, processes).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tracing::{info, instrument};
+
+use crate::error::AgentError;
+use crate::jobs::{io_err, Jobs, NodeJob, Observed};
+use crate::modes::{ensure_dir, write_private, PRIVATE_DIR, PRIVATE_FILE};
+use crate::owner::Identity;
+use crate::procfs;
+use crate::shim::{self, Exit, ShimMode, ShimSpec, Started};
+
+/// How long a newly started shim may take to report the job's root running. Exec of a
+/// launcher is milliseconds; 30 s covers a loaded node.
+pub const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The uid the newest launch of a job (in `dir`, incarnations up to `incarnation`) ran as.
+pub(crate) fn launched_as(dir: &Path, incarnation: u32) -> Option<u32> {
+    (1..=incarnation).rev().find_map(|n| {
+        let spec = dir.join("run").join(n.to_string()).join(shim::SPEC);
+        match shim::read_json::<ShimSpec>(&spec)?.mode {
+            ShimMode::Launch { uid, .. } => Some(uid),
+            ShimMode::Restore { .. } => None,
+        }
+    })
+}
+
+/// What a launch needs.
+#[derive(Debug, Clone)]
+pub struct LaunchSpec {
+    /// Job id.
+    pub job: u64,
+    /// Command.
+    pub argv: Vec<String>,
+    /// Working directory.
+    pub cwd: PathBuf,
+    /// Environment.
+    pub env: BTreeMap<String, String>,
+    /// User.
+    pub uid: u32,
+    /// Group: not used, the agent takes the uid's primary group from this node's passwd.
+    pub gid: u32,
+    /// Supplementary groups: not used, the agent asks this node's group database.
+    pub groups: Vec<u32>,
+    /// The job's secret.
+    pub token: String,
+    /// 0: the job's command; >0: a part started through `ckpt-rsh`.
+    pub part: u32,
+}
+
+/// What the agent adds to every job's environment so that its MPI launcher reaches other
+/// nodes through ckpt.
+#[derive(Debug, Clone, Default)]
+pub struct LaunchEnv {
+    /// The coordinator's agent-facing address (`CKPT_COORDINATOR`).
+    pub coordinator: String,
+    /// `ckpt-rsh`, if installed.
+    pub launcher: Option<PathBuf>,
+    /// The cluster CA certificate `ckpt-rsh` checks the daemons against (`CKPT_TLS_CA`); none
+    /// when the coordinator is reached over a local socket.
+    pub ca: Option<PathBuf>,
+    /// Point Hydra and Open MPI at `launcher` unless the job chose a launcher itself.
+    pub set_mpi_env: bool,
+}
+
+impl LaunchEnv {
+    /// Adds the job's identity and the launcher settings to `env`.
+    pub fn apply(&self, env: &mut BTreeMap<String, String>, job: u64, token: &str, node: &str) {
+        env.insert("CKPT_JOB_ID".into(), job.to_string());
+        env.insert("CKPT_JOB_TOKEN".into(), token.into());
+        env.insert("CKPT_NODE".into(), node.into());
+        if !self.coordinator.is_empty() {
+            env.insert("CKPT_COORDINATOR".into(), self.coordinator.clone());
+        }
+        if let Some(ca) = &self.ca {
+            env.insert("CKPT_TLS_CA".into(), ca.display().to_string());
+        }
+        let Some(l) = &self.launcher else { return };
+        let l = l.display().to_string();
+        env.insert("CKPT_RSH".into(), l.clone());
+        if self.set_mpi_env {
+            for (k, v) in [
+                ("HYDRA_LAUNCHER", "ssh"),
+                ("HYDRA_LAUNCHER_EXEC", l.as_str()),
+                ("OMPI_MCA_plm", "rsh"),
+                ("OMPI_MCA_plm_rsh_agent", l.as_str()),
+            ] {
+                env.entry(k.into()).or_insert_with(|| v.into());
+            }
+        }
+    }
+}
+
+/// A part's new output and state, for `ckpt-rsh`.
+#[derive(Debug, Clone)]
+pub struct PollResult {
+    /// Output after the stdout offset.
+    pub stdout: Vec<u8>,
+    /// Output after the stderr offset.
+    pub stderr: Vec<u8>,
+    /// The part's state; an exit is only reported with the last of its output.
+    pub observed: Observed,
+}
+
+/// Largest chunk of each stream one poll returns.
+const POLL_CHUNK: u64 = 1 << 20;
+
+impl Jobs {
+    pub(crate) async fn start_shim(
+        &self,
+        job: &mut NodeJob,
+        mode: ShimMode,
+        owner: &Identity,
+        timeout: Duration,
+    ) -> Result<i32, AgentError> {
+        let id = job.record.id;
+        job.record.incarnation += 1;
+        job.record.root_pid = None;
+        let run_dir = job.run_dir();
+        let io = |what, path: &Path| io_err(id, what, path);
+        ensure_dir(&job.dir.join("run"), PRIVATE_DIR)
+            .and_then(|()| ensure_dir(&run_dir, PRIVATE_DIR))
+            .map_err(io("create", &run_dir))?;
+        job.cgroup
+            .create()
+            .map_err(|source| AgentError::Cgroup { job: id, source })?;
+        let spec = ShimSpec {
+            mode,
+            cgroup_procs: job.cgroup.procs_file(),
+            stdout: job.dir.join("stdout"),
+            stderr: job.dir.join("stderr"),
+            run_dir: run_dir.clone(),
+            output_owner: Some((owner.uid, owner.gid)),
+        };
+        let spec_path = run_dir.join(shim::SPEC);
+        // It holds the job's secret and whole environment.
+        write_private(
+            &spec_path,
+            &serde_json::to_vec_pretty(&spec).expect("serializable"),
+        )
+        .map_err(io("write", &spec_path))?;
+        job.save()?;
+        let log = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(PRIVATE_FILE)
+            .open(run_dir.join("shim.log"))
+            .map_err(io("create", &run_dir))?;
+        let log2 = log.try_clone().map_err(io("create", &run_dir))?;
+        let mut cmd = tokio::process::Command::new(&self.shim_exe);
+        cmd.arg("shim")
+            .arg(&spec_path)
+            .stdin(std::process::Stdio::null())
+            .stdout(log)
+            .stderr(log2);
+        // SAFETY: setsid is async-signal-safe; the shim leaves the agent's session so that
+        // stopping the agent does not stop jobs.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().map_err(|e| AgentError::Start {
+            job: id,
+            message: format!("cannot start shim {}: {e}", self.shim_exe.display()),
+        })?;
+        job.record.shim = child
+            .id()
+            .and_then(|pid| procfs::stat(pid as i32))
+            .map(|s| (s.pid, s.start_ticks));
+        // Reap the shim whenever it ends; the job's exit status is in its run directory.
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+        });
+        let started_file = run_dir.join(shim::STARTED);
+        let begin = Instant::now();
+        let started = loop {
+            if let Some(s) = shim::read_json::<Started>(&started_file) {
+                break s;
+            }
+            if begin.elapsed() > timeout {
+                return Err(AgentError::Timeout {
+                    job: id,
+                    what: "job start",
+                    waited: timeout,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        match started {
+            Started::Running { root_pid } => {
+                job.record.root_pid = Some(root_pid);
+                job.save()?;
+                Ok(root_pid)
+            }
+            Started::Failed { error } => Err(AgentError::Start {
+                job: id,
+                message: error,
+            }),
+        }
+    }
+
+    /// Starts a job's command on this node.
+    #[instrument(skip_all, fields(job = spec.job))]
+    pub async fn launch(&self, spec: LaunchSpec) -> Result<(i32, u32), AgentError> {
+        // Checked before anything is created: a refused launch leaves nothing behind. The
+        // request's gid and groups are not used.
+        let owner = self.policy.authorize(spec.job, &self.node, spec.uid)?;
+        let j = self.get_or_create(spec.job)?;
+        let mut job = j.lock().await;
+        if job.observe() == Observed::Running {
+            return Err(AgentError::StillRunning {
+                job: spec.job,
+                pids: job.cgroup.pids().unwrap_or_default(),
+            });
+        }
+        let mut env = spec.env;
+        self.launch_env
+            .apply(&mut env, spec.job, &spec.token, &self.node);
+        env.insert(
+            ib_quiesce::control::SOCKET_ENV.into(),
+            self.channels.socket().display().to_string(),
+        );
+        job.record.token = spec.token;
+        job.record.part = spec.part;
+        job.record.owner = Some(owner.uid);
+        let mode = ShimMode::Launch {
+            argv: spec.argv,
+            cwd: spec.cwd,
+            env,
+            uid: owner.uid,
+            gid: owner.gid,
+            groups: owner.groups.clone(),
+        };
+        let pid = self
+            .start_shim(&mut job, mode, &owner, LAUNCH_TIMEOUT)
+            .await?;
+        info!(pid, "job started");
+        Ok((pid, job.record.incarnation))
+    }
+
+    /// New output of the job's part on this node after the given offsets, and its exit status
+    /// once all output has been returned. Never waits for a phase in progress.
+    pub async fn poll(
+        &self,
+        job_id: u64,
+        token: &str,
+        stdout_offset: u64,
+        stderr_offset: u64,
+    ) -> Result<PollResult, AgentError> {
+        let j = self.get(job_id)?;
+        let Ok(job) = j.try_lock() else {
+            return Ok(PollResult {
+                stdout: Vec::new(),
+                stderr: Vec::new(),
+                observed: Observed::Running,
+            });
+        };
+        if !ckpt_auth::token_eq(&job.record.token, token) {
+            return Err(AgentError::BadToken { job: job_id });
+        }
+        let observed = job.observe();
+        let read = |name: &str, offset: u64| -> Result<(Vec<u8>, bool), AgentError> {
+            use std::io::{Read, Seek, SeekFrom};
+            let path = job.dir.join(name);
+            let mut f = match fs::File::open(&path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((vec![], true)),
+                Err(e) => return Err(io_err(job_id, "read", &path)(e)),
+            };
+            let mut buf = Vec::new();
+            f.seek(SeekFrom::Start(offset))
+                .and_then(|_| f.take(POLL_CHUNK).read_to_end(&mut buf))
+                .map_err(io_err(job_id, "read", &path))?;
+            let done = (buf.len() as u64) < POLL_CHUNK;
+            Ok((buf, done))
+        };
+        let (stdout, out_done) = read("stdout", stdout_offset)?;
+        let (stderr, err_done) = read("stderr", stderr_offset)?;
+        let observed = if out_done && err_done {
+            observed
+        } else {
+            Observed::Running
+        };
+        Ok(PollResult {
+            stdout,
+            stderr,
+            observed,
+        })
+    }
+
+    /// Whether `token` is the job's (constant time; an empty token never is).
+    pub async fn check_token(&self, job_id: u64, token: &str) -> Result<(), AgentError> {
+        let j = self.get(job_id)?;
+        let job = j.lock().await;
+        if ckpt_auth::token_eq(&job.record.token, token) {
+            Ok(())
+        } else {
+            Err(AgentError::BadToken { job: job_id })
+        }
+    }
+
+    /// Sends a signal to every process of the job on this node.
+    pub async fn signal(&self, job_id: u64, sig: i32) -> Result<usize, AgentError> {
+        let j = self.get(job_id)?;
+        let job = j.lock().await;
+        job.cgroup
+            .signal_all(sig)
+            .map_err(|source| AgentError::Cgroup {
+                job: job_id,
+                source,
+            })
+    }
+
+    /// The job's processes on this node, each with its MPI rank if it is one; and which part
+    /// of the job this node runs (0: the job's command).
+    pub async fn processes(
+        &self,
+        job_id: u64,
+    ) -> Result<(Observed, u32, Vec<(procfs::ProcStat, Option<i32>)>), AgentError> {
+        let j = self.get(job_id)?;
+        let job = j.lock().await;
+        let procs = job
+            .cgroup
+            .pids()
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(procfs::stat)
+            .map(|s| {
+                let rank = procfs::mpi_rank(s.pid);
+                (s, rank)
+            })
+            .collect();
+        Ok((job.observe(), job.record.part, procs))
+    }
+}
+
+/// Human text for an exit status.
+pub fn exit_text(e: &Exit) -> String {
+    match (e.code, e.signal) {
+        (Some(c), _) => format!("exited with code {c}"),
+        (None, Some(s)) => format!("killed by signal {s}"),
+        _ => "ended".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::owner::LaunchPolicy;
+
+    #[test]
+    fn launch_policy_refuses_root_system_accounts_and_unknown_users() {
+        let strict = LaunchPolicy::default();
+        let e = strict.authorize(7, "n1", 0).unwrap_err();
+        assert!(matches!(e, AgentError::RootRefused { .. }), "{e}");
+        assert!(e.to_string().contains("allow_root_jobs"), "{e}");
+        let e = strict.authorize(7, "n1", 1).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                AgentError::UidBelowMinimum {
+                    uid: 1,
+                    min_uid: 1000,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains("uid 1") && e.to_string().contains("min_uid"),
+            "{e}"
+        );
+        let e = strict.authorize(7, "n1", u32::MAX - 7).unwrap_err();
+        assert!(matches!(e, AgentError::UnknownUser { .. }), "{e}");
+        assert!(e.to_string().contains("no passwd entry"), "{e}");
+        let open = LaunchPolicy {
+            allow_root: true,
+            min_uid: 1000,
+        };
+        let root = open.authorize(7, "n1", 0).unwrap();
+        assert_eq!((root.uid, root.gid), (0, 0), "gid from passwd");
+        assert!(matches!(
+            crate::grpc::to_status(strict.authorize(7, "n1", 0).unwrap_err()).code(),
+            tonic::Code::PermissionDenied
+        ));
+    }
+
+    #[test]
+    fn launch_env_names_the_job_and_keeps_the_jobs_own_launcher() {
+        let le = LaunchEnv {
+            coordinator: "10.0.0.1:7600".into(),
+            launcher: Some("/usr/lib/ckpt/ckpt-rsh".into()),
+            set_mpi_env: true,
+            ca: Some("/etc/ckpt/tls/ca.pem".into()),
+        };
+        let mut env = BTreeMap::from([("OMPI_MCA_plm_rsh_agent".to_string(), "ssh".to_string())]);
+        le.apply(&mut env, 7, "secret", "n1");
+        assert_eq!(env["CKPT_TLS_CA"], "/etc/ckpt/tls/ca.pem");
+        assert_eq!(env["CKPT_JOB_ID"], "7");
+        assert_eq!(env["CKPT_JOB_TOKEN"], "secret");
+        assert_eq!(env["CKPT_COORDINATOR"], "10.0.0.1:7600");
+        assert_eq!(env["HYDRA_LAUNCHER_EXEC"], "/usr/lib/ckpt/ckpt-rsh");
+        assert_eq!(
+            env["OMPI_MCA_plm_rsh_agent"], "ssh",
+            "the job's choice wins"
+        );
+        let mut env = BTreeMap::new();
+        LaunchEnv {
+            set_mpi_env: false,
+            ..le
+        }
+        .apply(&mut env, 7, "secret", "n1");
+        assert!(!env.contains_key("HYDRA_LAUNCHER_EXEC"));
+        assert_eq!(env["CKPT_RSH"], "/usr/lib/ckpt/ckpt-rsh");
+    }
+}

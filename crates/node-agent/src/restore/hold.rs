@@ -1,0 +1,148 @@
+//! Restart, TCP hold: nftables drops a restored job's TCP traffic until every node is restored;
+//! closing sockets of the killed incarnation are cleared first.
+
+use tracing::warn;
+
+use crate::error::AgentError;
+use crate::jobs::Jobs;
+
+impl Jobs {
+    /// Name of the nftables table that holds a job's TCP traffic during a restart.
+    fn hold_table(&self, job: u64) -> String {
+        let node: String = self
+            .node
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        format!("ckpt_hold_{node}_{job}")
+    }
+
+    /// Drops TCP traffic on the job's ports in this node's network namespace, so that restored
+    /// connections exchange nothing (and reset nothing) before every node is restored. Packets
+    /// are dropped, not rejected: TCP retransmits them after the release.
+    pub(super) async fn hold_tcp(&self, job: u64, ports: &[u16]) -> Result<(), AgentError> {
+        if ports.is_empty() {
+            return Ok(());
+        }
+        let set = ports
+            .iter()
+            .map(u16::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let table = self.hold_table(job);
+        let script = format!(
+            "table inet {table} {{\n\
+             chain input {{ type filter hook input priority -10; policy accept; tcp dport {{ {set} }} drop; }}\n\
+             chain output {{ type filter hook output priority -10; policy accept; tcp sport {{ {set} }} drop; }}\n\
+             }}\n"
+        );
+        self.release_tcp(job).await;
+        run_nft(&["-f", "-"], Some(&script))
+            .await
+            .map_err(|message| AgentError::Start {
+                job,
+                message: format!("cannot block the job's TCP ports during restore: {message}"),
+            })
+    }
+
+    /// Removes the hold of [`Jobs::hold_tcp`], if any.
+    pub(super) async fn release_tcp(&self, job: u64) {
+        let table = self.hold_table(job);
+        let _ = run_nft(&["delete", "table", "inet", &table], None).await;
+    }
+}
+
+/// Whether an address is configured on this node (in the agent's network namespace).
+pub(super) fn address_is_local(addr: &str) -> bool {
+    let Ok(ip) = addr.parse::<std::net::IpAddr>() else {
+        return true;
+    };
+    match std::net::TcpListener::bind((ip, 0)) {
+        Ok(_) => true,
+        Err(e) => e.raw_os_error() != Some(libc::EADDRNOTAVAIL),
+    }
+}
+
+/// Runs `nft` with `args` (and `stdin`); the error is nft's message.
+async fn run_nft(args: &[&str], stdin: Option<&str>) -> Result<(), String> {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new("nft")
+        .args(args)
+        .stdin(if stdin.is_some() {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        })
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run nft (install nftables): {e}"))?;
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(text.as_bytes())
+            .await
+            .map_err(|e| format!("nft: {e}"))?;
+    }
+    let out = child
+        .wait_with_output()
+        .await
+        .map_err(|e| format!("nft: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+/// TCP states of connections their owner has closed.
+const STALE_TCP_STATES: [&str; 5] = [
+    "time-wait",
+    "fin-wait-1",
+    "fin-wait-2",
+    "closing",
+    "last-ack",
+];
+
+/// Destroys the closing remains of the job's TCP connections on its ports. When a job is killed
+/// its connections linger for up to a minute (TIME_WAIT; FIN_WAIT and LAST_ACK when the peer
+/// was killed too, or a failed restart dropped its packets), and the restored sockets, which
+/// reuse the same addresses, could not bind or connect. Only sockets in closing states are
+/// touched, never an open one, and only after every process of the job is gone.
+pub(super) async fn clear_stale_sockets(ports: &[u16]) {
+    if ports.is_empty() {
+        return;
+    }
+    let filter = ports
+        .iter()
+        .map(|p| format!("sport = :{p}"))
+        .collect::<Vec<_>>()
+        .join(" or ");
+    let r = tokio::process::Command::new("ss")
+        .args(["-K", "-t", "-a", "-n"])
+        .args(STALE_TCP_STATES.iter().flat_map(|s| ["state", s]))
+        .arg(format!("( {filter} )"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .await;
+    match r {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            warn!(stderr = %String::from_utf8_lossy(&o.stderr), "cannot clear stale TCP sockets")
+        }
+        Err(e) => warn!(error = %e, "cannot run ss (iproute2) to clear stale TCP sockets"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_not_on_this_node_are_told_apart() {
+        assert!(address_is_local("127.0.0.1"));
+        // TEST-NET-1 (RFC 5737) is never configured on a host.
+        assert!(!address_is_local("192.0.2.1"));
+        // What cannot be parsed is not ours to refuse.
+        assert!(address_is_local("not-an-address"));
+    }
+}

@@ -1,0 +1,382 @@
+//! Restart on this node: restore a part of a job from a committed epoch (the job's files put
+//! back as its owner, then the engine's restore), then release or kill it. The TCP hold is in
+//! `hold.rs`.
+
+mod hold;
+
+use std::fs;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ckpt_store::manifest::{NodeManifest, OpenFile};
+use tracing::{info, instrument};
+
+use crate::checkpoint::channel_pids;
+use crate::copies::{Location, Sources};
+use crate::engine::RestoreSpec;
+use crate::error::AgentError;
+use crate::jobs::{Jobs, NodeJob, OWNER_NOTE};
+use crate::owner::{
+    put_back_own_output, run_put_back, verify_restored, Identity, PutBack, PutBackTask,
+};
+use crate::procfs;
+use crate::shim::ShimMode;
+use hold::{address_is_local, clear_stale_sockets};
+
+/// How long a restore may take: the engine reads every image page back; at a pessimistic
+/// 100 MB/s this covers 60 GB per node.
+pub const RESTORE_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long a restore waits for the PIDs of a just-killed incarnation to be released. Zombies
+/// of killed processes linger until reaped, which init can take over a second to do.
+pub const PID_FREE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A restored part of a job.
+#[derive(Debug)]
+pub struct Restored {
+    /// PID of the restored root process.
+    pub pid: i32,
+    /// The job's incarnation on this node.
+    pub incarnation: u32,
+    /// Where the images came from.
+    pub source: Location,
+    /// Why the local copy was not used (empty if it was).
+    pub note: String,
+    /// ib-quiesce channels in the restored processes (rebuilt after the release).
+    pub channels: u32,
+}
+
+impl Jobs {
+    /// Restores this node's part of a job from a committed epoch: verify the manifest and every
+    /// image against the committed digest before anything else, then put the job's files back
+    /// as they were, then have the shim run the engine's restore.
+    #[instrument(skip_all, fields(job, epoch))]
+    pub async fn restore(
+        &self,
+        job_id: u64,
+        epoch: u32,
+        committed_digest: &str,
+        hold: bool,
+        token: &str,
+        sources: &Sources,
+    ) -> Result<Restored, AgentError> {
+        let j = self.get_or_create(job_id)?;
+        let mut job = j.lock().await;
+        // Processes of a just-killed incarnation may still be exiting: give them a moment.
+        let begin = Instant::now();
+        loop {
+            let live = job.cgroup.pids().unwrap_or_default();
+            if live.is_empty() {
+                break;
+            }
+            if begin.elapsed() > PID_FREE_TIMEOUT {
+                return Err(AgentError::StillRunning {
+                    job: job_id,
+                    pids: live,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let node_dir = self.staging.node_dir(job_id, epoch, &self.node);
+        let (m, source, note) = self
+            .usable_images(job_id, epoch, committed_digest, sources)
+            .await?;
+        for a in &m.tcp_addrs {
+            if !address_is_local(a) {
+                return Err(AgentError::AddressMissing {
+                    job: job_id,
+                    node: self.node.clone(),
+                    addr: a.clone(),
+                });
+            }
+        }
+        // The owner recorded at checkpoint time (committed with the manifest) must still be
+        // allowed to run jobs here; files are put back as that user.
+        let owner_uid = m
+            .notes
+            .get(OWNER_NOTE)
+            .and_then(|v| v.parse().ok())
+            .or(job.record.owner)
+            .ok_or_else(|| AgentError::OwnerUnknown {
+                job: job_id,
+                epoch,
+                node: self.node.clone(),
+            })?;
+        let owner = self.policy.authorize(job_id, &self.node, owner_uid)?;
+        job.record.owner = Some(owner.uid);
+        let ids: Vec<i32> = m.pids.iter().chain(&m.tids).copied().collect();
+        wait_pids_free(job_id, &ids).await?;
+        let channels = channel_pids(&m.notes);
+        self.put_back_files(&job, &owner, &m, &node_dir).await?;
+        clear_stale_sockets(&m.tcp_ports).await;
+        if !token.is_empty() {
+            job.record.token = token.to_string();
+        }
+        // A cgroup the engine creates gets the freezer state of dump time (frozen); an existing
+        // one would let the restored processes run at once.
+        job.remove_empty_cgroup();
+        if hold {
+            self.hold_tcp(job_id, &m.tcp_ports).await?;
+        }
+        let inc = job.record.incarnation + 1;
+        let run_dir = job.dir.join("run").join(inc.to_string());
+        let log = job
+            .dir
+            .join("logs")
+            .join(format!("restore-{epoch}-{inc}.log"));
+        let pid_file = run_dir.join("restored.pid");
+        let argv = self.engine.restore_argv(&RestoreSpec {
+            images_dir: &node_dir.join("images"),
+            log_file: &log,
+            pid_file: &pid_file,
+        });
+        let lock = machine_restore_lock().await;
+        let started = self
+            .start_shim(
+                &mut job,
+                ShimMode::Restore { argv, pid_file },
+                &owner,
+                RESTORE_TIMEOUT,
+            )
+            .await;
+        drop(lock);
+        match started {
+            Ok(pid) if hold => {
+                // Released together with the other nodes (`release`). A part that cannot be
+                // held is not left running on its own: the coordinator only releases (or
+                // kills) the parts that reported restored.
+                if job.cgroup.state().map(|s| s == "THAWED").unwrap_or(false) {
+                    if let Err(source) = job.cgroup.freeze() {
+                        let _ = job.cgroup.kill_all();
+                        self.release_tcp(job_id).await;
+                        return Err(AgentError::Cgroup {
+                            job: job_id,
+                            source,
+                        });
+                    }
+                }
+                if let Err(e) = verify_restored(job_id, &job.cgroup, &owner) {
+                    let _ = job.cgroup.kill_all();
+                    self.release_tcp(job_id).await;
+                    return Err(e);
+                }
+                info!(
+                    pid,
+                    source = source.name(),
+                    "job restored, held frozen until released"
+                );
+                job.ibq_down = channels.clone();
+                Ok(Restored {
+                    pid,
+                    incarnation: job.record.incarnation,
+                    source,
+                    note,
+                    channels: channels.len() as u32,
+                })
+            }
+            Ok(pid) => {
+                if let Err(e) = verify_restored(job_id, &job.cgroup, &owner) {
+                    let _ = job.cgroup.kill_all();
+                    return Err(e);
+                }
+                // The engine recreates a missing cgroup with the freezer state it had at dump
+                // time (frozen); the job must run.
+                if job.cgroup.state().map(|s| s != "THAWED").unwrap_or(false) {
+                    job.cgroup.thaw().map_err(|source| AgentError::Cgroup {
+                        job: job_id,
+                        source,
+                    })?;
+                }
+                info!(pid, source = source.name(), "job restored");
+                job.ibq_down = channels.clone();
+                Ok(Restored {
+                    pid,
+                    incarnation: job.record.incarnation,
+                    source,
+                    note,
+                    channels: channels.len() as u32,
+                })
+            }
+            Err(e) => {
+                if hold {
+                    self.release_tcp(job_id).await;
+                }
+                match e {
+                    AgentError::Start { message, .. } => Err(AgentError::Engine {
+                        job: job_id,
+                        source: self.engine.restore_failed(message, &log),
+                    }),
+                    e => Err(e),
+                }
+            }
+        }
+    }
+
+    /// Restart, second step: lets a part restored with `hold` run (TCP first, then thaw), or
+    /// kills it when the restart failed elsewhere.
+    #[instrument(skip_all, fields(job = job_id, kill))]
+    pub async fn release(&self, job_id: u64, kill: bool) -> Result<(), AgentError> {
+        let j = self.get(job_id)?;
+        let job = j.lock_owned().await;
+        // Running processes get their network back before they thaw; killed ones after they
+        // are gone, so that nothing of theirs leaks out.
+        if !kill {
+            self.release_tcp(job_id).await;
+        }
+        let (_job, r) = tokio::task::spawn_blocking(move || {
+            let r = if kill {
+                job.cgroup.kill_all()
+            } else if job.cgroup.exists() {
+                job.cgroup.thaw()
+            } else {
+                Ok(())
+            };
+            (job, r)
+        })
+        .await
+        .expect("release task");
+        if kill {
+            self.release_tcp(job_id).await;
+        }
+        r.map_err(|source| AgentError::Cgroup {
+            job: job_id,
+            source,
+        })
+    }
+
+    /// Puts the job's files back as they were at checkpoint time, before the engine restores:
+    /// the job's own stdout and stderr (in the job directory, which root controls) here, and
+    /// everything else, in directories the owner controls, through the put-back helper running
+    /// as the owner ([`PutBack`]).
+    async fn put_back_files(
+        &self,
+        job: &NodeJob,
+        owner: &Identity,
+        m: &NodeManifest,
+        node_dir: &Path,
+    ) -> Result<(), AgentError> {
+        let job_id = job.record.id;
+        let own_dir = fs::canonicalize(&job.dir).unwrap_or_else(|_| job.dir.clone());
+        let (ours, theirs): (Vec<OpenFile>, Vec<OpenFile>) =
+            m.open_files.iter().cloned().partition(|f| {
+                let p = Path::new(&f.path);
+                p.parent() == Some(own_dir.as_path())
+                    && p.file_name()
+                        .is_some_and(|n| n == "stdout" || n == "stderr")
+            });
+        if let Some(pf) = m.preserved.iter().find(|pf| pf.uid != owner.uid) {
+            return Err(AgentError::FileRefused {
+                job: job_id,
+                action: "put back",
+                path: pf.path.clone(),
+                uid: owner.uid,
+                problem: format!(
+                    "it belonged to uid {} at checkpoint time, not to the job's owner",
+                    pf.uid
+                ),
+            });
+        }
+        for f in &ours {
+            put_back_own_output(job_id, f, owner)?;
+        }
+        if theirs.is_empty() && m.preserved.is_empty() {
+            return Ok(());
+        }
+        let task = PutBackTask {
+            put_back: PutBack {
+                owner: owner.clone(),
+                open_files: theirs,
+                preserved: m.preserved.clone(),
+                saved_dir: node_dir.to_path_buf(),
+            },
+        };
+        run_put_back(job_id, &self.shim_exe, &task).await
+    }
+}
+
+/// Lock that serializes restores on one machine. Agents sharing a machine (test hosts, or
+/// several agents with their own cgroup prefixes) share `/dev/shm` and `/tmp`, where the engine
+/// re-creates deleted files under temporary names derived from the image: two restores at once
+/// would collide on them. With one agent per machine the lock is never contended.
+const RESTORE_LOCK: &str = "/run/lock/ckpt-restore.lock";
+
+async fn machine_restore_lock() -> Option<fs::File> {
+    tokio::task::spawn_blocking(|| {
+        let _ = fs::create_dir_all("/run/lock");
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(RESTORE_LOCK)
+            .ok()?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on a file descriptor we own; released when the file is closed.
+        let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+        (rc == 0).then_some(f)
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+async fn wait_pids_free(job: u64, pids: &[i32]) -> Result<(), AgentError> {
+    let begin = Instant::now();
+    loop {
+        let taken: Vec<i32> = pids
+            .iter()
+            .copied()
+            .filter(|&p| procfs::pid_taken(p))
+            .collect();
+        if taken.is_empty() {
+            return Ok(());
+        }
+        if begin.elapsed() > PID_FREE_TIMEOUT {
+            return Err(AgentError::PidsTaken { job, pids: taken });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::owner::{has_acl, owner_may};
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn restored_files_are_judged_by_what_the_owner_may_do() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("f");
+        fs::write(&f, b"x").unwrap();
+        let me = nix::unistd::getuid().as_raw();
+        let owner = Identity {
+            uid: me.wrapping_add(1),
+            gid: 4242,
+            groups: vec![4242, 4343],
+        };
+        let read = procfs::Access {
+            read: true,
+            ..Default::default()
+        };
+        let write = procfs::Access {
+            write: true,
+            ..Default::default()
+        };
+        let judge = |mode: u32, gid: u32, access| {
+            fs::set_permissions(&f, fs::Permissions::from_mode(mode)).unwrap();
+            std::os::unix::fs::chown(&f, None, Some(gid)).unwrap();
+            owner_may(&owner, &fs::metadata(&f).unwrap(), access)
+        };
+        assert!(judge(0o644, 0, read), "others may read");
+        assert!(!judge(0o640, 0, read), "another user's group-only file");
+        assert!(judge(0o640, 4343, read), "a supplementary group's file");
+        assert!(!judge(0o644, 4343, write), "not writable by the group");
+        assert!(judge(0o664, 4242, write), "writable by the primary group");
+        assert!(!judge(0o600, 0, read), "another user's private file");
+        let mine = Identity { uid: me, ..owner };
+        assert!(
+            owner_may(&mine, &fs::metadata(&f).unwrap(), write),
+            "the owner's own file"
+        );
+        assert!(!has_acl(&f));
+    }
+}
