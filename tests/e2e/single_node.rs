@@ -657,10 +657,16 @@ fn a_freeze_that_catches_a_process_in_vfork_is_tried_again() {
         );
     }
     let log = std::fs::read_to_string(d.dir.path().join("ckptd.log")).unwrap();
-    assert!(
-        log.contains("froze again: a process was waiting for a vfork child"),
-        "the freeze caught the vfork window at least once in five: {log}"
-    );
+    let retry = log
+        .lines()
+        .find(|l| l.contains("froze again: a process was waiting for a vfork child"))
+        .unwrap_or_else(|| {
+            panic!("the freeze caught the vfork window at least once in five: {log}")
+        });
+    // The agent's phase spans name the phase, the job, the epoch and the node.
+    for field in ["phase=\"quiesce\"", &format!("job={id}"), "epoch=", "node="] {
+        assert!(retry.contains(field), "{field} in {retry}");
+    }
     let out = d.ctl(&["checkpoint", &id, "--kill"]);
     assert!(out.ok().contains("epoch 6 committed"), "{out:?}");
     d.wait_state(job, "stopped", LIMIT);

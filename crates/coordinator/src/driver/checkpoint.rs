@@ -114,6 +114,7 @@ impl EpochRun<'_> {
 
     /// Initial synchronization: every node checks it can take the checkpoint and says how
     /// much it holds.
+    #[instrument(skip_all, fields(phase = "initial-sync"))]
     async fn sync(&mut self) -> StepResult<Vec<(String, pb::PrepareReply)>> {
         self.say(
             Phase::Sync,
@@ -135,6 +136,7 @@ impl EpochRun<'_> {
     }
 
     /// Quiesce: every node drains its InfiniBand channels and freezes the job's processes.
+    #[instrument(skip_all, fields(phase = "quiesce"))]
     async fn quiesce(&mut self, prepared: &[(String, pb::PrepareReply)]) -> StepResult<()> {
         self.coord.advance(&mut self.epoch, Phase::Quiesce).await;
         let resident: u64 = prepared.iter().map(|(_, p)| p.estimated_bytes).sum();
@@ -160,6 +162,7 @@ impl EpochRun<'_> {
     }
 
     /// Local checkpoint: every node snapshots its frozen processes into its staging.
+    #[instrument(skip_all, fields(phase = "local-checkpoint"))]
     async fn dump(&mut self) -> StepResult<()> {
         self.coord.advance(&mut self.epoch, Phase::Dump).await;
         self.say(Phase::Dump, "all nodes frozen; dumping".into());
@@ -178,6 +181,7 @@ impl EpochRun<'_> {
 
     /// Resume: every node thaws (or, for `--kill`, stops) the job; then its InfiniBand
     /// channels are rebuilt and reconnected across the nodes.
+    #[instrument(skip_all, fields(phase = "resume"))]
     async fn resume(&mut self) -> StepResult<()> {
         self.coord.advance(&mut self.epoch, Phase::Resume).await;
         let kill = self.epoch.kill;
@@ -228,6 +232,7 @@ impl EpochRun<'_> {
 
     /// Finalize: every node digests and syncs its images and seals them with a manifest.
     /// Returns each node's manifest digest.
+    #[instrument(skip_all, fields(phase = "finalize"))]
     async fn finalize(&mut self) -> StepResult<BTreeMap<String, String>> {
         self.coord.advance(&mut self.epoch, Phase::Finalize).await;
         self.say(
@@ -264,6 +269,7 @@ impl EpochRun<'_> {
 
     /// Commit: the epoch and the job are written together; from here the epoch is
     /// restorable. Retention, partner copies and the flush follow in the background.
+    #[instrument(skip_all, fields(phase = "commit"))]
     async fn commit(mut self, manifests: BTreeMap<String, String>) -> Result<Epoch, DriveError> {
         let (coord, id, number) = (self.coord, self.id, self.epoch.number);
         self.epoch.commit(manifests, now_ms())?;
@@ -307,6 +313,7 @@ impl EpochRun<'_> {
     /// Abort after `failure` in `phase`: every node thaws what it froze and drops the epoch's
     /// partial images, channels taken down are rebuilt, and the epoch is recorded failed. The
     /// job keeps running (or stays stopped if `--kill` had already stopped it).
+    #[instrument(skip_all, fields(phase = "abort"))]
     async fn abort(mut self, phase: Phase, failure: NodeFailure) -> Result<Epoch, DriveError> {
         let (coord, id, number) = (self.coord, self.id, self.epoch.number);
         warn!(phase = phase.name(), error = %failure, "epoch failed; aborting");

@@ -52,7 +52,7 @@ pub struct Prepared {
 impl Jobs {
     /// Phase 1, initial synchronization: the job runs, no process holds verbs resources without
     /// a channel, the engine works, and staging has room.
-    #[instrument(skip_all, fields(job, epoch))]
+    #[instrument(skip_all, fields(phase = "initial-sync", job = job_id, epoch = epoch, node = self.node()))]
     pub async fn prepare(&self, job_id: u64, epoch: u32) -> Result<Prepared, AgentError> {
         let j = self.get(job_id)?;
         let mut job = j.lock().await;
@@ -155,7 +155,7 @@ impl Jobs {
     }
 
     /// Phase 2, pre-checkpoint coordination: freeze every process of the job on this node.
-    #[instrument(skip_all, fields(job, epoch))]
+    #[instrument(skip_all, fields(phase = "quiesce", job = job_id, epoch = epoch, node = self.node()))]
     pub async fn quiesce(&self, job_id: u64, epoch: u32) -> Result<Duration, AgentError> {
         let j = self.get(job_id)?;
         let mut job = j.lock_owned().await;
@@ -193,7 +193,7 @@ impl Jobs {
 
     /// Phase 3, local checkpoint: record open-file sizes, save what the engine does not, and
     /// have the engine dump the frozen tree into staging. Returns (elapsed, frozen so far).
-    #[instrument(skip_all, fields(job, epoch))]
+    #[instrument(skip_all, fields(phase = "local-checkpoint", job = job_id, epoch = epoch, node = self.node()))]
     pub async fn dump(&self, job_id: u64, epoch: u32) -> Result<(Duration, Duration), AgentError> {
         let j = self.get(job_id)?;
         let mut job = j.lock_owned().await;
@@ -216,7 +216,7 @@ impl Jobs {
 
     /// Phase 4, post-checkpoint coordination: thaw the job (or kill it for `--kill`). Returns
     /// (elapsed, time frozen from the freeze to the end of the thaw).
-    #[instrument(skip_all, fields(job, epoch, kill))]
+    #[instrument(skip_all, fields(phase = "resume", job = job_id, epoch = epoch, kill = kill, node = self.node()))]
     pub async fn resume(
         &self,
         job_id: u64,
@@ -254,7 +254,7 @@ impl Jobs {
 
     /// Seals the epoch on this node: digest and fsync every image, write the node manifest.
     /// Runs after the job has resumed, so it costs the job no frozen time.
-    #[instrument(skip_all, fields(job, epoch))]
+    #[instrument(skip_all, fields(phase = "finalize", job = job_id, epoch = epoch, node = self.node()))]
     pub async fn finalize(&self, job_id: u64, epoch: u32) -> Result<Finalized, AgentError> {
         let j = self.get(job_id)?;
         let mut job = j.lock_owned().await;
@@ -303,7 +303,7 @@ impl Jobs {
 
     /// Abandons an epoch: thaw the job if it is frozen, delete the epoch's images on this node.
     /// Safe to call in any phase and more than once.
-    #[instrument(skip_all, fields(job, epoch))]
+    #[instrument(skip_all, fields(phase = "abort", job = job_id, epoch = epoch, node = self.node()))]
     pub async fn abort(&self, job_id: u64, epoch: u32, reason: &str) -> Result<(), AgentError> {
         let j = self.get(job_id)?;
         let mut job = j.lock_owned().await;

@@ -49,7 +49,7 @@ impl Jobs {
     /// Restores this node's part of a job from a committed epoch: verify the manifest and every
     /// image against the committed digest before anything else, then put the job's files back
     /// as they were, then have the shim run the engine's restore.
-    #[instrument(skip_all, fields(job, epoch))]
+    #[instrument(skip_all, fields(phase = "restore", job = job_id, epoch = epoch, node = self.node()))]
     pub async fn restore(
         &self,
         job_id: u64,
@@ -213,7 +213,7 @@ impl Jobs {
 
     /// Restart, second step: lets a part restored with `hold` run (TCP first, then thaw), or
     /// kills it when the restart failed elsewhere.
-    #[instrument(skip_all, fields(job = job_id, kill))]
+    #[instrument(skip_all, fields(phase = "release", job = job_id, kill = kill, node = self.node()))]
     pub async fn release(&self, job_id: u64, kill: bool) -> Result<(), AgentError> {
         let j = self.get(job_id)?;
         let job = j.lock_owned().await;
