@@ -44,7 +44,7 @@ pub enum CgroupError {
         waited: Duration,
     },
     /// Frozen, but some task stayed where a snapshot cannot take it, through every attempt.
-    #[error("cgroup {path}: {tasks} stayed in uninterruptible sleep (D) through {attempts} freezes: a parent waiting for a vfork child that has not called exec yet cannot be snapshotted; the job was thawed, try again (a child that never execs, e.g. one stopped by a debugger, must finish first)")]
+    #[error("cgroup {path}: {tasks} stayed in uninterruptible sleep (D) or running through {attempts} freezes: a parent waiting for a vfork child that has not called exec yet cannot be snapshotted; the job was thawed, try again (a child that never execs, e.g. one stopped by a debugger, must finish first)")]
     Unsettled {
         /// Cgroup directory.
         path: PathBuf,
@@ -274,7 +274,7 @@ impl JobCgroup {
     pub fn freeze_for_snapshot(&self) -> Result<u32, CgroupError> {
         for retry in 0..SNAPSHOT_FREEZE_ATTEMPTS {
             self.freeze()?;
-            let stuck = self.uninterruptible_tasks();
+            let stuck = self.unsettled_tasks();
             if stuck.is_empty() {
                 return Ok(retry);
             }
@@ -302,29 +302,47 @@ impl JobCgroup {
         unreachable!("the last attempt returns")
     }
 
-    /// Tasks (threads) of a frozen v2 cgroup in uninterruptible sleep, with their names. Empty
+    /// Tasks (threads) of a frozen v2 cgroup that a snapshot cannot take, with their names:
+    /// those in uninterruptible sleep (D). A vfork parent is counted frozen a moment before it
+    /// goes to sleep, so a task still running (R) is watched for up to 20 ms until it settles
+    /// in the freezer (S), a stop (t, T) or D; one that does not counts as unsettled too. Empty
     /// on cgroup v1, whose frozen tasks all report D.
-    fn uninterruptible_tasks(&self) -> Vec<(i32, String)> {
+    fn unsettled_tasks(&self) -> Vec<(i32, String)> {
         if self.flavor != Flavor::V2 {
             return Vec::new();
         }
-        let mut stuck = Vec::new();
+        let mut tasks = Vec::new();
         for pid in self.pids().unwrap_or_default() {
-            let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+            let Ok(dir) = fs::read_dir(format!("/proc/{pid}/task")) else {
                 continue;
             };
-            for t in tasks.flatten() {
-                let Some(tid) = t.file_name().to_str().and_then(|s| s.parse().ok()) else {
-                    continue;
-                };
-                if task_state(tid) == Some('D') {
-                    let comm = fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
-                        .unwrap_or_default();
-                    stuck.push((tid, comm.trim().to_string()));
+            for t in dir.flatten() {
+                if let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) {
+                    tasks.push((pid, tid));
                 }
             }
         }
-        stuck
+        let begin = Instant::now();
+        loop {
+            let states: Vec<(i32, i32, char)> = tasks
+                .iter()
+                .filter_map(|&(pid, tid)| Some((pid, tid, task_state(tid)?)))
+                .collect();
+            let running = states.iter().any(|&(_, _, st)| st == 'R');
+            if running && begin.elapsed() < Duration::from_millis(20) {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            return states
+                .into_iter()
+                .filter(|&(_, _, st)| st == 'D' || st == 'R')
+                .map(|(pid, tid, _)| {
+                    let comm = fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+                        .unwrap_or_default();
+                    (tid, comm.trim().to_string())
+                })
+                .collect();
+        }
     }
 
     /// Thaws the cgroup and waits until it reports THAWED.
