@@ -1,0 +1,792 @@
+//! The phase driver against in-process fake agents: the real coordinator, registry and gRPC
+//! clients, and one fake `Agent` service per node on a Unix socket in a temporary directory. A
+//! script tells a fake to fail or to hang in any call; every call is logged. No root, no CRIU,
+//! no processes: every phase's abort path and deadline, for checkpoint and restart, in
+//! milliseconds.
+use std::collections::{BTreeMap, HashMap};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ckpt_proto::v1 as pb;
+use ckpt_proto::v1::agent_server::{Agent, AgentServer};
+use coordinator::agents::FailureKind;
+use coordinator::config::CoordinatorConfig;
+use coordinator::driver::{Caller, Coordinator, DriveError, RunSpec};
+use coordinator::model::{EpochState, JobState, Phase};
+use coordinator::registry::Registry;
+use tokio::sync::mpsc;
+use tonic::{Code, Request, Response, Status};
+
+/// What a fake agent does in one call.
+#[derive(Clone, Debug)]
+enum Act {
+    /// Answers with an error.
+    Fail(Code),
+    /// Answers with an error when the call's detail starts with the text (e.g. an epoch).
+    FailIf(Code, &'static str),
+    /// Never answers (the test's end drops it).
+    Hang,
+}
+
+/// The calls of every fake agent, and what they are told to do.
+#[derive(Default)]
+struct World {
+    /// (node, call) -> act; calls not listed succeed.
+    script: HashMap<(String, &'static str), Act>,
+    /// (node, call, detail) in the order they arrived.
+    log: Vec<(String, &'static str, String)>,
+}
+
+type Shared = Arc<Mutex<World>>;
+
+struct FakeAgent {
+    node: String,
+    world: Shared,
+}
+
+impl FakeAgent {
+    /// Logs the call and plays the script for it.
+    async fn enter(&self, call: &'static str, detail: String) -> Result<(), Status> {
+        let act = {
+            let mut w = self.world.lock().unwrap();
+            w.log.push((self.node.clone(), call, detail));
+            w.script.get(&(self.node.clone(), call)).cloned()
+        };
+        match act {
+            None => Ok(()),
+            Some(Act::FailIf(_, prefix))
+                if !detail_of(&self.world, &self.node, call).starts_with(prefix) =>
+            {
+                Ok(())
+            }
+            Some(Act::Fail(code) | Act::FailIf(code, _)) => {
+                Err(Status::new(code, format!("{call} refused by the script")))
+            }
+            Some(Act::Hang) => {
+                std::future::pending::<()>().await;
+                unreachable!()
+            }
+        }
+    }
+}
+
+/// The detail of the last `call` that `node` got.
+fn detail_of(world: &Shared, node: &str, call: &str) -> String {
+    let w = world.lock().unwrap();
+    w.log
+        .iter()
+        .rev()
+        .find(|(n, c, _)| n == node && *c == call)
+        .map(|(_, _, d)| d.clone())
+        .unwrap_or_default()
+}
+
+type Stream<T> = Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Agent for FakeAgent {
+    async fn launch(
+        &self,
+        r: Request<pb::LaunchRequest>,
+    ) -> Result<Response<pb::LaunchReply>, Status> {
+        self.enter("launch", r.get_ref().job_id.to_string()).await?;
+        Ok(Response::new(pb::LaunchReply {
+            pid: 100,
+            job_dir: String::new(),
+            incarnation: 0,
+        }))
+    }
+    async fn prepare(
+        &self,
+        r: Request<pb::PhaseRequest>,
+    ) -> Result<Response<pb::PrepareReply>, Status> {
+        self.enter("prepare", r.get_ref().epoch.to_string()).await?;
+        Ok(Response::new(pb::PrepareReply {
+            processes: 2,
+            estimated_bytes: 1 << 20,
+            staging_free_bytes: 1 << 30,
+            channels: 0,
+        }))
+    }
+    async fn quiesce(
+        &self,
+        r: Request<pb::PhaseRequest>,
+    ) -> Result<Response<pb::PhaseReply>, Status> {
+        self.enter("quiesce", r.get_ref().epoch.to_string()).await?;
+        Ok(Response::new(pb::PhaseReply::default()))
+    }
+    async fn dump(&self, r: Request<pb::PhaseRequest>) -> Result<Response<pb::DumpReply>, Status> {
+        self.enter("dump", r.get_ref().epoch.to_string()).await?;
+        Ok(Response::new(pb::DumpReply::default()))
+    }
+    async fn resume(
+        &self,
+        r: Request<pb::ResumeRequest>,
+    ) -> Result<Response<pb::PhaseReply>, Status> {
+        let r = r.into_inner();
+        self.enter("resume", format!("{} kill={}", r.epoch, r.kill))
+            .await?;
+        Ok(Response::new(pb::PhaseReply {
+            elapsed_us: 10,
+            frozen_us: 5_000,
+        }))
+    }
+    async fn finalize(
+        &self,
+        r: Request<pb::PhaseRequest>,
+    ) -> Result<Response<pb::FinalizeReply>, Status> {
+        let epoch = r.get_ref().epoch;
+        self.enter("finalize", epoch.to_string()).await?;
+        Ok(Response::new(pb::FinalizeReply {
+            image_bytes: 1000,
+            image_files: 3,
+            manifest_digest: digest(&self.node, epoch),
+        }))
+    }
+    async fn abort(
+        &self,
+        r: Request<pb::AbortRequest>,
+    ) -> Result<Response<pb::PhaseReply>, Status> {
+        self.enter("abort", r.get_ref().epoch.to_string()).await?;
+        Ok(Response::new(pb::PhaseReply::default()))
+    }
+    async fn restore(
+        &self,
+        r: Request<pb::RestoreRequest>,
+    ) -> Result<Response<pb::RestoreReply>, Status> {
+        let r = r.into_inner();
+        self.enter(
+            "restore",
+            format!("{} hold={} digest={}", r.epoch, r.hold, r.manifest_digest),
+        )
+        .await?;
+        Ok(Response::new(pb::RestoreReply {
+            pid: 100,
+            incarnation: 1,
+            source: "local".into(),
+            ..Default::default()
+        }))
+    }
+    async fn signal(
+        &self,
+        _: Request<pb::SignalRequest>,
+    ) -> Result<Response<pb::PhaseReply>, Status> {
+        self.enter("signal", String::new()).await?;
+        Ok(Response::new(pb::PhaseReply::default()))
+    }
+    async fn inspect(
+        &self,
+        _: Request<pb::InspectRequest>,
+    ) -> Result<Response<pb::NodeJobInfo>, Status> {
+        self.enter("inspect", String::new()).await?;
+        Ok(Response::new(pb::NodeJobInfo {
+            node: self.node.clone(),
+            state: "running".into(),
+            ..Default::default()
+        }))
+    }
+    async fn release(
+        &self,
+        r: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::PhaseReply>, Status> {
+        self.enter("release", format!("kill={}", r.get_ref().kill))
+            .await?;
+        Ok(Response::new(pb::PhaseReply::default()))
+    }
+    async fn poll(&self, _: Request<pb::PollRequest>) -> Result<Response<pb::PollReply>, Status> {
+        Err(Status::unimplemented("poll"))
+    }
+    async fn verify(
+        &self,
+        _: Request<pb::RestoreRequest>,
+    ) -> Result<Response<pb::NodeVerify>, Status> {
+        Err(Status::unimplemented("verify"))
+    }
+    async fn prune(
+        &self,
+        _: Request<pb::PruneRequest>,
+    ) -> Result<Response<pb::PhaseReply>, Status> {
+        self.enter("prune", String::new()).await?;
+        Ok(Response::new(pb::PhaseReply::default()))
+    }
+    type FlushStream = Stream<pb::FlushProgress>;
+    async fn flush(
+        &self,
+        _: Request<pb::FlushRequest>,
+    ) -> Result<Response<Self::FlushStream>, Status> {
+        Err(Status::unimplemented("flush"))
+    }
+    async fn publish(
+        &self,
+        _: Request<pb::PublishRequest>,
+    ) -> Result<Response<pb::PhaseReply>, Status> {
+        Err(Status::unimplemented("publish"))
+    }
+    async fn replicate(
+        &self,
+        _: Request<pb::ReplicateRequest>,
+    ) -> Result<Response<pb::PhaseReply>, Status> {
+        self.enter("replicate", String::new()).await?;
+        Ok(Response::new(pb::PhaseReply::default()))
+    }
+    async fn receive(
+        &self,
+        _: Request<tonic::Streaming<pb::ImageChunk>>,
+    ) -> Result<Response<pb::PhaseReply>, Status> {
+        Err(Status::unimplemented("receive"))
+    }
+    type SendStream = Stream<pb::ImageChunk>;
+    async fn send(
+        &self,
+        _: Request<pb::SendRequest>,
+    ) -> Result<Response<Self::SendStream>, Status> {
+        Err(Status::unimplemented("send"))
+    }
+    async fn rebuild(
+        &self,
+        r: Request<pb::PhaseRequest>,
+    ) -> Result<Response<pb::RebuildReply>, Status> {
+        self.enter("rebuild", r.get_ref().epoch.to_string()).await?;
+        Ok(Response::new(pb::RebuildReply::default()))
+    }
+    async fn reconnect(
+        &self,
+        _: Request<pb::ReconnectRequest>,
+    ) -> Result<Response<pb::PhaseReply>, Status> {
+        self.enter("reconnect", String::new()).await?;
+        Ok(Response::new(pb::PhaseReply::default()))
+    }
+}
+
+/// The manifest digest the fake of `node` seals `epoch` with.
+fn digest(node: &str, epoch: u32) -> String {
+    format!("digest-{node}-{epoch}")
+}
+
+const NODES: [&str; 3] = ["n1", "n2", "n3"];
+const OWNER: Caller = Caller {
+    uid: 1000,
+    gid: 1000,
+    pid: None,
+};
+
+/// A coordinator and one fake agent per node of [`NODES`], with short deadlines.
+struct Cluster {
+    coord: Arc<Coordinator>,
+    world: Shared,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = CoordinatorConfig::default();
+        let d = &mut cfg.deadlines;
+        for deadline in [
+            &mut d.sync,
+            &mut d.quiesce,
+            &mut d.dump,
+            &mut d.resume,
+            &mut d.finalize,
+        ] {
+            *deadline = Duration::from_millis(300);
+        }
+        d.restore = Duration::from_millis(300);
+        d.abort = Duration::from_secs(5);
+        cfg.redundancy.partner = false;
+        cfg.database = dir.path().join("ckptd.redb");
+        let registry = Registry::open(&cfg.database).unwrap();
+        let coord = Coordinator::new(registry, cfg, None).unwrap();
+        let world = Shared::default();
+        for node in NODES {
+            let sock = dir.path().join(format!("{node}.sock"));
+            let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+            let fake = FakeAgent {
+                node: node.into(),
+                world: world.clone(),
+            };
+            tokio::spawn(
+                tonic::transport::Server::builder()
+                    .add_service(AgentServer::new(fake))
+                    .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+            );
+            coord
+                .register_agent(
+                    node,
+                    &format!("unix:{}", sock.display()),
+                    vec![],
+                    String::new(),
+                )
+                .await
+                .unwrap();
+        }
+        Cluster {
+            coord,
+            world,
+            _dir: dir,
+        }
+    }
+
+    /// A running job: launched on n1, with parts attached on n2 and n3.
+    async fn job(&self) -> u64 {
+        let spec = RunSpec {
+            name: "fake".into(),
+            argv: vec!["mpiexec".into()],
+            cwd: "/".into(),
+            env: HashMap::new(),
+            node: "n1".into(),
+        };
+        let job = self.coord.run(OWNER, spec).await.unwrap();
+        for host in &NODES[1..] {
+            self.coord
+                .attach(pb::AttachRequest {
+                    job_id: job.id,
+                    token: job.token.clone(),
+                    host: host.to_string(),
+                    command: "rank".into(),
+                    cwd: "/".into(),
+                })
+                .await
+                .unwrap();
+        }
+        self.world.lock().unwrap().log.clear();
+        job.id
+    }
+
+    fn script(&self, node: &str, call: &'static str, act: Act) {
+        self.world
+            .lock()
+            .unwrap()
+            .script
+            .insert((node.into(), call), act);
+    }
+
+    fn unscript(&self) {
+        self.world.lock().unwrap().script.clear();
+    }
+
+    /// The nodes that got `call`, with its detail, in order.
+    fn calls(&self, call: &str) -> Vec<(String, String)> {
+        let w = self.world.lock().unwrap();
+        w.log
+            .iter()
+            .filter(|(_, c, _)| *c == call)
+            .map(|(n, _, d)| (n.clone(), d.clone()))
+            .collect()
+    }
+
+    /// The nodes that got `call`, sorted.
+    fn nodes_called(&self, call: &str) -> Vec<String> {
+        let mut v: Vec<String> = self.calls(call).into_iter().map(|(n, _)| n).collect();
+        v.sort();
+        v
+    }
+
+    /// Waits (bounded) until `node` got `call`: for calls made in the background.
+    async fn wait_call(&self, node: &str, call: &str) {
+        for _ in 0..500 {
+            if self.calls(call).iter().any(|(n, _)| n == node) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!(
+            "{node} never got {call}: {:?}",
+            self.world.lock().unwrap().log
+        );
+    }
+
+    async fn checkpoint(&self, job: u64, kill: bool) -> Result<u32, DriveError> {
+        let (job, epoch) = self.coord.begin_checkpoint(&OWNER, job, kill).await?;
+        let (tx, _rx) = mpsc::unbounded_channel();
+        self.coord
+            .drive_checkpoint(job, epoch, tx)
+            .await
+            .map(|e| e.number)
+    }
+
+    async fn restart(&self, job: u64, epoch: u32) -> Result<u32, DriveError> {
+        let (job, epoch, previous) = self.coord.begin_restart(&OWNER, job, epoch).await?;
+        let (tx, _rx) = mpsc::unbounded_channel();
+        self.coord
+            .drive_restart(job, epoch, previous, true, tx)
+            .await
+            .map(|(_, e)| e.number)
+    }
+
+    fn job_state(&self, job: u64) -> JobState {
+        self.coord.registry.job(job).unwrap().unwrap().state
+    }
+
+    fn epoch_state(&self, job: u64, epoch: u32) -> EpochState {
+        self.coord
+            .registry
+            .epoch(job, epoch)
+            .unwrap()
+            .unwrap()
+            .state
+    }
+}
+
+/// The agent calls of each checkpoint phase, in order, with the phase's name.
+const PHASES: [(&str, Phase); 5] = [
+    ("prepare", Phase::Sync),
+    ("quiesce", Phase::Quiesce),
+    ("dump", Phase::Dump),
+    ("resume", Phase::Resume),
+    ("finalize", Phase::Finalize),
+];
+
+fn all_nodes() -> Vec<String> {
+    NODES.iter().map(|n| n.to_string()).collect()
+}
+
+#[tokio::test]
+async fn a_checkpoint_runs_every_phase_on_every_node_and_commits_their_manifests() {
+    let c = Cluster::start().await;
+    let job = c.job().await;
+    assert_eq!(c.checkpoint(job, false).await.unwrap(), 1);
+    for (call, _) in PHASES {
+        assert_eq!(c.nodes_called(call), all_nodes(), "{call}");
+    }
+    // Barriers: no node is asked for a phase before every node finished the one before.
+    let log = c.world.lock().unwrap().log.clone();
+    for pair in PHASES.windows(2) {
+        let last_of = log
+            .iter()
+            .rposition(|(_, call, _)| *call == pair[0].0)
+            .unwrap();
+        let first_of_next = log
+            .iter()
+            .position(|(_, call, _)| *call == pair[1].0)
+            .unwrap();
+        assert!(
+            last_of < first_of_next,
+            "{} before {}: {log:?}",
+            pair[0].0,
+            pair[1].0
+        );
+    }
+    let e = c.coord.registry.epoch(job, 1).unwrap().unwrap();
+    assert_eq!(e.state, EpochState::Committed);
+    let want: BTreeMap<String, String> = NODES
+        .iter()
+        .map(|n| (n.to_string(), digest(n, 1)))
+        .collect();
+    assert_eq!(e.manifests, want);
+    assert_eq!((e.image_bytes, e.image_files, e.frozen_ms), (3000, 9, 5));
+    assert!(c.calls("abort").is_empty());
+    assert_eq!(c.job_state(job), JobState::Running);
+    assert_eq!(
+        c.coord.registry.job(job).unwrap().unwrap().latest_committed,
+        1
+    );
+}
+
+/// A node refusing phase `call`: the epoch fails in that phase naming the node, every node is
+/// told to abort it, no node is asked for a later phase, and the job runs on.
+async fn refusal_in(call: &'static str, phase: Phase) {
+    let c = Cluster::start().await;
+    let job = c.job().await;
+    c.script("n2", call, Act::Fail(Code::FailedPrecondition));
+    let e = c.checkpoint(job, false).await.unwrap_err();
+    let DriveError::EpochFailed {
+        phase: failed,
+        failure,
+        ..
+    } = &e
+    else {
+        panic!("{e}")
+    };
+    assert_eq!(*failed, phase.name(), "{e}");
+    assert_eq!(
+        (failure.node.as_str(), failure.kind),
+        ("n2", FailureKind::Refused),
+        "{e}"
+    );
+    assert!(e.to_string().contains("refused by the script"), "{e}");
+    assert_eq!(c.nodes_called("abort"), all_nodes());
+    let later = PHASES.iter().skip_while(|(p, _)| *p != call).skip(1);
+    for (next, _) in later {
+        assert!(c.calls(next).is_empty(), "{next} after a failed {call}");
+    }
+    assert!(matches!(c.epoch_state(job, 1), EpochState::Failed { phase: p, .. } if p == phase));
+    assert_eq!(c.job_state(job), JobState::Running);
+    // The job is not harmed: the next checkpoint commits.
+    c.unscript();
+    assert_eq!(c.checkpoint(job, false).await.unwrap(), 2);
+}
+
+#[tokio::test]
+async fn a_refusal_in_initial_sync_aborts_the_epoch() {
+    refusal_in("prepare", Phase::Sync).await;
+}
+
+#[tokio::test]
+async fn a_refusal_in_quiesce_aborts_the_epoch() {
+    refusal_in("quiesce", Phase::Quiesce).await;
+}
+
+#[tokio::test]
+async fn a_refusal_in_local_checkpoint_aborts_the_epoch() {
+    refusal_in("dump", Phase::Dump).await;
+}
+
+#[tokio::test]
+async fn a_refusal_in_resume_aborts_the_epoch() {
+    refusal_in("resume", Phase::Resume).await;
+}
+
+#[tokio::test]
+async fn a_refusal_in_finalize_aborts_the_epoch() {
+    refusal_in("finalize", Phase::Finalize).await;
+}
+
+/// A node that never answers phase `call`: the epoch fails at the phase's deadline naming the
+/// node; the others are aborted before the call returns, the silent one in the background.
+async fn silence_in(call: &'static str, phase: Phase) {
+    let c = Cluster::start().await;
+    let job = c.job().await;
+    c.script("n3", call, Act::Hang);
+    let e = c.checkpoint(job, false).await.unwrap_err();
+    let DriveError::EpochFailed {
+        phase: failed,
+        failure,
+        ..
+    } = &e
+    else {
+        panic!("{e}")
+    };
+    assert_eq!(*failed, phase.name(), "{e}");
+    assert_eq!(
+        (failure.node.as_str(), failure.kind),
+        ("n3", FailureKind::Deadline),
+        "{e}"
+    );
+    assert!(e.to_string().contains("deadline"), "{e}");
+    assert_eq!(c.nodes_called("abort")[..2], ["n1", "n2"]);
+    c.wait_call("n3", "abort").await;
+    assert!(matches!(c.epoch_state(job, 1), EpochState::Failed { phase: p, .. } if p == phase));
+    assert_eq!(c.job_state(job), JobState::Running);
+}
+
+#[tokio::test]
+async fn a_deadline_in_initial_sync_aborts_the_epoch() {
+    silence_in("prepare", Phase::Sync).await;
+}
+
+#[tokio::test]
+async fn a_deadline_in_quiesce_aborts_the_epoch() {
+    silence_in("quiesce", Phase::Quiesce).await;
+}
+
+#[tokio::test]
+async fn a_deadline_in_local_checkpoint_aborts_the_epoch() {
+    silence_in("dump", Phase::Dump).await;
+}
+
+#[tokio::test]
+async fn a_deadline_in_resume_aborts_the_epoch() {
+    silence_in("resume", Phase::Resume).await;
+}
+
+#[tokio::test]
+async fn a_deadline_in_finalize_aborts_the_epoch() {
+    silence_in("finalize", Phase::Finalize).await;
+}
+
+#[tokio::test]
+async fn an_unreachable_agent_fails_initial_sync_naming_its_node() {
+    let c = Cluster::start().await;
+    let job = c.job().await;
+    // n2's agent moves away: its address now leads nowhere.
+    c.coord
+        .register_agent("n2", "unix:/nonexistent/agent.sock", vec![], String::new())
+        .await
+        .unwrap();
+    let e = c.checkpoint(job, false).await.unwrap_err();
+    let DriveError::EpochFailed { phase, failure, .. } = &e else {
+        panic!("{e}")
+    };
+    assert_eq!(*phase, Phase::Sync.name());
+    assert_eq!(
+        (failure.node.as_str(), failure.kind),
+        ("n2", FailureKind::Unreachable),
+        "{e}"
+    );
+    assert_eq!(c.nodes_called("abort")[..2], ["n1", "n3"]);
+    assert_eq!(c.job_state(job), JobState::Running);
+}
+
+#[tokio::test]
+async fn a_kill_checkpoint_that_fails_after_the_kill_leaves_the_job_stopped() {
+    let c = Cluster::start().await;
+    let job = c.job().await;
+    c.script("n1", "finalize", Act::Fail(Code::Internal));
+    let e = c.checkpoint(job, true).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DriveError::EpochFailed {
+                phase: "finalize",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(c
+        .calls("resume")
+        .iter()
+        .all(|(_, d)| d.ends_with("kill=true")));
+    assert_eq!(c.job_state(job), JobState::Stopped);
+    // Failed before the kill: the job runs on.
+    c.unscript();
+    c.script("n1", "dump", Act::Fail(Code::Internal));
+    let job2 = c.job().await;
+    c.checkpoint(job2, true).await.unwrap_err();
+    assert!(c.calls("resume").is_empty());
+    assert_eq!(c.job_state(job2), JobState::Running);
+}
+
+/// A stopped job with committed epochs 1 (kept running) and 2 (`--kill`).
+async fn stopped_job(c: &Cluster) -> u64 {
+    let job = c.job().await;
+    c.checkpoint(job, false).await.unwrap();
+    c.checkpoint(job, true).await.unwrap();
+    assert_eq!(c.job_state(job), JobState::Stopped);
+    c.world.lock().unwrap().log.clear();
+    job
+}
+
+#[tokio::test]
+async fn a_restart_restores_every_node_held_then_releases_them_together() {
+    let c = Cluster::start().await;
+    let job = stopped_job(&c).await;
+    assert_eq!(c.restart(job, 0).await.unwrap(), 2);
+    let mut restored = c.calls("restore");
+    restored.sort();
+    let want: Vec<(String, String)> = NODES
+        .iter()
+        .map(|n| {
+            (
+                n.to_string(),
+                format!("2 hold=true digest={}", digest(n, 2)),
+            )
+        })
+        .collect();
+    assert_eq!(restored, want);
+    // Released only once every node restored.
+    let log = c.world.lock().unwrap().log.clone();
+    let last_restore = log
+        .iter()
+        .rposition(|(_, call, _)| *call == "restore")
+        .unwrap();
+    let first_release = log
+        .iter()
+        .position(|(_, call, _)| *call == "release")
+        .unwrap();
+    assert!(last_restore < first_release, "{log:?}");
+    assert!(c.calls("release").iter().all(|(_, d)| d == "kill=false"));
+    assert_eq!(c.nodes_called("release"), all_nodes());
+    assert_eq!(c.job_state(job), JobState::Running);
+}
+
+/// Restart with `call` on n2 answered by `act`: it fails naming n2, every node that restored
+/// is killed, and the job is left as it was (stopped), restorable again.
+async fn restart_fails_on(call: &'static str, act: Act, kind: FailureKind) {
+    let c = Cluster::start().await;
+    let job = stopped_job(&c).await;
+    c.script("n2", call, act);
+    let e = c.restart(job, 2).await.unwrap_err();
+    let DriveError::RestartFailed { epoch, failure, .. } = &e else {
+        panic!("{e}")
+    };
+    assert_eq!(
+        (*epoch, failure.node.as_str(), failure.kind),
+        (2, "n2", kind),
+        "{e}"
+    );
+    let killed: Vec<String> = c
+        .calls("release")
+        .into_iter()
+        .filter(|(_, d)| d == "kill=true")
+        .map(|(n, _)| n)
+        .collect();
+    for n in ["n1", "n3"] {
+        assert!(
+            killed.iter().any(|k| k == n),
+            "{n} not killed: {:?}",
+            c.calls("release")
+        );
+    }
+    if call == "restore" {
+        // A part never runs while another is missing: none is released to run.
+        let released: Vec<_> = c
+            .calls("release")
+            .into_iter()
+            .filter(|(_, d)| d == "kill=false")
+            .collect();
+        assert!(released.is_empty(), "released without n2: {released:?}");
+    }
+    assert_eq!(c.job_state(job), JobState::Stopped);
+    assert_eq!(c.epoch_state(job, 2), EpochState::Committed);
+    c.unscript();
+    assert_eq!(c.restart(job, 2).await.unwrap(), 2);
+    assert_eq!(c.job_state(job), JobState::Running);
+}
+
+#[tokio::test]
+async fn a_refused_restore_kills_the_restored_parts() {
+    restart_fails_on(
+        "restore",
+        Act::Fail(Code::FailedPrecondition),
+        FailureKind::Refused,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_restore_past_its_deadline_kills_the_restored_parts() {
+    restart_fails_on("restore", Act::Hang, FailureKind::Deadline).await;
+}
+
+#[tokio::test]
+async fn a_release_that_fails_kills_the_released_parts() {
+    restart_fails_on("release", Act::Fail(Code::Internal), FailureKind::Internal).await;
+}
+
+#[tokio::test]
+async fn a_release_past_its_deadline_kills_the_released_parts() {
+    restart_fails_on("release", Act::Hang, FailureKind::Deadline).await;
+}
+
+#[tokio::test]
+async fn images_lost_on_a_node_fall_back_to_the_previous_epoch() {
+    let c = Cluster::start().await;
+    let job = stopped_job(&c).await;
+    // n1 finds epoch 2's images damaged in every copy; epoch 1's are fine.
+    c.script("n1", "restore", Act::FailIf(Code::DataLoss, "2 "));
+    assert_eq!(c.restart(job, 0).await.unwrap(), 1);
+    let epochs: Vec<char> = c
+        .calls("restore")
+        .iter()
+        .map(|(_, d)| d.chars().next().unwrap())
+        .collect();
+    assert!(epochs.contains(&'2') && epochs.contains(&'1'), "{epochs:?}");
+    assert_eq!(c.job_state(job), JobState::Running);
+}
+
+#[tokio::test]
+async fn images_lost_in_every_epoch_fail_the_restart_naming_each() {
+    let c = Cluster::start().await;
+    let job = stopped_job(&c).await;
+    c.script("n1", "restore", Act::Fail(Code::DataLoss));
+    let e = c.restart(job, 0).await.unwrap_err();
+    let DriveError::RestartFailed { epoch, failure, .. } = &e else {
+        panic!("{e}")
+    };
+    assert_eq!((*epoch, failure.kind), (1, FailureKind::DataLoss), "{e}");
+    assert!(e.to_string().contains("before that, epoch 2"), "{e}");
+    assert_eq!(c.job_state(job), JobState::Stopped);
+}
