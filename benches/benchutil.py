@@ -1,20 +1,27 @@
-"""Helpers shared by the ckpt-vs-raw-CRIU benchmark scripts (e2e_vs_criu.py, multinode_vs_criu.py).
+"""Helpers shared by the benchmark scripts (e2e_vs_criu.py, multinode_vs_criu.py,
+flush_frozen.py, dedup_ratio.py).
 
 Not a benchmark itself: bounded waits and subprocess runs, /proc and cgroup v1 freezer access,
-stopping the processes a benchmark started, image and progress-file inspection, the number
-formatting of the markdown tables, and the bounded watch for other heavy processes (builds,
-tests) that would disturb a measurement. Standard library only; the scripts import it from
-their own directory.
+killing a job's cgroup, stopping the processes a benchmark started, ckptctl against one ckptd,
+the private standalone ckptd of the storage benchmarks, image and progress-file inspection, the
+number formatting and the notes of the markdown reports, and the bounded watch for other heavy
+processes (builds, tests) that would disturb a measurement. Standard library only; the scripts
+import it from their own directory.
 """
 
+import json
 import os
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import threading
 import time
+
+FREEZER = "/sys/fs/cgroup/freezer"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class BenchError(Exception):
@@ -96,6 +103,67 @@ def set_freezer(cg, state, timeout=30.0):
         pause = min(pause * 2, 0.005)
 
 
+def force_thaw(cg):
+    """Writes THAWED to cgroup `cg`'s freezer without waiting and without failing: the last
+    resort, so that a job is never left frozen."""
+    try:
+        with open(os.path.join(cg, "freezer.state"), "w") as f:
+            f.write("THAWED")
+    except OSError:
+        pass
+
+
+def kill_cgroup(cg, timeout=30.0, also=(), reap=None, mpiexec_first=True):
+    """Thaws cgroup `cg` and SIGKILLs its processes (by PID, read from the cgroup; mpiexec first
+    unless `mpiexec_first` is false) until it is empty and the killed PIDs (and `also`, which are
+    only waited for, never signalled) have vanished from /proc; `reap` is called on every round
+    (to collect our own child). Bounded."""
+    if not os.path.isdir(cg):
+        return
+    if freezer_state(cg) != "THAWED":
+        force_thaw(cg)
+    seen = set(also)
+    deadline = mono() + timeout
+    while True:
+        pids = cg_pids(cg)
+        seen.update(pids)
+        if mpiexec_first:
+            # so that the job's state is "killed (signal 9)" and not an exit of mpiexec
+            pids = sorted(pids, key=lambda p: (not comm(p).startswith("mpiexec"), p))
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if reap is not None:
+            reap()
+        if not pids and not any(pid_exists(p) for p in seen):
+            return
+        if mono() > deadline:
+            left = [p for p in seen if pid_exists(p)]
+            raise BenchError(f"{cg}: processes {cg_pids(cg)} / {left} still present after {timeout} s")
+        time.sleep(0.02)
+
+
+def remove_cgroup(cg):
+    """Kills what is left in cgroup `cg` and removes it; a failure is only a warning."""
+    if not os.path.isdir(cg):
+        return
+    try:
+        kill_cgroup(cg, timeout=20)
+    except BenchError as e:
+        log(f"warning: {e}")
+    for _ in range(100):
+        try:
+            os.rmdir(cg)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)
+    log(f"warning: could not remove cgroup {cg}")
+
+
 def stop_proc(p, name, term_timeout=15.0):
     """Stops one process we started (a subprocess.Popen) by its PID: SIGTERM, then SIGKILL."""
     if p is None or p.poll() is not None:
@@ -139,6 +207,141 @@ def finished(path):
     return "checksum" in read_text(path)
 
 
+def wait_first_lines(path, n, timeout, what):
+    """Waits for n progress lines; returns the seconds between the first two (progress interval)."""
+    wait_until(lambda: progress_lines(path) >= 1, timeout, f"{what}: first progress line in {path}", 0.1)
+    t1 = mono()
+    wait_until(lambda: progress_lines(path) >= n, timeout, f"{what}: {n} progress lines in {path}", 0.1)
+    interval = (mono() - t1) / max(1, n - 1)
+    if finished(path):
+        raise BenchError(f"{what}: the job already finished; use a larger --interval")
+    return interval
+
+
+# ---------------------------------------------------------------- ckptd and ckptctl
+
+class Ckptctl:
+    """ckptctl against the ckptd on socket `sock`, run in `cwd`; `timeout` bounds a call that
+    names no bound of its own."""
+
+    def __init__(self, bindir, sock, cwd, timeout=600):
+        self.bindir = bindir
+        self.sock = sock
+        self.cwd = cwd
+        self.ctl_timeout = timeout
+
+    def ctl(self, *args, timeout=None, check=True):
+        return run([os.path.join(self.bindir, "ckptctl"), "--socket", self.sock, *args],
+                   timeout=self.ctl_timeout if timeout is None else timeout, check=check, cwd=self.cwd)
+
+    def ctl_json(self, verb, jid, *more):
+        """`ckptctl --json VERB JID MORE...`, bounded to 15 minutes: (the process, its wall time
+        in seconds); a failure is a BenchError with the exit code and the end of stderr."""
+        p, wall = self.ctl("--json", verb, jid, *more, timeout=900, check=False)
+        if p.returncode != 0:
+            raise BenchError(f"ckptctl {verb} {jid} (exit {p.returncode}): {p.stderr.strip()[-800:]}")
+        return p, wall
+
+    def status(self, jid):
+        """`ckptctl --json status JID` as a dict; {} if ckptctl fails."""
+        p, _ = self.ctl("--json", "status", jid, timeout=30, check=False)
+        if p.returncode != 0:
+            return {}
+        try:
+            return json.loads(p.stdout)
+        except ValueError:
+            return {}
+
+
+def record_checkpoint(res, e, wall=None):
+    """Files a checkpoint's `frozen_ms`, `total_ms` and `image_bytes` (ckptctl's JSON `e`) under
+    res["frozen"], res["total"] and res["bytes"], and ckptctl's wall time `wall` (seconds), if
+    given, under res["ctl_wall"] in ms."""
+    res["frozen"].append(float(e["frozen_ms"]))
+    res["total"].append(float(e["total_ms"]))
+    if wall is not None:
+        res["ctl_wall"].append(wall * 1000.0)
+    res["bytes"].append(int(e["image_bytes"]))
+
+
+def common_args(ap):
+    """Options every storage benchmark script takes."""
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out")
+    ap.add_argument("--bin-dir", default=os.path.join(REPO, "target", "release"))
+    ap.add_argument("--criu", default="/opt/ckpt/criu/bin/criu")
+    ap.add_argument("--keep", action="store_true")
+
+
+def stage(tmp, bin_dir, app, skip_missing=False):
+    """Copies the daemons into tmp (a rebuild during the run does not matter; with
+    `skip_missing`, one not built is left out) and builds the test program `app` from tests/apps
+    there; returns (bindir, path of the program)."""
+    bindir = os.path.join(tmp, "bin")
+    os.mkdir(bindir)
+    for b in ("ckptd", "ckptctl", "ckpt-agent"):
+        src = os.path.join(bin_dir, b)
+        if skip_missing and not os.path.exists(src):
+            continue
+        shutil.copy2(src, os.path.join(bindir, b))
+    appdir = os.path.join(tmp, "apps")
+    run(["make", "-s", "-C", os.path.join(REPO, "tests", "apps"), f"OUT={appdir}",
+         os.path.join(appdir, app)], timeout=300)
+    return bindir, os.path.join(appdir, app)
+
+
+class Daemon(Ckptctl):
+    """The storage benchmarks' private `ckptd --standalone` in a directory of its own under
+    tmp, flushing every epoch to `shared` in mode "flush" (at most `bw` MB/s), never otherwise."""
+
+    def __init__(self, tmp, bindir, mode, shared, bw):
+        self.dir = os.path.join(tmp, f"{mode.replace(' ', '-')}-{int(mono() * 1000)}")
+        os.makedirs(self.dir)
+        super().__init__(bindir, os.path.join(self.dir, "ckptd.sock"), self.dir, timeout=900)
+        self.prefix = f"ckpt-fbench-{os.getpid()}-"
+        flush = mode == "flush"
+        # An empty tls_dir of our own (no cluster credential, never a host-wide /etc/ckpt/tls):
+        # this standalone ckptd opens no TCP port. The benchmark runs as root, so its jobs do.
+        tls_dir = os.path.join(self.dir, "tls")
+        os.mkdir(tls_dir, mode=0o700)
+        with open(os.path.join(self.dir, "ckptd.toml"), "w") as f:
+            f.write(f'listen = "127.0.0.1:0"\nsocket = "{self.sock}"\n'
+                    f'database = "{self.dir}/ckptd.redb"\n'
+                    f'tls_dir = "{tls_dir}"\n'
+                    f'[retention]\nkeep_local = 2\n'
+                    f'[flush]\nevery = {1 if flush else 0}\n'
+                    f'[agent]\nlisten = "127.0.0.1:0"\nstate_dir = "{self.dir}/state"\n'
+                    f'local_dir = "{self.dir}/local"\nallow_root_jobs = true\n'
+                    + (f'shared_dir = "{shared}"\n' if flush else "")
+                    + f'[agent.flush]\nbandwidth_mb = {bw}\n'
+                    f'[agent.cgroup]\nprefix = "{self.prefix}"\n')
+        logf = open(os.path.join(self.dir, "ckptd.log"), "ab")
+        self.proc = subprocess.Popen(
+            [os.path.join(bindir, "ckptd"), "--standalone", "--config",
+             os.path.join(self.dir, "ckptd.toml")],
+            stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, close_fds=True,
+            start_new_session=True, cwd=self.dir)
+        logf.close()
+
+        def ready():
+            if self.proc.poll() is not None:
+                raise BenchError(f"ckptd exited: {read_text(os.path.join(self.dir, 'ckptd.log'))[-1500:]}")
+            return os.path.exists(self.sock) and self.ctl("list", check=False)[0].returncode == 0
+        wait_until(ready, 60, "ckptd to answer", 0.2)
+
+    def epochs(self, jid):
+        return json.loads(self.ctl("--json", "epochs", jid)[0].stdout)
+
+    def stop(self, jid):
+        if jid:
+            self.ctl("cancel", jid, timeout=60, check=False)
+            kill_cgroup(os.path.join(FREEZER, f"{self.prefix}{jid}"), timeout=30)
+        stop_proc(self.proc, "ckptd")
+        for name in sorted(os.listdir(FREEZER)):
+            if name.startswith(self.prefix):
+                remove_cgroup(os.path.join(FREEZER, name))
+
+
 # ---------------------------------------------------------------- report
 
 def machine_info(criu):
@@ -174,6 +377,37 @@ def mm(xs, nd=0):
 
 def ratio(a, b, nd=2):
     return "–" if a is None or b in (None, 0) else f"{a / b:.{nd}f}"
+
+
+def table_head(*columns):
+    """The header and separator rows of a markdown table with these column titles."""
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
+def table_section(title, columns, intro=()):
+    """The lines that open a report section holding one table: a blank line, "### title", a
+    blank line, the `intro` lines followed by a blank line (if any), and the table's head."""
+    return ["", f"### {title}", ""] + (list(intro) + [""] if intro else []) + table_head(*columns)
+
+
+def notes_section(labelled):
+    """The report's closing "### Notes" lines for (label, result) pairs: every result's notes,
+    then its error; no lines if there are neither."""
+    notes = []
+    for label, r in labelled:
+        for note in r["notes"]:
+            notes.append(f"- {label}: {note}")
+        if r.get("error"):
+            notes.append(f"- {label}: ERROR: {r['error']}")
+    return ["", "### Notes", ""] + notes if notes else []
+
+
+def keep_or_remove(tmp, keep):
+    """The end of a run: keeps the temp dir `tmp` (and says so) when asked to, else removes it."""
+    if keep:
+        log(f"kept {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- other heavy processes

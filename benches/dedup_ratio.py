@@ -24,14 +24,14 @@ import argparse
 import json
 import os
 import shlex
-import shutil
 import signal
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import BenchError, emit, log, machine_info, med, mono, progress_lines, wait_until  # noqa: E402
-from flush_frozen import Daemon, common_args, stage  # noqa: E402
+from benchutil import (  # noqa: E402
+    BenchError, Daemon, common_args, emit, keep_or_remove, log, machine_info, med, mono,
+    progress_lines, stage, wait_until)
 
 
 def main():
@@ -97,10 +97,7 @@ def main():
     finally:
         if d is not None:
             d.stop(jid)
-        if args.keep:
-            log(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        keep_or_remove(tmp, args.keep)
 
 
 if __name__ == "__main__":

@@ -60,12 +60,10 @@ import time
 # the shared helpers live next to this script (benches/benchutil.py)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchutil import (  # noqa: E402
-    BenchError, BusySampler, cg_pids, comm, dir_bytes, emit, finished, fmt, freezer_state, log,
-    machine_info, med, mm, mono, pid_exists, progress_lines, ratio, read_text, run, set_freezer,
-    stop_proc, wait_idle, wait_until)
-
-FREEZER = "/sys/fs/cgroup/freezer"
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    FREEZER, REPO, BenchError, BusySampler, Ckptctl, cg_pids, comm, dir_bytes, emit, finished, fmt,
+    keep_or_remove, kill_cgroup, log, machine_info, med, mm, mono, notes_section, pid_exists,
+    progress_lines, ratio, read_text, record_checkpoint, remove_cgroup, run, set_freezer, stage,
+    stop_proc, table_section, wait_first_lines, wait_idle, wait_until)
 DEFAULT_SIZES = [1000, 2650, 5400]  # ~50, ~150, ~500 MB resident for 4 ranks
 CRIU_COMMON = ["--ext-unix-sk", "--file-locks", "--tcp-established", "--network-lock", "nftables"]
 PR_SET_CHILD_SUBREAPER = 36
@@ -80,57 +78,6 @@ def pid_alive(pid):
     if not st:
         return False
     return st.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def kill_cgroup(cg, timeout=30.0, also=(), reap=None):
-    """SIGKILLs every process of cgroup `cg` (root first) until it is empty and the killed PIDs
-    (and `also`, which are only waited for, never signalled) have vanished from /proc; `reap` is
-    called on every round (to collect our own child). Bounded."""
-    if not os.path.isdir(cg):
-        return
-    if freezer_state(cg) != "THAWED":
-        try:
-            with open(os.path.join(cg, "freezer.state"), "w") as f:
-                f.write("THAWED")
-        except OSError:
-            pass
-    seen = set(also)
-    deadline = mono() + timeout
-    while True:
-        pids = cg_pids(cg)
-        seen.update(pids)
-        # mpiexec first, so the job's state is "killed (signal 9)" and not an exit of mpiexec
-        for pid in sorted(pids, key=lambda p: (not comm(p).startswith("mpiexec"), p)):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if reap is not None:
-            reap()
-        if not pids and not any(pid_exists(p) for p in seen):
-            return
-        if mono() > deadline:
-            left = [p for p in seen if pid_exists(p)]
-            raise BenchError(f"{cg}: processes {cg_pids(cg)} / {left} still present after {timeout} s")
-        time.sleep(0.02)
-
-
-def remove_cgroup(cg):
-    if not os.path.isdir(cg):
-        return
-    try:
-        kill_cgroup(cg, timeout=20)
-    except BenchError as e:
-        log(f"warning: {e}")
-    for _ in range(100):
-        try:
-            os.rmdir(cg)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.1)
-    log(f"warning: could not remove cgroup {cg}")
 
 
 def job_pss_bytes(pids):
@@ -191,15 +138,24 @@ def wait_new_progress(path, timeout, what):
         return False
 
 
-def wait_first_lines(path, n, timeout, what):
-    """Waits for n progress lines; returns the seconds between the first two (progress interval)."""
-    wait_until(lambda: progress_lines(path) >= 1, timeout, f"{what}: first progress line in {path}", 0.1)
+
+def dump_frozen(cg, dump, while_frozen=lambda: None):
+    """Freezes cgroup `cg` (until the kernel reports it), runs the `criu dump` command `dump` (15
+    minutes at most), calls `while_frozen()` once the dump is done, and thaws, also on errors.
+    Returns the dump's process, the times before the freeze, frozen, dumped and thawed, and what
+    `while_frozen` returned."""
+    t0 = mono()
+    set_freezer(cg, "FROZEN")
     t1 = mono()
-    wait_until(lambda: progress_lines(path) >= n, timeout, f"{what}: {n} progress lines in {path}", 0.1)
-    interval = (mono() - t1) / max(1, n - 1)
-    if finished(path):
-        raise BenchError(f"{what}: the job already finished; use a larger --interval")
-    return interval
+    try:
+        p = subprocess.run(dump, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, timeout=900)
+        t2 = mono()
+        got = while_frozen()
+    finally:
+        set_freezer(cg, "THAWED")
+    t3 = mono()
+    return p, (t0, t1, t2, t3), got
 
 
 # ---------------------------------------------------------------- the restore helper
@@ -240,20 +196,15 @@ def restore_helper(argv):
 
 # ---------------------------------------------------------------- A: ckpt
 
-class Ckpt:
+class Ckpt(Ckptctl):
     def __init__(self, tmp, bindir, cleanup, criu=None):
+        super().__init__(bindir, os.path.join(tmp, "ckptd.sock"), tmp)
         self.criu = criu
         self.tmp = tmp
         self.prefix = f"ckpt-bench-{os.getpid()}-"
-        self.sock = os.path.join(tmp, "ckptd.sock")
         self.state_dir = os.path.join(tmp, "state")
-        self.bindir = bindir
         self.cleanup = cleanup
         self.proc = None
-
-    def ctl(self, *args, timeout=600, check=True):
-        return run([os.path.join(self.bindir, "ckptctl"), "--socket", self.sock, *args],
-                   timeout=timeout, check=check, cwd=self.tmp)
 
     def start(self):
         cfg = os.path.join(self.tmp, "ckptd.toml")
@@ -294,15 +245,6 @@ class Ckpt:
         wait_until(ready, 60, "ckptd to answer on its socket", 0.2)
         log(f"ckptd pid {self.proc.pid} ready")
 
-    def status(self, jid):
-        p, _ = self.ctl("--json", "status", jid, timeout=30, check=False)
-        if p.returncode != 0:
-            return {}
-        try:
-            return json.loads(p.stdout)
-        except ValueError:
-            return {}
-
     def stop(self):
         stop_proc(self.proc, "ckptd")
 
@@ -332,16 +274,7 @@ class Ckpt:
                     dump = [self.criu, "dump", "-t", str(min(cg_pids(cg))), "-D", raw_dir, "-o", "dump.log",
                             "-v4", "--leave-running", "--freeze-cgroup", cg, "--link-remap",
                             "--ghost-limit", "256M"] + CRIU_COMMON
-                    t0 = mono()
-                    set_freezer(cg, "FROZEN")
-                    t1 = mono()
-                    try:
-                        rp = subprocess.run(dump, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                            stderr=subprocess.PIPE, timeout=900)
-                        t2 = mono()
-                    finally:
-                        set_freezer(cg, "THAWED")
-                    t3 = mono()
+                    rp, (t0, t1, t2, t3), _ = dump_frozen(cg, dump)
                     if rp.returncode != 0:
                         raise BenchError(f"same-tree criu dump exit {rp.returncode}: {rp.stderr.decode()[-500:]}")
                     res["same_raw_frozen"].append((t3 - t0) * 1000.0)
@@ -350,15 +283,10 @@ class Ckpt:
                     log(f"A ckpt: same-tree raw dump {i + 1}: frozen {(t3 - t0) * 1000:.1f} ms")
                     time.sleep(1.0)
                 os.sync()
-                p, wall = self.ctl("--json", "checkpoint", jid, "--wait", timeout=900, check=False)
-                if p.returncode != 0:
-                    raise BenchError(f"ckptctl checkpoint {jid} (exit {p.returncode}): {p.stderr.strip()[-800:]}")
+                p, wall = self.ctl_json("checkpoint", jid, "--wait")
                 e = json.loads(p.stdout)
-                res["frozen"].append(float(e["frozen_ms"]))
-                res["total"].append(float(e["total_ms"]))
+                record_checkpoint(res, e, wall)
                 res["elapsed"].append(float(e["elapsed_ms"]))
-                res["ctl_wall"].append(wall * 1000.0)
-                res["bytes"].append(int(e["image_bytes"]))
                 log(f"A ckpt: epoch {e['epoch']}: frozen {e['frozen_ms']} ms, total {e['total_ms']} ms, "
                     f"ckptctl {wall * 1000:.0f} ms, {int(e['image_bytes']) / 2**20:.1f} MiB")
                 time.sleep(1.0)
@@ -370,9 +298,7 @@ class Ckpt:
                                 30, f"ckpt job {jid} to be reported killed", 0.1)
                 if not st["state"].startswith("killed"):
                     res["notes"].append(f"after SIGKILL the job's state was {st['state']!r}")
-                p, wall = self.ctl("--json", "restart", jid, timeout=900, check=False)
-                if p.returncode != 0:
-                    raise BenchError(f"ckptctl restart {jid} (exit {p.returncode}): {p.stderr.strip()[-800:]}")
+                p, wall = self.ctl_json("restart", jid)
                 e = json.loads(p.stdout)
                 res["restart_wall"].append(wall * 1000.0)
                 res["restart_elapsed"].append(float(e.get("elapsed_ms", 0)))
@@ -446,17 +372,8 @@ class Raw:
                         "--leave-running", "--freeze-cgroup", self.cg, "--link-remap",
                         "--ghost-limit", "256M"] + CRIU_COMMON
                 os.sync()
-                t0 = mono()
-                set_freezer(self.cg, "FROZEN")
-                t1 = mono()
-                try:
-                    p = subprocess.run(dump, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.PIPE, timeout=900)
-                    t2 = mono()
-                    sizes = {f: os.path.getsize(f) for f in (stdout, stderr)}
-                finally:
-                    set_freezer(self.cg, "THAWED")
-                t3 = mono()
+                p, (t0, t1, t2, t3), sizes = dump_frozen(
+                    self.cg, dump, lambda: {f: os.path.getsize(f) for f in (stdout, stderr)})
                 if p.returncode != 0:
                     errs = [l for l in read_text(os.path.join(images, "dump.log")).splitlines() if "Error" in l]
                     raise BenchError(f"criu dump exit {p.returncode}: {' | '.join(errs[-4:]) or p.stderr.decode()[-500:]}")
@@ -576,68 +493,63 @@ def mib(xs):
     return "–" if not xs else f"{med(xs) / 2**20:,.1f}"
 
 
+def pss_mib(a, b):
+    """The job's PSS in MiB: ckpt's measurement `a`, else raw's `b`."""
+    pss = a.get("pss") or b.get("pss")
+    return fmt(pss / 2**20 if pss else None, 0)
+
+
+def against_target(fa, fb, min_diff=""):
+    """The columns comparing ckpt's frozen time `fa` with raw's `fb` (medians, ms): the
+    difference (followed by `min_diff`), the target ckpt <= 1.10 x raw + 20 ms, and whether ckpt
+    meets it."""
+    target = None if fb is None else 1.10 * fb + 20
+    meets = "–" if fa is None or target is None else ("yes" if fa <= target else "NO")
+    diff = "–" if fa is None or fb is None else f"{fa - fb:+,.0f}{min_diff}"
+    return f"{diff} | {fmt(target, 0)} | {meets}"
+
+
 def render(results, k, header):
     out = [header, ""]
     out.append(f"Median (min) over K={k} per size, times in ms. Frozen time = freeze until thaw completed "
                f"(ckpt: `frozen_ms` of the epoch; raw: FROZEN written .. THAWED read back).")
-    out.append("")
-    out.append("### Frozen time on the same process tree (target: ckpt ≤ 1.10 × raw + 20 ms, on medians)")
-    out.append("")
-    out.append("Raw freeze + `criu dump` + thaw and `ckptctl checkpoint` alternate on one ckpt-launched job, "
-               "so both see the same processes, memory and machine state.")
-    out.append("")
-    out.append("| N | job PSS MiB | ckpt frozen | raw frozen (same tree) | raw criu dump alone | ratio ckpt/raw | diff ckpt−raw | target ms | meets target |")
-    out.append("|---|---|---|---|---|---|---|---|---|")
+    out += table_section(
+        "Frozen time on the same process tree (target: ckpt ≤ 1.10 × raw + 20 ms, on medians)",
+        ("N", "job PSS MiB", "ckpt frozen", "raw frozen (same tree)", "raw criu dump alone", "ratio ckpt/raw",
+         "diff ckpt−raw", "target ms", "meets target"),
+        intro=("Raw freeze + `criu dump` + thaw and `ckptctl checkpoint` alternate on one ckpt-launched job, "
+               "so both see the same processes, memory and machine state.",))
     for n, a, b in results:
         fa, fs = med(a["frozen"]), med(a.get("same_raw_frozen", []))
-        target = None if fs is None else 1.10 * fs + 20
-        meets = "–" if fa is None or target is None else ("yes" if fa <= target else "NO")
-        diff = "–" if fa is None or fs is None else f"{fa - fs:+,.0f}"
-        pss = a.get("pss") or b.get("pss")
-        out.append(f"| {n} | {fmt(pss / 2**20 if pss else None, 0)} | {mm(a['frozen'])} | {mm(a.get('same_raw_frozen', []), 1)} "
-                   f"| {mm(a.get('same_raw_dump', []), 1)} | {ratio(fa, fs)} | {diff} | {fmt(target, 0)} | {meets} |")
-    out.append("")
-    out.append("### Frozen time, separate jobs (ckpt's job, then a raw-launched job)")
-    out.append("")
-    out.append("| N | job PSS MiB | ckpt frozen | raw frozen | ratio ckpt/raw | diff ckpt−raw | target ms | meets target |")
-    out.append("|---|---|---|---|---|---|---|---|")
+        out.append(f"| {n} | {pss_mib(a, b)} | {mm(a['frozen'])} | {mm(a.get('same_raw_frozen', []), 1)} "
+                   f"| {mm(a.get('same_raw_dump', []), 1)} | {ratio(fa, fs)} | {against_target(fa, fs)} |")
+    out += table_section(
+        "Frozen time, separate jobs (ckpt's job, then a raw-launched job)",
+        ("N", "job PSS MiB", "ckpt frozen", "raw frozen", "ratio ckpt/raw", "diff ckpt−raw", "target ms",
+         "meets target"))
     for n, a, b in results:
         fa, fb = med(a["frozen"]), med(b["frozen"])
         mina, minb = (min(a["frozen"]) if a["frozen"] else None), (min(b["frozen"]) if b["frozen"] else None)
-        target = None if fb is None else 1.10 * fb + 20
-        meets = "–" if fa is None or target is None else ("yes" if fa <= target else "NO")
-        diff = "–" if fa is None or fb is None else f"{fa - fb:+,.0f} ({mina - minb:+,.0f})"
-        pss = a.get("pss") or b.get("pss")
-        out.append(f"| {n} | {fmt(pss / 2**20 if pss else None, 0)} | {mm(a['frozen'])} | {mm(b['frozen'], 1)} "
-                   f"| {ratio(fa, fb)} ({ratio(mina, minb)}) | {diff} | {fmt(target, 0)} | {meets} |")
-    out.append("")
-    out.append("### Checkpoint total time and image size")
-    out.append("")
-    out.append("| N | ckptctl checkpoint wall | ckpt total_ms | raw freeze+dump+thaw | raw criu dump alone "
-               "| ratio ckptctl wall/raw | ckpt image MiB | raw image MiB |")
-    out.append("|---|---|---|---|---|---|---|---|")
+        min_diff = "" if mina is None or minb is None else f" ({mina - minb:+,.0f})"
+        out.append(f"| {n} | {pss_mib(a, b)} | {mm(a['frozen'])} | {mm(b['frozen'], 1)} "
+                   f"| {ratio(fa, fb)} ({ratio(mina, minb)}) | {against_target(fa, fb, min_diff)} |")
+    out += table_section(
+        "Checkpoint total time and image size",
+        ("N", "ckptctl checkpoint wall", "ckpt total_ms", "raw freeze+dump+thaw", "raw criu dump alone",
+         "ratio ckptctl wall/raw", "ckpt image MiB", "raw image MiB"))
     for n, a, b in results:
         out.append(f"| {n} | {mm(a['ctl_wall'])} | {mm(a['total'])} | {mm(b['frozen'], 1)} | {mm(b['dump'], 1)} "
                    f"| {ratio(med(a['ctl_wall']), med(b['frozen']))} | {mib(a['bytes'])} | {mib(b['bytes'])} |")
-    out.append("")
-    out.append("### Restart")
-    out.append("")
-    out.append("| N | ckptctl restart wall | ckpt restart elapsed_ms | raw criu restore wall | ratio ckptctl wall/raw | diff |")
-    out.append("|---|---|---|---|---|---|")
+    out += table_section(
+        "Restart",
+        ("N", "ckptctl restart wall", "ckpt restart elapsed_ms", "raw criu restore wall", "ratio ckptctl wall/raw",
+         "diff"))
     for n, a, b in results:
         ra, rb = med(a["restart_wall"]), med(b["restore"])
         diff = "–" if ra is None or rb is None else f"{ra - rb:+,.0f}"
         out.append(f"| {n} | {mm(a['restart_wall'])} | {mm(a['restart_elapsed'])} | {mm(b['restore'], 1)} "
                    f"| {ratio(ra, rb)} | {diff} |")
-    notes = []
-    for n, a, b in results:
-        for side, r in (("ckpt", a), ("raw", b)):
-            for note in r["notes"]:
-                notes.append(f"- N={n} {side}: {note}")
-            if r.get("error"):
-                notes.append(f"- N={n} {side}: ERROR: {r['error']}")
-    if notes:
-        out += ["", "### Notes", ""] + notes
+    out += notes_section((f"N={n} {side}", r) for n, a, b in results for side, r in (("ckpt", a), ("raw", b)))
     return "\n".join(out) + "\n"
 
 
@@ -710,16 +622,7 @@ def main():
     sampler = BusySampler(lambda: busy_processes(tmp))
     sampler.start()
     try:
-        bindir = os.path.join(tmp, "bin")
-        os.mkdir(bindir)
-        for b in ("ckptd", "ckptctl", "ckpt-agent"):
-            src = os.path.join(args.bin_dir, b)
-            if os.path.exists(src):
-                shutil.copy2(src, os.path.join(bindir, b))
-        appdir = os.path.join(tmp, "apps")
-        run(["make", "-s", "-C", os.path.join(REPO, "tests", "apps"), f"OUT={appdir}",
-             os.path.join(appdir, "heat.mpich")], timeout=300)
-        app = os.path.join(appdir, "heat.mpich")
+        bindir, app = stage(tmp, args.bin_dir, "heat.mpich", skip_missing=True)
         header = machine_header(cmdline, args.criu, sizes, lambda n: iters, args.sleep_us)
 
         ckpt = Ckpt(tmp, bindir, cleanup, args.criu)
@@ -753,10 +656,7 @@ def main():
     finally:
         sampler.stop.set()
         cleanup.run(ckpt, tmp)
-        if args.keep:
-            log(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        keep_or_remove(tmp, args.keep)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ import json
 import math
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -43,89 +42,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchutil import (  # noqa: E402
-    BenchError, emit, fmt, log, machine_info, med, mono, read_text, run, stop_proc, wait_until,
+    BenchError, Daemon, common_args, emit, fmt, keep_or_remove, log, machine_info, med, mono,
+    record_checkpoint, run, stage, wait_first_lines, wait_until,
 )
-from e2e_vs_criu import FREEZER, REPO, kill_cgroup, remove_cgroup, wait_first_lines  # noqa: E402
-
-
-def common_args(ap):
-    """Options every storage benchmark script takes."""
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out")
-    ap.add_argument("--bin-dir", default=os.path.join(REPO, "target", "release"))
-    ap.add_argument("--criu", default="/opt/ckpt/criu/bin/criu")
-    ap.add_argument("--keep", action="store_true")
-
-
-def stage(tmp, bin_dir, app):
-    """Copies the daemons into tmp (a rebuild during the run does not matter) and builds the
-    test program `app` from tests/apps there; returns (bindir, path of the program)."""
-    bindir = os.path.join(tmp, "bin")
-    os.mkdir(bindir)
-    for b in ("ckptd", "ckptctl", "ckpt-agent"):
-        shutil.copy2(os.path.join(bin_dir, b), os.path.join(bindir, b))
-    appdir = os.path.join(tmp, "apps")
-    run(["make", "-s", "-C", os.path.join(REPO, "tests", "apps"), f"OUT={appdir}",
-         os.path.join(appdir, app)], timeout=300)
-    return bindir, os.path.join(appdir, app)
 
 
 def mm(xs):
     return "–" if not xs else f"{fmt(med(xs))} ({fmt(min(xs))}–{fmt(max(xs))})"
-
-
-class Daemon:
-    def __init__(self, tmp, bindir, mode, shared, bw):
-        self.dir = os.path.join(tmp, f"{mode.replace(' ', '-')}-{int(mono() * 1000)}")
-        os.makedirs(self.dir)
-        self.bindir = bindir
-        self.sock = os.path.join(self.dir, "ckptd.sock")
-        self.prefix = f"ckpt-fbench-{os.getpid()}-"
-        flush = mode == "flush"
-        # An empty tls_dir of our own (no cluster credential, never a host-wide /etc/ckpt/tls):
-        # this standalone ckptd opens no TCP port. The benchmark runs as root, so its jobs do.
-        tls_dir = os.path.join(self.dir, "tls")
-        os.mkdir(tls_dir, mode=0o700)
-        with open(os.path.join(self.dir, "ckptd.toml"), "w") as f:
-            f.write(f'listen = "127.0.0.1:0"\nsocket = "{self.sock}"\n'
-                    f'database = "{self.dir}/ckptd.redb"\n'
-                    f'tls_dir = "{tls_dir}"\n'
-                    f'[retention]\nkeep_local = 2\n'
-                    f'[flush]\nevery = {1 if flush else 0}\n'
-                    f'[agent]\nlisten = "127.0.0.1:0"\nstate_dir = "{self.dir}/state"\n'
-                    f'local_dir = "{self.dir}/local"\nallow_root_jobs = true\n'
-                    + (f'shared_dir = "{shared}"\n' if flush else "")
-                    + f'[agent.flush]\nbandwidth_mb = {bw}\n'
-                    f'[agent.cgroup]\nprefix = "{self.prefix}"\n')
-        logf = open(os.path.join(self.dir, "ckptd.log"), "ab")
-        self.proc = subprocess.Popen(
-            [os.path.join(bindir, "ckptd"), "--standalone", "--config",
-             os.path.join(self.dir, "ckptd.toml")],
-            stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, close_fds=True,
-            start_new_session=True, cwd=self.dir)
-        logf.close()
-
-        def ready():
-            if self.proc.poll() is not None:
-                raise BenchError(f"ckptd exited: {read_text(os.path.join(self.dir, 'ckptd.log'))[-1500:]}")
-            return os.path.exists(self.sock) and self.ctl("list", check=False)[0].returncode == 0
-        wait_until(ready, 60, "ckptd to answer", 0.2)
-
-    def ctl(self, *args, timeout=900, check=True):
-        return run([os.path.join(self.bindir, "ckptctl"), "--socket", self.sock, *args],
-                   timeout=timeout, check=check, cwd=self.dir)
-
-    def epochs(self, jid):
-        return json.loads(self.ctl("--json", "epochs", jid)[0].stdout)
-
-    def stop(self, jid):
-        if jid:
-            self.ctl("cancel", jid, timeout=60, check=False)
-            kill_cgroup(os.path.join(FREEZER, f"{self.prefix}{jid}"), timeout=30)
-        stop_proc(self.proc, "ckptd")
-        for name in sorted(os.listdir(FREEZER)):
-            if name.startswith(self.prefix):
-                remove_cgroup(os.path.join(FREEZER, name))
 
 
 def one_round(mode, args, tmp, bindir, shared, app, iters, res):
@@ -139,9 +62,7 @@ def one_round(mode, args, tmp, bindir, shared, app, iters, res):
             before = d.epochs(jid)
             busy = any(e.get("storage") == "flushing" for e in before)
             e = json.loads(d.ctl("--json", "checkpoint", jid, "--wait")[0].stdout)
-            res["frozen"].append(float(e["frozen_ms"]))
-            res["total"].append(float(e["total_ms"]))
-            res["bytes"].append(int(e["image_bytes"]))
+            record_checkpoint(res, e)
             res["during_flush"] += int(busy)
             log(f"{mode}: epoch {e['epoch']}: frozen {e['frozen_ms']} ms, total {e['total_ms']} ms, "
                 f"{int(e['image_bytes']) / 2**20:.0f} MiB{' (a flush was running)' if busy else ''}")
@@ -221,10 +142,7 @@ def main():
     finally:
         if mounted:
             subprocess.run(["umount", shared], check=False)
-        if args.keep:
-            log(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        keep_or_remove(tmp, args.keep)
 
 
 if __name__ == "__main__":

@@ -79,12 +79,10 @@ import time
 # the shared helpers live next to this script (benches/benchutil.py)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchutil import (  # noqa: E402
-    BenchError, BusySampler, cg_pids, comm, dir_bytes, emit, finished, freezer_state, log,
-    machine_info, med, mm, mono, pid_exists, progress_lines, ratio, read_text, run, set_freezer,
-    stop_proc, wait_idle, wait_until)
-
-FREEZER = "/sys/fs/cgroup/freezer"
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    FREEZER, REPO, BenchError, BusySampler, Ckptctl, cg_pids, comm, dir_bytes, emit, finished,
+    force_thaw, keep_or_remove, kill_cgroup, log, machine_info, med, mm, mono, notes_section,
+    progress_lines, ratio, read_text, record_checkpoint, run, set_freezer, stop_proc, table_head,
+    wait_idle, wait_until)
 UTS_DIR = "/run/ckpt-uts"
 TAG = os.getpid() % 100000
 SUBNET = f"10.250.{os.getpid() % 250}"
@@ -99,34 +97,6 @@ CRIU_FLAGS = ["-v4", "--leave-running", "--link-remap", "--ghost-limit", "256M",
 def ppid(pid):
     st = read_text(f"/proc/{pid}/stat")
     return int(st.rsplit(")", 1)[1].split()[1]) if st else 0
-
-
-def kill_cgroup(cg, timeout=30.0):
-    """Thaws cgroup `cg` and SIGKILLs its processes (by PID, read from the cgroup) until it is
-    empty and the killed PIDs are gone from /proc. Bounded."""
-    if not os.path.isdir(cg):
-        return
-    if freezer_state(cg) != "THAWED":
-        try:
-            with open(os.path.join(cg, "freezer.state"), "w") as f:
-                f.write("THAWED")
-        except OSError:
-            pass
-    seen = set()
-    deadline = mono() + timeout
-    while True:
-        pids = cg_pids(cg)
-        seen.update(pids)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if not pids and not any(pid_exists(p) for p in seen):
-            return
-        if mono() > deadline:
-            raise BenchError(f"{cg}: processes {cg_pids(cg)} still present after {timeout} s")
-        time.sleep(0.02)
 
 
 def sweep(tmp, timeout=60.0):
@@ -148,7 +118,7 @@ def sweep(tmp, timeout=60.0):
         cgs = [os.path.join(FREEZER, c) for c in os.listdir(FREEZER) if c.startswith(CG_PREFIX)]
         for cg in cgs:
             try:
-                kill_cgroup(cg, timeout=5)
+                kill_cgroup(cg, timeout=5, mpiexec_first=False)
                 os.rmdir(cg)
             except (BenchError, OSError):
                 pass
@@ -272,22 +242,17 @@ def free_port(addr):
 
 # ---------------------------------------------------------------- ckptd and agents
 
-class Ckpt:
+class Ckpt(Ckptctl):
     def __init__(self, tmp, bindir, criu, cluster, tls=True):
+        super().__init__(bindir, os.path.join(tmp, "ckptd.sock"), tmp)
         self.tmp = tmp
-        self.bindir = bindir
         self.criu = criu
         self.cluster = cluster
         self.tls = tls  # False: binaries that predate authentication (no CA, old-style configs)
         self.cfg = os.path.join(tmp, "ckptd.toml")
-        self.sock = os.path.join(tmp, "ckptd.sock")
         self.log = os.path.join(tmp, "ckptd.log")
         self.proc = None
         self.jobs = []
-
-    def ctl(self, *args, timeout=600, check=True):
-        return run([os.path.join(self.bindir, "ckptctl"), "--socket", self.sock, *args],
-                   timeout=timeout, check=check, cwd=self.tmp)
 
     def write_ckptd_config(self):
         """ckptd.toml; with TLS, the cluster CA and ckptd's credential live in <tmp>/ca."""
@@ -374,15 +339,6 @@ class Ckpt:
         wait_until(ready, 60, f"ckptd to answer and {n} agents to register", 0.2)
         log(f"ckptd ready, {n} agents registered")
 
-    def status(self, jid):
-        p, _ = self.ctl("--json", "status", jid, timeout=30, check=False)
-        if p.returncode != 0:
-            return {}
-        try:
-            return json.loads(p.stdout)
-        except ValueError:
-            return {}
-
     def cancel(self, jid, nodes):
         self.ctl("cancel", jid, timeout=60, check=False)
         try:
@@ -393,7 +349,7 @@ class Ckpt:
             log(f"warning: {e}")
         for node in nodes:
             try:
-                kill_cgroup(node.cgroup(jid), timeout=30)
+                kill_cgroup(node.cgroup(jid), timeout=30, mpiexec_first=False)
             except BenchError as e:
                 log(f"warning: {e}")
         if jid in self.jobs:
@@ -461,11 +417,7 @@ def raw_dump(nodes, jid, criu, base, i):
         except BenchError as e:
             log(f"warning: thaw: {e}")
             for cg in cgs:  # last resort, so that the job is never left frozen
-                try:
-                    with open(os.path.join(cg, "freezer.state"), "w") as f:
-                        f.write("THAWED")
-                except OSError:
-                    pass
+                force_thaw(cg)
             raise
     t1 = mono()
     nbytes = sum(dir_bytes(d) for d in dirs)
@@ -511,16 +463,11 @@ def bench_nodes(ckpt, cluster, n, args, iters, app, k, res):
                 f"slowest dump {r['dump']:.1f} ms, {r['bytes'] / 2**20:.1f} MiB")
             time.sleep(args.gap)
             os.sync()
-            p, wall = ckpt.ctl("--json", "checkpoint", jid, "--wait", timeout=900, check=False)
-            if p.returncode != 0:
-                raise BenchError(f"ckptctl checkpoint {jid} (exit {p.returncode}): {p.stderr.strip()[-800:]}")
+            p, wall = ckpt.ctl_json("checkpoint", jid, "--wait")
             e = json.loads(p.stdout.strip().splitlines()[-1])
             if e.get("state") not in (None, "committed"):
                 raise BenchError(f"epoch not committed: {e}")
-            res["frozen"].append(float(e["frozen_ms"]))
-            res["total"].append(float(e["total_ms"]))
-            res["ctl_wall"].append(wall * 1000.0)
-            res["bytes"].append(int(e["image_bytes"]))
+            record_checkpoint(res, e, wall)
             log(f"N={n} ckpt {i + 1}/{k}: epoch {e.get('epoch')}: frozen {e['frozen_ms']} ms, total "
                 f"{e['total_ms']} ms, ckptctl {wall * 1000:.0f} ms, {int(e['image_bytes']) / 2**20:.1f} MiB")
             if i + 1 < k:
@@ -549,10 +496,9 @@ def render(results, k, header):
                "node's `criu dump` wall time; ckpt total = `total_ms` of the epoch (incl. sealing: "
                "digest + fsync).")
     out.append("")
-    out.append("| nodes | ranks | image MiB ckpt (raw) | ckpt frozen | raw frozen | raw frozen per-node "
-               "| ratio ckpt/raw frozen | raw dump only | ckpt total | raw total | ratio ckpt/raw total "
-               "| ckptctl wall |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    out += table_head("nodes", "ranks", "image MiB ckpt (raw)", "ckpt frozen", "raw frozen", "raw frozen per-node",
+                      "ratio ckpt/raw frozen", "raw dump only", "ckpt total", "raw total", "ratio ckpt/raw total",
+                      "ckptctl wall")
     for n, r in results:
         fa, fb = med(r["frozen"]), med(r["raw_frozen"])
         ta = med(r["total"])
@@ -561,14 +507,7 @@ def render(results, k, header):
         out.append(f"| {n} | {2 * n} | {img} | {mm(r['frozen'])} | {mm(r['raw_frozen'], 1)} "
                    f"| {mm(r['raw_node_frozen'], 1)} | {ratio(fa, fb)} | {mm(r['raw_dump'], 1)} "
                    f"| {mm(r['total'])} | {mm(r['raw_frozen'], 1)} | {ratio(ta, fb)} | {mm(r['ctl_wall'])} |")
-    notes = []
-    for n, r in results:
-        for note in r["notes"]:
-            notes.append(f"- {n} node(s): {note}")
-        if r.get("error"):
-            notes.append(f"- {n} node(s): ERROR: {r['error']}")
-    if notes:
-        out += ["", "### Notes", ""] + notes
+    out += notes_section((f"{n} node(s)", r) for n, r in results)
     return "\n".join(out) + "\n"
 
 
@@ -731,10 +670,7 @@ def main():
             ckpt.stop()
         sweep(tmp)
         cluster.destroy()
-        if args.keep:
-            log(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        keep_or_remove(tmp, args.keep)
 
 
 if __name__ == "__main__":

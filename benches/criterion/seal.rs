@@ -9,18 +9,12 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 fn tree(bytes: usize, files: usize) -> tempfile::TempDir {
     let d = tempfile::tempdir().unwrap();
     std::fs::create_dir(d.path().join("images")).unwrap();
-    let mut x: u64 = 0x9e3779b97f4a7c15;
+    // Page-like content: not compressible, not constant.
+    let per = bytes / files;
+    let data = ckpt_store::testdata::noise(per * files, 0x9e3779b97f4a7c15);
     for i in 0..files {
-        // Page-like content: not compressible, not constant.
-        let data: Vec<u8> = (0..bytes / files)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
-        std::fs::write(d.path().join(format!("images/pages-{i}.img")), data).unwrap();
+        let part = &data[i * per..(i + 1) * per];
+        std::fs::write(d.path().join(format!("images/pages-{i}.img")), part).unwrap();
     }
     d
 }

@@ -15,6 +15,7 @@ use std::process::Command;
 use ckpt_store::copy::{CopyOptions, CopyProgress};
 use ckpt_store::layout::Staging;
 use ckpt_store::manifest::{self, NodeManifest};
+use ckpt_store::testdata::noise;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
 fn base() -> PathBuf {
@@ -25,15 +26,7 @@ fn base() -> PathBuf {
 
 /// Page-like content: not compressible, not constant.
 fn data(bytes: usize) -> Vec<u8> {
-    let mut x: u64 = 0x9e3779b97f4a7c15;
-    (0..bytes)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    noise(bytes, 0x9e3779b97f4a7c15)
 }
 
 fn write_files(dir: &Path, buf: &[u8], files: usize) {

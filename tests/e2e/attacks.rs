@@ -178,14 +178,27 @@ fn every_daemon_port_refuses_users_foreign_hosts_and_other_nodes() {
         }
     };
     let job_arg = vec!["--job".to_string(), job.to_string()];
+    // ckpt-attack's arguments against `name`: `args`, then the server's identity and the job.
+    let attack_args = |name: &str, mut args: Vec<String>| {
+        args.extend(identity(name));
+        args.extend(job_arg.clone());
+        args
+    };
+    // ckpt-attack run in `node`'s namespace.
+    let attack_in = |node: &str, args: &[String]| {
+        cluster
+            .command_in(node, &bin_dir().join("ckpt-attack"))
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("run ckpt-attack in {node}: {e:?}"))
+    };
 
     // 1. An unprivileged user on the host: with the public CA (TLS, no certificate) and
     //    without (plain HTTP/2 on a TLS port); on Unix sockets, as itself.
     for (name, l) in &targets {
         let addr = dial_addr(l, &cluster.host_ip);
-        let mut with_ca = vec![addr.clone(), "--ca".into(), ca.clone()];
-        with_ca.extend(identity(name));
-        with_ca.extend(job_arg.clone());
+        let with_ca = attack_args(name, vec![addr.clone(), "--ca".into(), ca.clone()]);
         assert_refused("nobody", &addr, &attack_as(NOBODY, &with_ca));
         if matches!(l, Listening::Tcp(_)) {
             // Plain HTTP/2 on a TLS port: the server never completes a handshake, so every
@@ -211,15 +224,8 @@ fn every_daemon_port_refuses_users_foreign_hosts_and_other_nodes() {
     for (name, l) in &tcp {
         let Listening::Tcp(a) = l else { continue };
         let addr = network_addr(&cluster, name, a.port());
-        let mut args = vec![addr.clone(), "--ca".into(), ca.clone()];
-        args.extend(identity(name));
-        args.extend(job_arg.clone());
-        let out = cluster
-            .command_in("n3", &bin_dir().join("ckpt-attack"))
-            .args(&args)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run ckpt-attack in n3");
+        let args = attack_args(name, vec![addr.clone(), "--ca".into(), ca.clone()]);
+        let out = attack_in("n3", &args);
         assert_refused("foreign host", &addr, &out);
     }
 
@@ -233,15 +239,8 @@ fn every_daemon_port_refuses_users_foreign_hosts_and_other_nodes() {
             continue;
         }
         let addr = network_addr(&cluster, name, a.port());
-        let mut args = vec![addr.clone(), "--cred".into(), n2_tls.clone(), "n2".into()];
-        args.extend(identity(name));
-        args.extend(job_arg.clone());
-        let out = cluster
-            .command_in("n2", &bin_dir().join("ckpt-attack"))
-            .args(&args)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run ckpt-attack in n2");
+        let args = vec![addr.clone(), "--cred".into(), n2_tls.clone(), "n2".into()];
+        let out = attack_in("n2", &attack_args(name, args));
         let calls = assert_refused("node n2", &addr, &out);
         let code = |rpc: &str| {
             calls

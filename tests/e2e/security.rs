@@ -182,6 +182,25 @@ fn ckptd() -> Ckptd {
     d
 }
 
+/// The restart of `job` refuses to go through `link` (a link to root's file `victim`, which
+/// holds `content`): it fails, naming the file and saying why, and the root file is untouched.
+fn restart_refused_for_the_link(d: &Ckptd, job: u64, link: &Path, victim: &Path, content: &[u8]) {
+    let out = d.ctl(&["restart", &job.to_string()]);
+    assert_ne!(
+        out.code, 0,
+        "the restart must not proceed through the link: {out:?}"
+    );
+    assert!(
+        out.stderr.contains(&link.display().to_string()) && out.stderr.contains("symbolic link"),
+        "the message names the file and says why: {out:?}"
+    );
+    assert_eq!(
+        fs::read(victim).unwrap(),
+        content,
+        "the root file is untouched"
+    );
+}
+
 /// A user (NOBODY) replaces the output file a job of `owner` had open at checkpoint time, in a
 /// directory of theirs, with a symbolic link to a file of root's: the restart refuses to touch
 /// it, naming the file, and the root file is unchanged byte for byte. With the link gone, the
@@ -211,20 +230,7 @@ fn output_file_swapped_for_a_link(owner: u32) {
     );
     swap_for_link(&out_log, &victim, NOBODY);
 
-    let out = d.ctl(&["restart", &job.to_string()]);
-    assert_ne!(
-        out.code, 0,
-        "the restart must not proceed through the link: {out:?}"
-    );
-    assert!(
-        out.stderr.contains(&out_log.display().to_string()) && out.stderr.contains("symbolic link"),
-        "the message names the file and says why: {out:?}"
-    );
-    assert_eq!(
-        fs::read(&victim).unwrap(),
-        content,
-        "the root file is untouched"
-    );
+    restart_refused_for_the_link(&d, job, &out_log, &victim, &content);
     assert_eq!(
         fs::metadata(&victim).unwrap().mode() & 0o777,
         0o644,
@@ -261,20 +267,7 @@ fn shm_file_swapped_for_a_link(owner: u32) {
     checkpoint_and_kill(&d, job);
     swap_for_link(&shm, &victim, NOBODY);
 
-    let out = d.ctl(&["restart", &job.to_string()]);
-    assert_ne!(
-        out.code, 0,
-        "the restart must not proceed through the link: {out:?}"
-    );
-    assert!(
-        out.stderr.contains(&shm.display().to_string()) && out.stderr.contains("symbolic link"),
-        "the message names the file and says why: {out:?}"
-    );
-    assert_eq!(
-        fs::read(&victim).unwrap(),
-        content,
-        "the root file is untouched"
-    );
+    restart_refused_for_the_link(&d, job, &shm, &victim, &content);
     assert_eq!(fs::metadata(&victim).unwrap().uid(), 0, "and still root's");
     assert!(d.job_pids(job).is_empty(), "nothing was restored");
 

@@ -444,22 +444,27 @@ impl Ckptd {
         }
     }
 
+    /// Spawns a daemon's command `cmd` with the tests' environment (failpoints, `CKPT_LOG=info`),
+    /// no standard input, and its output appended to the log file `log`; a failure to start
+    /// panics with `what`.
+    fn spawn_logged(&self, cmd: &mut Command, log: &str, what: &str) -> Child {
+        self.apply_env(cmd);
+        cmd.env("CKPT_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(self.log(log))
+            .stderr(self.log(log))
+            .spawn()
+            .expect(what)
+    }
+
     /// Starts (or restarts) the ckptd process.
     pub fn start_daemon(&mut self) {
         let mut cmd = Command::new(bin_dir().join("ckptd"));
-        self.apply_env(&mut cmd);
         cmd.arg("--config").arg(&self.config);
         if !self.opts.separate_agent {
             cmd.arg("--standalone");
         }
-        let child = cmd
-            .env("CKPT_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(self.log("ckptd.log"))
-            .stderr(self.log("ckptd.log"))
-            .spawn()
-            .expect("start ckptd");
-        self.daemon = Some(child);
+        self.daemon = Some(self.spawn_logged(&mut cmd, "ckptd.log", "start ckptd"));
     }
 
     /// Starts (or restarts) the separate ckpt-agent process.
@@ -483,17 +488,8 @@ impl Ckptd {
         .unwrap();
         self.enroll(&agent_cfg, "node0");
         let mut cmd = Command::new(bin_dir().join("ckpt-agent"));
-        self.apply_env(&mut cmd);
-        let child = cmd
-            .arg("--config")
-            .arg(&agent_cfg)
-            .env("CKPT_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(self.log("agent.log"))
-            .stderr(self.log("agent.log"))
-            .spawn()
-            .expect("start ckpt-agent");
-        self.agent = Some(child);
+        cmd.arg("--config").arg(&agent_cfg);
+        self.agent = Some(self.spawn_logged(&mut cmd, "agent.log", "start ckpt-agent"));
     }
 
     /// Starts an agent for `node` inside its network namespace, with its own directories and
@@ -520,16 +516,9 @@ impl Ckptd {
         .unwrap();
         self.enroll(&cfg, node);
         let mut cmd = cluster.command_in(node, &bin_dir().join("ckpt-agent"));
-        self.apply_env(&mut cmd);
-        let child = cmd
-            .arg("--config")
-            .arg(&cfg)
-            .env("CKPT_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(self.log(&format!("agent-{node}.log")))
-            .stderr(self.log(&format!("agent-{node}.log")))
-            .spawn()
-            .expect("start ckpt-agent in namespace");
+        cmd.arg("--config").arg(&cfg);
+        let log = format!("agent-{node}.log");
+        let child = self.spawn_logged(&mut cmd, &log, "start ckpt-agent in namespace");
         self.node_agents.push((node.to_string(), child));
     }
 

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::manifest::{decode_framed, encode_framed, read_capped};
+use crate::manifest::{decode_framed_json, encode_framed, read_capped};
 use crate::{atomic, validate, Result, StoreError};
 
 /// Magic bytes at the start of every commit record.
@@ -44,13 +44,7 @@ pub fn encode(r: &CommitRecord) -> Vec<u8> {
 /// Decodes on-disk bytes; `path` only names the file in errors. Refuses a record that
 /// [`check`] refuses.
 pub fn decode(path: &Path, bytes: &[u8]) -> Result<CommitRecord> {
-    let body = decode_framed(path, MAGIC, bytes)?;
-    let r = serde_json::from_slice(body).map_err(|source| StoreError::Decode {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    check(path, &r)?;
-    Ok(r)
+    decode_framed_json(path, MAGIC, bytes, check)
 }
 
 /// Checks that every node name of a record is a valid node name (it is a directory name in

@@ -611,16 +611,7 @@ fn rebuild_file(
     let named = dest
         .map(|d| d.join(&entry.path))
         .unwrap_or_else(|| PathBuf::from(&entry.path));
-    if size != entry.size {
-        return Err(StoreError::FileSize {
-            path: named,
-            expected: entry.size,
-            actual: size,
-        });
-    }
-    if hash.finalize().to_hex().as_str() != entry.blake3 {
-        return Err(StoreError::FileDigest { path: named });
-    }
+    entry.check_read(&named, size, &hash)?;
     if let Some((f, p)) = out {
         f.sync_all().map_err(|e| StoreError::io("fsync", &p, e))?;
     }
@@ -666,18 +657,7 @@ pub fn sweep(shared: &Staging, job: u64, node: &str) -> Result<u64> {
 mod tests {
     use super::*;
     use crate::digest::seal_tree;
-
-    fn noise(n: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
+    use crate::testdata::noise;
 
     /// A sealed node directory with one 4 MiB "pages" file and a small one.
     fn sealed(dir: &Path, pages: &[u8]) -> String {
@@ -698,6 +678,24 @@ mod tests {
             epoch,
             node: "n1",
         }
+    }
+
+    /// Flushes `src`, sealed with `digest`, to `shared` as node n1's images of job 1, `epoch`.
+    fn flush_epoch(
+        src: &Path,
+        shared: &Staging,
+        epoch: u32,
+        digest: &str,
+        opts: &CopyOptions,
+    ) -> Result<FlushStats> {
+        flush(
+            src,
+            shared,
+            tgt(epoch),
+            digest,
+            opts,
+            &CopyProgress::default(),
+        )
     }
 
     #[test]
@@ -738,15 +736,7 @@ mod tests {
         let mut pages = noise(4 << 20, 1);
         let opts = CopyOptions::default();
         let digest1 = sealed(&src, &pages);
-        let s1 = flush(
-            &src,
-            &shared,
-            tgt(1),
-            &digest1,
-            &opts,
-            &CopyProgress::default(),
-        )
-        .unwrap();
+        let s1 = flush_epoch(&src, &shared, 1, &digest1, &opts).unwrap();
         assert_eq!(
             s1.written_bytes, s1.image_bytes,
             "nothing to reuse at first"
@@ -756,15 +746,7 @@ mod tests {
         pages[1 << 20..(1 << 20) + region.len()].copy_from_slice(&region);
         pages.splice(0..0, vec![0u8; 4096]);
         let digest2 = sealed(&src, &pages);
-        let s2 = flush(
-            &src,
-            &shared,
-            tgt(2),
-            &digest2,
-            &opts,
-            &CopyProgress::default(),
-        )
-        .unwrap();
+        let s2 = flush_epoch(&src, &shared, 2, &digest2, &opts).unwrap();
         assert!(
             s2.written_bytes * 100 <= s2.image_bytes * 15,
             "second flush wrote {} of {} bytes",
@@ -802,30 +784,14 @@ mod tests {
         let mut b = fs::read(&p).unwrap();
         b[5000] ^= 1;
         fs::write(&p, &b).unwrap();
-        let err = flush(
-            &src,
-            &shared,
-            tgt(1),
-            &digest,
-            &opts,
-            &CopyProgress::default(),
-        )
-        .unwrap_err();
+        let err = flush_epoch(&src, &shared, 1, &digest, &opts).unwrap_err();
         assert!(
             matches!(err, StoreError::FileDigest { .. }) && err.to_string().contains("pages-1"),
             "{err}"
         );
         b[5000] ^= 1;
         fs::write(&p, &b).unwrap();
-        flush(
-            &src,
-            &shared,
-            tgt(1),
-            &digest,
-            &opts,
-            &CopyProgress::default(),
-        )
-        .unwrap();
+        flush_epoch(&src, &shared, 1, &digest, &opts).unwrap();
         // A flipped byte in a pack fails the rebuild, naming the pack.
         let pack = packs_dir(&shared, 1, "n1").join("1-1.pack");
         let mut pb = fs::read(&pack).unwrap();

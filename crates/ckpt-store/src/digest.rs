@@ -22,6 +22,26 @@ pub struct FileEntry {
     pub blake3: String,
 }
 
+impl FileEntry {
+    /// Checks what was read of this file, `size` bytes that `hasher` hashed, against the entry:
+    /// the size first, then the digest. Each error names the file as `path`.
+    pub fn check_read(&self, path: &Path, size: u64, hasher: &blake3::Hasher) -> Result<()> {
+        if size != self.size {
+            return Err(StoreError::FileSize {
+                path: path.to_path_buf(),
+                expected: self.size,
+                actual: size,
+            });
+        }
+        if hasher.finalize().to_hex().as_str() != self.blake3 {
+            return Err(StoreError::FileDigest {
+                path: path.to_path_buf(),
+            });
+        }
+        Ok(())
+    }
+}
+
 const READ_BUF: usize = 1 << 20;
 
 /// Hashes one file and returns (size, hex digest).

@@ -20,6 +20,8 @@ pub mod digest;
 pub mod layout;
 pub mod manifest;
 pub mod stream;
+#[doc(hidden)]
+pub mod testdata;
 pub mod validate;
 
 #[cfg(test)]

@@ -159,13 +159,7 @@ pub fn encode(m: &NodeManifest) -> Vec<u8> {
 /// Decodes on-disk bytes; `path` only names the file in errors. Refuses a manifest that
 /// [`check`] refuses.
 pub fn decode(path: &Path, bytes: &[u8]) -> Result<NodeManifest> {
-    let body = decode_framed(path, MAGIC, bytes)?;
-    let m = serde_json::from_slice(body).map_err(|source| StoreError::Decode {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    check(path, &m)?;
-    Ok(m)
+    decode_framed_json(path, MAGIC, bytes, check)
 }
 
 /// Checks what a manifest makes a reader do with paths and names: the node name
@@ -225,6 +219,24 @@ pub(crate) fn encode_framed(magic: &[u8; 8], body: &[u8]) -> Vec<u8> {
     let sum = blake3::hash(&out);
     out.extend_from_slice(sum.as_bytes());
     out
+}
+
+/// Decodes a framed JSON record (a manifest, or with its own magic a commit record): checks the
+/// frame, parses the body and refuses what `check` refuses. `path` only names the file in
+/// errors.
+pub(crate) fn decode_framed_json<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    magic: &[u8; 8],
+    bytes: &[u8],
+    check: fn(&Path, &T) -> Result<()>,
+) -> Result<T> {
+    let body = decode_framed(path, magic, bytes)?;
+    let v = serde_json::from_slice(body).map_err(|source| StoreError::Decode {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    check(path, &v)?;
+    Ok(v)
 }
 
 /// Checks the frame of on-disk bytes and returns the body.

@@ -88,16 +88,7 @@ pub fn send_files(
                 }
             }
         }
-        if size != f.size {
-            return Err(StoreError::FileSize {
-                path,
-                expected: f.size,
-                actual: size,
-            });
-        }
-        if hasher.finalize().to_hex().as_str() != f.blake3 {
-            return Err(StoreError::FileDigest { path });
-        }
+        f.check_read(&path, size, &hasher)?;
         // An empty file still announces itself, so the receiver creates it.
         if !send(i as u32, pending.unwrap_or_default()) {
             return Ok(());
@@ -221,16 +212,7 @@ impl Receiver {
         };
         let entry = &self.manifest.files[i];
         let path = self.dest.join(&entry.path);
-        if size != entry.size {
-            return Err(StoreError::FileSize {
-                path,
-                expected: entry.size,
-                actual: size,
-            });
-        }
-        if hasher.finalize().to_hex().as_str() != entry.blake3 {
-            return Err(StoreError::FileDigest { path });
-        }
+        entry.check_read(&path, size, &hasher)?;
         f.sync_all()
             .map_err(|e| StoreError::io("fsync", &path, e))?;
         self.done += 1;

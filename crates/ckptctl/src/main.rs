@@ -191,6 +191,65 @@ fn job_json(j: &pb::JobInfo) -> Value {
     })
 }
 
+/// Prints the job a reply carries (an empty one if it carries none): as JSON under `--json`, else
+/// as `text` words it.
+fn print_job(job: Option<pb::JobInfo>, json: bool, text: impl FnOnce(&pb::JobInfo)) {
+    let j = job.unwrap_or_default();
+    if json {
+        println!("{}", job_json(&j));
+    } else {
+        text(&j);
+    }
+}
+
+/// `ckptctl status` in words: the job, then each node and its processes.
+fn print_status(j: &pb::JobInfo) {
+    println!("job {} ({}): {}", j.id, j.name, j.state);
+    println!("  owner uid {}, command: {}", j.owner_uid, j.argv.join(" "));
+    println!(
+        "  epochs: {} taken, latest committed {}",
+        j.last_epoch, j.latest_committed_epoch
+    );
+    println!("  output: {}/stdout", j.job_dir);
+    if !j.flush.is_empty() {
+        println!("  flushing: {}", j.flush);
+    }
+    for n in &j.nodes {
+        let mut ranks: Vec<i32> = n.processes.iter().filter_map(|p| p.rank).collect();
+        ranks.sort_unstable();
+        let ranks = if ranks.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", ranks {}",
+                ranks
+                    .iter()
+                    .map(i32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
+        };
+        println!(
+            "  node {} ({}): {}, {} processes{ranks}",
+            n.node,
+            n.role,
+            n.state,
+            n.processes.len()
+        );
+        println!("    {:>8} {:>5} {:<16} STATE", "PID", "RANK", "COMMAND");
+        for p in &n.processes {
+            let rank = p.rank.map(|r| r.to_string()).unwrap_or_else(|| "-".into());
+            println!(
+                "    {:>8} {:>5} {:<16} {}",
+                p.pid,
+                rank,
+                p.comm,
+                proc_state(&p.state)
+            );
+        }
+    }
+}
+
 fn epoch_json(e: &pb::EpochInfo) -> Value {
     json!({
         "job_id": e.job_id, "epoch": e.epoch, "state": e.state, "failed_phase": e.failed_phase,
@@ -201,6 +260,86 @@ fn epoch_json(e: &pb::EpochInfo) -> Value {
         "flush_ms": e.flush_ms, "local_copy": e.local_copy, "shared_copy": e.shared_copy,
         "partner_copy": e.partner_copy, "shared_bytes": e.shared_bytes,
     })
+}
+
+/// Prints a list: as one JSON array of `to_json`'s objects under `--json`, else as `table`
+/// words it.
+fn print_list<T>(items: &[T], json: bool, to_json: fn(&T) -> Value, table: fn(&[T])) {
+    if json {
+        println!("{}", Value::Array(items.iter().map(to_json).collect()));
+    } else {
+        table(items);
+    }
+}
+
+/// `ckptctl list` in words: one line per job.
+fn print_jobs(jobs: &[pb::JobInfo]) {
+    println!(
+        "{:>6}  {:<16} {:<18} {:>6} {:>6} {:>9}  COMMAND",
+        "JOBID", "NAME", "STATE", "OWNER", "EPOCHS", "COMMITTED"
+    );
+    for j in jobs {
+        println!(
+            "{:>6}  {:<16} {:<18} {:>6} {:>6} {:>9}  {}",
+            j.id,
+            j.name,
+            j.state,
+            j.owner_uid,
+            j.last_epoch,
+            j.latest_committed_epoch,
+            j.argv.join(" ")
+        );
+    }
+}
+
+/// `ckptctl epochs` in words: one line per epoch.
+fn print_epochs(epochs: &[pb::EpochInfo]) {
+    println!(
+        "{:>5}  {:<28} {:<16} {:<20} {:>9} {:>9} {:>10} {:>6}  REASON",
+        "EPOCH", "STATE", "STORAGE", "COPIES", "FROZEN", "TOTAL", "SIZE", "FILES"
+    );
+    for e in epochs {
+        let reason = if !e.reason.is_empty() {
+            format!("[{}] {}", e.failed_phase, e.reason)
+        } else if !e.flush_detail.is_empty() {
+            format!("[flush] {}", e.flush_detail)
+        } else {
+            String::new()
+        };
+        let storage = match e.storage.as_str() {
+            "flushing" if e.image_bytes > 0 => {
+                format!("flushing {}%", e.flushed_bytes * 100 / e.image_bytes)
+            }
+            "" => "-".into(),
+            s => s.to_string(),
+        };
+        let copies: Vec<&str> = [
+            (e.local_copy, "local"),
+            (e.partner_copy, "partner"),
+            (e.shared_copy, "shared"),
+        ]
+        .iter()
+        .filter(|c| c.0)
+        .map(|c| c.1)
+        .collect();
+        let copies = if copies.is_empty() {
+            "-".to_string()
+        } else {
+            copies.join(",")
+        };
+        println!(
+            "{:>5}  {:<28} {:<16} {:<20} {:>7}ms {:>7}ms {:>10} {:>6}  {}",
+            e.epoch,
+            e.state,
+            storage,
+            copies,
+            e.frozen_ms,
+            e.total_ms,
+            size(e.image_bytes),
+            e.image_files,
+            reason
+        );
+    }
 }
 
 fn size(bytes: u64) -> String {
@@ -237,17 +376,15 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 env: std::env::vars().collect(),
                 node: node.unwrap_or_default(),
             };
-            let job = c.run(req).await?.into_inner().job.unwrap_or_default();
-            if json {
-                println!("{}", job_json(&job));
-            } else {
+            let reply = c.run(req).await?;
+            print_job(reply.into_inner().job, json, |job| {
                 println!("{}", job.id);
                 let node = job.nodes.first().map(|n| n.node.as_str()).unwrap_or("?");
                 eprintln!(
                     "job {} ({}) started on node {node}; output in {}/stdout",
                     job.id, job.name, job.job_dir
                 );
-            }
+            });
         }
         Cmd::Checkpoint { job, wait, kill } => {
             let stream = c
@@ -267,157 +404,22 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             follow(stream, true, json, "restart").await?;
         }
         Cmd::Status { job } => {
-            let j = c
-                .status(pb::StatusRequest { job_id: job })
-                .await?
-                .into_inner()
-                .job
-                .unwrap_or_default();
-            if json {
-                println!("{}", job_json(&j));
-            } else {
-                println!("job {} ({}): {}", j.id, j.name, j.state);
-                println!("  owner uid {}, command: {}", j.owner_uid, j.argv.join(" "));
-                println!(
-                    "  epochs: {} taken, latest committed {}",
-                    j.last_epoch, j.latest_committed_epoch
-                );
-                println!("  output: {}/stdout", j.job_dir);
-                if !j.flush.is_empty() {
-                    println!("  flushing: {}", j.flush);
-                }
-                for n in &j.nodes {
-                    let mut ranks: Vec<i32> = n.processes.iter().filter_map(|p| p.rank).collect();
-                    ranks.sort_unstable();
-                    let ranks = if ranks.is_empty() {
-                        String::new()
-                    } else {
-                        format!(
-                            ", ranks {}",
-                            ranks
-                                .iter()
-                                .map(i32::to_string)
-                                .collect::<Vec<_>>()
-                                .join(",")
-                        )
-                    };
-                    println!(
-                        "  node {} ({}): {}, {} processes{ranks}",
-                        n.node,
-                        n.role,
-                        n.state,
-                        n.processes.len()
-                    );
-                    println!("    {:>8} {:>5} {:<16} STATE", "PID", "RANK", "COMMAND");
-                    for p in &n.processes {
-                        let rank = p.rank.map(|r| r.to_string()).unwrap_or_else(|| "-".into());
-                        println!(
-                            "    {:>8} {:>5} {:<16} {}",
-                            p.pid,
-                            rank,
-                            p.comm,
-                            proc_state(&p.state)
-                        );
-                    }
-                }
-            }
+            let reply = c.status(pb::StatusRequest { job_id: job }).await?;
+            print_job(reply.into_inner().job, json, print_status);
         }
         Cmd::List => {
-            let jobs = c
-                .list(pb::ListRequest { all_users: true })
-                .await?
-                .into_inner()
-                .jobs;
-            if json {
-                println!("{}", Value::Array(jobs.iter().map(job_json).collect()));
-            } else {
-                println!(
-                    "{:>6}  {:<16} {:<18} {:>6} {:>6} {:>9}  COMMAND",
-                    "JOBID", "NAME", "STATE", "OWNER", "EPOCHS", "COMMITTED"
-                );
-                for j in &jobs {
-                    println!(
-                        "{:>6}  {:<16} {:<18} {:>6} {:>6} {:>9}  {}",
-                        j.id,
-                        j.name,
-                        j.state,
-                        j.owner_uid,
-                        j.last_epoch,
-                        j.latest_committed_epoch,
-                        j.argv.join(" ")
-                    );
-                }
-            }
+            let reply = c.list(pb::ListRequest { all_users: true }).await?;
+            print_list(&reply.into_inner().jobs, json, job_json, print_jobs);
         }
         Cmd::Epochs { job } => {
-            let epochs = c
-                .epochs(pb::EpochsRequest { job_id: job })
-                .await?
-                .into_inner()
-                .epochs;
-            if json {
-                println!("{}", Value::Array(epochs.iter().map(epoch_json).collect()));
-            } else {
-                println!(
-                    "{:>5}  {:<28} {:<16} {:<20} {:>9} {:>9} {:>10} {:>6}  REASON",
-                    "EPOCH", "STATE", "STORAGE", "COPIES", "FROZEN", "TOTAL", "SIZE", "FILES"
-                );
-                for e in &epochs {
-                    let reason = if !e.reason.is_empty() {
-                        format!("[{}] {}", e.failed_phase, e.reason)
-                    } else if !e.flush_detail.is_empty() {
-                        format!("[flush] {}", e.flush_detail)
-                    } else {
-                        String::new()
-                    };
-                    let storage = match e.storage.as_str() {
-                        "flushing" if e.image_bytes > 0 => {
-                            format!("flushing {}%", e.flushed_bytes * 100 / e.image_bytes)
-                        }
-                        "" => "-".into(),
-                        s => s.to_string(),
-                    };
-                    let copies: Vec<&str> = [
-                        (e.local_copy, "local"),
-                        (e.partner_copy, "partner"),
-                        (e.shared_copy, "shared"),
-                    ]
-                    .iter()
-                    .filter(|c| c.0)
-                    .map(|c| c.1)
-                    .collect();
-                    let copies = if copies.is_empty() {
-                        "-".to_string()
-                    } else {
-                        copies.join(",")
-                    };
-                    println!(
-                        "{:>5}  {:<28} {:<16} {:<20} {:>7}ms {:>7}ms {:>10} {:>6}  {}",
-                        e.epoch,
-                        e.state,
-                        storage,
-                        copies,
-                        e.frozen_ms,
-                        e.total_ms,
-                        size(e.image_bytes),
-                        e.image_files,
-                        reason
-                    );
-                }
-            }
+            let reply = c.epochs(pb::EpochsRequest { job_id: job }).await?;
+            print_list(&reply.into_inner().epochs, json, epoch_json, print_epochs);
         }
         Cmd::Cancel { job } => {
-            let j = c
-                .cancel(pb::CancelRequest { job_id: job })
-                .await?
-                .into_inner()
-                .job
-                .unwrap_or_default();
-            if json {
-                println!("{}", job_json(&j));
-            } else {
-                println!("job {} {}", j.id, j.state);
-            }
+            let reply = c.cancel(pb::CancelRequest { job_id: job }).await?;
+            print_job(reply.into_inner().job, json, |j| {
+                println!("job {} {}", j.id, j.state)
+            });
         }
         Cmd::Verify { job, epoch } => {
             let r = c

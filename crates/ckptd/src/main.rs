@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use ckpt_daemon::startup;
 use clap::{Parser, Subcommand};
 use config::CkptdConfig;
 use coordinator::config::CoordinatorConfig;
@@ -118,20 +119,14 @@ fn ca_command(cmd: &CaCmd, tls_dir: &std::path::Path) -> ExitCode {
                     );
                     ExitCode::SUCCESS
                 }
-                Err(e) => {
-                    eprintln!("ckptd: {e}");
-                    ExitCode::from(2)
-                }
+                Err(e) => startup::fail("ckptd", e, 2),
             }
         }
         CaCmd::Issue { node, dir, out } => {
             let dir = dir.as_deref().unwrap_or(tls_dir);
             let bundle = match ckpt_auth::ca::issue(dir, node) {
                 Ok(b) => b,
-                Err(e) => {
-                    eprintln!("ckptd: {e}");
-                    return ExitCode::from(2);
-                }
+                Err(e) => return startup::fail("ckptd", e, 2),
             };
             let written = match out {
                 None => std::io::Write::write_all(&mut std::io::stdout(), bundle.as_bytes()),
@@ -147,10 +142,7 @@ fn ca_command(cmd: &CaCmd, tls_dir: &std::path::Path) -> ExitCode {
             };
             match written {
                 Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("ckptd: cannot write the bundle: {e}");
-                    ExitCode::from(2)
-                }
+                Err(e) => startup::fail("ckptd", format_args!("cannot write the bundle: {e}"), 2),
             }
         }
     }
@@ -165,51 +157,29 @@ fn main() -> ExitCode {
     }
     ckpt_daemon::init_tracing();
     let default_path = std::path::Path::new(CoordinatorConfig::DEFAULT_PATH);
+    let loaded = CkptdConfig::load_or_default(&cli.config, default_path);
+    let overrides = |whole: &mut CkptdConfig| {
+        let (cfg, acfg) = (&mut whole.coordinator, &mut whole.agent);
+        startup::set(&mut cfg.socket, cli.socket);
+        startup::set(&mut cfg.database, cli.database);
+        startup::set(&mut cfg.listen, cli.listen);
+        startup::set(&mut acfg.state_dir, cli.state_dir);
+        startup::set(&mut acfg.local_dir, cli.local_dir);
+        // The embedded agent and its jobs (ckpt-rsh) reach the coordinator on its local socket.
+        acfg.coordinator = format!("unix:{}", cfg.socket.display());
+    };
     let CkptdConfig {
-        coordinator: mut cfg,
-        agent: mut acfg,
-    } = match CkptdConfig::load_or_default(&cli.config, default_path) {
+        coordinator: cfg,
+        agent: acfg,
+    } = match startup::config("ckptd", loaded, overrides, CkptdConfig::validate) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("ckptd: {e}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
-    if let Some(s) = cli.socket {
-        cfg.socket = s;
-    }
-    if let Some(d) = cli.database {
-        cfg.database = d;
-    }
-    if let Some(l) = cli.listen {
-        cfg.listen = l;
-    }
-    if let Some(d) = cli.state_dir {
-        acfg.state_dir = d;
-    }
-    if let Some(d) = cli.local_dir {
-        acfg.local_dir = d;
-    }
-    // The embedded agent and its jobs (ckpt-rsh) reach the coordinator on its local socket.
-    acfg.coordinator = format!("unix:{}", cfg.socket.display());
-    let whole = CkptdConfig {
-        coordinator: cfg,
-        agent: acfg,
-    };
-    if let Err(e) = whole.validate() {
-        eprintln!("ckptd: {e}");
-        return ExitCode::from(2);
-    }
-    let CkptdConfig {
-        coordinator: cfg,
-        agent: acfg,
-    } = whole;
     if let Some(Cmd::Ca { cmd }) = &cli.cmd {
         return ca_command(cmd, &cfg.tls_dir);
     }
     if cli.check_config {
-        println!("ckptd: config {} is valid", cli.config.display());
-        return ExitCode::SUCCESS;
+        return startup::config_is_valid("ckptd", &cli.config);
     }
     // The cluster credential. A standalone ckptd without one serves this machine only, on
     // local sockets: no TCP port at all.
@@ -218,11 +188,14 @@ fn main() -> ExitCode {
         match ckpt_auth::tls::Credential::load(&cfg.tls_dir, &ckpt_auth::Identity::Coordinator) {
             Ok(c) => Some(c),
             Err(e) => {
-                eprintln!(
-                    "ckptd: no usable cluster credential: {e}\n\
-                     (a cluster needs one: `ckptd ca init`; one machine needs none: `ckptd --standalone`)"
+                return startup::fail(
+                    "ckptd",
+                    format_args!(
+                        "no usable cluster credential: {e}\n\
+                         (a cluster needs one: `ckptd ca init`; one machine needs none: `ckptd --standalone`)"
+                    ),
+                    2,
                 );
-                return ExitCode::from(2);
             }
         }
     } else {
@@ -232,24 +205,14 @@ fn main() -> ExitCode {
         let exe = std::env::current_exe().unwrap_or_else(|_| "ckptd".into());
         match node_agent::open_jobs(&acfg, exe, None) {
             Ok(j) => Some(j),
-            Err(node_agent::StartError::Engine(e)) => {
-                eprintln!("ckptd: {e}");
-                return ExitCode::from(3);
-            }
-            Err(e) => {
-                eprintln!("ckptd: {e}");
-                return ExitCode::from(4);
-            }
+            Err(e) => return startup::fail("ckptd", &e, e.exit_code()),
         }
     } else {
         None
     };
     let registry = match Registry::open(&cfg.database) {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("ckptd: {e}");
-            return ExitCode::from(4);
-        }
+        Err(e) => return startup::fail("ckptd", e, 4),
     };
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     let r: Result<(), String> = rt.block_on(async move {
@@ -298,10 +261,7 @@ fn main() -> ExitCode {
     });
     match r {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("ckptd: {e}");
-            ExitCode::from(4)
-        }
+        Err(e) => startup::fail("ckptd", e, 4),
     }
 }
 

@@ -501,13 +501,20 @@ impl<V: Verbs> Channel<V> {
         Ok(())
     }
 
+    /// The index of the QP `vqpn` that `op` posts the application's work request `wr_id` to:
+    /// the channel must be up, the id must not carry the channel's own marker, and the QP must
+    /// exist.
+    fn app_qp(&self, op: &'static str, vqpn: u32, wr_id: u64) -> Result<usize> {
+        self.need(State::Up, op)?;
+        if wr_id & INTERNAL_WR != 0 {
+            return Err(Error::ReservedWrId(wr_id));
+        }
+        self.qp_index(vqpn)
+    }
+
     /// Posts a send (virtual keys; a write names the peer's virtual rkey).
     pub fn post_send(&mut self, vqpn: u32, wr: &SendWr) -> Result<()> {
-        self.need(State::Up, "post_send")?;
-        if wr.wr_id & INTERNAL_WR != 0 {
-            return Err(Error::ReservedWrId(wr.wr_id));
-        }
-        let i = self.qp_index(vqpn)?;
+        let i = self.app_qp("post_send", vqpn, wr.wr_id)?;
         let q = &self.qps[i];
         if q.peer.is_none() {
             return Err(Error::NotConnected(vqpn));
@@ -538,11 +545,7 @@ impl<V: Verbs> Channel<V> {
 
     /// Posts a receive (virtual keys).
     pub fn post_recv(&mut self, vqpn: u32, wr: &RecvWr) -> Result<()> {
-        self.need(State::Up, "post_recv")?;
-        if wr.wr_id & INTERNAL_WR != 0 {
-            return Err(Error::ReservedWrId(wr.wr_id));
-        }
-        let i = self.qp_index(vqpn)?;
+        let i = self.app_qp("post_recv", vqpn, wr.wr_id)?;
         let real = &mut self.recv_wr;
         Self::local_sges(&self.mrs, &wr.sges, &mut real.sges)?;
         real.wr_id = wr.wr_id;
@@ -895,6 +898,28 @@ mod tests {
                 lkey: self.key,
             }]
         }
+
+        /// A send of the `len` bytes at `off` in this side's buffer.
+        fn send(&self, wr_id: u64, off: usize, len: u32, signaled: bool) -> SendWr {
+            SendWr {
+                wr_id,
+                op: SendOp::Send,
+                sges: self.sge(off, len),
+                signaled,
+            }
+        }
+
+        /// An RDMA write of the `len` bytes at `off` in this side's buffer to `at` in `peer`'s
+        /// (through the peer's virtual key).
+        fn write_to(&self, peer: &Side, at: usize, wr_id: u64, off: usize, len: u32) -> SendWr {
+            SendWr {
+                op: SendOp::Write {
+                    remote_addr: peer.addr(at),
+                    rkey: peer.key,
+                },
+                ..self.send(wr_id, off, len, true)
+            }
+        }
     }
 
     fn pair() -> (Fabric, Side, Side) {
@@ -939,12 +964,7 @@ mod tests {
                 ..
             })
         ));
-        let wr = SendWr {
-            wr_id: INTERNAL_WR | 5,
-            op: SendOp::Send,
-            sges: a.sge(0, 8),
-            signaled: true,
-        };
+        let wr = a.send(INTERNAL_WR | 5, 0, 8, true);
         assert_eq!(
             a.ch.post_send(a.qp, &wr),
             Err(Error::ReservedWrId(INTERNAL_WR | 5))
@@ -986,25 +1006,14 @@ mod tests {
         a.buf[..5].copy_from_slice(b"hello");
         a.buf[8..13].copy_from_slice(b"world");
         a.buf[16..20].copy_from_slice(b"more");
-        let send = |a: &Side, wr_id, off, signaled| SendWr {
-            wr_id,
-            op: SendOp::Send,
-            sges: a.sge(off, 5),
-            signaled,
-        };
-        let wr = send(&a, 1, 0, true);
+        let wr = a.send(1, 0, 5, true);
         a.ch.post_send(a.qp, &wr).unwrap();
         let write = SendWr {
-            wr_id: 2,
-            op: SendOp::Write {
-                remote_addr: b.addr(100),
-                rkey: b.key,
-            },
-            sges: a.sge(8, 5),
             signaled: false,
+            ..a.write_to(&b, 100, 2, 8, 5)
         };
         a.ch.post_send(a.qp, &write).unwrap();
-        let wr = send(&a, 3, 16, true);
+        let wr = a.send(3, 16, 5, true);
         a.ch.post_send(a.qp, &wr).unwrap();
         assert_eq!(f.in_flight(), 3);
 
@@ -1098,22 +1107,9 @@ mod tests {
         // The receive kept across the checkpoint takes A's next send; a write with B's old
         // (virtual) key lands.
         a.buf[..4].copy_from_slice(b"ping");
-        let send = SendWr {
-            wr_id: 11,
-            op: SendOp::Send,
-            sges: a.sge(0, 4),
-            signaled: true,
-        };
+        let send = a.send(11, 0, 4, true);
         a.ch.post_send(a.qp, &send).unwrap();
-        let write = SendWr {
-            wr_id: 12,
-            op: SendOp::Write {
-                remote_addr: b.addr(3000),
-                rkey: b.key,
-            },
-            sges: a.sge(0, 4),
-            signaled: true,
-        };
+        let write = a.write_to(&b, 3000, 12, 0, 4);
         a.ch.post_send(a.qp, &write).unwrap();
         let mut got = Vec::new();
         for _ in 0..20 {
@@ -1156,15 +1152,7 @@ mod tests {
         rebuild_both(&mut a, &mut b);
         assert_eq!(a.ch.endpoint(a.qp).unwrap().port.device, "rxe1");
         a.buf[..4].copy_from_slice(b"move");
-        let write = SendWr {
-            wr_id: 1,
-            op: SendOp::Write {
-                remote_addr: b.addr(64),
-                rkey: b.key,
-            },
-            sges: a.sge(0, 4),
-            signaled: true,
-        };
+        let write = a.write_to(&b, 64, 1, 0, 4);
         a.ch.post_send(a.qp, &write).unwrap();
         for _ in 0..4 {
             b.ch.poll_cq(b.cq, 4).unwrap();

@@ -228,6 +228,24 @@ impl LineBuf {
     }
 }
 
+/// What a line reader with cap `cap` returns for `input`, read to its end: the lines (without
+/// their newlines) before the first one longer than the cap, and whether it stopped at such a
+/// line. An unterminated last part is never returned, but is too long once it passes the cap.
+/// The model the readers' property tests (here and in the node agent) check against.
+#[doc(hidden)]
+pub fn lines_within_cap(input: &[u8], cap: usize) -> (Vec<Vec<u8>>, bool) {
+    let mut lines = Vec::new();
+    let mut segments: Vec<&[u8]> = input.split(|&b| b == b'\n').collect();
+    let last = segments.pop().unwrap_or_default();
+    for seg in segments {
+        if seg.len() > cap {
+            return (lines, true);
+        }
+        lines.push(seg.to_vec());
+    }
+    (lines, last.len() > cap)
+}
+
 /// Reads the next line of at most `cap` bytes, without its newline; `None` at the end of the
 /// stream (an unterminated last line is dropped: its writer died mid-message). A longer line
 /// is an `InvalidData` error carrying [`LineTooLong`].
@@ -1027,18 +1045,7 @@ mod tests {
             cap in 0usize..512,
             chunk in 1usize..64,
         ) {
-            let mut want = Vec::new();
-            let mut too_long = false;
-            let mut segments: Vec<&[u8]> = input.split(|&b| b == b'\n').collect();
-            let last = segments.pop().unwrap_or_default();
-            for seg in segments {
-                if seg.len() > cap {
-                    too_long = true;
-                    break;
-                }
-                want.push(seg.to_vec());
-            }
-            too_long |= !too_long && last.len() > cap;
+            let (want, too_long) = lines_within_cap(&input, cap);
             let mut r = BufReader::with_capacity(chunk, &input[..]);
             let mut part = LineBuf::default();
             let mut got = Vec::new();

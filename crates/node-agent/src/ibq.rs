@@ -1004,7 +1004,8 @@ mod tests {
         ch
     }
 
-    async fn say_hello(s: &mut UnixStream) {
+    /// Says this process's hello (channel 7, up, one QP and one MR) on `s`.
+    async fn say_hello(s: &mut (impl tokio::io::AsyncWrite + Unpin)) {
         let hello = ToAgent::Hello {
             pid: me().pid,
             channel: 7,
@@ -1048,6 +1049,19 @@ mod tests {
         ch.slots.held(7)
     }
 
+    /// With job 7 belonging to `owner` and this process in the cgroup `peer_cgroup`: a
+    /// connection that says hello is closed by the agent, and its channel never comes up.
+    fn refused_on_the_socket(owner: u32, peer_cgroup: &'static str) {
+        runtime().block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let ch = serving(dir.path(), owner, peer_cgroup, Limits::default());
+            let mut s = UnixStream::connect(ch.socket()).await.unwrap();
+            say_hello(&mut s).await;
+            assert!(closed_by_agent(&mut s, Duration::from_secs(5)).await);
+            assert!(ch.up(&[me().pid]).await.is_empty());
+        });
+    }
+
     #[test]
     fn a_process_of_the_jobs_owner_in_the_jobs_cgroup_is_admitted() {
         let peer = me();
@@ -1084,19 +1098,7 @@ mod tests {
         let e = authorize(peer, &[], &job7(peer.uid)).unwrap_err();
         assert!(matches!(e, Refused::NotInJob { .. }), "{e:?}");
         // And on the socket: closed before its hello counts.
-        runtime().block_on(async {
-            let dir = tempfile::tempdir().unwrap();
-            let ch = serving(
-                dir.path(),
-                my_uid(),
-                "/sys/fs/cgroup/user.slice",
-                Limits::default(),
-            );
-            let mut s = UnixStream::connect(ch.socket()).await.unwrap();
-            say_hello(&mut s).await;
-            assert!(closed_by_agent(&mut s, Duration::from_secs(5)).await);
-            assert!(ch.up(&[me().pid]).await.is_empty());
-        });
+        refused_on_the_socket(my_uid(), "/sys/fs/cgroup/user.slice");
     }
 
     #[test]
@@ -1119,14 +1121,7 @@ mod tests {
             )),
             "{e}"
         );
-        runtime().block_on(async {
-            let dir = tempfile::tempdir().unwrap();
-            let ch = serving(dir.path(), owner, JOB_CGROUP, Limits::default());
-            let mut s = UnixStream::connect(ch.socket()).await.unwrap();
-            say_hello(&mut s).await;
-            assert!(closed_by_agent(&mut s, Duration::from_secs(5)).await);
-            assert!(ch.up(&[me().pid]).await.is_empty());
-        });
+        refused_on_the_socket(owner, JOB_CGROUP);
     }
 
     /// An over-long hello closes that connection; a good one is served next; an over-long
@@ -1146,16 +1141,7 @@ mod tests {
             let s = UnixStream::connect(ch.socket()).await.unwrap();
             let (r, mut w) = s.into_split();
             let mut r = BufReader::new(r);
-            let mut hello = serde_json::to_vec(&ToAgent::Hello {
-                pid: me().pid,
-                channel: 7,
-                down: false,
-                qps: 1,
-                mrs: 1,
-            })
-            .unwrap();
-            hello.push(b'\n');
-            w.write_all(&hello).await.unwrap();
+            say_hello(&mut w).await;
             assert!(comes_up(&ch).await, "a good channel is served");
 
             let quiesce = tokio::spawn({
@@ -1184,6 +1170,24 @@ mod tests {
         });
     }
 
+    /// A registry serving in `dir` with `limits` that leave two places: two connections
+    /// (returned with it) take them, and a third is refused.
+    async fn two_held_and_a_third_refused(
+        dir: &Path,
+        limits: Limits,
+    ) -> (Arc<Channels>, UnixStream, UnixStream) {
+        let ch = serving(dir, my_uid(), JOB_CGROUP, limits);
+        let a = UnixStream::connect(ch.socket()).await.unwrap();
+        let b = UnixStream::connect(ch.socket()).await.unwrap();
+        assert_eq!(job7_holds(&ch, 2).await, 2);
+        let mut c = UnixStream::connect(ch.socket()).await.unwrap();
+        assert!(
+            closed_by_agent(&mut c, Duration::from_secs(5)).await,
+            "a third is refused"
+        );
+        (ch, a, b)
+    }
+
     #[test]
     fn connections_per_job_are_bounded() {
         runtime().block_on(async {
@@ -1192,15 +1196,7 @@ mod tests {
                 per_job: 2,
                 unidentified: 16,
             };
-            let ch = serving(dir.path(), my_uid(), JOB_CGROUP, limits);
-            let mut a = UnixStream::connect(ch.socket()).await.unwrap();
-            let mut b = UnixStream::connect(ch.socket()).await.unwrap();
-            assert_eq!(job7_holds(&ch, 2).await, 2);
-            let mut c = UnixStream::connect(ch.socket()).await.unwrap();
-            assert!(
-                closed_by_agent(&mut c, Duration::from_secs(5)).await,
-                "a third is refused"
-            );
+            let (ch, mut a, mut b) = two_held_and_a_third_refused(dir.path(), limits).await;
             assert!(!closed_by_agent(&mut b, Duration::from_millis(100)).await);
             drop(a);
             assert_eq!(
@@ -1225,12 +1221,7 @@ mod tests {
                 per_job: 16,
                 unidentified: 2,
             };
-            let ch = serving(dir.path(), my_uid(), JOB_CGROUP, limits);
-            let _a = UnixStream::connect(ch.socket()).await.unwrap();
-            let mut b = UnixStream::connect(ch.socket()).await.unwrap();
-            assert_eq!(job7_holds(&ch, 2).await, 2);
-            let mut c = UnixStream::connect(ch.socket()).await.unwrap();
-            assert!(closed_by_agent(&mut c, Duration::from_secs(5)).await);
+            let (ch, _a, mut b) = two_held_and_a_third_refused(dir.path(), limits).await;
             // Once one says hello, its permit is free for the next.
             say_hello(&mut b).await;
             assert!(comes_up(&ch).await);
@@ -1362,20 +1353,7 @@ mod tests {
                 prop_oneof![Just(b'\n'), Just(b'{'), Just(b'"'), any::<u8>()], 0..4096),
             cap in 0usize..512,
         ) {
-            let mut want = Vec::new();
-            let mut too_long = false;
-            let mut segments: Vec<&[u8]> = input.split(|&b| b == b'\n').collect();
-            let last = segments.pop().unwrap_or_default();
-            for seg in segments {
-                if seg.len() > cap {
-                    too_long = true;
-                    break;
-                }
-                want.push(seg.to_vec());
-            }
-            if !too_long && last.len() > cap {
-                too_long = true;
-            }
+            let (want, too_long) = ib_quiesce::control::lines_within_cap(&input, cap);
             let got = runtime().block_on(async {
                 let mut lines = CappedLines::new(BufReader::with_capacity(7, &input[..]));
                 let mut got = Vec::new();
@@ -1407,22 +1385,8 @@ mod tests {
             let ch = serving(dir.path(), my_uid(), JOB_CGROUP, Limits::default());
             let pid = std::process::id() as i32;
             let mut s = UnixStream::connect(ch.socket()).await.unwrap();
-            let hello = ToAgent::Hello {
-                pid,
-                channel: 7,
-                down: false,
-                qps: 1,
-                mrs: 1,
-            };
-            let mut line = serde_json::to_vec(&hello).unwrap();
-            line.push(b'\n');
-            s.write_all(&line).await.unwrap();
-            for _ in 0..200 {
-                if !ch.up(&[pid]).await.is_empty() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            say_hello(&mut s).await;
+            assert!(comes_up(&ch).await);
             assert_eq!(ch.up(&[pid]).await, vec![pid]);
             drop(s);
             let (done, failed) = ch.quiesce(&[pid], Duration::from_secs(2)).await;

@@ -78,6 +78,16 @@ pub enum StartError {
     Serve(#[from] tonic::transport::Error),
 }
 
+impl StartError {
+    /// The daemon's exit code for it: 3 when the snapshot engine is missing or unusable, else 4.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            StartError::Engine(_) => 3,
+            _ => 4,
+        }
+    }
+}
+
 /// This node's cluster credential from `tls_dir`, checked to name `node_name`.
 pub fn load_credential(
     cfg: &AgentConfig,

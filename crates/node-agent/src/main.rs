@@ -2,6 +2,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use ckpt_daemon::startup;
 use clap::{Parser, Subcommand};
 use node_agent::config::TomlConfig;
 use node_agent::AgentConfig;
@@ -71,53 +72,33 @@ fn main() -> ExitCode {
     };
     node_agent::init_tracing();
     let default_path = std::path::Path::new(AgentConfig::DEFAULT_PATH);
-    let mut cfg: AgentConfig = match node_agent::config::load_or_default(&cli.config, default_path)
-    {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("ckpt-agent: {e}");
-            return ExitCode::from(2);
-        }
+    let loaded = node_agent::config::load_or_default(&cli.config, default_path);
+    let overrides = |cfg: &mut AgentConfig| {
+        startup::set(&mut cfg.node_name, cli.node_name);
+        startup::set(&mut cfg.coordinator, cli.coordinator);
+        startup::set(&mut cfg.listen, cli.listen);
     };
-    if let Some(n) = cli.node_name {
-        cfg.node_name = n;
-    }
-    if let Some(c) = cli.coordinator {
-        cfg.coordinator = c;
-    }
-    if let Some(l) = cli.listen {
-        cfg.listen = l;
-    }
-    if let Err(e) = cfg.validate() {
-        eprintln!("ckpt-agent: {e}");
-        return ExitCode::from(2);
-    }
+    let cfg = match startup::config("ckpt-agent", loaded, overrides, AgentConfig::validate) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
     if let Some(bundle) = enroll {
         return enroll_node(&cfg, &bundle);
     }
     if cli.check_config {
-        println!("ckpt-agent: config {} is valid", cli.config.display());
-        return ExitCode::SUCCESS;
+        return startup::config_is_valid("ckpt-agent", &cli.config);
     }
     // The node's software first (exit 3), then its enrollment (exit 2).
     let credential = node_agent::load_credential(&cfg);
     let exe = std::env::current_exe().unwrap_or_else(|_| "ckpt-agent".into());
     let jobs = match node_agent::open_jobs(&cfg, exe, credential.as_ref().ok().cloned()) {
         Ok(j) => j,
-        Err(node_agent::StartError::Engine(e)) => {
-            eprintln!("ckpt-agent: {e}");
-            return ExitCode::from(3);
-        }
-        Err(e) => {
-            eprintln!("ckpt-agent: {e}");
-            return ExitCode::from(4);
-        }
+        Err(e) => return startup::fail("ckpt-agent", &e, e.exit_code()),
     };
     let credential = match credential {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("ckpt-agent: node {}: {e}", cfg.node_name);
-            return ExitCode::from(2);
+            return startup::fail("ckpt-agent", format_args!("node {}: {e}", cfg.node_name), 2)
         }
     };
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
@@ -140,10 +121,7 @@ fn main() -> ExitCode {
     });
     match r {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("ckpt-agent: {e}");
-            ExitCode::from(4)
-        }
+        Err(e) => startup::fail("ckpt-agent", e, 4),
     }
 }
 
@@ -154,16 +132,18 @@ fn enroll_node(cfg: &AgentConfig, bundle: &std::path::Path) -> ExitCode {
         match std::io::Read::read_to_string(&mut std::io::stdin(), &mut t) {
             Ok(_) => t,
             Err(e) => {
-                eprintln!("ckpt-agent: cannot read the bundle from standard input: {e}");
-                return ExitCode::from(2);
+                return startup::fail(
+                    "ckpt-agent",
+                    format_args!("cannot read the bundle from standard input: {e}"),
+                    2,
+                )
             }
         }
     } else {
         match std::fs::read_to_string(bundle) {
             Ok(t) => t,
             Err(e) => {
-                eprintln!("ckpt-agent: {}: {e}", bundle.display());
-                return ExitCode::from(2);
+                return startup::fail("ckpt-agent", format_args!("{}: {e}", bundle.display()), 2)
             }
         }
     };
@@ -175,9 +155,6 @@ fn enroll_node(cfg: &AgentConfig, bundle: &std::path::Path) -> ExitCode {
             );
             ExitCode::SUCCESS
         }
-        Err(e) => {
-            eprintln!("ckpt-agent: {e}");
-            ExitCode::from(2)
-        }
+        Err(e) => startup::fail("ckpt-agent", e, 2),
     }
 }

@@ -251,6 +251,18 @@ fn plain(e: io::Error) -> Failed {
     (e, None)
 }
 
+/// Creates the directories missing above `p`, with `mode`.
+fn make_parents(p: &Path, mode: u32) -> Result<(), Failed> {
+    if let Some(parent) = p.parent() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(mode)
+            .create(parent)
+            .map_err(plain)?;
+    }
+    Ok(())
+}
+
 /// An output file back at its checkpoint size: truncated if it grew, recreated (0644) if it is
 /// gone; one that shrank is refused (zeros would be wrong).
 fn put_back_output(f: &OpenFile) -> Result<(), Failed> {
@@ -259,13 +271,7 @@ fn put_back_output(f: &OpenFile) -> Result<(), Failed> {
     let file = match open_no_symlinks(p, flags, 0) {
         Ok(file) => file,
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-            if let Some(parent) = p.parent() {
-                fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o755)
-                    .create(parent)
-                    .map_err(plain)?;
-            }
+            make_parents(p, 0o755)?;
             let file =
                 open_no_symlinks(p, flags | libc::O_CREAT | libc::O_EXCL, 0o644).map_err(plain)?;
             file.set_len(f.size).map_err(plain)?;
@@ -295,13 +301,7 @@ fn put_back_output(f: &OpenFile) -> Result<(), Failed> {
 /// and group of checkpoint time.
 fn put_back_preserved(pf: &PreservedFile, copy: Option<fs::File>) -> Result<(), Failed> {
     let p = Path::new(&pf.path);
-    if let Some(parent) = p.parent() {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(parent)
-            .map_err(plain)?;
-    }
+    make_parents(p, 0o700)?;
     let mode = pf.mode & 0o777;
     let Some(mut copy) = copy else {
         // A named pipe: replace whatever is there (never through a link: unlink removes the

@@ -53,6 +53,20 @@ fn report<T>(name: &str, r: Result<tonic::Response<T>, tonic::Status>) {
     }
 }
 
+/// Sends `client.call(pb::Request { fields })`, every field not named left at its default, and
+/// prints the line of `name` (see [`report`]).
+macro_rules! attack {
+    ($name:literal, $client:ident.$call:ident($req:ident { $($field:ident: $value:expr),* $(,)? })) => {{
+        // Some requests name every field; the rest is then empty.
+        #[allow(clippy::needless_update)]
+        let request = pb::$req {
+            $($field: $value,)*
+            ..Default::default()
+        };
+        report($name, $client.$call(request).await)
+    }};
+}
+
 /// A partner copy whose manifest names `path`, sent as `node`.
 fn evil_stream(job: u64, node: &str, path: &str) -> Vec<pb::ImageChunk> {
     let data = b"owned\n".to_vec();
@@ -157,27 +171,23 @@ async fn main() {
     let mut ag = AgentClient::new(ch);
     // Pose as another node (or as any name), and report that every job ended.
     let victim = "n3".to_string();
-    report(
+    attack!(
         "Registry.Register",
-        reg.register(pb::RegisterRequest {
+        reg.register(RegisterRequest {
             node: victim.clone(),
             address: "127.0.0.1:1".into(),
-            ..Default::default()
         })
-        .await,
     );
-    report(
+    attack!(
         "Registry.RegisterLocal",
-        reg.register(pb::RegisterRequest {
+        reg.register(RegisterRequest {
             node: me.clone().unwrap_or_else(|| "evil".into()),
             address: "unix:/run/ckpt/ckptd.sock".into(),
-            ..Default::default()
         })
-        .await,
     );
-    report(
+    attack!(
         "Registry.Heartbeat",
-        reg.heartbeat(pb::HeartbeatRequest {
+        reg.heartbeat(HeartbeatRequest {
             node: victim.clone(),
             jobs: vec![pb::JobReport {
                 job_id: job,
@@ -186,163 +196,134 @@ async fn main() {
                 ..Default::default()
             }],
         })
-        .await,
     );
-    report(
+    attack!(
         "Registry.Attach",
-        reg.attach(pb::AttachRequest {
+        reg.attach(AttachRequest {
             job_id: job,
             token: String::new(),
             host: victim.clone(),
             command: format!("touch {PWNED}"),
             cwd: "/".into(),
         })
-        .await,
     );
-    report(
+    attack!(
         "Registry.Locate",
-        reg.locate(pb::LocateRequest {
+        reg.locate(LocateRequest {
             job_id: job,
             token: "guess".into(),
             node: victim.clone(),
         })
-        .await,
     );
     let phase = pb::PhaseRequest {
         job_id: job,
         epoch: 1,
     };
-    report(
+    attack!(
         "Agent.Launch",
-        ag.launch(pb::LaunchRequest {
+        ag.launch(LaunchRequest {
             job_id: 999_999,
             argv: vec!["/bin/sh".into(), "-c".into(), format!("touch {PWNED}")],
             cwd: "/".into(),
             uid: 0,
             gid: 0,
             token: "t".into(),
-            ..Default::default()
         })
-        .await,
     );
     report("Agent.Prepare", ag.prepare(phase).await);
     report("Agent.Quiesce", ag.quiesce(phase).await);
     report("Agent.Dump", ag.dump(phase).await);
-    report(
+    attack!(
         "Agent.Resume",
-        ag.resume(pb::ResumeRequest {
+        ag.resume(ResumeRequest {
             job_id: job,
             epoch: 1,
-            kill: true,
+            kill: true
         })
-        .await,
     );
     report("Agent.Finalize", ag.finalize(phase).await);
-    report(
+    attack!(
         "Agent.Abort",
-        ag.abort(pb::AbortRequest {
+        ag.abort(AbortRequest {
             job_id: job,
             epoch: 1,
-            reason: "attack".into(),
+            reason: "attack".into()
         })
-        .await,
     );
-    report(
+    attack!(
         "Agent.Restore",
-        ag.restore(pb::RestoreRequest {
+        ag.restore(RestoreRequest {
             job_id: job,
             epoch: 1,
             partner: "n9".into(),
             partner_address: "127.0.0.1:1".into(),
-            ..Default::default()
         })
-        .await,
     );
-    report(
+    attack!(
         "Agent.Signal",
-        ag.signal(pb::SignalRequest {
+        ag.signal(SignalRequest {
             job_id: job,
             signal: 9,
-            token: String::new(),
+            token: String::new()
         })
-        .await,
     );
-    report(
-        "Agent.Inspect",
-        ag.inspect(pb::InspectRequest { job_id: job }).await,
-    );
-    report(
+    attack!("Agent.Inspect", ag.inspect(InspectRequest { job_id: job }));
+    attack!(
         "Agent.Release",
-        ag.release(pb::ReleaseRequest {
+        ag.release(ReleaseRequest {
             job_id: job,
-            kill: true,
+            kill: true
         })
-        .await,
     );
-    report(
+    attack!(
         "Agent.Poll",
-        ag.poll(pb::PollRequest {
+        ag.poll(PollRequest {
             job_id: job,
-            token: "guess".into(),
-            ..Default::default()
+            token: "guess".into()
         })
-        .await,
     );
-    report(
+    attack!(
         "Agent.Verify",
-        ag.verify(pb::RestoreRequest {
+        ag.verify(RestoreRequest {
             job_id: job,
-            epoch: 1,
-            ..Default::default()
+            epoch: 1
         })
-        .await,
     );
-    report(
+    attack!(
         "Agent.Prune",
-        ag.prune(pb::PruneRequest {
+        ag.prune(PruneRequest {
             job_id: job,
-            epochs: vec![1],
-            ..Default::default()
+            epochs: vec![1]
         })
-        .await,
     );
-    report(
+    attack!(
         "Agent.Flush",
-        ag.flush(pb::FlushRequest {
+        ag.flush(FlushRequest {
             job_id: job,
             epoch: 1,
-            manifest_digest: String::new(),
+            manifest_digest: String::new()
         })
-        .await,
     );
-    report(
+    attack!(
         "Agent.Publish",
-        ag.publish(pb::PublishRequest {
+        ag.publish(PublishRequest {
             job_id: job,
-            epoch: 1,
-            ..Default::default()
+            epoch: 1
         })
-        .await,
     );
-    report(
+    attack!(
         "Agent.Replicate",
-        ag.replicate(pb::ReplicateRequest {
+        ag.replicate(ReplicateRequest {
             job_id: job,
             epoch: 1,
             partner: "n9".into(),
             partner_address: "127.0.0.1:1".into(),
-            ..Default::default()
         })
-        .await,
     );
     report("Agent.Rebuild", ag.rebuild(phase).await);
-    report(
+    attack!(
         "Agent.Reconnect",
-        ag.reconnect(pb::ReconnectRequest {
-            job_id: job,
-            ..Default::default()
-        })
-        .await,
+        ag.reconnect(ReconnectRequest { job_id: job })
     );
     // Stream someone's images out, with no digest to check against.
     let send = ag

@@ -9,10 +9,11 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use ckpt_store::manifest::{self, NodeManifest};
+use tokio::sync::OwnedMutexGuard;
 use tracing::{instrument, warn};
 
 use crate::error::AgentError;
-use crate::jobs::{io_err, now_ms, EpochWork, Jobs, NodePhase, Observed, PauseGuard};
+use crate::jobs::{io_err, now_ms, EpochWork, Jobs, NodeJob, NodePhase, Observed, PauseGuard};
 use crate::launch::exit_text;
 use crate::modes::{set_mode, PRIVATE_DIR};
 use crate::procfs;
@@ -154,13 +155,27 @@ impl Jobs {
         })
     }
 
+    /// The job, locked, for the checkpoint step `call` of `epoch`: it must have reached `phase`
+    /// of that epoch (else the error names `call`), and the step's failpoint runs first.
+    async fn enter_phase(
+        &self,
+        job_id: u64,
+        epoch: u32,
+        phase: NodePhase,
+        call: &'static str,
+    ) -> Result<OwnedMutexGuard<NodeJob>, AgentError> {
+        let mut job = self.get(job_id)?.lock_owned().await;
+        job.expect_phase(epoch, phase, call)?;
+        self.failpoint(job_id, call).await?;
+        Ok(job)
+    }
+
     /// Phase 2, pre-checkpoint coordination: freeze every process of the job on this node.
     #[instrument(skip_all, fields(phase = "quiesce", job = job_id, epoch = epoch, node = self.node()))]
     pub async fn quiesce(&self, job_id: u64, epoch: u32) -> Result<Duration, AgentError> {
-        let j = self.get(job_id)?;
-        let mut job = j.lock_owned().await;
-        job.expect_phase(epoch, NodePhase::Prepared, "quiesce")?;
-        self.failpoint(job_id, "quiesce").await?;
+        let mut job = self
+            .enter_phase(job_id, epoch, NodePhase::Prepared, "quiesce")
+            .await?;
         self.quiesce_channels(&mut job).await?;
         // Background copies stop taking CPU and disk before the freeze, until the thaw.
         job.work.as_mut().expect("checked").pause = Some(PauseGuard::new(&self.frozen));
@@ -195,10 +210,9 @@ impl Jobs {
     /// have the engine dump the frozen tree into staging. Returns (elapsed, frozen so far).
     #[instrument(skip_all, fields(phase = "local-checkpoint", job = job_id, epoch = epoch, node = self.node()))]
     pub async fn dump(&self, job_id: u64, epoch: u32) -> Result<(Duration, Duration), AgentError> {
-        let j = self.get(job_id)?;
-        let mut job = j.lock_owned().await;
-        job.expect_phase(epoch, NodePhase::Frozen, "dump")?;
-        self.failpoint(job_id, "dump").await?;
+        let mut job = self
+            .enter_phase(job_id, epoch, NodePhase::Frozen, "dump")
+            .await?;
         let engine = self.engine.clone();
         let begin = Instant::now();
         let (mut job, r) = tokio::task::spawn_blocking(move || {
@@ -223,10 +237,9 @@ impl Jobs {
         epoch: u32,
         kill: bool,
     ) -> Result<(Duration, Duration), AgentError> {
-        let j = self.get(job_id)?;
-        let mut job = j.lock_owned().await;
-        job.expect_phase(epoch, NodePhase::Dumped, "resume")?;
-        self.failpoint(job_id, "resume").await?;
+        let job = self
+            .enter_phase(job_id, epoch, NodePhase::Dumped, "resume")
+            .await?;
         let begin = Instant::now();
         let (mut job, r) = tokio::task::spawn_blocking(move || {
             let r = if kill {
@@ -256,10 +269,9 @@ impl Jobs {
     /// Runs after the job has resumed, so it costs the job no frozen time.
     #[instrument(skip_all, fields(phase = "finalize", job = job_id, epoch = epoch, node = self.node()))]
     pub async fn finalize(&self, job_id: u64, epoch: u32) -> Result<Finalized, AgentError> {
-        let j = self.get(job_id)?;
-        let mut job = j.lock_owned().await;
-        job.expect_phase(epoch, NodePhase::Resumed, "finalize")?;
-        self.failpoint(job_id, "finalize").await?;
+        let mut job = self
+            .enter_phase(job_id, epoch, NodePhase::Resumed, "finalize")
+            .await?;
         let w = job.work.take().expect("checked");
         let node = self.node.clone();
         let engine = (

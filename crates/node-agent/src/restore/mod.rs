@@ -139,7 +139,7 @@ impl Jobs {
             )
             .await;
         drop(lock);
-        match started {
+        let pid = match started {
             Ok(pid) if hold => {
                 // Released together with the other nodes (`release`). A part that cannot be
                 // held is not left running on its own: the coordinator only releases (or
@@ -164,14 +164,7 @@ impl Jobs {
                     source = source.name(),
                     "job restored, held frozen until released"
                 );
-                job.ibq_down = channels.clone();
-                Ok(Restored {
-                    pid,
-                    incarnation: job.record.incarnation,
-                    source,
-                    note,
-                    channels: channels.len() as u32,
-                })
+                pid
             }
             Ok(pid) => {
                 if let Err(e) = verify_restored(job_id, &job.cgroup, &owner) {
@@ -187,28 +180,29 @@ impl Jobs {
                     })?;
                 }
                 info!(pid, source = source.name(), "job restored");
-                job.ibq_down = channels.clone();
-                Ok(Restored {
-                    pid,
-                    incarnation: job.record.incarnation,
-                    source,
-                    note,
-                    channels: channels.len() as u32,
-                })
+                pid
             }
             Err(e) => {
                 if hold {
                     self.release_tcp(job_id).await;
                 }
-                match e {
+                return match e {
                     AgentError::Start { message, .. } => Err(AgentError::Engine {
                         job: job_id,
                         source: self.engine.restore_failed(message, &log),
                     }),
                     e => Err(e),
-                }
+                };
             }
-        }
+        };
+        job.ibq_down = channels.clone();
+        Ok(Restored {
+            pid,
+            incarnation: job.record.incarnation,
+            source,
+            note,
+            channels: channels.len() as u32,
+        })
     }
 
     /// Restart, second step: lets a part restored with `hold` run (TCP first, then thaw), or
