@@ -473,8 +473,51 @@ impl Job {
     }
 }
 
+/// Jobs and epochs for the unit tests of the modules that keep them.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use super::*;
+
+    /// A job of uid 1000 in `state`, launched on n1.
+    pub(crate) fn job(id: u64, state: JobState) -> Job {
+        Job {
+            id,
+            name: "heat".into(),
+            owner_uid: 1000,
+            owner_gid: 1000,
+            argv: vec!["mpiexec".into()],
+            cwd: "/".into(),
+            node: "n1".into(),
+            state,
+            incarnation: 1,
+            last_epoch: 0,
+            latest_committed: 0,
+            created_unix_ms: 0,
+            job_dir: String::new(),
+            parts: vec![],
+            token: String::new(),
+        }
+    }
+
+    /// Takes `e` from initial synchronization through every phase and commits it with
+    /// `manifests` at `at_ms`.
+    pub(crate) fn commit(e: &mut Epoch, manifests: BTreeMap<String, String>, at_ms: u64) {
+        for p in [
+            Phase::Quiesce,
+            Phase::Dump,
+            Phase::Resume,
+            Phase::Finalize,
+            Phase::Commit,
+        ] {
+            e.enter(p).unwrap();
+        }
+        e.commit(manifests, at_ms).unwrap();
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::fixtures::commit;
     use super::*;
 
     const PHASES: [Phase; 6] = [
@@ -551,16 +594,7 @@ mod tests {
     fn storage_follows_the_flush_and_the_local_copy() {
         let mut e = epoch();
         assert_eq!(e.storage_name(), "");
-        for p in [
-            Phase::Quiesce,
-            Phase::Dump,
-            Phase::Resume,
-            Phase::Finalize,
-            Phase::Commit,
-        ] {
-            e.enter(p).unwrap();
-        }
-        e.commit(manifests(), 2).unwrap();
+        commit(&mut e, manifests(), 2);
         assert_eq!(e.storage_name(), "local");
         e.flush = FlushState::Flushing;
         assert_eq!(e.storage_name(), "flushing");
@@ -603,23 +637,7 @@ mod tests {
     }
 
     fn job(state: JobState) -> Job {
-        Job {
-            id: 3,
-            name: "heat".into(),
-            owner_uid: 0,
-            owner_gid: 0,
-            argv: vec![],
-            cwd: "/".into(),
-            node: "n1".into(),
-            state,
-            incarnation: 1,
-            last_epoch: 0,
-            latest_committed: 0,
-            created_unix_ms: 0,
-            job_dir: String::new(),
-            parts: vec![],
-            token: String::new(),
-        }
+        super::fixtures::job(3, state)
     }
 
     fn all_states() -> Vec<JobState> {

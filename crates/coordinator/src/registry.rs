@@ -211,23 +211,7 @@ mod tests {
     use crate::model::{JobState, Phase};
 
     fn job(id: u64) -> Job {
-        Job {
-            id,
-            name: "heat".into(),
-            owner_uid: 1000,
-            owner_gid: 1000,
-            argv: vec!["mpiexec".into()],
-            cwd: "/".into(),
-            node: "n1".into(),
-            state: JobState::Running,
-            incarnation: 1,
-            last_epoch: 0,
-            latest_committed: 0,
-            created_unix_ms: 0,
-            job_dir: String::new(),
-            parts: vec![],
-            token: String::new(),
-        }
+        crate::model::fixtures::job(id, JobState::Running)
     }
 
     #[test]

@@ -513,22 +513,13 @@ impl Coordinator {
 mod tests {
     use super::*;
     use crate::config::CoordinatorConfig;
-    use crate::model::{EpochState, Phase};
+    use crate::model::EpochState;
     use crate::registry::Registry;
 
     fn committed(n: u32, flush: FlushState) -> Epoch {
         let mut e = Epoch::begin(1, n, false, vec!["n1".into(), "n2".into()], 0);
-        for p in [
-            Phase::Quiesce,
-            Phase::Dump,
-            Phase::Resume,
-            Phase::Finalize,
-            Phase::Commit,
-        ] {
-            e.enter(p).unwrap();
-        }
         let digests = [("n1", "a"), ("n2", "b")].map(|(n, d)| (n.to_string(), d.to_string()));
-        e.commit(digests.into(), 1).unwrap();
+        crate::model::fixtures::commit(&mut e, digests.into(), 1);
         e.flush = flush;
         e
     }
