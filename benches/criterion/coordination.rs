@@ -34,23 +34,27 @@ impl Agent for NoopAgent {
             incarnation: 1,
         }))
     }
-    async fn prepare(&self, _: Request<pb::PhaseRequest>) -> R<pb::PrepareReply> {
-        Ok(Response::new(pb::PrepareReply::default()))
-    }
-    async fn quiesce(&self, _: Request<pb::PhaseRequest>) -> R<pb::PhaseReply> {
-        Ok(Response::new(pb::PhaseReply::default()))
-    }
-    async fn dump(&self, _: Request<pb::PhaseRequest>) -> R<pb::DumpReply> {
-        Ok(Response::new(pb::DumpReply::default()))
-    }
-    async fn resume(&self, _: Request<pb::ResumeRequest>) -> R<pb::PhaseReply> {
-        Ok(Response::new(pb::PhaseReply::default()))
-    }
-    async fn finalize(&self, _: Request<pb::PhaseRequest>) -> R<pb::FinalizeReply> {
-        Ok(Response::new(pb::FinalizeReply {
-            manifest_digest: "noop".into(),
-            ..Default::default()
-        }))
+    type EpochStream = std::pin::Pin<
+        Box<dyn tokio_stream::Stream<Item = Result<pb::EpochEvent, Status>> + Send>,
+    >;
+    async fn epoch(
+        &self,
+        r: Request<tonic::Streaming<pb::EpochCommand>>,
+    ) -> R<Self::EpochStream> {
+        use tokio_stream::StreamExt;
+        let answers = r.into_inner().map(|c| {
+            let c = c?;
+            let mut ev = pb::EpochEvent {
+                phase: c.phase,
+                nodes: 1,
+                ..Default::default()
+            };
+            if c.phase() == pb::Phase::Finalize {
+                ev.manifests = [(String::new(), "noop".to_string())].into();
+            }
+            Ok(ev)
+        });
+        Ok(Response::new(Box::pin(answers)))
     }
     async fn abort(&self, _: Request<pb::AbortRequest>) -> R<pb::PhaseReply> {
         Ok(Response::new(pb::PhaseReply::default()))

@@ -155,6 +155,11 @@ impl Agents {
             })
     }
 
+    /// Opens a node's epoch stream (the call leaves with the first phase sent over it).
+    pub fn open_epoch(&self, node: &str) -> Result<crate::link::GrpcLink, NodeFailure> {
+        Ok(crate::link::GrpcLink::open(node, self.client(node)?))
+    }
+
     /// Calls a node's agent with a deadline; `f` makes the call on the node's client.
     pub async fn call<T, F, Fut>(
         &self,

@@ -11,6 +11,8 @@ pub mod agents;
 pub mod config;
 pub mod driver;
 pub mod grpc;
+pub mod link;
 pub mod model;
 pub mod registry;
+pub mod relay;
 pub mod server;

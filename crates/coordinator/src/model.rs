@@ -10,11 +10,13 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Phase {
     /// Initial synchronization: all agents confirm the job can be checkpointed.
-    Sync,
+    #[serde(alias = "Sync")]
+    InitialSync,
     /// Pre-checkpoint coordination: quiesce channels and freeze every node.
     Quiesce,
     /// Local checkpointing: every node dumps its frozen processes.
-    Dump,
+    #[serde(alias = "Dump")]
+    LocalCheckpoint,
     /// Post-checkpoint coordination: thaw and rebuild (or kill) everywhere.
     Resume,
     /// Every node seals its images (digests, fsync, manifest).
@@ -27,9 +29,9 @@ impl Phase {
     /// Name shown to users.
     pub fn name(self) -> &'static str {
         match self {
-            Phase::Sync => "initial-sync",
+            Phase::InitialSync => "initial-sync",
             Phase::Quiesce => "quiesce",
-            Phase::Dump => "local-checkpoint",
+            Phase::LocalCheckpoint => "local-checkpoint",
             Phase::Resume => "resume",
             Phase::Finalize => "finalize",
             Phase::Commit => "commit",
@@ -145,7 +147,7 @@ impl Epoch {
         Epoch {
             job_id,
             number,
-            state: EpochState::InProgress(Phase::Sync),
+            state: EpochState::InProgress(Phase::InitialSync),
             kill,
             nodes,
             manifests: BTreeMap::new(),
@@ -504,7 +506,7 @@ pub(crate) mod fixtures {
     pub(crate) fn commit(e: &mut Epoch, manifests: BTreeMap<String, String>, at_ms: u64) {
         for p in [
             Phase::Quiesce,
-            Phase::Dump,
+            Phase::LocalCheckpoint,
             Phase::Resume,
             Phase::Finalize,
             Phase::Commit,
@@ -521,9 +523,9 @@ mod tests {
     use super::*;
 
     const PHASES: [Phase; 6] = [
-        Phase::Sync,
+        Phase::InitialSync,
         Phase::Quiesce,
-        Phase::Dump,
+        Phase::LocalCheckpoint,
         Phase::Resume,
         Phase::Finalize,
         Phase::Commit,
@@ -571,7 +573,7 @@ mod tests {
         assert!(e.is_restorable());
         assert!(e.commit(manifests(), 2).is_err(), "double commit");
         assert!(e.fail("late", 2).is_err(), "a committed epoch cannot fail");
-        assert!(e.enter(Phase::Sync).is_err());
+        assert!(e.enter(Phase::InitialSync).is_err());
     }
 
     #[test]
@@ -619,12 +621,12 @@ mod tests {
     fn failed_epochs_are_terminal_and_keep_their_phase() {
         let mut e = epoch();
         e.enter(Phase::Quiesce).unwrap();
-        e.enter(Phase::Dump).unwrap();
+        e.enter(Phase::LocalCheckpoint).unwrap();
         e.fail("criu died", 5).unwrap();
         assert_eq!(
             e.state,
             EpochState::Failed {
-                phase: Phase::Dump,
+                phase: Phase::LocalCheckpoint,
                 reason: "criu died".into()
             }
         );

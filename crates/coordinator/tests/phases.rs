@@ -36,10 +36,13 @@ struct World {
     script: HashMap<(String, &'static str), Act>,
     /// (node, call, detail) in the order they arrived.
     log: Vec<(String, &'static str, String)>,
+    /// ib-quiesce channels every node reports in initial synchronization.
+    channels: u32,
 }
 
 type Shared = Arc<Mutex<World>>;
 
+#[derive(Clone)]
 struct FakeAgent {
     node: String,
     world: Shared,
@@ -71,6 +74,59 @@ impl FakeAgent {
     }
 }
 
+impl FakeAgent {
+    /// One phase of an epoch stream: logged under the phase's name and played like a call.
+    async fn phase(&self, cmd: pb::EpochCommand) -> pb::EpochEvent {
+        let phase = cmd.phase();
+        let call = phase_call(phase);
+        let detail = match phase {
+            pb::Phase::Resume => format!("{} kill={}", cmd.epoch, cmd.kill),
+            _ => cmd.epoch.to_string(),
+        };
+        let mut ev = pb::EpochEvent {
+            phase: phase as i32,
+            nodes: 1,
+            ..Default::default()
+        };
+        if let Err(s) = self.enter(call, detail).await {
+            ev.failure = Some(pb::PhaseFailure {
+                node: self.node.clone(),
+                code: s.code() as i32,
+                message: s.message().to_string(),
+            });
+            return ev;
+        }
+        match phase {
+            pb::Phase::InitialSync => {
+                ev.processes = 2;
+                ev.estimated_bytes = 1 << 20;
+                ev.staging_free_bytes = 1 << 30;
+                ev.channels = self.world.lock().unwrap().channels;
+            }
+            pb::Phase::Resume => ev.frozen_us = 5_000,
+            pb::Phase::Finalize => {
+                ev.image_bytes = 1000;
+                ev.image_files = 3;
+                ev.manifests = [(self.node.clone(), digest(&self.node, cmd.epoch))].into();
+            }
+            _ => {}
+        }
+        ev
+    }
+}
+
+/// The name the fakes log a phase under.
+fn phase_call(p: pb::Phase) -> &'static str {
+    match p {
+        pb::Phase::InitialSync => "initial-sync",
+        pb::Phase::Quiesce => "quiesce",
+        pb::Phase::LocalCheckpoint => "local-checkpoint",
+        pb::Phase::Resume => "resume",
+        pb::Phase::Finalize => "finalize",
+        pb::Phase::Unspecified => "unspecified",
+    }
+}
+
 /// The detail of the last `call` that `node` got.
 fn detail_of(world: &Shared, node: &str, call: &str) -> String {
     let w = world.lock().unwrap();
@@ -97,52 +153,25 @@ impl Agent for FakeAgent {
             incarnation: 0,
         }))
     }
-    async fn prepare(
+    type EpochStream = Stream<pb::EpochEvent>;
+    async fn epoch(
         &self,
-        r: Request<pb::PhaseRequest>,
-    ) -> Result<Response<pb::PrepareReply>, Status> {
-        self.enter("prepare", r.get_ref().epoch.to_string()).await?;
-        Ok(Response::new(pb::PrepareReply {
-            processes: 2,
-            estimated_bytes: 1 << 20,
-            staging_free_bytes: 1 << 30,
-            channels: 0,
-        }))
-    }
-    async fn quiesce(
-        &self,
-        r: Request<pb::PhaseRequest>,
-    ) -> Result<Response<pb::PhaseReply>, Status> {
-        self.enter("quiesce", r.get_ref().epoch.to_string()).await?;
-        Ok(Response::new(pb::PhaseReply::default()))
-    }
-    async fn dump(&self, r: Request<pb::PhaseRequest>) -> Result<Response<pb::DumpReply>, Status> {
-        self.enter("dump", r.get_ref().epoch.to_string()).await?;
-        Ok(Response::new(pb::DumpReply::default()))
-    }
-    async fn resume(
-        &self,
-        r: Request<pb::ResumeRequest>,
-    ) -> Result<Response<pb::PhaseReply>, Status> {
-        let r = r.into_inner();
-        self.enter("resume", format!("{} kill={}", r.epoch, r.kill))
-            .await?;
-        Ok(Response::new(pb::PhaseReply {
-            elapsed_us: 10,
-            frozen_us: 5_000,
-        }))
-    }
-    async fn finalize(
-        &self,
-        r: Request<pb::PhaseRequest>,
-    ) -> Result<Response<pb::FinalizeReply>, Status> {
-        let epoch = r.get_ref().epoch;
-        self.enter("finalize", epoch.to_string()).await?;
-        Ok(Response::new(pb::FinalizeReply {
-            image_bytes: 1000,
-            image_files: 3,
-            manifest_digest: digest(&self.node, epoch),
-        }))
+        r: Request<tonic::Streaming<pb::EpochCommand>>,
+    ) -> Result<Response<Self::EpochStream>, Status> {
+        let mut commands = r.into_inner();
+        let me = self.clone();
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(async move {
+            while let Ok(Some(cmd)) = commands.message().await {
+                let ev = me.phase(cmd).await;
+                if tx.send(Ok(ev)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
     async fn abort(
         &self,
@@ -431,9 +460,9 @@ impl Cluster {
 
 /// The agent calls of each checkpoint phase, in order, with the phase's name.
 const PHASES: [(&str, Phase); 5] = [
-    ("prepare", Phase::Sync),
+    ("initial-sync", Phase::InitialSync),
     ("quiesce", Phase::Quiesce),
-    ("dump", Phase::Dump),
+    ("local-checkpoint", Phase::LocalCheckpoint),
     ("resume", Phase::Resume),
     ("finalize", Phase::Finalize),
 ];
@@ -450,9 +479,10 @@ async fn a_checkpoint_runs_every_phase_on_every_node_and_commits_their_manifests
     for (call, _) in PHASES {
         assert_eq!(c.nodes_called(call), all_nodes(), "{call}");
     }
-    // Barriers: no node is asked for a phase before every node finished the one before.
+    // Barriers: no node is asked for a phase before every node finished the one before;
+    // finalize needs none after resume (without channels to rebuild it follows on each stream).
     let log = c.world.lock().unwrap().log.clone();
-    for pair in PHASES.windows(2) {
+    for pair in PHASES[..4].windows(2) {
         let last_of = log
             .iter()
             .rposition(|(_, call, _)| *call == pair[0].0)
@@ -507,7 +537,12 @@ async fn refusal_in(call: &'static str, phase: Phase) {
     );
     assert!(e.to_string().contains("refused by the script"), "{e}");
     assert_eq!(c.nodes_called("abort"), all_nodes());
-    let later = PHASES.iter().skip_while(|(p, _)| *p != call).skip(1);
+    // Finalize travels right behind resume: it may have run on the other nodes, but the
+    // epoch is aborted all the same.
+    let later = PHASES
+        .iter()
+        .skip_while(|(p, _)| *p != call)
+        .skip(if call == "resume" { 2 } else { 1 });
     for (next, _) in later {
         assert!(c.calls(next).is_empty(), "{next} after a failed {call}");
     }
@@ -520,7 +555,7 @@ async fn refusal_in(call: &'static str, phase: Phase) {
 
 #[tokio::test]
 async fn a_refusal_in_initial_sync_aborts_the_epoch() {
-    refusal_in("prepare", Phase::Sync).await;
+    refusal_in("initial-sync", Phase::InitialSync).await;
 }
 
 #[tokio::test]
@@ -530,7 +565,7 @@ async fn a_refusal_in_quiesce_aborts_the_epoch() {
 
 #[tokio::test]
 async fn a_refusal_in_local_checkpoint_aborts_the_epoch() {
-    refusal_in("dump", Phase::Dump).await;
+    refusal_in("local-checkpoint", Phase::LocalCheckpoint).await;
 }
 
 #[tokio::test]
@@ -541,6 +576,34 @@ async fn a_refusal_in_resume_aborts_the_epoch() {
 #[tokio::test]
 async fn a_refusal_in_finalize_aborts_the_epoch() {
     refusal_in("finalize", Phase::Finalize).await;
+}
+
+#[tokio::test]
+async fn finalize_follows_resume_on_each_node_and_waits_for_a_channel_rebuild() {
+    let c = Cluster::start().await;
+    let job = c.job().await;
+    c.checkpoint(job, false).await.unwrap();
+    let log = c.world.lock().unwrap().log.clone();
+    for n in NODES {
+        let at = |call: &str| {
+            log.iter()
+                .position(|(node, c, _)| node == n && *c == call)
+                .unwrap()
+        };
+        assert!(at("resume") < at("finalize"), "{n}: {log:?}");
+    }
+    assert!(c.calls("rebuild").is_empty());
+    // With ib-quiesce channels, the nodes rebuild them after every node resumed, and only
+    // then seal.
+    c.world.lock().unwrap().channels = 1;
+    c.world.lock().unwrap().log.clear();
+    c.checkpoint(job, false).await.unwrap();
+    let log = c.world.lock().unwrap().log.clone();
+    let last = |call: &str| log.iter().rposition(|(_, c, _)| *c == call).unwrap();
+    let first = |call: &str| log.iter().position(|(_, c, _)| *c == call).unwrap();
+    assert_eq!(c.nodes_called("rebuild"), all_nodes());
+    assert!(last("resume") < first("rebuild"), "{log:?}");
+    assert!(last("rebuild") < first("finalize"), "{log:?}");
 }
 
 /// A node that never answers phase `call`: the epoch fails at the phase's deadline naming the
@@ -573,7 +636,7 @@ async fn silence_in(call: &'static str, phase: Phase) {
 
 #[tokio::test]
 async fn a_deadline_in_initial_sync_aborts_the_epoch() {
-    silence_in("prepare", Phase::Sync).await;
+    silence_in("initial-sync", Phase::InitialSync).await;
 }
 
 #[tokio::test]
@@ -583,7 +646,7 @@ async fn a_deadline_in_quiesce_aborts_the_epoch() {
 
 #[tokio::test]
 async fn a_deadline_in_local_checkpoint_aborts_the_epoch() {
-    silence_in("dump", Phase::Dump).await;
+    silence_in("local-checkpoint", Phase::LocalCheckpoint).await;
 }
 
 #[tokio::test]
@@ -609,7 +672,7 @@ async fn an_unreachable_agent_fails_initial_sync_naming_its_node() {
     let DriveError::EpochFailed { phase, failure, .. } = &e else {
         panic!("{e}")
     };
-    assert_eq!(*phase, Phase::Sync.name());
+    assert_eq!(*phase, Phase::InitialSync.name());
     assert_eq!(
         (failure.node.as_str(), failure.kind),
         ("n2", FailureKind::Unreachable),
@@ -642,7 +705,7 @@ async fn a_kill_checkpoint_that_fails_after_the_kill_leaves_the_job_stopped() {
     assert_eq!(c.job_state(job), JobState::Stopped);
     // Failed before the kill: the job runs on.
     c.unscript();
-    c.script("n1", "dump", Act::Fail(Code::Internal));
+    c.script("n1", "local-checkpoint", Act::Fail(Code::Internal));
     let job2 = c.job().await;
     c.checkpoint(job2, true).await.unwrap_err();
     assert!(c.calls("resume").is_empty());

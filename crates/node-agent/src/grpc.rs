@@ -59,6 +59,79 @@ pub fn to_status(e: AgentError) -> Status {
     }
 }
 
+/// Runs one phase of an epoch stream; `epoch` is the (job, epoch) the stream's first command
+/// named: a stream carries one epoch.
+async fn run_phase(
+    jobs: &Jobs,
+    cmd: pb::EpochCommand,
+    epoch: &mut Option<(u64, u32)>,
+) -> pb::EpochEvent {
+    let phase = cmd.phase();
+    let begin = std::time::Instant::now();
+    let mut ev = pb::EpochEvent {
+        phase: phase as i32,
+        nodes: 1,
+        ..Default::default()
+    };
+    let this = (cmd.job_id, cmd.epoch);
+    let done = match *epoch.get_or_insert(this) {
+        e if e != this => Err(Status::invalid_argument(format!(
+            "this epoch stream carries job {} epoch {}, not job {} epoch {}",
+            e.0, e.1, this.0, this.1
+        ))),
+        (job, epoch) => match phase {
+            pb::Phase::InitialSync => jobs.prepare(job, epoch).await.map(|p| {
+                ev.processes = p.processes;
+                ev.estimated_bytes = p.estimated_bytes;
+                ev.staging_free_bytes = p.staging_free_bytes;
+                ev.channels = p.channels;
+            }),
+            pb::Phase::Quiesce => jobs.quiesce(job, epoch).await.map(|_| ()),
+            pb::Phase::LocalCheckpoint => jobs
+                .dump(job, epoch)
+                .await
+                .map(|(_, frozen)| ev.frozen_us = us(frozen)),
+            pb::Phase::Resume => jobs
+                .resume(job, epoch, cmd.kill)
+                .await
+                .map(|(_, frozen)| ev.frozen_us = us(frozen)),
+            pb::Phase::Finalize => jobs.finalize(job, epoch).await.map(|f| {
+                ev.image_bytes = f.image_bytes;
+                ev.image_files = f.image_files;
+                ev.manifests = [(jobs.node().to_string(), f.manifest_digest)].into();
+            }),
+            pb::Phase::Unspecified => {
+                return failed(
+                    ev,
+                    jobs,
+                    &Status::invalid_argument("epoch command without a phase"),
+                )
+            }
+        }
+        .map_err(to_status),
+    };
+    match done {
+        Ok(()) => {
+            ev.elapsed_us = us(begin.elapsed());
+            ev
+        }
+        Err(s) => failed(ev, jobs, &s),
+    }
+}
+
+/// The event of a phase that failed with `s`.
+fn failed(ev: pb::EpochEvent, jobs: &Jobs, s: &Status) -> pb::EpochEvent {
+    pb::EpochEvent {
+        phase: ev.phase,
+        failure: Some(pb::PhaseFailure {
+            node: jobs.node().to_string(),
+            code: s.code() as i32,
+            message: s.message().to_string(),
+        }),
+        ..Default::default()
+    }
+}
+
 /// How often a flush reports progress.
 const FLUSH_PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
@@ -66,12 +139,9 @@ fn us(d: std::time::Duration) -> u64 {
     d.as_micros() as u64
 }
 
-/// The reply of a step that took `d` and froze nothing.
+/// The reply of a step that took `d`.
 fn took(d: std::time::Duration) -> Response<pb::PhaseReply> {
-    Response::new(pb::PhaseReply {
-        elapsed_us: us(d),
-        frozen_us: 0,
-    })
+    Response::new(pb::PhaseReply { elapsed_us: us(d) })
 }
 
 /// Refuses a call from anyone but the coordinator (or root over the standalone daemon's local
@@ -113,85 +183,31 @@ impl Agent for AgentHandler {
         }))
     }
 
-    async fn prepare(
-        &self,
-        req: Request<pb::PhaseRequest>,
-    ) -> Result<Response<pb::PrepareReply>, Status> {
-        from_coordinator(&req, "Agent.Prepare")?;
-        let r = req.into_inner();
-        let p = self
-            .jobs
-            .prepare(r.job_id, r.epoch)
-            .await
-            .map_err(to_status)?;
-        Ok(Response::new(pb::PrepareReply {
-            processes: p.processes,
-            estimated_bytes: p.estimated_bytes,
-            staging_free_bytes: p.staging_free_bytes,
-            channels: p.channels,
-        }))
-    }
+    type EpochStream =
+        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::EpochEvent, Status>> + Send>>;
 
-    async fn quiesce(
+    async fn epoch(
         &self,
-        req: Request<pb::PhaseRequest>,
-    ) -> Result<Response<pb::PhaseReply>, Status> {
-        from_coordinator(&req, "Agent.Quiesce")?;
-        let r = req.into_inner();
-        let d = self
-            .jobs
-            .quiesce(r.job_id, r.epoch)
-            .await
-            .map_err(to_status)?;
-        Ok(took(d))
-    }
-
-    async fn dump(
-        &self,
-        req: Request<pb::PhaseRequest>,
-    ) -> Result<Response<pb::DumpReply>, Status> {
-        from_coordinator(&req, "Agent.Dump")?;
-        let r = req.into_inner();
-        let (d, frozen) = self.jobs.dump(r.job_id, r.epoch).await.map_err(to_status)?;
-        Ok(Response::new(pb::DumpReply {
-            elapsed_us: us(d),
-            frozen_us: us(frozen),
-        }))
-    }
-
-    async fn resume(
-        &self,
-        req: Request<pb::ResumeRequest>,
-    ) -> Result<Response<pb::PhaseReply>, Status> {
-        from_coordinator(&req, "Agent.Resume")?;
-        let r = req.into_inner();
-        let (d, frozen) = self
-            .jobs
-            .resume(r.job_id, r.epoch, r.kill)
-            .await
-            .map_err(to_status)?;
-        Ok(Response::new(pb::PhaseReply {
-            elapsed_us: us(d),
-            frozen_us: us(frozen),
-        }))
-    }
-
-    async fn finalize(
-        &self,
-        req: Request<pb::PhaseRequest>,
-    ) -> Result<Response<pb::FinalizeReply>, Status> {
-        from_coordinator(&req, "Agent.Finalize")?;
-        let r = req.into_inner();
-        let f = self
-            .jobs
-            .finalize(r.job_id, r.epoch)
-            .await
-            .map_err(to_status)?;
-        Ok(Response::new(pb::FinalizeReply {
-            image_bytes: f.image_bytes,
-            image_files: f.image_files,
-            manifest_digest: f.manifest_digest,
-        }))
+        req: Request<tonic::Streaming<pb::EpochCommand>>,
+    ) -> Result<Response<Self::EpochStream>, Status> {
+        from_coordinator(&req, "Agent.Epoch")?;
+        let mut commands = req.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let jobs = self.jobs.clone();
+        tokio::spawn(async move {
+            let mut epoch = None;
+            // Phases run one after the other, in the order they came; the stream ends when
+            // the coordinator closes its side (or goes away).
+            while let Ok(Some(cmd)) = commands.message().await {
+                let ev = run_phase(&jobs, cmd, &mut epoch).await;
+                if tx.send(Ok(ev)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
 
     async fn abort(

@@ -219,6 +219,14 @@ async fn main() {
         job_id: job,
         epoch: 1,
     };
+    // The epoch stream, its first command a dump (or a kill, with resume).
+    let epoch_cmd = |phase: pb::Phase| pb::EpochCommand {
+        job_id: job,
+        epoch: 1,
+        phase: phase as i32,
+        kill: true,
+        deadline_ms: 1000,
+    };
     attack!(
         "Agent.Launch",
         ag.launch(LaunchRequest {
@@ -230,18 +238,18 @@ async fn main() {
             token: "t".into(),
         })
     );
-    report("Agent.Prepare", ag.prepare(phase).await);
-    report("Agent.Quiesce", ag.quiesce(phase).await);
-    report("Agent.Dump", ag.dump(phase).await);
-    attack!(
-        "Agent.Resume",
-        ag.resume(ResumeRequest {
-            job_id: job,
-            epoch: 1,
-            kill: true
-        })
+    report(
+        "Agent.EpochDump",
+        ag.epoch(tokio_stream::iter(vec![epoch_cmd(
+            pb::Phase::LocalCheckpoint,
+        )]))
+        .await,
     );
-    report("Agent.Finalize", ag.finalize(phase).await);
+    report(
+        "Agent.EpochKill",
+        ag.epoch(tokio_stream::iter(vec![epoch_cmd(pb::Phase::Resume)]))
+            .await,
+    );
     attack!(
         "Agent.Abort",
         ag.abort(AbortRequest {

@@ -1,8 +1,12 @@
 //! One checkpoint epoch: initial synchronization, quiesce, local checkpoint, resume, finalize,
 //! commit; the first failure aborts the epoch on every node.
+//!
+//! The phases travel over one [`EpochLink`] per node (an `Agent.Epoch` stream), opened by the
+//! initial synchronization and dropped with the run. The registry is written durably twice: when
+//! the epoch begins and when it commits or aborts; the phases between are noted without a sync.
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ckpt_proto::v1 as pb;
 use tokio::sync::mpsc;
@@ -11,6 +15,7 @@ use tracing::{info, instrument, warn};
 use super::{now_ms, Caller, Coordinator, DriveError, Step};
 use crate::agents::{FailureKind, NodeFailure};
 use crate::config::Deadlines;
+use crate::link::{barrier, send_all, wire_phase, EpochLink};
 use crate::model::{Epoch, FlushState, Job, JobState, Phase, TransitionError};
 
 impl Coordinator {
@@ -61,6 +66,8 @@ impl Coordinator {
             progress,
             begin: Instant::now(),
             channels: 0,
+            links: Vec::new(),
+            finalize_sent: false,
         };
         match run.phases().await {
             Ok(manifests) => run.commit(manifests).await,
@@ -84,16 +91,45 @@ struct EpochRun<'c> {
     /// ib-quiesce channels in the job: once any may be down, they must be rebuilt, also when
     /// the epoch fails.
     channels: u32,
+    /// One link per node, opened by the initial synchronization.
+    links: Vec<Box<dyn EpochLink>>,
+    /// Finalize went out right behind resume (no rebuild between them).
+    finalize_sent: bool,
 }
 
 impl EpochRun<'_> {
     /// The phases up to the commit, in order; the first failure ends them.
     async fn phases(&mut self) -> StepResult<BTreeMap<String, String>> {
-        let prepared = self.sync().await?;
-        self.quiesce(&prepared).await?;
+        let synced = self.sync().await?;
+        self.quiesce(&synced).await?;
         self.dump().await?;
         self.resume().await?;
         self.finalize().await
+    }
+
+    /// Sends `phase` to every node; its answers are gathered by [`EpochRun::gather`].
+    fn send(&mut self, phase: Phase, deadline: Duration) -> StepResult<()> {
+        let cmd = pb::EpochCommand {
+            job_id: self.id,
+            epoch: self.epoch.number,
+            phase: wire_phase(phase) as i32,
+            kill: self.epoch.kill,
+            deadline_ms: u32::try_from(deadline.as_millis()).unwrap_or(u32::MAX),
+        };
+        send_all(&mut self.links, cmd).map_err(|f| (phase, f))
+    }
+
+    /// Every node's answer to `phase`, merged; the first failure fails the phase.
+    async fn gather(&mut self, phase: Phase, deadline: Duration) -> StepResult<pb::EpochEvent> {
+        barrier(&mut self.links, phase, deadline)
+            .await
+            .map_err(|f| (phase, f))
+    }
+
+    /// Sends `phase` to every node and waits for every answer.
+    async fn step(&mut self, phase: Phase, deadline: Duration) -> StepResult<pb::EpochEvent> {
+        self.send(phase, deadline)?;
+        self.gather(phase, deadline).await
     }
 
     fn say(&self, phase: Phase, message: String) {
@@ -105,85 +141,59 @@ impl EpochRun<'_> {
         });
     }
 
-    fn request(&self) -> pb::PhaseRequest {
-        pb::PhaseRequest {
-            job_id: self.id,
-            epoch: self.epoch.number,
-        }
-    }
-
-    /// Initial synchronization: every node checks it can take the checkpoint and says how
-    /// much it holds.
+    /// Initial synchronization: every node's epoch stream opens, and every node checks it can
+    /// take the checkpoint and says how much it holds.
     #[instrument(skip_all, fields(phase = "initial-sync"))]
-    async fn sync(&mut self) -> StepResult<Vec<(String, pb::PrepareReply)>> {
+    async fn sync(&mut self) -> StepResult<pb::EpochEvent> {
         self.say(
-            Phase::Sync,
+            Phase::InitialSync,
             format!("checking {} node(s)", self.nodes.len()),
         );
-        let r = self.request();
-        let prepared = self
-            .coord
-            .on_all(
-                &self.nodes,
-                "initial synchronization",
-                self.deadlines.sync,
-                |mut c| async move { c.prepare(r).await },
-            )
-            .await
-            .map_err(|f| (Phase::Sync, f))?;
-        self.channels = prepared.iter().map(|(_, p)| p.channels).sum();
-        Ok(prepared)
+        for n in &self.nodes {
+            let link = self
+                .coord
+                .agents
+                .open_epoch(n)
+                .map_err(|f| (Phase::InitialSync, f))?;
+            self.links.push(Box::new(link));
+        }
+        let synced = self.step(Phase::InitialSync, self.deadlines.sync).await?;
+        self.channels = synced.channels;
+        Ok(synced)
     }
 
     /// Quiesce: every node drains its InfiniBand channels and freezes the job's processes.
     #[instrument(skip_all, fields(phase = "quiesce"))]
-    async fn quiesce(&mut self, prepared: &[(String, pb::PrepareReply)]) -> StepResult<()> {
-        self.coord.advance(&mut self.epoch, Phase::Quiesce).await;
-        let resident: u64 = prepared.iter().map(|(_, p)| p.estimated_bytes).sum();
+    async fn quiesce(&mut self, synced: &pb::EpochEvent) -> StepResult<()> {
+        self.coord.advance(&mut self.epoch, Phase::Quiesce);
         self.say(
             Phase::Quiesce,
             format!(
                 "freezing {} processes (~{} MB resident)",
-                prepared.iter().map(|(_, p)| p.processes).sum::<u32>(),
-                resident >> 20
+                synced.processes,
+                synced.estimated_bytes >> 20
             ),
         );
-        let r = self.request();
-        self.coord
-            .on_all(
-                &self.nodes,
-                "quiesce",
-                self.deadlines.quiesce,
-                |mut c| async move { c.quiesce(r).await },
-            )
-            .await
-            .map_err(|f| (Phase::Quiesce, f))?;
+        self.step(Phase::Quiesce, self.deadlines.quiesce).await?;
         Ok(())
     }
 
     /// Local checkpoint: every node snapshots its frozen processes into its staging.
     #[instrument(skip_all, fields(phase = "local-checkpoint"))]
     async fn dump(&mut self) -> StepResult<()> {
-        self.coord.advance(&mut self.epoch, Phase::Dump).await;
-        self.say(Phase::Dump, "all nodes frozen; dumping".into());
-        let r = self.request();
-        self.coord
-            .on_all(
-                &self.nodes,
-                "local checkpoint",
-                self.deadlines.dump,
-                |mut c| async move { c.dump(r).await },
-            )
-            .await
-            .map_err(|f| (Phase::Dump, f))?;
+        self.coord.advance(&mut self.epoch, Phase::LocalCheckpoint);
+        self.say(Phase::LocalCheckpoint, "all nodes frozen; dumping".into());
+        self.step(Phase::LocalCheckpoint, self.deadlines.dump)
+            .await?;
         Ok(())
     }
 
     /// Resume: every node thaws (or, for `--kill`, stops) the job; then its InfiniBand
-    /// channels are rebuilt and reconnected across the nodes.
+    /// channels are rebuilt and reconnected across the nodes. Sealing needs no barrier after
+    /// the thaw: without channels to rebuild, finalize follows resume on every stream at once.
     #[instrument(skip_all, fields(phase = "resume"))]
     async fn resume(&mut self) -> StepResult<()> {
-        self.coord.advance(&mut self.epoch, Phase::Resume).await;
+        self.coord.advance(&mut self.epoch, Phase::Resume);
         let kill = self.epoch.kill;
         self.say(
             Phase::Resume,
@@ -194,25 +204,15 @@ impl EpochRun<'_> {
             }
             .into(),
         );
-        let (id, number) = (self.id, self.epoch.number);
-        let resumed = self
-            .coord
-            .on_all(
-                &self.nodes,
-                "resume",
-                self.deadlines.resume,
-                |mut c| async move {
-                    c.resume(pb::ResumeRequest {
-                        job_id: id,
-                        epoch: number,
-                        kill,
-                    })
-                    .await
-                },
-            )
-            .await
-            .map_err(|f| (Phase::Resume, f))?;
-        if !kill && self.channels > 0 {
+        let rebuild = !kill && self.channels > 0;
+        self.send(Phase::Resume, self.deadlines.resume)?;
+        if !rebuild {
+            self.send(Phase::Finalize, self.deadlines.finalize)?;
+            self.finalize_sent = true;
+        }
+        let resumed = self.gather(Phase::Resume, self.deadlines.resume).await?;
+        if rebuild {
+            let (id, number) = (self.id, self.epoch.number);
             let r = self
                 .coord
                 .rebuild_channels(&self.nodes, id, number)
@@ -222,11 +222,7 @@ impl EpochRun<'_> {
         }
         // The job's frozen time: from the first freeze to the last thaw, per node; the longest
         // node is what the job felt.
-        self.epoch.frozen_ms = resumed
-            .iter()
-            .map(|(_, r)| r.frozen_us / 1000)
-            .max()
-            .unwrap_or(0);
+        self.epoch.frozen_ms = resumed.frozen_us / 1000;
         Ok(())
     }
 
@@ -234,7 +230,7 @@ impl EpochRun<'_> {
     /// Returns each node's manifest digest.
     #[instrument(skip_all, fields(phase = "finalize"))]
     async fn finalize(&mut self) -> StepResult<BTreeMap<String, String>> {
-        self.coord.advance(&mut self.epoch, Phase::Finalize).await;
+        self.coord.advance(&mut self.epoch, Phase::Finalize);
         self.say(
             Phase::Finalize,
             format!(
@@ -247,24 +243,16 @@ impl EpochRun<'_> {
                 self.epoch.frozen_ms
             ),
         );
-        let r = self.request();
+        if !self.finalize_sent {
+            self.send(Phase::Finalize, self.deadlines.finalize)?;
+        }
         let sealed = self
-            .coord
-            .on_all(
-                &self.nodes,
-                "finalize",
-                self.deadlines.finalize,
-                |mut c| async move { c.finalize(r).await },
-            )
-            .await
-            .map_err(|f| (Phase::Finalize, f))?;
-        self.epoch.image_bytes = sealed.iter().map(|(_, f)| f.image_bytes).sum();
-        self.epoch.image_files = sealed.iter().map(|(_, f)| f.image_files).sum();
-        self.coord.advance(&mut self.epoch, Phase::Commit).await;
-        Ok(sealed
-            .into_iter()
-            .map(|(n, f)| (n, f.manifest_digest))
-            .collect())
+            .gather(Phase::Finalize, self.deadlines.finalize)
+            .await?;
+        self.epoch.image_bytes = sealed.image_bytes;
+        self.epoch.image_files = sealed.image_files;
+        self.coord.advance(&mut self.epoch, Phase::Commit);
+        Ok(sealed.manifests.into_iter().collect())
     }
 
     /// Commit: the epoch and the job are written together; from here the epoch is

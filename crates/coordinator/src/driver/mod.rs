@@ -266,12 +266,14 @@ impl Coordinator {
         Ok(job)
     }
 
-    async fn advance(&self, epoch: &mut Epoch, next: Phase) {
+    /// Moves an epoch to its next phase, noted in the registry for readers (not synced: see
+    /// [`Registry::note_epoch`]).
+    fn advance(&self, epoch: &mut Epoch, next: Phase) {
         if let Err(e) = epoch.enter(next) {
             // Phases are entered in code order; a refusal here is a bug, not a user error.
             panic!("phase driver out of order: {e}");
         }
-        if let Err(e) = self.registry.put_epoch(epoch) {
+        if let Err(e) = self.registry.note_epoch(epoch) {
             warn!(error = %e, "cannot persist epoch progress");
         }
     }
