@@ -34,13 +34,9 @@ impl Agent for NoopAgent {
             incarnation: 1,
         }))
     }
-    type EpochStream = std::pin::Pin<
-        Box<dyn tokio_stream::Stream<Item = Result<pb::EpochEvent, Status>> + Send>,
-    >;
-    async fn epoch(
-        &self,
-        r: Request<tonic::Streaming<pb::EpochCommand>>,
-    ) -> R<Self::EpochStream> {
+    type EpochStream =
+        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::EpochEvent, Status>> + Send>>;
+    async fn epoch(&self, r: Request<tonic::Streaming<pb::EpochCommand>>) -> R<Self::EpochStream> {
         use tokio_stream::StreamExt;
         let answers = r.into_inner().map(|c| {
             let c = c?;

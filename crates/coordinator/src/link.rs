@@ -24,7 +24,7 @@ use crate::model::Phase;
 
 /// One node's (or one subtree's) end of an epoch.
 #[tonic::async_trait]
-pub trait EpochLink: Send {
+pub trait EpochLink: Send + std::fmt::Debug {
     /// The node the link reaches (a relay: the node it runs on); names failures the link
     /// cannot attribute to a node below it.
     fn node(&self) -> &str;
@@ -32,6 +32,11 @@ pub trait EpochLink: Send {
     fn send(&mut self, cmd: pb::EpochCommand) -> Result<(), NodeFailure>;
     /// The answer to the oldest unanswered command: the event, or the node that failed and how.
     async fn next(&mut self) -> Result<pb::EpochEvent, NodeFailure>;
+    /// Whether the link can carry the job's next epoch: every command answered, and the link
+    /// not known to be broken. Links that cannot be kept say no.
+    fn reusable(&self) -> bool {
+        false
+    }
 }
 
 /// The protocol's name of a driver phase (commit has none: no node takes part in it).
@@ -148,7 +153,8 @@ enum Inbound {
     Broken(NodeFailure),
 }
 
-/// One `Agent.Epoch` stream to a node's agent.
+/// One `Agent.Epoch` stream to a node's agent. It carries one job's epochs, one after the
+/// other: a committed epoch leaves it open for the next (see [`crate::agents::Agents::epoch_link`]).
 pub struct GrpcLink {
     node: String,
     out: mpsc::UnboundedSender<pb::EpochCommand>,
@@ -208,6 +214,10 @@ impl EpochLink for GrpcLink {
         })?;
         self.pending.push_back(phase);
         Ok(())
+    }
+
+    fn reusable(&self) -> bool {
+        self.pending.is_empty() && !self.out.is_closed() && matches!(self.inbound, Inbound::Open(_))
     }
 
     async fn next(&mut self) -> Result<pb::EpochEvent, NodeFailure> {

@@ -137,6 +137,7 @@ mod tests {
     use crate::link::{barrier, send_all};
 
     /// A node answering every phase at once, or failing or hanging in one.
+    #[derive(Debug)]
     struct Leaf {
         node: String,
         fail_in: Option<pb::Phase>,

@@ -38,6 +38,8 @@ struct World {
     log: Vec<(String, &'static str, String)>,
     /// ib-quiesce channels every node reports in initial synchronization.
     channels: u32,
+    /// Epoch streams opened, over all nodes.
+    streams: u32,
 }
 
 type Shared = Arc<Mutex<World>>;
@@ -158,6 +160,7 @@ impl Agent for FakeAgent {
         &self,
         r: Request<tonic::Streaming<pb::EpochCommand>>,
     ) -> Result<Response<Self::EpochStream>, Status> {
+        self.world.lock().unwrap().streams += 1;
         let mut commands = r.into_inner();
         let me = self.clone();
         let (tx, rx) = mpsc::channel(4);
@@ -604,6 +607,41 @@ async fn finalize_follows_resume_on_each_node_and_waits_for_a_channel_rebuild() 
     assert_eq!(c.nodes_called("rebuild"), all_nodes());
     assert!(last("resume") < first("rebuild"), "{log:?}");
     assert!(last("rebuild") < first("finalize"), "{log:?}");
+}
+
+#[tokio::test]
+async fn a_jobs_next_epoch_reuses_its_streams_and_a_failed_one_drops_them() {
+    let c = Cluster::start().await;
+    let job = c.job().await;
+    let streams = || c.world.lock().unwrap().streams;
+    c.checkpoint(job, false).await.unwrap();
+    assert_eq!(streams(), 3);
+    c.checkpoint(job, false).await.unwrap();
+    assert_eq!(
+        streams(),
+        3,
+        "the second epoch rode the first one's streams"
+    );
+    // Another job has streams of its own.
+    let other = c.job().await;
+    c.checkpoint(other, false).await.unwrap();
+    assert_eq!(streams(), 6);
+    // A failed epoch leaves nothing behind: the next one opens new streams.
+    c.script("n2", "quiesce", Act::Fail(Code::FailedPrecondition));
+    c.checkpoint(job, false).await.unwrap_err();
+    c.unscript();
+    let before = streams();
+    assert_eq!(c.checkpoint(job, false).await.unwrap(), 4);
+    assert_eq!(streams(), before + 3);
+    // An agent that registers again gets new streams too.
+    let addr = c.coord.agents.address("n1").unwrap();
+    c.coord
+        .register_agent("n1", &addr, vec![], String::new())
+        .await
+        .unwrap();
+    let before = streams();
+    c.checkpoint(job, false).await.unwrap();
+    assert_eq!(streams(), before + 1);
 }
 
 /// A node that never answers phase `call`: the epoch fails at the phase's deadline naming the

@@ -59,12 +59,12 @@ pub fn to_status(e: AgentError) -> Status {
     }
 }
 
-/// Runs one phase of an epoch stream; `epoch` is the (job, epoch) the stream's first command
-/// named: a stream carries one epoch.
+/// Runs one phase of an epoch stream; `stream_job` is the job the stream's first command
+/// named: a stream carries the epochs of one job, one after the other.
 async fn run_phase(
     jobs: &Jobs,
     cmd: pb::EpochCommand,
-    epoch: &mut Option<(u64, u32)>,
+    stream_job: &mut Option<u64>,
 ) -> pb::EpochEvent {
     let phase = cmd.phase();
     let begin = std::time::Instant::now();
@@ -73,11 +73,10 @@ async fn run_phase(
         nodes: 1,
         ..Default::default()
     };
-    let this = (cmd.job_id, cmd.epoch);
-    let done = match *epoch.get_or_insert(this) {
-        e if e != this => Err(Status::invalid_argument(format!(
-            "this epoch stream carries job {} epoch {}, not job {} epoch {}",
-            e.0, e.1, this.0, this.1
+    let done = match (*stream_job.get_or_insert(cmd.job_id), cmd.epoch) {
+        (j, _) if j != cmd.job_id => Err(Status::invalid_argument(format!(
+            "this epoch stream carries job {j}, not job {}",
+            cmd.job_id
         ))),
         (job, epoch) => match phase {
             pb::Phase::InitialSync => jobs.prepare(job, epoch).await.map(|p| {
@@ -195,11 +194,11 @@ impl Agent for AgentHandler {
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let jobs = self.jobs.clone();
         tokio::spawn(async move {
-            let mut epoch = None;
+            let mut job = None;
             // Phases run one after the other, in the order they came; the stream ends when
             // the coordinator closes its side (or goes away).
             while let Ok(Some(cmd)) = commands.message().await {
-                let ev = run_phase(&jobs, cmd, &mut epoch).await;
+                let ev = run_phase(&jobs, cmd, &mut job).await;
                 if tx.send(Ok(ev)).await.is_err() {
                     break;
                 }

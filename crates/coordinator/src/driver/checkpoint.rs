@@ -1,8 +1,9 @@
 //! One checkpoint epoch: initial synchronization, quiesce, local checkpoint, resume, finalize,
 //! commit; the first failure aborts the epoch on every node.
 //!
-//! The phases travel over one [`EpochLink`] per node (an `Agent.Epoch` stream), opened by the
-//! initial synchronization and dropped with the run. The registry is written durably twice: when
+//! The phases travel over one [`EpochLink`] per node (an `Agent.Epoch` stream), taken by the
+//! initial synchronization: the one the job's last committed epoch left open, or a new one. A
+//! committed epoch leaves its links open for the next; a failed one drops them. The registry is written durably twice: when
 //! the epoch begins and when it commits or aborts; the phases between are noted without a sync.
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -67,6 +68,7 @@ impl Coordinator {
             begin: Instant::now(),
             channels: 0,
             links: Vec::new(),
+            generations: Vec::new(),
             finalize_sent: false,
         };
         match run.phases().await {
@@ -91,8 +93,10 @@ struct EpochRun<'c> {
     /// ib-quiesce channels in the job: once any may be down, they must be rebuilt, also when
     /// the epoch fails.
     channels: u32,
-    /// One link per node, opened by the initial synchronization.
+    /// One link per node (in `nodes` order), taken by the initial synchronization, and the
+    /// registration of the node's agent it belongs to.
     links: Vec<Box<dyn EpochLink>>,
+    generations: Vec<u64>,
     /// Finalize went out right behind resume (no rebuild between them).
     finalize_sent: bool,
 }
@@ -150,12 +154,13 @@ impl EpochRun<'_> {
             format!("checking {} node(s)", self.nodes.len()),
         );
         for n in &self.nodes {
-            let link = self
+            let (link, generation) = self
                 .coord
                 .agents
-                .open_epoch(n)
+                .epoch_link(n, self.id)
                 .map_err(|f| (Phase::InitialSync, f))?;
-            self.links.push(Box::new(link));
+            self.links.push(link);
+            self.generations.push(generation);
         }
         let synced = self.step(Phase::InitialSync, self.deadlines.sync).await?;
         self.channels = synced.channels;
@@ -277,6 +282,13 @@ impl EpochRun<'_> {
             coord.prune_in_background(id, pruned);
             if flush || coord.plans_partners(&self.epoch) {
                 coord.flush_in_background(id, number);
+            }
+        }
+        // The job runs on: its streams carry its next epoch (a --kill epoch stopped it).
+        if !self.epoch.kill {
+            let links = std::mem::take(&mut self.links);
+            for ((node, link), generation) in self.nodes.iter().zip(links).zip(&self.generations) {
+                coord.agents.keep_epoch_link(node, id, link, *generation);
             }
         }
         let e = &self.epoch;

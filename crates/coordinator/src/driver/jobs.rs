@@ -67,6 +67,7 @@ impl Coordinator {
                 if job.node == node && job.observe(r.incarnation, observed) {
                     info!(job = job.id, state = %job.state.name(), "job ended");
                     let _ = self.registry.put_job(&job);
+                    self.agents.forget_job(job.id);
                 }
             }
         }
@@ -130,6 +131,7 @@ impl Coordinator {
         let inc = job.incarnation;
         if job.observe(inc, observed) {
             self.registry.put_job(&job)?;
+            self.agents.forget_job(id);
         }
         Ok(job)
     }
@@ -268,6 +270,7 @@ impl Coordinator {
                 async move { c.signal(req).await }
             })
             .await;
+        self.agents.forget_job(id);
         // The job was running when the cancel began; an end seen since (its exit on SIGTERM,
         // reported by a heartbeat) is the cancel's doing.
         self.update_job(id, |j| {

@@ -95,6 +95,8 @@ impl Coordinator {
                 j.begin_restart()
             })
             .await?;
+        // A restored job's next epoch opens new streams.
+        self.agents.forget_job(id);
         Ok((job, e, previous))
     }
 
