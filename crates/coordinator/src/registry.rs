@@ -232,6 +232,45 @@ mod tests {
     }
 
     #[test]
+    fn progress_noted_without_a_sync_is_read_back_and_made_durable_by_the_next_write() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("ckptd.redb");
+        {
+            let r = Registry::open(&p).unwrap();
+            let mut e = Epoch::begin(1, 1, false, vec!["n1".into()], 0);
+            r.put_job_and_epoch(&job(1), &e).unwrap();
+            e.enter(Phase::Quiesce).unwrap();
+            r.note_epoch(&e).unwrap();
+            assert_eq!(
+                r.epoch(1, 1).unwrap().unwrap().state,
+                crate::model::EpochState::InProgress(Phase::Quiesce)
+            );
+            e.enter(Phase::LocalCheckpoint).unwrap();
+            r.note_epoch(&e).unwrap();
+            r.put_job(&job(1)).unwrap();
+        }
+        let r = Registry::open(&p).unwrap();
+        assert_eq!(
+            r.epoch(1, 1).unwrap().unwrap().state,
+            crate::model::EpochState::InProgress(Phase::LocalCheckpoint)
+        );
+    }
+
+    #[test]
+    fn epochs_written_before_the_phases_were_renamed_still_read() {
+        let d = tempfile::tempdir().unwrap();
+        let r = Registry::open(&d.path().join("ckptd.redb")).unwrap();
+        let mut e = Epoch::begin(1, 1, false, vec!["n1".into()], 0);
+        e.fail("x", 1).unwrap();
+        let old = serde_json::to_string(&e)
+            .unwrap()
+            .replace("InitialSync", "Sync");
+        assert!(old.contains("\"Sync\""), "{old}");
+        let back: Epoch = r.decode("1/1".into(), old.as_bytes()).unwrap();
+        assert_eq!(back, e);
+    }
+
+    #[test]
     fn survives_reopen() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("ckptd.redb");
