@@ -79,7 +79,7 @@ async fn run_phase(
             cmd.job_id
         ))),
         (job, epoch) => match phase {
-            pb::Phase::InitialSync => jobs.prepare(job, epoch).await.map(|p| {
+            pb::Phase::InitialSync => jobs.initial_sync(job, epoch).await.map(|p| {
                 ev.processes = p.processes;
                 ev.estimated_bytes = p.estimated_bytes;
                 ev.staging_free_bytes = p.staging_free_bytes;
@@ -87,7 +87,7 @@ async fn run_phase(
             }),
             pb::Phase::Quiesce => jobs.quiesce(job, epoch).await.map(|_| ()),
             pb::Phase::LocalCheckpoint => jobs
-                .dump(job, epoch)
+                .local_checkpoint(job, epoch)
                 .await
                 .map(|(_, frozen)| ev.frozen_us = us(frozen)),
             pb::Phase::Resume => jobs

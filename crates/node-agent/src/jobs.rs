@@ -73,13 +73,25 @@ pub struct JobRecord {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NodePhase {
     /// Initial synchronization passed; nothing changed yet.
-    Prepared,
-    /// Processes frozen.
-    Frozen,
-    /// Images written; processes still frozen.
-    Dumped,
-    /// Processes thawed (or killed).
+    Synced,
+    /// Quiesced: channels drained, processes frozen.
+    Quiesced,
+    /// Local checkpoint taken: images written; processes still frozen.
+    Checkpointed,
+    /// Resumed: processes thawed (or killed).
     Resumed,
+}
+
+impl NodePhase {
+    /// The protocol's name of the last phase this node finished.
+    pub fn done(self) -> &'static str {
+        match self {
+            NodePhase::Synced => "initial-sync",
+            NodePhase::Quiesced => "quiesce",
+            NodePhase::Checkpointed => "local-checkpoint",
+            NodePhase::Resumed => "resume",
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -198,7 +210,7 @@ impl NodeJob {
         let state = match &self.work {
             None => "no checkpoint in progress".to_string(),
             Some(w) if w.epoch != epoch => format!("epoch {} is in progress", w.epoch),
-            Some(w) => format!("epoch {} is {:?}", w.epoch, w.phase),
+            Some(w) => format!("epoch {} has finished {}", w.epoch, w.phase.done()),
         };
         AgentError::WrongPhase {
             job: self.record.id,

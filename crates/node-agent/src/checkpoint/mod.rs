@@ -1,4 +1,4 @@
-//! The checkpoint steps on this node: prepare, quiesce (freeze), dump, resume (thaw or kill),
+//! The checkpoint steps on this node: initial-sync, quiesce (freeze), local-checkpoint (dump), resume (thaw or kill),
 //! finalize (seal), abort. The dump's work is in `dump.rs`, the ib-quiesce channels in
 //! `channels.rs`.
 
@@ -39,7 +39,7 @@ pub struct Finalized {
 
 /// Result of initial synchronization.
 #[derive(Debug, Clone)]
-pub struct Prepared {
+pub struct Synced {
     /// Processes in the job on this node.
     pub processes: u32,
     /// Estimated image size.
@@ -54,14 +54,14 @@ impl Jobs {
     /// Phase 1, initial synchronization: the job runs, no process holds verbs resources without
     /// a channel, the engine works, and staging has room.
     #[instrument(skip_all, fields(phase = "initial-sync", job = job_id, epoch = epoch, node = self.node()))]
-    pub async fn prepare(&self, job_id: u64, epoch: u32) -> Result<Prepared, AgentError> {
+    pub async fn initial_sync(&self, job_id: u64, epoch: u32) -> Result<Synced, AgentError> {
         let j = self.get(job_id)?;
         let mut job = j.lock().await;
         if let Some(w) = &job.work {
             return Err(AgentError::WrongPhase {
                 job: job_id,
                 epoch,
-                call: "prepare",
+                call: "initial-sync",
                 state: format!("epoch {} is {:?}", w.epoch, w.phase),
             });
         }
@@ -134,7 +134,7 @@ impl Jobs {
         let root_pid = job.record.root_pid.unwrap_or(0);
         job.work = Some(EpochWork {
             epoch,
-            phase: NodePhase::Prepared,
+            phase: NodePhase::Synced,
             node_dir,
             frozen_at: None,
             pids,
@@ -147,7 +147,7 @@ impl Jobs {
             notes: BTreeMap::new(),
             pause: None,
         });
-        Ok(Prepared {
+        Ok(Synced {
             processes: job.work.as_ref().map(|w| w.pids.len() as u32).unwrap_or(0),
             estimated_bytes: estimated,
             staging_free_bytes: free,
@@ -174,7 +174,7 @@ impl Jobs {
     #[instrument(skip_all, fields(phase = "quiesce", job = job_id, epoch = epoch, node = self.node()))]
     pub async fn quiesce(&self, job_id: u64, epoch: u32) -> Result<Duration, AgentError> {
         let mut job = self
-            .enter_phase(job_id, epoch, NodePhase::Prepared, "quiesce")
+            .enter_phase(job_id, epoch, NodePhase::Synced, "quiesce")
             .await?;
         self.quiesce_channels(&mut job).await?;
         // Background copies stop taking CPU and disk before the freeze, until the thaw.
@@ -202,16 +202,16 @@ impl Jobs {
         let w = job.work.as_mut().expect("checked");
         w.frozen_at = Some(begin);
         w.pids = pids;
-        w.phase = NodePhase::Frozen;
+        w.phase = NodePhase::Quiesced;
         Ok(begin.elapsed())
     }
 
     /// Phase 3, local checkpoint: record open-file sizes, save what the engine does not, and
     /// have the engine dump the frozen tree into staging. Returns (elapsed, frozen so far).
     #[instrument(skip_all, fields(phase = "local-checkpoint", job = job_id, epoch = epoch, node = self.node()))]
-    pub async fn dump(&self, job_id: u64, epoch: u32) -> Result<(Duration, Duration), AgentError> {
+    pub async fn local_checkpoint(&self, job_id: u64, epoch: u32) -> Result<(Duration, Duration), AgentError> {
         let mut job = self
-            .enter_phase(job_id, epoch, NodePhase::Frozen, "dump")
+            .enter_phase(job_id, epoch, NodePhase::Quiesced, "local-checkpoint")
             .await?;
         let engine = self.engine.clone();
         let begin = Instant::now();
@@ -223,7 +223,7 @@ impl Jobs {
         .expect("dump task");
         r?;
         let w = job.work.as_mut().expect("checked");
-        w.phase = NodePhase::Dumped;
+        w.phase = NodePhase::Checkpointed;
         let frozen = w.frozen_at.map(|t| t.elapsed()).unwrap_or_default();
         Ok((begin.elapsed(), frozen))
     }
@@ -238,7 +238,7 @@ impl Jobs {
         kill: bool,
     ) -> Result<(Duration, Duration), AgentError> {
         let job = self
-            .enter_phase(job_id, epoch, NodePhase::Dumped, "resume")
+            .enter_phase(job_id, epoch, NodePhase::Checkpointed, "resume")
             .await?;
         let begin = Instant::now();
         let (mut job, r) = tokio::task::spawn_blocking(move || {
