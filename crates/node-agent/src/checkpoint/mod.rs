@@ -209,7 +209,11 @@ impl Jobs {
     /// Phase 3, local checkpoint: record open-file sizes, save what the engine does not, and
     /// have the engine dump the frozen tree into staging. Returns (elapsed, frozen so far).
     #[instrument(skip_all, fields(phase = "local-checkpoint", job = job_id, epoch = epoch, node = self.node()))]
-    pub async fn local_checkpoint(&self, job_id: u64, epoch: u32) -> Result<(Duration, Duration), AgentError> {
+    pub async fn local_checkpoint(
+        &self,
+        job_id: u64,
+        epoch: u32,
+    ) -> Result<(Duration, Duration), AgentError> {
         let mut job = self
             .enter_phase(job_id, epoch, NodePhase::Quiesced, "local-checkpoint")
             .await?;

@@ -1,0 +1,607 @@
+//! The agent's side of ib-quiesce: a Unix socket where every job process that opened an
+//! ib-quiesce channel says hello, and the calls that drive those channels around a checkpoint
+//! (see `ib_quiesce::control` for the protocol).
+//!
+//! Quiesce asks every channel of the job's processes at once (their flush handshakes need each
+//! other), then waits for each to close its connection, so the snapshot holds none. Rebuild
+//! raises each channel's flag, waits for its hello, has it recreate its objects and returns
+//! their endpoints; reconnect hands every endpoint of the job (gathered by the coordinator
+//! from all nodes) to each channel.
+//!
+//! Who may connect: the socket is open to every local user (job processes run as their users),
+//! so each connection is identified when it is accepted, before anything is read from it. The
+//! credentials the kernel recorded at `connect` (`SO_PEERCRED`: pid, uid, gid) place the process
+//! in a job: its cgroup (from `/proc/<pid>/cgroup`, read once) must be a job's cgroup, and its
+//! uid that job's owner ([`authorize`]; [`JobLookup`] is how the job table answers). Others are
+//! refused with a warning naming pid, uid and why. Lines are capped ([`MAX_LINE`]), and so are
+//! the connections of one job ([`MAX_CONNS_PER_JOB`]) and those not yet identified
+//! ([`MAX_UNIDENTIFIED`]).
+use std::collections::HashMap;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use ib_quiesce::channel::QpId;
+use ib_quiesce::control::{
+    excerpt, flag_dir, flag_path, LineBuf, LineTooLong, ToAgent, ToChannel, MAX_LINE,
+};
+use ib_quiesce::{Endpoint, QuiesceReport};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
+use tracing::{info, warn};
+
+mod conn;
+mod peer;
+use conn::*;
+pub use conn::{Limits, Rebuilt};
+pub use peer::*;
+
+/// How long a new connection has to say hello.
+const HELLO: Duration = Duration::from_secs(5);
+
+/// How many connections one job may hold at once (registered, or identified and saying
+/// hello). A job process holds one, its channel's; one job has at most a few hundred ranks on
+/// a node (one per core), and a rank that rebuilds briefly holds a second while the agent drops
+/// its first. 1024 covers 512 ranks with that margin, and bounds what a job's processes, which
+/// can fork at will, make the agent keep.
+pub const MAX_CONNS_PER_JOB: usize = 1024;
+
+/// How many connections may be open at once before they are identified and have said hello
+/// (each for at most [`HELLO`]). After a checkpoint every rank of the node says hello at once;
+/// 256 takes a full node's ranks in one go, and a channel refused for this tries again shortly.
+pub const MAX_UNIDENTIFIED: usize = 256;
+
+/// A channel that failed a call: which process, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChannelFailure {
+    /// The process.
+    pub pid: i32,
+    /// What went wrong.
+    pub message: String,
+}
+
+/// What a quiesce did on this node.
+#[derive(Debug, Clone, Default)]
+pub struct Quiesced {
+    /// Processes whose channels are now down.
+    pub pids: Vec<i32>,
+    /// Summed over the channels.
+    pub report: QuiesceReport,
+    /// The slowest channel's time.
+    pub slowest: Duration,
+}
+
+/// The channels of this node's job processes, by pid.
+pub struct Channels {
+    socket: PathBuf,
+    conns: Mutex<HashMap<i32, Arc<Mutex<Conn>>>>,
+    jobs: Box<dyn JobLookup>,
+    cgroups: Box<dyn PeerCgroups>,
+    limits: Limits,
+    /// Permits for connections not yet identified and registered.
+    unidentified: Arc<Semaphore>,
+    slots: Arc<JobSlots>,
+}
+
+impl std::fmt::Debug for Channels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Channels")
+            .field("socket", &self.socket)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Channels {
+    /// The registry for the control socket at `socket` (not yet listening), admitting the
+    /// processes of the jobs `jobs` knows ([`authorize`]).
+    pub fn new(socket: PathBuf, jobs: impl JobLookup + 'static) -> Arc<Self> {
+        Self::with_parts(socket, jobs, ProcCgroups, Limits::default())
+    }
+
+    /// [`Channels::new`] with the cgroups of connecting processes read by `cgroups`, and
+    /// `limits` on connections.
+    pub fn with_parts(
+        socket: PathBuf,
+        jobs: impl JobLookup + 'static,
+        cgroups: impl PeerCgroups + 'static,
+        limits: Limits,
+    ) -> Arc<Self> {
+        Arc::new(Channels {
+            socket,
+            conns: Mutex::new(HashMap::new()),
+            jobs: Box::new(jobs),
+            cgroups: Box::new(cgroups),
+            limits,
+            unidentified: Arc::new(Semaphore::new(limits.unidentified)),
+            slots: Arc::default(),
+        })
+    }
+
+    /// The control socket's path (what job processes find in `CKPT_IBQ_SOCKET`).
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Binds the control socket (replacing a stale one).
+    ///
+    /// The socket is `0666`: job processes run as their users, and which of them may talk to
+    /// the agent is decided per connection ([`authorize`]). Its directory is what must stay
+    /// closed to them: whoever can write `ibq/` can put a socket of their own in its place,
+    /// receive the channels of other users' jobs and hand them endpoints (their memory keys
+    /// then reach the impostor), and whoever can write `ibq/ibq-rebuild/` can raise rebuild
+    /// flags. So both directories are made the agent's (its euid and egid) with mode `0755`, a
+    /// symlink or file in their place is refused, and so is a parent (`state_dir`) that other
+    /// users can write without the sticky bit (they could rename `ibq/` away).
+    pub fn bind(&self) -> std::io::Result<UnixListener> {
+        let dir = self.socket.parent().unwrap_or(Path::new("/"));
+        let flags = flag_dir(&self.socket);
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            check_parent(parent)?;
+        }
+        for d in [dir, flags.as_path()] {
+            own_dir(d)?;
+        }
+        // Flags of an earlier agent are stale: their channels reconnect when raised again.
+        for e in std::fs::read_dir(&flags)?.flatten() {
+            let _ = std::fs::remove_file(e.path());
+        }
+        let _ = std::fs::remove_file(&self.socket);
+        let l = UnixListener::bind(&self.socket)?;
+        std::fs::set_permissions(&self.socket, std::fs::Permissions::from_mode(0o666))?;
+        Ok(l)
+    }
+
+    /// Accepts channels until the task is dropped.
+    pub async fn serve(self: Arc<Self>, listener: UnixListener) {
+        info!(socket = %self.socket.display(), "ib-quiesce control socket listening");
+        loop {
+            let stream = match listener.accept().await {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    warn!(error = %e, "ib-quiesce control socket accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let me = self.clone();
+            tokio::spawn(async move { me.admit(stream).await });
+        }
+    }
+
+    /// Identifies a new connection and takes its hello; a refusal closes it with a warning.
+    async fn admit(&self, stream: UnixStream) {
+        let peer = match stream.peer_cred() {
+            Ok(c) => match c.pid() {
+                Some(pid) => Peer {
+                    pid,
+                    uid: c.uid(),
+                    gid: c.gid(),
+                },
+                None => {
+                    warn!(
+                        uid = c.uid(),
+                        "ib-quiesce connection refused: the kernel gave no peer pid"
+                    );
+                    return;
+                }
+            },
+            Err(e) => {
+                warn!(error = %e, "ib-quiesce connection refused: no peer credentials");
+                return;
+            }
+        };
+        let (_permit, owner, slot) = match self.identify(peer).await {
+            Ok(admitted) => admitted,
+            Err(why) => {
+                warn!(
+                    pid = peer.pid,
+                    uid = peer.uid,
+                    gid = peer.gid,
+                    reason = %why,
+                    "ib-quiesce connection refused"
+                );
+                return;
+            }
+        };
+        if let Err(e) = self.hello(stream, peer.pid, owner.job, slot).await {
+            warn!(
+                pid = peer.pid,
+                uid = peer.uid,
+                job = owner.job,
+                reason = %e,
+                "ib-quiesce channel refused"
+            );
+        }
+    }
+
+    /// Ties `peer` to its job ([`authorize`]) and takes a place in the job's connections and
+    /// among those not yet registered (held until the hello is in).
+    async fn identify(
+        &self,
+        peer: Peer,
+    ) -> Result<(OwnedSemaphorePermit, JobOwner, JobSlot), Refused> {
+        let permit = self
+            .unidentified
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| Refused::Busy {
+                peer,
+                limit: self.limits.unidentified,
+            })?;
+        let cgroups = self
+            .cgroups
+            .cgroups_of(peer.pid)
+            .map_err(|e| Refused::Cgroups {
+                peer,
+                error: e.to_string(),
+            })?;
+        let owner = authorize(peer, &cgroups, self.jobs.as_ref())?;
+        let full = || Refused::JobFull {
+            peer,
+            job: owner.job,
+            limit: self.limits.per_job,
+        };
+        let slot = match self.slots.take(owner.job, self.limits.per_job) {
+            Some(s) => s,
+            None => {
+                // Channels of processes that exited hold places until dropped.
+                self.conns
+                    .lock()
+                    .await
+                    .retain(|&pid, _| crate::procfs::pid_taken(pid));
+                self.slots
+                    .take(owner.job, self.limits.per_job)
+                    .ok_or_else(full)?
+            }
+        };
+        Ok((permit, owner, slot))
+    }
+
+    async fn hello(
+        &self,
+        stream: UnixStream,
+        pid: i32,
+        job: u64,
+        slot: JobSlot,
+    ) -> Result<(), String> {
+        let (r, writer) = stream.into_split();
+        let mut lines = CappedLines::new(BufReader::new(r));
+        let first = match tokio::time::timeout(HELLO, lines.next_line(MAX_LINE)).await {
+            Err(_) => return Err(format!("pid {pid} said nothing within {HELLO:?}")),
+            Ok(Err(LineError::TooLong(e))) => {
+                return Err(format!(
+                    "pid {pid} sent a line longer than the {}-byte cap; connection closed",
+                    e.cap
+                ))
+            }
+            Ok(Err(LineError::Io(e))) => return Err(format!("pid {pid}: {e}")),
+            Ok(Ok(None)) => return Err(format!("pid {pid} closed without a hello")),
+            Ok(Ok(Some(l))) => l,
+        };
+        let ToAgent::Hello {
+            pid: claimed,
+            channel,
+            down,
+            qps,
+            mrs,
+        } = ToAgent::decode(&first).map_err(|e| format!("pid {pid}: {e}"))?
+        else {
+            return Err(format!(
+                "pid {pid}: first message is not a hello: {}",
+                excerpt(&first)
+            ));
+        };
+        if claimed != pid {
+            return Err(format!("pid {pid} claims to be pid {claimed}"));
+        }
+        if down {
+            let _ = std::fs::remove_file(flag_path(&self.socket, pid));
+        }
+        info!(
+            pid,
+            job,
+            channel = format_args!("{channel:#x}"),
+            down,
+            qps,
+            mrs,
+            "ib-quiesce channel registered"
+        );
+        let conn = Conn {
+            pid,
+            channel,
+            down,
+            wants: None,
+            io: Some((lines, writer)),
+            _slot: slot,
+        };
+        self.conns
+            .lock()
+            .await
+            .insert(pid, Arc::new(Mutex::new(conn)));
+        Ok(())
+    }
+
+    /// Which of `pids` have a channel that is up.
+    pub async fn up(&self, pids: &[i32]) -> Vec<i32> {
+        let conns = self.conns.lock().await;
+        let mut up = Vec::new();
+        for p in pids {
+            if let Some(c) = conns.get(p) {
+                if !c.lock().await.down {
+                    up.push(*p);
+                }
+            }
+        }
+        up
+    }
+
+    async fn take(&self, pid: i32) -> Option<Arc<Mutex<Conn>>> {
+        self.conns.lock().await.remove(&pid)
+    }
+
+    /// Quiesces the channels of `pids`, all at once. Channels that quiesced stay down even when
+    /// others failed (a rebuild brings them back).
+    pub async fn quiesce(
+        &self,
+        pids: &[i32],
+        timeout: Duration,
+    ) -> (Quiesced, Vec<ChannelFailure>) {
+        let calls = pids.iter().map(|&pid| async move {
+            let Some(conn) = self.conns.lock().await.get(&pid).cloned() else {
+                return (pid, Err("no channel".to_string()));
+            };
+            let mut c = conn.lock().await;
+            let wait = timeout + Duration::from_secs(5);
+            let r = match c
+                .ask(
+                    &ToChannel::Quiesce {
+                        timeout_ms: timeout.as_millis() as u64,
+                    },
+                    wait,
+                )
+                .await
+            {
+                Ok(ToAgent::Quiesced { report, micros }) => {
+                    // The channel closes its socket next; a snapshot must not hold it.
+                    match c.reply(wait, MAX_LINE).await {
+                        Err(e) if e.contains("closed its channel") => {
+                            c.down = true;
+                            Ok((report, Duration::from_micros(micros)))
+                        }
+                        Err(e) => Err(format!("quiesced but did not disconnect: {e}")),
+                        Ok(m) => Err(format!("quiesced but then said {m:?}")),
+                    }
+                }
+                Ok(other) => Err(unexpected(other)),
+                Err(e) => Err(e),
+            };
+            (pid, r)
+        });
+        let mut done = Quiesced::default();
+        let mut failed = Vec::new();
+        for (pid, r) in join_all(calls).await {
+            match r {
+                Ok((rep, took)) => {
+                    self.take(pid).await;
+                    done.pids.push(pid);
+                    done.report.flushed_qps += rep.flushed_qps;
+                    done.report.kept_receives += rep.kept_receives;
+                    done.report.held_completions += rep.held_completions;
+                    done.slowest = done.slowest.max(took);
+                }
+                Err(message) => failed.push(ChannelFailure { pid, message }),
+            }
+        }
+        (done, failed)
+    }
+
+    /// Raises the rebuild flags of `pids`, waits for their channels' hellos (until `deadline`),
+    /// and has each recreate its objects. Returns every new endpoint, and the peer QPs whose
+    /// endpoints the channels need to reconnect (None: a channel did not say, send all).
+    pub async fn rebuild(
+        &self,
+        pids: &[i32],
+        deadline: Duration,
+    ) -> Result<Rebuilt, ChannelFailure> {
+        let begin = Instant::now();
+        for &pid in pids {
+            let flag = flag_path(&self.socket, pid);
+            std::fs::write(&flag, b"").map_err(|e| ChannelFailure {
+                pid,
+                message: format!("cannot raise the rebuild flag {}: {e}", flag.display()),
+            })?;
+        }
+        let mut endpoints = Vec::new();
+        let mut waiting: Vec<i32> = pids.to_vec();
+        let mut conns = Vec::new();
+        while !waiting.is_empty() {
+            {
+                let map = self.conns.lock().await;
+                // Only a hello from the quiesced (or restored) process counts: an entry that is
+                // up belongs to a connection from before (e.g. of a killed incarnation).
+                waiting.retain(|p| match map.get(p) {
+                    Some(c) if c.try_lock().is_ok_and(|c| c.down) => {
+                        conns.push((*p, c.clone()));
+                        false
+                    }
+                    _ => true,
+                });
+            }
+            if waiting.is_empty() {
+                break;
+            }
+            if begin.elapsed() > deadline {
+                return Err(ChannelFailure {
+                    pid: waiting[0],
+                    message: format!(
+                        "its channel did not come back within {deadline:?} (is the process alive?)"
+                    ),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let left = deadline
+            .saturating_sub(begin.elapsed())
+            .max(Duration::from_secs(1));
+        let calls = conns.iter().map(|(pid, conn)| async move {
+            let mut c = conn.lock().await;
+            let r = match c.ask(&ToChannel::Rebuild, left).await {
+                Ok(ToAgent::Rebuilt {
+                    endpoints,
+                    peers,
+                    micros,
+                }) => {
+                    info!(
+                        pid,
+                        channel = format_args!("{:#x}", c.channel),
+                        micros,
+                        qps = endpoints.len(),
+                        "channel rebuilt"
+                    );
+                    c.wants = peers.clone().map(|mut p| {
+                        p.sort_unstable();
+                        p
+                    });
+                    Ok((endpoints, peers))
+                }
+                Ok(other) => Err(unexpected(other)),
+                Err(e) => Err(e),
+            };
+            (*pid, r)
+        });
+        let mut wants = Some(Vec::new());
+        for (pid, r) in join_all(calls).await {
+            match r {
+                Ok((eps, peers)) => {
+                    endpoints.extend(eps);
+                    match (&mut wants, peers) {
+                        (Some(w), Some(p)) => w.extend(p),
+                        _ => wants = None,
+                    }
+                }
+                Err(message) => return Err(ChannelFailure { pid, message }),
+            }
+        }
+        if let Some(w) = &mut wants {
+            w.sort_unstable();
+            w.dedup();
+        }
+        Ok((endpoints, wants))
+    }
+
+    /// Hands the channels of `pids` the endpoints of their peers (each only those it named
+    /// when it rebuilt), found in `endpoints`; they connect and run again.
+    pub async fn reconnect(
+        &self,
+        pids: &[i32],
+        endpoints: &[Endpoint],
+        timeout: Duration,
+    ) -> Result<(), ChannelFailure> {
+        let calls = pids.iter().map(|&pid| async move {
+            let Some(conn) = self.conns.lock().await.get(&pid).cloned() else {
+                return (
+                    pid,
+                    Err("its channel is gone (did the process exit?)".to_string()),
+                );
+            };
+            let mut c = conn.lock().await;
+            let endpoints = match &c.wants {
+                Some(w) => endpoints
+                    .iter()
+                    .filter(|e| w.binary_search(&e.id).is_ok())
+                    .cloned()
+                    .collect(),
+                None => endpoints.to_vec(),
+            };
+            let cmd = ToChannel::Reconnect { endpoints };
+            let r = match c.ask(&cmd, timeout).await {
+                Ok(ToAgent::Reconnected { micros }) => {
+                    c.down = false;
+                    info!(pid, micros, "channel reconnected");
+                    Ok(())
+                }
+                Ok(other) => Err(unexpected(other)),
+                Err(e) => Err(e),
+            };
+            (pid, r)
+        });
+        let mut first = None;
+        for (pid, r) in join_all(calls).await {
+            if let Err(message) = r {
+                first.get_or_insert(ChannelFailure { pid, message });
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// After a failed quiesce: lets the channels of `pids` that are still up run again.
+    pub async fn resume(&self, pids: &[i32]) {
+        for &pid in pids {
+            let Some(conn) = self.conns.lock().await.get(&pid).cloned() else {
+                continue;
+            };
+            let mut c = conn.lock().await;
+            if c.down {
+                continue;
+            }
+            if let Err(e) = c.ask(&ToChannel::Resume, HELLO).await {
+                warn!(pid, error = %e, "channel did not resume");
+            }
+        }
+    }
+}
+
+/// Refuses a parent of the socket's directory that other users could write: they could rename
+/// the directory away and put their own in its place. The sticky bit stops that (only an entry's
+/// owner may rename it).
+fn check_parent(parent: &Path) -> std::io::Result<()> {
+    let m = std::fs::metadata(parent)?;
+    let me = nix::unistd::geteuid().as_raw();
+    let open = m.mode() & 0o022 != 0 && m.mode() & 0o1000 == 0;
+    if open || (m.uid() != me && m.uid() != 0) {
+        return Err(std::io::Error::other(format!(
+            "{} (owner uid {}, mode {:o}) can be written by other users, who could replace the \
+             ib-quiesce control socket's directory; make it owned by root and not group- or \
+             world-writable",
+            parent.display(),
+            m.uid(),
+            m.mode() & 0o7777
+        )));
+    }
+    Ok(())
+}
+
+/// Makes `dir` a directory owned by the agent (euid, egid) with mode `0755`, creating it if
+/// missing; a symlink or a file in its place is refused.
+fn own_dir(dir: &Path) -> std::io::Result<()> {
+    match std::fs::DirBuilder::new().mode(0o755).create(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    let m = std::fs::symlink_metadata(dir)?;
+    if !m.file_type().is_dir() {
+        return Err(std::io::Error::other(format!(
+            "{} is not a directory (a symlink or file in its place is refused)",
+            dir.display()
+        )));
+    }
+    let (uid, gid) = (
+        nix::unistd::geteuid().as_raw(),
+        nix::unistd::getegid().as_raw(),
+    );
+    if m.uid() != uid || m.gid() != gid {
+        // Not a symlink (checked above), and its parent is closed to other users.
+        std::os::unix::fs::chown(dir, Some(uid), Some(gid))?;
+    }
+    if m.mode() & 0o7777 != 0o755 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
