@@ -382,7 +382,7 @@ fn agent_killed_during_local_checkpoint_aborts_and_the_job_goes_on_everywhere() 
     };
     let job = run_across(&d, &cluster, Mpi::Mpich);
     d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
-    d.set_failpoints("dump=delay:4s\n");
+    d.set_failpoints("local-checkpoint=delay:4s\n");
     let ctl = d.ctl_spawn(&["checkpoint", &job.to_string(), "--wait"]);
     let state = d.cgroup_on("n2", job).join("freezer.state");
     let begin = Instant::now();

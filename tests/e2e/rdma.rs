@@ -121,8 +121,8 @@ fn an_rdma_job_is_checkpointed_killed_and_restarted_in_a_guest() {
     assert_eq!(find("checkpoint ").len(), 2, "{}", r.console);
     let aborted = find("aborted checkpoint: ");
     assert!(
-        aborted.len() == 1 && aborted[0].contains("dump"),
-        "the injected dump failure: {}",
+        aborted.len() == 1 && aborted[0].contains("local-checkpoint"),
+        "the injected local-checkpoint failure: {}",
         r.console
     );
     assert_eq!(

@@ -395,10 +395,11 @@ fn abort_in_every_phase_keeps_the_job_running() {
     let job = d.run_job("heat", &heat(Mpi::Mpich));
     d.wait_progress(job, 1, LIMIT);
     d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
+    // A failpoint is named by the phase it fails, as the abort shows it.
     let phases = [
-        ("sync", "initial-sync"),
+        ("initial-sync", "initial-sync"),
         ("quiesce", "quiesce"),
-        ("dump", "local-checkpoint"),
+        ("local-checkpoint", "local-checkpoint"),
         ("resume", "resume"),
         ("finalize", "finalize"),
     ];

@@ -57,7 +57,7 @@ for i in $(seq "$CHECKPOINTS"); do
     wait_progress 2
 done
 if [ "$ABORT" = 1 ]; then
-    echo "dump=error" > "$W/failpoints"
+    echo "local-checkpoint=error" > "$W/failpoints"
     if "$BIN/ckptctl" checkpoint "$JOB" --wait > "$W/abort.out" 2>&1; then
         say "the checkpoint with a failing dump succeeded"; cat "$W/abort.out"; exit 6
     fi

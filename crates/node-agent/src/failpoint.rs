@@ -2,7 +2,8 @@
 //!
 //! When the agent starts with `CKPT_FAILPOINTS=/path/to/file`, every checkpoint phase reads that
 //! file as it begins. A line `PHASE=error` makes the phase fail; `PHASE=delay:DURATION` (e.g.
-//! `dump=delay:5s`) makes it wait first. Phases: `sync`, `quiesce`, `dump`, `resume`, `finalize`.
+//! `local-checkpoint=delay:5s`) makes it wait first. Phases, by their protocol names:
+//! `initial-sync`, `quiesce`, `local-checkpoint`, `resume`, `finalize`.
 //! Without the variable (production), nothing is read.
 use std::path::PathBuf;
 use std::time::Duration;

@@ -65,7 +65,7 @@ impl Jobs {
                 state: format!("epoch {} is {:?}", w.epoch, w.phase),
             });
         }
-        self.failpoint(job_id, "sync").await?;
+        self.failpoint(job_id, "initial-sync").await?;
         let root = job.record.root_pid.unwrap_or(0);
         let live = job.cgroup.pids().unwrap_or_default();
         if let Some(p) = procfs::outside_tree(root, &live)
