@@ -99,7 +99,7 @@ impl Agent for NoopAgent {
     async fn send(&self, _: Request<pb::SendRequest>) -> R<Self::SendStream> {
         Err(Status::unimplemented("this agent keeps no partner copies"))
     }
-    async fn verify(&self, _: Request<pb::RestoreRequest>) -> R<pb::NodeVerify> {
+    async fn verify(&self, _: Request<pb::VerifyNodeRequest>) -> R<pb::NodeVerify> {
         Ok(Response::new(pb::NodeVerify {
             ok: true,
             ..Default::default()

@@ -199,7 +199,7 @@ impl Agent for FakeAgent {
     }
     async fn verify(
         &self,
-        _: Request<pb::RestoreRequest>,
+        _: Request<pb::VerifyNodeRequest>,
     ) -> Result<Response<pb::NodeVerify>, Status> {
         Err(Status::unimplemented("verify"))
     }

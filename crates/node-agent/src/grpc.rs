@@ -345,7 +345,7 @@ impl Agent for AgentHandler {
 
     async fn verify(
         &self,
-        req: Request<pb::RestoreRequest>,
+        req: Request<pb::VerifyNodeRequest>,
     ) -> Result<Response<pb::NodeVerify>, Status> {
         from_coordinator(&req, "Agent.Verify")?;
         let r = req.into_inner();

@@ -284,7 +284,7 @@ async fn main() {
     );
     attack!(
         "Agent.Verify",
-        ag.verify(RestoreRequest {
+        ag.verify(VerifyNodeRequest {
             job_id: job,
             epoch: 1
         })

@@ -49,13 +49,12 @@ impl Coordinator {
         let e = self.restorable_epoch(&job, epoch)?;
         let d = self.cfg.deadlines.restore;
         let calls = e.nodes.iter().map(|n| {
-            let req = pb::RestoreRequest {
+            let req = pb::VerifyNodeRequest {
                 job_id: id,
                 epoch: e.number,
                 manifest_digest: e.manifests.get(n).cloned().unwrap_or_default(),
                 shared_durable: e.is_durable(),
                 local_pruned: !e.local_copy,
-                ..Default::default()
             };
             async move {
                 let r = self
