@@ -436,7 +436,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     .map(|n| {
                         json!({"node": n.node, "ok": n.ok, "files": n.files, "bytes": n.bytes,
                                "error": n.error, "elapsed_ms": n.elapsed_ms,
-                               "copies": n.copies.iter().map(|c| json!({"location": c.location,
+                               "copies": n.copies.iter().map(|c| json!({"location": c.location().name(),
                                    "ok": c.ok, "files": c.files, "bytes": c.bytes, "error": c.error}))
                                    .collect::<Vec<_>>()})
                     })
@@ -456,12 +456,17 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                             println!(
                                 "node {} {} copy: ok, {} files, {:.1} MiB verified",
                                 n.node,
-                                c.location,
+                                c.location().name(),
                                 c.files,
                                 c.bytes as f64 / (1 << 20) as f64,
                             );
                         } else {
-                            println!("node {} {} copy: DAMAGED: {}", n.node, c.location, c.error);
+                            println!(
+                                "node {} {} copy: DAMAGED: {}",
+                                n.node,
+                                c.location().name(),
+                                c.error
+                            );
                         }
                     }
                 }

@@ -164,7 +164,7 @@ impl Agent for FakeAgent {
         Ok(Response::new(pb::RestoreReply {
             pid: 100,
             incarnation: 1,
-            source: "local".into(),
+            source: pb::CopyLocation::Local.into(),
             ..Default::default()
         }))
     }

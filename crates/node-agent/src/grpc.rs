@@ -234,7 +234,7 @@ impl Agent for AgentHandler {
             pid: done.pid,
             incarnation: done.incarnation,
             elapsed_us: us(begin.elapsed()),
-            source: done.source.name().into(),
+            source: pb::CopyLocation::from(done.source).into(),
             note: done.note,
             channels: done.channels,
         }))
@@ -365,14 +365,14 @@ impl Agent for AgentHandler {
             .into_iter()
             .map(|c| match c.result {
                 Ok(m) => pb::CopyCheck {
-                    location: c.location.name().into(),
+                    location: pb::CopyLocation::from(c.location).into(),
                     ok: true,
                     files: m.files.len() as u32,
                     bytes: m.image_bytes(),
                     error: String::new(),
                 },
                 Err(e) => pb::CopyCheck {
-                    location: c.location.name().into(),
+                    location: pb::CopyLocation::from(c.location).into(),
                     ok: false,
                     error: e.to_string(),
                     ..Default::default()
@@ -394,7 +394,7 @@ impl Agent for AgentHandler {
             error: copies
                 .iter()
                 .filter(|c| !c.ok)
-                .map(|c| format!("{} copy: {}", c.location, c.error))
+                .map(|c| format!("{} copy: {}", c.location().name(), c.error))
                 .collect::<Vec<_>>()
                 .join("; "),
             elapsed_ms: begin.elapsed().as_millis() as u64,

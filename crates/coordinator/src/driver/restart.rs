@@ -222,13 +222,15 @@ impl Coordinator {
                     .call(n, "restore", d, |mut c| async move { c.restore(req).await })
                     .await;
                 if let Ok(reply) = &r {
-                    let message = if reply.source == "local" || reply.source.is_empty() {
-                        format!("node {n} restored (held)")
-                    } else {
-                        format!(
+                    let message = match reply.source() {
+                        pb::CopyLocation::Local | pb::CopyLocation::Unspecified => {
+                            format!("node {n} restored (held)")
+                        }
+                        other => format!(
                             "node {n} restored (held) from its {} copy; {}",
-                            reply.source, reply.note
-                        )
+                            other.name(),
+                            reply.note
+                        ),
                     };
                     let _ = progress.send(Step {
                         job: id,
