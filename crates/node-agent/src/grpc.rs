@@ -11,6 +11,7 @@ use tonic::{Request, Response, Status};
 use crate::error::AgentError;
 use crate::jobs::{Jobs, Observed};
 use crate::launch::{exit_text, LaunchSpec};
+use crate::wire;
 
 /// Handler of the Agent service.
 #[derive(Debug, Clone)]
@@ -254,12 +255,8 @@ impl Agent for AgentHandler {
             .map_err(to_status)?;
         let qp = |(channel, qpn): (u64, u32)| pb::QpRef { channel, qpn };
         Ok(Response::new(pb::RebuildReply {
-            endpoints: eps
-                .iter()
-                .map(|e| serde_json::to_vec(e).expect("serializable"))
-                .collect(),
+            endpoints: eps.iter().map(wire::endpoint_to_wire).collect(),
             elapsed_us: us(begin.elapsed()),
-            ids: eps.iter().map(|e| qp(e.id)).collect(),
             wants_all: wants.is_none(),
             wants: wants.unwrap_or_default().into_iter().map(qp).collect(),
         }))
@@ -274,10 +271,10 @@ impl Agent for AgentHandler {
         let begin = std::time::Instant::now();
         let eps = r
             .endpoints
-            .iter()
-            .map(|b| serde_json::from_slice(b))
-            .collect::<Result<Vec<ib_quiesce::Endpoint>, _>>()
-            .map_err(|e| Status::invalid_argument(format!("unreadable endpoint: {e}")))?;
+            .into_iter()
+            .map(wire::endpoint_from_wire)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Status::invalid_argument(format!("reconnect of job {}: {e}", r.job_id)))?;
         self.jobs
             .reconnect_channels(r.job_id, &eps)
             .await
