@@ -63,7 +63,7 @@ impl Agent for NoopAgent {
     }
     async fn inspect(&self, _: Request<pb::InspectRequest>) -> R<pb::NodeJobInfo> {
         Ok(Response::new(pb::NodeJobInfo {
-            state: "running".into(),
+            state: pb::PartState::Running.into(),
             ..Default::default()
         }))
     }

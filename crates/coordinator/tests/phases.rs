@@ -182,7 +182,7 @@ impl Agent for FakeAgent {
         self.enter("inspect", String::new()).await?;
         Ok(Response::new(pb::NodeJobInfo {
             node: self.node.clone(),
-            state: "running".into(),
+            state: pb::PartState::Running.into(),
             ..Default::default()
         }))
     }

@@ -9,8 +9,8 @@ use ckpt_proto::v1::agent_server::Agent;
 use tonic::{Request, Response, Status};
 
 use crate::error::AgentError;
-use crate::jobs::{Jobs, Observed};
-use crate::launch::{exit_text, LaunchSpec};
+use crate::jobs::Jobs;
+use crate::launch::LaunchSpec;
 use crate::wire;
 
 /// Handler of the Agent service.
@@ -310,19 +310,22 @@ impl Agent for AgentHandler {
         from_coordinator(&req, "Agent.Inspect")?;
         let r = req.into_inner();
         let (observed, part, procs) = self.jobs.processes(r.job_id).await.map_err(to_status)?;
+        let (state, end) = observed.to_wire();
         Ok(Response::new(pb::NodeJobInfo {
             node: self.jobs.node().to_string(),
-            state: observed_text(&observed),
+            state: state.into(),
+            end,
             processes: procs
                 .into_iter()
                 .map(|(p, rank)| pb::ProcessInfo {
                     pid: p.pid,
                     comm: p.comm,
-                    state: p.state.to_string(),
+                    state: wire::process_state(p.state).into(),
                     rank,
                 })
                 .collect(),
             role: if part == 0 { "launcher" } else { "attached" }.into(),
+            detail: String::new(),
         }))
     }
 
@@ -617,26 +620,12 @@ impl Agent for AgentHandler {
             .poll(r.job_id, &r.token, r.stdout_offset, r.stderr_offset)
             .await
             .map_err(to_status)?;
-        let (state, exit_code, exit_signal) = match p.observed {
-            Observed::Exited(e) => ("exited", e.code, e.signal),
-            Observed::Lost => ("absent", None, None),
-            Observed::Running => ("running", None, None),
-        };
+        let (state, end) = p.observed.to_wire();
         Ok(Response::new(pb::PollReply {
             stdout: p.stdout,
             stderr: p.stderr,
             state: state.into(),
-            exit_code,
-            exit_signal,
+            end,
         }))
-    }
-}
-
-/// Wire text of an observed state.
-pub fn observed_text(o: &Observed) -> String {
-    match o {
-        Observed::Running => "running".into(),
-        Observed::Exited(e) => exit_text(e),
-        Observed::Lost => "absent".into(),
     }
 }

@@ -1,5 +1,6 @@
-//! The agent's own types as the wire protocol types them: where a copy of the images is
-//! ([`Location`]), and ib-quiesce's QP endpoints.
+//! The agent's own types as the wire protocol types them: a part's state and how it ended
+//! ([`Observed`]), a process's state (the letter of `/proc/PID/stat`), where a copy of the
+//! images is ([`Location`]), and ib-quiesce's QP endpoints.
 //!
 //! Endpoints are converted by functions rather than `From`/`TryFrom`: both types are foreign
 //! to this crate (the orphan rule), and the coordinator, which only routes them, must not
@@ -9,6 +10,25 @@ use ib_quiesce::verbs::Port;
 use ib_quiesce::Endpoint;
 
 use crate::copies::Location;
+use crate::jobs::Observed;
+
+impl Observed {
+    /// The part's state on the wire, and how it ended when it did (`None`: not known).
+    pub fn to_wire(&self) -> (pb::PartState, Option<pb::JobEnd>) {
+        match self {
+            Observed::Running => (pb::PartState::Running, None),
+            Observed::Exited(e) => (
+                pb::PartState::Exited,
+                match (e.code, e.signal) {
+                    (Some(c), _) => Some(pb::JobEnd::exited(c)),
+                    (None, Some(s)) => Some(pb::JobEnd::killed(s)),
+                    (None, None) => None,
+                },
+            ),
+            Observed::Lost => (pb::PartState::Absent, None),
+        }
+    }
+}
 
 impl From<Location> for pb::CopyLocation {
     fn from(l: Location) -> Self {
@@ -18,6 +38,28 @@ impl From<Location> for pb::CopyLocation {
             Location::Shared => pb::CopyLocation::Shared,
         }
     }
+}
+
+/// The one-letter process states of `/proc/PID/stat` (see proc(5)) and their wire values.
+/// Letters not listed are [`pb::ProcessState::Other`].
+pub const PROCESS_STATES: [(char, pb::ProcessState); 9] = [
+    ('R', pb::ProcessState::Running),
+    ('S', pb::ProcessState::Sleeping),
+    ('D', pb::ProcessState::DiskSleep),
+    ('T', pb::ProcessState::Stopped),
+    ('t', pb::ProcessState::Traced),
+    ('Z', pb::ProcessState::Zombie),
+    ('X', pb::ProcessState::Dead),
+    ('x', pb::ProcessState::Dead),
+    ('I', pb::ProcessState::Idle),
+];
+
+/// The wire state of a process whose `/proc/PID/stat` state letter is `letter`.
+pub fn process_state(letter: char) -> pb::ProcessState {
+    PROCESS_STATES
+        .iter()
+        .find(|(l, _)| *l == letter)
+        .map_or(pb::ProcessState::Other, |&(_, s)| s)
 }
 
 /// A QP endpoint from the coordinator that cannot be an ib-quiesce endpoint.
@@ -120,6 +162,41 @@ pub fn endpoint_from_wire(e: pb::QpEndpoint) -> Result<Endpoint, BadEndpoint> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shim::Exit;
+
+    #[test]
+    fn every_proc_letter_has_its_state_and_others_are_other() {
+        for (letter, state) in PROCESS_STATES {
+            assert_eq!(process_state(letter), state, "{letter}");
+            assert_ne!(state, pb::ProcessState::Other);
+        }
+        assert_eq!(process_state('R').name(), "running");
+        assert_eq!(process_state('D').name(), "disk-wait");
+        assert_eq!(process_state('t'), pb::ProcessState::Traced);
+        assert_eq!(process_state('P'), pb::ProcessState::Other);
+        assert_eq!(process_state('?'), pb::ProcessState::Other);
+        // Every wire state but UNSPECIFIED and OTHER comes from some letter.
+        for n in 1..=8 {
+            let s = pb::ProcessState::try_from(n).unwrap();
+            assert!(PROCESS_STATES.iter().any(|&(_, x)| x == s), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn observed_states_and_ends_on_the_wire() {
+        let exit = |code, signal| Observed::Exited(Exit { code, signal });
+        assert_eq!(Observed::Running.to_wire(), (pb::PartState::Running, None));
+        assert_eq!(Observed::Lost.to_wire(), (pb::PartState::Absent, None));
+        assert_eq!(
+            exit(Some(3), None).to_wire(),
+            (pb::PartState::Exited, Some(pb::JobEnd::exited(3)))
+        );
+        assert_eq!(
+            exit(None, Some(9)).to_wire(),
+            (pb::PartState::Exited, Some(pb::JobEnd::killed(9)))
+        );
+        assert_eq!(exit(None, None).to_wire(), (pb::PartState::Exited, None));
+    }
 
     #[test]
     fn copy_locations_on_the_wire() {

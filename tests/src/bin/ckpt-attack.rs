@@ -191,8 +191,8 @@ async fn main() {
             node: victim.clone(),
             jobs: vec![pb::JobReport {
                 job_id: job,
-                state: "exited".into(),
-                exit_code: Some(0),
+                state: pb::PartState::Exited.into(),
+                end: Some(pb::JobEnd::exited(0)),
                 ..Default::default()
             }],
         })
