@@ -80,7 +80,7 @@ impl Agent for NoopAgent {
     async fn flush(&self, _: Request<pb::FlushRequest>) -> R<Self::FlushStream> {
         Err(Status::unimplemented("this agent has no shared storage"))
     }
-    async fn rebuild(&self, _: Request<pb::PhaseRequest>) -> R<pb::RebuildReply> {
+    async fn rebuild(&self, _: Request<pb::RebuildRequest>) -> R<pb::RebuildReply> {
         Ok(Response::new(pb::RebuildReply::default()))
     }
     async fn reconnect(&self, _: Request<pb::ReconnectRequest>) -> R<pb::PhaseReply> {

@@ -245,7 +245,7 @@ impl Agent for FakeAgent {
     }
     async fn rebuild(
         &self,
-        r: Request<pb::PhaseRequest>,
+        r: Request<pb::RebuildRequest>,
     ) -> Result<Response<pb::RebuildReply>, Status> {
         self.enter("rebuild", r.get_ref().epoch.to_string()).await?;
         Ok(Response::new(pb::RebuildReply::default()))

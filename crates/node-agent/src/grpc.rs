@@ -243,7 +243,7 @@ impl Agent for AgentHandler {
 
     async fn rebuild(
         &self,
-        req: Request<pb::PhaseRequest>,
+        req: Request<pb::RebuildRequest>,
     ) -> Result<Response<pb::RebuildReply>, Status> {
         from_coordinator(&req, "Agent.Rebuild")?;
         let r = req.into_inner();

@@ -320,7 +320,13 @@ async fn main() {
             partner_address: "127.0.0.1:1".into(),
         })
     );
-    report("Agent.Rebuild", ag.rebuild(phase).await);
+    attack!(
+        "Agent.Rebuild",
+        ag.rebuild(RebuildRequest {
+            job_id: job,
+            epoch: 1
+        })
+    );
     attack!(
         "Agent.Reconnect",
         ag.reconnect(ReconnectRequest { job_id: job })

@@ -22,7 +22,7 @@ impl Coordinator {
         let d = self.cfg.deadlines.resume;
         let rebuilt = self
             .on_all(nodes, "rebuild", d, |mut c| async move {
-                c.rebuild(pb::PhaseRequest {
+                c.rebuild(pb::RebuildRequest {
                     job_id: id,
                     epoch: number,
                 })
