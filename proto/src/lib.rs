@@ -1,5 +1,6 @@
 //! Generated types and gRPC stubs of the ckpt wire protocol (`proto/ckpt.proto`, package `ckpt.v1`),
-//! and the words users see for the protocol's enums (the same on every side: agent, ckptd, ckptctl).
+//! and the words users see for the protocol's enums, the same on every side (agent, ckptd,
+//! ckptctl).
 
 /// Version 1 of the protocol.
 #[allow(missing_docs, missing_debug_implementations, clippy::all)]
