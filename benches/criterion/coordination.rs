@@ -63,7 +63,7 @@ impl Agent for NoopAgent {
     }
     async fn inspect(&self, _: Request<pb::InspectRequest>) -> R<pb::NodeJobInfo> {
         Ok(Response::new(pb::NodeJobInfo {
-            state: "running".into(),
+            state: pb::PartState::Running.into(),
             ..Default::default()
         }))
     }
@@ -80,7 +80,7 @@ impl Agent for NoopAgent {
     async fn flush(&self, _: Request<pb::FlushRequest>) -> R<Self::FlushStream> {
         Err(Status::unimplemented("this agent has no shared storage"))
     }
-    async fn rebuild(&self, _: Request<pb::PhaseRequest>) -> R<pb::RebuildReply> {
+    async fn rebuild(&self, _: Request<pb::RebuildRequest>) -> R<pb::RebuildReply> {
         Ok(Response::new(pb::RebuildReply::default()))
     }
     async fn reconnect(&self, _: Request<pb::ReconnectRequest>) -> R<pb::PhaseReply> {
@@ -99,7 +99,7 @@ impl Agent for NoopAgent {
     async fn send(&self, _: Request<pb::SendRequest>) -> R<Self::SendStream> {
         Err(Status::unimplemented("this agent keeps no partner copies"))
     }
-    async fn verify(&self, _: Request<pb::RestoreRequest>) -> R<pb::NodeVerify> {
+    async fn verify(&self, _: Request<pb::VerifyNodeRequest>) -> R<pb::NodeVerify> {
         Ok(Response::new(pb::NodeVerify {
             ok: true,
             ..Default::default()

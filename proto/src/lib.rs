@@ -1,7 +1,132 @@
-//! Generated types and gRPC stubs of the ckpt wire protocol (`proto/ckpt.proto`, package `ckpt.v1`).
-#![allow(missing_docs, missing_debug_implementations, clippy::all)]
+//! Generated types and gRPC stubs of the ckpt wire protocol (`proto/ckpt.proto`, package `ckpt.v1`),
+//! and the words users see for the protocol's enums, the same on every side (agent, ckptd,
+//! ckptctl).
 
 /// Version 1 of the protocol.
+#[allow(missing_docs, missing_debug_implementations, clippy::all)]
 pub mod v1 {
     tonic::include_proto!("ckpt.v1");
+}
+
+use v1::{job_end::How, CopyLocation, JobEnd, PartState, ProcessState};
+
+impl PartState {
+    /// Name shown to users: "running", "exited", "frozen", "absent", or "unknown" (unspecified).
+    pub fn name(self) -> &'static str {
+        match self {
+            PartState::Unspecified => "unknown",
+            PartState::Running => "running",
+            PartState::Exited => "exited",
+            PartState::Frozen => "frozen",
+            PartState::Absent => "absent",
+        }
+    }
+}
+
+impl ProcessState {
+    /// Name shown to users ("running", "sleeping", "disk-wait", ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            ProcessState::Unspecified => "unknown",
+            ProcessState::Running => "running",
+            ProcessState::Sleeping => "sleeping",
+            ProcessState::DiskSleep => "disk-wait",
+            ProcessState::Stopped => "stopped",
+            ProcessState::Traced => "traced",
+            ProcessState::Zombie => "zombie",
+            ProcessState::Dead => "dead",
+            ProcessState::Idle => "idle",
+            ProcessState::Other => "other",
+        }
+    }
+}
+
+impl CopyLocation {
+    /// Name shown to users: "local", "partner", "shared", or "unknown" (unspecified).
+    pub fn name(self) -> &'static str {
+        match self {
+            CopyLocation::Unspecified => "unknown",
+            CopyLocation::Local => "local",
+            CopyLocation::Partner => "partner",
+            CopyLocation::Shared => "shared",
+        }
+    }
+}
+
+impl JobEnd {
+    /// An exit with `code`.
+    pub fn exited(code: i32) -> Self {
+        JobEnd {
+            how: Some(How::ExitCode(code)),
+        }
+    }
+
+    /// A death by `signal`.
+    pub fn killed(signal: i32) -> Self {
+        JobEnd {
+            how: Some(How::Signal(signal)),
+        }
+    }
+
+    /// The exit code, if the process exited.
+    pub fn code(&self) -> Option<i32> {
+        match self.how {
+            Some(How::ExitCode(c)) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The signal, if one killed the process.
+    pub fn signal(&self) -> Option<i32> {
+        match self.how {
+            Some(How::Signal(s)) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Words for the end: "exited with code N", "killed by signal N" (or "ended": not known).
+    pub fn text(&self) -> String {
+        match self.how {
+            Some(How::ExitCode(c)) => format!("exited with code {c}"),
+            Some(How::Signal(s)) => format!("killed by signal {s}"),
+            None => "ended".into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::v1::*;
+
+    #[test]
+    fn job_end_says_how_and_reads_back() {
+        let e = JobEnd::exited(3);
+        assert_eq!(
+            (e.code(), e.signal(), e.text().as_str()),
+            (Some(3), None, "exited with code 3")
+        );
+        let k = JobEnd::killed(9);
+        assert_eq!(
+            (k.code(), k.signal(), k.text().as_str()),
+            (None, Some(9), "killed by signal 9")
+        );
+        let unknown = JobEnd::default();
+        assert_eq!(
+            (unknown.code(), unknown.signal(), unknown.text().as_str()),
+            (None, None, "ended")
+        );
+    }
+
+    #[test]
+    fn enum_names_are_words_and_unknown_numbers_read_as_unspecified() {
+        assert_eq!(PartState::Exited.name(), "exited");
+        assert_eq!(CopyLocation::Partner.name(), "partner");
+        assert_eq!(ProcessState::DiskSleep.name(), "disk-wait");
+        // A number from a newer peer decodes as the default.
+        let r = JobReport {
+            state: 99,
+            ..Default::default()
+        };
+        assert_eq!(r.state(), PartState::Unspecified);
+    }
 }

@@ -163,16 +163,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// Words for the one-letter process states of /proc.
-fn proc_state(s: &str) -> &str {
-    match s {
-        "R" => "running",
-        "S" => "sleeping",
-        "D" => "disk-wait",
-        "T" | "t" => "stopped",
-        "Z" => "zombie",
-        "I" => "idle",
-        _ => s,
+/// A job's part on a node in words: "running", "exited with code 0", "killed by signal 9",
+/// "absent", or "unknown (why)" when ckptd could not ask the node.
+fn node_state(n: &pb::NodeJobInfo) -> String {
+    match n.state() {
+        pb::PartState::Exited => n.end.unwrap_or_default().text(),
+        pb::PartState::Unspecified => format!("unknown ({})", n.detail),
+        s => s.name().to_string(),
     }
 }
 
@@ -184,9 +181,12 @@ fn job_json(j: &pb::JobInfo) -> Value {
         "last_epoch": j.last_epoch, "latest_committed_epoch": j.latest_committed_epoch,
         "job_dir": j.job_dir, "flush": j.flush,
         "nodes": j.nodes.iter().map(|n| json!({
-            "node": n.node, "state": n.state, "role": n.role,
+            "node": n.node, "state": n.state().name(), "role": n.role,
+            "exit_code": n.end.as_ref().and_then(pb::JobEnd::code),
+            "exit_signal": n.end.as_ref().and_then(pb::JobEnd::signal),
+            "detail": n.detail,
             "ranks": n.processes.iter().filter_map(|p| p.rank).collect::<Vec<_>>(),
-            "processes": n.processes.iter().map(|p| json!({"pid": p.pid, "comm": p.comm, "state": proc_state(&p.state), "rank": p.rank})).collect::<Vec<_>>(),
+            "processes": n.processes.iter().map(|p| json!({"pid": p.pid, "comm": p.comm, "state": p.state().name(), "rank": p.rank})).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     })
 }
@@ -233,7 +233,7 @@ fn print_status(j: &pb::JobInfo) {
             "  node {} ({}): {}, {} processes{ranks}",
             n.node,
             n.role,
-            n.state,
+            node_state(n),
             n.processes.len()
         );
         println!("    {:>8} {:>5} {:<16} STATE", "PID", "RANK", "COMMAND");
@@ -244,7 +244,7 @@ fn print_status(j: &pb::JobInfo) {
                 p.pid,
                 rank,
                 p.comm,
-                proc_state(&p.state)
+                p.state().name()
             );
         }
     }
@@ -436,7 +436,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     .map(|n| {
                         json!({"node": n.node, "ok": n.ok, "files": n.files, "bytes": n.bytes,
                                "error": n.error, "elapsed_ms": n.elapsed_ms,
-                               "copies": n.copies.iter().map(|c| json!({"location": c.location,
+                               "copies": n.copies.iter().map(|c| json!({"location": c.location().name(),
                                    "ok": c.ok, "files": c.files, "bytes": c.bytes, "error": c.error}))
                                    .collect::<Vec<_>>()})
                     })
@@ -456,12 +456,17 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                             println!(
                                 "node {} {} copy: ok, {} files, {:.1} MiB verified",
                                 n.node,
-                                c.location,
+                                c.location().name(),
                                 c.files,
                                 c.bytes as f64 / (1 << 20) as f64,
                             );
                         } else {
-                            println!("node {} {} copy: DAMAGED: {}", n.node, c.location, c.error);
+                            println!(
+                                "node {} {} copy: DAMAGED: {}",
+                                n.node,
+                                c.location().name(),
+                                c.error
+                            );
                         }
                     }
                 }
@@ -582,5 +587,58 @@ async fn follow(
             println!("{}", msg.message);
         }
         return Ok(());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nodes_state_reads_as_before_the_protocol_was_typed() {
+        let node = |state: pb::PartState, end: Option<pb::JobEnd>, detail: &str| pb::NodeJobInfo {
+            state: state.into(),
+            end,
+            detail: detail.into(),
+            ..Default::default()
+        };
+        let cases = [
+            (node(pb::PartState::Running, None, ""), "running"),
+            (node(pb::PartState::Absent, None, ""), "absent"),
+            (
+                node(pb::PartState::Exited, Some(pb::JobEnd::exited(0)), ""),
+                "exited with code 0",
+            ),
+            (
+                node(pb::PartState::Exited, Some(pb::JobEnd::killed(9)), ""),
+                "killed by signal 9",
+            ),
+            (node(pb::PartState::Exited, None, ""), "ended"),
+            (
+                node(pb::PartState::Unspecified, None, "node n2 unreachable"),
+                "unknown (node n2 unreachable)",
+            ),
+        ];
+        for (n, want) in cases {
+            assert_eq!(node_state(&n), want);
+        }
+        let j = pb::JobInfo {
+            nodes: vec![pb::NodeJobInfo {
+                processes: vec![pb::ProcessInfo {
+                    state: pb::ProcessState::DiskSleep.into(),
+                    ..Default::default()
+                }],
+                ..node(pb::PartState::Exited, Some(pb::JobEnd::killed(15)), "")
+            }],
+            ..Default::default()
+        };
+        let v = job_json(&j);
+        let n = &v["nodes"][0];
+        assert_eq!(
+            (&n["state"], &n["exit_code"], &n["exit_signal"]),
+            (&json!("exited"), &Value::Null, &json!(15)),
+            "{v}"
+        );
+        assert_eq!(n["processes"][0]["state"], "disk-wait", "{v}");
     }
 }

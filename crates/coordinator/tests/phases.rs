@@ -196,7 +196,7 @@ impl Agent for FakeAgent {
         Ok(Response::new(pb::RestoreReply {
             pid: 100,
             incarnation: 1,
-            source: "local".into(),
+            source: pb::CopyLocation::Local.into(),
             ..Default::default()
         }))
     }
@@ -214,7 +214,7 @@ impl Agent for FakeAgent {
         self.enter("inspect", String::new()).await?;
         Ok(Response::new(pb::NodeJobInfo {
             node: self.node.clone(),
-            state: "running".into(),
+            state: pb::PartState::Running.into(),
             ..Default::default()
         }))
     }
@@ -231,7 +231,7 @@ impl Agent for FakeAgent {
     }
     async fn verify(
         &self,
-        _: Request<pb::RestoreRequest>,
+        _: Request<pb::VerifyNodeRequest>,
     ) -> Result<Response<pb::NodeVerify>, Status> {
         Err(Status::unimplemented("verify"))
     }
@@ -277,7 +277,7 @@ impl Agent for FakeAgent {
     }
     async fn rebuild(
         &self,
-        r: Request<pb::PhaseRequest>,
+        r: Request<pb::RebuildRequest>,
     ) -> Result<Response<pb::RebuildReply>, Status> {
         self.enter("rebuild", r.get_ref().epoch.to_string()).await?;
         Ok(Response::new(pb::RebuildReply::default()))

@@ -9,8 +9,9 @@ use ckpt_proto::v1::agent_server::Agent;
 use tonic::{Request, Response, Status};
 
 use crate::error::AgentError;
-use crate::jobs::{Jobs, Observed};
-use crate::launch::{exit_text, LaunchSpec};
+use crate::jobs::Jobs;
+use crate::launch::LaunchSpec;
+use crate::wire;
 
 /// Handler of the Agent service.
 #[derive(Debug, Clone)]
@@ -249,7 +250,7 @@ impl Agent for AgentHandler {
             pid: done.pid,
             incarnation: done.incarnation,
             elapsed_us: us(begin.elapsed()),
-            source: done.source.name().into(),
+            source: pb::CopyLocation::from(done.source).into(),
             note: done.note,
             channels: done.channels,
         }))
@@ -257,7 +258,7 @@ impl Agent for AgentHandler {
 
     async fn rebuild(
         &self,
-        req: Request<pb::PhaseRequest>,
+        req: Request<pb::RebuildRequest>,
     ) -> Result<Response<pb::RebuildReply>, Status> {
         from_coordinator(&req, "Agent.Rebuild")?;
         let r = req.into_inner();
@@ -269,12 +270,8 @@ impl Agent for AgentHandler {
             .map_err(to_status)?;
         let qp = |(channel, qpn): (u64, u32)| pb::QpRef { channel, qpn };
         Ok(Response::new(pb::RebuildReply {
-            endpoints: eps
-                .iter()
-                .map(|e| serde_json::to_vec(e).expect("serializable"))
-                .collect(),
+            endpoints: eps.iter().map(wire::endpoint_to_wire).collect(),
             elapsed_us: us(begin.elapsed()),
-            ids: eps.iter().map(|e| qp(e.id)).collect(),
             wants_all: wants.is_none(),
             wants: wants.unwrap_or_default().into_iter().map(qp).collect(),
         }))
@@ -289,10 +286,10 @@ impl Agent for AgentHandler {
         let begin = std::time::Instant::now();
         let eps = r
             .endpoints
-            .iter()
-            .map(|b| serde_json::from_slice(b))
-            .collect::<Result<Vec<ib_quiesce::Endpoint>, _>>()
-            .map_err(|e| Status::invalid_argument(format!("unreadable endpoint: {e}")))?;
+            .into_iter()
+            .map(wire::endpoint_from_wire)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Status::invalid_argument(format!("reconnect of job {}: {e}", r.job_id)))?;
         self.jobs
             .reconnect_channels(r.job_id, &eps)
             .await
@@ -328,19 +325,22 @@ impl Agent for AgentHandler {
         from_coordinator(&req, "Agent.Inspect")?;
         let r = req.into_inner();
         let (observed, part, procs) = self.jobs.processes(r.job_id).await.map_err(to_status)?;
+        let (state, end) = observed.to_wire();
         Ok(Response::new(pb::NodeJobInfo {
             node: self.jobs.node().to_string(),
-            state: observed_text(&observed),
+            state: state.into(),
+            end,
             processes: procs
                 .into_iter()
                 .map(|(p, rank)| pb::ProcessInfo {
                     pid: p.pid,
                     comm: p.comm,
-                    state: p.state.to_string(),
+                    state: wire::process_state(p.state).into(),
                     rank,
                 })
                 .collect(),
             role: if part == 0 { "launcher" } else { "attached" }.into(),
+            detail: String::new(),
         }))
     }
 
@@ -360,7 +360,7 @@ impl Agent for AgentHandler {
 
     async fn verify(
         &self,
-        req: Request<pb::RestoreRequest>,
+        req: Request<pb::VerifyNodeRequest>,
     ) -> Result<Response<pb::NodeVerify>, Status> {
         from_coordinator(&req, "Agent.Verify")?;
         let r = req.into_inner();
@@ -380,14 +380,14 @@ impl Agent for AgentHandler {
             .into_iter()
             .map(|c| match c.result {
                 Ok(m) => pb::CopyCheck {
-                    location: c.location.name().into(),
+                    location: pb::CopyLocation::from(c.location).into(),
                     ok: true,
                     files: m.files.len() as u32,
                     bytes: m.image_bytes(),
                     error: String::new(),
                 },
                 Err(e) => pb::CopyCheck {
-                    location: c.location.name().into(),
+                    location: pb::CopyLocation::from(c.location).into(),
                     ok: false,
                     error: e.to_string(),
                     ..Default::default()
@@ -409,7 +409,7 @@ impl Agent for AgentHandler {
             error: copies
                 .iter()
                 .filter(|c| !c.ok)
-                .map(|c| format!("{} copy: {}", c.location, c.error))
+                .map(|c| format!("{} copy: {}", c.location().name(), c.error))
                 .collect::<Vec<_>>()
                 .join("; "),
             elapsed_ms: begin.elapsed().as_millis() as u64,
@@ -635,26 +635,12 @@ impl Agent for AgentHandler {
             .poll(r.job_id, &r.token, r.stdout_offset, r.stderr_offset)
             .await
             .map_err(to_status)?;
-        let (state, exit_code, exit_signal) = match p.observed {
-            Observed::Exited(e) => ("exited", e.code, e.signal),
-            Observed::Lost => ("absent", None, None),
-            Observed::Running => ("running", None, None),
-        };
+        let (state, end) = p.observed.to_wire();
         Ok(Response::new(pb::PollReply {
             stdout: p.stdout,
             stderr: p.stderr,
             state: state.into(),
-            exit_code,
-            exit_signal,
+            end,
         }))
-    }
-}
-
-/// Wire text of an observed state.
-pub fn observed_text(o: &Observed) -> String {
-    match o {
-        Observed::Running => "running".into(),
-        Observed::Exited(e) => exit_text(e),
-        Observed::Lost => "absent".into(),
     }
 }

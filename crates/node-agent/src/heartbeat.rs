@@ -18,21 +18,17 @@ pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
     let mut out = Vec::new();
     for j in jobs.snapshot() {
         let Ok(job) = j.try_lock() else { continue };
-        let (state, code, signal) = match job.observe() {
-            Observed::Running => ("running", None, None),
-            Observed::Exited(e) => {
-                // The job is over on this node: its (empty) cgroup is not needed until a
-                // restore, which creates it again.
-                job.remove_empty_cgroup();
-                ("exited", e.code, e.signal)
-            }
-            Observed::Lost => ("absent", None, None),
-        };
+        let observed = job.observe();
+        if let Observed::Exited(_) = observed {
+            // The job is over on this node: its (empty) cgroup is not needed until a
+            // restore, which creates it again.
+            job.remove_empty_cgroup();
+        }
+        let (state, end) = observed.to_wire();
         out.push(pb::JobReport {
             job_id: job.id(),
             state: state.into(),
-            exit_code: code,
-            exit_signal: signal,
+            end,
             incarnation: job.incarnation(),
         });
     }

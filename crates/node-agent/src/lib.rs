@@ -33,6 +33,7 @@ mod partner;
 mod procfs;
 mod restore;
 pub mod shim;
+mod wire;
 
 use std::future::Future;
 use std::path::PathBuf;

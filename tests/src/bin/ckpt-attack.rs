@@ -191,8 +191,8 @@ async fn main() {
             node: victim.clone(),
             jobs: vec![pb::JobReport {
                 job_id: job,
-                state: "exited".into(),
-                exit_code: Some(0),
+                state: pb::PartState::Exited.into(),
+                end: Some(pb::JobEnd::exited(0)),
                 ..Default::default()
             }],
         })
@@ -215,10 +215,6 @@ async fn main() {
             node: victim.clone(),
         })
     );
-    let phase = pb::PhaseRequest {
-        job_id: job,
-        epoch: 1,
-    };
     // The epoch stream, its first command a dump (or a kill, with resume).
     let epoch_cmd = |phase: pb::Phase| pb::EpochCommand {
         job_id: job,
@@ -292,7 +288,7 @@ async fn main() {
     );
     attack!(
         "Agent.Verify",
-        ag.verify(RestoreRequest {
+        ag.verify(VerifyNodeRequest {
             job_id: job,
             epoch: 1
         })
@@ -328,7 +324,13 @@ async fn main() {
             partner_address: "127.0.0.1:1".into(),
         })
     );
-    report("Agent.Rebuild", ag.rebuild(phase).await);
+    attack!(
+        "Agent.Rebuild",
+        ag.rebuild(RebuildRequest {
+            job_id: job,
+            epoch: 1
+        })
+    );
     attack!(
         "Agent.Reconnect",
         ag.reconnect(ReconnectRequest { job_id: job })

@@ -22,7 +22,7 @@ impl Coordinator {
         let d = self.cfg.deadlines.resume;
         let rebuilt = self
             .on_all(nodes, "rebuild", d, |mut c| async move {
-                c.rebuild(pb::PhaseRequest {
+                c.rebuild(pb::RebuildRequest {
                     job_id: id,
                     epoch: number,
                 })
@@ -79,27 +79,27 @@ impl ChannelsRebuilt {
 /// than by the channel that would not connect.
 fn route_endpoints(
     rebuilt: &[(String, pb::RebuildReply)],
-) -> Result<HashMap<String, Vec<Vec<u8>>>, NodeFailure> {
-    let mut by_id: HashMap<(u64, u32), &Vec<u8>> = HashMap::new();
+) -> Result<HashMap<String, Vec<pb::QpEndpoint>>, NodeFailure> {
+    let mut by_id: HashMap<(u64, u32), &pb::QpEndpoint> = HashMap::new();
     for (node, r) in rebuilt {
-        if r.ids.len() != r.endpoints.len() {
-            return Err(NodeFailure {
-                node: node.clone(),
-                kind: FailureKind::Internal,
-                message: format!(
-                    "rebuild: {} endpoints but {} QP ids (is the agent older than ckptd?)",
-                    r.endpoints.len(),
-                    r.ids.len()
-                ),
-            });
-        }
-        for (id, e) in r.ids.iter().zip(&r.endpoints) {
+        for e in &r.endpoints {
+            let Some(id) = &e.id else {
+                return Err(NodeFailure {
+                    node: node.clone(),
+                    kind: FailureKind::Internal,
+                    message: format!(
+                        "rebuild: an endpoint (QP {:#x}) without its QP id (is the agent older \
+                         than ckptd?)",
+                        e.qpn
+                    ),
+                });
+            };
             by_id.insert((id.channel, id.qpn), e);
         }
     }
     let mut out = HashMap::new();
     for (node, r) in rebuilt {
-        let eps: Vec<Vec<u8>> = if r.wants_all {
+        let eps: Vec<pb::QpEndpoint> = if r.wants_all {
             rebuilt
                 .iter()
                 .flat_map(|(_, r)| r.endpoints.iter().cloned())
@@ -137,19 +137,21 @@ mod tests {
         pb::RebuildReply {
             endpoints: eps
                 .iter()
-                .map(|(c, q)| format!("{c}/{q}").into_bytes())
+                .map(|id| pb::QpEndpoint {
+                    id: Some(qp(id)),
+                    device: format!("{}/{}", id.0, id.1),
+                    ..Default::default()
+                })
                 .collect(),
-            ids: eps.iter().map(qp).collect(),
             wants: wants.unwrap_or_default().iter().map(qp).collect(),
             wants_all: wants.is_none(),
             elapsed_us: 0,
         }
     }
 
-    fn names(v: &[Vec<u8>]) -> Vec<String> {
-        v.iter()
-            .map(|b| String::from_utf8(b.clone()).unwrap())
-            .collect()
+    /// Which endpoints these are, by the `channel/qpn` names `reply` gives them.
+    fn names(v: &[pb::QpEndpoint]) -> Vec<String> {
+        v.iter().map(|e| e.device.clone()).collect()
     }
 
     #[test]
@@ -191,11 +193,12 @@ mod tests {
             e.message
         );
         let mut bad = reply(&[(1, 10)], Some(&[]));
-        bad.ids.clear();
+        bad.endpoints[0].id = None;
+        bad.endpoints[0].qpn = 0x33;
         let e = route_endpoints(&[("n5".to_string(), bad)]).unwrap_err();
         assert_eq!((e.node.as_str(), e.kind), ("n5", FailureKind::Internal));
         assert!(
-            e.message.contains("1 endpoints but 0 QP ids"),
+            e.message.contains("endpoint (QP 0x33) without its QP id"),
             "{}",
             e.message
         );

@@ -54,13 +54,8 @@ impl Coordinator {
             return false;
         }
         for r in reports {
-            let observed = match r.state.as_str() {
-                "exited" => JobState::Exited {
-                    code: r.exit_code,
-                    signal: r.exit_signal,
-                },
-                "absent" => JobState::Lost,
-                _ => continue,
+            let Some(observed) = ended(r.state(), r.end.as_ref()) else {
+                continue;
             };
             let _g = self.state.lock().await;
             if let Ok(Some(mut job)) = self.registry.job(r.job_id) {
@@ -108,19 +103,7 @@ impl Coordinator {
             Ok(i) => i,
             Err(_) => return Ok(job),
         };
-        let observed = if let Some(rest) = info.state.strip_prefix("exited with code ") {
-            JobState::Exited {
-                code: rest.parse().ok(),
-                signal: None,
-            }
-        } else if let Some(rest) = info.state.strip_prefix("killed by signal ") {
-            JobState::Exited {
-                code: None,
-                signal: rest.parse().ok(),
-            }
-        } else if info.state == "absent" {
-            JobState::Lost
-        } else {
+        let Some(observed) = ended(info.state(), info.end.as_ref()) else {
             return Ok(job);
         };
         let _g = self.state.lock().await;
@@ -302,11 +285,27 @@ impl Coordinator {
                 }
                 .into(),
                 node: n,
-                state: format!("unknown ({})", e.message),
+                state: pb::PartState::Unspecified.into(),
+                end: None,
+                detail: e.message,
                 processes: vec![],
             })
         })
         .collect()
+    }
+}
+
+/// The end of a job's part that an agent reports (in a heartbeat or an Inspect reply): how it
+/// exited, or that its processes are gone without an exit status. `None` while it runs (or
+/// for a state this coordinator does not know).
+fn ended(state: pb::PartState, end: Option<&pb::JobEnd>) -> Option<JobState> {
+    match state {
+        pb::PartState::Exited => Some(JobState::Exited {
+            code: end.and_then(pb::JobEnd::code),
+            signal: end.and_then(pb::JobEnd::signal),
+        }),
+        pb::PartState::Absent => Some(JobState::Lost),
+        pb::PartState::Running | pb::PartState::Frozen | pb::PartState::Unspecified => None,
     }
 }
 
@@ -328,3 +327,54 @@ fn new_token() -> String {
 /// SIGTERM grace period of `cancel`, in 100 ms steps: MPI launchers forward SIGTERM to ranks
 /// and need a moment to tear down.
 const CANCEL_GRACE_STEPS: u32 = 50;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_agents_part_state_is_the_jobs_end_or_nothing() {
+        let exited = |end: Option<pb::JobEnd>| ended(pb::PartState::Exited, end.as_ref());
+        assert_eq!(
+            exited(Some(pb::JobEnd::exited(3))),
+            Some(JobState::Exited {
+                code: Some(3),
+                signal: None
+            })
+        );
+        assert_eq!(
+            exited(Some(pb::JobEnd::killed(9))),
+            Some(JobState::Exited {
+                code: None,
+                signal: Some(9)
+            })
+        );
+        assert_eq!(
+            exited(None),
+            Some(JobState::Exited {
+                code: None,
+                signal: None
+            }),
+            "an exit whose status is not known"
+        );
+        assert_eq!(ended(pb::PartState::Absent, None), Some(JobState::Lost));
+        for alive in [
+            pb::PartState::Running,
+            pb::PartState::Frozen,
+            pb::PartState::Unspecified,
+        ] {
+            assert_eq!(
+                ended(alive, Some(&pb::JobEnd::exited(0))),
+                None,
+                "{alive:?}"
+            );
+        }
+        // A report from a newer agent with a state this coordinator does not know.
+        let report = pb::JobReport {
+            state: 42,
+            end: Some(pb::JobEnd::exited(0)),
+            ..Default::default()
+        };
+        assert_eq!(ended(report.state(), report.end.as_ref()), None);
+    }
+}

@@ -49,13 +49,12 @@ impl Coordinator {
         let e = self.restorable_epoch(&job, epoch)?;
         let d = self.cfg.deadlines.restore;
         let calls = e.nodes.iter().map(|n| {
-            let req = pb::RestoreRequest {
+            let req = pb::VerifyNodeRequest {
                 job_id: id,
                 epoch: e.number,
                 manifest_digest: e.manifests.get(n).cloned().unwrap_or_default(),
                 shared_durable: e.is_durable(),
                 local_pruned: !e.local_copy,
-                ..Default::default()
             };
             async move {
                 let r = self
@@ -225,13 +224,15 @@ impl Coordinator {
                     .call(n, "restore", d, |mut c| async move { c.restore(req).await })
                     .await;
                 if let Ok(reply) = &r {
-                    let message = if reply.source == "local" || reply.source.is_empty() {
-                        format!("node {n} restored (held)")
-                    } else {
-                        format!(
+                    let message = match reply.source() {
+                        pb::CopyLocation::Local | pb::CopyLocation::Unspecified => {
+                            format!("node {n} restored (held)")
+                        }
+                        other => format!(
                             "node {n} restored (held) from its {} copy; {}",
-                            reply.source, reply.note
-                        )
+                            other.name(),
+                            reply.note
+                        ),
                     };
                     let _ = progress.send(Step {
                         job: id,

@@ -222,15 +222,16 @@ async fn follow(job: &Job, reply: pb::AttachReply) -> u8 {
                 err_off += r.stderr.len() as u64;
                 write_all(&mut std::io::stdout(), &r.stdout);
                 write_all(&mut std::io::stderr(), &r.stderr);
-                match r.state.as_str() {
-                    "exited" => {
-                        return match (r.exit_code, r.exit_signal) {
+                match r.state() {
+                    pb::PartState::Exited => {
+                        let end = r.end.unwrap_or_default();
+                        return match (end.code(), end.signal()) {
                             (Some(c), _) => c.clamp(0, 255) as u8,
                             (None, Some(s)) => (128 + s).clamp(0, 255) as u8,
                             _ => UNREACHABLE,
-                        }
+                        };
                     }
-                    "absent" => {
+                    pb::PartState::Absent => {
                         let since = *absent_since.get_or_insert_with(Instant::now);
                         if since.elapsed() > Duration::from_secs(30) {
                             eprintln!(
