@@ -7,8 +7,8 @@
 #   1. builds the criterion coordination bench of e615049 in a temporary git worktree, into its
 #      own CARGO_TARGET_DIR (target/coord-e615049, kept: a later run rebuilds only the workspace
 #      crates), and HEAD's coordination and relay_tree benches into ./target; copies the
-#      executables into the output directory's bin/ so that a rebuild during the run changes
-#      nothing;
+#      executables into a temporary directory (removed on exit) so that a rebuild during the run
+#      changes nothing;
 #   2. alternates before and after R rounds (ABBA: before first in odd rounds), each a run of the
 #      coordination bench at 16, 256 and 1024 agents (the real coordinator, redb registry and
 #      TLS gRPC over loopback, against N no-op agents in a child process on the same 2 cores);
@@ -46,7 +46,7 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 OUT=${OUT:-$REPO/benches/results/coordination-$(date +%F)}
-mkdir -p "$OUT/bin"
+mkdir -p "$OUT"
 
 # The executable `cargo bench --no-run` built for bench $1 (JSON messages on stdout).
 bench_exe() {
@@ -60,6 +60,8 @@ for line in sys.stdin:
 }
 
 WT=$(mktemp -d)
+BIN=$WT/bin
+mkdir -p "$BIN"
 cleanup() { git -C "$REPO" worktree remove --force "$WT/before" 2>/dev/null || true; rm -rf "$WT"; }
 trap cleanup EXIT
 
@@ -67,12 +69,12 @@ log "building $BEFORE_REV (worktree, target/coord-$BEFORE_REV)"
 git -C "$REPO" worktree add --detach -q "$WT/before" "$BEFORE_REV"
 (cd "$WT/before" && CARGO_TARGET_DIR=$REPO/target/coord-$BEFORE_REV \
     cargo bench --locked -p ckpt-benches --bench coordination --no-run --message-format json 2>/dev/null) \
-    | bench_exe coordination | tail -1 | xargs -I{} cp {} "$OUT/bin/coordination-before"
+    | bench_exe coordination | tail -1 | xargs -I{} cp {} "$BIN/coordination-before"
 log "building HEAD"
 cargo bench --locked -p ckpt-benches --bench coordination --bench relay_tree --no-run --message-format json 2>/dev/null \
     > "$WT/after.json"
-bench_exe coordination < "$WT/after.json" | tail -1 | xargs -I{} cp {} "$OUT/bin/coordination-after"
-bench_exe relay_tree < "$WT/after.json" | tail -1 | xargs -I{} cp {} "$OUT/bin/relay_tree"
+bench_exe coordination < "$WT/after.json" | tail -1 | xargs -I{} cp {} "$BIN/coordination-after"
+bench_exe relay_tree < "$WT/after.json" | tail -1 | xargs -I{} cp {} "$BIN/relay_tree"
 {
     echo "before: $BEFORE_REV"
     echo "after: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates proto benches || echo ' (with uncommitted changes)')"
@@ -82,16 +84,16 @@ bench_exe relay_tree < "$WT/after.json" | tail -1 | xargs -I{} cp {} "$OUT/bin/r
 
 run() { # $1 before|after, $2 round
     log "round $2: $1"
-    "$OUT/bin/coordination-$1" --bench --output-format bencher 'coordination_round/(16|256|1024)$' \
+    "$BIN/coordination-$1" --bench --output-format bencher 'coordination_round/(16|256|1024)$' \
         > "$OUT/$1-$2.txt" 2>&1
 }
 for r in $(seq 1 "$ROUNDS"); do
     if (( r % 2 )); then run before "$r"; run after "$r"; else run after "$r"; run before "$r"; fi
 done
 
-python3 - "$OUT" "$(nproc)" "$HOP_US" <<'PY' > "$OUT/summary.md"
+python3 - "$OUT" "$(nproc)" "$HOP_US" "$BIN" <<'PY' > "$OUT/summary.md"
 import glob, os, re, statistics, subprocess, sys
-out, cores, hop = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+out, cores, hop, bindir = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 BENCH = re.compile(r"test coordination_round/(\d+) \.\.\. bench:\s+([\d,]+) ns/iter")
 t = {"before": {}, "after": {}}
 for side in t:
@@ -107,7 +109,7 @@ for n in sorted(med["after"]):
     print(f"| {n} | {b:.1f} ms | {a:.1f} ms | {a / b:.2f} | {len(t['after'][n])} |")
 per = cores * (med["after"][1024] - med["after"][16]) * 1e3 / ((1024 - 16) * 16)
 print(f"\nper message end (derived from the after medians): {per:.1f} us\n")
-sim = subprocess.run([os.path.join(out, "bin", "relay_tree"), "--per-message-us", f"{per:.2f}",
+sim = subprocess.run([os.path.join(bindir, "relay_tree"), "--per-message-us", f"{per:.2f}",
                       "--hop-us", hop], capture_output=True, text=True, check=True).stdout
 open(os.path.join(out, "relay_tree.txt"), "w").write(sim)
 print(sim)
