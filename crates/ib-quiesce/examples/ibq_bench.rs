@@ -1,5 +1,9 @@
 //! ibq_bench: what ib-quiesce costs on a real verbs device (soft-RoCE `rxe0` in the test guest).
 //!
+//! One file (~1,100 lines) because it is one example binary, which `benches/ibq_rxe.sh` builds
+//! and runs in the guest: its two measurements share the raw-verbs baseline, the set-up of both
+//! channel ends and the report.
+//!
 //! Two measurements, in one process, both ends of every connection on the same device
 //! (loopback):
 //!
