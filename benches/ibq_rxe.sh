@@ -3,7 +3,7 @@
 # of QPs and MRs per channel (1 … 256), and the cost of the Channel post/poll path against raw
 # verbs (ratio, same run), on soft-RoCE (rxe0) in one scripts/testvm.sh guest.
 #
-# What runs: crates/ib-quiesce/examples/ibq_bench.rs (see its header for the exact method), built
+# What runs: crates/ib-quiesce/examples/ibq_bench/ (see its header for the exact method), built
 # in release on the host and started inside the guest, which sees the host's root file system
 # read-only. Both ends of every connection are in that one process on rxe0 (loopback).
 #
@@ -101,7 +101,7 @@ tr -d '\r' < "$TMP/console" > "$TMP/console.txt"
     echo "Guest: scripts/testvm.sh run (QEMU TCG, no KVM), mem=2048, cpus=2; soft-RoCE rxe0 on virtio-net; both ends of every connection in one process on rxe0."
     grep -E '^GUEST ' "$TMP/console.txt" | sed 's/^GUEST /  /' || true
     echo
-    echo "Method: crates/ib-quiesce/examples/ibq_bench.rs. Per n: channels A and B, each n MRs (4 KiB each; plus the channel's own control MR), one CQ, n RC QPs (16/16/1), QP i of A ↔ QP i of B, 2 receives per QP kept across every quiesce. Repeated R times: quiesce A ‖ B (two threads), rebuild A ‖ B, reconnect A ‖ B; each step counts the slower side; an untimed RDMA write per QP checks the reconnected pairs. In every repetition the same objects also go through raw verbs (Rdma, no channel): create, connect + post receives, release, both sides at once (alternately before and after the channel cycle). Post/poll: K signalled 64-byte RDMA writes per path and repetition, each polled to completion before the next, raw Rdma vs Channel, interleaved in 20 blocks of K/20 (ABBA order)."
+    echo "Method: crates/ib-quiesce/examples/ibq_bench/. Per n: channels A and B, each n MRs (4 KiB each; plus the channel's own control MR), one CQ, n RC QPs (16/16/1), QP i of A ↔ QP i of B, 2 receives per QP kept across every quiesce. Repeated R times: quiesce A ‖ B (two threads), rebuild A ‖ B, reconnect A ‖ B; each step counts the slower side; an untimed RDMA write per QP checks the reconnected pairs. In every repetition the same objects also go through raw verbs (Rdma, no channel): create, connect + post receives, release, both sides at once (alternately before and after the channel cycle). Post/poll: K signalled 64-byte RDMA writes per path and repetition, each polled to completion before the next, raw Rdma vs Channel, interleaved in 20 blocks of K/20 (ABBA order)."
     echo
     echo "Raw lines (REP: one repetition; BENCH: results):"
     echo
