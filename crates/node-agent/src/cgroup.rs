@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 /// hung NFS mount) can hold it up, and 30 s is far beyond a healthy freeze (milliseconds).
 pub const FREEZE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How often a freeze or thaw that has not completed is requested again.
+const REASSERT_EVERY: Duration = Duration::from_secs(1);
+
 const V1_FREEZER: &str = "/sys/fs/cgroup/freezer";
 const V2_ROOTS: [&str; 2] = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"];
 
@@ -32,7 +35,7 @@ pub enum CgroupError {
         source: std::io::Error,
     },
     /// The freezer did not reach the wanted state in time.
-    #[error("cgroup {path}: still {state} after {waited:?} waiting to become {wanted} (a task may be stuck in uninterruptible sleep)")]
+    #[error("cgroup {path}: still {state} after {waited:?} waiting to become {wanted} (a task may be stuck in uninterruptible sleep); its tasks: {tasks}")]
     Stuck {
         /// Cgroup directory.
         path: PathBuf,
@@ -42,6 +45,8 @@ pub enum CgroupError {
         wanted: &'static str,
         /// Time waited.
         waited: Duration,
+        /// The cgroup's tasks when it gave up, as "pid N (comm) state S in WCHAN".
+        tasks: String,
     },
     /// Frozen, but some task stayed where a snapshot cannot take it, through every attempt.
     #[error("cgroup {path}: {tasks} stayed in uninterruptible sleep (D) or running through {attempts} freezes: a parent waiting for a vfork child that has not called exec yet cannot be snapshotted; the job was thawed, try again (a child that never execs, e.g. one stopped by a debugger, must finish first)")]
@@ -238,8 +243,14 @@ impl JobCgroup {
             .map_err(self.io("write", f))
     }
 
+    /// Waits until the freezer reports `wanted`. The request is written again every
+    /// [`REASSERT_EVERY`] while the cgroup is in between: writing the state makes the kernel
+    /// signal every task of the cgroup again, which frees a freeze a task missed (one that
+    /// joined the cgroup, or forked, at the moment of the first write) at no cost to a healthy
+    /// one.
     fn wait_for(&self, wanted: &'static str) -> Result<(), CgroupError> {
         let start = Instant::now();
+        let mut asserted = start;
         let mut pause = Duration::from_micros(200);
         loop {
             let s = self.state()?;
@@ -252,11 +263,42 @@ impl JobCgroup {
                     state: s,
                     wanted,
                     waited: start.elapsed(),
+                    tasks: self.describe_tasks(),
                 });
+            }
+            if asserted.elapsed() >= REASSERT_EVERY {
+                self.write_state(wanted == "FROZEN")?;
+                asserted = Instant::now();
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(20));
         }
+    }
+
+    /// The cgroup's tasks for an error message: "pid N (comm) state S in WCHAN", at most 16.
+    fn describe_tasks(&self) -> String {
+        let pids = self.pids().unwrap_or_default();
+        if pids.is_empty() {
+            return "none".into();
+        }
+        let mut out: Vec<String> = pids
+            .iter()
+            .take(16)
+            .map(|&pid| {
+                let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                let wchan = fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
+                let state = task_state(pid).unwrap_or('?');
+                let wchan = match wchan.trim() {
+                    "" | "0" => "-".to_string(),
+                    w => w.to_string(),
+                };
+                format!("pid {pid} ({}) state {state} in {wchan}", comm.trim())
+            })
+            .collect();
+        if pids.len() > 16 {
+            out.push(format!("and {} more", pids.len() - 16));
+        }
+        out.join(", ")
     }
 
     /// Freezes every process in the cgroup and waits until the kernel reports FROZEN.
@@ -376,6 +418,7 @@ impl JobCgroup {
                     state: format!("{} processes left", self.pids()?.len()),
                     wanted: "empty",
                     waited: start.elapsed(),
+                    tasks: self.describe_tasks(),
                 });
             }
             self.signal_all(libc::SIGKILL)?;
@@ -407,5 +450,48 @@ mod tests {
         // SAFETY: gettid has no preconditions.
         let own = unsafe { libc::gettid() };
         assert_eq!(task_state(own), Some('R'), "this thread is running");
+    }
+
+    /// A real cgroup with a sleeping child: frozen, thawed, its tasks named for an error.
+    /// Needs root and a freezer; skips otherwise.
+    #[test]
+    fn a_real_cgroup_freezes_thaws_and_names_its_tasks() {
+        if !nix_is_root() {
+            eprintln!("SKIPPED: needs root to make a cgroup");
+            return;
+        }
+        let parent =
+            match CgroupParent::resolve("auto", &format!("ckpt-unit-{}-", std::process::id())) {
+                Ok(p) => p,
+                Err(e) => {
+                    eprintln!("SKIPPED: {e}");
+                    return;
+                }
+            };
+        let cg = parent.job(1);
+        cg.create().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        fs::write(cg.procs_file(), child.id().to_string()).unwrap();
+        cg.freeze().unwrap();
+        assert_eq!(cg.state().unwrap(), "FROZEN");
+        let tasks = cg.describe_tasks();
+        assert!(
+            tasks.starts_with(&format!("pid {} (sleep) state ", child.id())),
+            "{tasks}"
+        );
+        cg.thaw().unwrap();
+        assert_eq!(cg.state().unwrap(), "THAWED");
+        cg.kill_all().unwrap();
+        let _ = child.wait();
+        assert_eq!(cg.describe_tasks(), "none");
+        cg.remove().unwrap();
+    }
+
+    fn nix_is_root() -> bool {
+        // SAFETY: geteuid has no preconditions.
+        unsafe { libc::geteuid() == 0 }
     }
 }
