@@ -1,0 +1,454 @@
+//! Contexts, asynchronous events, queries, protection domains, memory regions, and the calls
+//! this layer refuses.
+use std::os::raw::{c_int, c_uint, c_void};
+use std::ptr::null_mut;
+use std::sync::atomic::Ordering::Acquire;
+
+use ibverbs_sys as ffi;
+
+use super::{real_or, set_errno};
+use crate::fastpath;
+use crate::real::device_name;
+use crate::shadow::{
+    boxed, free, layer, zeroed, Layer, ShadowCq, ShadowCtx, ShadowMr, ShadowPd, ShadowQp, ShadowSrq,
+};
+
+/// The real context behind `ctx`, or `ctx` itself when it is libibverbs' own.
+///
+/// # Safety
+/// `ctx` is a context pointer.
+unsafe fn real_ctx(ctx: *mut ffi::ibv_context) -> *mut ffi::ibv_context {
+    if layer().is_shadow(ctx) {
+        // SAFETY: a registered shadow context.
+        unsafe { (*(ctx as *mut ShadowCtx)).real }
+    } else {
+        ctx
+    }
+}
+
+/// The real PD behind `pd` (a PD's context tells whether it is a shadow).
+///
+/// # Safety
+/// `pd` is a PD pointer.
+pub(super) unsafe fn real_pd(pd: *mut ffi::ibv_pd) -> *mut ffi::ibv_pd {
+    // SAFETY: a PD's first field is its context; a shadow PD's is a shadow context.
+    unsafe {
+        if !pd.is_null() && layer().is_shadow((*pd).context) {
+            (*(pd as *mut ShadowPd)).real
+        } else {
+            pd
+        }
+    }
+}
+
+/// `ibv_open_device`: the real context, behind a shadow whose operation table is this
+/// layer's. Extended operations are hidden (`abi_compat` is not the extended marker), so
+/// callers fall back to the exported calls: `ibv_create_cq_ex` fails with EOPNOTSUPP and UCX
+/// creates its CQs with `ibv_create_cq`; `ibv_query_port` and `ibv_query_device_ex` use the
+/// exported queries.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi::ibv_context {
+    let open = real_or!(ibv_open_device, null_mut());
+    // SAFETY: the program's device pointer, from libibverbs' list.
+    let rc = unsafe { open(dev) };
+    if rc.is_null() {
+        return rc;
+    }
+    let mut ctx: ffi::ibv_context = zeroed();
+    // SAFETY: `rc` is a live context.
+    unsafe {
+        ctx.device = (*rc).device;
+        ctx.cmd_fd = (*rc).cmd_fd;
+        ctx.async_fd = (*rc).async_fd;
+        ctx.num_comp_vectors = (*rc).num_comp_vectors;
+    }
+    ctx.ops.post_send = Some(fastpath::post_send);
+    ctx.ops.post_recv = Some(fastpath::post_recv);
+    ctx.ops.post_srq_recv = Some(fastpath::post_srq_recv);
+    ctx.ops.poll_cq = Some(fastpath::poll_cq);
+    ctx.ops.req_notify_cq = Some(fastpath::req_notify_cq);
+    let s = boxed(ShadowCtx { ctx, real: rc });
+    layer().add_context(s);
+    crate::status::opened(
+        // SAFETY: the device of a live context.
+        unsafe { device_name((*rc).device) },
+    );
+    // SAFETY: just made.
+    unsafe { &mut (*s).ctx }
+}
+
+/// `ibv_close_device`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_close_device(ctx: *mut ffi::ibv_context) -> c_int {
+    let close = real_or!(ibv_close_device, -1);
+    let l = layer();
+    if !l.is_shadow(ctx) {
+        // SAFETY: libibverbs' own context.
+        return unsafe { close(ctx) };
+    }
+    let s = ctx as *mut ShadowCtx;
+    // SAFETY: a registered shadow; freed only once closed.
+    unsafe {
+        let rc = close((*s).real);
+        if rc == 0 {
+            l.remove_context(s);
+            free(s);
+        }
+        rc
+    }
+}
+
+/// Where an asynchronous event's object is: a shadow's real object points back to its shadow
+/// through its user context.
+fn event_kind(t: ffi::ibv_event_type) -> Option<char> {
+    match t {
+        ffi::IBV_EVENT_CQ_ERR => Some('c'),
+        ffi::IBV_EVENT_QP_FATAL
+        | ffi::IBV_EVENT_QP_REQ_ERR
+        | ffi::IBV_EVENT_QP_ACCESS_ERR
+        | ffi::IBV_EVENT_COMM_EST
+        | ffi::IBV_EVENT_SQ_DRAINED
+        | ffi::IBV_EVENT_PATH_MIG
+        | ffi::IBV_EVENT_PATH_MIG_ERR
+        | ffi::IBV_EVENT_QP_LAST_WQE_REACHED => Some('q'),
+        ffi::IBV_EVENT_SRQ_ERR | ffi::IBV_EVENT_SRQ_LIMIT_REACHED => Some('s'),
+        _ => None,
+    }
+}
+
+/// `ibv_get_async_event`: the real event, its QP, CQ or SRQ replaced by the shadow.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_async_event(
+    ctx: *mut ffi::ibv_context,
+    ev: *mut ffi::ibv_async_event,
+) -> c_int {
+    let get = real_or!(ibv_get_async_event, -1);
+    if !layer().is_shadow(ctx) {
+        // SAFETY: libibverbs' own context.
+        return unsafe { get(ctx, ev) };
+    }
+    // SAFETY: a shadow context; `ev` is the program's event to fill. The real objects of a
+    // shadow context were all made by this layer, with their user context set to the shadow.
+    unsafe {
+        let rc = get((*(ctx as *mut ShadowCtx)).real, ev);
+        if rc == 0 {
+            let e = &mut *ev;
+            match event_kind(e.event_type) {
+                Some('c') => e.element.cq = (*e.element.cq).cq_context as *mut ffi::ibv_cq,
+                Some('q') => e.element.qp = (*e.element.qp).qp_context as *mut ffi::ibv_qp,
+                Some('s') => e.element.srq = (*e.element.srq).srq_context as *mut ffi::ibv_srq,
+                _ => {}
+            }
+        }
+        rc
+    }
+}
+
+/// `ibv_ack_async_event`: acknowledged on the real object.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_async_event(ev: *mut ffi::ibv_async_event) {
+    let ack = real_or!(ibv_ack_async_event);
+    let l = layer();
+    // SAFETY: the program's event, as `ibv_get_async_event` filled it.
+    unsafe {
+        let mut e = *ev;
+        match event_kind(e.event_type) {
+            Some('c') if l.is_shadow((*e.element.cq).context) => {
+                e.element.cq = (*(e.element.cq as *mut ShadowCq)).real.load(Acquire)
+            }
+            Some('q') if l.is_shadow((*e.element.qp).context) => {
+                e.element.qp = (*(e.element.qp as *mut ShadowQp)).real.load(Acquire)
+            }
+            Some('s') if l.is_shadow((*e.element.srq).context) => {
+                e.element.srq = (*(e.element.srq as *mut ShadowSrq)).real.load(Acquire)
+            }
+            _ => {}
+        }
+        ack(&mut e)
+    }
+}
+
+macro_rules! on_real_ctx {
+    ($(#[$m:meta])* $name:ident ( ctx $(, $arg:ident : $ty:ty)* ) -> $ret:ty, $fail:expr) => {
+        $(#[$m])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(ctx: *mut ffi::ibv_context $(, $arg: $ty)*) -> $ret {
+            let f = real_or!($name, $fail);
+            // SAFETY: the real context behind the program's (or libibverbs' own).
+            unsafe { f(real_ctx(ctx) $(, $arg)*) }
+        }
+    };
+}
+
+on_real_ctx!(
+    /// `ibv_query_device`.
+    ibv_query_device(ctx, attr: *mut ffi::ibv_device_attr) -> c_int, libc::ENOSYS
+);
+on_real_ctx!(
+    /// `ibv_query_port` (the exported, compatible one; the header's inline version comes here
+    /// because extended operations are hidden).
+    ibv_query_port(ctx, port: u8, attr: *mut ffi::_compat_ibv_port_attr) -> c_int, libc::ENOSYS
+);
+on_real_ctx!(
+    /// `ibv_query_gid`.
+    ibv_query_gid(ctx, port: u8, index: c_int, gid: *mut ffi::ibv_gid) -> c_int, -1
+);
+on_real_ctx!(
+    /// `ibv_query_pkey`.
+    ibv_query_pkey(ctx, port: u8, index: c_int, pkey: *mut u16) -> c_int, -1
+);
+on_real_ctx!(
+    /// `ibv_get_pkey_index`.
+    ibv_get_pkey_index(ctx, port: u8, pkey: u16) -> c_int, -1
+);
+on_real_ctx!(
+    /// `ibv_query_gid_ex` (the exported half of the inline call).
+    _ibv_query_gid_ex(ctx, port: u32, index: u32, entry: *mut ffi::ibv_gid_entry, flags: u32, size: usize) -> c_int, libc::ENOSYS
+);
+on_real_ctx!(
+    /// `ibv_query_gid_table` (the exported half of the inline call).
+    _ibv_query_gid_table(ctx, entries: *mut ffi::ibv_gid_entry, max: usize, flags: u32, size: usize) -> isize, -(libc::ENOSYS as isize)
+);
+on_real_ctx!(
+    /// `ibv_resolve_eth_l2_from_gid`.
+    ibv_resolve_eth_l2_from_gid(ctx, attr: *mut ffi::ibv_ah_attr, mac: *mut u8, vid: *mut u16) -> c_int, libc::ENOSYS
+);
+
+/// `ibv_alloc_pd`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ffi::ibv_context) -> *mut ffi::ibv_pd {
+    let alloc = real_or!(ibv_alloc_pd, null_mut());
+    if !layer().is_shadow(ctx) {
+        // SAFETY: libibverbs' own context.
+        return unsafe { alloc(ctx) };
+    }
+    // SAFETY: a shadow context.
+    let real = unsafe { alloc((*(ctx as *mut ShadowCtx)).real) };
+    if real.is_null() {
+        return real;
+    }
+    let mut pd: ffi::ibv_pd = zeroed();
+    pd.context = ctx;
+    // SAFETY: a live PD.
+    pd.handle = unsafe { (*real).handle };
+    let s = boxed(ShadowPd { pd, real });
+    // SAFETY: just made.
+    unsafe { &mut (*s).pd }
+}
+
+/// `ibv_dealloc_pd`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ffi::ibv_pd) -> c_int {
+    let dealloc = real_or!(ibv_dealloc_pd, libc::ENOSYS);
+    // SAFETY: the program's PD.
+    unsafe {
+        if !layer().is_shadow((*pd).context) {
+            return dealloc(pd);
+        }
+        let s = pd as *mut ShadowPd;
+        let rc = dealloc((*s).real);
+        if rc == 0 {
+            free(s);
+        }
+        rc
+    }
+}
+
+/// A new region's virtual key: the real one, unless a region registered before a rebuild
+/// holds it as its virtual key; then the first free one above.
+fn virtual_key(real: u32) -> u32 {
+    let t = &layer().tables;
+    let mut k = real;
+    while t.key_in_use(k) {
+        k = k.wrapping_add(0x100);
+    }
+    k
+}
+
+/// Wraps a real MR in a shadow with virtual keys.
+///
+/// # Safety
+/// `pd` is a shadow PD and `real` a live MR registered on its real PD.
+unsafe fn shadow_mr(pd: *mut ffi::ibv_pd, real: *mut ffi::ibv_mr, access: u32) -> *mut ffi::ibv_mr {
+    let l = layer();
+    let mut mr: ffi::ibv_mr = zeroed();
+    // SAFETY: as the caller promises.
+    unsafe {
+        mr.context = (*pd).context;
+        mr.pd = pd;
+        mr.addr = (*real).addr;
+        mr.length = (*real).length;
+        mr.handle = (*real).handle;
+        mr.lkey = virtual_key((*real).lkey);
+        mr.rkey = if (*real).rkey == (*real).lkey {
+            mr.lkey
+        } else {
+            virtual_key((*real).rkey)
+        };
+        l.tables
+            .set_mr(mr.lkey, (*real).lkey, mr.rkey, (*real).rkey);
+    }
+    let s = boxed(ShadowMr { mr, real, access });
+    Layer::track(&l.mrs, s as usize);
+    // SAFETY: just made.
+    unsafe { &mut (*s).mr }
+}
+
+/// `ibv_reg_mr` (what the header's macro calls for constant access flags).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr(
+    pd: *mut ffi::ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
+) -> *mut ffi::ibv_mr {
+    let reg = real_or!(ibv_reg_mr, null_mut());
+    // SAFETY: the program's PD and memory.
+    unsafe {
+        if !layer().is_shadow((*pd).context) {
+            return reg(pd, addr, len, access);
+        }
+        let real = reg(real_pd(pd), addr, len, access);
+        if real.is_null() {
+            return real;
+        }
+        shadow_mr(pd, real, access as u32)
+    }
+}
+
+/// `ibv_reg_mr_iova`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova(
+    pd: *mut ffi::ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ffi::ibv_mr {
+    let reg = real_or!(ibv_reg_mr_iova, null_mut());
+    // SAFETY: the program's PD and memory.
+    unsafe {
+        if !layer().is_shadow((*pd).context) {
+            return reg(pd, addr, len, iova, access);
+        }
+        let real = reg(real_pd(pd), addr, len, iova, access);
+        if real.is_null() {
+            return real;
+        }
+        shadow_mr(pd, real, access as u32)
+    }
+}
+
+/// `ibv_reg_mr_iova2` (what the header's macro calls for variable access flags: UCX).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
+    pd: *mut ffi::ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: c_uint,
+) -> *mut ffi::ibv_mr {
+    let reg = real_or!(ibv_reg_mr_iova2, null_mut());
+    // SAFETY: the program's PD and memory.
+    unsafe {
+        if !layer().is_shadow((*pd).context) {
+            return reg(pd, addr, len, iova, access);
+        }
+        let real = reg(real_pd(pd), addr, len, iova, access);
+        if real.is_null() {
+            return real;
+        }
+        shadow_mr(pd, real, access)
+    }
+}
+
+/// `ibv_dereg_mr`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ffi::ibv_mr) -> c_int {
+    let dereg = real_or!(ibv_dereg_mr, libc::ENOSYS);
+    let l = layer();
+    // SAFETY: the program's MR.
+    unsafe {
+        if !l.is_shadow((*mr).context) {
+            return dereg(mr);
+        }
+        let s = mr as *mut ShadowMr;
+        let rc = dereg((*s).real);
+        if rc == 0 {
+            l.tables.drop_mr((*s).mr.lkey, (*s).mr.rkey);
+            Layer::untrack(&l.mrs, s as usize);
+            free(s);
+        }
+        rc
+    }
+}
+
+/// Refuses a call on shadow objects: the feature is not one the layer can take through a
+/// checkpoint. Counted and named in the status; the program sees EOPNOTSUPP and falls back.
+fn refuse(call: &str) {
+    layer().refuse(call.to_string());
+    set_errno(libc::EOPNOTSUPP);
+}
+
+/// `ibv_rereg_mr`: refused on shadows (no library on the supported list uses it).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_rereg_mr(
+    mr: *mut ffi::ibv_mr,
+    _flags: c_int,
+    _pd: *mut ffi::ibv_pd,
+    _addr: *mut c_void,
+    _len: usize,
+    _access: c_int,
+) -> c_int {
+    let _ = mr;
+    refuse("ibv_rereg_mr");
+    // IBV_REREG_MR_ERR_INPUT: the region is unchanged.
+    -1
+}
+
+/// `ibv_reg_dmabuf_mr`: refused (device memory of another driver cannot be re-registered
+/// after a restore), so libraries report dmabuf unsupported.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
+    _pd: *mut ffi::ibv_pd,
+    _offset: u64,
+    _len: usize,
+    _iova: u64,
+    _fd: c_int,
+    _access: c_int,
+) -> *mut ffi::ibv_mr {
+    refuse("ibv_reg_dmabuf_mr");
+    null_mut()
+}
+
+/// `ibv_import_device`: refused (a context shared with another process cannot be rebuilt).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_import_device(_cmd_fd: c_int) -> *mut ffi::ibv_context {
+    refuse("ibv_import_device");
+    null_mut()
+}
+
+/// `ibv_import_pd`: refused.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_import_pd(
+    _ctx: *mut ffi::ibv_context,
+    _handle: u32,
+) -> *mut ffi::ibv_pd {
+    refuse("ibv_import_pd");
+    null_mut()
+}
+
+/// `ibv_import_mr`: refused.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_import_mr(_pd: *mut ffi::ibv_pd, _handle: u32) -> *mut ffi::ibv_mr {
+    refuse("ibv_import_mr");
+    null_mut()
+}
+
+/// `ibv_unimport_pd`: nothing was imported.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_unimport_pd(_pd: *mut ffi::ibv_pd) {}
+
+/// `ibv_unimport_mr`: nothing was imported.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_unimport_mr(_mr: *mut ffi::ibv_mr) {}

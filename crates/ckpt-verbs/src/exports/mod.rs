@@ -1,0 +1,48 @@
+//! The exported libibverbs calls this layer defines. A program's references to them (through
+//! any version: an unversioned definition in a preloaded object satisfies `name@IBVERBS_1.x`)
+//! bind here; each call is passed on to libibverbs with the real objects behind the shadows.
+//!
+//! Every exported call that takes a verbs object is defined, not only those UCX uses: a
+//! shadow handed to libibverbs would be read as its private context and crash. libibverbs and
+//! the providers call some of these functions with their *real* objects too (rxe asks for a
+//! GID while creating an AH); a call whose object is not a shadow passes straight through.
+//!
+//! - `device.rs`: contexts, asynchronous events, queries, PDs, memory regions, and the calls
+//!   refused (`ibv_import_*`, `ibv_reg_dmabuf_mr`, ECE, multicast, `ibv_qp_to_qp_ex`).
+//! - `queues.rs`: completion channels and queues, SRQs, QPs and address handles.
+// Each function here is libibverbs' call of the same name, with the contract verbs.h and its
+// manual page give it; they are not restated per function.
+#![allow(clippy::missing_safety_doc)]
+use std::os::raw::c_int;
+
+mod device;
+mod queues;
+
+/// Sets `errno` for the program.
+pub(crate) fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns this thread's errno.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// The real function, or `errno = ENOSYS` and `$fail` when this libibverbs lacks it.
+macro_rules! real_or {
+    ($name:ident) => {
+        match crate::real::real().$name {
+            Some(f) => f,
+            None => {
+                crate::exports::set_errno(libc::ENOSYS);
+                return;
+            }
+        }
+    };
+    ($name:ident, $fail:expr) => {
+        match crate::real::real().$name {
+            Some(f) => f,
+            None => {
+                crate::exports::set_errno(libc::ENOSYS);
+                return $fail;
+            }
+        }
+    };
+}
+pub(crate) use real_or;

@@ -1,0 +1,616 @@
+//! Completion channels and queues, shared receive queues, queue pairs and address handles.
+use std::os::raw::{c_int, c_uint, c_void};
+use std::ptr::null_mut;
+use std::sync::atomic::Ordering::{Acquire, Release};
+use std::sync::atomic::{AtomicPtr, AtomicU32};
+use std::sync::Mutex;
+
+use ibverbs_sys as ffi;
+
+use super::{real_or, set_errno};
+use crate::exports::device::real_pd;
+use crate::shadow::{
+    addr_of, boxed, free, layer, zeroed, Layer, ShadowAh, ShadowChannel, ShadowCq, ShadowCtx,
+    ShadowQp, ShadowSrq, Transition,
+};
+
+/// `ibv_create_comp_channel`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_comp_channel(
+    ctx: *mut ffi::ibv_context,
+) -> *mut ffi::ibv_comp_channel {
+    let create = real_or!(ibv_create_comp_channel, null_mut());
+    if !layer().is_shadow(ctx) {
+        // SAFETY: libibverbs' own context.
+        return unsafe { create(ctx) };
+    }
+    // SAFETY: a shadow context.
+    let real = unsafe { create((*(ctx as *mut ShadowCtx)).real) };
+    if real.is_null() {
+        return real;
+    }
+    let mut ch: ffi::ibv_comp_channel = zeroed();
+    ch.context = ctx;
+    // SAFETY: a live channel.
+    ch.fd = unsafe { (*real).fd };
+    let s = boxed(ShadowChannel { ch, real });
+    // SAFETY: just made.
+    unsafe { &mut (*s).ch }
+}
+
+/// The real channel behind `ch` (null stays null).
+///
+/// # Safety
+/// `ch` is null or a channel pointer.
+unsafe fn real_channel(ch: *mut ffi::ibv_comp_channel) -> *mut ffi::ibv_comp_channel {
+    // SAFETY: a channel's first field is its context.
+    unsafe {
+        if !ch.is_null() && layer().is_shadow((*ch).context) {
+            (*(ch as *mut ShadowChannel)).real
+        } else {
+            ch
+        }
+    }
+}
+
+/// `ibv_destroy_comp_channel`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ffi::ibv_comp_channel) -> c_int {
+    let destroy = real_or!(ibv_destroy_comp_channel, libc::ENOSYS);
+    // SAFETY: the program's channel.
+    unsafe {
+        if !layer().is_shadow((*ch).context) {
+            return destroy(ch);
+        }
+        let s = ch as *mut ShadowChannel;
+        let rc = destroy((*s).real);
+        if rc == 0 {
+            free(s);
+        }
+        rc
+    }
+}
+
+/// `ibv_create_cq`. The real CQ's user context is the shadow, so that completion and
+/// asynchronous events find it.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_cq(
+    ctx: *mut ffi::ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ffi::ibv_comp_channel,
+    vector: c_int,
+) -> *mut ffi::ibv_cq {
+    let create = real_or!(ibv_create_cq, null_mut());
+    if !layer().is_shadow(ctx) {
+        // SAFETY: libibverbs' own objects.
+        return unsafe { create(ctx, cqe, cq_context, channel, vector) };
+    }
+    let mut cq: ffi::ibv_cq = zeroed();
+    cq.context = ctx;
+    cq.channel = channel;
+    cq.cq_context = cq_context;
+    let s = boxed(ShadowCq {
+        cq,
+        real: AtomicPtr::new(null_mut()),
+    });
+    // SAFETY: a shadow context and channel; `s` lives until the CQ is destroyed.
+    unsafe {
+        let real = create(
+            (*(ctx as *mut ShadowCtx)).real,
+            cqe,
+            s as *mut c_void,
+            real_channel(channel),
+            vector,
+        );
+        if real.is_null() {
+            free(s);
+            return real;
+        }
+        (*s).cq.handle = (*real).handle;
+        (*s).cq.cqe = (*real).cqe;
+        (*s).real.store(real, Release);
+        &mut (*s).cq
+    }
+}
+
+/// `ibv_resize_cq`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ffi::ibv_cq, cqe: c_int) -> c_int {
+    let resize = real_or!(ibv_resize_cq, libc::ENOSYS);
+    // SAFETY: the program's CQ.
+    unsafe {
+        if !layer().is_shadow((*cq).context) {
+            return resize(cq, cqe);
+        }
+        let s = cq as *mut ShadowCq;
+        let real = (*s).real.load(Acquire);
+        let rc = resize(real, cqe);
+        if rc == 0 {
+            (*s).cq.cqe = (*real).cqe;
+        }
+        rc
+    }
+}
+
+/// `ibv_destroy_cq`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ffi::ibv_cq) -> c_int {
+    let destroy = real_or!(ibv_destroy_cq, libc::ENOSYS);
+    // SAFETY: the program's CQ.
+    unsafe {
+        if !layer().is_shadow((*cq).context) {
+            return destroy(cq);
+        }
+        let s = cq as *mut ShadowCq;
+        let rc = destroy((*s).real.load(Acquire));
+        if rc == 0 {
+            free(s);
+        }
+        rc
+    }
+}
+
+/// `ibv_get_cq_event`: the real event, for the shadow CQ and the program's CQ context.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_cq_event(
+    ch: *mut ffi::ibv_comp_channel,
+    cq: *mut *mut ffi::ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    let get = real_or!(ibv_get_cq_event, -1);
+    // SAFETY: the program's channel and out-pointers. A shadow channel's CQs are shadows
+    // whose real CQ's user context is the shadow.
+    unsafe {
+        if !layer().is_shadow((*ch).context) {
+            return get(ch, cq, cq_context);
+        }
+        let mut rcq = null_mut();
+        let mut rctx = null_mut();
+        let rc = get(real_channel(ch), &mut rcq, &mut rctx);
+        if rc == 0 {
+            let s = rctx as *mut ShadowCq;
+            *cq = &mut (*s).cq;
+            *cq_context = (*s).cq.cq_context;
+        }
+        rc
+    }
+}
+
+/// `ibv_ack_cq_events`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ffi::ibv_cq, n: c_uint) {
+    let ack = real_or!(ibv_ack_cq_events);
+    // SAFETY: the program's CQ.
+    unsafe {
+        if !layer().is_shadow((*cq).context) {
+            return ack(cq, n);
+        }
+        ack((*(cq as *mut ShadowCq)).real.load(Acquire), n)
+    }
+}
+
+/// The real CQ behind `cq` (null stays null).
+///
+/// # Safety
+/// `cq` is null or a CQ pointer.
+unsafe fn real_cq(cq: *mut ffi::ibv_cq) -> *mut ffi::ibv_cq {
+    // SAFETY: a CQ's first field is its context.
+    unsafe {
+        if !cq.is_null() && layer().is_shadow((*cq).context) {
+            (*(cq as *mut ShadowCq)).real.load(Acquire)
+        } else {
+            cq
+        }
+    }
+}
+
+/// The real SRQ behind `srq` (null stays null).
+///
+/// # Safety
+/// `srq` is null or an SRQ pointer.
+unsafe fn real_srq(srq: *mut ffi::ibv_srq) -> *mut ffi::ibv_srq {
+    // SAFETY: an SRQ's first field is its context.
+    unsafe {
+        if !srq.is_null() && layer().is_shadow((*srq).context) {
+            (*(srq as *mut ShadowSrq)).real.load(Acquire)
+        } else {
+            srq
+        }
+    }
+}
+
+/// `ibv_create_srq`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_srq(
+    pd: *mut ffi::ibv_pd,
+    attr: *mut ffi::ibv_srq_init_attr,
+) -> *mut ffi::ibv_srq {
+    let create = real_or!(ibv_create_srq, null_mut());
+    // SAFETY: the program's PD and attributes; `s` lives until the SRQ is destroyed.
+    unsafe {
+        if !layer().is_shadow((*pd).context) {
+            return create(pd, attr);
+        }
+        let mut srq: ffi::ibv_srq = zeroed();
+        srq.context = (*pd).context;
+        srq.pd = pd;
+        srq.srq_context = (*attr).srq_context;
+        let s = boxed(ShadowSrq {
+            srq,
+            real: AtomicPtr::new(null_mut()),
+        });
+        let mut a = *attr;
+        a.srq_context = s as *mut c_void;
+        let real = create(real_pd(pd), &mut a);
+        if real.is_null() {
+            free(s);
+            return real;
+        }
+        (*attr).attr = a.attr;
+        (*s).srq.handle = (*real).handle;
+        (*s).real.store(real, Release);
+        &mut (*s).srq
+    }
+}
+
+/// `ibv_modify_srq`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_srq(
+    srq: *mut ffi::ibv_srq,
+    attr: *mut ffi::ibv_srq_attr,
+    mask: c_int,
+) -> c_int {
+    let modify = real_or!(ibv_modify_srq, libc::ENOSYS);
+    // SAFETY: the program's SRQ.
+    unsafe { modify(real_srq(srq), attr, mask) }
+}
+
+/// `ibv_query_srq`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_srq(
+    srq: *mut ffi::ibv_srq,
+    attr: *mut ffi::ibv_srq_attr,
+) -> c_int {
+    let query = real_or!(ibv_query_srq, libc::ENOSYS);
+    // SAFETY: the program's SRQ.
+    unsafe { query(real_srq(srq), attr) }
+}
+
+/// `ibv_destroy_srq`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ffi::ibv_srq) -> c_int {
+    let destroy = real_or!(ibv_destroy_srq, libc::ENOSYS);
+    // SAFETY: the program's SRQ.
+    unsafe {
+        if !layer().is_shadow((*srq).context) {
+            return destroy(srq);
+        }
+        let s = srq as *mut ShadowSrq;
+        let rc = destroy((*s).real.load(Acquire));
+        if rc == 0 {
+            free(s);
+        }
+        rc
+    }
+}
+
+/// A new QP's virtual number: the real one, unless a QP made before a rebuild holds it; then
+/// the next free one (24 bits: libraries pack QP numbers into 24-bit fields).
+fn virtual_qpn(real: u32) -> u32 {
+    let t = &layer().tables;
+    let mut v = real;
+    while t.qpn_in_use(v) {
+        v = (v + 1) & 0x00ff_ffff;
+    }
+    v
+}
+
+/// `ibv_create_qp` (also what the inline `ibv_create_qp_ex` calls for a plain request).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(
+    pd: *mut ffi::ibv_pd,
+    attr: *mut ffi::ibv_qp_init_attr,
+) -> *mut ffi::ibv_qp {
+    let create = real_or!(ibv_create_qp, null_mut());
+    let l = layer();
+    // SAFETY: the program's PD and attributes; `s` lives until the QP is destroyed.
+    unsafe {
+        if !l.is_shadow((*pd).context) {
+            return create(pd, attr);
+        }
+        let init = *attr;
+        match init.qp_type {
+            ffi::ibv_qp_type::IBV_QPT_RC | ffi::ibv_qp_type::IBV_QPT_UD => {}
+            t => {
+                l.refuse(format!(
+                    "ibv_create_qp of type {t} (only RC and UD QPs are supported)"
+                ));
+                set_errno(libc::EOPNOTSUPP);
+                return null_mut();
+            }
+        }
+        let mut qp: ffi::ibv_qp = zeroed();
+        qp.context = (*pd).context;
+        qp.qp_context = init.qp_context;
+        qp.pd = pd;
+        qp.send_cq = init.send_cq;
+        qp.recv_cq = init.recv_cq;
+        qp.srq = init.srq;
+        qp.qp_type = init.qp_type;
+        let s = boxed(ShadowQp {
+            qp,
+            real: AtomicPtr::new(null_mut()),
+            real_qpn: AtomicU32::new(0),
+            peer: Mutex::new(None),
+            transitions: Mutex::new(Vec::new()),
+            init,
+        });
+        let mut a = init;
+        a.qp_context = s as *mut c_void;
+        a.send_cq = real_cq(init.send_cq);
+        a.recv_cq = real_cq(init.recv_cq);
+        a.srq = real_srq(init.srq);
+        let real = create(real_pd(pd), &mut a);
+        if real.is_null() {
+            free(s);
+            return real;
+        }
+        // The device reports the capacities it gave.
+        (*attr).cap = a.cap;
+        (*s).init.cap = a.cap;
+        let v = virtual_qpn((*real).qp_num);
+        (*s).qp.qp_num = v;
+        (*s).qp.handle = (*real).handle;
+        (*s).qp.state = (*real).state;
+        (*s).real_qpn.store((*real).qp_num, Release);
+        (*s).real.store(real, Release);
+        l.tables.set_qp((*real).qp_num, v);
+        Layer::track(&l.qps, s as usize);
+        &mut (*s).qp
+    }
+}
+
+/// `ibv_modify_qp`: the peer's QP number and address translated to the real ones, the
+/// transition recorded for a rebuild, the shadow's state kept current (libraries read
+/// `qp->state`).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(
+    qp: *mut ffi::ibv_qp,
+    attr: *mut ffi::ibv_qp_attr,
+    mask: c_int,
+) -> c_int {
+    let modify = real_or!(ibv_modify_qp, libc::ENOSYS);
+    let l = layer();
+    // SAFETY: the program's QP and attributes.
+    unsafe {
+        if !l.is_shadow((*qp).context) {
+            return modify(qp, attr, mask);
+        }
+        let s = &*(qp as *mut ShadowQp);
+        let given = *attr;
+        let mut a = given;
+        let m = mask as c_uint;
+        if m & ffi::ibv_qp_attr_mask::IBV_QP_DEST_QPN.0 != 0 {
+            let peer = addr_of(&given.ah_attr);
+            a.dest_qp_num = l.tables.remote_qpn(peer, given.dest_qp_num);
+            if let Ok(mut p) = s.peer.lock() {
+                *p = Some((peer, given.dest_qp_num));
+            }
+        }
+        let rc = modify(s.real.load(Acquire), &mut a, mask);
+        if rc == 0 {
+            if m & ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 != 0 {
+                (*(qp as *mut ShadowQp)).qp.state = given.qp_state;
+            }
+            if let Ok(mut t) = s.transitions.lock() {
+                t.push(Transition { attr: given, mask });
+            }
+        }
+        rc
+    }
+}
+
+/// `ibv_query_qp`: the answer with the program's objects and virtual numbers.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(
+    qp: *mut ffi::ibv_qp,
+    attr: *mut ffi::ibv_qp_attr,
+    mask: c_int,
+    init: *mut ffi::ibv_qp_init_attr,
+) -> c_int {
+    let query = real_or!(ibv_query_qp, libc::ENOSYS);
+    // SAFETY: the program's QP and out-structs.
+    unsafe {
+        if !layer().is_shadow((*qp).context) {
+            return query(qp, attr, mask, init);
+        }
+        let s = &*(qp as *mut ShadowQp);
+        let rc = query(s.real.load(Acquire), attr, mask, init);
+        if rc == 0 {
+            if let Ok(Some((_, v))) = s.peer.lock().map(|p| *p) {
+                (*attr).dest_qp_num = v;
+            }
+            if !init.is_null() {
+                (*init).qp_context = s.qp.qp_context;
+                (*init).send_cq = s.qp.send_cq;
+                (*init).recv_cq = s.qp.recv_cq;
+                (*init).srq = s.qp.srq;
+            }
+        }
+        rc
+    }
+}
+
+/// `ibv_destroy_qp`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ffi::ibv_qp) -> c_int {
+    let destroy = real_or!(ibv_destroy_qp, libc::ENOSYS);
+    let l = layer();
+    // SAFETY: the program's QP.
+    unsafe {
+        if !l.is_shadow((*qp).context) {
+            return destroy(qp);
+        }
+        let s = qp as *mut ShadowQp;
+        let real_qpn = (*s).real_qpn.load(Acquire);
+        let rc = destroy((*s).real.load(Acquire));
+        if rc == 0 {
+            l.tables.drop_qp(real_qpn);
+            Layer::untrack(&l.qps, s as usize);
+            free(s);
+        }
+        rc
+    }
+}
+
+/// `ibv_query_qp_data_in_order`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp_data_in_order(
+    qp: *mut ffi::ibv_qp,
+    op: c_uint,
+    flags: u32,
+) -> c_int {
+    let query = real_or!(ibv_query_qp_data_in_order, 0);
+    // SAFETY: the program's QP.
+    unsafe {
+        let real = if layer().is_shadow((*qp).context) {
+            (*(qp as *mut ShadowQp)).real.load(Acquire)
+        } else {
+            qp
+        };
+        query(real, op, flags)
+    }
+}
+
+/// `ibv_create_ah`: the peer as the program addressed it is kept, for translating the QP
+/// numbers of the UD sends that use this handle and for recreating it after a rebuild.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah(
+    pd: *mut ffi::ibv_pd,
+    attr: *mut ffi::ibv_ah_attr,
+) -> *mut ffi::ibv_ah {
+    let create = real_or!(ibv_create_ah, null_mut());
+    // SAFETY: the program's PD and attributes.
+    unsafe {
+        if !layer().is_shadow((*pd).context) {
+            return create(pd, attr);
+        }
+        let given = *attr;
+        let mut a = given;
+        let real = create(real_pd(pd), &mut a);
+        if real.is_null() {
+            return real;
+        }
+        let mut ah: ffi::ibv_ah = zeroed();
+        ah.context = (*pd).context;
+        ah.pd = pd;
+        ah.handle = (*real).handle;
+        let s = boxed(ShadowAh {
+            ah,
+            real: AtomicPtr::new(real),
+            dest: addr_of(&given),
+            attr: given,
+        });
+        &mut (*s).ah
+    }
+}
+
+/// `ibv_create_ah_from_wc` (exported; it calls `ibv_init_ah_from_wc` and `ibv_create_ah`,
+/// which come back here with the shadow PD).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah_from_wc(
+    pd: *mut ffi::ibv_pd,
+    wc: *mut ffi::ibv_wc,
+    grh: *mut ffi::ibv_grh,
+    port: u8,
+) -> *mut ffi::ibv_ah {
+    let mut attr: ffi::ibv_ah_attr = zeroed();
+    // SAFETY: the program's PD, completion and GRH.
+    unsafe {
+        if ibv_init_ah_from_wc((*pd).context, port, wc, grh, &mut attr) != 0 {
+            return null_mut();
+        }
+        ibv_create_ah(pd, &mut attr)
+    }
+}
+
+/// `ibv_init_ah_from_wc`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_init_ah_from_wc(
+    ctx: *mut ffi::ibv_context,
+    port: u8,
+    wc: *mut ffi::ibv_wc,
+    grh: *mut ffi::ibv_grh,
+    attr: *mut ffi::ibv_ah_attr,
+) -> c_int {
+    let init = real_or!(ibv_init_ah_from_wc, -1);
+    // SAFETY: the real context behind the program's; the rest is the program's.
+    unsafe {
+        let real = if layer().is_shadow(ctx) {
+            (*(ctx as *mut ShadowCtx)).real
+        } else {
+            ctx
+        };
+        init(real, port, wc, grh, attr)
+    }
+}
+
+/// `ibv_destroy_ah`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ffi::ibv_ah) -> c_int {
+    let destroy = real_or!(ibv_destroy_ah, libc::ENOSYS);
+    // SAFETY: the program's AH.
+    unsafe {
+        if !layer().is_shadow((*ah).context) {
+            return destroy(ah);
+        }
+        let s = ah as *mut ShadowAh;
+        let rc = destroy((*s).real.load(Acquire));
+        if rc == 0 {
+            free(s);
+        }
+        rc
+    }
+}
+
+/// Refuses a QP call on a shadow, or passes a real QP's through.
+macro_rules! refused_on_shadow_qp {
+    ($(#[$m:meta])* $name:ident ( qp $(, $arg:ident : $ty:ty)* ) -> $ret:ty, $fail:expr) => {
+        $(#[$m])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(qp: *mut ffi::ibv_qp $(, $arg: $ty)*) -> $ret {
+            let f = real_or!($name, $fail);
+            // SAFETY: the program's QP.
+            if unsafe { layer().is_shadow((*qp).context) } {
+                layer().refuse(stringify!($name).to_string());
+                set_errno(libc::EOPNOTSUPP);
+                return $fail;
+            }
+            // SAFETY: libibverbs' own QP.
+            unsafe { f(qp $(, $arg)*) }
+        }
+    };
+}
+
+refused_on_shadow_qp!(
+    /// `ibv_qp_to_qp_ex`: no extended QP for shadows (the `ibv_wr_*` calls dispatch through
+    /// it, beyond this layer's reach), so libraries use `ibv_post_send`.
+    ibv_qp_to_qp_ex(qp) -> *mut ffi::ibv_qp_ex, null_mut()
+);
+refused_on_shadow_qp!(
+    /// `ibv_query_ece`: not offered (UCX then does without ECE).
+    ibv_query_ece(qp, ece: *mut ffi::ibv_ece) -> c_int, libc::EOPNOTSUPP
+);
+refused_on_shadow_qp!(
+    /// `ibv_set_ece`: not offered.
+    ibv_set_ece(qp, ece: *mut ffi::ibv_ece) -> c_int, libc::EOPNOTSUPP
+);
+refused_on_shadow_qp!(
+    /// `ibv_attach_mcast`: multicast groups are not rebuilt; refused.
+    ibv_attach_mcast(qp, gid: *const ffi::ibv_gid, lid: u16) -> c_int, libc::EOPNOTSUPP
+);
+refused_on_shadow_qp!(
+    /// `ibv_detach_mcast`: nothing was attached.
+    ibv_detach_mcast(qp, gid: *const ffi::ibv_gid, lid: u16) -> c_int, libc::EOPNOTSUPP
+);

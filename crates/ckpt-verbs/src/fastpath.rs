@@ -1,0 +1,424 @@
+//! The header-inline calls: `ibv_post_send`, `ibv_post_recv`, `ibv_post_srq_recv`,
+//! `ibv_poll_cq` and `ibv_req_notify_cq` reach these functions through the operation table of
+//! a shadow context, so they only ever see shadow objects.
+//!
+//! A post copies the program's chain of work requests into a per-thread scratch area with
+//! every identifier translated (local keys in each scatter/gather entry, the peer's rkey of an
+//! RDMA or atomic request, the address handle and QP number of a UD send) and posts the copy on
+//! the real QP; a refused request is mapped back to the program's own. The program's requests
+//! are never written. A poll translates the QP number of each completion back to the virtual
+//! one. Nothing here allocates once the scratch area has grown to the program's largest chain.
+// The trampolines below are entries of a verbs operation table, with the contract of the
+// inline call of the same name in verbs.h.
+#![allow(clippy::missing_safety_doc)]
+use std::cell::RefCell;
+use std::os::raw::c_int;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
+
+use ffi::ibv_wr_opcode as op;
+use ibverbs_sys as ffi;
+
+use crate::shadow::{layer, ShadowAh, ShadowCq, ShadowQp, ShadowSrq};
+use crate::xlate::{Addr, Found, Tables};
+
+/// Work requests in one chain at most: a bound on walking a list the program handed us.
+pub const MAX_CHAIN: usize = 1 << 16;
+
+/// Per-thread copies of the chain being posted.
+/// (No `Debug`: the verbs request structs hold unions.)
+#[allow(missing_debug_implementations)]
+#[derive(Default)]
+pub struct Scratch {
+    sends: Vec<ffi::ibv_send_wr>,
+    recvs: Vec<ffi::ibv_recv_wr>,
+    sges: Vec<ffi::ibv_sge>,
+    starts: Vec<usize>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Why a work request cannot be posted: its index in the chain and the errno.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refused {
+    /// Index of the request in the program's chain.
+    pub index: usize,
+    /// errno for the program.
+    pub errno: c_int,
+}
+
+/// What the translation of a send needs to know about its QP.
+#[derive(Debug, Clone, Copy)]
+pub struct SendTarget {
+    /// The connected peer (RC), for rkeys.
+    pub peer: Option<Addr>,
+    /// Whether the QP is UD (requests carry an address handle).
+    pub ud: bool,
+}
+
+/// Copies one scatter/gather list with its local keys translated; returns where it starts.
+///
+/// # Safety
+/// `list` points to `n` entries (or `n` is 0).
+unsafe fn copy_sges(
+    t: &Tables,
+    sges: &mut Vec<ffi::ibv_sge>,
+    list: *const ffi::ibv_sge,
+    n: c_int,
+    inline: bool,
+) -> Result<usize, c_int> {
+    let start = sges.len();
+    if n < 0 {
+        return Err(libc::EINVAL);
+    }
+    for j in 0..n as usize {
+        // SAFETY: the caller's list has `n` entries.
+        let mut s = unsafe { *list.add(j) };
+        if inline {
+            // The data is copied into the request at post time; the key is not used.
+            sges.push(s);
+            continue;
+        }
+        s.lkey = match t.lkey(s.lkey) {
+            Found::Real(k) => k,
+            Found::Unknown(k) => {
+                layer().counters.unknown_lkeys.fetch_add(1, Relaxed);
+                k
+            }
+        };
+        sges.push(s);
+    }
+    Ok(start)
+}
+
+/// Translates a chain of send requests into `sc.sends` (linked, with their own lists).
+///
+/// # Safety
+/// `wr` is a null-terminated chain of valid requests; a UD request's `ah` is a shadow AH.
+pub unsafe fn translate_sends(
+    t: &Tables,
+    target: SendTarget,
+    wr: *const ffi::ibv_send_wr,
+    sc: &mut Scratch,
+) -> Result<(), Refused> {
+    sc.sends.clear();
+    sc.sges.clear();
+    sc.starts.clear();
+    let mut p = wr;
+    let mut index = 0;
+    while !p.is_null() {
+        if index == MAX_CHAIN {
+            return Err(Refused {
+                index,
+                errno: libc::EINVAL,
+            });
+        }
+        // SAFETY: `p` is an element of the caller's chain.
+        let mut w = unsafe { *p };
+        let err = |errno| Refused { index, errno };
+        let inline = w.send_flags & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0;
+        // SAFETY: `sg_list` has `num_sge` entries (verbs.h).
+        let start =
+            unsafe { copy_sges(t, &mut sc.sges, w.sg_list, w.num_sge, inline) }.map_err(err)?;
+        sc.starts.push(start);
+        match w.opcode {
+            op::IBV_WR_SEND | op::IBV_WR_SEND_WITH_IMM => {}
+            op::IBV_WR_RDMA_WRITE | op::IBV_WR_RDMA_WRITE_WITH_IMM | op::IBV_WR_RDMA_READ => {
+                let peer = target.peer.ok_or(err(libc::EINVAL))?;
+                // SAFETY: RDMA requests use the `rdma` member of the union.
+                unsafe { w.wr.rdma.rkey = t.remote_rkey(peer, w.wr.rdma.rkey) };
+            }
+            op::IBV_WR_ATOMIC_CMP_AND_SWP | op::IBV_WR_ATOMIC_FETCH_AND_ADD => {
+                let peer = target.peer.ok_or(err(libc::EINVAL))?;
+                // SAFETY: atomic requests use the `atomic` member of the union.
+                unsafe { w.wr.atomic.rkey = t.remote_rkey(peer, w.wr.atomic.rkey) };
+            }
+            _ => return Err(err(libc::EOPNOTSUPP)),
+        }
+        if target.ud {
+            // SAFETY: UD requests use the `ud` member; its `ah` is a shadow AH of this layer.
+            unsafe {
+                let ah = w.wr.ud.ah as *const ShadowAh;
+                if ah.is_null() {
+                    return Err(err(libc::EINVAL));
+                }
+                w.wr.ud.remote_qpn = t.remote_qpn((*ah).dest, w.wr.ud.remote_qpn);
+                w.wr.ud.ah = (*ah).real.load(Acquire);
+            }
+        }
+        sc.sends.push(w);
+        // SAFETY: as above.
+        p = unsafe { (*p).next };
+        index += 1;
+    }
+    let base = sc.sges.as_mut_ptr();
+    let n = sc.sends.len();
+    let wrs = sc.sends.as_mut_ptr();
+    for i in 0..n {
+        // SAFETY: `i < n` indexes `sends`; `starts[i]` indexes `sges` or is its end (no
+        // entries); neither vector grows from here on, so the pointers stay valid.
+        unsafe {
+            let w = &mut *wrs.add(i);
+            w.sg_list = if w.num_sge == 0 {
+                std::ptr::null_mut()
+            } else {
+                base.add(sc.starts[i])
+            };
+            w.next = if i + 1 < n {
+                wrs.add(i + 1)
+            } else {
+                std::ptr::null_mut()
+            };
+        }
+    }
+    Ok(())
+}
+
+/// Translates a chain of receive requests into `sc.recvs`.
+///
+/// # Safety
+/// `wr` is a null-terminated chain of valid requests.
+pub unsafe fn translate_recvs(
+    t: &Tables,
+    wr: *const ffi::ibv_recv_wr,
+    sc: &mut Scratch,
+) -> Result<(), Refused> {
+    sc.recvs.clear();
+    sc.sges.clear();
+    sc.starts.clear();
+    let mut p = wr;
+    let mut index = 0;
+    while !p.is_null() {
+        if index == MAX_CHAIN {
+            return Err(Refused {
+                index,
+                errno: libc::EINVAL,
+            });
+        }
+        // SAFETY: `p` is an element of the caller's chain.
+        let w = unsafe { *p };
+        // SAFETY: its list has `num_sge` entries.
+        let start = unsafe { copy_sges(t, &mut sc.sges, w.sg_list, w.num_sge, false) }
+            .map_err(|errno| Refused { index, errno })?;
+        sc.starts.push(start);
+        sc.recvs.push(w);
+        // SAFETY: as above.
+        p = unsafe { (*p).next };
+        index += 1;
+    }
+    let base = sc.sges.as_mut_ptr();
+    let n = sc.recvs.len();
+    let wrs = sc.recvs.as_mut_ptr();
+    for i in 0..n {
+        // SAFETY: as in `translate_sends`.
+        unsafe {
+            let w = &mut *wrs.add(i);
+            w.sg_list = if w.num_sge == 0 {
+                std::ptr::null_mut()
+            } else {
+                base.add(sc.starts[i])
+            };
+            w.next = if i + 1 < n {
+                wrs.add(i + 1)
+            } else {
+                std::ptr::null_mut()
+            };
+        }
+    }
+    Ok(())
+}
+
+/// The program's request at `index` of its chain.
+///
+/// # Safety
+/// `wr` is a chain with more than `index` elements.
+unsafe fn nth<T>(wr: *mut T, index: usize, next: impl Fn(*mut T) -> *mut T) -> *mut T {
+    let mut p = wr;
+    for _ in 0..index {
+        p = next(p);
+    }
+    p
+}
+
+/// Translates completions in place: each QP number back to the virtual one.
+pub fn translate_completions(t: &Tables, wcs: &mut [ffi::ibv_wc]) {
+    for wc in wcs {
+        wc.qp_num = match t.local_qpn(wc.qp_num) {
+            Found::Real(v) => v,
+            Found::Unknown(r) => {
+                layer().counters.unknown_qpns.fetch_add(1, Relaxed);
+                r
+            }
+        };
+    }
+}
+
+fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    SCRATCH.with(|s| match s.try_borrow_mut() {
+        Ok(mut s) => f(&mut s),
+        // Re-entered on this thread (a signal handler posting): a scratch of its own.
+        Err(_) => f(&mut Scratch::default()),
+    })
+}
+
+/// `ibv_post_send` on a shadow QP.
+pub unsafe extern "C" fn post_send(
+    qp: *mut ffi::ibv_qp,
+    wr: *mut ffi::ibv_send_wr,
+    bad: *mut *mut ffi::ibv_send_wr,
+) -> c_int {
+    // SAFETY: this table is only reachable from shadow QPs (their context is a shadow
+    // context), whose public struct is the first field of a `ShadowQp`.
+    let s = unsafe { &*(qp as *const ShadowQp) };
+    let l = layer();
+    let peer = s.peer.lock().ok().and_then(|p| p.map(|(a, _)| a));
+    let target = SendTarget {
+        peer,
+        ud: s.qp.qp_type == ffi::ibv_qp_type::IBV_QPT_UD,
+    };
+    with_scratch(|sc| {
+        // SAFETY: the program's chain, as the verbs contract requires.
+        if let Err(r) = unsafe { translate_sends(&l.tables, target, wr, sc) } {
+            // SAFETY: the chain has more than `r.index` elements.
+            unsafe {
+                if !bad.is_null() {
+                    *bad = nth(wr, r.index, |p| (*p).next);
+                }
+            }
+            return r.errno;
+        }
+        let real = s.real.load(Acquire);
+        let mut rbad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: `real` is a live QP of libibverbs; its context's table has post_send.
+        let rc = unsafe {
+            let f = (*(*real).context).ops.post_send.expect("post_send");
+            f(real, sc.sends.as_mut_ptr(), &mut rbad)
+        };
+        let posted = if rc == 0 {
+            sc.sends.len()
+        } else if rbad.is_null() {
+            0
+        } else {
+            // SAFETY: the provider's bad request is one of our copies.
+            (unsafe { rbad.offset_from(sc.sends.as_ptr()) }).max(0) as usize
+        };
+        l.counters.send_wrs.fetch_add(posted as u64, Relaxed);
+        if rc != 0 && !bad.is_null() {
+            // SAFETY: the program's chain has more than `posted` elements (ours mirrors it).
+            unsafe { *bad = nth(wr, posted, |p| (*p).next) };
+        }
+        rc
+    })
+}
+
+/// Posts translated receives with `post` (a QP's or an SRQ's), mapping a refusal back.
+///
+/// # Safety
+/// `wr` is the program's chain; `post` posts on a live real queue.
+unsafe fn post_receives(
+    wr: *mut ffi::ibv_recv_wr,
+    bad: *mut *mut ffi::ibv_recv_wr,
+    post: impl FnOnce(*mut ffi::ibv_recv_wr, *mut *mut ffi::ibv_recv_wr) -> c_int,
+) -> c_int {
+    let l = layer();
+    with_scratch(|sc| {
+        // SAFETY: the program's chain.
+        if let Err(r) = unsafe { translate_recvs(&l.tables, wr, sc) } {
+            // SAFETY: the chain has more than `r.index` elements.
+            unsafe {
+                if !bad.is_null() {
+                    *bad = nth(wr, r.index, |p| (*p).next);
+                }
+            }
+            return r.errno;
+        }
+        let mut rbad: *mut ffi::ibv_recv_wr = std::ptr::null_mut();
+        let rc = post(sc.recvs.as_mut_ptr(), &mut rbad);
+        let posted = if rc == 0 {
+            sc.recvs.len()
+        } else if rbad.is_null() {
+            0
+        } else {
+            // SAFETY: the provider's bad request is one of our copies.
+            (unsafe { rbad.offset_from(sc.recvs.as_ptr()) }).max(0) as usize
+        };
+        l.counters.recv_wrs.fetch_add(posted as u64, Relaxed);
+        if rc != 0 && !bad.is_null() {
+            // SAFETY: the program's chain mirrors ours.
+            unsafe { *bad = nth(wr, posted, |p| (*p).next) };
+        }
+        rc
+    })
+}
+
+/// `ibv_post_recv` on a shadow QP.
+pub unsafe extern "C" fn post_recv(
+    qp: *mut ffi::ibv_qp,
+    wr: *mut ffi::ibv_recv_wr,
+    bad: *mut *mut ffi::ibv_recv_wr,
+) -> c_int {
+    // SAFETY: only shadow QPs reach this table.
+    let s = unsafe { &*(qp as *const ShadowQp) };
+    let real = s.real.load(Acquire);
+    // SAFETY: `real` is a live QP; the chain is the program's.
+    unsafe {
+        post_receives(wr, bad, |w, b| {
+            let f = (*(*real).context).ops.post_recv.expect("post_recv");
+            f(real, w, b)
+        })
+    }
+}
+
+/// `ibv_post_srq_recv` on a shadow SRQ.
+pub unsafe extern "C" fn post_srq_recv(
+    srq: *mut ffi::ibv_srq,
+    wr: *mut ffi::ibv_recv_wr,
+    bad: *mut *mut ffi::ibv_recv_wr,
+) -> c_int {
+    // SAFETY: only shadow SRQs reach this table.
+    let s = unsafe { &*(srq as *const ShadowSrq) };
+    let real = s.real.load(Acquire);
+    // SAFETY: `real` is a live SRQ; the chain is the program's.
+    unsafe {
+        post_receives(wr, bad, |w, b| {
+            let f = (*(*real).context).ops.post_srq_recv.expect("post_srq_recv");
+            f(real, w, b)
+        })
+    }
+}
+
+/// `ibv_poll_cq` on a shadow CQ.
+pub unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_wc) -> c_int {
+    // SAFETY: only shadow CQs reach this table.
+    let s = unsafe { &*(cq as *const ShadowCq) };
+    let real = s.real.load(Acquire);
+    // SAFETY: `real` is a live CQ; `wc` has room for `n` completions.
+    let got = unsafe {
+        let f = (*(*real).context).ops.poll_cq.expect("poll_cq");
+        f(real, n, wc)
+    };
+    if got > 0 {
+        let l = layer();
+        // SAFETY: the provider filled `got` entries.
+        let wcs = unsafe { std::slice::from_raw_parts_mut(wc, got as usize) };
+        translate_completions(&l.tables, wcs);
+        l.counters.completions.fetch_add(got as u64, Relaxed);
+    }
+    got
+}
+
+/// `ibv_req_notify_cq` on a shadow CQ.
+pub unsafe extern "C" fn req_notify_cq(cq: *mut ffi::ibv_cq, solicited_only: c_int) -> c_int {
+    // SAFETY: only shadow CQs reach this table.
+    let s = unsafe { &*(cq as *const ShadowCq) };
+    let real = s.real.load(Acquire);
+    // SAFETY: `real` is a live CQ.
+    unsafe {
+        let f = (*(*real).context).ops.req_notify_cq.expect("req_notify_cq");
+        f(real, solicited_only)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,389 @@
+//! The fast path against a fake device: translation of every kind of work request, and the
+//! trampolines of the operation table end to end (a fake context's `post_send`, `post_recv`
+//! and `poll_cq` record what reaches the "device").
+use std::cell::RefCell;
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicPtr, AtomicU32};
+use std::sync::Mutex;
+
+use super::*;
+use crate::shadow::{zeroed, ShadowAh, ShadowCq, ShadowQp};
+use crate::xlate::{Addr, Tables};
+
+fn sge(addr: u64, lkey: u32) -> ffi::ibv_sge {
+    ffi::ibv_sge {
+        addr,
+        length: 64,
+        lkey,
+    }
+}
+
+fn send(wr_id: u64, opcode: u32, sges: &mut [ffi::ibv_sge]) -> ffi::ibv_send_wr {
+    let mut w: ffi::ibv_send_wr = zeroed();
+    w.wr_id = wr_id;
+    w.opcode = opcode;
+    w.sg_list = sges.as_mut_ptr();
+    w.num_sge = sges.len() as i32;
+    w.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+    w
+}
+
+/// Links a slice of requests into a chain, in order.
+fn chain(wrs: &mut [ffi::ibv_send_wr]) -> *mut ffi::ibv_send_wr {
+    let n = wrs.len();
+    let base = wrs.as_mut_ptr();
+    for i in 0..n {
+        // SAFETY: indexes within the slice.
+        unsafe {
+            (*base.add(i)).next = if i + 1 < n {
+                base.add(i + 1)
+            } else {
+                null_mut()
+            }
+        };
+    }
+    base
+}
+
+const PEER: Addr = Addr([0xfe; 16]);
+
+fn tables() -> Tables {
+    let t = Tables::default();
+    // Two regions, rebuilt: new real keys behind the virtual ones.
+    t.set_mr(0x1100, 0x9100, 0x1101, 0x9101);
+    t.set_mr(0x2200, 0x9200, 0x2201, 0x9201);
+    // The peer rebuilt too: its QP 0x33 is now 0x77, its rkey 0x4401 is now 0xa401.
+    t.set_remote_qpn(PEER, 0x33, 0x77);
+    t.set_remote_rkey(PEER, 0x4401, 0xa401);
+    t
+}
+
+#[test]
+fn every_send_kind_is_translated_into_a_copy_and_the_programs_requests_stay_untouched() {
+    let t = tables();
+    let mut s0 = [sge(0x1000, 0x1100), sge(0x2000, 0x2200)];
+    let mut s1 = [sge(0x3000, 0x1100)];
+    let mut s2 = [sge(0x4000, 0x2200)];
+    let mut s3 = [sge(0x5000, 0x1100)];
+    let mut s4 = [sge(0x6000, 0x2200)];
+    let mut s5 = [sge(0x7000, 0x1100)];
+    let mut s6 = [sge(0x8000, 0x5555)];
+    let mut wrs = [
+        send(1, op::IBV_WR_SEND, &mut s0),
+        send(2, op::IBV_WR_SEND_WITH_IMM, &mut s1),
+        send(3, op::IBV_WR_RDMA_WRITE, &mut s2),
+        send(4, op::IBV_WR_RDMA_WRITE_WITH_IMM, &mut s3),
+        send(5, op::IBV_WR_RDMA_READ, &mut s4),
+        send(6, op::IBV_WR_ATOMIC_FETCH_AND_ADD, &mut s5),
+        send(7, op::IBV_WR_ATOMIC_CMP_AND_SWP, &mut []),
+        send(8, op::IBV_WR_SEND, &mut s6),
+    ];
+    wrs[7].send_flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+    for w in &mut wrs[2..5] {
+        w.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+            remote_addr: 0xabc000,
+            rkey: 0x4401,
+        };
+    }
+    for w in &mut wrs[5..7] {
+        w.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+            remote_addr: 0xabc008,
+            compare_add: 1,
+            swap: 2,
+            rkey: 0x4401,
+        };
+    }
+    let head = chain(&mut wrs);
+    let mut sc = Scratch::default();
+    let target = SendTarget {
+        peer: Some(PEER),
+        ud: false,
+    };
+    // SAFETY: a valid chain built above.
+    unsafe { translate_sends(&t, target, head, &mut sc) }.unwrap();
+
+    assert_eq!(sc.sends.len(), 8);
+    let out: Vec<_> = sc.sends.iter().collect();
+    for (i, w) in out.iter().enumerate() {
+        assert_eq!(w.wr_id, i as u64 + 1);
+        let next = if i + 1 < 8 {
+            &sc.sends[i + 1] as *const _ as *mut _
+        } else {
+            null_mut()
+        };
+        assert_eq!(w.next, next, "the copies are linked in order");
+    }
+    let keys = |w: &ffi::ibv_send_wr| -> Vec<u32> {
+        (0..w.num_sge as usize)
+            // SAFETY: the copies' lists point into the scratch area.
+            .map(|j| unsafe { (*w.sg_list.add(j)).lkey })
+            .collect()
+    };
+    assert_eq!(keys(out[0]), [0x9100, 0x9200]);
+    assert_eq!(keys(out[1]), [0x9100]);
+    assert_eq!(
+        keys(out[7]),
+        [0x5555],
+        "an inline send's key is not used, not translated"
+    );
+    assert!(out[6].sg_list.is_null() && out[6].num_sge == 0);
+    // SAFETY: the union members of each opcode.
+    unsafe {
+        for w in &out[2..5] {
+            assert_eq!(w.wr.rdma.rkey, 0xa401);
+            assert_eq!(w.wr.rdma.remote_addr, 0xabc000);
+        }
+        for w in &out[5..7] {
+            assert_eq!(w.wr.atomic.rkey, 0xa401);
+            assert_eq!((w.wr.atomic.compare_add, w.wr.atomic.swap), (1, 2));
+        }
+        // The program's own requests are as they were.
+        assert_eq!(s0[0].lkey, 0x1100);
+        assert_eq!(wrs[2].wr.rdma.rkey, 0x4401);
+        assert_eq!(wrs[0].sg_list, s0.as_mut_ptr());
+    }
+}
+
+#[test]
+fn a_ud_send_gets_the_real_address_handle_and_the_peers_real_qp_number() {
+    let t = tables();
+    let real_ah = 0x5eed_0000usize as *mut ffi::ibv_ah;
+    let ah = ShadowAh {
+        ah: zeroed(),
+        real: AtomicPtr::new(real_ah),
+        dest: PEER,
+        attr: zeroed(),
+    };
+    let mut s = [sge(0x1000, 0x2200)];
+    let mut w = send(9, op::IBV_WR_SEND, &mut s);
+    w.wr.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+        ah: &ah as *const ShadowAh as *mut ffi::ibv_ah,
+        remote_qpn: 0x33,
+        remote_qkey: 0x1ee7a330,
+    };
+    let mut sc = Scratch::default();
+    let target = SendTarget {
+        peer: None,
+        ud: true,
+    };
+    // SAFETY: one valid request with a shadow AH.
+    unsafe { translate_sends(&t, target, &w, &mut sc) }.unwrap();
+    // SAFETY: UD requests use the `ud` member.
+    unsafe {
+        assert_eq!(sc.sends[0].wr.ud.ah, real_ah);
+        assert_eq!(sc.sends[0].wr.ud.remote_qpn, 0x77);
+        assert_eq!(sc.sends[0].wr.ud.remote_qkey, 0x1ee7a330);
+        assert_eq!((*sc.sends[0].sg_list).lkey, 0x9200);
+    }
+}
+
+#[test]
+fn unsupported_or_unaddressed_requests_are_refused_naming_their_place_in_the_chain() {
+    let t = tables();
+    let mut wrs = [
+        send(1, op::IBV_WR_SEND, &mut []),
+        send(2, op::IBV_WR_LOCAL_INV, &mut []),
+    ];
+    let head = chain(&mut wrs);
+    let mut sc = Scratch::default();
+    let rc = SendTarget {
+        peer: Some(PEER),
+        ud: false,
+    };
+    // SAFETY: a valid chain.
+    let r = unsafe { translate_sends(&t, rc, head, &mut sc) }.unwrap_err();
+    assert_eq!(
+        r,
+        Refused {
+            index: 1,
+            errno: libc::EOPNOTSUPP
+        }
+    );
+    // An RDMA write on a QP that was never connected has no peer to take the rkey from.
+    let mut w = send(3, op::IBV_WR_RDMA_WRITE, &mut []);
+    w.next = null_mut();
+    let unconnected = SendTarget {
+        peer: None,
+        ud: false,
+    };
+    // SAFETY: one valid request.
+    let r = unsafe { translate_sends(&t, unconnected, &w, &mut sc) }.unwrap_err();
+    assert_eq!(r.errno, libc::EINVAL);
+}
+
+#[test]
+fn receives_have_their_keys_translated() {
+    let t = tables();
+    let mut s = [sge(0x1000, 0x1100), sge(0x2000, 0x2200)];
+    let mut r: ffi::ibv_recv_wr = zeroed();
+    r.wr_id = 42;
+    r.sg_list = s.as_mut_ptr();
+    r.num_sge = 2;
+    let mut sc = Scratch::default();
+    // SAFETY: one valid request.
+    unsafe { translate_recvs(&t, &r, &mut sc) }.unwrap();
+    assert_eq!(sc.recvs[0].wr_id, 42);
+    assert!(sc.recvs[0].next.is_null());
+    // SAFETY: the copy's list is in the scratch area.
+    unsafe {
+        assert_eq!((*sc.recvs[0].sg_list).lkey, 0x9100);
+        assert_eq!((*sc.recvs[0].sg_list.add(1)).lkey, 0x9200);
+    }
+    assert_eq!(s[0].lkey, 0x1100);
+}
+
+// ---- The trampolines against a fake device ----
+
+thread_local! {
+    /// What the fake device's post calls received: (wr_id, lkeys, rkey).
+    static POSTED: RefCell<Vec<(u64, Vec<u32>, u32)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// wr_id the fake device refuses.
+const REFUSED_WR: u64 = 0xbad;
+/// The fake device's QP number for QP 0x71 (virtual).
+const REAL_QPN: u32 = 0x1c;
+const VIRTUAL_QPN: u32 = 0x71;
+
+unsafe extern "C" fn fake_post_send(
+    _qp: *mut ffi::ibv_qp,
+    wr: *mut ffi::ibv_send_wr,
+    bad: *mut *mut ffi::ibv_send_wr,
+) -> c_int {
+    let mut p = wr;
+    while !p.is_null() {
+        // SAFETY: the layer's translated chain.
+        let w = unsafe { &*p };
+        if w.wr_id == REFUSED_WR {
+            // SAFETY: the provider reports the first request it refused.
+            unsafe { *bad = p };
+            return libc::ENOMEM;
+        }
+        // SAFETY: as above.
+        let keys = (0..w.num_sge as usize)
+            .map(|j| unsafe { (*w.sg_list.add(j)).lkey })
+            .collect();
+        // SAFETY: RDMA requests use the `rdma` member.
+        let rkey = unsafe { w.wr.rdma.rkey };
+        POSTED.with(|v| v.borrow_mut().push((w.wr_id, keys, rkey)));
+        p = w.next;
+    }
+    0
+}
+
+unsafe extern "C" fn fake_post_recv(
+    _qp: *mut ffi::ibv_qp,
+    wr: *mut ffi::ibv_recv_wr,
+    _bad: *mut *mut ffi::ibv_recv_wr,
+) -> c_int {
+    // SAFETY: the layer's translated chain.
+    let w = unsafe { &*wr };
+    // SAFETY: as above.
+    let keys = (0..w.num_sge as usize)
+        .map(|j| unsafe { (*w.sg_list.add(j)).lkey })
+        .collect();
+    POSTED.with(|v| v.borrow_mut().push((w.wr_id, keys, 0)));
+    0
+}
+
+unsafe extern "C" fn fake_poll_cq(_cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_wc) -> c_int {
+    let k = n.min(2);
+    for i in 0..k as usize {
+        let mut c: ffi::ibv_wc = zeroed();
+        c.qp_num = REAL_QPN;
+        // SAFETY: room for `n` completions.
+        unsafe { *wc.add(i) = c };
+    }
+    k
+}
+
+#[test]
+fn the_operation_table_posts_translated_requests_maps_a_refusal_back_and_translates_completions() {
+    let l = layer();
+    l.tables.set_mr(0x3300, 0x9300, 0x3301, 0x9301);
+    l.tables.set_qp(REAL_QPN, VIRTUAL_QPN);
+
+    let mut real_ctx: ffi::ibv_context = zeroed();
+    real_ctx.ops.post_send = Some(fake_post_send);
+    real_ctx.ops.post_recv = Some(fake_post_recv);
+    real_ctx.ops.poll_cq = Some(fake_poll_cq);
+    let mut real_qp: ffi::ibv_qp = zeroed();
+    real_qp.context = &mut real_ctx;
+    let mut real_cq: ffi::ibv_cq = zeroed();
+    real_cq.context = &mut real_ctx;
+
+    let mut shadow_ctx: ffi::ibv_context = zeroed();
+    shadow_ctx.ops.post_send = Some(post_send);
+    shadow_ctx.ops.post_recv = Some(post_recv);
+    shadow_ctx.ops.poll_cq = Some(poll_cq);
+    let mut qp = ShadowQp {
+        qp: zeroed(),
+        real: AtomicPtr::new(&mut real_qp),
+        real_qpn: AtomicU32::new(REAL_QPN),
+        peer: Mutex::new(Some((PEER, 0x33))),
+        transitions: Mutex::new(Vec::new()),
+        init: zeroed(),
+    };
+    qp.qp.context = &mut shadow_ctx;
+    qp.qp.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
+    qp.qp.qp_num = VIRTUAL_QPN;
+    let mut cq = ShadowCq {
+        cq: zeroed(),
+        real: AtomicPtr::new(&mut real_cq),
+    };
+    cq.cq.context = &mut shadow_ctx;
+    let qpp = &mut qp.qp as *mut ffi::ibv_qp;
+    let cqp = &mut cq.cq as *mut ffi::ibv_cq;
+
+    // What a program does: the header's inline calls go through its context's table.
+    let mut s = [sge(0x1000, 0x3300)];
+    let mut s2 = [sge(0x2000, 0x3300)];
+    let mut wrs = [
+        send(1, op::IBV_WR_SEND, &mut s),
+        send(REFUSED_WR, op::IBV_WR_RDMA_WRITE, &mut s2),
+        send(3, op::IBV_WR_SEND, &mut []),
+    ];
+    wrs[1].wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+        remote_addr: 0,
+        rkey: 0x1234,
+    };
+    let head = chain(&mut wrs);
+    let mut bad: *mut ffi::ibv_send_wr = null_mut();
+    // SAFETY: a shadow QP on a context whose table is the layer's; a valid chain.
+    let rc = unsafe {
+        let f = (*(*qpp).context).ops.post_send.unwrap();
+        f(qpp, head, &mut bad)
+    };
+    assert_eq!(rc, libc::ENOMEM, "the device's answer reaches the program");
+    assert_eq!(
+        bad, &mut wrs[1] as *mut _,
+        "bad_wr is the program's own request"
+    );
+    let posted = POSTED.with(|v| std::mem::take(&mut *v.borrow_mut()));
+    assert_eq!(posted, [(1, vec![0x9300], 0)]);
+
+    let mut r: ffi::ibv_recv_wr = zeroed();
+    r.wr_id = 77;
+    r.sg_list = s.as_mut_ptr();
+    r.num_sge = 1;
+    let mut rbad = null_mut();
+    // SAFETY: as above.
+    let rc = unsafe {
+        let f = (*(*qpp).context).ops.post_recv.unwrap();
+        f(qpp, &mut r, &mut rbad)
+    };
+    assert_eq!(rc, 0);
+    let posted = POSTED.with(|v| std::mem::take(&mut *v.borrow_mut()));
+    assert_eq!(posted, [(77, vec![0x9300], 0)]);
+
+    let mut wcs: [ffi::ibv_wc; 4] = zeroed();
+    // SAFETY: a shadow CQ; room for 4 completions.
+    let got = unsafe {
+        let f = (*(*cqp).context).ops.poll_cq.unwrap();
+        f(cqp, 4, wcs.as_mut_ptr())
+    };
+    assert_eq!(got, 2);
+    assert!(wcs[..2].iter().all(|w| w.qp_num == VIRTUAL_QPN));
+    l.tables.drop_mr(0x3300, 0x3301);
+    l.tables.drop_qp(REAL_QPN);
+}

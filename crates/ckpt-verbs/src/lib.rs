@@ -1,0 +1,23 @@
+//! libckpt_verbs.so: the verbs layer of unmodified InfiniBand programs.
+//!
+//! The node agent preloads this library (`LD_PRELOAD`) into the processes of a job on a node
+//! with RDMA devices. It defines libibverbs' exported calls, so the program, and the MPI and
+//! communication libraries inside it (UCX's `rc_verbs` and `ud_verbs`), get *shadow* objects
+//! ([`shadow`]) instead of libibverbs' own: a context whose operation table routes the inline
+//! fast path (`ibv_post_send`, `ibv_poll_cq`...) through [`fastpath`], and QPs and memory
+//! regions with virtual numbers and keys ([`xlate`]) that stay the same when the real objects
+//! behind them are released before a snapshot and created again after it.
+//!
+//! What the layer cannot take through a checkpoint is hidden or refused, so libraries fall
+//! back to what it can: the extended verbs (`ibv_create_cq_ex`, `ibv_wr_*`, DEVX...) are
+//! absent from the shadow context; imports, dmabuf regions, ECE and multicast answer
+//! EOPNOTSUPP and are named in the status ([`status`]). `docs/infiniband.md` lists what each
+//! supported stack calls and how each call is handled.
+#![warn(missing_docs)]
+
+pub mod exports;
+pub mod fastpath;
+pub mod real;
+pub mod shadow;
+pub mod status;
+pub mod xlate;

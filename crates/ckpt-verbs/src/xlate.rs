@@ -1,0 +1,229 @@
+//! Translation between the identifiers a program holds (virtual) and those the device uses
+//! now (real).
+//!
+//! A program keeps QP numbers and memory keys for its whole life, packs them into its own
+//! wire protocol and sends them to its peers (UCX does), so they must not change when the
+//! layer releases every verbs object before a snapshot and creates new ones after it. Each
+//! object therefore gets a virtual number when it is created: the real one of that first
+//! incarnation, which the device guarantees unique among the live objects of the port. Until
+//! a rebuild, every translation is the identity; after one, these tables map the virtual
+//! numbers, ours and our peers', to the new real ones.
+//!
+//! Peers are named by [`Addr`], the port address the program itself uses for them (GID, or LID
+//! on InfiniBand without a GRH): a peer's virtual numbers are unique per address, like the
+//! real ones they started as.
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::RwLock;
+
+/// A peer port's address as the program addresses it: the GID, or (no GRH) the LID in the
+/// last two bytes of an otherwise zero value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Addr(pub [u8; 16]);
+
+impl Addr {
+    /// The address of an InfiniBand port known by its LID only.
+    pub fn lid(lid: u16) -> Self {
+        let mut a = [0u8; 16];
+        a[14..].copy_from_slice(&lid.to_be_bytes());
+        Addr(a)
+    }
+}
+
+/// A multiply-shift hasher for small integer keys: the tables are read on every post and
+/// every completion, and SipHash costs more than the rest of the translation.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(b));
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type Map<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+
+/// What a lookup found: the real value, or nothing known (the identity is used and the miss
+/// counted, so that a status report shows identifiers the layer never handed out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    /// Translated.
+    Real(u32),
+    /// Not in the table.
+    Unknown(u32),
+}
+
+impl Found {
+    /// The value to hand to the device.
+    pub fn value(self) -> u32 {
+        match self {
+            Found::Real(v) | Found::Unknown(v) => v,
+        }
+    }
+}
+
+/// Every translation table of a process.
+#[derive(Debug, Default)]
+pub struct Tables {
+    /// Our memory regions: virtual lkey → real lkey.
+    lkeys: RwLock<Map<u32, u32>>,
+    /// Our memory regions: virtual rkey → real rkey (what peers learn after a rebuild).
+    rkeys: RwLock<Map<u32, u32>>,
+    /// Our QPs: real QP number → virtual (completions carry the real one).
+    local_qpns: RwLock<Map<u32, u32>>,
+    /// Peers' QPs: (their address, virtual QP number) → real QP number. Empty until a peer
+    /// rebuilt: then the identity is right.
+    remote_qpns: RwLock<Map<(Addr, u32), u32>>,
+    /// Peers' memory: (their address, virtual rkey) → real rkey.
+    remote_rkeys: RwLock<Map<(Addr, u32), u32>>,
+}
+
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Tables {
+    /// Records a memory region registered (or re-registered) with these keys.
+    pub fn set_mr(&self, vlkey: u32, lkey: u32, vrkey: u32, rkey: u32) {
+        write(&self.lkeys).insert(vlkey, lkey);
+        write(&self.rkeys).insert(vrkey, rkey);
+    }
+
+    /// Forgets a deregistered memory region.
+    pub fn drop_mr(&self, vlkey: u32, vrkey: u32) {
+        write(&self.lkeys).remove(&vlkey);
+        write(&self.rkeys).remove(&vrkey);
+    }
+
+    /// Whether a virtual lkey or rkey is in use (a new region must not take it).
+    pub fn key_in_use(&self, k: u32) -> bool {
+        read(&self.lkeys).contains_key(&k) || read(&self.rkeys).contains_key(&k)
+    }
+
+    /// The real lkey of one of our virtual lkeys.
+    #[inline]
+    pub fn lkey(&self, v: u32) -> Found {
+        match read(&self.lkeys).get(&v) {
+            Some(&r) => Found::Real(r),
+            None => Found::Unknown(v),
+        }
+    }
+
+    /// Records one of our QPs.
+    pub fn set_qp(&self, real: u32, virt: u32) {
+        write(&self.local_qpns).insert(real, virt);
+    }
+
+    /// Forgets one of our QPs by its real number.
+    pub fn drop_qp(&self, real: u32) {
+        write(&self.local_qpns).remove(&real);
+    }
+
+    /// Whether a virtual QP number of ours is taken.
+    pub fn qpn_in_use(&self, v: u32) -> bool {
+        read(&self.local_qpns).values().any(|&x| x == v)
+    }
+
+    /// The virtual number of one of our QPs, from the real one a completion carries.
+    #[inline]
+    pub fn local_qpn(&self, real: u32) -> Found {
+        match read(&self.local_qpns).get(&real) {
+            Some(&v) => Found::Real(v),
+            None => Found::Unknown(real),
+        }
+    }
+
+    /// Learns a peer QP's new real number.
+    pub fn set_remote_qpn(&self, peer: Addr, virt: u32, real: u32) {
+        write(&self.remote_qpns).insert((peer, virt), real);
+    }
+
+    /// The real number of a peer's QP (the identity until that peer rebuilt).
+    #[inline]
+    pub fn remote_qpn(&self, peer: Addr, virt: u32) -> u32 {
+        let t = read(&self.remote_qpns);
+        if t.is_empty() {
+            return virt;
+        }
+        t.get(&(peer, virt)).copied().unwrap_or(virt)
+    }
+
+    /// Learns a peer memory region's new real rkey.
+    pub fn set_remote_rkey(&self, peer: Addr, virt: u32, real: u32) {
+        write(&self.remote_rkeys).insert((peer, virt), real);
+    }
+
+    /// The real rkey of a peer's memory (the identity until that peer rebuilt).
+    #[inline]
+    pub fn remote_rkey(&self, peer: Addr, virt: u32) -> u32 {
+        let t = read(&self.remote_rkeys);
+        if t.is_empty() {
+            return virt;
+        }
+        t.get(&(peer, virt)).copied().unwrap_or(virt)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_keys_and_qpns_translate_and_unknown_ones_are_reported() {
+        let t = Tables::default();
+        t.set_mr(0x100, 0x100, 0x101, 0x101);
+        assert_eq!(t.lkey(0x100), Found::Real(0x100));
+        // A rebuild gave the region new keys behind the same virtual ones.
+        t.set_mr(0x100, 0x977, 0x101, 0x978);
+        assert_eq!(t.lkey(0x100), Found::Real(0x977));
+        assert_eq!(t.lkey(0x555), Found::Unknown(0x555));
+        assert!(t.key_in_use(0x101));
+        t.drop_mr(0x100, 0x101);
+        assert_eq!(t.lkey(0x100), Found::Unknown(0x100));
+        assert!(!t.key_in_use(0x101));
+
+        t.set_qp(0x11, 0x11);
+        t.drop_qp(0x11);
+        t.set_qp(0x2a, 0x11);
+        assert_eq!(t.local_qpn(0x2a), Found::Real(0x11));
+        assert!(t.qpn_in_use(0x11));
+        assert_eq!(t.local_qpn(0x11), Found::Unknown(0x11));
+    }
+
+    #[test]
+    fn a_peers_numbers_are_the_identity_until_it_rebuilt_and_are_per_address() {
+        let t = Tables::default();
+        let a = Addr([1; 16]);
+        let b = Addr::lid(7);
+        assert_eq!(t.remote_qpn(a, 0x12), 0x12);
+        assert_eq!(t.remote_rkey(a, 0x300), 0x300);
+        t.set_remote_qpn(a, 0x12, 0x40);
+        t.set_remote_rkey(a, 0x300, 0x9300);
+        assert_eq!(t.remote_qpn(a, 0x12), 0x40);
+        assert_eq!(
+            t.remote_qpn(b, 0x12),
+            0x12,
+            "another peer's 0x12 is its own"
+        );
+        assert_eq!(t.remote_rkey(a, 0x300), 0x9300);
+        assert_eq!(t.remote_rkey(b, 0x300), 0x300);
+        assert_eq!(Addr::lid(0x1234).0[14..], [0x12, 0x34]);
+    }
+}
