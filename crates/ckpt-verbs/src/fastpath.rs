@@ -49,10 +49,11 @@ pub struct Refused {
 }
 
 /// What the translation of a send needs to know about its QP.
-#[derive(Debug, Clone, Copy)]
-pub struct SendTarget {
-    /// The connected peer (RC), for rkeys.
-    pub peer: Option<Addr>,
+#[allow(missing_debug_implementations)]
+pub struct SendTarget<'a> {
+    /// The connected peer (RC), for rkeys: asked only when a request needs it (an RDMA or
+    /// atomic one), so that sends and UD traffic take no lock for it.
+    pub peer: &'a mut dyn FnMut() -> Option<Addr>,
     /// Whether the QP is UD (requests carry an address handle).
     pub ud: bool,
 }
@@ -98,7 +99,7 @@ unsafe fn copy_sges(
 /// `wr` is a null-terminated chain of valid requests; a UD request's `ah` is a shadow AH.
 pub unsafe fn translate_sends(
     t: &Tables,
-    target: SendTarget,
+    target: SendTarget<'_>,
     wr: *const ffi::ibv_send_wr,
     sc: &mut Scratch,
 ) -> Result<(), Refused> {
@@ -125,12 +126,12 @@ pub unsafe fn translate_sends(
         match w.opcode {
             op::IBV_WR_SEND | op::IBV_WR_SEND_WITH_IMM => {}
             op::IBV_WR_RDMA_WRITE | op::IBV_WR_RDMA_WRITE_WITH_IMM | op::IBV_WR_RDMA_READ => {
-                let peer = target.peer.ok_or(err(libc::EINVAL))?;
+                let peer = (target.peer)().ok_or(err(libc::EINVAL))?;
                 // SAFETY: RDMA requests use the `rdma` member of the union.
                 unsafe { w.wr.rdma.rkey = t.remote_rkey(peer, w.wr.rdma.rkey) };
             }
             op::IBV_WR_ATOMIC_CMP_AND_SWP | op::IBV_WR_ATOMIC_FETCH_AND_ADD => {
-                let peer = target.peer.ok_or(err(libc::EINVAL))?;
+                let peer = (target.peer)().ok_or(err(libc::EINVAL))?;
                 // SAFETY: atomic requests use the `atomic` member of the union.
                 unsafe { w.wr.atomic.rkey = t.remote_rkey(peer, w.wr.atomic.rkey) };
             }
@@ -272,9 +273,9 @@ pub unsafe extern "C" fn post_send(
     // context), whose public struct is the first field of a `ShadowQp`.
     let s = unsafe { &*(qp as *const ShadowQp) };
     let l = layer();
-    let peer = s.peer.lock().ok().and_then(|p| p.map(|(a, _)| a));
+    let mut peer = || s.peer.lock().ok().and_then(|p| p.map(|(a, _)| a));
     let target = SendTarget {
-        peer,
+        peer: &mut peer,
         ud: s.qp.qp_type == ffi::ibv_qp_type::IBV_QPT_UD,
     };
     with_scratch(|sc| {

@@ -96,7 +96,7 @@ fn every_send_kind_is_translated_into_a_copy_and_the_programs_requests_stay_unto
     let head = chain(&mut wrs);
     let mut sc = Scratch::default();
     let target = SendTarget {
-        peer: Some(PEER),
+        peer: &mut || Some(PEER),
         ud: false,
     };
     // SAFETY: a valid chain built above.
@@ -163,7 +163,7 @@ fn a_ud_send_gets_the_real_address_handle_and_the_peers_real_qp_number() {
     };
     let mut sc = Scratch::default();
     let target = SendTarget {
-        peer: None,
+        peer: &mut || None,
         ud: true,
     };
     // SAFETY: one valid request with a shadow AH.
@@ -187,7 +187,7 @@ fn unsupported_or_unaddressed_requests_are_refused_naming_their_place_in_the_cha
     let head = chain(&mut wrs);
     let mut sc = Scratch::default();
     let rc = SendTarget {
-        peer: Some(PEER),
+        peer: &mut || Some(PEER),
         ud: false,
     };
     // SAFETY: a valid chain.
@@ -203,7 +203,7 @@ fn unsupported_or_unaddressed_requests_are_refused_naming_their_place_in_the_cha
     let mut w = send(3, op::IBV_WR_RDMA_WRITE, &mut []);
     w.next = null_mut();
     let unconnected = SendTarget {
-        peer: None,
+        peer: &mut || None,
         ud: false,
     };
     // SAFETY: one valid request.

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# verbs_layer.sh — the cost of libckpt_verbs.so to an unmodified MPI program: MPI ping-pong
+# latency (8 B) and bandwidth (1 MiB) between two Open MPI ranks over UCX rc_verbs on soft-RoCE
+# (rxe0, one scripts/testvm.sh guest, both ranks on it), the same binary with and without the
+# layer preloaded, alternated A B B A per repetition in one guest boot; reports each run and the
+# median ratio layer/plain.
+#
+#   benches/verbs_layer.sh                     full run (~3 min, guest boot included)
+#   benches/verbs_layer.sh --out benches/results/verbs-layer-$(date +%F).txt
+#
+# Options: --reps R (3: ABBA blocks)  --lat-iters N (2000)  --bw-iters N (50)  --timeout S (900)
+# --no-build  --out FILE
+# Needs root, QEMU and a prepared test VM (scripts/setup.sh --vm). The guest runs under QEMU
+# TCG: absolute times are far from hardware; read the ratios.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+REPS=3 LAT=2000 BW=50 TIMEOUT=900 BUILD=1 OUT=
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --reps) REPS=$2; shift ;;
+        --lat-iters) LAT=$2; shift ;;
+        --bw-iters) BW=$2; shift ;;
+        --timeout) TIMEOUT=$2; shift ;;
+        --no-build) BUILD= ;;
+        --out) OUT=$2; shift ;;
+        -h|--help) sed -n 2,15p "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "verbs_layer: unknown option $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+log() { echo "verbs_layer: $*" >&2; }
+die() { log "$*"; exit 2; }
+[ "$(id -u)" = 0 ] || die "needs root (QEMU guest with the host root shared)"
+[ -f "${CKPT_VM_DIR:-/var/cache/ckpt-vm}/abi" ] || die "no test VM prepared (scripts/setup.sh --vm)"
+if [ -n "$BUILD" ]; then
+    log "building libckpt_verbs.so and the ping-pong (release)"
+    (cd "$REPO" && cargo build --release -p ckpt-verbs) >&2
+    make -s -C "$REPO/tests/apps" OUT="$REPO/target/apps" "$REPO/target/apps/pingpong.openmpi" >&2
+fi
+LIB=$REPO/target/release/libckpt_verbs.so APP=$REPO/target/apps/pingpong.openmpi
+[ -f "$LIB" ] && [ -x "$APP" ] || die "missing $LIB or $APP (drop --no-build)"
+
+TMP=$(mktemp -d /tmp/verbs_layer.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+cat > "$TMP/guest.sh" <<GUEST
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+MCA="--mca pml ucx --mca pml_ucx_devices any --mca pml_ucx_tls any --mca btl ^openib,ofi --mca mtl ^ofi --mca osc ^ucx"
+UCX="-x UCX_TLS=rc_verbs,ud_verbs,self -x UCX_NET_DEVICES=rxe0:1 -x UCX_UD_VERBS_ETH_DGID_CHECK=n -x UCX_MODULES=^rdmacm"
+one() { # plain|layer BYTES ITERS
+    local pre=""; [ "\$1" = layer ] && pre="-x LD_PRELOAD=$LIB"
+    timeout 300 mpirun --oversubscribe -np 2 \$MCA \$UCX \$pre $APP \$2 \$3 2>&1 | sed -n "s/^pingpong /RUN \$1 /p"
+}
+for r in \$(seq $REPS); do
+    for mode in plain layer layer plain; do one \$mode 8 $LAT; one \$mode 1048576 $BW; done
+done
+GUEST
+log "booting the guest ($REPS ABBA blocks)"
+"$REPO/scripts/testvm.sh" run "$TMP/guest.sh" name=vlbench mem=2048 timeout="$TIMEOUT" > "$TMP/console" 2>&1 \
+    || { tail -40 "$TMP/console" >&2; die "guest run failed"; }
+grep "^RUN " "$TMP/console" > "$TMP/runs" || die "no results: $(tail -20 "$TMP/console")"
+report() {
+    echo "# libckpt_verbs.so vs plain: Open MPI ping-pong over UCX rc_verbs on rxe0 (one QEMU TCG guest)"
+    echo "# $(date -u +%FT%TZ) $(git -C "$REPO" rev-parse --short HEAD) reps=$REPS (ABBA) lat-iters=$LAT bw-iters=$BW"
+    cat "$TMP/runs"
+    python3 - "$TMP/runs" <<'PY'
+import sys, statistics
+rows = [l.split() for l in open(sys.argv[1])]
+def vals(mode, size, key):
+    return [float(r[r.index(key) + 1]) for r in rows if r[1] == mode and r[3] == size]
+for size, key, name in (("8", "latency_us", "latency 8 B (us)"), ("1048576", "bandwidth_MBps", "bandwidth 1 MiB (MB/s)")):
+    p, l = vals("plain", size, key), vals("layer", size, key)
+    if not p or not l:
+        print(f"{name}: missing runs"); continue
+    mp, ml = statistics.median(p), statistics.median(l)
+    ratio = ml / mp if key == "latency_us" else mp / ml
+    print(f"{name}: plain median {mp:.2f}, layer median {ml:.2f}, cost ratio layer/plain {ratio:.3f}")
+PY
+}
+if [ -n "$OUT" ]; then report | tee "$OUT"; else report; fi
