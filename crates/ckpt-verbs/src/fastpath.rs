@@ -93,19 +93,70 @@ unsafe fn copy_sges(
     Ok(start)
 }
 
-/// Translates a chain of send requests into `sc.sends` (linked, with their own lists).
+/// A work request kind: what linking the copies of a chain needs.
+trait Request: Sized {
+    fn num_sge(&self) -> c_int;
+    fn next(&self) -> *mut Self;
+    fn set_links(&mut self, list: *mut ffi::ibv_sge, next: *mut Self);
+}
+
+impl Request for ffi::ibv_send_wr {
+    fn num_sge(&self) -> c_int {
+        self.num_sge
+    }
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+    fn set_links(&mut self, list: *mut ffi::ibv_sge, next: *mut Self) {
+        self.sg_list = list;
+        self.next = next;
+    }
+}
+
+impl Request for ffi::ibv_recv_wr {
+    fn num_sge(&self) -> c_int {
+        self.num_sge
+    }
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+    fn set_links(&mut self, list: *mut ffi::ibv_sge, next: *mut Self) {
+        self.sg_list = list;
+        self.next = next;
+    }
+}
+
+/// Points each copy at its own entries in `sges` (from `starts`) and at the next copy. Neither
+/// vector may grow afterwards: the pointers are into them.
+fn link<W: Request>(wrs: &mut [W], sges: &mut [ffi::ibv_sge], starts: &[usize]) {
+    let n = wrs.len();
+    let base = sges.as_mut_ptr();
+    let first = wrs.as_mut_ptr();
+    for (i, w) in wrs.iter_mut().enumerate() {
+        let list = if w.num_sge() == 0 {
+            std::ptr::null_mut()
+        } else {
+            base.wrapping_add(starts[i])
+        };
+        let next = if i + 1 < n {
+            first.wrapping_add(i + 1)
+        } else {
+            std::ptr::null_mut()
+        };
+        w.set_links(list, next);
+    }
+}
+
+/// Copies the program's chain (at most [`MAX_CHAIN`] requests) into `out`, each copy as
+/// `each(copy)` makes it; the first refusal names the request's place.
 ///
 /// # Safety
-/// `wr` is a null-terminated chain of valid requests; a UD request's `ah` is a shadow AH.
-pub unsafe fn translate_sends(
-    t: &Tables,
-    target: SendTarget<'_>,
-    wr: *const ffi::ibv_send_wr,
-    sc: &mut Scratch,
+/// `wr` is a null-terminated chain of valid requests.
+unsafe fn copy_chain<W: Request + Copy>(
+    wr: *const W,
+    out: &mut Vec<W>,
+    mut each: impl FnMut(W) -> Result<W, c_int>,
 ) -> Result<(), Refused> {
-    sc.sends.clear();
-    sc.sges.clear();
-    sc.starts.clear();
     let mut p = wr;
     let mut index = 0;
     while !p.is_null() {
@@ -116,63 +167,67 @@ pub unsafe fn translate_sends(
             });
         }
         // SAFETY: `p` is an element of the caller's chain.
-        let mut w = unsafe { *p };
-        let err = |errno| Refused { index, errno };
+        let w = unsafe { *p };
+        out.push(each(w).map_err(|errno| Refused { index, errno })?);
+        p = w.next();
+        index += 1;
+    }
+    Ok(())
+}
+
+/// Translates a chain of send requests into `sc.sends` (linked, with their own lists).
+///
+/// # Safety
+/// `wr` is a null-terminated chain of valid requests; a UD request's `ah` is a shadow AH.
+pub unsafe fn translate_sends(
+    t: &Tables,
+    target: SendTarget<'_>,
+    wr: *const ffi::ibv_send_wr,
+    sc: &mut Scratch,
+) -> Result<(), Refused> {
+    let Scratch {
+        sends,
+        sges,
+        starts,
+        ..
+    } = sc;
+    sends.clear();
+    sges.clear();
+    starts.clear();
+    let each = |mut w: ffi::ibv_send_wr| {
         let inline = w.send_flags & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0;
         // SAFETY: `sg_list` has `num_sge` entries (verbs.h).
-        let start =
-            unsafe { copy_sges(t, &mut sc.sges, w.sg_list, w.num_sge, inline) }.map_err(err)?;
-        sc.starts.push(start);
+        starts.push(unsafe { copy_sges(t, sges, w.sg_list, w.num_sge, inline) }?);
         match w.opcode {
             op::IBV_WR_SEND | op::IBV_WR_SEND_WITH_IMM => {}
             op::IBV_WR_RDMA_WRITE | op::IBV_WR_RDMA_WRITE_WITH_IMM | op::IBV_WR_RDMA_READ => {
-                let peer = (target.peer)().ok_or(err(libc::EINVAL))?;
+                let peer = (target.peer)().ok_or(libc::EINVAL)?;
                 // SAFETY: RDMA requests use the `rdma` member of the union.
                 unsafe { w.wr.rdma.rkey = t.remote_rkey(peer, w.wr.rdma.rkey) };
             }
             op::IBV_WR_ATOMIC_CMP_AND_SWP | op::IBV_WR_ATOMIC_FETCH_AND_ADD => {
-                let peer = (target.peer)().ok_or(err(libc::EINVAL))?;
+                let peer = (target.peer)().ok_or(libc::EINVAL)?;
                 // SAFETY: atomic requests use the `atomic` member of the union.
                 unsafe { w.wr.atomic.rkey = t.remote_rkey(peer, w.wr.atomic.rkey) };
             }
-            _ => return Err(err(libc::EOPNOTSUPP)),
+            _ => return Err(libc::EOPNOTSUPP),
         }
         if target.ud {
             // SAFETY: UD requests use the `ud` member; its `ah` is a shadow AH of this layer.
             unsafe {
                 let ah = w.wr.ud.ah as *const ShadowAh;
                 if ah.is_null() {
-                    return Err(err(libc::EINVAL));
+                    return Err(libc::EINVAL);
                 }
                 w.wr.ud.remote_qpn = t.remote_qpn((*ah).dest, w.wr.ud.remote_qpn);
                 w.wr.ud.ah = (*ah).real.load(Acquire);
             }
         }
-        sc.sends.push(w);
-        // SAFETY: as above.
-        p = unsafe { (*p).next };
-        index += 1;
-    }
-    let base = sc.sges.as_mut_ptr();
-    let n = sc.sends.len();
-    let wrs = sc.sends.as_mut_ptr();
-    for i in 0..n {
-        // SAFETY: `i < n` indexes `sends`; `starts[i]` indexes `sges` or is its end (no
-        // entries); neither vector grows from here on, so the pointers stay valid.
-        unsafe {
-            let w = &mut *wrs.add(i);
-            w.sg_list = if w.num_sge == 0 {
-                std::ptr::null_mut()
-            } else {
-                base.add(sc.starts[i])
-            };
-            w.next = if i + 1 < n {
-                wrs.add(i + 1)
-            } else {
-                std::ptr::null_mut()
-            };
-        }
-    }
+        Ok(w)
+    };
+    // SAFETY: as the caller promises.
+    unsafe { copy_chain(wr, sends, each) }?;
+    link(sends, sges, starts);
     Ok(())
 }
 
@@ -185,48 +240,23 @@ pub unsafe fn translate_recvs(
     wr: *const ffi::ibv_recv_wr,
     sc: &mut Scratch,
 ) -> Result<(), Refused> {
-    sc.recvs.clear();
-    sc.sges.clear();
-    sc.starts.clear();
-    let mut p = wr;
-    let mut index = 0;
-    while !p.is_null() {
-        if index == MAX_CHAIN {
-            return Err(Refused {
-                index,
-                errno: libc::EINVAL,
-            });
-        }
-        // SAFETY: `p` is an element of the caller's chain.
-        let w = unsafe { *p };
+    let Scratch {
+        recvs,
+        sges,
+        starts,
+        ..
+    } = sc;
+    recvs.clear();
+    sges.clear();
+    starts.clear();
+    let each = |w: ffi::ibv_recv_wr| {
         // SAFETY: its list has `num_sge` entries.
-        let start = unsafe { copy_sges(t, &mut sc.sges, w.sg_list, w.num_sge, false) }
-            .map_err(|errno| Refused { index, errno })?;
-        sc.starts.push(start);
-        sc.recvs.push(w);
-        // SAFETY: as above.
-        p = unsafe { (*p).next };
-        index += 1;
-    }
-    let base = sc.sges.as_mut_ptr();
-    let n = sc.recvs.len();
-    let wrs = sc.recvs.as_mut_ptr();
-    for i in 0..n {
-        // SAFETY: as in `translate_sends`.
-        unsafe {
-            let w = &mut *wrs.add(i);
-            w.sg_list = if w.num_sge == 0 {
-                std::ptr::null_mut()
-            } else {
-                base.add(sc.starts[i])
-            };
-            w.next = if i + 1 < n {
-                wrs.add(i + 1)
-            } else {
-                std::ptr::null_mut()
-            };
-        }
-    }
+        starts.push(unsafe { copy_sges(t, sges, w.sg_list, w.num_sge, false) }?);
+        Ok(w)
+    };
+    // SAFETY: as the caller promises.
+    unsafe { copy_chain(wr, recvs, each) }?;
+    link(recvs, sges, starts);
     Ok(())
 }
 
@@ -234,12 +264,54 @@ pub unsafe fn translate_recvs(
 ///
 /// # Safety
 /// `wr` is a chain with more than `index` elements.
-unsafe fn nth<T>(wr: *mut T, index: usize, next: impl Fn(*mut T) -> *mut T) -> *mut T {
+unsafe fn nth<W: Request>(wr: *mut W, index: usize) -> *mut W {
     let mut p = wr;
     for _ in 0..index {
-        p = next(p);
+        // SAFETY: as the caller promises.
+        p = unsafe { (*p).next() };
     }
     p
+}
+
+/// A request the layer refused: the program's `bad` points at it; returns the errno.
+///
+/// # Safety
+/// `wr` is the program's chain, with more than `r.index` elements.
+unsafe fn refused<W: Request>(r: Refused, wr: *mut W, bad: *mut *mut W) -> c_int {
+    if !bad.is_null() {
+        // SAFETY: as the caller promises.
+        unsafe { *bad = nth(wr, r.index) };
+    }
+    r.errno
+}
+
+/// After the real post: counts what the device accepted and, when it refused a request,
+/// points the program's `bad` at its own request in that place. Returns `rc`.
+///
+/// # Safety
+/// `rbad` is null or one of `copies`; `wr` is the program's chain that `copies` mirror.
+unsafe fn report<W: Request>(
+    rc: c_int,
+    rbad: *mut W,
+    copies: &[W],
+    wr: *mut W,
+    bad: *mut *mut W,
+    counter: &std::sync::atomic::AtomicU64,
+) -> c_int {
+    let accepted = if rc == 0 {
+        copies.len()
+    } else if rbad.is_null() {
+        0
+    } else {
+        // SAFETY: one of our copies.
+        (unsafe { rbad.offset_from(copies.as_ptr()) }).max(0) as usize
+    };
+    counter.fetch_add(accepted as u64, Relaxed);
+    if rc != 0 && !bad.is_null() {
+        // SAFETY: the program's chain has more than `accepted` elements.
+        unsafe { *bad = nth(wr, accepted) };
+    }
+    rc
 }
 
 /// Translates completions in place: each QP number back to the virtual one.
@@ -282,12 +354,7 @@ pub unsafe extern "C" fn post_send(
         // SAFETY: the program's chain, as the verbs contract requires.
         if let Err(r) = unsafe { translate_sends(&l.tables, target, wr, sc) } {
             // SAFETY: the chain has more than `r.index` elements.
-            unsafe {
-                if !bad.is_null() {
-                    *bad = nth(wr, r.index, |p| (*p).next);
-                }
-            }
-            return r.errno;
+            return unsafe { refused(r, wr, bad) };
         }
         let real = s.real.load(Acquire);
         let mut rbad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
@@ -296,20 +363,9 @@ pub unsafe extern "C" fn post_send(
             let f = (*(*real).context).ops.post_send.expect("post_send");
             f(real, sc.sends.as_mut_ptr(), &mut rbad)
         };
-        let posted = if rc == 0 {
-            sc.sends.len()
-        } else if rbad.is_null() {
-            0
-        } else {
-            // SAFETY: the provider's bad request is one of our copies.
-            (unsafe { rbad.offset_from(sc.sends.as_ptr()) }).max(0) as usize
-        };
-        l.counters.send_wrs.fetch_add(posted as u64, Relaxed);
-        if rc != 0 && !bad.is_null() {
-            // SAFETY: the program's chain has more than `posted` elements (ours mirrors it).
-            unsafe { *bad = nth(wr, posted, |p| (*p).next) };
-        }
-        rc
+        // SAFETY: the provider's bad request, if any, is one of our copies; the program's
+        // chain mirrors them.
+        unsafe { report(rc, rbad, &sc.sends, wr, bad, &l.counters.send_wrs) }
     })
 }
 
@@ -327,29 +383,13 @@ unsafe fn post_receives(
         // SAFETY: the program's chain.
         if let Err(r) = unsafe { translate_recvs(&l.tables, wr, sc) } {
             // SAFETY: the chain has more than `r.index` elements.
-            unsafe {
-                if !bad.is_null() {
-                    *bad = nth(wr, r.index, |p| (*p).next);
-                }
-            }
-            return r.errno;
+            return unsafe { refused(r, wr, bad) };
         }
         let mut rbad: *mut ffi::ibv_recv_wr = std::ptr::null_mut();
         let rc = post(sc.recvs.as_mut_ptr(), &mut rbad);
-        let posted = if rc == 0 {
-            sc.recvs.len()
-        } else if rbad.is_null() {
-            0
-        } else {
-            // SAFETY: the provider's bad request is one of our copies.
-            (unsafe { rbad.offset_from(sc.recvs.as_ptr()) }).max(0) as usize
-        };
-        l.counters.recv_wrs.fetch_add(posted as u64, Relaxed);
-        if rc != 0 && !bad.is_null() {
-            // SAFETY: the program's chain mirrors ours.
-            unsafe { *bad = nth(wr, posted, |p| (*p).next) };
-        }
-        rc
+        // SAFETY: the provider's bad request, if any, is one of our copies; the program's
+        // chain mirrors them.
+        unsafe { report(rc, rbad, &sc.recvs, wr, bad, &l.counters.recv_wrs) }
     })
 }
 

@@ -294,6 +294,29 @@ unsafe fn shadow_mr(pd: *mut ffi::ibv_pd, real: *mut ffi::ibv_mr, access: u32) -
     unsafe { &mut (*s).mr }
 }
 
+/// Registers memory on the real PD behind a shadow one and wraps the region; a real PD's
+/// registration passes through. `reg` is the real call with the program's other arguments.
+///
+/// # Safety
+/// `pd` is a PD pointer; `reg` registers memory the program owns.
+unsafe fn register(
+    pd: *mut ffi::ibv_pd,
+    access: u32,
+    reg: impl FnOnce(*mut ffi::ibv_pd) -> *mut ffi::ibv_mr,
+) -> *mut ffi::ibv_mr {
+    // SAFETY: the program's PD.
+    unsafe {
+        if !layer().is_shadow((*pd).context) {
+            return reg(pd);
+        }
+        let real = reg(real_pd(pd));
+        if real.is_null() {
+            return real;
+        }
+        shadow_mr(pd, real, access)
+    }
+}
+
 /// `ibv_reg_mr` (what the header's macro calls for constant access flags).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_reg_mr(
@@ -304,16 +327,7 @@ pub unsafe extern "C" fn ibv_reg_mr(
 ) -> *mut ffi::ibv_mr {
     let reg = real_or!(ibv_reg_mr, null_mut());
     // SAFETY: the program's PD and memory.
-    unsafe {
-        if !layer().is_shadow((*pd).context) {
-            return reg(pd, addr, len, access);
-        }
-        let real = reg(real_pd(pd), addr, len, access);
-        if real.is_null() {
-            return real;
-        }
-        shadow_mr(pd, real, access as u32)
-    }
+    unsafe { register(pd, access as u32, |pd| reg(pd, addr, len, access)) }
 }
 
 /// `ibv_reg_mr_iova`.
@@ -327,16 +341,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(
 ) -> *mut ffi::ibv_mr {
     let reg = real_or!(ibv_reg_mr_iova, null_mut());
     // SAFETY: the program's PD and memory.
-    unsafe {
-        if !layer().is_shadow((*pd).context) {
-            return reg(pd, addr, len, iova, access);
-        }
-        let real = reg(real_pd(pd), addr, len, iova, access);
-        if real.is_null() {
-            return real;
-        }
-        shadow_mr(pd, real, access as u32)
-    }
+    unsafe { register(pd, access as u32, |pd| reg(pd, addr, len, iova, access)) }
 }
 
 /// `ibv_reg_mr_iova2` (what the header's macro calls for variable access flags: UCX).
@@ -350,16 +355,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
 ) -> *mut ffi::ibv_mr {
     let reg = real_or!(ibv_reg_mr_iova2, null_mut());
     // SAFETY: the program's PD and memory.
-    unsafe {
-        if !layer().is_shadow((*pd).context) {
-            return reg(pd, addr, len, iova, access);
-        }
-        let real = reg(real_pd(pd), addr, len, iova, access);
-        if real.is_null() {
-            return real;
-        }
-        shadow_mr(pd, real, access)
-    }
+    unsafe { register(pd, access, |pd| reg(pd, addr, len, iova, access)) }
 }
 
 /// `ibv_dereg_mr`.
