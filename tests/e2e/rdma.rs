@@ -295,7 +295,11 @@ fn an_unmodified_mpi_job_over_verbs_runs_through_the_verbs_layer() {
     };
     let plain = value("plain checksum ");
     assert_eq!(plain.len(), 16, "{plain:?}");
-    assert_eq!(value("layer checksum "), plain, "the same result through the layer");
+    assert_eq!(
+        value("layer checksum "),
+        plain,
+        "the same result through the layer"
+    );
     let sent: u64 = value("sent_pkts ").parse().expect("a count");
     assert!(sent > 100, "the ranks talked over rxe: {sent} packets");
     let statuses: Vec<serde_json::Value> = res
@@ -310,7 +314,10 @@ fn an_unmodified_mpi_job_over_verbs_runs_through_the_verbs_layer() {
         assert!(s["recv_wrs"].as_u64().unwrap() > 0, "{s}");
         assert!(s["completions"].as_u64().unwrap() > 50, "{s}");
         assert_eq!(s["refused"], serde_json::json!([]), "{s}");
-        assert_eq!(s["unknown_lkeys"], 0, "every key posted was the layer's: {s}");
+        assert_eq!(
+            s["unknown_lkeys"], 0,
+            "every key posted was the layer's: {s}"
+        );
         assert_eq!(s["unknown_qpns"], 0, "{s}");
     }
 }
