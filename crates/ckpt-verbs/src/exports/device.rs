@@ -259,7 +259,11 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ffi::ibv_pd) -> c_int {
 fn virtual_key(real: u32) -> u32 {
     let t = &layer().tables;
     let mut k = real;
-    while t.key_in_use(k) {
+    // Bounded by the 2^24 keys with this low byte; a process never holds that many regions.
+    for _ in 0..1 << 24 {
+        if !t.key_in_use(k) {
+            break;
+        }
         k = k.wrapping_add(0x100);
     }
     k

@@ -300,7 +300,11 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ffi::ibv_srq) -> c_int {
 fn virtual_qpn(real: u32) -> u32 {
     let t = &layer().tables;
     let mut v = real;
-    while t.qpn_in_use(v) {
+    // Bounded by the 2^24 numbers there are; a process never holds that many QPs.
+    for _ in 0..1 << 24 {
+        if !t.qpn_in_use(v) {
+            break;
+        }
         v = (v + 1) & 0x00ff_ffff;
     }
     v
