@@ -46,3 +46,6 @@ macro_rules! real_or {
     };
 }
 pub(crate) use real_or;
+
+#[cfg(test)]
+mod tests;
