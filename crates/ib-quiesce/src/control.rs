@@ -12,6 +12,11 @@
 //!   answer. After a successful quiesce the thread closes its socket, so the snapshot holds no
 //!   connection, and waits for the agent's rebuild flag, a file named by its pid in
 //!   [`flag_dir`], checked every few milliseconds without holding a descriptor.
+//!   The verbs layer of an unmodified program (`libckpt_verbs.so`) quiesces in two stages: it
+//!   drains and answers `drained` with its objects alive, because it has no control region in
+//!   its peers' memory to flush markers through; the agent sends `release` once every node of
+//!   the job drained (the coordinator's quiesce phase is that barrier), and it answers
+//!   `quiesced` as a channel does.
 //! * `resume`: after a failed quiesce, let the application's calls through again.
 //! * `rebuild` and `reconnect`: after the snapshot (in the same process, or in one restored from
 //!   it) recreate everything, publish the new endpoints, and connect to the peers' endpoints the
@@ -61,6 +66,13 @@ pub enum ToAgent {
         /// MRs in the channel.
         mrs: usize,
     },
+    /// Drained, objects still alive: the verbs layer waits for `release` (or `resume`).
+    Drained {
+        /// What was drained and kept so far.
+        report: QuiesceReport,
+        /// How long it took.
+        micros: u64,
+    },
     /// Quiesce done; the connection closes next.
     Quiesced {
         /// What was drained and kept.
@@ -101,6 +113,8 @@ pub enum ToChannel {
         /// Milliseconds.
         timeout_ms: u64,
     },
+    /// After `drained`: every peer drained too; release every object.
+    Release,
     /// Undo a failed quiesce.
     Resume,
     /// Recreate every object.
@@ -479,20 +493,82 @@ impl<V: Verbs + 'static> Shared<V> {
     }
 }
 
+/// How a quiesce ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Quiesce {
+    /// Everything is released: the process can be snapshotted.
+    Released(QuiesceReport),
+    /// Drained with every object alive; `release` (or `resume`) comes next.
+    Drained(QuiesceReport),
+}
+
+/// What a control thread drives: an ib-quiesce channel ([`Shared`]), or the verbs layer of an
+/// unmodified program. An error is the message the agent is sent.
+pub trait Controlled: Send + Sync + 'static {
+    /// The hello's channel id, QPs and MRs.
+    fn hello(&self) -> (u64, usize, usize);
+    /// Gates the application's calls and quiesces within `timeout`. On a failure before
+    /// anything was released the application runs again.
+    fn quiesce(&self, timeout: Duration) -> std::result::Result<Quiesce, String>;
+    /// After [`Quiesce::Drained`]: releases every object.
+    fn release(&self) -> std::result::Result<QuiesceReport, String>;
+    /// After a failed or drained quiesce: lets the application's calls through again.
+    fn resume(&self) -> std::result::Result<(), String>;
+    /// Whether everything is released and not yet connected again (a rebuild or reconnect is
+    /// due).
+    fn is_down(&self) -> bool;
+    /// Recreates every object: the new endpoints, and the peer QPs whose endpoints the
+    /// reconnect needs (None: every endpoint of the job).
+    fn rebuild(&self) -> std::result::Result<(Vec<Endpoint>, Option<Vec<QpId>>), String>;
+    /// Connects to the peers' new endpoints and lets the application run.
+    fn reconnect(&self, endpoints: &[Endpoint]) -> std::result::Result<(), String>;
+}
+
+impl<V: Verbs + 'static> Controlled for Shared<V> {
+    fn hello(&self) -> (u64, usize, usize) {
+        self.peek(|c| {
+            let (q, m) = c.counts();
+            (c.id(), q, m)
+        })
+    }
+    fn quiesce(&self, timeout: Duration) -> std::result::Result<Quiesce, String> {
+        Shared::quiesce(self, timeout)
+            .map(Quiesce::Released)
+            .map_err(|e| e.to_string())
+    }
+    fn release(&self) -> std::result::Result<QuiesceReport, String> {
+        Err("an ib-quiesce channel releases everything when it quiesces; nothing to release".into())
+    }
+    fn resume(&self) -> std::result::Result<(), String> {
+        Shared::resume(self).map_err(|e| e.to_string())
+    }
+    fn is_down(&self) -> bool {
+        matches!(self.peek(|c| c.state()), State::Down | State::Rebuilt)
+    }
+    fn rebuild(&self) -> std::result::Result<(Vec<Endpoint>, Option<Vec<QpId>>), String> {
+        Shared::rebuild(self)
+            .map(|(e, p)| (e, Some(p)))
+            .map_err(|e| e.to_string())
+    }
+    fn reconnect(&self, endpoints: &[Endpoint]) -> std::result::Result<(), String> {
+        Shared::reconnect(self, endpoints).map_err(|e| e.to_string())
+    }
+}
+
 /// Starts the control thread if the process runs under a ckpt agent ([`SOCKET_ENV`] set).
-pub fn start<V: Verbs + 'static>(shared: &Arc<Shared<V>>) -> Option<std::thread::JoinHandle<()>> {
-    start_at(shared, PathBuf::from(std::env::var_os(SOCKET_ENV)?))
+pub fn start<T: Controlled>(target: &Arc<T>) -> Option<std::thread::JoinHandle<()>> {
+    start_at(target, PathBuf::from(std::env::var_os(SOCKET_ENV)?))
 }
 
 /// Starts the control thread for the agent socket `socket`.
-pub fn start_at<V: Verbs + 'static>(
-    shared: &Arc<Shared<V>>,
+pub fn start_at<T: Controlled>(
+    target: &Arc<T>,
     socket: PathBuf,
 ) -> Option<std::thread::JoinHandle<()>> {
-    let shared = shared.clone();
+    let target = target.clone();
     std::thread::Builder::new()
         .name("ib-quiesce".into())
-        .spawn(move || control_loop(&shared, &socket))
+        .spawn(move || control_loop(target.as_ref(), &socket))
         .ok()
 }
 
@@ -506,9 +582,62 @@ fn micros(since: Instant) -> u64 {
     since.elapsed().as_micros() as u64
 }
 
+/// What the control loop does after answering a command.
+enum Next {
+    /// Answer and read the next command.
+    Answer(ToAgent),
+    /// Everything is released: answer, then close the connection (the agent waits for the EOF
+    /// before it freezes the process) and wait for the rebuild flag.
+    Down(ToAgent),
+}
+
+/// Obeys one command.
+fn obey<T: Controlled>(target: &T, cmd: ToChannel) -> Next {
+    let t = Instant::now();
+    let failed = |error: String| Next::Answer(ToAgent::Failed { error });
+    let quiesced = |report| {
+        Next::Down(ToAgent::Quiesced {
+            report,
+            micros: micros(t),
+        })
+    };
+    match cmd {
+        ToChannel::Quiesce { timeout_ms } => {
+            match target.quiesce(Duration::from_millis(timeout_ms)) {
+                Ok(Quiesce::Released(report)) => quiesced(report),
+                Ok(Quiesce::Drained(report)) => Next::Answer(ToAgent::Drained {
+                    report,
+                    micros: micros(t),
+                }),
+                Err(e) => failed(e),
+            }
+        }
+        ToChannel::Release => match target.release() {
+            Ok(report) => quiesced(report),
+            Err(e) => failed(e),
+        },
+        ToChannel::Resume => match target.resume() {
+            Ok(()) => Next::Answer(ToAgent::Resumed),
+            Err(e) => failed(e),
+        },
+        ToChannel::Rebuild => match target.rebuild() {
+            Ok((endpoints, peers)) => Next::Answer(ToAgent::Rebuilt {
+                endpoints,
+                peers,
+                micros: micros(t),
+            }),
+            Err(e) => failed(e),
+        },
+        ToChannel::Reconnect { endpoints } => match target.reconnect(&endpoints) {
+            Ok(()) => Next::Answer(ToAgent::Reconnected { micros: micros(t) }),
+            Err(e) => failed(e),
+        },
+    }
+}
+
 /// The control thread: connected to the agent while the channel is up; after a quiesce,
 /// disconnected until the agent raises the rebuild flag. It lives as long as the process.
-fn control_loop<V: Verbs + 'static>(shared: &Shared<V>, socket: &Path) {
+fn control_loop<T: Controlled>(target: &T, socket: &Path) {
     let pid = std::process::id() as i32;
     let flag = flag_path(socket, pid);
     let mut down = false;
@@ -526,10 +655,7 @@ fn control_loop<V: Verbs + 'static>(shared: &Shared<V>, socket: &Path) {
             });
             continue;
         };
-        let (channel, qps, mrs) = shared.peek(|c| {
-            let (q, m) = c.counts();
-            (c.id(), q, m)
-        });
+        let (channel, qps, mrs) = target.hello();
         let hello = ToAgent::Hello {
             pid,
             channel,
@@ -551,65 +677,19 @@ fn control_loop<V: Verbs + 'static>(shared: &Shared<V>, socket: &Path) {
         // A line over the cap closes the connection like the end of the stream does.
         while let Ok(Some(line)) = read_line(&mut reader, &mut part, cap) {
             commands += 1;
-            let reply = match ToChannel::decode(&line) {
-                Err(e) => ToAgent::Failed {
+            let next = match ToChannel::decode(&line) {
+                Err(e) => Next::Answer(ToAgent::Failed {
                     error: format!("unreadable command: {e}"),
-                },
-                Ok(ToChannel::Quiesce { timeout_ms }) => {
-                    let t = Instant::now();
-                    match shared.quiesce(Duration::from_millis(timeout_ms)) {
-                        Ok(report) => {
-                            down = true;
-                            let _ = send(
-                                &mut stream,
-                                &ToAgent::Quiesced {
-                                    report,
-                                    micros: micros(t),
-                                },
-                            );
-                            // Both descriptors close here; the agent waits for the EOF
-                            // before it freezes the process.
-                            break;
-                        }
-                        Err(e) => {
-                            down = shared.peek(|c| c.state()) == State::Down;
-                            ToAgent::Failed {
-                                error: e.to_string(),
-                            }
-                        }
-                    }
+                }),
+                Ok(cmd) => obey(target, cmd),
+            };
+            down = target.is_down();
+            let reply = match next {
+                Next::Down(reply) => {
+                    let _ = send(&mut stream, &reply);
+                    break;
                 }
-                Ok(ToChannel::Resume) => match shared.resume() {
-                    Ok(()) => ToAgent::Resumed,
-                    Err(e) => ToAgent::Failed {
-                        error: e.to_string(),
-                    },
-                },
-                Ok(ToChannel::Rebuild) => {
-                    let t = Instant::now();
-                    match shared.rebuild() {
-                        Ok((endpoints, peers)) => ToAgent::Rebuilt {
-                            endpoints,
-                            peers: Some(peers),
-                            micros: micros(t),
-                        },
-                        Err(e) => ToAgent::Failed {
-                            error: e.to_string(),
-                        },
-                    }
-                }
-                Ok(ToChannel::Reconnect { endpoints }) => {
-                    let t = Instant::now();
-                    match shared.reconnect(&endpoints) {
-                        Ok(()) => {
-                            down = false;
-                            ToAgent::Reconnected { micros: micros(t) }
-                        }
-                        Err(e) => ToAgent::Failed {
-                            error: e.to_string(),
-                        },
-                    }
-                }
+                Next::Answer(reply) => reply,
             };
             // Only the command that follows a `rebuilt` answer carries endpoints.
             cap = if matches!(reply, ToAgent::Rebuilt { .. }) {
