@@ -7,7 +7,13 @@
 //! RDMA or atomic request, the address handle and QP number of a UD send) and posts the copy on
 //! the real QP; a refused request is mapped back to the program's own. The program's requests
 //! are never written. A poll translates the QP number of each completion back to the virtual
-//! one. Nothing here allocates once the scratch area has grown to the program's largest chain.
+//! one.
+//!
+//! Every call passes the gate ([`crate::gate`]), which holds it while the layer is quiesced.
+//! What a quiesce must know is kept on the way: each QP's signalled sends not yet completed,
+//! and each receive posted and not yet completed (what a rebuild posts again). A poll hands
+//! out the completions held at a quiesce first, and drops those of the layer's own flush
+//! markers.
 // The trampolines below are entries of a verbs operation table, with the contract of the
 // inline call of the same name in verbs.h.
 #![allow(clippy::missing_safety_doc)]
@@ -18,8 +24,13 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use ffi::ibv_wr_opcode as op;
 use ibverbs_sys as ffi;
 
-use crate::shadow::{layer, ShadowAh, ShadowCq, ShadowQp, ShadowSrq};
-use crate::xlate::{Addr, Found, Tables};
+use crate::gate::gate;
+use crate::shadow::{layer, lock, Receive, ShadowAh, ShadowCq, ShadowQp, ShadowSrq};
+use crate::xlate::{Found, Tables};
+
+/// The work request id of the layer's flush markers (not a user-space address, so no
+/// program's pointer-valued id is equal to it).
+pub const MARKER_WR: u64 = 0xcc4b_7f1a_5400_0001;
 
 /// Work requests in one chain at most: a bound on walking a list the program handed us.
 pub const MAX_CHAIN: usize = 1 << 16;
@@ -53,7 +64,7 @@ pub struct Refused {
 pub struct SendTarget<'a> {
     /// The connected peer (RC), for rkeys: asked only when a request needs it (an RDMA or
     /// atomic one), so that sends and UD traffic take no lock for it.
-    pub peer: &'a mut dyn FnMut() -> Option<Addr>,
+    pub peer: &'a mut dyn FnMut() -> Option<u64>,
     /// Whether the QP is UD (requests carry an address handle).
     pub ud: bool,
 }
@@ -286,7 +297,8 @@ unsafe fn refused<W: Request>(r: Refused, wr: *mut W, bad: *mut *mut W) -> c_int
 }
 
 /// After the real post: counts what the device accepted and, when it refused a request,
-/// points the program's `bad` at its own request in that place. Returns `rc`.
+/// points the program's `bad` at its own request in that place. Returns how many requests
+/// the device accepted.
 ///
 /// # Safety
 /// `rbad` is null or one of `copies`; `wr` is the program's chain that `copies` mirror.
@@ -297,7 +309,7 @@ unsafe fn report<W: Request>(
     wr: *mut W,
     bad: *mut *mut W,
     counter: &std::sync::atomic::AtomicU64,
-) -> c_int {
+) -> usize {
     let accepted = if rc == 0 {
         copies.len()
     } else if rbad.is_null() {
@@ -311,20 +323,75 @@ unsafe fn report<W: Request>(
         // SAFETY: the program's chain has more than `accepted` elements.
         unsafe { *bad = nth(wr, accepted) };
     }
-    rc
+    accepted
 }
 
-/// Translates completions in place: each QP number back to the virtual one.
-pub fn translate_completions(t: &Tables, wcs: &mut [ffi::ibv_wc]) {
-    for wc in wcs {
-        wc.qp_num = match t.local_qpn(wc.qp_num) {
-            Found::Real(v) => v,
-            Found::Unknown(r) => {
-                layer().counters.unknown_qpns.fetch_add(1, Relaxed);
-                r
-            }
-        };
+/// Whether a completion polled from `cq` is of a receive of `qp` (an error completion says
+/// no opcode: the CQ, or the oldest receive's id, tells).
+fn is_receive(qp: &ShadowQp, cq: usize, wc: &ffi::ibv_wc) -> bool {
+    if wc.is_valid() {
+        return wc.opcode() & ffi::ibv_wc_opcode::IBV_WC_RECV != 0;
     }
+    match (qp.qp.send_cq as usize == cq, qp.qp.recv_cq as usize == cq) {
+        (false, true) => true,
+        (true, false) => false,
+        _ => {
+            qp.qp.srq.is_null()
+                && lock(&qp.receives)
+                    .front()
+                    .is_some_and(|r| r.wr_id == wc.wr_id())
+        }
+    }
+}
+
+/// Forgets the receive a completion consumed: the oldest of the QP's own (they complete in
+/// order), or the SRQ's with its id.
+fn consumed(qp: &ShadowQp, wr_id: u64) {
+    if qp.qp.srq.is_null() {
+        lock(&qp.receives).pop_front();
+        return;
+    }
+    // SAFETY: a shadow QP's SRQ is a shadow SRQ, alive while a QP uses it.
+    let srq = unsafe { &*(qp.qp.srq as *const ShadowSrq) };
+    let mut r = lock(&srq.receives);
+    if let Some(i) = r.iter().position(|x| x.wr_id == wr_id) {
+        r.remove(i);
+    }
+}
+
+/// Settles completions polled from the real CQ behind `cq` (a shadow's address), in place:
+/// each QP number back to the virtual one, the QP's books updated, the layer's markers
+/// dropped. Returns how many are the program's (moved to the front).
+pub fn settle_completions(t: &Tables, cq: usize, wcs: &mut [ffi::ibv_wc]) -> usize {
+    let mut kept = 0;
+    for i in 0..wcs.len() {
+        let mut wc = wcs[i];
+        match t.local_qp(wc.qp_num) {
+            None => {
+                layer().counters.unknown_qpns.fetch_add(1, Relaxed);
+            }
+            Some((virt, shadow)) => {
+                wc.qp_num = virt;
+                // SAFETY: the table holds live shadow QPs only.
+                let qp = unsafe { &*(shadow as *const ShadowQp) };
+                if is_receive(qp, cq, &wc) {
+                    consumed(qp, wc.wr_id());
+                } else if wc.wr_id() == MARKER_WR {
+                    let _ = qp
+                        .markers
+                        .fetch_update(Relaxed, Relaxed, |m| m.checked_sub(1));
+                    continue;
+                } else {
+                    let _ = qp
+                        .signalled
+                        .fetch_update(Relaxed, Relaxed, |m| m.checked_sub(1));
+                }
+            }
+        }
+        wcs[kept] = wc;
+        kept += 1;
+    }
+    kept
 }
 
 fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
@@ -345,6 +412,7 @@ pub unsafe extern "C" fn post_send(
     // context), whose public struct is the first field of a `ShadowQp`.
     let s = unsafe { &*(qp as *const ShadowQp) };
     let l = layer();
+    let _pass = gate().enter();
     let mut peer = || s.peer.lock().ok().and_then(|p| p.map(|(a, _)| a));
     let target = SendTarget {
         peer: &mut peer,
@@ -365,20 +433,54 @@ pub unsafe extern "C" fn post_send(
         };
         // SAFETY: the provider's bad request, if any, is one of our copies; the program's
         // chain mirrors them.
-        unsafe { report(rc, rbad, &sc.sends, wr, bad, &l.counters.send_wrs) }
+        let accepted = unsafe { report(rc, rbad, &sc.sends, wr, bad, &l.counters.send_wrs) };
+        let all = s.init.sq_sig_all != 0;
+        let signalled = sc.sends[..accepted]
+            .iter()
+            .filter(|w| all || w.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0)
+            .count();
+        s.signalled.fetch_add(signalled as u64, Relaxed);
+        rc
     })
 }
 
-/// Posts translated receives with `post` (a QP's or an SRQ's), mapping a refusal back.
+/// The first `n` requests of the program's chain, as a rebuild posts them again.
+///
+/// # Safety
+/// `wr` is a chain of at least `n` valid requests.
+unsafe fn receives(wr: *const ffi::ibv_recv_wr, n: usize) -> impl Iterator<Item = Receive> {
+    let mut p = wr;
+    (0..n).map(move |_| {
+        // SAFETY: as the caller promises; each list has `num_sge` entries.
+        unsafe {
+            let w = &*p;
+            p = w.next;
+            let sges = if w.num_sge > 0 {
+                std::slice::from_raw_parts(w.sg_list, w.num_sge as usize).to_vec()
+            } else {
+                Vec::new()
+            };
+            Receive {
+                wr_id: w.wr_id,
+                sges,
+            }
+        }
+    })
+}
+
+/// Posts translated receives with `post` (a QP's or an SRQ's), mapping a refusal back, and
+/// records those the device accepted in `book`.
 ///
 /// # Safety
 /// `wr` is the program's chain; `post` posts on a live real queue.
 unsafe fn post_receives(
     wr: *mut ffi::ibv_recv_wr,
     bad: *mut *mut ffi::ibv_recv_wr,
+    book: &std::sync::Mutex<std::collections::VecDeque<Receive>>,
     post: impl FnOnce(*mut ffi::ibv_recv_wr, *mut *mut ffi::ibv_recv_wr) -> c_int,
 ) -> c_int {
     let l = layer();
+    let _pass = gate().enter();
     with_scratch(|sc| {
         // SAFETY: the program's chain.
         if let Err(r) = unsafe { translate_recvs(&l.tables, wr, sc) } {
@@ -388,8 +490,12 @@ unsafe fn post_receives(
         let mut rbad: *mut ffi::ibv_recv_wr = std::ptr::null_mut();
         let rc = post(sc.recvs.as_mut_ptr(), &mut rbad);
         // SAFETY: the provider's bad request, if any, is one of our copies; the program's
-        // chain mirrors them.
-        unsafe { report(rc, rbad, &sc.recvs, wr, bad, &l.counters.recv_wrs) }
+        // chain mirrors them and has `accepted` requests at least.
+        unsafe {
+            let accepted = report(rc, rbad, &sc.recvs, wr, bad, &l.counters.recv_wrs);
+            lock(book).extend(receives(wr, accepted));
+        }
+        rc
     })
 }
 
@@ -401,10 +507,10 @@ pub unsafe extern "C" fn post_recv(
 ) -> c_int {
     // SAFETY: only shadow QPs reach this table.
     let s = unsafe { &*(qp as *const ShadowQp) };
-    let real = s.real.load(Acquire);
-    // SAFETY: `real` is a live QP; the chain is the program's.
+    // SAFETY: `real` is read inside the gate, live there; the chain is the program's.
     unsafe {
-        post_receives(wr, bad, |w, b| {
+        post_receives(wr, bad, &s.receives, |w, b| {
+            let real = s.real.load(Acquire);
             let f = (*(*real).context).ops.post_recv.expect("post_recv");
             f(real, w, b)
         })
@@ -419,42 +525,76 @@ pub unsafe extern "C" fn post_srq_recv(
 ) -> c_int {
     // SAFETY: only shadow SRQs reach this table.
     let s = unsafe { &*(srq as *const ShadowSrq) };
-    let real = s.real.load(Acquire);
-    // SAFETY: `real` is a live SRQ; the chain is the program's.
+    // SAFETY: `real` is read inside the gate, live there; the chain is the program's.
     unsafe {
-        post_receives(wr, bad, |w, b| {
+        post_receives(wr, bad, &s.receives, |w, b| {
+            let real = s.real.load(Acquire);
             let f = (*(*real).context).ops.post_srq_recv.expect("post_srq_recv");
             f(real, w, b)
         })
     }
 }
 
-/// `ibv_poll_cq` on a shadow CQ.
+/// Moves up to `n` held completions of `s` to `wc`; returns how many.
+///
+/// # Safety
+/// `wc` has room for `n` completions.
+unsafe fn take_held(s: &ShadowCq, n: usize, wc: *mut ffi::ibv_wc) -> usize {
+    let mut held = lock(&s.held);
+    let k = n.min(held.len());
+    for i in 0..k {
+        // SAFETY: `i < n`.
+        unsafe { *wc.add(i) = held.pop_front().expect("counted") };
+    }
+    if held.is_empty() {
+        s.has_held.store(false, Relaxed);
+    }
+    k
+}
+
+/// `ibv_poll_cq` on a shadow CQ: completions held at a quiesce first, then the device's.
 pub unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_wc) -> c_int {
     // SAFETY: only shadow CQs reach this table.
     let s = unsafe { &*(cq as *const ShadowCq) };
-    let real = s.real.load(Acquire);
-    // SAFETY: `real` is a live CQ; `wc` has room for `n` completions.
-    let got = unsafe {
-        let f = (*(*real).context).ops.poll_cq.expect("poll_cq");
-        f(real, n, wc)
-    };
-    if got > 0 {
-        let l = layer();
-        // SAFETY: the provider filled `got` entries.
-        let wcs = unsafe { std::slice::from_raw_parts_mut(wc, got as usize) };
-        translate_completions(&l.tables, wcs);
-        l.counters.completions.fetch_add(got as u64, Relaxed);
+    let _pass = gate().enter();
+    let n = n.max(0) as usize;
+    let mut got = 0;
+    if s.has_held.load(Relaxed) {
+        // SAFETY: `wc` has room for `n` completions.
+        got = unsafe { take_held(s, n, wc) };
     }
-    got
+    let l = layer();
+    while got < n {
+        let real = s.real.load(Acquire);
+        // SAFETY: `real` is live inside the gate; `wc` has room for `n - got` more.
+        let polled = unsafe {
+            let f = (*(*real).context).ops.poll_cq.expect("poll_cq");
+            f(real, (n - got) as c_int, wc.add(got))
+        };
+        if polled < 0 {
+            return if got > 0 { got as c_int } else { polled };
+        }
+        // SAFETY: the provider filled `polled` entries.
+        let wcs = unsafe { std::slice::from_raw_parts_mut(wc.add(got), polled as usize) };
+        let kept = settle_completions(&l.tables, cq as usize, wcs);
+        got += kept;
+        // Only a marker was dropped when fewer were kept: poll again for the program's.
+        if kept == polled as usize {
+            break;
+        }
+    }
+    l.counters.completions.fetch_add(got as u64, Relaxed);
+    got as c_int
 }
 
 /// `ibv_req_notify_cq` on a shadow CQ.
 pub unsafe extern "C" fn req_notify_cq(cq: *mut ffi::ibv_cq, solicited_only: c_int) -> c_int {
     // SAFETY: only shadow CQs reach this table.
     let s = unsafe { &*(cq as *const ShadowCq) };
+    let _pass = gate().enter();
     let real = s.real.load(Acquire);
-    // SAFETY: `real` is a live CQ.
+    s.armed.store(true, Relaxed);
+    // SAFETY: `real` is a live CQ inside the gate.
     unsafe {
         let f = (*(*real).context).ops.req_notify_cq.expect("req_notify_cq");
         f(real, solicited_only)

@@ -15,8 +15,11 @@
 //! supported stack calls and how each call is handled.
 #![warn(missing_docs)]
 
+pub mod cycle;
+pub mod events;
 pub mod exports;
 pub mod fastpath;
+pub mod gate;
 pub mod real;
 pub mod shadow;
 pub mod status;

@@ -67,6 +67,8 @@ fn lookup(name: &'static str, version: &'static str) -> *mut c_void {
 type Ctx = *mut ffi::ibv_context;
 
 real_fns! {
+    ibv_get_device_list(*mut c_int) -> *mut *mut ffi::ibv_device = "IBVERBS_1.1";
+    ibv_free_device_list(*mut *mut ffi::ibv_device) -> () = "IBVERBS_1.1";
     ibv_open_device(*mut ffi::ibv_device) -> Ctx = "IBVERBS_1.1";
     ibv_close_device(Ctx) -> c_int = "IBVERBS_1.1";
     ibv_get_async_event(Ctx, *mut ffi::ibv_async_event) -> c_int = "IBVERBS_1.1";

@@ -11,53 +11,101 @@
 //! shadow, and everything the program keeps of it, stays.
 // The verbs structs hold unions and have no `Debug`; neither do the shadows around them.
 #![allow(missing_debug_implementations)]
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use ibverbs_sys as ffi;
 
 use crate::xlate::{Addr, Tables};
 
-/// The shadow of a device context. The program sees `ctx`.
+/// What the program sees of a verbs object, whose real counterpart a rebuild replaces.
+pub type Real<T> = AtomicPtr<T>;
+
+/// The shadow of a device context. The program sees `ctx`, whose `async_fd` is a proxy
+/// ([`crate::events`]) that outlives the real context.
 #[repr(C)]
 pub struct ShadowCtx {
     /// What the program sees: device, fds and the operation table of this layer.
     pub ctx: ffi::ibv_context,
     /// libibverbs' context.
-    pub real: *mut ffi::ibv_context,
+    pub real: Real<ffi::ibv_context>,
+    /// The device's name, to open it again after a release.
+    pub device: String,
+    /// This process's address on the device as its peers know it ([`Addr::id`]): taken from
+    /// the source GID (or the LID) of the first connection or address handle made here, and
+    /// kept across rebuilds and restores. 0 until then.
+    pub ident: AtomicU64,
+    /// The GID index of that address (−1: LID addressing), to publish the GID it has now.
+    pub gid_index: AtomicI32,
+    /// The program's `async_fd`.
+    pub async_proxy: crate::events::Proxy,
+}
+
+impl ShadowCtx {
+    /// A shadow of `real`, a context on `device`.
+    pub fn new(
+        ctx: ffi::ibv_context,
+        real: *mut ffi::ibv_context,
+        device: String,
+        async_proxy: crate::events::Proxy,
+    ) -> Self {
+        ShadowCtx {
+            ctx,
+            real: AtomicPtr::new(real),
+            device,
+            ident: AtomicU64::new(0),
+            gid_index: AtomicI32::new(0),
+            async_proxy,
+        }
+    }
 }
 
 /// The shadow of a protection domain.
 #[repr(C)]
-#[derive(Debug)]
 pub struct ShadowPd {
     /// What the program sees.
     pub pd: ffi::ibv_pd,
     /// The real PD.
-    pub real: *mut ffi::ibv_pd,
+    pub real: Real<ffi::ibv_pd>,
+}
+
+/// How a memory region was registered, to register it again after a release.
+#[derive(Debug, Clone, Copy)]
+pub struct Registration {
+    /// Start of the memory.
+    pub addr: u64,
+    /// Its length.
+    pub len: usize,
+    /// The I/O virtual address, when the program gave one.
+    pub iova: Option<u64>,
+    /// Access flags.
+    pub access: u32,
 }
 
 /// The shadow of a memory region; its keys are virtual.
 #[repr(C)]
-#[derive(Debug)]
 pub struct ShadowMr {
     /// What the program sees (virtual `lkey` and `rkey`).
     pub mr: ffi::ibv_mr,
     /// The real MR.
-    pub real: *mut ffi::ibv_mr,
-    /// Access flags it was registered with (a rebuild registers it again).
-    pub access: u32,
+    pub real: Real<ffi::ibv_mr>,
+    /// How it was registered.
+    pub reg: Registration,
 }
 
-/// The shadow of a completion channel.
+/// The shadow of a completion channel; its `fd` is a proxy that outlives the real channel.
 #[repr(C)]
-#[derive(Debug)]
 pub struct ShadowChannel {
     /// What the program sees.
     pub ch: ffi::ibv_comp_channel,
     /// The real channel.
-    pub real: *mut ffi::ibv_comp_channel,
+    pub real: Real<ffi::ibv_comp_channel>,
+    /// The program's `fd`.
+    pub proxy: crate::events::Proxy,
+    /// Events the layer owes the program (CQs armed before a release that have completions
+    /// held for it), delivered before the real channel's.
+    pub owed: Mutex<VecDeque<usize>>,
 }
 
 /// The shadow of a completion queue. The real CQ's `cq_context` points here, so a completion
@@ -67,7 +115,49 @@ pub struct ShadowCq {
     /// What the program sees (its own `cq_context` and channel).
     pub cq: ffi::ibv_cq,
     /// The real CQ.
-    pub real: AtomicPtr<ffi::ibv_cq>,
+    pub real: Real<ffi::ibv_cq>,
+    /// The size and completion vector it was created with.
+    pub cqe: i32,
+    /// Its completion vector.
+    pub vector: i32,
+    /// Completions taken from the device during a quiesce that the program has not polled
+    /// yet; its next polls get them first, in order.
+    pub held: Mutex<VecDeque<ffi::ibv_wc>>,
+    /// Whether `held` has any (read on every poll without the lock).
+    pub has_held: AtomicBool,
+    /// Armed for an event (`ibv_req_notify_cq`) that has not come yet.
+    pub armed: AtomicBool,
+    /// Events handed out from the real CQ and not yet acknowledged to it.
+    pub unacked: AtomicU32,
+    /// Acknowledgements the program still owes for events the layer acknowledged for it (at
+    /// a release) or made up (after a rebuild); not passed on.
+    pub credit: AtomicU32,
+}
+
+impl ShadowCq {
+    /// A shadow of `real`, made with `cqe` entries on completion vector `vector`.
+    pub fn new(cq: ffi::ibv_cq, real: *mut ffi::ibv_cq, cqe: i32, vector: i32) -> Self {
+        ShadowCq {
+            cq,
+            real: AtomicPtr::new(real),
+            cqe,
+            vector,
+            held: Mutex::new(VecDeque::new()),
+            has_held: AtomicBool::new(false),
+            armed: AtomicBool::new(false),
+            unacked: AtomicU32::new(0),
+            credit: AtomicU32::new(0),
+        }
+    }
+}
+
+/// A receive the program posted and has not seen complete: what a rebuild posts again.
+#[derive(Clone)]
+pub struct Receive {
+    /// The program's id.
+    pub wr_id: u64,
+    /// Its scatter list, with virtual keys.
+    pub sges: Vec<ffi::ibv_sge>,
 }
 
 /// The shadow of a shared receive queue; the real SRQ's `srq_context` points here.
@@ -76,7 +166,11 @@ pub struct ShadowSrq {
     /// What the program sees.
     pub srq: ffi::ibv_srq,
     /// The real SRQ.
-    pub real: AtomicPtr<ffi::ibv_srq>,
+    pub real: Real<ffi::ibv_srq>,
+    /// The attributes it was created with.
+    pub init: ffi::ibv_srq_init_attr,
+    /// Receives posted and not completed, in posting order.
+    pub receives: Mutex<VecDeque<Receive>>,
 }
 
 /// The shadow of an address handle; `dest` is the peer as the program addressed it.
@@ -85,9 +179,9 @@ pub struct ShadowAh {
     /// What the program sees.
     pub ah: ffi::ibv_ah,
     /// The real AH.
-    pub real: AtomicPtr<ffi::ibv_ah>,
-    /// The peer's address.
-    pub dest: Addr,
+    pub real: Real<ffi::ibv_ah>,
+    /// The peer's address as the program gave it ([`Addr::id`]).
+    pub dest: u64,
     /// The attributes it was created with (a rebuild creates it again).
     pub attr: ffi::ibv_ah_attr,
 }
@@ -107,15 +201,43 @@ pub struct ShadowQp {
     /// What the program sees.
     pub qp: ffi::ibv_qp,
     /// The real QP.
-    pub real: AtomicPtr<ffi::ibv_qp>,
+    pub real: Real<ffi::ibv_qp>,
     /// The real QP number now.
     pub real_qpn: AtomicU32,
-    /// The connected peer (RC/UC) as the program addressed it.
-    pub peer: Mutex<Option<(Addr, u32)>>,
+    /// The connected peer (RC) as the program addressed it: its address id and virtual QPN.
+    pub peer: Mutex<Option<(u64, u32)>>,
     /// Every state change, in order.
     pub transitions: Mutex<Vec<Transition>>,
     /// The attributes it was created with.
     pub init: ffi::ibv_qp_init_attr,
+    /// Signalled sends posted whose completion has not been polled.
+    pub signalled: AtomicU64,
+    /// Receives posted (on the QP itself, not an SRQ) and not completed, in posting order.
+    pub receives: Mutex<VecDeque<Receive>>,
+    /// Flush markers of a quiesce posted and not yet completed.
+    pub markers: AtomicU32,
+}
+
+impl ShadowQp {
+    /// A shadow of `real` (number `real_qpn`), created with `init`.
+    pub fn new(
+        qp: ffi::ibv_qp,
+        real: *mut ffi::ibv_qp,
+        real_qpn: u32,
+        init: ffi::ibv_qp_init_attr,
+    ) -> Self {
+        ShadowQp {
+            qp,
+            real: AtomicPtr::new(real),
+            real_qpn: AtomicU32::new(real_qpn),
+            peer: Mutex::new(None),
+            transitions: Mutex::new(Vec::new()),
+            init,
+            signalled: AtomicU64::new(0),
+            receives: Mutex::new(VecDeque::new()),
+            markers: AtomicU32::new(0),
+        }
+    }
 }
 
 /// Counters of the layer's work, reported by [`crate::status`].
@@ -143,16 +265,27 @@ pub struct Layer {
     /// Work counted.
     pub counters: Counters,
     /// Shadow contexts, by address.
-    contexts: Mutex<HashSet<usize>>,
-    /// Live shadow QPs, by address.
-    pub qps: Mutex<HashSet<usize>>,
+    pub contexts: Mutex<HashSet<usize>>,
+    /// Live shadow PDs, by address.
+    pub pds: Mutex<HashSet<usize>>,
     /// Live shadow MRs, by address.
     pub mrs: Mutex<HashSet<usize>>,
+    /// Live shadow completion channels, by address.
+    pub channels: Mutex<HashSet<usize>>,
+    /// Live shadow CQs, by address.
+    pub cqs: Mutex<HashSet<usize>>,
+    /// Live shadow SRQs, by address.
+    pub srqs: Mutex<HashSet<usize>>,
+    /// Live shadow QPs, by address.
+    pub qps: Mutex<HashSet<usize>>,
+    /// Live shadow AHs, by address.
+    pub ahs: Mutex<HashSet<usize>>,
     /// Features the program asked for that the layer refused, with the call, for the status.
     pub refusals: Mutex<Vec<String>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+/// Locks, taking the data of a poisoned lock (every update under these locks is one step).
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 

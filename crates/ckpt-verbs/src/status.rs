@@ -77,7 +77,14 @@ pub fn report() -> Value {
             // SAFETY: a live shadow MR.
             let s = unsafe { &*(p as *const ShadowMr) };
             // SAFETY: its real MR is live while the shadow is.
-            let (lkey, rkey) = unsafe { ((*s.real).lkey, (*s.real).rkey) };
+            let (lkey, rkey) = unsafe {
+                let r = s.real.load(Acquire);
+                if r.is_null() {
+                    (0, 0)
+                } else {
+                    ((*r).lkey, (*r).rkey)
+                }
+            };
             json!({
                 "lkey": s.mr.lkey, "real_lkey": lkey,
                 "rkey": s.mr.rkey, "real_rkey": rkey,

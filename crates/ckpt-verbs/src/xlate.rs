@@ -9,9 +9,11 @@
 //! a rebuild, every translation is the identity; after one, these tables map the virtual
 //! numbers, ours and our peers', to the new real ones.
 //!
-//! Peers are named by [`Addr`], the port address the program itself uses for them (GID, or LID
-//! on InfiniBand without a GRH): a peer's virtual numbers are unique per address, like the
-//! real ones they started as.
+//! Peers are named by the id ([`Addr::id`]) of the port address the program itself uses for
+//! them (GID, or LID on InfiniBand without a GRH): a peer's virtual numbers are unique per
+//! address, like the real ones they started as. The address is virtual too: after a restart
+//! on other nodes the program still addresses a peer by the GID it had, and [`Tables::peer`]
+//! gives the one it has now.
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::RwLock;
@@ -28,6 +30,25 @@ impl Addr {
         a[14..].copy_from_slice(&lid.to_be_bytes());
         Addr(a)
     }
+
+    /// The address's 64-bit id (FNV-1a of its bytes, never 0): how peers, endpoints and the
+    /// translation tables name it.
+    pub fn id(&self) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in self.0 {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        h.max(1)
+    }
+}
+
+/// Where a peer's port is now: what a rebuilt connection or address handle is pointed at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PeerPort {
+    /// Its GID now.
+    pub gid: [u8; 16],
+    /// Its LID now (InfiniBand).
+    pub lid: u16,
 }
 
 /// A multiply-shift hasher for small integer keys: the tables are read on every post and
@@ -82,13 +103,16 @@ pub struct Tables {
     lkeys: RwLock<Map<u32, u32>>,
     /// Our memory regions: virtual rkey → real rkey (what peers learn after a rebuild).
     rkeys: RwLock<Map<u32, u32>>,
-    /// Our QPs: real QP number → virtual (completions carry the real one).
-    local_qpns: RwLock<Map<u32, u32>>,
-    /// Peers' QPs: (their address, virtual QP number) → real QP number. Empty until a peer
+    /// Our QPs: real QP number → (virtual, the shadow's address); completions carry the real
+    /// one.
+    local_qpns: RwLock<Map<u32, (u32, usize)>>,
+    /// Peers' QPs: (their address id, virtual QP number) → real QP number. Empty until a peer
     /// rebuilt: then the identity is right.
-    remote_qpns: RwLock<Map<(Addr, u32), u32>>,
-    /// Peers' memory: (their address, virtual rkey) → real rkey.
-    remote_rkeys: RwLock<Map<(Addr, u32), u32>>,
+    remote_qpns: RwLock<Map<(u64, u32), u32>>,
+    /// Peers' memory: (their address id, virtual rkey) → real rkey.
+    remote_rkeys: RwLock<Map<(u64, u32), u32>>,
+    /// Peers' ports now, by address id (empty until a rebuild).
+    peers: RwLock<Map<u64, PeerPort>>,
 }
 
 fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -126,9 +150,9 @@ impl Tables {
         }
     }
 
-    /// Records one of our QPs.
-    pub fn set_qp(&self, real: u32, virt: u32) {
-        write(&self.local_qpns).insert(real, virt);
+    /// Records one of our QPs and its shadow.
+    pub fn set_qp(&self, real: u32, virt: u32, shadow: usize) {
+        write(&self.local_qpns).insert(real, (virt, shadow));
     }
 
     /// Forgets one of our QPs by its real number.
@@ -138,26 +162,32 @@ impl Tables {
 
     /// Whether a virtual QP number of ours is taken.
     pub fn qpn_in_use(&self, v: u32) -> bool {
-        read(&self.local_qpns).values().any(|&x| x == v)
+        read(&self.local_qpns).values().any(|&(x, _)| x == v)
     }
 
     /// The virtual number of one of our QPs, from the real one a completion carries.
     #[inline]
     pub fn local_qpn(&self, real: u32) -> Found {
         match read(&self.local_qpns).get(&real) {
-            Some(&v) => Found::Real(v),
+            Some(&(v, _)) => Found::Real(v),
             None => Found::Unknown(real),
         }
     }
 
+    /// The virtual number and shadow of one of our QPs, by its real number.
+    #[inline]
+    pub fn local_qp(&self, real: u32) -> Option<(u32, usize)> {
+        read(&self.local_qpns).get(&real).copied()
+    }
+
     /// Learns a peer QP's new real number.
-    pub fn set_remote_qpn(&self, peer: Addr, virt: u32, real: u32) {
+    pub fn set_remote_qpn(&self, peer: u64, virt: u32, real: u32) {
         write(&self.remote_qpns).insert((peer, virt), real);
     }
 
     /// The real number of a peer's QP (the identity until that peer rebuilt).
     #[inline]
-    pub fn remote_qpn(&self, peer: Addr, virt: u32) -> u32 {
+    pub fn remote_qpn(&self, peer: u64, virt: u32) -> u32 {
         let t = read(&self.remote_qpns);
         if t.is_empty() {
             return virt;
@@ -166,18 +196,28 @@ impl Tables {
     }
 
     /// Learns a peer memory region's new real rkey.
-    pub fn set_remote_rkey(&self, peer: Addr, virt: u32, real: u32) {
+    pub fn set_remote_rkey(&self, peer: u64, virt: u32, real: u32) {
         write(&self.remote_rkeys).insert((peer, virt), real);
     }
 
     /// The real rkey of a peer's memory (the identity until that peer rebuilt).
     #[inline]
-    pub fn remote_rkey(&self, peer: Addr, virt: u32) -> u32 {
+    pub fn remote_rkey(&self, peer: u64, virt: u32) -> u32 {
         let t = read(&self.remote_rkeys);
         if t.is_empty() {
             return virt;
         }
         t.get(&(peer, virt)).copied().unwrap_or(virt)
+    }
+
+    /// Learns where a peer's port is now.
+    pub fn set_peer(&self, peer: u64, port: PeerPort) {
+        write(&self.peers).insert(peer, port);
+    }
+
+    /// Where a peer's port is now (None: it never moved, or is unknown).
+    pub fn peer(&self, peer: u64) -> Option<PeerPort> {
+        read(&self.peers).get(&peer).copied()
     }
 }
 
@@ -199,10 +239,11 @@ mod tests {
         assert_eq!(t.lkey(0x100), Found::Unknown(0x100));
         assert!(!t.key_in_use(0x101));
 
-        t.set_qp(0x11, 0x11);
+        t.set_qp(0x11, 0x11, 1);
         t.drop_qp(0x11);
-        t.set_qp(0x2a, 0x11);
+        t.set_qp(0x2a, 0x11, 2);
         assert_eq!(t.local_qpn(0x2a), Found::Real(0x11));
+        assert_eq!(t.local_qp(0x2a), Some((0x11, 2)));
         assert!(t.qpn_in_use(0x11));
         assert_eq!(t.local_qpn(0x11), Found::Unknown(0x11));
     }
@@ -210,8 +251,9 @@ mod tests {
     #[test]
     fn a_peers_numbers_are_the_identity_until_it_rebuilt_and_are_per_address() {
         let t = Tables::default();
-        let a = Addr([1; 16]);
-        let b = Addr::lid(7);
+        let a = Addr([1; 16]).id();
+        let b = Addr::lid(7).id();
+        assert_ne!(a, b);
         assert_eq!(t.remote_qpn(a, 0x12), 0x12);
         assert_eq!(t.remote_rkey(a, 0x300), 0x300);
         t.set_remote_qpn(a, 0x12, 0x40);

@@ -2,25 +2,29 @@
 //! this layer refuses.
 use std::os::raw::{c_int, c_uint, c_void};
 use std::ptr::null_mut;
+use std::sync::atomic::AtomicPtr;
 use std::sync::atomic::Ordering::Acquire;
 
 use ibverbs_sys as ffi;
 
 use super::{real_or, set_errno};
+use crate::events::Proxy;
 use crate::fastpath;
+use crate::gate::{gate, tid};
 use crate::real::device_name;
 use crate::shadow::{
-    boxed, free, layer, zeroed, Layer, ShadowCq, ShadowCtx, ShadowMr, ShadowPd, ShadowQp, ShadowSrq,
+    boxed, free, layer, zeroed, Layer, Registration, ShadowCq, ShadowCtx, ShadowMr, ShadowPd,
+    ShadowQp, ShadowSrq,
 };
 
 /// The real context behind `ctx`, or `ctx` itself when it is libibverbs' own.
 ///
 /// # Safety
-/// `ctx` is a context pointer.
-unsafe fn real_ctx(ctx: *mut ffi::ibv_context) -> *mut ffi::ibv_context {
+/// `ctx` is a context pointer; a shadow's is read inside the gate.
+pub(super) unsafe fn real_ctx(ctx: *mut ffi::ibv_context) -> *mut ffi::ibv_context {
     if layer().is_shadow(ctx) {
         // SAFETY: a registered shadow context.
-        unsafe { (*(ctx as *mut ShadowCtx)).real }
+        unsafe { (*(ctx as *mut ShadowCtx)).real.load(Acquire) }
     } else {
         ctx
     }
@@ -34,45 +38,66 @@ pub(super) unsafe fn real_pd(pd: *mut ffi::ibv_pd) -> *mut ffi::ibv_pd {
     // SAFETY: a PD's first field is its context; a shadow PD's is a shadow context.
     unsafe {
         if !pd.is_null() && layer().is_shadow((*pd).context) {
-            (*(pd as *mut ShadowPd)).real
+            (*(pd as *mut ShadowPd)).real.load(Acquire)
         } else {
             pd
         }
     }
 }
 
+/// Whether the program drives its verbs objects through ib-quiesce's own channel
+/// (`libib_quiesce`): then that channel takes them through checkpoints, and the layer stays
+/// out of its way.
+fn has_own_channel() -> bool {
+    static OWN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    // SAFETY: a lookup of a C symbol name in the process's global scope.
+    *OWN.get_or_init(|| unsafe { !libc::dlsym(libc::RTLD_DEFAULT, c"ibq_open".as_ptr()).is_null() })
+}
+
 /// `ibv_open_device`: the real context, behind a shadow whose operation table is this
-/// layer's. Extended operations are hidden (`abi_compat` is not the extended marker), so
-/// callers fall back to the exported calls: `ibv_create_cq_ex` fails with EOPNOTSUPP and UCX
-/// creates its CQs with `ibv_create_cq`; `ibv_query_port` and `ibv_query_device_ex` use the
-/// exported queries.
+/// layer's and whose `async_fd` is a proxy. Extended operations are hidden (`abi_compat` is
+/// not the extended marker), so callers fall back to the exported calls: `ibv_create_cq_ex`
+/// fails with EOPNOTSUPP and UCX creates its CQs with `ibv_create_cq`; `ibv_query_port` and
+/// `ibv_query_device_ex` use the exported queries. Under a ckpt agent, the first shadow starts
+/// the layer's control thread.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi::ibv_context {
     let open = real_or!(ibv_open_device, null_mut());
     // SAFETY: the program's device pointer, from libibverbs' list.
     let rc = unsafe { open(dev) };
-    if rc.is_null() {
+    if rc.is_null() || has_own_channel() {
         return rc;
     }
+    let proxy = match Proxy::new() {
+        Ok(p) => p,
+        Err(e) => {
+            // SAFETY: the context just opened, not handed out.
+            unsafe { real_or!(ibv_close_device, null_mut())(rc) };
+            set_errno(e.raw_os_error().unwrap_or(libc::EMFILE));
+            return null_mut();
+        }
+    };
+    let _pass = gate().enter();
     let mut ctx: ffi::ibv_context = zeroed();
     // SAFETY: `rc` is a live context.
-    unsafe {
+    let name = unsafe {
         ctx.device = (*rc).device;
-        ctx.cmd_fd = (*rc).cmd_fd;
-        ctx.async_fd = (*rc).async_fd;
+        ctx.cmd_fd = -1;
         ctx.num_comp_vectors = (*rc).num_comp_vectors;
-    }
+        proxy.attach((*rc).async_fd);
+        device_name((*rc).device)
+    };
+    ctx.async_fd = proxy.fd();
     ctx.ops.post_send = Some(fastpath::post_send);
     ctx.ops.post_recv = Some(fastpath::post_recv);
     ctx.ops.post_srq_recv = Some(fastpath::post_srq_recv);
     ctx.ops.poll_cq = Some(fastpath::poll_cq);
     ctx.ops.req_notify_cq = Some(fastpath::req_notify_cq);
-    let s = boxed(ShadowCtx { ctx, real: rc });
+    let s = boxed(ShadowCtx::new(ctx, rc, name.clone(), proxy));
     layer().add_context(s);
-    crate::status::opened(
-        // SAFETY: the device of a live context.
-        unsafe { device_name((*rc).device) },
-    );
+    gate().set_opener(tid());
+    crate::status::opened(name);
+    crate::cycle::start_control();
     // SAFETY: just made.
     unsafe { &mut (*s).ctx }
 }
@@ -86,12 +111,15 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut ffi::ibv_context) -> c_int {
         // SAFETY: libibverbs' own context.
         return unsafe { close(ctx) };
     }
+    let _pass = gate().enter();
     let s = ctx as *mut ShadowCtx;
     // SAFETY: a registered shadow; freed only once closed.
     unsafe {
-        let rc = close((*s).real);
+        (*s).async_proxy.detach();
+        let rc = close((*s).real.load(Acquire));
         if rc == 0 {
             l.remove_context(s);
+            (*s).async_proxy.close();
             free(s);
         }
         rc
@@ -116,7 +144,33 @@ fn event_kind(t: ffi::ibv_event_type) -> Option<char> {
     }
 }
 
-/// `ibv_get_async_event`: the real event, its QP, CQ or SRQ replaced by the shadow.
+/// Waits on a proxy for the real call `get` to have something: `get` runs inside the gate
+/// (the real object may be released and rebuilt meanwhile), the waiting outside it. A program
+/// that made its descriptor non-blocking gets EAGAIN instead of a wait.
+pub(super) fn wait_on(proxy: &Proxy, mut get: impl FnMut() -> Option<c_int>) -> c_int {
+    loop {
+        {
+            let _pass = gate().enter();
+            if let Some(rc) = get() {
+                return rc;
+            }
+            proxy.settle();
+            if proxy.nonblocking() {
+                set_errno(libc::EAGAIN);
+                return -1;
+            }
+        }
+        proxy.wait(100);
+    }
+}
+
+/// Whether a failed read of a non-blocking real descriptor only found nothing.
+pub(super) fn nothing_yet(rc: c_int) -> bool {
+    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN)
+}
+
+/// `ibv_get_async_event`: the real event, its QP, CQ or SRQ replaced by the shadow; waits on
+/// the proxy (or says EAGAIN) as a read of the program's `async_fd` would.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_async_event(
     ctx: *mut ffi::ibv_context,
@@ -127,20 +181,30 @@ pub unsafe extern "C" fn ibv_get_async_event(
         // SAFETY: libibverbs' own context.
         return unsafe { get(ctx, ev) };
     }
+    let s = ctx as *mut ShadowCtx;
     // SAFETY: a shadow context; `ev` is the program's event to fill. The real objects of a
     // shadow context were all made by this layer, with their user context set to the shadow.
     unsafe {
-        let rc = get((*(ctx as *mut ShadowCtx)).real, ev);
-        if rc == 0 {
-            let e = &mut *ev;
-            match event_kind(e.event_type) {
-                Some('c') => e.element.cq = (*e.element.cq).cq_context as *mut ffi::ibv_cq,
-                Some('q') => e.element.qp = (*e.element.qp).qp_context as *mut ffi::ibv_qp,
-                Some('s') => e.element.srq = (*e.element.srq).srq_context as *mut ffi::ibv_srq,
-                _ => {}
+        wait_on(&(*s).async_proxy, || {
+            let real = (*s).real.load(Acquire);
+            if real.is_null() {
+                return None;
             }
-        }
-        rc
+            let rc = get(real, ev);
+            if nothing_yet(rc) {
+                return None;
+            }
+            if rc == 0 {
+                let e = &mut *ev;
+                match event_kind(e.event_type) {
+                    Some('c') => e.element.cq = (*e.element.cq).cq_context as *mut ffi::ibv_cq,
+                    Some('q') => e.element.qp = (*e.element.qp).qp_context as *mut ffi::ibv_qp,
+                    Some('s') => e.element.srq = (*e.element.srq).srq_context as *mut ffi::ibv_srq,
+                    _ => {}
+                }
+            }
+            Some(rc)
+        })
     }
 }
 
@@ -149,6 +213,7 @@ pub unsafe extern "C" fn ibv_get_async_event(
 pub unsafe extern "C" fn ibv_ack_async_event(ev: *mut ffi::ibv_async_event) {
     let ack = real_or!(ibv_ack_async_event);
     let l = layer();
+    let _pass = gate().enter();
     // SAFETY: the program's event, as `ibv_get_async_event` filled it.
     unsafe {
         let mut e = *ev;
@@ -174,6 +239,7 @@ macro_rules! on_real_ctx {
         #[no_mangle]
         pub unsafe extern "C" fn $name(ctx: *mut ffi::ibv_context $(, $arg: $ty)*) -> $ret {
             let f = real_or!($name, $fail);
+            let _pass = layer().is_shadow(ctx).then(|| gate().enter());
             // SAFETY: the real context behind the program's (or libibverbs' own).
             unsafe { f(real_ctx(ctx) $(, $arg)*) }
         }
@@ -222,8 +288,9 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ffi::ibv_context) -> *mut ffi::i
         // SAFETY: libibverbs' own context.
         return unsafe { alloc(ctx) };
     }
+    let _pass = gate().enter();
     // SAFETY: a shadow context.
-    let real = unsafe { alloc((*(ctx as *mut ShadowCtx)).real) };
+    let real = unsafe { alloc(real_ctx(ctx)) };
     if real.is_null() {
         return real;
     }
@@ -231,7 +298,11 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ffi::ibv_context) -> *mut ffi::i
     pd.context = ctx;
     // SAFETY: a live PD.
     pd.handle = unsafe { (*real).handle };
-    let s = boxed(ShadowPd { pd, real });
+    let s = boxed(ShadowPd {
+        pd,
+        real: AtomicPtr::new(real),
+    });
+    Layer::track(&layer().pds, s as usize);
     // SAFETY: just made.
     unsafe { &mut (*s).pd }
 }
@@ -245,9 +316,11 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ffi::ibv_pd) -> c_int {
         if !layer().is_shadow((*pd).context) {
             return dealloc(pd);
         }
+        let _pass = gate().enter();
         let s = pd as *mut ShadowPd;
-        let rc = dealloc((*s).real);
+        let rc = dealloc((*s).real.load(Acquire));
         if rc == 0 {
+            Layer::untrack(&layer().pds, s as usize);
             free(s);
         }
         rc
@@ -273,7 +346,11 @@ fn virtual_key(real: u32) -> u32 {
 ///
 /// # Safety
 /// `pd` is a shadow PD and `real` a live MR registered on its real PD.
-unsafe fn shadow_mr(pd: *mut ffi::ibv_pd, real: *mut ffi::ibv_mr, access: u32) -> *mut ffi::ibv_mr {
+unsafe fn shadow_mr(
+    pd: *mut ffi::ibv_pd,
+    real: *mut ffi::ibv_mr,
+    reg: Registration,
+) -> *mut ffi::ibv_mr {
     let l = layer();
     let mut mr: ffi::ibv_mr = zeroed();
     // SAFETY: as the caller promises.
@@ -292,7 +369,11 @@ unsafe fn shadow_mr(pd: *mut ffi::ibv_pd, real: *mut ffi::ibv_mr, access: u32) -
         l.tables
             .set_mr(mr.lkey, (*real).lkey, mr.rkey, (*real).rkey);
     }
-    let s = boxed(ShadowMr { mr, real, access });
+    let s = boxed(ShadowMr {
+        mr,
+        real: AtomicPtr::new(real),
+        reg,
+    });
     Layer::track(&l.mrs, s as usize);
     // SAFETY: just made.
     unsafe { &mut (*s).mr }
@@ -305,7 +386,7 @@ unsafe fn shadow_mr(pd: *mut ffi::ibv_pd, real: *mut ffi::ibv_mr, access: u32) -
 /// `pd` is a PD pointer; `reg` registers memory the program owns.
 unsafe fn register(
     pd: *mut ffi::ibv_pd,
-    access: u32,
+    how: Registration,
     reg: impl FnOnce(*mut ffi::ibv_pd) -> *mut ffi::ibv_mr,
 ) -> *mut ffi::ibv_mr {
     // SAFETY: the program's PD.
@@ -313,11 +394,22 @@ unsafe fn register(
         if !layer().is_shadow((*pd).context) {
             return reg(pd);
         }
+        let _pass = gate().enter();
         let real = reg(real_pd(pd));
         if real.is_null() {
             return real;
         }
-        shadow_mr(pd, real, access)
+        shadow_mr(pd, real, how)
+    }
+}
+
+/// How memory at `addr` is registered.
+fn how(addr: *mut c_void, len: usize, iova: Option<u64>, access: u32) -> Registration {
+    Registration {
+        addr: addr as u64,
+        len,
+        iova,
+        access,
     }
 }
 
@@ -331,7 +423,11 @@ pub unsafe extern "C" fn ibv_reg_mr(
 ) -> *mut ffi::ibv_mr {
     let reg = real_or!(ibv_reg_mr, null_mut());
     // SAFETY: the program's PD and memory.
-    unsafe { register(pd, access as u32, |pd| reg(pd, addr, len, access)) }
+    unsafe {
+        register(pd, how(addr, len, None, access as u32), |pd| {
+            reg(pd, addr, len, access)
+        })
+    }
 }
 
 /// `ibv_reg_mr_iova`.
@@ -345,7 +441,11 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(
 ) -> *mut ffi::ibv_mr {
     let reg = real_or!(ibv_reg_mr_iova, null_mut());
     // SAFETY: the program's PD and memory.
-    unsafe { register(pd, access as u32, |pd| reg(pd, addr, len, iova, access)) }
+    unsafe {
+        register(pd, how(addr, len, Some(iova), access as u32), |pd| {
+            reg(pd, addr, len, iova, access)
+        })
+    }
 }
 
 /// `ibv_reg_mr_iova2` (what the header's macro calls for variable access flags: UCX).
@@ -359,7 +459,11 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
 ) -> *mut ffi::ibv_mr {
     let reg = real_or!(ibv_reg_mr_iova2, null_mut());
     // SAFETY: the program's PD and memory.
-    unsafe { register(pd, access, |pd| reg(pd, addr, len, iova, access)) }
+    unsafe {
+        register(pd, how(addr, len, Some(iova), access), |pd| {
+            reg(pd, addr, len, iova, access)
+        })
+    }
 }
 
 /// `ibv_dereg_mr`.
@@ -372,8 +476,9 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ffi::ibv_mr) -> c_int {
         if !l.is_shadow((*mr).context) {
             return dereg(mr);
         }
+        let _pass = gate().enter();
         let s = mr as *mut ShadowMr;
-        let rc = dereg((*s).real);
+        let rc = dereg((*s).real.load(Acquire));
         if rc == 0 {
             l.tables.drop_mr((*s).mr.lkey, (*s).mr.rkey);
             Layer::untrack(&l.mrs, s as usize);

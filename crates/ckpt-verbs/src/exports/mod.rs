@@ -18,6 +18,8 @@ use std::os::raw::c_int;
 mod device;
 mod queues;
 
+pub(crate) use queues::real_channel;
+
 /// Sets `errno` for the program.
 pub(crate) fn set_errno(e: c_int) {
     // SAFETY: __errno_location returns this thread's errno.

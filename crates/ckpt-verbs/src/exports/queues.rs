@@ -1,20 +1,22 @@
 //! Completion channels and queues, shared receive queues, queue pairs and address handles.
 use std::os::raw::{c_int, c_uint, c_void};
 use std::ptr::null_mut;
-use std::sync::atomic::Ordering::{Acquire, Release};
-use std::sync::atomic::{AtomicPtr, AtomicU32};
+use std::sync::atomic::AtomicPtr;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::Mutex;
 
 use ibverbs_sys as ffi;
 
+use super::device::{nothing_yet, real_ctx, real_pd, wait_on};
 use super::{real_or, set_errno};
-use crate::exports::device::real_pd;
+use crate::events::Proxy;
+use crate::gate::gate;
 use crate::shadow::{
-    addr_of, boxed, free, layer, zeroed, Layer, ShadowAh, ShadowChannel, ShadowCq, ShadowCtx,
-    ShadowQp, ShadowSrq, Transition,
+    addr_of, boxed, free, layer, lock, zeroed, Layer, ShadowAh, ShadowChannel, ShadowCq, ShadowQp,
+    ShadowSrq, Transition,
 };
 
-/// `ibv_create_comp_channel`.
+/// `ibv_create_comp_channel`: the real channel behind a shadow whose `fd` is a proxy.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_comp_channel(
     ctx: *mut ffi::ibv_context,
@@ -24,16 +26,32 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
         // SAFETY: libibverbs' own context.
         return unsafe { create(ctx) };
     }
+    let proxy = match Proxy::new() {
+        Ok(p) => p,
+        Err(e) => {
+            set_errno(e.raw_os_error().unwrap_or(libc::EMFILE));
+            return null_mut();
+        }
+    };
+    let _pass = gate().enter();
     // SAFETY: a shadow context.
-    let real = unsafe { create((*(ctx as *mut ShadowCtx)).real) };
+    let real = unsafe { create(real_ctx(ctx)) };
     if real.is_null() {
+        proxy.close();
         return real;
     }
     let mut ch: ffi::ibv_comp_channel = zeroed();
     ch.context = ctx;
+    ch.fd = proxy.fd();
     // SAFETY: a live channel.
-    ch.fd = unsafe { (*real).fd };
-    let s = boxed(ShadowChannel { ch, real });
+    proxy.attach(unsafe { (*real).fd });
+    let s = boxed(ShadowChannel {
+        ch,
+        real: AtomicPtr::new(real),
+        proxy,
+        owed: Mutex::new(Default::default()),
+    });
+    Layer::track(&layer().channels, s as usize);
     // SAFETY: just made.
     unsafe { &mut (*s).ch }
 }
@@ -42,11 +60,11 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
 ///
 /// # Safety
 /// `ch` is null or a channel pointer.
-unsafe fn real_channel(ch: *mut ffi::ibv_comp_channel) -> *mut ffi::ibv_comp_channel {
+pub(crate) unsafe fn real_channel(ch: *mut ffi::ibv_comp_channel) -> *mut ffi::ibv_comp_channel {
     // SAFETY: a channel's first field is its context.
     unsafe {
         if !ch.is_null() && layer().is_shadow((*ch).context) {
-            (*(ch as *mut ShadowChannel)).real
+            (*(ch as *mut ShadowChannel)).real.load(Acquire)
         } else {
             ch
         }
@@ -62,10 +80,16 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ffi::ibv_comp_channel
         if !layer().is_shadow((*ch).context) {
             return destroy(ch);
         }
+        let _pass = gate().enter();
         let s = ch as *mut ShadowChannel;
-        let rc = destroy((*s).real);
+        (*s).proxy.detach();
+        let rc = destroy((*s).real.load(Acquire));
         if rc == 0 {
+            Layer::untrack(&layer().channels, s as usize);
+            (*s).proxy.close();
             free(s);
+        } else {
+            (*s).proxy.attach((*(*s).real.load(Acquire)).fd);
         }
         rc
     }
@@ -86,18 +110,16 @@ pub unsafe extern "C" fn ibv_create_cq(
         // SAFETY: libibverbs' own objects.
         return unsafe { create(ctx, cqe, cq_context, channel, vector) };
     }
+    let _pass = gate().enter();
     let mut cq: ffi::ibv_cq = zeroed();
     cq.context = ctx;
     cq.channel = channel;
     cq.cq_context = cq_context;
-    let s = boxed(ShadowCq {
-        cq,
-        real: AtomicPtr::new(null_mut()),
-    });
+    let s = boxed(ShadowCq::new(cq, null_mut(), cqe, vector));
     // SAFETY: a shadow context and channel; `s` lives until the CQ is destroyed.
     unsafe {
         let real = create(
-            (*(ctx as *mut ShadowCtx)).real,
+            real_ctx(ctx),
             cqe,
             s as *mut c_void,
             real_channel(channel),
@@ -110,6 +132,7 @@ pub unsafe extern "C" fn ibv_create_cq(
         (*s).cq.handle = (*real).handle;
         (*s).cq.cqe = (*real).cqe;
         (*s).real.store(real, Release);
+        Layer::track(&layer().cqs, s as usize);
         &mut (*s).cq
     }
 }
@@ -123,11 +146,13 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ffi::ibv_cq, cqe: c_int) -> c_in
         if !layer().is_shadow((*cq).context) {
             return resize(cq, cqe);
         }
+        let _pass = gate().enter();
         let s = cq as *mut ShadowCq;
         let real = (*s).real.load(Acquire);
         let rc = resize(real, cqe);
         if rc == 0 {
             (*s).cq.cqe = (*real).cqe;
+            (*s).cqe = cqe;
         }
         rc
     }
@@ -142,16 +167,20 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ffi::ibv_cq) -> c_int {
         if !layer().is_shadow((*cq).context) {
             return destroy(cq);
         }
+        let _pass = gate().enter();
         let s = cq as *mut ShadowCq;
         let rc = destroy((*s).real.load(Acquire));
         if rc == 0 {
+            Layer::untrack(&layer().cqs, s as usize);
             free(s);
         }
         rc
     }
 }
 
-/// `ibv_get_cq_event`: the real event, for the shadow CQ and the program's CQ context.
+/// `ibv_get_cq_event`: an event the layer owes the program first (a CQ armed before a
+/// release), then the real channel's, for the shadow CQ and the program's CQ context; waits on
+/// the proxy (or says EAGAIN) as a read of the program's `fd` would.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_cq_event(
     ch: *mut ffi::ibv_comp_channel,
@@ -165,19 +194,38 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         if !layer().is_shadow((*ch).context) {
             return get(ch, cq, cq_context);
         }
-        let mut rcq = null_mut();
-        let mut rctx = null_mut();
-        let rc = get(real_channel(ch), &mut rcq, &mut rctx);
-        if rc == 0 {
-            let s = rctx as *mut ShadowCq;
+        let c = &*(ch as *mut ShadowChannel);
+        let deliver = |s: *mut ShadowCq| {
+            (*s).armed.store(false, Relaxed);
             *cq = &mut (*s).cq;
             *cq_context = (*s).cq.cq_context;
-        }
-        rc
+        };
+        wait_on(&c.proxy, || {
+            if let Some(s) = lock(&c.owed).pop_front() {
+                deliver(s as *mut ShadowCq);
+                return Some(0);
+            }
+            let real = c.real.load(Acquire);
+            if real.is_null() {
+                return None;
+            }
+            let mut rcq = null_mut();
+            let mut rctx = null_mut();
+            let rc = get(real, &mut rcq, &mut rctx);
+            if nothing_yet(rc) {
+                return None;
+            }
+            if rc == 0 {
+                let s = rctx as *mut ShadowCq;
+                (*s).unacked.fetch_add(1, Relaxed);
+                deliver(s);
+            }
+            Some(rc)
+        })
     }
 }
 
-/// `ibv_ack_cq_events`.
+/// `ibv_ack_cq_events`: passed on, less those the layer acknowledged or made up itself.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ffi::ibv_cq, n: c_uint) {
     let ack = real_or!(ibv_ack_cq_events);
@@ -186,7 +234,26 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ffi::ibv_cq, n: c_uint) {
         if !layer().is_shadow((*cq).context) {
             return ack(cq, n);
         }
-        ack((*(cq as *mut ShadowCq)).real.load(Acquire), n)
+        let _pass = gate().enter();
+        let s = &*(cq as *mut ShadowCq);
+        let mut credit = s.credit.load(Relaxed);
+        let mine = loop {
+            let take = credit.min(n);
+            match s
+                .credit
+                .compare_exchange(credit, credit - take, Relaxed, Relaxed)
+            {
+                Ok(_) => break take,
+                Err(c) => credit = c,
+            }
+        };
+        let rest = n - mine;
+        if rest > 0 {
+            let _ = s
+                .unacked
+                .fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(rest)));
+            ack(s.real.load(Acquire), rest)
+        }
     }
 }
 
@@ -232,6 +299,7 @@ pub unsafe extern "C" fn ibv_create_srq(
         if !layer().is_shadow((*pd).context) {
             return create(pd, attr);
         }
+        let _pass = gate().enter();
         let mut srq: ffi::ibv_srq = zeroed();
         srq.context = (*pd).context;
         srq.pd = pd;
@@ -239,6 +307,8 @@ pub unsafe extern "C" fn ibv_create_srq(
         let s = boxed(ShadowSrq {
             srq,
             real: AtomicPtr::new(null_mut()),
+            init: *attr,
+            receives: Mutex::new(Default::default()),
         });
         let mut a = *attr;
         a.srq_context = s as *mut c_void;
@@ -250,6 +320,7 @@ pub unsafe extern "C" fn ibv_create_srq(
         (*attr).attr = a.attr;
         (*s).srq.handle = (*real).handle;
         (*s).real.store(real, Release);
+        Layer::track(&layer().srqs, s as usize);
         &mut (*s).srq
     }
 }
@@ -262,6 +333,7 @@ pub unsafe extern "C" fn ibv_modify_srq(
     mask: c_int,
 ) -> c_int {
     let modify = real_or!(ibv_modify_srq, libc::ENOSYS);
+    let _pass = gate().enter();
     // SAFETY: the program's SRQ.
     unsafe { modify(real_srq(srq), attr, mask) }
 }
@@ -273,6 +345,7 @@ pub unsafe extern "C" fn ibv_query_srq(
     attr: *mut ffi::ibv_srq_attr,
 ) -> c_int {
     let query = real_or!(ibv_query_srq, libc::ENOSYS);
+    let _pass = gate().enter();
     // SAFETY: the program's SRQ.
     unsafe { query(real_srq(srq), attr) }
 }
@@ -286,9 +359,11 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ffi::ibv_srq) -> c_int {
         if !layer().is_shadow((*srq).context) {
             return destroy(srq);
         }
+        let _pass = gate().enter();
         let s = srq as *mut ShadowSrq;
         let rc = destroy((*s).real.load(Acquire));
         if rc == 0 {
+            Layer::untrack(&layer().srqs, s as usize);
             free(s);
         }
         rc
@@ -323,6 +398,7 @@ pub unsafe extern "C" fn ibv_create_qp(
         if !l.is_shadow((*pd).context) {
             return create(pd, attr);
         }
+        let _pass = gate().enter();
         let init = *attr;
         match init.qp_type {
             ffi::ibv_qp_type::IBV_QPT_RC | ffi::ibv_qp_type::IBV_QPT_UD => {}
@@ -342,14 +418,7 @@ pub unsafe extern "C" fn ibv_create_qp(
         qp.recv_cq = init.recv_cq;
         qp.srq = init.srq;
         qp.qp_type = init.qp_type;
-        let s = boxed(ShadowQp {
-            qp,
-            real: AtomicPtr::new(null_mut()),
-            real_qpn: AtomicU32::new(0),
-            peer: Mutex::new(None),
-            transitions: Mutex::new(Vec::new()),
-            init,
-        });
+        let s = boxed(ShadowQp::new(qp, null_mut(), 0, init));
         let mut a = init;
         a.qp_context = s as *mut c_void;
         a.send_cq = real_cq(init.send_cq);
@@ -369,7 +438,7 @@ pub unsafe extern "C" fn ibv_create_qp(
         (*s).qp.state = (*real).state;
         (*s).real_qpn.store((*real).qp_num, Release);
         (*s).real.store(real, Release);
-        l.tables.set_qp((*real).qp_num, v);
+        l.tables.set_qp((*real).qp_num, v, s as usize);
         Layer::track(&l.qps, s as usize);
         &mut (*s).qp
     }
@@ -391,25 +460,26 @@ pub unsafe extern "C" fn ibv_modify_qp(
         if !l.is_shadow((*qp).context) {
             return modify(qp, attr, mask);
         }
+        let _pass = gate().enter();
         let s = &*(qp as *mut ShadowQp);
         let given = *attr;
         let mut a = given;
         let m = mask as c_uint;
+        if m & ffi::ibv_qp_attr_mask::IBV_QP_AV.0 != 0 {
+            crate::cycle::note_source(s.qp.context, &given.ah_attr);
+            crate::cycle::to_real_av(&mut a.ah_attr);
+        }
         if m & ffi::ibv_qp_attr_mask::IBV_QP_DEST_QPN.0 != 0 {
-            let peer = addr_of(&given.ah_attr);
+            let peer = addr_of(&given.ah_attr).id();
             a.dest_qp_num = l.tables.remote_qpn(peer, given.dest_qp_num);
-            if let Ok(mut p) = s.peer.lock() {
-                *p = Some((peer, given.dest_qp_num));
-            }
+            *lock(&s.peer) = Some((peer, given.dest_qp_num));
         }
         let rc = modify(s.real.load(Acquire), &mut a, mask);
         if rc == 0 {
             if m & ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 != 0 {
                 (*(qp as *mut ShadowQp)).qp.state = given.qp_state;
             }
-            if let Ok(mut t) = s.transitions.lock() {
-                t.push(Transition { attr: given, mask });
-            }
+            lock(&s.transitions).push(Transition { attr: given, mask });
         }
         rc
     }
@@ -429,11 +499,19 @@ pub unsafe extern "C" fn ibv_query_qp(
         if !layer().is_shadow((*qp).context) {
             return query(qp, attr, mask, init);
         }
+        let _pass = gate().enter();
         let s = &*(qp as *mut ShadowQp);
         let rc = query(s.real.load(Acquire), attr, mask, init);
         if rc == 0 {
-            if let Ok(Some((_, v))) = s.peer.lock().map(|p| *p) {
+            if let Some((_, v)) = *lock(&s.peer) {
                 (*attr).dest_qp_num = v;
+            }
+            if let Some(t) = lock(&s.transitions)
+                .iter()
+                .rev()
+                .find(|t| t.mask as c_uint & ffi::ibv_qp_attr_mask::IBV_QP_AV.0 != 0)
+            {
+                (*attr).ah_attr = t.attr.ah_attr;
             }
             if !init.is_null() {
                 (*init).qp_context = s.qp.qp_context;
@@ -456,6 +534,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ffi::ibv_qp) -> c_int {
         if !l.is_shadow((*qp).context) {
             return destroy(qp);
         }
+        let _pass = gate().enter();
         let s = qp as *mut ShadowQp;
         let real_qpn = (*s).real_qpn.load(Acquire);
         let rc = destroy((*s).real.load(Acquire));
@@ -476,6 +555,7 @@ pub unsafe extern "C" fn ibv_query_qp_data_in_order(
     flags: u32,
 ) -> c_int {
     let query = real_or!(ibv_query_qp_data_in_order, 0);
+    let _pass = gate().enter();
     // SAFETY: the program's QP.
     unsafe {
         let real = if layer().is_shadow((*qp).context) {
@@ -500,8 +580,11 @@ pub unsafe extern "C" fn ibv_create_ah(
         if !layer().is_shadow((*pd).context) {
             return create(pd, attr);
         }
+        let _pass = gate().enter();
         let given = *attr;
+        crate::cycle::note_source((*pd).context, &given);
         let mut a = given;
+        crate::cycle::to_real_av(&mut a);
         let real = create(real_pd(pd), &mut a);
         if real.is_null() {
             return real;
@@ -513,9 +596,10 @@ pub unsafe extern "C" fn ibv_create_ah(
         let s = boxed(ShadowAh {
             ah,
             real: AtomicPtr::new(real),
-            dest: addr_of(&given),
+            dest: addr_of(&given).id(),
             attr: given,
         });
+        Layer::track(&layer().ahs, s as usize);
         &mut (*s).ah
     }
 }
@@ -549,15 +633,9 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
     attr: *mut ffi::ibv_ah_attr,
 ) -> c_int {
     let init = real_or!(ibv_init_ah_from_wc, -1);
+    let _pass = layer().is_shadow(ctx).then(|| gate().enter());
     // SAFETY: the real context behind the program's; the rest is the program's.
-    unsafe {
-        let real = if layer().is_shadow(ctx) {
-            (*(ctx as *mut ShadowCtx)).real
-        } else {
-            ctx
-        };
-        init(real, port, wc, grh, attr)
-    }
+    unsafe { init(real_ctx(ctx), port, wc, grh, attr) }
 }
 
 /// `ibv_destroy_ah`.
@@ -569,9 +647,11 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ffi::ibv_ah) -> c_int {
         if !layer().is_shadow((*ah).context) {
             return destroy(ah);
         }
+        let _pass = gate().enter();
         let s = ah as *mut ShadowAh;
         let rc = destroy((*s).real.load(Acquire));
         if rc == 0 {
+            Layer::untrack(&layer().ahs, s as usize);
             free(s);
         }
         rc

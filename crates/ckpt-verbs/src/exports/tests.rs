@@ -1,13 +1,13 @@
 //! The refusals, on shadow objects that have no device behind them: a refused call never
 //! reaches libibverbs, answers EOPNOTSUPP and is named in the status.
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicPtr, AtomicU32};
-use std::sync::Mutex;
+use std::sync::atomic::AtomicPtr;
 
 use ibverbs_sys as ffi;
 
 use super::device::{ibv_reg_dmabuf_mr, ibv_rereg_mr};
 use super::queues::{ibv_create_qp, ibv_qp_to_qp_ex};
+use crate::events::Proxy;
 use crate::shadow::{boxed, free, layer, zeroed, ShadowCtx, ShadowPd, ShadowQp};
 use crate::status::report;
 
@@ -29,16 +29,18 @@ fn unsupported_qp_types_extended_qps_and_foreign_memory_are_refused_and_named() 
     let l = layer();
     // A shadow context and PD with nothing real behind them: a call that reached libibverbs
     // would crash on the null pointers.
-    let ctx = boxed(ShadowCtx {
-        ctx: zeroed(),
-        real: null_mut(),
-    });
+    let ctx = boxed(ShadowCtx::new(
+        zeroed(),
+        null_mut(),
+        "none".into(),
+        Proxy::new().expect("eventfd"),
+    ));
     l.add_context(ctx);
     // SAFETY: `ctx` was just made.
     let ctx_ptr = unsafe { &mut (*ctx).ctx as *mut ffi::ibv_context };
     let mut pd = ShadowPd {
         pd: zeroed(),
-        real: null_mut(),
+        real: AtomicPtr::new(null_mut()),
     };
     pd.pd.context = ctx_ptr;
 
@@ -50,14 +52,7 @@ fn unsupported_qp_types_extended_qps_and_foreign_memory_are_refused_and_named() 
     assert_eq!(errno(), libc::EOPNOTSUPP);
     assert!(refused("ibv_create_qp of type 3"), "{}", report());
 
-    let mut shadow_qp = ShadowQp {
-        qp: zeroed(),
-        real: AtomicPtr::new(null_mut()),
-        real_qpn: AtomicU32::new(0),
-        peer: Mutex::new(None),
-        transitions: Mutex::new(Vec::new()),
-        init: zeroed(),
-    };
+    let mut shadow_qp = ShadowQp::new(zeroed(), null_mut(), 0, zeroed());
     shadow_qp.qp.context = ctx_ptr;
     // SAFETY: a shadow QP.
     assert!(unsafe { ibv_qp_to_qp_ex(&mut shadow_qp.qp) }.is_null());

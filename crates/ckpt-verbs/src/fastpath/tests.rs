@@ -3,8 +3,7 @@
 //! and `poll_cq` record what reaches the "device").
 use std::cell::RefCell;
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicPtr, AtomicU32};
-use std::sync::Mutex;
+use std::sync::atomic::AtomicPtr;
 
 use super::*;
 use crate::shadow::{zeroed, ShadowAh, ShadowCq, ShadowQp};
@@ -45,7 +44,9 @@ fn chain(wrs: &mut [ffi::ibv_send_wr]) -> *mut ffi::ibv_send_wr {
     base
 }
 
-const PEER: Addr = Addr([0xfe; 16]);
+fn peer() -> u64 {
+    Addr([0xfe; 16]).id()
+}
 
 fn tables() -> Tables {
     let t = Tables::default();
@@ -53,8 +54,8 @@ fn tables() -> Tables {
     t.set_mr(0x1100, 0x9100, 0x1101, 0x9101);
     t.set_mr(0x2200, 0x9200, 0x2201, 0x9201);
     // The peer rebuilt too: its QP 0x33 is now 0x77, its rkey 0x4401 is now 0xa401.
-    t.set_remote_qpn(PEER, 0x33, 0x77);
-    t.set_remote_rkey(PEER, 0x4401, 0xa401);
+    t.set_remote_qpn(peer(), 0x33, 0x77);
+    t.set_remote_rkey(peer(), 0x4401, 0xa401);
     t
 }
 
@@ -96,7 +97,7 @@ fn every_send_kind_is_translated_into_a_copy_and_the_programs_requests_stay_unto
     let head = chain(&mut wrs);
     let mut sc = Scratch::default();
     let target = SendTarget {
-        peer: &mut || Some(PEER),
+        peer: &mut || Some(peer()),
         ud: false,
     };
     // SAFETY: a valid chain built above.
@@ -151,7 +152,7 @@ fn a_ud_send_gets_the_real_address_handle_and_the_peers_real_qp_number() {
     let ah = ShadowAh {
         ah: zeroed(),
         real: AtomicPtr::new(real_ah),
-        dest: PEER,
+        dest: peer(),
         attr: zeroed(),
     };
     let mut s = [sge(0x1000, 0x2200)];
@@ -187,7 +188,7 @@ fn unsupported_or_unaddressed_requests_are_refused_naming_their_place_in_the_cha
     let head = chain(&mut wrs);
     let mut sc = Scratch::default();
     let rc = SendTarget {
-        peer: &mut || Some(PEER),
+        peer: &mut || Some(peer()),
         ud: false,
     };
     // SAFETY: a valid chain.
@@ -301,7 +302,6 @@ unsafe extern "C" fn fake_poll_cq(_cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi:
 fn the_operation_table_posts_translated_requests_maps_a_refusal_back_and_translates_completions() {
     let l = layer();
     l.tables.set_mr(0x3300, 0x9300, 0x3301, 0x9301);
-    l.tables.set_qp(REAL_QPN, VIRTUAL_QPN);
 
     let mut real_ctx: ffi::ibv_context = zeroed();
     real_ctx.ops.post_send = Some(fake_post_send);
@@ -316,21 +316,14 @@ fn the_operation_table_posts_translated_requests_maps_a_refusal_back_and_transla
     shadow_ctx.ops.post_send = Some(post_send);
     shadow_ctx.ops.post_recv = Some(post_recv);
     shadow_ctx.ops.poll_cq = Some(poll_cq);
-    let mut qp = ShadowQp {
-        qp: zeroed(),
-        real: AtomicPtr::new(&mut real_qp),
-        real_qpn: AtomicU32::new(REAL_QPN),
-        peer: Mutex::new(Some((PEER, 0x33))),
-        transitions: Mutex::new(Vec::new()),
-        init: zeroed(),
-    };
+    let mut qp = ShadowQp::new(zeroed(), &mut real_qp, REAL_QPN, zeroed());
+    *qp.peer.lock().unwrap() = Some((peer(), 0x33));
+    l.tables
+        .set_qp(REAL_QPN, VIRTUAL_QPN, &qp as *const ShadowQp as usize);
     qp.qp.context = &mut shadow_ctx;
     qp.qp.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
     qp.qp.qp_num = VIRTUAL_QPN;
-    let mut cq = ShadowCq {
-        cq: zeroed(),
-        real: AtomicPtr::new(&mut real_cq),
-    };
+    let mut cq = ShadowCq::new(zeroed(), &mut real_cq, 16, 0);
     cq.cq.context = &mut shadow_ctx;
     let qpp = &mut qp.qp as *mut ffi::ibv_qp;
     let cqp = &mut cq.cq as *mut ffi::ibv_cq;
