@@ -76,7 +76,7 @@ impl Jobs {
         let up = self.channels.up(&pids).await;
         if !up.is_empty() {
             let (done, failed) = self.channels.quiesce(&up, CHANNEL_QUIESCE_TIMEOUT).await;
-            job.ibq_down.extend(&done.pids);
+            job.ibq_down.extend(&done.released);
             if let Some(f) = failed.into_iter().next() {
                 // Channels still up run on; those that quiesced wait for the rebuild that
                 // follows the abort.
@@ -84,7 +84,7 @@ impl Jobs {
                 return Err(channel_error(job_id, "quiesce")(f));
             }
             info!(
-                channels = done.pids.len(),
+                channels = done.released.len(),
                 qps = done.report.flushed_qps,
                 kept_receives = done.report.kept_receives,
                 slowest_us = done.slowest.as_micros() as u64,
