@@ -367,6 +367,13 @@ impl Jobs {
         })
     }
 
+    /// Sets the failpoints the checkpoint phases run (instead of those [`crate::failpoint::ENV`]
+    /// names).
+    pub fn with_failpoints(mut self, failpoints: Failpoints) -> Self {
+        self.failpoints = failpoints;
+        self
+    }
+
     /// Sets who may run jobs here.
     pub fn with_launch_policy(mut self, policy: LaunchPolicy) -> Self {
         self.policy = policy;

@@ -384,3 +384,6 @@ impl Jobs {
         r
     }
 }
+
+#[cfg(test)]
+mod tests;
