@@ -1,6 +1,7 @@
 //! The checkpoint steps on this node: initial-sync, quiesce (freeze), local-checkpoint (dump), resume (thaw or kill),
 //! finalize (seal), abort. The dump's work is in `dump.rs`, the ib-quiesce channels in
-//! `channels.rs`.
+//! `channels.rs`. Verbs layers quiesce in two stages: they drain in quiesce, which then leaves
+//! the freeze to local-checkpoint, where they release first (every node drained by then).
 
 mod channels;
 mod dump;
