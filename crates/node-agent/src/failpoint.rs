@@ -34,6 +34,11 @@ impl Failpoints {
         }
     }
 
+    /// Failpoints read from `file` (what [`ENV`] names).
+    pub fn at(file: PathBuf) -> Self {
+        Failpoints { file: Some(file) }
+    }
+
     /// The action set for `phase`, if any.
     pub fn action(&self, phase: &str) -> Option<Action> {
         let text = std::fs::read_to_string(self.file.as_ref()?).ok()?;

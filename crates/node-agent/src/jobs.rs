@@ -74,7 +74,8 @@ pub struct JobRecord {
 pub enum NodePhase {
     /// Initial synchronization passed; nothing changed yet.
     Synced,
-    /// Quiesced: channels drained, processes frozen.
+    /// Quiesced: channels drained; processes frozen, unless verbs layers drained (then they
+    /// are released and the job frozen in local-checkpoint).
     Quiesced,
     /// Local checkpoint taken: images written; processes still frozen.
     Checkpointed,
@@ -149,6 +150,10 @@ pub struct NodeJob {
     pub(crate) work: Option<EpochWork>,
     /// Processes whose ib-quiesce channels are down (quiesced, or restored), to rebuild.
     pub(crate) ibq_down: Vec<i32>,
+    /// Processes whose verbs layers drained in this epoch's quiesce and still hold their
+    /// objects (and map the device): released in local-checkpoint, before the job freezes,
+    /// or resumed by an abort.
+    pub(crate) layer_drained: Vec<i32>,
 }
 
 impl NodeJob {
@@ -335,6 +340,7 @@ impl Jobs {
                 record,
                 work: None,
                 ibq_down: Vec::new(),
+                layer_drained: Vec::new(),
             };
             map.insert(job.record.id, Arc::new(Mutex::new(job)));
         }
@@ -359,6 +365,13 @@ impl Jobs {
             channels,
             policy: LaunchPolicy::default(),
         })
+    }
+
+    /// Sets the failpoints the checkpoint phases run (instead of those [`crate::failpoint::ENV`]
+    /// names).
+    pub fn with_failpoints(mut self, failpoints: Failpoints) -> Self {
+        self.failpoints = failpoints;
+        self
     }
 
     /// Sets who may run jobs here.
@@ -446,6 +459,7 @@ impl Jobs {
             cgroup: self.cgroups.job(job),
             work: None,
             ibq_down: Vec::new(),
+            layer_drained: Vec::new(),
         }));
         map.insert(job, j.clone());
         Ok(j)

@@ -14,7 +14,8 @@ use crate::procfs;
 
 /// The manifest note listing the processes whose ib-quiesce channels were quiesced.
 const CHANNEL_NOTE: &str = "ibq_channels";
-/// How long channels have to drain and flush before the freeze.
+/// How long channels have to drain and flush before the freeze, and drained verbs layers to
+/// release their objects.
 const CHANNEL_QUIESCE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long channels have to come back, recreate their objects and connect.
 const CHANNEL_REBUILD_TIMEOUT: Duration = Duration::from_secs(60);
@@ -54,6 +55,15 @@ fn join_pids(pids: &[i32]) -> String {
         .join(",")
 }
 
+/// Records in the epoch's manifest notes which processes' channels are down, so a restore
+/// rebuilds them.
+fn note_channels(job: &mut NodeJob) {
+    if let Some(w) = job.work.as_mut() {
+        w.notes
+            .insert(CHANNEL_NOTE.into(), join_pids(&job.ibq_down));
+    }
+}
+
 /// The processes of a manifest whose channels must be rebuilt after a restore.
 pub(crate) fn channel_pids(notes: &BTreeMap<String, String>) -> Vec<i32> {
     notes
@@ -65,7 +75,8 @@ pub(crate) fn channel_pids(notes: &BTreeMap<String, String>) -> Vec<i32> {
 impl Jobs {
     /// Pre-checkpoint, before the freeze: quiesce the ib-quiesce channels of the job's
     /// processes (all at once: their flush handshakes need each other), then check that no
-    /// process still maps a verbs device.
+    /// process still maps a verbs device. Verbs layers that drained (objects alive) are kept in
+    /// `layer_drained` for [`Jobs::release_layers`], and skipped by that check until then.
     pub(super) async fn quiesce_channels(&self, job: &mut NodeJob) -> Result<(), AgentError> {
         let job_id = job.record.id;
         let pids = job
@@ -76,29 +87,61 @@ impl Jobs {
         let up = self.channels.up(&pids).await;
         if !up.is_empty() {
             let (done, failed) = self.channels.quiesce(&up, CHANNEL_QUIESCE_TIMEOUT).await;
-            job.ibq_down.extend(&done.pids);
+            job.ibq_down.extend(&done.released);
             if let Some(f) = failed.into_iter().next() {
-                // Channels still up run on; those that quiesced wait for the rebuild that
-                // follows the abort.
+                // Channels still up, and drained layers, run on; those that quiesced wait for
+                // the rebuild that follows the abort.
                 self.channels.resume(&up).await;
                 return Err(channel_error(job_id, "quiesce")(f));
             }
+            job.layer_drained.extend(&done.drained);
             info!(
-                channels = done.pids.len(),
+                channels = done.released.len(),
+                drained_layers = done.drained.len(),
                 qps = done.report.flushed_qps,
                 kept_receives = done.report.kept_receives,
                 slowest_us = done.slowest.as_micros() as u64,
                 "ib-quiesce channels quiesced"
             );
+            note_channels(job);
             let w = job.work.as_mut().expect("checked");
-            w.notes
-                .insert(CHANNEL_NOTE.into(), join_pids(&job.ibq_down));
             w.notes.insert(
                 "ibq_quiesce_us".into(),
                 done.slowest.as_micros().to_string(),
             );
         }
-        refuse_verbs_without_channel(job_id, &pids)
+        let drained = &job.layer_drained;
+        refuse_verbs_without_channel(job_id, pids.iter().filter(|p| !drained.contains(p)))
+    }
+
+    /// Local checkpoint, before the freeze: every node's processes drained (the coordinator's
+    /// quiesce phase is that barrier), so the job's drained verbs layers release their
+    /// objects, all at once; then no process may map a verbs device. Those that released are
+    /// down (rebuilt after the snapshot, or after an abort); those that failed stay drained
+    /// (an abort resumes them).
+    pub(super) async fn release_layers(&self, job: &mut NodeJob) -> Result<(), AgentError> {
+        let job_id = job.record.id;
+        let (done, failed) = self
+            .channels
+            .release(&job.layer_drained, CHANNEL_QUIESCE_TIMEOUT)
+            .await;
+        job.layer_drained.retain(|p| !done.released.contains(p));
+        job.ibq_down.extend(&done.released);
+        note_channels(job);
+        if let Some(f) = failed.into_iter().next() {
+            return Err(channel_error(job_id, "release")(f));
+        }
+        info!(
+            layers = done.released.len(),
+            slowest_us = done.slowest.as_micros() as u64,
+            "ib-quiesce verbs layers released"
+        );
+        let pids = job
+            .work
+            .as_ref()
+            .map(|w| w.pids.as_slice())
+            .unwrap_or_default();
+        refuse_verbs_without_channel(job_id, pids)
     }
 
     /// Post-checkpoint (or after a restart's release): the job's channels that are down

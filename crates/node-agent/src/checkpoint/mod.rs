@@ -1,6 +1,7 @@
 //! The checkpoint steps on this node: initial-sync, quiesce (freeze), local-checkpoint (dump), resume (thaw or kill),
 //! finalize (seal), abort. The dump's work is in `dump.rs`, the ib-quiesce channels in
-//! `channels.rs`.
+//! `channels.rs`. Verbs layers quiesce in two stages: they drain in quiesce, which then leaves
+//! the freeze to local-checkpoint, where they release first (every node drained by then).
 
 mod channels;
 mod dump;
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use ckpt_store::manifest::{self, NodeManifest};
 use tokio::sync::OwnedMutexGuard;
-use tracing::{instrument, warn};
+use tracing::{info, instrument, warn};
 
 use crate::error::AgentError;
 use crate::jobs::{io_err, now_ms, EpochWork, Jobs, NodeJob, NodePhase, Observed, PauseGuard};
@@ -170,55 +171,82 @@ impl Jobs {
         Ok(job)
     }
 
-    /// Phase 2, pre-checkpoint coordination: freeze every process of the job on this node.
+    /// Phase 2, pre-checkpoint coordination: quiesce the job's channels and freeze every
+    /// process of the job on this node. Where verbs layers only drained, the freeze waits for
+    /// their release in local-checkpoint (returns zero then); else returns the freeze's time.
     #[instrument(skip_all, fields(phase = "quiesce", job = job_id, epoch = epoch, node = self.node()))]
     pub async fn quiesce(&self, job_id: u64, epoch: u32) -> Result<Duration, AgentError> {
         let mut job = self
             .enter_phase(job_id, epoch, NodePhase::Synced, "quiesce")
             .await?;
         self.quiesce_channels(&mut job).await?;
-        // Background copies stop taking CPU and disk before the freeze, until the thaw.
+        let (mut job, took) = if job.layer_drained.is_empty() {
+            self.freeze(job_id, job).await?
+        } else {
+            // They still hold their objects: they release, once every node drained, and the job
+            // freezes then (local-checkpoint).
+            info!(
+                layers = job.layer_drained.len(),
+                "freeze deferred to local-checkpoint: verbs layers drained, release pending"
+            );
+            (job, Duration::ZERO)
+        };
+        job.work.as_mut().expect("checked").phase = NodePhase::Quiesced;
+        Ok(took)
+    }
+
+    /// Freezes the job's cgroup for the snapshot (background copies stop taking CPU and disk
+    /// first, until the thaw) and records when, and the processes frozen. Returns the job and
+    /// how long the freeze took.
+    async fn freeze(
+        &self,
+        job_id: u64,
+        mut job: OwnedMutexGuard<NodeJob>,
+    ) -> Result<(OwnedMutexGuard<NodeJob>, Duration), AgentError> {
         job.work.as_mut().expect("checked").pause = Some(PauseGuard::new(&self.frozen));
         let begin = Instant::now();
-        let job = tokio::task::spawn_blocking(move || {
+        let (mut job, r) = tokio::task::spawn_blocking(move || {
             let r = job.cgroup.freeze_for_snapshot();
             (job, r)
         })
         .await
         .expect("freeze task");
-        let (mut job, r) = job;
         let retries = r.map_err(|source| AgentError::Cgroup {
             job: job_id,
             source,
         })?;
         if retries > 0 {
-            tracing::info!(
+            info!(
                 job = job_id,
-                retries,
-                "froze again: a process was waiting for a vfork child"
+                retries, "froze again: a process was waiting for a vfork child"
             );
         }
         let pids = job.cgroup.pids().unwrap_or_default();
         let w = job.work.as_mut().expect("checked");
         w.frozen_at = Some(begin);
         w.pids = pids;
-        w.phase = NodePhase::Quiesced;
-        Ok(begin.elapsed())
+        Ok((job, begin.elapsed()))
     }
 
-    /// Phase 3, local checkpoint: record open-file sizes, save what the engine does not, and
-    /// have the engine dump the frozen tree into staging. Returns (elapsed, frozen so far).
+    /// Phase 3, local checkpoint: release the verbs layers that drained and freeze (if the
+    /// quiesce left that to this phase), record open-file sizes, save what the engine does not,
+    /// and have the engine dump the frozen tree into staging. Returns (elapsed, frozen so far).
     #[instrument(skip_all, fields(phase = "local-checkpoint", job = job_id, epoch = epoch, node = self.node()))]
     pub async fn local_checkpoint(
         &self,
         job_id: u64,
         epoch: u32,
     ) -> Result<(Duration, Duration), AgentError> {
+        // The failpoint runs first: a failure injected here leaves the layers drained.
         let mut job = self
             .enter_phase(job_id, epoch, NodePhase::Quiesced, "local-checkpoint")
             .await?;
-        let engine = self.engine.clone();
         let begin = Instant::now();
+        if !job.layer_drained.is_empty() {
+            self.release_layers(&mut job).await?;
+            job = self.freeze(job_id, job).await?.0;
+        }
+        let engine = self.engine.clone();
         let (mut job, r) = tokio::task::spawn_blocking(move || {
             let r = dump_frozen(&mut job, engine.as_ref());
             (job, r)
@@ -261,6 +289,7 @@ impl Jobs {
         })?;
         if kill {
             job.ibq_down.clear();
+            job.layer_drained.clear();
         }
         let w = job.work.as_mut().expect("checked");
         w.phase = NodePhase::Resumed;
@@ -317,8 +346,9 @@ impl Jobs {
         })
     }
 
-    /// Abandons an epoch: thaw the job if it is frozen, delete the epoch's images on this node.
-    /// Safe to call in any phase and more than once.
+    /// Abandons an epoch: thaw the job if it is frozen, delete the epoch's images on this node,
+    /// and let verbs layers still drained run on (their objects are intact). Safe to call in
+    /// any phase and more than once.
     #[instrument(skip_all, fields(phase = "abort", job = job_id, epoch = epoch, node = self.node()))]
     pub async fn abort(&self, job_id: u64, epoch: u32, reason: &str) -> Result<(), AgentError> {
         let j = self.get(job_id)?;
@@ -329,7 +359,7 @@ impl Jobs {
         warn!(reason, "aborting epoch");
         let staging = self.staging.clone();
         let node = self.node.clone();
-        let (_job, r) = tokio::task::spawn_blocking(move || {
+        let (mut job, r) = tokio::task::spawn_blocking(move || {
             let mut r = Ok(());
             if job.cgroup.exists() && job.cgroup.state().map(|s| s != "THAWED").unwrap_or(false) {
                 r = job.cgroup.thaw().map_err(|source| AgentError::Cgroup {
@@ -347,6 +377,14 @@ impl Jobs {
         })
         .await
         .expect("abort task");
+        if !job.layer_drained.is_empty() {
+            // After the thaw: a frozen process could not answer.
+            self.channels.resume(&job.layer_drained).await;
+            job.layer_drained.clear();
+        }
         r
     }
 }
+
+#[cfg(test)]
+mod tests;

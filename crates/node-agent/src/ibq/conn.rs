@@ -110,7 +110,11 @@ pub type Rebuilt = (Vec<Endpoint>, Option<Vec<QpId>>);
 pub(super) struct Conn {
     pub(super) pid: i32,
     pub(super) channel: u64,
+    /// Everything released and the connection closed: the process waits for its rebuild flag.
     pub(super) down: bool,
+    /// A verbs layer that answered `drained`: connected, its objects alive, waiting for
+    /// `release` (or `resume`). Not down.
+    pub(super) drained: bool,
     /// After a rebuild, the peer QPs whose endpoints the channel needs (None: all).
     pub(super) wants: Option<Vec<QpId>>,
     /// None once the agent closed the connection (the channel sent a line over the cap).
@@ -164,6 +168,60 @@ impl Conn {
                     m => Ok(m),
                 }
             }
+        }
+    }
+}
+
+/// Where a `quiesce` or `release` left a channel: what it drained and kept, and how long it
+/// took.
+pub(super) enum Stage {
+    /// Everything released and the connection closed: down until rebuilt.
+    Released(QuiesceReport, Duration),
+    /// A verbs layer drained with its objects alive, still connected: it waits for `release`
+    /// (or `resume`).
+    Drained(QuiesceReport, Duration),
+}
+
+impl Conn {
+    /// Sends `cmd` (`quiesce` or `release`) and takes its answer within `wait`. `quiesced`: the
+    /// channel released everything and closes its socket next, so that the snapshot holds
+    /// none; that close is waited for too (also within `wait`), and the connection is then
+    /// down. `drained` (to a `quiesce` only): the connection stays up, marked drained.
+    pub(super) async fn quiesce_stage(
+        &mut self,
+        cmd: &ToChannel,
+        wait: Duration,
+    ) -> Result<Stage, String> {
+        let release = matches!(cmd, ToChannel::Release);
+        if release && !self.drained {
+            return Err(
+                "its channel is not drained; only a drained verbs layer is released".into(),
+            );
+        }
+        match self.ask(cmd, wait).await? {
+            ToAgent::Quiesced { report, micros } => {
+                self.closes_after_quiesced(wait).await?;
+                Ok(Stage::Released(report, Duration::from_micros(micros)))
+            }
+            ToAgent::Drained { report, micros } if !release => {
+                self.drained = true;
+                Ok(Stage::Drained(report, Duration::from_micros(micros)))
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// After a `quiesced` answer: waits (within `wait`) for the end of the stream, then marks
+    /// the connection down.
+    async fn closes_after_quiesced(&mut self, wait: Duration) -> Result<(), String> {
+        match self.reply(wait, MAX_LINE).await {
+            Err(e) if e.contains("closed its channel") => {
+                self.down = true;
+                self.drained = false;
+                Ok(())
+            }
+            Err(e) => Err(format!("quiesced but did not disconnect: {e}")),
+            Ok(m) => Err(format!("quiesced but then said {m:?}")),
         }
     }
 }

@@ -3,7 +3,10 @@
 //! (see `ib_quiesce::control` for the protocol).
 //!
 //! Quiesce asks every channel of the job's processes at once (their flush handshakes need each
-//! other), then waits for each to close its connection, so the snapshot holds none. Rebuild
+//! other), then waits for each to close its connection, so the snapshot holds none. The verbs
+//! layer of an unmodified program answers it `drained` instead and stays connected with its
+//! objects alive; release, sent once every node drained, has it release them and close like a
+//! channel (or resume lets it run on). Rebuild
 //! raises each channel's flag, waits for its hello, has it recreate its objects and returns
 //! their endpoints; reconnect hands every endpoint of the job (gathered by the coordinator
 //! from all nodes) to each channel.
@@ -64,15 +67,29 @@ pub struct ChannelFailure {
     pub message: String,
 }
 
-/// What a quiesce did on this node.
+/// What a quiesce (or a release) did on this node.
 #[derive(Debug, Clone, Default)]
 pub struct Quiesced {
-    /// Processes whose channels are now down.
-    pub pids: Vec<i32>,
-    /// Summed over the channels.
+    /// Processes whose channels released everything and are now down (a rebuild brings them
+    /// back).
+    pub released: Vec<i32>,
+    /// Processes whose verbs layers drained with their objects alive: still connected, they
+    /// wait for [`Channels::release`] (or [`Channels::resume`]).
+    pub drained: Vec<i32>,
+    /// Summed over both.
     pub report: QuiesceReport,
-    /// The slowest channel's time.
+    /// The slowest one's time.
     pub slowest: Duration,
+}
+
+impl Quiesced {
+    /// Counts one channel's report and time.
+    fn add(&mut self, report: &QuiesceReport, took: Duration) {
+        self.report.flushed_qps += report.flushed_qps;
+        self.report.kept_receives += report.kept_receives;
+        self.report.held_completions += report.held_completions;
+        self.slowest = self.slowest.max(took);
+    }
 }
 
 /// The channels of this node's job processes, by pid.
@@ -314,6 +331,7 @@ impl Channels {
             pid,
             channel,
             down,
+            drained: false,
             wants: None,
             io: Some((lines, writer)),
             _slot: slot,
@@ -325,7 +343,8 @@ impl Channels {
         Ok(())
     }
 
-    /// Which of `pids` have a channel that is up.
+    /// Which of `pids` have a channel that is up (drained verbs layers included: they are
+    /// connected and not down).
     pub async fn up(&self, pids: &[i32]) -> Vec<i32> {
         let conns = self.conns.lock().await;
         let mut up = Vec::new();
@@ -343,55 +362,62 @@ impl Channels {
         self.conns.lock().await.remove(&pid)
     }
 
-    /// Quiesces the channels of `pids`, all at once. Channels that quiesced stay down even when
-    /// others failed (a rebuild brings them back).
+    /// Quiesces the channels of `pids`, all at once. Channels answer `quiesced` (everything
+    /// released, now down) or, for a verbs layer, `drained` (objects alive, still connected:
+    /// [`Channels::release`] comes next). Channels that quiesced stay down even when others
+    /// failed (a rebuild brings them back).
     pub async fn quiesce(
         &self,
         pids: &[i32],
         timeout: Duration,
     ) -> (Quiesced, Vec<ChannelFailure>) {
+        let cmd = ToChannel::Quiesce {
+            timeout_ms: timeout.as_millis() as u64,
+        };
+        // The channel's own timeout, and time for its answer to arrive.
+        self.quiesce_stage(pids, &cmd, timeout + Duration::from_secs(5))
+            .await
+    }
+
+    /// Has the drained verbs layers of `pids` release every object, all at once; each answers
+    /// `quiesced` and closes its connection, as a channel's quiesce does, and is then down.
+    /// Those that released stay down even when others failed (a rebuild brings them back);
+    /// those that failed stay drained.
+    pub async fn release(
+        &self,
+        pids: &[i32],
+        timeout: Duration,
+    ) -> (Quiesced, Vec<ChannelFailure>) {
+        self.quiesce_stage(pids, &ToChannel::Release, timeout).await
+    }
+
+    /// Sends `cmd` (`quiesce` or `release`) to the channels of `pids`, all at once, and waits
+    /// up to `wait` for each answer and close; released ones leave the registry.
+    async fn quiesce_stage(
+        &self,
+        pids: &[i32],
+        cmd: &ToChannel,
+        wait: Duration,
+    ) -> (Quiesced, Vec<ChannelFailure>) {
         let calls = pids.iter().map(|&pid| async move {
             let Some(conn) = self.conns.lock().await.get(&pid).cloned() else {
                 return (pid, Err("no channel".to_string()));
             };
-            let mut c = conn.lock().await;
-            let wait = timeout + Duration::from_secs(5);
-            let r = match c
-                .ask(
-                    &ToChannel::Quiesce {
-                        timeout_ms: timeout.as_millis() as u64,
-                    },
-                    wait,
-                )
-                .await
-            {
-                Ok(ToAgent::Quiesced { report, micros }) => {
-                    // The channel closes its socket next; a snapshot must not hold it.
-                    match c.reply(wait, MAX_LINE).await {
-                        Err(e) if e.contains("closed its channel") => {
-                            c.down = true;
-                            Ok((report, Duration::from_micros(micros)))
-                        }
-                        Err(e) => Err(format!("quiesced but did not disconnect: {e}")),
-                        Ok(m) => Err(format!("quiesced but then said {m:?}")),
-                    }
-                }
-                Ok(other) => Err(unexpected(other)),
-                Err(e) => Err(e),
-            };
+            let r = conn.lock().await.quiesce_stage(cmd, wait).await;
             (pid, r)
         });
         let mut done = Quiesced::default();
         let mut failed = Vec::new();
         for (pid, r) in join_all(calls).await {
             match r {
-                Ok((rep, took)) => {
+                Ok(Stage::Released(report, took)) => {
                     self.take(pid).await;
-                    done.pids.push(pid);
-                    done.report.flushed_qps += rep.flushed_qps;
-                    done.report.kept_receives += rep.kept_receives;
-                    done.report.held_completions += rep.held_completions;
-                    done.slowest = done.slowest.max(took);
+                    done.released.push(pid);
+                    done.add(&report, took);
+                }
+                Ok(Stage::Drained(report, took)) => {
+                    done.drained.push(pid);
+                    done.add(&report, took);
                 }
                 Err(message) => failed.push(ChannelFailure { pid, message }),
             }
@@ -538,20 +564,25 @@ impl Channels {
         first.map_or(Ok(()), Err)
     }
 
-    /// After a failed quiesce: lets the channels of `pids` that are still up run again.
+    /// After a failed quiesce, or to undo a drain: lets the channels of `pids` that are still
+    /// up (drained verbs layers included) run again, all at once (each has [`HELLO`] to
+    /// answer). A channel that does not is logged and left as it is.
     pub async fn resume(&self, pids: &[i32]) {
-        for &pid in pids {
+        let calls = pids.iter().map(|&pid| async move {
             let Some(conn) = self.conns.lock().await.get(&pid).cloned() else {
-                continue;
+                return;
             };
             let mut c = conn.lock().await;
             if c.down {
-                continue;
+                return;
             }
-            if let Err(e) = c.ask(&ToChannel::Resume, HELLO).await {
-                warn!(pid, error = %e, "channel did not resume");
+            match c.ask(&ToChannel::Resume, HELLO).await {
+                Ok(ToAgent::Resumed) => c.drained = false,
+                Ok(other) => warn!(pid, answer = %unexpected(other), "channel did not resume"),
+                Err(e) => warn!(pid, error = %e, "channel did not resume"),
             }
-        }
+        });
+        join_all(calls).await;
     }
 }
 

@@ -195,7 +195,7 @@ fn an_over_long_line_closes_its_connection_and_the_agent_serves_others() {
         answer.push(b'\n');
         let _ = w.write_all(&answer).await;
         let (done, failed) = quiesce.await.unwrap();
-        assert!(done.pids.is_empty());
+        assert!(done.released.is_empty() && done.drained.is_empty());
         assert_eq!(failed.len(), 1);
         assert!(
             failed[0].message.contains(&format!("{MAX_LINE}-byte cap")),
@@ -430,7 +430,7 @@ fn a_channel_whose_process_died_fails_the_quiesce_and_a_missing_one_the_rebuild(
         assert_eq!(ch.up(&[pid]).await, vec![pid]);
         drop(s);
         let (done, failed) = ch.quiesce(&[pid], Duration::from_secs(2)).await;
-        assert!(done.pids.is_empty());
+        assert!(done.released.is_empty() && done.drained.is_empty());
         assert_eq!(failed.len(), 1);
         assert!(
             failed[0].message.contains("cannot reach the channel"),
@@ -443,5 +443,225 @@ fn a_channel_whose_process_died_fails_the_quiesce_and_a_missing_one_the_rebuild(
         assert_eq!(e.pid, pid);
         assert!(e.message.contains("did not come back"), "{e:?}");
         assert!(flag_path(ch.socket(), pid).exists(), "the flag was raised");
+    });
+}
+
+/// A verbs layer of this process, as the agent sees it: connected, hello said.
+struct FakeLayer {
+    r: BufReader<OwnedReadHalf>,
+    w: OwnedWriteHalf,
+}
+
+impl FakeLayer {
+    /// Connects to `ch` and says hello (`down`: released, back for a rebuild).
+    async fn connect(ch: &Channels, down: bool) -> FakeLayer {
+        let (r, w) = UnixStream::connect(ch.socket()).await.unwrap().into_split();
+        let hello = ToAgent::Hello {
+            pid: me().pid,
+            channel: 7,
+            down,
+            qps: 1,
+            mrs: 1,
+        };
+        let mut layer = FakeLayer {
+            r: BufReader::new(r),
+            w,
+        };
+        layer.say(&hello).await;
+        layer
+    }
+
+    /// The agent's next command (within five seconds).
+    async fn command(&mut self) -> ToChannel {
+        let mut line = String::new();
+        tokio::time::timeout(Duration::from_secs(5), self.r.read_line(&mut line))
+            .await
+            .expect("a command within 5 s")
+            .unwrap();
+        ToChannel::decode(line.trim_end().as_bytes()).unwrap()
+    }
+
+    /// Sends one message.
+    async fn say(&mut self, msg: &ToAgent) {
+        let mut line = serde_json::to_vec(msg).unwrap();
+        line.push(b'\n');
+        self.w.write_all(&line).await.unwrap();
+    }
+}
+
+/// What the fake layer reports when it drains or releases.
+fn layer_report() -> QuiesceReport {
+    QuiesceReport {
+        flushed_qps: 0,
+        kept_receives: 2,
+        held_completions: 1,
+    }
+}
+
+/// Has the agent quiesce this process's layer, which answers `drained`; returns the result.
+async fn drained(ch: &Arc<Channels>, layer: &mut FakeLayer) -> (Quiesced, Vec<ChannelFailure>) {
+    let q = tokio::spawn({
+        let ch = ch.clone();
+        async move { ch.quiesce(&[me().pid], Duration::from_secs(5)).await }
+    });
+    assert!(matches!(layer.command().await, ToChannel::Quiesce { .. }));
+    layer
+        .say(&ToAgent::Drained {
+            report: layer_report(),
+            micros: 1500,
+        })
+        .await;
+    q.await.unwrap()
+}
+
+/// The agent's `release` of this process's layer, running.
+fn releasing(ch: &Arc<Channels>) -> tokio::task::JoinHandle<(Quiesced, Vec<ChannelFailure>)> {
+    let ch = ch.clone();
+    tokio::spawn(async move { ch.release(&[me().pid], Duration::from_secs(2)).await })
+}
+
+/// A layer that answers `drained` is reported drained and stays up (not down); released, it
+/// answers `quiesced` and closes, and is then down, and is rebuilt and reconnected like a
+/// channel.
+#[test]
+fn a_drained_layer_stays_up_until_released_then_is_rebuilt_like_a_channel() {
+    runtime().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let ch = serving(dir.path(), my_uid(), JOB_CGROUP, Limits::default());
+        let pid = me().pid;
+        let mut layer = FakeLayer::connect(&ch, false).await;
+        assert!(comes_up(&ch).await);
+        let (done, failed) = drained(&ch, &mut layer).await;
+        assert!(failed.is_empty(), "{failed:?}");
+        assert_eq!((done.drained, done.released), (vec![pid], vec![]));
+        assert_eq!(done.report, layer_report());
+        assert_eq!(done.slowest, Duration::from_micros(1500));
+        assert_eq!(ch.up(&[pid]).await, vec![pid], "drained is not down");
+
+        let release = releasing(&ch);
+        assert_eq!(layer.command().await, ToChannel::Release);
+        layer
+            .say(&ToAgent::Quiesced {
+                report: layer_report(),
+                micros: 800,
+            })
+            .await;
+        drop(layer);
+        let (done, failed) = release.await.unwrap();
+        assert!(failed.is_empty(), "{failed:?}");
+        assert_eq!((done.released, done.drained), (vec![pid], vec![]));
+        assert!(ch.up(&[pid]).await.is_empty(), "released is down");
+
+        let rebuild = tokio::spawn({
+            let ch = ch.clone();
+            async move { ch.rebuild(&[pid], Duration::from_secs(5)).await }
+        });
+        while !flag_path(ch.socket(), pid).exists() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let mut layer = FakeLayer::connect(&ch, true).await;
+        assert_eq!(layer.command().await, ToChannel::Rebuild);
+        layer
+            .say(&ToAgent::Rebuilt {
+                endpoints: Vec::new(),
+                peers: Some(Vec::new()),
+                micros: 10,
+            })
+            .await;
+        assert_eq!(
+            rebuild.await.unwrap().unwrap(),
+            (Vec::new(), Some(Vec::new()))
+        );
+        let reconnect = tokio::spawn({
+            let ch = ch.clone();
+            async move { ch.reconnect(&[pid], &[], Duration::from_secs(5)).await }
+        });
+        assert_eq!(
+            layer.command().await,
+            ToChannel::Reconnect {
+                endpoints: Vec::new()
+            }
+        );
+        layer.say(&ToAgent::Reconnected { micros: 10 }).await;
+        reconnect.await.unwrap().unwrap();
+        assert_eq!(ch.up(&[pid]).await, vec![pid]);
+    });
+}
+
+/// A drained layer is resumed by `resume`, is up, and is no longer drained (nothing to release).
+#[test]
+fn a_drained_layer_is_resumed_and_no_longer_drained() {
+    runtime().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let ch = serving(dir.path(), my_uid(), JOB_CGROUP, Limits::default());
+        let pid = me().pid;
+        let mut layer = FakeLayer::connect(&ch, false).await;
+        assert!(comes_up(&ch).await);
+        assert_eq!(drained(&ch, &mut layer).await.0.drained, vec![pid]);
+        let resume = tokio::spawn({
+            let ch = ch.clone();
+            async move { ch.resume(&[pid]).await }
+        });
+        assert_eq!(layer.command().await, ToChannel::Resume);
+        layer.say(&ToAgent::Resumed).await;
+        resume.await.unwrap();
+        assert_eq!(ch.up(&[pid]).await, vec![pid]);
+        let (done, failed) = ch.release(&[pid], Duration::from_secs(1)).await;
+        assert!(done.released.is_empty());
+        assert_eq!(failed.len(), 1);
+        assert!(failed[0].message.contains("not drained"), "{failed:?}");
+    });
+}
+
+/// A release the layer answers with `failed`, or not at all, or with `quiesced` but no close,
+/// fails naming the pid within the timeout; the layer stays drained (registered, up) and can
+/// be released again.
+#[test]
+fn a_release_that_fails_or_hangs_names_the_pid_and_returns() {
+    runtime().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let ch = serving(dir.path(), my_uid(), JOB_CGROUP, Limits::default());
+        let pid = me().pid;
+        let mut layer = FakeLayer::connect(&ch, false).await;
+        assert!(comes_up(&ch).await);
+        drained(&ch, &mut layer).await;
+        let bounded = |h: tokio::task::JoinHandle<_>| async move {
+            tokio::time::timeout(Duration::from_secs(10), h)
+                .await
+                .expect("release returns within its timeout")
+                .unwrap()
+        };
+
+        let release = releasing(&ch);
+        assert_eq!(layer.command().await, ToChannel::Release);
+        let error = "ibv_dereg_mr: device busy".to_string();
+        layer.say(&ToAgent::Failed { error }).await;
+        let (done, failed): (Quiesced, _) = bounded(release).await;
+        assert!(done.released.is_empty());
+        assert_eq!(failed.len(), 1);
+        assert_eq!(failed[0].pid, pid);
+        assert!(failed[0].message.contains("device busy"), "{failed:?}");
+        assert_eq!(ch.up(&[pid]).await, vec![pid], "still registered");
+
+        let release = releasing(&ch);
+        assert_eq!(layer.command().await, ToChannel::Release, "still drained");
+        let (_, failed) = bounded(release).await;
+        assert_eq!(failed[0].pid, pid);
+        assert!(failed[0].message.contains("no answer within"), "{failed:?}");
+
+        let release = releasing(&ch);
+        assert_eq!(layer.command().await, ToChannel::Release);
+        layer
+            .say(&ToAgent::Quiesced {
+                report: layer_report(),
+                micros: 1,
+            })
+            .await;
+        let (done, failed) = bounded(release).await;
+        assert!(done.released.is_empty());
+        assert!(
+            failed[0].message.contains("did not disconnect"),
+            "{failed:?}"
+        );
     });
 }

@@ -196,6 +196,9 @@ impl Jobs {
             }
         };
         job.ibq_down = channels.clone();
+        // Layers drained in an epoch of the old incarnation are gone with it: the restored ones
+        // come back released (down), in `channels`.
+        job.layer_drained.clear();
         Ok(Restored {
             pid,
             incarnation: job.record.incarnation,

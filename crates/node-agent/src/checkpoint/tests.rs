@@ -1,0 +1,282 @@
+//! Tests of the checkpoint phases on a real job cgroup (needs root and a freezer; skips
+//! otherwise), with a fake snapshot engine and a job process whose verbs layer quiesces in two
+//! stages. The process is this test binary again, running [`drained_layer_process`].
+use std::fs;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use ckpt_store::layout::Staging;
+use ib_quiesce::control::{ToAgent, ToChannel};
+
+use super::*;
+use crate::cgroup::{CgroupParent, JobCgroup};
+use crate::engine::{DumpSpec, EngineError, RestoreSpec, SnapshotEngine};
+use crate::failpoint::Failpoints;
+
+/// The layer process's environment: the agent's control socket.
+const LAYER_SOCKET: &str = "CKPT_TEST_LAYER_SOCKET";
+/// The layer process's environment: the directory where it waits for `go` (it is in the job's
+/// cgroup then) and appends each command it is sent to `commands`.
+const LAYER_DIR: &str = "CKPT_TEST_LAYER_DIR";
+/// The job the test checkpoints.
+const JOB: u64 = 7;
+
+/// A snapshot engine that writes nothing and counts its dumps.
+#[derive(Debug, Default)]
+struct CountingEngine {
+    dumps: AtomicUsize,
+}
+
+impl SnapshotEngine for CountingEngine {
+    fn name(&self) -> &str {
+        "counting"
+    }
+    fn version(&self) -> &str {
+        "0"
+    }
+    fn dump(&self, _spec: &DumpSpec<'_>) -> Result<(), EngineError> {
+        self.dumps.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+    fn restore_argv(&self, _spec: &RestoreSpec<'_>) -> Vec<String> {
+        Vec::new()
+    }
+    fn restore_failed(&self, status: String, log: &Path) -> EngineError {
+        EngineError::Failed {
+            op: "restore",
+            status,
+            summary: "the counting engine does not restore".into(),
+            log: log.to_path_buf(),
+        }
+    }
+}
+
+/// The job process: a verbs layer that answers `quiesce` with `drained`, `release` with
+/// `quiesced` (then closes its connection, and lives on until killed) and `resume` with
+/// `resumed`, noting each command in `commands` before it answers. Does nothing unless
+/// started by [`a_drained_layer_is_released_after_the_failpoint_and_frozen_in_local_checkpoint`].
+#[test]
+#[ignore = "the job process of another test, started by it"]
+fn drained_layer_process() {
+    let (Some(socket), Some(dir)) = (std::env::var_os(LAYER_SOCKET), std::env::var_os(LAYER_DIR))
+    else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    while !dir.join("go").exists() {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut stream = UnixStream::connect(socket).unwrap();
+    let say = |s: &mut UnixStream, m: &ToAgent| {
+        let mut line = serde_json::to_vec(m).unwrap();
+        line.push(b'\n');
+        s.write_all(&line).unwrap();
+    };
+    let hello = ToAgent::Hello {
+        pid: std::process::id() as i32,
+        channel: 1,
+        down: false,
+        qps: 1,
+        mrs: 1,
+    };
+    say(&mut stream, &hello);
+    let mut log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("commands"))
+        .unwrap();
+    for line in BufReader::new(stream.try_clone().unwrap()).lines() {
+        let cmd = ToChannel::decode(line.unwrap().as_bytes()).unwrap();
+        let (name, answer) = match cmd {
+            ToChannel::Quiesce { .. } => (
+                "quiesce",
+                ToAgent::Drained {
+                    report: Default::default(),
+                    micros: 1,
+                },
+            ),
+            ToChannel::Release => (
+                "release",
+                ToAgent::Quiesced {
+                    report: Default::default(),
+                    micros: 1,
+                },
+            ),
+            ToChannel::Resume => ("resume", ToAgent::Resumed),
+            _ => (
+                "other",
+                ToAgent::Failed {
+                    error: "not expected in this test".into(),
+                },
+            ),
+        };
+        writeln!(log, "{name}").unwrap();
+        say(&mut stream, &answer);
+        if name == "release" {
+            break;
+        }
+    }
+    drop(stream);
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// The job process in the job's cgroup; killed, and the cgroup removed, on drop.
+struct LayerJob {
+    child: Child,
+    cgroup: JobCgroup,
+    dir: PathBuf,
+}
+
+impl LayerJob {
+    /// Starts the job process, puts it in job [`JOB`]'s cgroup, records it as the job's root
+    /// (owned by this user), and waits for its channel to say hello.
+    async fn start(jobs: &Jobs, dir: &Path) -> LayerJob {
+        let j = jobs.get_or_create(JOB).unwrap();
+        let mut job = j.lock().await;
+        job.cgroup.create().unwrap();
+        let child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "checkpoint::tests::drained_layer_process",
+                "--ignored",
+                "--test-threads=1",
+            ])
+            .env(LAYER_SOCKET, jobs.channels().socket())
+            .env(LAYER_DIR, dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let layer = LayerJob {
+            child,
+            cgroup: job.cgroup.clone(),
+            dir: dir.to_path_buf(),
+        };
+        let pid = layer.pid();
+        fs::write(job.cgroup.procs_file(), pid.to_string()).unwrap();
+        job.record.incarnation = 1;
+        job.record.root_pid = Some(pid);
+        job.record.owner = Some(nix::unistd::getuid().as_raw());
+        job.save().unwrap();
+        drop(job);
+        fs::write(dir.join("go"), b"").unwrap();
+        for _ in 0..500 {
+            if !jobs.channels().up(&[pid]).await.is_empty() {
+                return layer;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the job process's channel did not say hello within 5 s");
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// The commands the process was sent, in order.
+    fn commands(&self) -> Vec<String> {
+        fs::read_to_string(self.dir.join("commands"))
+            .unwrap_or_default()
+            .lines()
+            .map(String::from)
+            .collect()
+    }
+}
+
+impl Drop for LayerJob {
+    fn drop(&mut self) {
+        let _ = self.cgroup.kill_all();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = self.cgroup.remove();
+    }
+}
+
+/// With a verbs layer that drained, the quiesce phase leaves the job thawed; a failpoint in
+/// local-checkpoint fires before the release, so the abort finds the layer drained and resumes
+/// it. In the next epoch local-checkpoint releases the layer, then freezes and dumps.
+#[test]
+fn a_drained_layer_is_released_after_the_failpoint_and_frozen_in_local_checkpoint() {
+    if !nix::unistd::geteuid().is_root() {
+        return eprintln!("SKIPPED: needs root to make a job cgroup");
+    }
+    let prefix = format!("ckpt-phasetest-{}-", std::process::id());
+    let parent = match CgroupParent::resolve("auto", &prefix) {
+        Ok(p) => p,
+        Err(e) => return eprintln!("SKIPPED: {e}"),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let staging = dir.path().join("staging");
+    fs::create_dir(&staging).unwrap();
+    let engine = Arc::new(CountingEngine::default());
+    let failpoints = dir.path().join("failpoints");
+    let jobs = Jobs::open(
+        "n1".into(),
+        dir.path().join("state"),
+        Staging::at(staging),
+        parent,
+        engine.clone(),
+        PathBuf::from("/nonexistent/ckpt-shim"),
+    )
+    .unwrap()
+    .with_failpoints(Failpoints::at(failpoints.clone()));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let listener = jobs.channels().bind().unwrap();
+        tokio::spawn(jobs.channels().clone().serve(listener));
+        let layer = LayerJob::start(&jobs, dir.path()).await;
+        let pid = layer.pid();
+        let j = jobs.get(JOB).unwrap();
+        let state = || j.try_lock().unwrap().cgroup.state().unwrap();
+
+        fs::write(&failpoints, "local-checkpoint=error\n").unwrap();
+        assert_eq!(jobs.initial_sync(JOB, 1).await.unwrap().channels, 1);
+        assert_eq!(jobs.quiesce(JOB, 1).await.unwrap(), Duration::ZERO);
+        assert_eq!(layer.commands(), ["quiesce"]);
+        assert_eq!(state(), "THAWED", "the freeze waits for the release");
+        {
+            let job = j.lock().await;
+            assert_eq!(job.layer_drained, [pid]);
+            assert!(job.work.as_ref().unwrap().frozen_at.is_none());
+        }
+        let e = jobs.local_checkpoint(JOB, 1).await.unwrap_err();
+        assert!(matches!(e, AgentError::Injected { .. }), "{e}");
+        assert_eq!(layer.commands(), ["quiesce"], "the failpoint fired first");
+        jobs.abort(JOB, 1, "injected").await.unwrap();
+        assert_eq!(layer.commands(), ["quiesce", "resume"]);
+        assert!(j.lock().await.layer_drained.is_empty());
+        assert_eq!(jobs.channels().up(&[pid]).await, [pid]);
+
+        fs::write(&failpoints, "").unwrap();
+        jobs.initial_sync(JOB, 2).await.unwrap();
+        jobs.quiesce(JOB, 2).await.unwrap();
+        assert_eq!(state(), "THAWED");
+        jobs.local_checkpoint(JOB, 2).await.unwrap();
+        assert_eq!(
+            layer.commands(),
+            ["quiesce", "resume", "quiesce", "release"]
+        );
+        assert_eq!(state(), "FROZEN", "frozen after the release, for the dump");
+        assert_eq!(engine.dumps.load(Ordering::SeqCst), 1);
+        {
+            let job = j.lock().await;
+            assert!(job.layer_drained.is_empty());
+            assert_eq!(job.ibq_down, [pid], "down: rebuilt after the resume");
+            let w = job.work.as_ref().unwrap();
+            assert!(w.frozen_at.is_some());
+            assert_eq!(w.notes.get("ibq_channels"), Some(&pid.to_string()));
+        }
+        jobs.resume(JOB, 2, true).await.unwrap();
+        assert!(j.lock().await.ibq_down.is_empty());
+        drop(layer);
+    });
+}
