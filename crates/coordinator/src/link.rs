@@ -87,6 +87,7 @@ pub fn merge(into: &mut pb::EpochEvent, ev: pb::EpochEvent) {
     into.estimated_bytes += ev.estimated_bytes;
     into.staging_free_bytes = into.staging_free_bytes.min(ev.staging_free_bytes);
     into.channels += ev.channels;
+    into.drained += ev.drained;
     into.frozen_us = into.frozen_us.max(ev.frozen_us);
     into.image_bytes += ev.image_bytes;
     into.image_files += ev.image_files;

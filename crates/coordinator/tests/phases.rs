@@ -149,6 +149,40 @@ async fn finalize_follows_resume_on_each_node_and_waits_for_a_channel_rebuild() 
     assert!(last("rebuild") < first("finalize"), "{log:?}");
 }
 
+/// Verbs layers that drained on one node: every node is asked for a second quiesce round
+/// (the drained ones release and freeze then) before any node dumps; without drained layers
+/// there is one round.
+#[tokio::test]
+async fn drained_verbs_layers_get_a_second_quiesce_round_on_every_node_before_any_dump() {
+    let c = Cluster::start().await;
+    let job = c.job().await;
+    c.checkpoint(job, false).await.unwrap();
+    assert_eq!(
+        c.calls("quiesce").len(),
+        3,
+        "one round without drained layers"
+    );
+    c.world.lock().unwrap().drained.insert("n2".into(), 2);
+    c.world.lock().unwrap().log.clear();
+    c.checkpoint(job, false).await.unwrap();
+    let log = c.world.lock().unwrap().log.clone();
+    for n in NODES {
+        let rounds: Vec<usize> = log
+            .iter()
+            .enumerate()
+            .filter(|(_, (node, call, _))| node == n && *call == "quiesce")
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(rounds.len(), 2, "{n}: {log:?}");
+    }
+    let last_quiesce = log.iter().rposition(|(_, c, _)| *c == "quiesce").unwrap();
+    let first_dump = log
+        .iter()
+        .position(|(_, c, _)| *c == "local-checkpoint")
+        .unwrap();
+    assert!(last_quiesce < first_dump, "{log:?}");
+}
+
 #[tokio::test]
 async fn a_jobs_next_epoch_reuses_its_streams_and_a_failed_one_drops_them() {
     let c = Cluster::start().await;

@@ -86,7 +86,10 @@ async fn run_phase(
                 ev.staging_free_bytes = p.staging_free_bytes;
                 ev.channels = p.channels;
             }),
-            pb::Phase::Quiesce => jobs.quiesce(job, epoch).await.map(|_| ()),
+            pb::Phase::Quiesce => jobs
+                .quiesce(job, epoch)
+                .await
+                .map(|(_, drained)| ev.drained = drained),
             pb::Phase::LocalCheckpoint => jobs
                 .local_checkpoint(job, epoch)
                 .await

@@ -74,8 +74,10 @@ pub struct JobRecord {
 pub enum NodePhase {
     /// Initial synchronization passed; nothing changed yet.
     Synced,
-    /// Quiesced: channels drained; processes frozen, unless verbs layers drained (then they
-    /// are released and the job frozen in local-checkpoint).
+    /// Quiesce, first round, where verbs layers only drained: they hold their objects and the
+    /// processes run (their verbs calls held) until the second round releases and freezes.
+    Drained,
+    /// Quiesced: channels released; processes frozen.
     Quiesced,
     /// Local checkpoint taken: images written; processes still frozen.
     Checkpointed,
@@ -88,6 +90,7 @@ impl NodePhase {
     pub fn done(self) -> &'static str {
         match self {
             NodePhase::Synced => "initial-sync",
+            NodePhase::Drained => "quiesce (first round: verbs layers drained)",
             NodePhase::Quiesced => "quiesce",
             NodePhase::Checkpointed => "local-checkpoint",
             NodePhase::Resumed => "resume",
@@ -211,7 +214,7 @@ impl NodeJob {
         self.record.incarnation
     }
 
-    fn wrong_phase(&self, epoch: u32, call: &'static str) -> AgentError {
+    pub(crate) fn wrong_phase(&self, epoch: u32, call: &'static str) -> AgentError {
         let state = match &self.work {
             None => "no checkpoint in progress".to_string(),
             Some(w) if w.epoch != epoch => format!("epoch {} is in progress", w.epoch),

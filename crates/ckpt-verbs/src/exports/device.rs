@@ -46,12 +46,21 @@ pub(super) unsafe fn real_pd(pd: *mut ffi::ibv_pd) -> *mut ffi::ibv_pd {
 }
 
 /// Whether the program drives its verbs objects through ib-quiesce's own channel
-/// (`libib_quiesce`): then that channel takes them through checkpoints, and the layer stays
-/// out of its way.
+/// (`libib_quiesce.so` is loaded): then that channel takes them through checkpoints, and the
+/// layer stays out of its way. (This library carries a copy of ib-quiesce's C interface too,
+/// so the test is for the other library, not for its symbols.)
 fn has_own_channel() -> bool {
     static OWN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    // SAFETY: a lookup of a C symbol name in the process's global scope.
-    *OWN.get_or_init(|| unsafe { !libc::dlsym(libc::RTLD_DEFAULT, c"ibq_open".as_ptr()).is_null() })
+    *OWN.get_or_init(|| {
+        // SAFETY: a no-load query by a nul-terminated name; the handle is only compared.
+        let h = unsafe {
+            libc::dlopen(
+                c"libib_quiesce.so".as_ptr(),
+                libc::RTLD_NOLOAD | libc::RTLD_LAZY,
+            )
+        };
+        !h.is_null()
+    })
 }
 
 /// `ibv_open_device`: the real context, behind a shadow whose operation table is this

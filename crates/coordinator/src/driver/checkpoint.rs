@@ -168,6 +168,9 @@ impl EpochRun<'_> {
     }
 
     /// Quiesce: every node drains its InfiniBand channels and freezes the job's processes.
+    /// When verbs layers only drained (they hold their objects while a peer may still be
+    /// sending to them), a second round follows once every node drained: they release, and
+    /// every node freezes. So all nodes are frozen before any dumps, as without layers.
     #[instrument(skip_all, fields(phase = "quiesce"))]
     async fn quiesce(&mut self, synced: &pb::EpochEvent) -> StepResult<()> {
         self.coord.advance(&mut self.epoch, Phase::Quiesce);
@@ -179,7 +182,17 @@ impl EpochRun<'_> {
                 synced.estimated_bytes >> 20
             ),
         );
-        self.step(Phase::Quiesce, self.deadlines.quiesce).await?;
+        let first = self.step(Phase::Quiesce, self.deadlines.quiesce).await?;
+        if first.drained > 0 {
+            self.say(
+                Phase::Quiesce,
+                format!(
+                    "{} verbs layer(s) drained on every node; releasing and freezing",
+                    first.drained
+                ),
+            );
+            self.step(Phase::Quiesce, self.deadlines.quiesce).await?;
+        }
         Ok(())
     }
 

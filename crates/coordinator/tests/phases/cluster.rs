@@ -34,6 +34,10 @@ pub(crate) struct World {
     pub(crate) log: Vec<(String, &'static str, String)>,
     /// ib-quiesce channels every node reports in initial synchronization.
     pub(crate) channels: u32,
+    /// Verbs layers that node reports drained in its first quiesce round of an epoch.
+    pub(crate) drained: HashMap<String, u32>,
+    /// Quiesce rounds each (node, epoch) was asked for.
+    pub(crate) quiesce_rounds: HashMap<(String, u32), u32>,
     /// Epoch streams opened, over all nodes.
     pub(crate) streams: u32,
 }
@@ -100,6 +104,17 @@ impl FakeAgent {
                 ev.estimated_bytes = 1 << 20;
                 ev.staging_free_bytes = 1 << 30;
                 ev.channels = self.world.lock().unwrap().channels;
+            }
+            pb::Phase::Quiesce => {
+                let mut w = self.world.lock().unwrap();
+                let round = w
+                    .quiesce_rounds
+                    .entry((self.node.clone(), cmd.epoch))
+                    .or_default();
+                *round += 1;
+                if *round == 1 {
+                    ev.drained = w.drained.get(&self.node).copied().unwrap_or(0);
+                }
             }
             pb::Phase::Resume => ev.frozen_us = 5_000,
             pb::Phase::Finalize => {

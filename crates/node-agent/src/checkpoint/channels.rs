@@ -114,9 +114,9 @@ impl Jobs {
         refuse_verbs_without_channel(job_id, pids.iter().filter(|p| !drained.contains(p)))
     }
 
-    /// Local checkpoint, before the freeze: every node's processes drained (the coordinator's
-    /// quiesce phase is that barrier), so the job's drained verbs layers release their
-    /// objects, all at once; then no process may map a verbs device. Those that released are
+    /// Quiesce, second round, before the freeze: every node's processes drained (the
+    /// coordinator's first round is that barrier), so the job's drained verbs layers release
+    /// their objects, all at once; then no process may map a verbs device. Those that released are
     /// down (rebuilt after the snapshot, or after an abort); those that failed stay drained
     /// (an abort resumes them).
     pub(super) async fn release_layers(&self, job: &mut NodeJob) -> Result<(), AgentError> {

@@ -1,7 +1,8 @@
 //! The checkpoint steps on this node: initial-sync, quiesce (freeze), local-checkpoint (dump), resume (thaw or kill),
 //! finalize (seal), abort. The dump's work is in `dump.rs`, the ib-quiesce channels in
-//! `channels.rs`. Verbs layers quiesce in two stages: they drain in quiesce, which then leaves
-//! the freeze to local-checkpoint, where they release first (every node drained by then).
+//! `channels.rs`. Verbs layers quiesce in two rounds of the quiesce phase: in the first they
+//! drain and the node does not freeze; in the second (every node drained by then) they release
+//! and the node freezes. So every node is frozen before any dumps.
 
 mod channels;
 mod dump;
@@ -172,27 +173,40 @@ impl Jobs {
     }
 
     /// Phase 2, pre-checkpoint coordination: quiesce the job's channels and freeze every
-    /// process of the job on this node. Where verbs layers only drained, the freeze waits for
-    /// their release in local-checkpoint (returns zero then); else returns the freeze's time.
+    /// process of the job on this node. Where verbs layers only drained, this is the first
+    /// round: the node does not freeze, and says how many drained; the coordinator then runs a
+    /// second round on every node, which releases them and freezes (a node that froze in the
+    /// first round has nothing to do). Returns the freeze's time and the processes drained.
     #[instrument(skip_all, fields(phase = "quiesce", job = job_id, epoch = epoch, node = self.node()))]
-    pub async fn quiesce(&self, job_id: u64, epoch: u32) -> Result<Duration, AgentError> {
-        let mut job = self
-            .enter_phase(job_id, epoch, NodePhase::Synced, "quiesce")
-            .await?;
-        self.quiesce_channels(&mut job).await?;
-        let (mut job, took) = if job.layer_drained.is_empty() {
-            self.freeze(job_id, job).await?
-        } else {
-            // They still hold their objects: they release, once every node drained, and the job
-            // freezes then (local-checkpoint).
-            info!(
-                layers = job.layer_drained.len(),
-                "freeze deferred to local-checkpoint: verbs layers drained, release pending"
-            );
-            (job, Duration::ZERO)
-        };
+    pub async fn quiesce(&self, job_id: u64, epoch: u32) -> Result<(Duration, u32), AgentError> {
+        let mut job = self.get(job_id)?.lock_owned().await;
+        match job
+            .work
+            .as_ref()
+            .filter(|w| w.epoch == epoch)
+            .map(|w| w.phase)
+        {
+            Some(NodePhase::Synced) => {
+                self.failpoint(job_id, "quiesce").await?;
+                self.quiesce_channels(&mut job).await?;
+                if !job.layer_drained.is_empty() {
+                    let n = job.layer_drained.len() as u32;
+                    info!(
+                        layers = n,
+                        "verbs layers drained; release and freeze in the second round"
+                    );
+                    job.work.as_mut().expect("checked").phase = NodePhase::Drained;
+                    return Ok((Duration::ZERO, n));
+                }
+            }
+            Some(NodePhase::Drained) => self.release_layers(&mut job).await?,
+            // The second round, on a node that froze in the first.
+            Some(NodePhase::Quiesced) => return Ok((Duration::ZERO, 0)),
+            _ => return Err(job.wrong_phase(epoch, "quiesce")),
+        }
+        let (mut job, took) = self.freeze(job_id, job).await?;
         job.work.as_mut().expect("checked").phase = NodePhase::Quiesced;
-        Ok(took)
+        Ok((took, 0))
     }
 
     /// Freezes the job's cgroup for the snapshot (background copies stop taking CPU and disk
@@ -228,24 +242,18 @@ impl Jobs {
         Ok((job, begin.elapsed()))
     }
 
-    /// Phase 3, local checkpoint: release the verbs layers that drained and freeze (if the
-    /// quiesce left that to this phase), record open-file sizes, save what the engine does not,
-    /// and have the engine dump the frozen tree into staging. Returns (elapsed, frozen so far).
+    /// Phase 3, local checkpoint: record open-file sizes, save what the engine does not, and
+    /// have the engine dump the frozen tree into staging. Returns (elapsed, frozen so far).
     #[instrument(skip_all, fields(phase = "local-checkpoint", job = job_id, epoch = epoch, node = self.node()))]
     pub async fn local_checkpoint(
         &self,
         job_id: u64,
         epoch: u32,
     ) -> Result<(Duration, Duration), AgentError> {
-        // The failpoint runs first: a failure injected here leaves the layers drained.
         let mut job = self
             .enter_phase(job_id, epoch, NodePhase::Quiesced, "local-checkpoint")
             .await?;
         let begin = Instant::now();
-        if !job.layer_drained.is_empty() {
-            self.release_layers(&mut job).await?;
-            job = self.freeze(job_id, job).await?.0;
-        }
         let engine = self.engine.clone();
         let (mut job, r) = tokio::task::spawn_blocking(move || {
             let r = dump_frozen(&mut job, engine.as_ref());

@@ -58,7 +58,7 @@ impl SnapshotEngine for CountingEngine {
 /// The job process: a verbs layer that answers `quiesce` with `drained`, `release` with
 /// `quiesced` (then closes its connection, and lives on until killed) and `resume` with
 /// `resumed`, noting each command in `commands` before it answers. Does nothing unless
-/// started by [`a_drained_layer_is_released_after_the_failpoint_and_frozen_in_local_checkpoint`].
+/// started by [`a_drained_layer_is_released_and_frozen_in_the_second_quiesce_round`].
 #[test]
 #[ignore = "the job process of another test, started by it"]
 fn drained_layer_process() {
@@ -198,11 +198,12 @@ impl Drop for LayerJob {
     }
 }
 
-/// With a verbs layer that drained, the quiesce phase leaves the job thawed; a failpoint in
-/// local-checkpoint fires before the release, so the abort finds the layer drained and resumes
-/// it. In the next epoch local-checkpoint releases the layer, then freezes and dumps.
+/// With a verbs layer that drained, the first quiesce round leaves the job thawed; an abort
+/// then (another node failed its first round) resumes the layer. In the next epoch the second
+/// round releases the layer and freezes, a third round (the coordinator asks every node) does
+/// nothing more, and local-checkpoint dumps.
 #[test]
-fn a_drained_layer_is_released_after_the_failpoint_and_frozen_in_local_checkpoint() {
+fn a_drained_layer_is_released_and_frozen_in_the_second_quiesce_round() {
     if !nix::unistd::geteuid().is_root() {
         return eprintln!("SKIPPED: needs root to make a job cgroup");
     }
@@ -238,9 +239,8 @@ fn a_drained_layer_is_released_after_the_failpoint_and_frozen_in_local_checkpoin
         let j = jobs.get(JOB).unwrap();
         let state = || j.try_lock().unwrap().cgroup.state().unwrap();
 
-        fs::write(&failpoints, "local-checkpoint=error\n").unwrap();
         assert_eq!(jobs.initial_sync(JOB, 1).await.unwrap().channels, 1);
-        assert_eq!(jobs.quiesce(JOB, 1).await.unwrap(), Duration::ZERO);
+        assert_eq!(jobs.quiesce(JOB, 1).await.unwrap(), (Duration::ZERO, 1));
         assert_eq!(layer.commands(), ["quiesce"]);
         assert_eq!(state(), "THAWED", "the freeze waits for the release");
         {
@@ -249,23 +249,35 @@ fn a_drained_layer_is_released_after_the_failpoint_and_frozen_in_local_checkpoin
             assert!(job.work.as_ref().unwrap().frozen_at.is_none());
         }
         let e = jobs.local_checkpoint(JOB, 1).await.unwrap_err();
-        assert!(matches!(e, AgentError::Injected { .. }), "{e}");
-        assert_eq!(layer.commands(), ["quiesce"], "the failpoint fired first");
-        jobs.abort(JOB, 1, "injected").await.unwrap();
+        assert!(
+            e.to_string().contains("quiesce (first round"),
+            "no dump before the second round: {e}"
+        );
+        jobs.abort(JOB, 1, "another node failed").await.unwrap();
         assert_eq!(layer.commands(), ["quiesce", "resume"]);
         assert!(j.lock().await.layer_drained.is_empty());
         assert_eq!(jobs.channels().up(&[pid]).await, [pid]);
 
-        fs::write(&failpoints, "").unwrap();
+        // A failpoint in the first round fires before the layer hears anything.
+        fs::write(&failpoints, "quiesce=error\n").unwrap();
         jobs.initial_sync(JOB, 2).await.unwrap();
-        jobs.quiesce(JOB, 2).await.unwrap();
+        let e = jobs.quiesce(JOB, 2).await.unwrap_err();
+        assert!(matches!(e, AgentError::Injected { .. }), "{e}");
+        assert_eq!(layer.commands(), ["quiesce", "resume"]);
+        jobs.abort(JOB, 2, "injected").await.unwrap();
+
+        fs::write(&failpoints, "").unwrap();
+        jobs.initial_sync(JOB, 3).await.unwrap();
+        assert_eq!(jobs.quiesce(JOB, 3).await.unwrap().1, 1);
         assert_eq!(state(), "THAWED");
-        jobs.local_checkpoint(JOB, 2).await.unwrap();
+        assert_eq!(jobs.quiesce(JOB, 3).await.unwrap().1, 0, "second round");
         assert_eq!(
             layer.commands(),
             ["quiesce", "resume", "quiesce", "release"]
         );
-        assert_eq!(state(), "FROZEN", "frozen after the release, for the dump");
+        assert_eq!(state(), "FROZEN", "frozen after the release");
+        assert_eq!(jobs.quiesce(JOB, 3).await.unwrap(), (Duration::ZERO, 0));
+        jobs.local_checkpoint(JOB, 3).await.unwrap();
         assert_eq!(engine.dumps.load(Ordering::SeqCst), 1);
         {
             let job = j.lock().await;
@@ -275,7 +287,7 @@ fn a_drained_layer_is_released_after_the_failpoint_and_frozen_in_local_checkpoin
             assert!(w.frozen_at.is_some());
             assert_eq!(w.notes.get("ibq_channels"), Some(&pid.to_string()));
         }
-        jobs.resume(JOB, 2, true).await.unwrap();
+        jobs.resume(JOB, 3, true).await.unwrap();
         assert!(j.lock().await.ibq_down.is_empty());
         drop(layer);
     });
