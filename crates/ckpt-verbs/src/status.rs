@@ -1,7 +1,9 @@
 //! What the layer holds and has done, for tests and for the agent: with `CKPT_VERBS_STATUS`
-//! set to a directory, a process writes `<dir>/ckpt-verbs-<pid>.json` when it exits: the
-//! devices it opened, each live QP with its virtual and real number, each live memory region
-//! with its virtual and real keys, the work counted, and the calls refused.
+//! set to a directory, a process writes `<dir>/ckpt-verbs-<pid>.json` when it exits, and after
+//! every rebuild: the devices it opened, each live QP with its virtual and real number, each
+//! live memory region with its virtual and real keys, the work counted, the calls refused, and
+//! for each rebuild so far the QPs and regions it brought back (virtual and new real numbers)
+//! and what the quiesce before it kept.
 use std::ffi::OsString;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -17,6 +19,7 @@ use crate::shadow::{layer, Layer, ShadowMr, ShadowQp};
 pub const STATUS_ENV: &str = "CKPT_VERBS_STATUS";
 
 static DEVICES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+static REBUILDS: Mutex<Vec<Value>> = Mutex::new(Vec::new());
 static AT_EXIT: Once = Once::new();
 
 /// Notes a device opened; the first one arranges the report at exit.
@@ -33,11 +36,28 @@ pub fn opened(device: String) {
 }
 
 extern "C" fn write_at_exit() {
-    let Some(dir) = std::env::var_os(STATUS_ENV) else {
-        return;
-    };
-    // A failure here must not change how the program exits.
-    let _ = write_to(dir);
+    write_now();
+}
+
+/// Writes the report now, if asked for. A failure must not change what the program does.
+fn write_now() {
+    if let Some(dir) = std::env::var_os(STATUS_ENV) {
+        let _ = write_to(dir);
+    }
+}
+
+/// Notes a rebuild done (with what the quiesce before it kept), and writes the report.
+pub fn rebuilt(kept: &ib_quiesce::QuiesceReport) {
+    let now = report();
+    if let Ok(mut r) = REBUILDS.lock() {
+        r.push(json!({
+            "qps": now["qps"].clone(),
+            "mrs": now["mrs"].clone(),
+            "kept_receives": kept.kept_receives,
+            "held_completions": kept.held_completions,
+        }));
+    }
+    write_now();
 }
 
 fn write_to(dir: OsString) -> std::io::Result<()> {
@@ -98,6 +118,7 @@ pub fn report() -> Value {
         "devices": DEVICES.lock().map(|d| d.clone()).unwrap_or_default(),
         "qps": qps,
         "mrs": mrs,
+        "rebuilds": REBUILDS.lock().map(|r| r.clone()).unwrap_or_default(),
         "send_wrs": c.send_wrs.load(Relaxed),
         "recv_wrs": c.recv_wrs.load(Relaxed),
         "completions": c.completions.load(Relaxed),

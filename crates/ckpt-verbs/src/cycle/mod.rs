@@ -52,6 +52,9 @@ pub enum Stage {
 
 static STAGE: Mutex<Stage> = Mutex::new(Stage::Up);
 
+/// What the last release kept for the program (for the status after the rebuild).
+static KEPT: Mutex<Option<QuiesceReport>> = Mutex::new(None);
+
 /// Where the layer is.
 pub fn stage() -> Stage {
     *lock(&STAGE)
@@ -137,6 +140,9 @@ impl Controlled for Control {
         need(Stage::Drained, "release")?;
         let r = gate().run(false, release);
         set_stage(Stage::Down);
+        if let Ok(kept) = &r {
+            *lock(&KEPT) = Some(kept.clone());
+        }
         r
     }
 
@@ -173,6 +179,7 @@ impl Controlled for Control {
         set_stage(Stage::Up);
         gate().open();
         rebuild::owe_events();
+        crate::status::rebuilt(&lock(&KEPT).take().unwrap_or_default());
         Ok(())
     }
 }
