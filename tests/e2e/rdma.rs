@@ -321,3 +321,120 @@ fn an_unmodified_mpi_job_over_verbs_runs_through_the_verbs_layer() {
         assert_eq!(s["unknown_qpns"], 0, "{s}");
     }
 }
+
+/// (virtual, real) numbers, sorted.
+type Pairs = Vec<(u64, u64)>;
+
+/// The rebuilds a layer status reports, each as (virtual, real) QP numbers and rkeys.
+fn rebuilds(status: &serde_json::Value) -> Vec<(Pairs, Pairs)> {
+    let pairs = |v: &serde_json::Value, virt: &str, real: &str| -> Pairs {
+        let mut p: Pairs = v
+            .as_array()
+            .unwrap_or(&Vec::new())
+            .iter()
+            .map(|x| (x[virt].as_u64().unwrap(), x[real].as_u64().unwrap()))
+            .collect();
+        p.sort_unstable();
+        p
+    };
+    status["rebuilds"]
+        .as_array()
+        .expect("rebuilds")
+        .iter()
+        .map(|r| {
+            (
+                pairs(&r["qps"], "virtual_qpn", "real_qpn"),
+                pairs(&r["mrs"], "rkey", "real_rkey"),
+            )
+        })
+        .collect()
+}
+
+/// One guest, two ranks: the unmodified `heat` (Open MPI, not linked with ib-quiesce) over UCX's
+/// verbs transports, with `libckpt_verbs.so` preloaded, under ckpt: checkpointed twice under
+/// traffic, a third checkpoint aborted after the quiesce (its dump fails) with the job going on,
+/// then every process SIGKILLed and the job restarted from its images: it ends with the checksum
+/// of an uninterrupted run without the layer. The data moved over rxe; every rebuild put new real
+/// QP numbers and keys behind the same virtual ones.
+#[test]
+fn an_unmodified_mpi_job_over_verbs_is_checkpointed_aborted_killed_and_restarted() {
+    if let Some(why) = vm::unavailable() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let bin = ckpt_tests::bin_dir();
+    let lib = bin.join("libckpt_verbs.so");
+    assert!(lib.exists(), "{} (cargo build --release)", lib.display());
+    let body = format!(
+        "export BIN={} LIB={} APP={} N=128 ITERS=6000 SLEEP=2000\nbash {}\n",
+        bin.display(),
+        lib.display(),
+        ckpt_tests::apps().join("heat.openmpi").display(),
+        ckpt_tests::workspace()
+            .join("tests/guest/verbs_job.sh")
+            .display()
+    );
+    let r = vm::run(&body, &["name=verbsjob", "mem=2048", "timeout=800"]);
+    assert_eq!(r.status, 0, "guest script failed: {}", r.console);
+    let res = results(&r.console);
+    let value = |p: &str| {
+        res.iter()
+            .find_map(|l| l.strip_prefix(p))
+            .unwrap_or_else(|| panic!("no {p:?} in {}", r.console))
+            .to_string()
+    };
+    let reference = value("reference checksum ");
+    assert_eq!(reference.len(), 16, "{reference:?}");
+    assert_eq!(value("restarted checksum "), reference, "{}", r.console);
+    for i in 1..=2 {
+        value(&format!("checkpoint {i} ok"));
+    }
+    assert!(
+        value("2 verbs layer(s) drained").contains("releasing and freezing"),
+        "a second quiesce round released the drained layers"
+    );
+    assert!(value("aborted checkpoint: ").contains("local-checkpoint"));
+    value("after the abort the job goes on");
+    let sent: u64 = value("sent_pkts ").parse().expect("a count");
+    assert!(sent > 1000, "the ranks talked over rxe: {sent} packets");
+    let statuses = |prefix: &str| -> Vec<serde_json::Value> {
+        res.iter()
+            .filter_map(|l| l.strip_prefix(prefix))
+            .map(|s| serde_json::from_str(s).expect("status JSON"))
+            .collect()
+    };
+    let running = statuses("running status ");
+    assert_eq!(running.len(), 2, "{}", r.console);
+    for s in &running {
+        assert_eq!(s["refused"], serde_json::json!([]), "{s}");
+        assert_eq!(
+            (&s["unknown_lkeys"], &s["unknown_qpns"]),
+            (&0.into(), &0.into())
+        );
+        // Two checkpoints and the abort: three rebuilds, each with new real numbers behind the
+        // virtual ones the program has held since it started.
+        let rb = rebuilds(s);
+        assert_eq!(rb.len(), 3, "{s}");
+        let virt = |v: &[(u64, u64)]| v.iter().map(|p| p.0).collect::<Vec<_>>();
+        for (qps, mrs) in &rb {
+            assert!(qps.len() >= 2 && !mrs.is_empty(), "{s}");
+            assert_eq!(virt(qps), virt(&rb[0].0), "virtual QPNs unchanged: {s}");
+            assert_eq!(virt(mrs), virt(&rb[0].1), "virtual rkeys unchanged: {s}");
+            assert!(qps.iter().all(|(v, r)| v != r), "new real QPNs: {s}");
+            assert!(mrs.iter().all(|(v, r)| v != r), "new real rkeys: {s}");
+        }
+        assert_ne!(rb[1].0, rb[2].0, "each rebuild has its own real QPNs");
+    }
+    let last = statuses("final status ");
+    assert_eq!(
+        last.len(),
+        2,
+        "each restored rank reported at its exit: {}",
+        r.console
+    );
+    for s in &last {
+        // Restored from the second checkpoint (one rebuild before it), then rebuilt.
+        assert_eq!(rebuilds(s).len(), 2, "{s}");
+        assert_eq!(s["refused"], serde_json::json!([]), "{s}");
+    }
+}
