@@ -355,7 +355,8 @@ fn rebuilds(status: &serde_json::Value) -> Vec<(Pairs, Pairs)> {
 /// traffic, a third checkpoint aborted after the quiesce (its dump fails) with the job going on,
 /// then every process SIGKILLed and the job restarted from its images: it ends with the checksum
 /// of an uninterrupted run without the layer. The data moved over rxe; every rebuild put new real
-/// QP numbers and keys behind the same virtual ones.
+/// QP numbers and keys behind the same virtual ones. Before it, the same job with UCX's rdmacm
+/// module (it holds the RDMA connection manager) is refused at initial sync and runs on.
 #[test]
 fn an_unmodified_mpi_job_over_verbs_is_checkpointed_aborted_killed_and_restarted() {
     if let Some(why) = vm::unavailable() {
@@ -386,6 +387,14 @@ fn an_unmodified_mpi_job_over_verbs_is_checkpointed_aborted_killed_and_restarted
     let reference = value("reference checksum ");
     assert_eq!(reference.len(), 16, "{reference:?}");
     assert_eq!(value("restarted checksum "), reference, "{}", r.console);
+    // UCX with its rdmacm module holds the connection manager: refused at initial sync, naming
+    // the descriptor; the job finishes right.
+    let refused = value("rdmacm refused: ");
+    assert!(
+        refused.contains("initial-sync") && refused.contains("/dev/infiniband/rdma_cm as fd "),
+        "{refused}"
+    );
+    assert_eq!(value("rdmacm job checksum "), reference);
     for i in 1..=2 {
         value(&format!("checkpoint {i} ok"));
     }

@@ -13,10 +13,10 @@ W=$(mktemp -d /tmp/verbsjob.XXXXXX)
 say() { echo "[guest] $*"; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Open MPI over UCX on rxe, verbs transports only (docs/infiniband.md says why each is there).
-MPIRUN="mpirun --oversubscribe -np 2 --mca pml ucx --mca pml_ucx_devices any \
+WITH_RDMACM="mpirun --oversubscribe -np 2 --mca pml ucx --mca pml_ucx_devices any \
  --mca pml_ucx_tls any --mca btl ^openib,ofi --mca mtl ^ofi --mca osc ^ucx \
- -x UCX_TLS=rc_verbs,ud_verbs,self -x UCX_NET_DEVICES=rxe0:1 -x UCX_UD_VERBS_ETH_DGID_CHECK=n \
- -x UCX_MODULES=^rdmacm"
+ -x UCX_TLS=rc_verbs,ud_verbs,self -x UCX_NET_DEVICES=rxe0:1 -x UCX_UD_VERBS_ETH_DGID_CHECK=n"
+MPIRUN="$WITH_RDMACM -x UCX_MODULES=^rdmacm"
 COUNTER=/sys/class/infiniband/rxe0/ports/1/hw_counters/sent_pkts
 
 say "reference: an uninterrupted run without the layer"
@@ -38,6 +38,18 @@ CKPT_FAILPOINTS=$W/failpoints "$BIN/ckptd" --standalone --config "$W/ckptd.toml"
 CKPTD=$!
 trap 'kill $CKPTD 2>/dev/null || true; echo "--- ckptd log"; grep -E "WARN|ERROR|channel|layer|rebuil" "$W/ckptd.log" | tail -n 60' EXIT
 for _ in $(seq 200); do "$BIN/ckptctl" list > /dev/null 2>&1 && break; sleep 0.1; done
+
+say "a job whose UCX holds the RDMA connection manager is refused, and runs on"
+JOB=$("$BIN/ckptctl" run --name heat-rdmacm -- $WITH_RDMACM -x LD_PRELOAD="$LIB" -x CKPT_IBQ_SOCKET \
+    "$APP" "$N" "$ITERS" 500)
+OUT=$W/state/jobs/$JOB/stdout
+for _ in $(seq 300); do grep -q '^iter ' "$OUT" 2>/dev/null && break; sleep 0.1; done
+if "$BIN/ckptctl" checkpoint "$JOB" --wait > "$W/rdmacm.out" 2>&1; then
+    say "a job holding rdma_cm was checkpointed"; cat "$W/rdmacm.out"; exit 9
+fi
+echo "RESULT rdmacm refused: $(grep -m1 'rdma_cm' "$W/rdmacm.out" || cat "$W/rdmacm.out")"
+for _ in $(seq 600); do grep -q '^checksum' "$OUT" && break; sleep 0.1; done
+echo "RESULT rdmacm job $(grep '^checksum' "$OUT" || echo 'no checksum')"
 
 mkdir -m 700 "$W/status"
 JOB=$("$BIN/ckptctl" run --name heat-verbs -- $MPIRUN -x LD_PRELOAD="$LIB" \

@@ -64,7 +64,7 @@ pub enum AgentError {
         free: u64,
     },
     /// A process uses InfiniBand verbs without an ib-quiesce channel.
-    #[error("job {job}: process {pid} ({comm}) has {device} open or mapped but no ib-quiesce channel; a snapshot cannot contain HCA state. Link its communication layer with ib-quiesce, or run it over TCP/shared memory (e.g. UCX_TLS=tcp,self,sm or OMPI_MCA_btl=tcp,self,vader)")]
+    #[error("job {job}: process {pid} ({comm}) has {device} open or mapped but no ib-quiesce channel; a snapshot cannot contain HCA state. Run it with the verbs layer preloaded (LD_PRELOAD=libckpt_verbs.so, docs/infiniband.md), link its communication layer with ib-quiesce, or run it over TCP/shared memory (e.g. UCX_TLS=tcp,self,sm or OMPI_MCA_btl=tcp,self,vader)")]
     VerbsWithoutChannel {
         /// Job id.
         job: u64,
@@ -74,6 +74,20 @@ pub enum AgentError {
         comm: String,
         /// Device path.
         device: String,
+    },
+    /// A process holds the RDMA connection manager, which nothing rebuilds after a snapshot.
+    #[error("job {job}: process {pid} ({comm}) holds {device} as fd {fd}: connections of the RDMA connection manager cannot be taken through a checkpoint (neither ib-quiesce nor the verbs layer rebuilds them). For UCX set UCX_MODULES=^rdmacm (ckpt's RDMA settings in docs/infiniband.md do); the job runs on")]
+    RdmaCmHeld {
+        /// Job id.
+        job: u64,
+        /// Process.
+        pid: i32,
+        /// Its name.
+        comm: String,
+        /// Device path.
+        device: String,
+        /// The descriptor.
+        fd: i32,
     },
     /// An ib-quiesce channel failed a quiesce, rebuild or reconnect.
     #[error("job {job}: ib-quiesce channel of process {pid}: {message}")]

@@ -123,6 +123,18 @@ pub fn fd_paths(pid: i32) -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
+/// The RDMA connection manager's device file.
+pub const RDMA_CM: &str = "/dev/infiniband/rdma_cm";
+
+/// The lowest descriptor of the process open on `path`, if any.
+pub fn fd_on(pid: i32, path: &str) -> Option<i32> {
+    let rd = fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    rd.flatten()
+        .filter(|e| fs::read_link(e.path()).is_ok_and(|p| p.as_os_str() == path))
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .min()
+}
+
 /// The first verbs device the process maps or holds open, if any.
 pub fn verbs_device(pid: i32) -> Option<String> {
     let prefix = ib_quiesce::VERBS_DEVICE_PREFIX;
@@ -478,6 +490,20 @@ mod tests {
             1,
             "not below PID 1's subtree within the set"
         );
+    }
+
+    #[test]
+    fn finds_the_descriptor_open_on_a_path() {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("held");
+        let f = std::fs::File::create(&path).unwrap();
+        let me = std::process::id() as i32;
+        let p = path.to_str().unwrap();
+        assert_eq!(fd_on(me, p), Some(f.as_raw_fd()));
+        drop(f);
+        assert_eq!(fd_on(me, p), None);
+        assert_eq!(fd_on(me, RDMA_CM), None, "no RDMA connection manager here");
     }
 
     #[test]

@@ -48,6 +48,23 @@ pub(super) fn refuse_verbs_without_channel<'a>(
     Ok(())
 }
 
+/// Fails naming the first of `pids` that holds the RDMA connection manager open.
+pub(super) fn refuse_rdma_cm(job: u64, pids: &[i32]) -> Result<(), AgentError> {
+    for &pid in pids {
+        if let Some(fd) = procfs::fd_on(pid, procfs::RDMA_CM) {
+            let comm = procfs::stat(pid).map(|s| s.comm).unwrap_or_default();
+            return Err(AgentError::RdmaCmHeld {
+                job,
+                pid,
+                comm,
+                device: procfs::RDMA_CM.into(),
+                fd,
+            });
+        }
+    }
+    Ok(())
+}
+
 fn join_pids(pids: &[i32]) -> String {
     pids.iter()
         .map(|p| p.to_string())

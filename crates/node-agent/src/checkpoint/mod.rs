@@ -19,7 +19,7 @@ use crate::jobs::{io_err, now_ms, EpochWork, Jobs, NodeJob, NodePhase, Observed,
 use crate::launch::exit_text;
 use crate::modes::{set_mode, PRIVATE_DIR};
 use crate::procfs;
-use channels::refuse_verbs_without_channel;
+use channels::{refuse_rdma_cm, refuse_verbs_without_channel};
 use dump::dump_frozen;
 
 pub(crate) use channels::channel_pids;
@@ -104,6 +104,7 @@ impl Jobs {
         // A process with a channel releases the device before the freeze; checked again then.
         let channeled = self.channels.up(&pids).await;
         refuse_verbs_without_channel(job_id, pids.iter().filter(|p| !channeled.contains(p)))?;
+        refuse_rdma_cm(job_id, &pids)?;
         for &pid in &pids {
             estimated += procfs::rss_bytes(pid);
         }
