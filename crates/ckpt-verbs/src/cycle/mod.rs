@@ -492,3 +492,6 @@ fn release() -> Result<QuiesceReport, String> {
     }
     Ok(report(0))
 }
+
+#[cfg(test)]
+mod tests;

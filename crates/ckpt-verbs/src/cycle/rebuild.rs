@@ -111,7 +111,7 @@ fn needs_peer(t: &Transition) -> bool {
 
 /// The state changes of `qp` to replay now: before the first that needs a peer (`later` false),
 /// or from it on (`later` true). A QP the program moved to the error state goes straight there.
-fn to_replay(qp: &ShadowQp, later: bool) -> Vec<Transition> {
+pub(super) fn to_replay(qp: &ShadowQp, later: bool) -> Vec<Transition> {
     let all = lock(&qp.transitions).clone();
     if qp.qp.state == ffi::ibv_qp_state::IBV_QPS_ERR {
         if later {
