@@ -22,21 +22,7 @@ for r in 0 1; do
     echo "RESULT reference rank $r $(awk '/ done / {print $7}' "$W/ref$r")"
 done
 
-export CKPT_SOCKET=$W/ckptd.sock
-cat > "$W/ckptd.toml" <<TOML
-listen = "127.0.0.1:0"
-socket = "$W/ckptd.sock"
-database = "$W/ckptd.redb"
-tls_dir = "$W/tls"
-[agent]
-state_dir = "$W/state"
-local_dir = "$W/local"
-allow_root_jobs = true
-TOML
-CKPT_FAILPOINTS=$W/failpoints "$BIN/ckptd" --standalone --config "$W/ckptd.toml" > "$W/ckptd.log" 2>&1 &
-CKPTD=$!
-trap 'kill $CKPTD 2>/dev/null || true; echo "--- ckptd log"; tail -n 60 "$W/ckptd.log"' EXIT
-for _ in $(seq 200); do "$BIN/ckptctl" list > /dev/null 2>&1 && break; sleep 0.1; done
+. "$(dirname "$0")/standalone.sh"
 
 JOB=$("$BIN/ckptctl" run --name halo -- bash -c \
     "$APP 0 127.0.0.1 7102 $ITERS $WORDS & $APP 1 127.0.0.1 7102 $ITERS $WORDS; wait")

@@ -23,21 +23,8 @@ say "reference: an uninterrupted run without the layer"
 timeout 300 $MPIRUN "$APP" "$N" "$ITERS" > "$W/ref.out" 2>&1 || { cat "$W/ref.out"; exit 3; }
 echo "RESULT reference $(grep '^checksum' "$W/ref.out")"
 
-export CKPT_SOCKET=$W/ckptd.sock
-cat > "$W/ckptd.toml" <<TOML
-listen = "127.0.0.1:0"
-socket = "$W/ckptd.sock"
-database = "$W/ckptd.redb"
-tls_dir = "$W/tls"
-[agent]
-state_dir = "$W/state"
-local_dir = "$W/local"
-allow_root_jobs = true
-TOML
-CKPT_FAILPOINTS=$W/failpoints "$BIN/ckptd" --standalone --config "$W/ckptd.toml" > "$W/ckptd.log" 2>&1 &
-CKPTD=$!
-trap 'kill $CKPTD 2>/dev/null || true; echo "--- ckptd log"; grep -E "WARN|ERROR|channel|layer|rebuil" "$W/ckptd.log" | tail -n 60' EXIT
-for _ in $(seq 200); do "$BIN/ckptctl" list > /dev/null 2>&1 && break; sleep 0.1; done
+CKPTD_LOG_GREP="WARN|ERROR|channel|layer|rebuil"
+. "$(dirname "$0")/standalone.sh"
 
 say "a job whose UCX holds the RDMA connection manager is refused, and runs on"
 JOB=$("$BIN/ckptctl" run --name heat-rdmacm -- $WITH_RDMACM -x LD_PRELOAD="$LIB" -x CKPT_IBQ_SOCKET \
