@@ -499,41 +499,38 @@ unsafe fn post_receives(
     })
 }
 
-/// `ibv_post_recv` on a shadow QP.
-pub unsafe extern "C" fn post_recv(
-    qp: *mut ffi::ibv_qp,
-    wr: *mut ffi::ibv_recv_wr,
-    bad: *mut *mut ffi::ibv_recv_wr,
-) -> c_int {
-    // SAFETY: only shadow QPs reach this table.
-    let s = unsafe { &*(qp as *const ShadowQp) };
-    // SAFETY: `real` is read inside the gate, live there; the chain is the program's.
-    unsafe {
-        post_receives(wr, bad, &s.receives, |w, b| {
-            let real = s.real.load(Acquire);
-            let f = (*(*real).context).ops.post_recv.expect("post_recv");
-            f(real, w, b)
-        })
-    }
+/// A receive trampoline: `$name` on the shadow `$shadow` of a `$obj`, posting on its real
+/// object through the real context's `$op`.
+macro_rules! receive_trampoline {
+    ($(#[$m:meta])* $name:ident, $obj:ty, $shadow:ty, $op:ident) => {
+        $(#[$m])*
+        pub unsafe extern "C" fn $name(
+            q: *mut $obj,
+            wr: *mut ffi::ibv_recv_wr,
+            bad: *mut *mut ffi::ibv_recv_wr,
+        ) -> c_int {
+            // SAFETY: only shadows reach this table; their public struct comes first.
+            let s = unsafe { &*(q as *const $shadow) };
+            // SAFETY: `real` is read inside the gate, live there; the chain is the program's.
+            unsafe {
+                post_receives(wr, bad, &s.receives, |w, b| {
+                    let real = s.real.load(Acquire);
+                    let f = (*(*real).context).ops.$op.expect(stringify!($op));
+                    f(real, w, b)
+                })
+            }
+        }
+    };
 }
 
-/// `ibv_post_srq_recv` on a shadow SRQ.
-pub unsafe extern "C" fn post_srq_recv(
-    srq: *mut ffi::ibv_srq,
-    wr: *mut ffi::ibv_recv_wr,
-    bad: *mut *mut ffi::ibv_recv_wr,
-) -> c_int {
-    // SAFETY: only shadow SRQs reach this table.
-    let s = unsafe { &*(srq as *const ShadowSrq) };
-    // SAFETY: `real` is read inside the gate, live there; the chain is the program's.
-    unsafe {
-        post_receives(wr, bad, &s.receives, |w, b| {
-            let real = s.real.load(Acquire);
-            let f = (*(*real).context).ops.post_srq_recv.expect("post_srq_recv");
-            f(real, w, b)
-        })
-    }
-}
+receive_trampoline!(
+    /// `ibv_post_recv` on a shadow QP.
+    post_recv, ffi::ibv_qp, ShadowQp, post_recv
+);
+receive_trampoline!(
+    /// `ibv_post_srq_recv` on a shadow SRQ.
+    post_srq_recv, ffi::ibv_srq, ShadowSrq, post_srq_recv
+);
 
 /// Moves up to `n` held completions of `s` to `wc`; returns how many.
 ///
