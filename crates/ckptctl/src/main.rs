@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod client;
+mod rdma;
 
 use ckpt_proto::v1 as pb;
 use clap::{Parser, Subcommand};
@@ -56,6 +57,14 @@ enum Cmd {
         /// Node to start the command on (default: the first registered).
         #[arg(long)]
         node: Option<String>,
+        /// Run MPI over InfiniBand/RoCE verbs in a way ckpt can checkpoint: sets, unless your
+        /// environment has them, OMPI_MCA_pml=ucx OMPI_MCA_pml_ucx_devices=any
+        /// OMPI_MCA_pml_ucx_tls=any OMPI_MCA_btl=^openib,ofi OMPI_MCA_mtl=^ofi OMPI_MCA_osc=^ucx
+        /// UCX_TLS=rc_verbs,ud_verbs,self UCX_UD_VERBS_ETH_DGID_CHECK=n UCX_MODULES=^rdmacm,
+        /// and gives them to the job's processes on other nodes too. The agents preload the
+        /// verbs layer on nodes with RDMA devices either way (docs/infiniband.md).
+        #[arg(long)]
+        rdma: bool,
         /// The command, usually `mpiexec ...`.
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -364,17 +373,29 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Cmd::Run {
             name,
             node,
+            rdma,
             command,
         } => {
             let cwd = std::env::current_dir()
                 .map(|p| p.display().to_string())
                 .unwrap_or_else(|_| "/".into());
+            let mut env: std::collections::HashMap<String, String> = std::env::vars().collect();
+            let mut part_env = Default::default();
+            if rdma {
+                let a = rdma::apply(&mut env);
+                if !json && !a.set.is_empty() {
+                    let set: Vec<String> = a.set.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    eprintln!("--rdma set {}", set.join(" "));
+                }
+                part_env = a.part_env;
+            }
             let req = pb::RunRequest {
                 name: name.unwrap_or_default(),
                 argv: command,
                 cwd,
-                env: std::env::vars().collect(),
+                env,
                 node: node.unwrap_or_default(),
+                part_env,
             };
             let reply = c.run(req).await?;
             print_job(reply.into_inner().job, json, |job| {
@@ -593,6 +614,21 @@ async fn follow(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn run_help_names_every_rdma_setting_with_its_value() {
+        use clap::CommandFactory;
+        let mut cli = Cli::command();
+        let run = cli.find_subcommand_mut("run").unwrap();
+        let help = run.render_long_help().to_string();
+        let help: String = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        for (k, v) in rdma::SETTINGS {
+            assert!(
+                help.contains(&format!("{k}={v}")),
+                "{k}={v} missing from: {help}"
+            );
+        }
+    }
 
     #[test]
     fn a_nodes_state_reads_as_before_the_protocol_was_typed() {

@@ -226,6 +226,7 @@ impl pb::control_server::Control for ControlHandler {
             cwd: r.cwd,
             env: r.env,
             node: r.node,
+            part_env: r.part_env,
         };
         let job = self.coord.run(who, spec).await.map_err(|e| to_status(&e))?;
         let nodes = self.coord.inspect(&job).await;

@@ -377,6 +377,9 @@ pub struct Job {
     /// The job's secret: `ckpt-rsh` presents it to attach parts on other nodes.
     #[serde(default)]
     pub token: String,
+    /// Variables the job's parts on other nodes get besides their login environment.
+    #[serde(default)]
+    pub part_env: std::collections::BTreeMap<String, String>,
 }
 
 impl Job {
@@ -497,6 +500,7 @@ pub(crate) mod fixtures {
             created_unix_ms: 0,
             job_dir: String::new(),
             parts: vec![],
+            part_env: Default::default(),
             token: String::new(),
         }
     }

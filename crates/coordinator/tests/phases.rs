@@ -14,6 +14,25 @@ use coordinator::driver::DriveError;
 use coordinator::model::{EpochState, JobState, Phase};
 use tonic::Code;
 
+/// `ckptctl run --rdma` gives the UCX settings to the job's parts on other nodes, which
+/// `ckpt-rsh` starts with a login environment.
+#[tokio::test]
+async fn a_jobs_parts_on_other_nodes_get_its_part_env() {
+    let c = Cluster::start().await;
+    let job = c.job().await;
+    let launches = c.world.lock().unwrap().launches.clone();
+    let part = format!("{job} UCX_TLS=rc_verbs,ud_verbs,self");
+    assert_eq!(
+        launches,
+        [
+            ("n1".to_string(), format!("{job} ")),
+            ("n2".to_string(), part.clone()),
+            ("n3".to_string(), part),
+        ],
+        "the launcher node has the job's own environment, the others the part_env too"
+    );
+}
+
 #[tokio::test]
 async fn a_checkpoint_runs_every_phase_on_every_node_and_commits_their_manifests() {
     let c = Cluster::start().await;

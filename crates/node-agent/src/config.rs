@@ -38,6 +38,8 @@ pub struct AgentConfig {
     pub cgroup: CgroupConfig,
     /// How MPI launchers in jobs reach other nodes.
     pub launcher: LauncherConfig,
+    /// The verbs layer preloaded into jobs that may use RDMA devices.
+    pub verbs_layer: VerbsLayerConfig,
     /// Run jobs (and parts of jobs, and restores) as root (uid 0). Off by default: a job runs
     /// with its owner's uid, and root's jobs have no business on a compute node.
     pub allow_root_jobs: bool,
@@ -111,6 +113,108 @@ impl LauncherConfig {
     }
 }
 
+/// When the agent preloads the verbs layer (`libckpt_verbs.so`) into a job's processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Preload {
+    /// When this node has an RDMA device (`/sys/class/infiniband` is not empty).
+    Auto,
+    /// On every launch.
+    Always,
+    /// Never: jobs that open a verbs device are refused at checkpoint.
+    Never,
+}
+
+/// The verbs layer that lets unmodified programs' verbs objects be released and rebuilt.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct VerbsLayerConfig {
+    /// When to put it in front of the job's `LD_PRELOAD`.
+    pub preload: Preload,
+    /// Path of `libckpt_verbs.so`, or `auto`: next to the agent's own binary.
+    pub path: String,
+}
+
+impl Default for VerbsLayerConfig {
+    fn default() -> Self {
+        VerbsLayerConfig {
+            preload: Preload::Auto,
+            path: "auto".into(),
+        }
+    }
+}
+
+/// Where the kernel lists RDMA devices.
+pub const RDMA_CLASS: &str = "/sys/class/infiniband";
+
+impl VerbsLayerConfig {
+    /// The layer to preload into jobs on a node whose RDMA devices are `devices`: none when
+    /// preloading is off (or `auto` without devices); an error naming the file and what is
+    /// wrong when it is missing or could be replaced by someone other than root (the agent
+    /// puts it into every job's processes).
+    pub fn resolve(&self, devices: &[String]) -> Result<Option<PathBuf>, String> {
+        match self.preload {
+            Preload::Never => return Ok(None),
+            Preload::Auto if devices.is_empty() => return Ok(None),
+            _ => {}
+        }
+        let p = if self.path == "auto" {
+            std::env::current_exe()
+                .map_err(|e| format!("cannot find the agent's own binary: {e}"))?
+                .with_file_name("libckpt_verbs.so")
+        } else {
+            PathBuf::from(&self.path)
+        };
+        trusted_file(&p).map(|()| Some(p))
+    }
+}
+
+/// Fails unless `p` is a regular file that only root (or this daemon's user) can replace: it and
+/// its directory are owned by one of them and not writable by group or others.
+pub fn trusted_file(p: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let me = nix::unistd::geteuid().as_raw();
+    let check = |p: &std::path::Path, what: &str| -> Result<std::fs::Metadata, String> {
+        let m = std::fs::symlink_metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        if m.uid() != 0 && m.uid() != me {
+            return Err(format!(
+                "{what} {} is owned by uid {}, not root: whoever owns it could put code into every job",
+                p.display(),
+                m.uid()
+            ));
+        }
+        if m.mode() & 0o022 != 0 {
+            return Err(format!(
+                "{what} {} is writable by group or others (mode {:o}): only root may be able to replace it",
+                p.display(),
+                m.mode() & 0o7777
+            ));
+        }
+        Ok(m)
+    };
+    if !p.is_absolute() {
+        return Err(format!("{} is not an absolute path", p.display()));
+    }
+    let m = check(p, "verbs layer")?;
+    if !m.file_type().is_file() {
+        return Err(format!("verbs layer {} is not a regular file", p.display()));
+    }
+    check(p.parent().unwrap_or(std::path::Path::new("/")), "directory")?;
+    Ok(())
+}
+
+/// The RDMA devices the kernel lists in `class` (normally [`RDMA_CLASS`]), sorted.
+pub fn rdma_devices(class: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(class)
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
 /// CRIU engine settings.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -155,6 +259,7 @@ impl Default for AgentConfig {
             criu: CriuConfig::default(),
             cgroup: CgroupConfig::default(),
             launcher: LauncherConfig::default(),
+            verbs_layer: VerbsLayerConfig::default(),
             allow_root_jobs: false,
             tls_dir: ckpt_auth::ca::DEFAULT_DIR.into(),
             min_uid: 1000,
@@ -281,6 +386,83 @@ mod tests {
         .unwrap();
         assert!(c.allow_root_jobs);
         assert_eq!(c.min_uid, 500);
+    }
+
+    #[test]
+    fn the_verbs_layer_is_preloaded_only_where_asked_and_only_if_root_owns_it() {
+        let c = AgentConfig::from_toml(Path::new("a.toml"), "").unwrap();
+        assert_eq!(c.verbs_layer.preload, Preload::Auto);
+        assert_eq!(c.verbs_layer.resolve(&[]).unwrap(), None, "auto, no device");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        let lib = dir.path().join("libckpt_verbs.so");
+        std::fs::write(&lib, b"x").unwrap();
+        let mode = |p: &Path, m| {
+            std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(m)).unwrap()
+        };
+        mode(&lib, 0o644);
+        let c = AgentConfig::from_toml(
+            Path::new("a.toml"),
+            &format!("[verbs_layer]\npath = \"{}\"\n", lib.display()),
+        )
+        .unwrap();
+        let rxe = ["rxe0".to_string()];
+        assert_eq!(c.verbs_layer.resolve(&rxe).unwrap(), Some(lib.clone()));
+        mode(&lib, 0o666);
+        let e = c.verbs_layer.resolve(&rxe).unwrap_err();
+        assert!(e.contains("writable by group or others"), "{e}");
+        mode(&lib, 0o644);
+        mode(dir.path(), 0o777);
+        let e = c.verbs_layer.resolve(&rxe).unwrap_err();
+        assert!(e.contains("directory") && e.contains("writable"), "{e}");
+        mode(dir.path(), 0o755);
+        let missing = VerbsLayerConfig {
+            preload: Preload::Always,
+            path: "/nonexistent/libckpt_verbs.so".into(),
+        };
+        let e = missing.resolve(&[]).unwrap_err();
+        assert!(e.contains("/nonexistent/libckpt_verbs.so"), "{e}");
+        let never = VerbsLayerConfig {
+            preload: Preload::Never,
+            ..missing
+        };
+        assert_eq!(never.resolve(&rxe).unwrap(), None);
+        let err = AgentConfig::from_toml(
+            Path::new("a.toml"),
+            "[verbs_layer]\npreload = \"sometimes\"\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("sometimes"), "{err}");
+    }
+
+    #[test]
+    fn packaged_example_is_valid_and_has_every_section() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/config/agent.toml");
+        let text = std::fs::read_to_string(&p).unwrap();
+        let c = AgentConfig::from_toml(&p, &text).unwrap();
+        assert_eq!(c.verbs_layer.preload, Preload::Auto);
+        for section in [
+            "[flush]",
+            "[criu]",
+            "[cgroup]",
+            "[launcher]",
+            "[verbs_layer]",
+        ] {
+            assert!(text.contains(section), "{section} is documented");
+        }
+    }
+
+    #[test]
+    fn rdma_devices_are_the_class_directory_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(rdma_devices(&dir.path().join("none")).is_empty());
+        std::fs::create_dir(dir.path().join("rxe0")).unwrap();
+        std::fs::create_dir(dir.path().join("mlx5_0")).unwrap();
+        assert_eq!(rdma_devices(dir.path()), ["mlx5_0", "rxe0"]);
     }
 
     #[test]

@@ -67,6 +67,37 @@ pub struct LaunchEnv {
     pub ca: Option<PathBuf>,
     /// Point Hydra and Open MPI at `launcher` unless the job chose a launcher itself.
     pub set_mpi_env: bool,
+    /// The verbs layer put in front of every job's `LD_PRELOAD` (none: preloading is off, or
+    /// this node has no RDMA device).
+    pub verbs_layer: Option<PathBuf>,
+}
+
+/// A job whose environment sets this to `off` is started without the verbs layer.
+pub const VERBS_LAYER_ENV: &str = "CKPT_VERBS_LAYER";
+/// The verbs layer's file name: a job that preloads a file of that name keeps its own.
+const VERBS_LAYER_FILE: &str = "libckpt_verbs.so";
+
+/// Puts `layer` first in `env`'s `LD_PRELOAD` (before libibverbs is loaded by anyone), unless
+/// the job turned it off or preloads a verbs layer itself.
+fn preload_layer(env: &mut BTreeMap<String, String>, layer: &Path) {
+    if env.get(VERBS_LAYER_ENV).is_some_and(|v| v == "off") {
+        return;
+    }
+    let cur = env.get("LD_PRELOAD").map(String::as_str).unwrap_or("");
+    // ld.so separates LD_PRELOAD entries by colons or spaces.
+    let theirs = cur.split([':', ' ']).any(|e| {
+        Path::new(e)
+            .file_name()
+            .is_some_and(|n| n == VERBS_LAYER_FILE)
+    });
+    if theirs {
+        return;
+    }
+    let v = match cur.trim() {
+        "" => layer.display().to_string(),
+        rest => format!("{}:{rest}", layer.display()),
+    };
+    env.insert("LD_PRELOAD".into(), v);
 }
 
 impl LaunchEnv {
@@ -80,6 +111,9 @@ impl LaunchEnv {
         }
         if let Some(ca) = &self.ca {
             env.insert("CKPT_TLS_CA".into(), ca.display().to_string());
+        }
+        if let Some(layer) = &self.verbs_layer {
+            preload_layer(env, layer);
         }
         let Some(l) = &self.launcher else { return };
         let l = l.display().to_string();
@@ -401,6 +435,7 @@ mod tests {
             launcher: Some("/usr/lib/ckpt/ckpt-rsh".into()),
             set_mpi_env: true,
             ca: Some("/etc/ckpt/tls/ca.pem".into()),
+            verbs_layer: None,
         };
         let mut env = BTreeMap::from([("OMPI_MCA_plm_rsh_agent".to_string(), "ssh".to_string())]);
         le.apply(&mut env, 7, "secret", "n1");
@@ -421,5 +456,40 @@ mod tests {
         .apply(&mut env, 7, "secret", "n1");
         assert!(!env.contains_key("HYDRA_LAUNCHER_EXEC"));
         assert_eq!(env["CKPT_RSH"], "/usr/lib/ckpt/ckpt-rsh");
+    }
+
+    #[test]
+    fn the_verbs_layer_goes_first_in_ld_preload_unless_the_job_says_otherwise() {
+        let le = LaunchEnv {
+            verbs_layer: Some("/usr/lib/ckpt/libckpt_verbs.so".into()),
+            ..LaunchEnv::default()
+        };
+        let with = |pairs: &[(&str, &str)]| {
+            let mut env: BTreeMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            le.apply(&mut env, 7, "secret", "n1");
+            env.get("LD_PRELOAD").cloned()
+        };
+        assert_eq!(with(&[]).as_deref(), Some("/usr/lib/ckpt/libckpt_verbs.so"));
+        assert_eq!(
+            with(&[("LD_PRELOAD", "libfoo.so")]).as_deref(),
+            Some("/usr/lib/ckpt/libckpt_verbs.so:libfoo.so"),
+            "before the job's own preloads, so it is found before libibverbs"
+        );
+        assert_eq!(
+            with(&[("LD_PRELOAD", "/home/u/libckpt_verbs.so libfoo.so")]).as_deref(),
+            Some("/home/u/libckpt_verbs.so libfoo.so"),
+            "a job that preloads a layer itself keeps it, and gets no second one"
+        );
+        assert_eq!(
+            with(&[(VERBS_LAYER_ENV, "off"), ("LD_PRELOAD", "libfoo.so")]).as_deref(),
+            Some("libfoo.so"),
+            "turned off by the job"
+        );
+        let mut env = BTreeMap::new();
+        LaunchEnv::default().apply(&mut env, 7, "secret", "n1");
+        assert!(!env.contains_key("LD_PRELOAD"), "no layer on this node");
     }
 }

@@ -41,7 +41,7 @@ use std::sync::Arc;
 
 use ckpt_proto::v1::agent_server::AgentServer;
 use tokio::net::TcpListener;
-use tracing::info;
+use tracing::{info, warn};
 
 pub use cgroup::CgroupError;
 pub use config::AgentConfig;
@@ -74,6 +74,9 @@ pub enum StartError {
     /// The node's credential is missing or unusable.
     #[error(transparent)]
     Auth(#[from] ckpt_auth::AuthError),
+    /// `[verbs_layer] preload = "always"` and the layer is missing or unsafe to preload.
+    #[error("verbs_layer: {0}")]
+    VerbsLayer(String),
     /// Serving failed.
     #[error("agent gRPC server: {0}")]
     Serve(#[from] tonic::transport::Error),
@@ -108,6 +111,25 @@ pub fn open_jobs(
     credential: Option<ckpt_auth::tls::Credential>,
 ) -> Result<Arc<jobs::Jobs>, StartError> {
     let criu = engine::criu::Criu::detect(&cfg.criu)?;
+    let devices = config::rdma_devices(std::path::Path::new(config::RDMA_CLASS));
+    let verbs_layer = match cfg.verbs_layer.resolve(&devices) {
+        Ok(Some(p)) => {
+            info!(layer = %p.display(), devices = ?devices, "jobs get the verbs layer preloaded");
+            Some(p)
+        }
+        Ok(None) => None,
+        Err(problem) if cfg.verbs_layer.preload == config::Preload::Always => {
+            return Err(StartError::VerbsLayer(problem))
+        }
+        Err(problem) => {
+            warn!(
+                %problem,
+                devices = ?devices,
+                "no verbs layer for jobs on this RDMA node: a job that opens a verbs device will be refused at checkpoint (fix [verbs_layer] path in agent.toml)"
+            );
+            None
+        }
+    };
     info!(criu = criu.path(), version = %engine::SnapshotEngine::version(&criu), "snapshot engine ready");
     let cgroups = cgroup::CgroupParent::resolve(&cfg.cgroup.parent, &cfg.cgroup.prefix)?;
     let staging =
@@ -133,6 +155,7 @@ pub fn open_jobs(
         coordinator: cfg.coordinator.clone(),
         launcher: cfg.launcher.resolve(),
         set_mpi_env: cfg.launcher.set_mpi_env,
+        verbs_layer,
         ca: credential
             .as_ref()
             .map(|_| cfg.tls_dir.join(ckpt_auth::ca::CA_CERT)),

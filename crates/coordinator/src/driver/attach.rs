@@ -117,6 +117,9 @@ impl Coordinator {
             env.insert("LOGNAME".to_string(), u.name.clone());
             env.insert("SHELL".to_string(), "/bin/sh".to_string());
         }
+        for (k, v) in &job.part_env {
+            env.insert(k.clone(), v.clone());
+        }
         let launch = pb::LaunchRequest {
             job_id: id,
             argv: vec!["/bin/sh".into(), "-c".into(), req.command.clone()],

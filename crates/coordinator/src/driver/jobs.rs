@@ -127,6 +127,7 @@ impl Coordinator {
                 "no command given: ckptctl run -- COMMAND [ARGS...]".into(),
             ));
         }
+        check_part_env(&spec.part_env)?;
         let node = if spec.node.is_empty() {
             self.agents
                 .list()
@@ -165,6 +166,7 @@ impl Coordinator {
                 job_dir: String::new(),
                 parts: vec![],
                 token: new_token(),
+                part_env: spec.part_env.clone().into_iter().collect(),
             };
             self.registry.put_job(&job)?;
             (id, name, job.token)
@@ -309,6 +311,39 @@ fn ended(state: pb::PartState, end: Option<&pb::JobEnd>) -> Option<JobState> {
     }
 }
 
+/// Most variables a job may give its parts on other nodes, and the longest value.
+const PART_ENV_MAX: usize = 64;
+const PART_ENV_VALUE_MAX: usize = 4096;
+
+/// Checks the variables a job's parts on other nodes get: environment variable names (not
+/// ckpt's own `CKPT_*`, which the agents set), bounded in number and size, no NUL.
+fn check_part_env(env: &std::collections::HashMap<String, String>) -> Result<(), DriveError> {
+    let bad = |m: String| Err(DriveError::Invalid(format!("part_env: {m}")));
+    if env.len() > PART_ENV_MAX {
+        return bad(format!("{} variables, at most {PART_ENV_MAX}", env.len()));
+    }
+    for (k, v) in env {
+        let name_ok = k
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && k.len() <= 128;
+        if !name_ok {
+            return bad(format!("{k:?} is not an environment variable name"));
+        }
+        if k.starts_with("CKPT_") {
+            return bad(format!("{k} is set by ckpt itself"));
+        }
+        if v.len() > PART_ENV_VALUE_MAX || v.contains('\0') {
+            return bad(format!(
+                "the value of {k} is longer than {PART_ENV_VALUE_MAX} bytes or has a NUL"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A fresh job secret: 128 random bits, hex.
 fn new_token() -> String {
     use std::io::Read;
@@ -331,6 +366,33 @@ const CANCEL_GRACE_STEPS: u32 = 50;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn part_env_takes_only_plain_variables_and_never_ckpts_own() {
+        let env = |pairs: &[(&str, &str)]| -> std::collections::HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert!(check_part_env(&env(&[("UCX_TLS", "rc_verbs,ud_verbs,self")])).is_ok());
+        for (k, v) in [
+            ("CKPT_JOB_TOKEN", "x"),
+            ("A=B", "x"),
+            ("1X", "x"),
+            ("", "x"),
+            ("UCX_TLS", "a\0b"),
+        ] {
+            let e = check_part_env(&env(&[(k, v)])).unwrap_err().to_string();
+            assert!(e.contains("part_env"), "{k}: {e}");
+        }
+        let long = "x".repeat(PART_ENV_VALUE_MAX + 1);
+        assert!(check_part_env(&env(&[("UCX_TLS", &long)])).is_err());
+        let many: std::collections::HashMap<String, String> = (0..=PART_ENV_MAX)
+            .map(|i| (format!("V{i}"), String::new()))
+            .collect();
+        assert!(check_part_env(&many).is_err());
+    }
 
     #[test]
     fn an_agents_part_state_is_the_jobs_end_or_nothing() {

@@ -163,6 +163,8 @@ pub struct RunSpec {
     pub env: std::collections::HashMap<String, String>,
     /// Node for the launcher (empty: the first registered).
     pub node: String,
+    /// Variables the job's parts on other nodes get too.
+    pub part_env: std::collections::HashMap<String, String>,
 }
 
 /// Milliseconds since the Unix epoch.

@@ -40,6 +40,8 @@ pub(crate) struct World {
     pub(crate) quiesce_rounds: HashMap<(String, u32), u32>,
     /// Epoch streams opened, over all nodes.
     pub(crate) streams: u32,
+    /// (node, detail) of every launch, kept when the log is cleared.
+    pub(crate) launches: Vec<(String, String)>,
 }
 
 pub(crate) type Shared = Arc<Mutex<World>>;
@@ -159,7 +161,19 @@ impl Agent for FakeAgent {
         &self,
         r: Request<pb::LaunchRequest>,
     ) -> Result<Response<pb::LaunchReply>, Status> {
-        self.enter("launch", r.get_ref().job_id.to_string()).await?;
+        // The job, and the UCX settings it was given (sorted).
+        let r = r.get_ref();
+        let mut ucx: Vec<String> = r
+            .env
+            .iter()
+            .filter(|(k, _)| k.starts_with("UCX_"))
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        ucx.sort();
+        let detail = format!("{} {}", r.job_id, ucx.join(" "));
+        let who = (self.node.clone(), detail.clone());
+        self.world.lock().unwrap().launches.push(who);
+        self.enter("launch", detail).await?;
         Ok(Response::new(pb::LaunchReply {
             pid: 100,
             job_dir: String::new(),
@@ -379,6 +393,7 @@ impl Cluster {
             cwd: "/".into(),
             env: HashMap::new(),
             node: "n1".into(),
+            part_env: HashMap::from([("UCX_TLS".into(), "rc_verbs,ud_verbs,self".into())]),
         };
         let job = self.coord.run(OWNER, spec).await.unwrap();
         for host in &NODES[1..] {
