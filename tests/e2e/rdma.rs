@@ -181,7 +181,6 @@ fn an_rdma_job_across_two_guests_is_checkpointed_killed_and_restarted() {
         return;
     }
     let apps = ckpt_tests::apps();
-    let share = tempfile::tempdir().expect("share dir");
     let body = |role: &str| {
         format!(
             "export ROLE={role} BIN={} APP={} ITERS=8000 WORDS=512\nbash {}\n",
@@ -192,37 +191,7 @@ fn an_rdma_job_across_two_guests_is_checkpointed_killed_and_restarted() {
                 .display()
         )
     };
-    let share_arg = format!("share={}", share.path().display());
-    let b = {
-        let (body, share_arg) = (body("b"), share_arg.clone());
-        std::thread::spawn(move || {
-            vm::run(
-                &body,
-                &[
-                    "name=ib2b",
-                    "ip=192.168.98.2/24",
-                    "mac=52:54:00:00:98:12",
-                    "wire=17992:17991",
-                    "mem=1536",
-                    "timeout=900",
-                    &share_arg,
-                ],
-            )
-        })
-    };
-    let a = vm::run(
-        &body("a"),
-        &[
-            "name=ib2a",
-            "ip=192.168.98.1/24",
-            "mac=52:54:00:00:98:11",
-            "wire=17991:17992",
-            "mem=2048",
-            "timeout=900",
-            &share_arg,
-        ],
-    );
-    let b = b.join().expect("guest b");
+    let (a, b) = vm::run_two("ib2", body, 17991, 900);
     assert_eq!(
         a.status, 0,
         "guest a: {}\nguest b: {}",
@@ -446,4 +415,113 @@ fn an_unmodified_mpi_job_over_verbs_is_checkpointed_aborted_killed_and_restarted
         assert_eq!(rebuilds(s).len(), 2, "{s}");
         assert_eq!(s["refused"], serde_json::json!([]), "{s}");
     }
+}
+
+/// Two guests, one rank on each: the unmodified `heat` under Open MPI, then under MPICH, both
+/// over UCX restricted to its verbs transports, started by `ckptctl run --rdma` (no layer or
+/// UCX setting in the command: the agents preload the layer, the settings reach the other node
+/// through the job's part_env, mpiexec starts the rank there through ckpt-rsh). Each job is
+/// checkpointed twice under traffic, SIGKILLed on both guests and restarted, and ends with the
+/// checksum of an uninterrupted run; every rank's layer shows new real QPNs and rkeys behind
+/// unchanged virtual ones.
+#[test]
+fn unmodified_mpi_jobs_over_verbs_across_two_guests_are_checkpointed_killed_and_restarted() {
+    if let Some(why) = vm::unavailable() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let bin = ckpt_tests::bin_dir();
+    assert!(
+        bin.join("libckpt_verbs.so").exists(),
+        "{}/libckpt_verbs.so (cargo build --release)",
+        bin.display()
+    );
+    let apps = ckpt_tests::apps();
+    let body = |role: &str| {
+        format!(
+            "export ROLE={role} BIN={} OMPI_APP={} MPICH_APP={} N=128 ITERS=8000 SLEEP=3000\nbash {}\n",
+            bin.display(),
+            apps.join("heat.openmpi").display(),
+            apps.join("heat.mpich").display(),
+            ckpt_tests::workspace()
+                .join("tests/guest/verbs_two_nodes.sh")
+                .display()
+        )
+    };
+    let (a, b) = vm::run_two("verbs2", body, 17993, 1500);
+    assert_eq!(
+        a.status, 0,
+        "guest a: {}\nguest b: {}",
+        a.console, b.console
+    );
+    assert_eq!(b.status, 0, "guest b: {}", b.console);
+    let res = results(&a.console);
+    let value = |p: &str| {
+        res.iter()
+            .find_map(|l| l.strip_prefix(p))
+            .unwrap_or_else(|| panic!("no {p:?} in {}", a.console))
+            .to_string()
+    };
+    let statuses = |prefix: &str| -> Vec<serde_json::Value> {
+        res.iter()
+            .filter_map(|l| l.strip_prefix(prefix))
+            .map(|s| serde_json::from_str(s).expect("status JSON"))
+            .collect()
+    };
+    for mpi in ["ompi", "mpich"] {
+        let reference = value(&format!("{mpi} reference checksum "));
+        assert_eq!(reference.len(), 16, "{mpi}: {reference:?}");
+        assert_eq!(
+            value(&format!("{mpi} restarted checksum ")),
+            reference,
+            "{mpi}: {}",
+            a.console
+        );
+        assert!(
+            value(&format!("{mpi} run ")).contains("UCX_TLS=rc_verbs,ud_verbs,self"),
+            "--rdma chose the verbs transports"
+        );
+        for i in 1..=2 {
+            assert_eq!(
+                value(&format!("{mpi} checkpoint {i} ok ")),
+                "2 verbs layer(s) drained",
+                "{mpi}: a layer in each rank, one rank on each guest"
+            );
+        }
+        let sent: u64 = value(&format!("{mpi} a sent_pkts ")).parse().unwrap();
+        assert!(sent > 500, "{mpi}: rank 0 sent over rxe: {sent} packets");
+        let running = statuses(&format!("{mpi} running status "));
+        assert_eq!(running.len(), 2, "{mpi}: both ranks' layers: {}", a.console);
+        for s in &running {
+            assert_eq!(s["refused"], serde_json::json!([]), "{s}");
+            assert_eq!(
+                (&s["unknown_lkeys"], &s["unknown_qpns"]),
+                (&0.into(), &0.into())
+            );
+            let rb = rebuilds(s);
+            assert_eq!(rb.len(), 2, "{mpi}: one rebuild per checkpoint: {s}");
+            let virt = |v: &[(u64, u64)]| v.iter().map(|p| p.0).collect::<Vec<_>>();
+            for (qps, mrs) in &rb {
+                assert!(qps.len() >= 2 && !mrs.is_empty(), "{s}");
+                assert_eq!(virt(qps), virt(&rb[0].0), "virtual QPNs unchanged: {s}");
+                assert_eq!(virt(mrs), virt(&rb[0].1), "virtual rkeys unchanged: {s}");
+                assert!(qps.iter().all(|(v, r)| v != r), "new real QPNs: {s}");
+                assert!(mrs.iter().all(|(v, r)| v != r), "new real rkeys: {s}");
+            }
+            assert_ne!(rb[0].0, rb[1].0, "each rebuild has its own real QPNs");
+        }
+        let last = statuses(&format!("{mpi} final status "));
+        assert_eq!(last.len(), 2, "{mpi}: both restored ranks: {}", a.console);
+        for s in &last {
+            // Restored from the second checkpoint (one rebuild before it), then rebuilt.
+            assert_eq!(rebuilds(s).len(), 2, "{s}");
+            assert_eq!(s["refused"], serde_json::json!([]), "{s}");
+        }
+    }
+    let b_sent: u64 = results(&b.console)
+        .iter()
+        .find_map(|l| l.strip_prefix("b sent_pkts "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("guest b's packet count: {}", b.console));
+    assert!(b_sent > 1000, "rank 1 sent over rxe from guest b: {b_sent}");
 }

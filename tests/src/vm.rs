@@ -67,6 +67,41 @@ pub fn run(body: &str, settings: &[&str]) -> GuestRun {
     }
 }
 
+/// Boots two guests joined by a UDP wire on host ports `port` and `port + 1`, sharing a fresh
+/// host directory at `/share`: `a` (192.168.98.1) with 2 GiB, `b` (192.168.98.2) with 1.5 GiB,
+/// named `<name>a`/`<name>b`, each running `body(role)`; returns (a, b).
+pub fn run_two(
+    name: &str,
+    body: impl Fn(&str) -> String,
+    port: u16,
+    timeout_s: u32,
+) -> (GuestRun, GuestRun) {
+    let share = tempfile::tempdir().expect("share dir");
+    let share_arg = format!("share={}", share.path().display());
+    let timeout = format!("timeout={timeout_s}");
+    let guest = |role: &str, me: u16, peer: u16, mem: &str| {
+        let settings = [
+            format!("name={name}{role}"),
+            format!("ip=192.168.98.{}/24", if role == "a" { 1 } else { 2 }),
+            format!("mac=52:54:00:00:98:1{}", if role == "a" { 1 } else { 2 }),
+            format!("wire={me}:{peer}"),
+            format!("mem={mem}"),
+            timeout.clone(),
+            share_arg.clone(),
+        ];
+        (body(role), settings)
+    };
+    let (body_b, set_b) = guest("b", port + 1, port, "1536");
+    let b = std::thread::spawn(move || {
+        let set: Vec<&str> = set_b.iter().map(String::as_str).collect();
+        run(&body_b, &set)
+    });
+    let (body_a, set_a) = guest("a", port, port + 1, "2048");
+    let set: Vec<&str> = set_a.iter().map(String::as_str).collect();
+    let a = run(&body_a, &set);
+    (a, b.join().expect("guest b"))
+}
+
 /// Runs the named tests of the calling test binary again inside one guest (`name`: the guest's
 /// name), for what this host's kernel or container cannot do (cgroup v2, every capability), and
 /// panics unless every one of them ran and passed there, none skipped.

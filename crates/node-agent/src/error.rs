@@ -75,6 +75,22 @@ pub enum AgentError {
         /// Device path.
         device: String,
     },
+    /// A process has the verbs layer, which did not reach this node's agent.
+    #[error("job {job}: process {pid} ({comm}) has {device} open or mapped through the verbs layer, but the layer is not connected to this node's agent: its CKPT_IBQ_SOCKET is {found}, this agent's socket is {socket}. MPI launchers that copy the environment to other nodes (MPICH's Hydra does) need every agent to use the same state_dir (the default, /var/lib/ckpt/agent)")]
+    LayerNotConnected {
+        /// Job id.
+        job: u64,
+        /// Process.
+        pid: i32,
+        /// Its name.
+        comm: String,
+        /// Device path.
+        device: String,
+        /// What the process has in CKPT_IBQ_SOCKET (or "unset").
+        found: String,
+        /// The agent's control socket.
+        socket: PathBuf,
+    },
     /// A process holds the RDMA connection manager, which nothing rebuilds after a snapshot.
     #[error("job {job}: process {pid} ({comm}) holds {device} as fd {fd}: connections of the RDMA connection manager cannot be taken through a checkpoint (neither ib-quiesce nor the verbs layer rebuilds them). For UCX set UCX_MODULES=^rdmacm (ckpt's RDMA settings in docs/infiniband.md do); the job runs on")]
     RdmaCmHeld {

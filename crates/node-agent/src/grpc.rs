@@ -36,6 +36,7 @@ pub fn to_status(e: AgentError) -> Status {
         | AgentError::StillRunning { .. } => Status::failed_precondition(msg),
         AgentError::PidsTaken { .. }
         | AgentError::VerbsWithoutChannel { .. }
+        | AgentError::LayerNotConnected { .. }
         | AgentError::RdmaCmHeld { .. }
         | AgentError::AddressMissing { .. }
         | AgentError::OutsideTree { .. } => Status::failed_precondition(msg),

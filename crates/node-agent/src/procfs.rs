@@ -285,6 +285,22 @@ pub fn local_addresses() -> Vec<std::net::IpAddr> {
     out
 }
 
+/// The value of variable `key` in the environment a process started with.
+pub fn environ_var(pid: i32, key: &str) -> Option<String> {
+    let env = fs::read(format!("/proc/{pid}/environ")).ok()?;
+    env.split(|&b| b == 0).find_map(|kv| {
+        let kv = std::str::from_utf8(kv).ok()?;
+        Some(kv.strip_prefix(key)?.strip_prefix('=')?.to_string())
+    })
+}
+
+/// Whether the process maps a file named `name` (a shared library, say).
+pub fn maps_file(pid: i32, name: &str) -> bool {
+    mapped_paths(pid)
+        .iter()
+        .any(|p| Path::new(p).file_name().is_some_and(|n| n == name))
+}
+
 /// The MPI rank of a process, from the variables MPICH's Hydra (`PMI_RANK`) and Open MPI
 /// (`OMPI_COMM_WORLD_RANK`) put in each rank's environment.
 pub fn mpi_rank(pid: i32) -> Option<i32> {
@@ -436,6 +452,32 @@ pub fn uid_of(pid: i32) -> Option<u32> {
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn reads_a_childs_environment_and_mapped_libraries() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .env("CKPT_IBQ_SOCKET", "/elsewhere/control.sock")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        // Until exec and the dynamic loader are done the child has the parent's image.
+        let mut libc = false;
+        for _ in 0..200 {
+            libc = maps_file(pid, "libc.so.6");
+            if libc {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let env = environ_var(pid, "CKPT_IBQ_SOCKET");
+        let other = maps_file(pid, "libckpt_verbs.so");
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(env.as_deref(), Some("/elsewhere/control.sock"));
+        assert_eq!(environ_var(pid, "CKPT_IBQ"), None, "whole names only");
+        assert!(libc && !other);
+    }
 
     #[test]
     fn reads_own_stat_and_open_files() {

@@ -2,6 +2,7 @@
 //! reconnected after the thaw or a restart's release.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,6 +13,8 @@ use crate::ibq::{ChannelFailure, Channels, Rebuilt};
 use crate::jobs::{Jobs, NodeJob};
 use crate::procfs;
 
+/// The verbs layer's file name, as a process maps it.
+const VERBS_LAYER_FILE: &str = "libckpt_verbs.so";
 /// The manifest note listing the processes whose ib-quiesce channels were quiesced.
 const CHANNEL_NOTE: &str = "ibq_channels";
 /// How long channels have to drain and flush before the freeze, and drained verbs layers to
@@ -29,14 +32,27 @@ fn channel_error(job: u64, step: &'static str) -> impl Fn(ChannelFailure) -> Age
     }
 }
 
-/// Fails naming the first of `pids` that maps or holds a verbs device.
+/// Fails naming the first of `pids` that maps or holds a verbs device; when that process has
+/// the verbs layer, says where the layer looked for the agent (`socket`).
 pub(super) fn refuse_verbs_without_channel<'a>(
     job: u64,
     pids: impl IntoIterator<Item = &'a i32>,
+    socket: &Path,
 ) -> Result<(), AgentError> {
     for &pid in pids {
         if let Some(device) = procfs::verbs_device(pid) {
             let comm = procfs::stat(pid).map(|s| s.comm).unwrap_or_default();
+            if procfs::maps_file(pid, VERBS_LAYER_FILE) {
+                return Err(AgentError::LayerNotConnected {
+                    job,
+                    pid,
+                    comm,
+                    device,
+                    found: procfs::environ_var(pid, ib_quiesce::control::SOCKET_ENV)
+                        .unwrap_or_else(|| "unset".into()),
+                    socket: socket.to_path_buf(),
+                });
+            }
             return Err(AgentError::VerbsWithoutChannel {
                 job,
                 pid,
@@ -128,7 +144,11 @@ impl Jobs {
             );
         }
         let drained = &job.layer_drained;
-        refuse_verbs_without_channel(job_id, pids.iter().filter(|p| !drained.contains(p)))
+        refuse_verbs_without_channel(
+            job_id,
+            pids.iter().filter(|p| !drained.contains(p)),
+            self.channels.socket(),
+        )
     }
 
     /// Quiesce, second round, before the freeze: every node's processes drained (the
@@ -158,7 +178,7 @@ impl Jobs {
             .as_ref()
             .map(|w| w.pids.as_slice())
             .unwrap_or_default();
-        refuse_verbs_without_channel(job_id, pids)
+        refuse_verbs_without_channel(job_id, pids, self.channels.socket())
     }
 
     /// Post-checkpoint (or after a restart's release): the job's channels that are down

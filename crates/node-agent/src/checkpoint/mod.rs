@@ -103,7 +103,11 @@ impl Jobs {
         let mut estimated = 0u64;
         // A process with a channel releases the device before the freeze; checked again then.
         let channeled = self.channels.up(&pids).await;
-        refuse_verbs_without_channel(job_id, pids.iter().filter(|p| !channeled.contains(p)))?;
+        refuse_verbs_without_channel(
+            job_id,
+            pids.iter().filter(|p| !channeled.contains(p)),
+            self.channels.socket(),
+        )?;
         refuse_rdma_cm(job_id, &pids)?;
         for &pid in &pids {
             estimated += procfs::rss_bytes(pid);
