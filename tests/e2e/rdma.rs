@@ -439,7 +439,7 @@ fn unmodified_mpi_jobs_over_verbs_across_two_guests_are_checkpointed_killed_and_
     let apps = ckpt_tests::apps();
     let body = |role: &str| {
         format!(
-            "export ROLE={role} BIN={} OMPI_APP={} MPICH_APP={} N=128 ITERS=8000 SLEEP=3000\nbash {}\n",
+            "export ROLE={role} BIN={} OMPI_APP={} MPICH_APP={} N=128 ITERS=4500 SLEEP=3000\nbash {}\n",
             bin.display(),
             apps.join("heat.openmpi").display(),
             apps.join("heat.mpich").display(),
