@@ -180,24 +180,12 @@ fn an_rdma_job_across_two_guests_is_checkpointed_killed_and_restarted() {
         eprintln!("SKIPPED: {why}");
         return;
     }
-    let apps = ckpt_tests::apps();
-    let body = |role: &str| {
-        format!(
-            "export ROLE={role} BIN={} APP={} ITERS=8000 WORDS=512\nbash {}\n",
-            ckpt_tests::bin_dir().display(),
-            apps.join("rdma_halo").display(),
-            ckpt_tests::workspace()
-                .join("tests/guest/ib_two_nodes.sh")
-                .display()
-        )
-    };
-    let (a, b) = vm::run_two("ib2", body, 17991, 900);
-    assert_eq!(
-        a.status, 0,
-        "guest a: {}\nguest b: {}",
-        a.console, b.console
+    let env = format!(
+        "BIN={} APP={} ITERS=8000 WORDS=512",
+        ckpt_tests::bin_dir().display(),
+        ckpt_tests::apps().join("rdma_halo").display(),
     );
-    assert_eq!(b.status, 0, "guest b: {}", b.console);
+    let (a, b) = vm::run_two("ib2", "tests/guest/ib_two_nodes.sh", &env, 17991, 900);
     let res = results(&a.console);
     let find = |p: &str| res.iter().find(|l| l.starts_with(p)).cloned();
     assert!(find("checkpoint ok").is_some(), "{}", a.console);
@@ -319,6 +307,52 @@ fn rebuilds(status: &serde_json::Value) -> Vec<(Pairs, Pairs)> {
         .collect()
 }
 
+/// The layer statuses printed after `prefix` in RESULT lines.
+fn statuses(res: &[String], prefix: &str) -> Vec<serde_json::Value> {
+    res.iter()
+        .filter_map(|l| l.strip_prefix(prefix))
+        .map(|s| serde_json::from_str(s).expect("status JSON"))
+        .collect()
+}
+
+/// Each running rank's layer refused nothing, met no key or QPN it did not know, and rebuilt
+/// `n` times, each time with new real QPNs and rkeys behind the virtual ones the program has
+/// held since it started.
+fn assert_rebuilt_behind_the_same_virtual_numbers(running: &[serde_json::Value], n: usize) {
+    for s in running {
+        assert_eq!(s["refused"], serde_json::json!([]), "{s}");
+        assert_eq!(
+            (&s["unknown_lkeys"], &s["unknown_qpns"]),
+            (&0.into(), &0.into())
+        );
+        let rb = rebuilds(s);
+        assert_eq!(rb.len(), n, "{s}");
+        let virt = |v: &[(u64, u64)]| v.iter().map(|p| p.0).collect::<Vec<_>>();
+        for (qps, mrs) in &rb {
+            assert!(qps.len() >= 2 && !mrs.is_empty(), "{s}");
+            assert_eq!(virt(qps), virt(&rb[0].0), "virtual QPNs unchanged: {s}");
+            assert_eq!(virt(mrs), virt(&rb[0].1), "virtual rkeys unchanged: {s}");
+            assert!(qps.iter().all(|(v, r)| v != r), "new real QPNs: {s}");
+            assert!(mrs.iter().all(|(v, r)| v != r), "new real rkeys: {s}");
+        }
+        assert_ne!(
+            rb[n - 2].0,
+            rb[n - 1].0,
+            "each rebuild has its own real QPNs"
+        );
+    }
+}
+
+/// Each restored rank reported at its exit: restored from the second checkpoint (one rebuild
+/// before it), then rebuilt; nothing refused.
+fn assert_restored_from_the_second_checkpoint(last: &[serde_json::Value]) {
+    assert_eq!(last.len(), 2, "each restored rank reported at its exit");
+    for s in last {
+        assert_eq!(rebuilds(s).len(), 2, "{s}");
+        assert_eq!(s["refused"], serde_json::json!([]), "{s}");
+    }
+}
+
 /// One guest, two ranks: the unmodified `heat` (Open MPI, not linked with ib-quiesce) over UCX's
 /// verbs transports, with `libckpt_verbs.so` preloaded, under ckpt: checkpointed twice under
 /// traffic, a third checkpoint aborted after the quiesce (its dump fails) with the job going on,
@@ -375,46 +409,11 @@ fn an_unmodified_mpi_job_over_verbs_is_checkpointed_aborted_killed_and_restarted
     value("after the abort the job goes on");
     let sent: u64 = value("sent_pkts ").parse().expect("a count");
     assert!(sent > 1000, "the ranks talked over rxe: {sent} packets");
-    let statuses = |prefix: &str| -> Vec<serde_json::Value> {
-        res.iter()
-            .filter_map(|l| l.strip_prefix(prefix))
-            .map(|s| serde_json::from_str(s).expect("status JSON"))
-            .collect()
-    };
-    let running = statuses("running status ");
+    let running = statuses(&res, "running status ");
     assert_eq!(running.len(), 2, "{}", r.console);
-    for s in &running {
-        assert_eq!(s["refused"], serde_json::json!([]), "{s}");
-        assert_eq!(
-            (&s["unknown_lkeys"], &s["unknown_qpns"]),
-            (&0.into(), &0.into())
-        );
-        // Two checkpoints and the abort: three rebuilds, each with new real numbers behind the
-        // virtual ones the program has held since it started.
-        let rb = rebuilds(s);
-        assert_eq!(rb.len(), 3, "{s}");
-        let virt = |v: &[(u64, u64)]| v.iter().map(|p| p.0).collect::<Vec<_>>();
-        for (qps, mrs) in &rb {
-            assert!(qps.len() >= 2 && !mrs.is_empty(), "{s}");
-            assert_eq!(virt(qps), virt(&rb[0].0), "virtual QPNs unchanged: {s}");
-            assert_eq!(virt(mrs), virt(&rb[0].1), "virtual rkeys unchanged: {s}");
-            assert!(qps.iter().all(|(v, r)| v != r), "new real QPNs: {s}");
-            assert!(mrs.iter().all(|(v, r)| v != r), "new real rkeys: {s}");
-        }
-        assert_ne!(rb[1].0, rb[2].0, "each rebuild has its own real QPNs");
-    }
-    let last = statuses("final status ");
-    assert_eq!(
-        last.len(),
-        2,
-        "each restored rank reported at its exit: {}",
-        r.console
-    );
-    for s in &last {
-        // Restored from the second checkpoint (one rebuild before it), then rebuilt.
-        assert_eq!(rebuilds(s).len(), 2, "{s}");
-        assert_eq!(s["refused"], serde_json::json!([]), "{s}");
-    }
+    // Two checkpoints and the abort: three rebuilds.
+    assert_rebuilt_behind_the_same_virtual_numbers(&running, 3);
+    assert_restored_from_the_second_checkpoint(&statuses(&res, "final status "));
 }
 
 /// Two guests, one rank on each: the unmodified `heat` under Open MPI, then under MPICH, both
@@ -437,36 +436,25 @@ fn unmodified_mpi_jobs_over_verbs_across_two_guests_are_checkpointed_killed_and_
         bin.display()
     );
     let apps = ckpt_tests::apps();
-    let body = |role: &str| {
-        format!(
-            "export ROLE={role} BIN={} OMPI_APP={} MPICH_APP={} N=128 ITERS=4500 SLEEP=3000\nbash {}\n",
-            bin.display(),
-            apps.join("heat.openmpi").display(),
-            apps.join("heat.mpich").display(),
-            ckpt_tests::workspace()
-                .join("tests/guest/verbs_two_nodes.sh")
-                .display()
-        )
-    };
-    let (a, b) = vm::run_two("verbs2", body, 17993, 1500);
-    assert_eq!(
-        a.status, 0,
-        "guest a: {}\nguest b: {}",
-        a.console, b.console
+    let env = format!(
+        "BIN={} OMPI_APP={} MPICH_APP={} N=128 ITERS=4500 SLEEP=3000",
+        bin.display(),
+        apps.join("heat.openmpi").display(),
+        apps.join("heat.mpich").display(),
     );
-    assert_eq!(b.status, 0, "guest b: {}", b.console);
+    let (a, b) = vm::run_two(
+        "verbs2",
+        "tests/guest/verbs_two_nodes.sh",
+        &env,
+        17993,
+        1500,
+    );
     let res = results(&a.console);
     let value = |p: &str| {
         res.iter()
             .find_map(|l| l.strip_prefix(p))
             .unwrap_or_else(|| panic!("no {p:?} in {}", a.console))
             .to_string()
-    };
-    let statuses = |prefix: &str| -> Vec<serde_json::Value> {
-        res.iter()
-            .filter_map(|l| l.strip_prefix(prefix))
-            .map(|s| serde_json::from_str(s).expect("status JSON"))
-            .collect()
     };
     for mpi in ["ompi", "mpich"] {
         let reference = value(&format!("{mpi} reference checksum "));
@@ -490,33 +478,14 @@ fn unmodified_mpi_jobs_over_verbs_across_two_guests_are_checkpointed_killed_and_
         }
         let sent: u64 = value(&format!("{mpi} a sent_pkts ")).parse().unwrap();
         assert!(sent > 500, "{mpi}: rank 0 sent over rxe: {sent} packets");
-        let running = statuses(&format!("{mpi} running status "));
+        let running = statuses(&res, &format!("{mpi} running status "));
         assert_eq!(running.len(), 2, "{mpi}: both ranks' layers: {}", a.console);
-        for s in &running {
-            assert_eq!(s["refused"], serde_json::json!([]), "{s}");
-            assert_eq!(
-                (&s["unknown_lkeys"], &s["unknown_qpns"]),
-                (&0.into(), &0.into())
-            );
-            let rb = rebuilds(s);
-            assert_eq!(rb.len(), 2, "{mpi}: one rebuild per checkpoint: {s}");
-            let virt = |v: &[(u64, u64)]| v.iter().map(|p| p.0).collect::<Vec<_>>();
-            for (qps, mrs) in &rb {
-                assert!(qps.len() >= 2 && !mrs.is_empty(), "{s}");
-                assert_eq!(virt(qps), virt(&rb[0].0), "virtual QPNs unchanged: {s}");
-                assert_eq!(virt(mrs), virt(&rb[0].1), "virtual rkeys unchanged: {s}");
-                assert!(qps.iter().all(|(v, r)| v != r), "new real QPNs: {s}");
-                assert!(mrs.iter().all(|(v, r)| v != r), "new real rkeys: {s}");
-            }
-            assert_ne!(rb[0].0, rb[1].0, "each rebuild has its own real QPNs");
-        }
-        let last = statuses(&format!("{mpi} final status "));
-        assert_eq!(last.len(), 2, "{mpi}: both restored ranks: {}", a.console);
-        for s in &last {
-            // Restored from the second checkpoint (one rebuild before it), then rebuilt.
-            assert_eq!(rebuilds(s).len(), 2, "{s}");
-            assert_eq!(s["refused"], serde_json::json!([]), "{s}");
-        }
+        // One rebuild per checkpoint.
+        assert_rebuilt_behind_the_same_virtual_numbers(&running, 2);
+        assert_restored_from_the_second_checkpoint(&statuses(
+            &res,
+            &format!("{mpi} final status "),
+        ));
     }
     let b_sent: u64 = results(&b.console)
         .iter()

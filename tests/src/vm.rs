@@ -69,13 +69,17 @@ pub fn run(body: &str, settings: &[&str]) -> GuestRun {
 
 /// Boots two guests joined by a UDP wire on host ports `port` and `port + 1`, sharing a fresh
 /// host directory at `/share`: `a` (192.168.98.1) with 2 GiB, `b` (192.168.98.2) with 1.5 GiB,
-/// named `<name>a`/`<name>b`, each running `body(role)`; returns (a, b).
+/// named `<name>a`/`<name>b`, each running the workspace's `script` with `ROLE` (a or b) and the
+/// variables `env` (`K=V ...`) exported; panics unless both end with status 0. Returns (a, b).
 pub fn run_two(
     name: &str,
-    body: impl Fn(&str) -> String,
+    script: &str,
+    env: &str,
     port: u16,
     timeout_s: u32,
 ) -> (GuestRun, GuestRun) {
+    let script = crate::workspace().join(script);
+    let body = |role: &str| format!("export ROLE={role} {env}\nbash {}\n", script.display());
     let share = tempfile::tempdir().expect("share dir");
     let share_arg = format!("share={}", share.path().display());
     let timeout = format!("timeout={timeout_s}");
@@ -99,7 +103,14 @@ pub fn run_two(
     let (body_a, set_a) = guest("a", port, port + 1, "2048");
     let set: Vec<&str> = set_a.iter().map(String::as_str).collect();
     let a = run(&body_a, &set);
-    (a, b.join().expect("guest b"))
+    let b = b.join().expect("guest b");
+    assert_eq!(
+        a.status, 0,
+        "guest a: {}\nguest b: {}",
+        a.console, b.console
+    );
+    assert_eq!(b.status, 0, "guest b: {}", b.console);
+    (a, b)
 }
 
 /// Runs the named tests of the calling test binary again inside one guest (`name`: the guest's
