@@ -37,6 +37,9 @@ pub fn to_status(e: AgentError) -> Status {
         AgentError::PidsTaken { .. }
         | AgentError::VerbsWithoutChannel { .. }
         | AgentError::RdmaCmHeld { .. }
+        | AgentError::VerbsFdOutsideLayer { .. }
+        | AgentError::VerbsMappedOutsideLayer { .. }
+        | AgentError::UnsupportedVerbsFeature { .. }
         | AgentError::AddressMissing { .. }
         | AgentError::OutsideTree { .. } => Status::failed_precondition(msg),
         AgentError::BadToken { .. } => Status::permission_denied(msg),
