@@ -444,3 +444,78 @@ fn unmodified_mpi_jobs_over_verbs_across_two_guests_are_checkpointed_killed_and_
         .unwrap_or_else(|| panic!("guest b's packet count: {}", b.console));
     assert!(b_sent > 1000, "rank 1 sent over rxe from guest b: {b_sent}");
 }
+
+/// One guest, a plain verbs program (`tests/apps/verbs_refusals.c`: a UD QP in RTS) with the
+/// verbs layer preloaded, under ckpt. Alone it is checkpointed. When it also holds the device
+/// file open itself, or has its QP attached to a multicast group through the layer (passed
+/// through to rxe), a checkpoint is refused at initial sync naming the process and the
+/// descriptor or the feature. Each time the program keeps running.
+#[test]
+fn a_verbs_fd_outside_the_layer_and_multicast_in_use_are_refused_and_the_job_runs_on() {
+    if let Some(why) = vm::unavailable() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let bin = ckpt_tests::bin_dir();
+    let lib = bin.join("libckpt_verbs.so");
+    assert!(lib.exists(), "{} (cargo build --release)", lib.display());
+    let app = ckpt_tests::apps().join("verbs_refusals");
+    assert!(app.exists(), "{} (make -C tests/apps)", app.display());
+    let body = format!(
+        "export BIN={} LIB={} APP={}\nbash {}\n",
+        bin.display(),
+        lib.display(),
+        app.display(),
+        ckpt_tests::workspace()
+            .join("tests/guest/verbs_refusals.sh")
+            .display()
+    );
+    let r = vm::run(&body, &["name=refusals", "mem=2048", "timeout=600"]);
+    assert_eq!(r.status, 0, "guest script failed: {}", r.console);
+    let res = results(&r.console);
+    let value = |p: &str| {
+        res.iter()
+            .find_map(|l| l.strip_prefix(p))
+            .unwrap_or_else(|| panic!("no {p:?} in {}", r.console))
+            .to_string()
+    };
+    // rxe takes the multicast attach the layer passes through.
+    assert_eq!(value("plain "), "ready mcast attached");
+    // The control case: the layer's own descriptor is not refused.
+    assert_eq!(value("none "), "ready");
+    value("none checkpointed");
+
+    // The program's own descriptor on the device file: named with its number.
+    let ready = value("fd ready fd ");
+    let (fd, device) = ready.split_once(" on ").expect("fd N on PATH");
+    let refused = value("fd refused: ");
+    assert!(
+        refused.contains("initial-sync")
+            && refused.contains("(verbs_refusals)")
+            && refused.contains(&format!("holds {device} as fd {fd},"))
+            && refused.contains("did not open"),
+        "{refused}"
+    );
+    // Multicast through the layer: named as the feature in use.
+    assert_eq!(value("mcast "), "ready mcast attached");
+    let refused = value("mcast refused: ");
+    assert!(
+        refused.contains("initial-sync")
+            && refused.contains("(verbs_refusals)")
+            && refused.contains("uses multicast (ibv_attach_mcast)")
+            && refused.contains("ff0e::1"),
+        "{refused}"
+    );
+    for mode in ["none", "fd", "mcast"] {
+        let ticks: u32 = value(&format!("{mode} runs on: "))
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse().ok())
+            .expect("a count");
+        // 20 at 100 ms each; a slow guest prints fewer, a stopped program none.
+        assert!(
+            ticks >= 5,
+            "{mode}: the program ran on ({ticks} ticks in 2 s)"
+        );
+    }
+}

@@ -10,8 +10,10 @@
 //!
 //! What the layer cannot take through a checkpoint is hidden or refused, so libraries fall
 //! back to what it can: the extended verbs (`ibv_create_cq_ex`, `ibv_wr_*`, DEVX...) are
-//! absent from the shadow context; imports, dmabuf regions, ECE and multicast answer
-//! EOPNOTSUPP and are named in the status ([`status`]). `docs/infiniband.md` lists what each
+//! absent from the shadow context; imports, dmabuf regions and ECE answer EOPNOTSUPP and are
+//! named in the status ([`status`]). Multicast, which a program cannot do without, goes through
+//! to the real QP; while a group is attached the layer tells the agent, which then refuses to
+//! checkpoint the process (nothing rebuilds the group). `docs/infiniband.md` lists what each
 //! supported stack calls and how each call is handled.
 #![warn(missing_docs)]
 

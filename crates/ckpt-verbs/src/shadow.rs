@@ -40,6 +40,11 @@ pub struct ShadowCtx {
     pub gid_index: AtomicI32,
     /// The program's `async_fd`.
     pub async_proxy: crate::events::Proxy,
+    /// The real context's command descriptor, open on the device file (−1 until the opener
+    /// sets it, and while released):
+    /// what the layer tells the agent it holds ([`crate::cycle::Control`]'s `check`). Kept
+    /// here so that the check never reads a real context the program may be closing.
+    pub cmd_fd: AtomicI32,
 }
 
 impl ShadowCtx {
@@ -57,6 +62,7 @@ impl ShadowCtx {
             ident: AtomicU64::new(0),
             gid_index: AtomicI32::new(0),
             async_proxy,
+            cmd_fd: AtomicI32::new(-1),
         }
     }
 }
@@ -282,6 +288,21 @@ pub struct Layer {
     pub ahs: Mutex<HashSet<usize>>,
     /// Features the program asked for that the layer refused, with the call, for the status.
     pub refusals: Mutex<Vec<String>>,
+    /// Multicast groups attached to shadow QPs (passed through; nothing rebuilds them).
+    pub multicast: Mutex<Vec<Attachment>>,
+}
+
+/// A multicast group attached to a shadow QP (`ibv_attach_mcast`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attachment {
+    /// The shadow QP, by address.
+    pub qp: usize,
+    /// Its virtual QP number (for messages).
+    pub qpn: u32,
+    /// The group's GID.
+    pub gid: [u8; 16],
+    /// The group's LID.
+    pub lid: u16,
 }
 
 /// Locks, taking the data of a poisoned lock (every update under these locks is one step).
@@ -311,6 +332,39 @@ impl Layer {
         let mut r = lock(&self.refusals);
         if r.len() < 64 && !r.contains(&what) {
             r.push(what);
+        }
+    }
+
+    /// Notes a multicast group attached (once per QP, group and LID).
+    pub fn attach_multicast(&self, a: Attachment) {
+        let mut m = lock(&self.multicast);
+        if !m.contains(&a) {
+            m.push(a);
+        }
+    }
+
+    /// Forgets a group detached from a QP.
+    pub fn detach_multicast(&self, qp: usize, gid: [u8; 16], lid: u16) {
+        lock(&self.multicast).retain(|a| !(a.qp == qp && a.gid == gid && a.lid == lid));
+    }
+
+    /// Forgets every group of a QP destroyed (the kernel detaches them with it).
+    pub fn forget_multicast(&self, qp: usize) {
+        lock(&self.multicast).retain(|a| a.qp != qp);
+    }
+
+    /// The features the program uses now that the layer cannot rebuild after a snapshot, each
+    /// named with its call; empty when there are none.
+    pub fn unsupported_in_use(&self) -> Vec<String> {
+        let m = lock(&self.multicast);
+        match m.first() {
+            None => Vec::new(),
+            Some(a) => vec![format!(
+                "multicast (ibv_attach_mcast): {} group(s) attached, the first {} on QP {:#x}",
+                m.len(),
+                std::net::Ipv6Addr::from(a.gid),
+                a.qpn
+            )],
         }
     }
 

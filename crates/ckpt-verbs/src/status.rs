@@ -1,7 +1,8 @@
 //! What the layer holds and has done, for tests and for the agent: with `CKPT_VERBS_STATUS`
 //! set to a directory, a process writes `<dir>/ckpt-verbs-<pid>.json` when it exits, and after
 //! every rebuild: the devices it opened, each live QP with its virtual and real number, each
-//! live memory region with its virtual and real keys, the work counted, the calls refused, and
+//! live memory region with its virtual and real keys, the work counted, the calls refused, the
+//! features in use that no rebuild brings back (multicast groups attached), and
 //! for each rebuild so far the QPs and regions it brought back (virtual and new real numbers)
 //! and what the quiesce before it kept.
 use std::ffi::OsString;
@@ -125,5 +126,6 @@ pub fn report() -> Value {
         "unknown_lkeys": c.unknown_lkeys.load(Relaxed),
         "unknown_qpns": c.unknown_qpns.load(Relaxed),
         "refused": l.refusals.lock().map(|r| r.clone()).unwrap_or_default(),
+        "unsupported_in_use": l.unsupported_in_use(),
     })
 }

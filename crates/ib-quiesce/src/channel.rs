@@ -315,6 +315,12 @@ impl<V: Verbs> Channel<V> {
         self.id
     }
 
+    /// The descriptors the channel's backend holds open on verbs device files (`None`: it
+    /// cannot tell; see [`Verbs::device_fds`]).
+    pub fn device_fds(&self) -> Option<Vec<i32>> {
+        self.v.device_fds()
+    }
+
     /// How many QPs and MRs the channel holds (the control region not counted).
     pub fn counts(&self) -> (usize, usize) {
         (self.qps.len(), self.mrs.len())

@@ -1,6 +1,6 @@
 //! The control channel between a process's [`Channel`] and the local node agent.
 //!
-//! One file (~630 lines, tests in `control/tests.rs`): the line protocol, both its ends (the
+//! One file (~700 lines, tests in `control/tests.rs`): the line protocol, both its ends (the
 //! agent's and the process's control thread) and their checks are read together.
 //!
 //! When the agent starts a job's processes it sets [`SOCKET_ENV`] to its control socket. A
@@ -18,6 +18,10 @@
 //!   the job drained (the coordinator's quiesce phase is that barrier), and it answers
 //!   `quiesced` as a channel does.
 //! * `resume`: after a failed quiesce, let the application's calls through again.
+//! * `check`: at initial sync, before any quiesce: say which descriptors on verbs devices the
+//!   library holds and which features in use it cannot take through a checkpoint
+//!   ([`Holdings`]); the agent compares them with what `/proc` shows of the process and
+//!   refuses the checkpoint when something there is beyond the library's reach.
 //! * `rebuild` and `reconnect`: after the snapshot (in the same process, or in one restored from
 //!   it) recreate everything, publish the new endpoints, and connect to the peers' endpoints the
 //!   agent relays from the coordinator; then ungate.
@@ -97,6 +101,16 @@ pub enum ToAgent {
     },
     /// Posts are let through again after a failed quiesce.
     Resumed,
+    /// The answer to `check`: what the library holds ([`Holdings`]).
+    Checked {
+        /// The descriptors it holds open on verbs device files; absent: it cannot tell, and
+        /// the agent does not compare descriptors.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fds: Option<Vec<i32>>,
+        /// Features in use that it cannot rebuild after a snapshot, each with its call.
+        #[serde(default)]
+        unsupported: Vec<String>,
+    },
     /// The command failed.
     Failed {
         /// Why.
@@ -117,6 +131,8 @@ pub enum ToChannel {
     Release,
     /// Undo a failed quiesce.
     Resume,
+    /// Say what the library holds (answer `checked`); changes nothing.
+    Check,
     /// Recreate every object.
     Rebuild,
     /// Connect to these endpoints and let the application run.
@@ -124,6 +140,26 @@ pub enum ToChannel {
         /// The new endpoints of the peers named in `rebuilt` (or of the whole job).
         endpoints: Vec<Endpoint>,
     },
+}
+
+/// What a library driven by the control thread holds, as it answers `check`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Holdings {
+    /// The descriptors it holds open on verbs device files (its contexts' command
+    /// descriptors); `None`: it cannot tell.
+    pub fds: Option<Vec<i32>>,
+    /// Features the program uses through it now that it cannot rebuild after a snapshot,
+    /// each named with its call (`"multicast (ibv_attach_mcast)"`).
+    pub unsupported: Vec<String>,
+}
+
+impl From<Holdings> for ToAgent {
+    fn from(h: Holdings) -> Self {
+        ToAgent::Checked {
+            fds: h.fds,
+            unsupported: h.unsupported,
+        }
+    }
 }
 
 /// Where the agent puts rebuild flags for the channels of its control socket `socket`.
@@ -522,6 +558,8 @@ pub trait Controlled: Send + Sync + 'static {
     fn rebuild(&self) -> std::result::Result<(Vec<Endpoint>, Option<Vec<QpId>>), String>;
     /// Connects to the peers' new endpoints and lets the application run.
     fn reconnect(&self, endpoints: &[Endpoint]) -> std::result::Result<(), String>;
+    /// What it holds now (the answer to `check`), without gating anything.
+    fn check(&self) -> Holdings;
 }
 
 impl<V: Verbs + 'static> Controlled for Shared<V> {
@@ -552,6 +590,14 @@ impl<V: Verbs + 'static> Controlled for Shared<V> {
     }
     fn reconnect(&self, endpoints: &[Endpoint]) -> std::result::Result<(), String> {
         Shared::reconnect(self, endpoints).map_err(|e| e.to_string())
+    }
+    /// The channel's device descriptor (its backend's), and no unsupported feature: a
+    /// channel offers only what it rebuilds.
+    fn check(&self) -> Holdings {
+        Holdings {
+            fds: self.peek(|c| c.device_fds()),
+            unsupported: Vec::new(),
+        }
     }
 }
 
@@ -632,6 +678,7 @@ fn obey<T: Controlled>(target: &T, cmd: ToChannel) -> Next {
             Ok(()) => Next::Answer(ToAgent::Reconnected { micros: micros(t) }),
             Err(e) => failed(e),
         },
+        ToChannel::Check => Next::Answer(target.check().into()),
     }
 }
 

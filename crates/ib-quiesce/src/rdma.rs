@@ -232,6 +232,14 @@ fn active(port: &ffi::ibv_port_attr) -> bool {
 }
 
 impl Verbs for Rdma {
+    fn device_fds(&self) -> Option<Vec<i32>> {
+        if self.ctx.is_null() {
+            return Some(Vec::new());
+        }
+        // SAFETY: an open context; `cmd_fd` is plain data set when it was opened.
+        Some(vec![unsafe { (*self.ctx).cmd_fd }])
+    }
+
     fn open(&mut self, device: &str) -> VResult<Port> {
         if device.is_empty() {
             // Without a name, the first device whose port is up.

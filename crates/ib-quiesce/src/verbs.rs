@@ -192,4 +192,10 @@ pub trait Verbs: Send {
     fn post_recv(&mut self, qp: Handle, wr: &RecvWr) -> VResult<()>;
     /// Polls up to `max` completions.
     fn poll_cq(&mut self, cq: Handle, max: usize) -> VResult<Vec<Completion>>;
+    /// The descriptors this backend holds open on verbs device files (an open context's
+    /// command descriptor), for the agent's check that the process holds no others. `None`:
+    /// it cannot tell (a backend with no device files), and the agent does not check.
+    fn device_fds(&self) -> Option<Vec<i32>> {
+        None
+    }
 }

@@ -105,6 +105,46 @@ pub enum AgentError {
         /// The descriptor.
         fd: i32,
     },
+    /// A process whose verbs layer (or ib-quiesce channel) answers holds a verbs device
+    /// descriptor that the library did not open.
+    #[error("job {job}: process {pid} ({comm}) holds {device} as fd {fd}, which its verbs layer (or ib-quiesce channel) did not open: the snapshot would contain HCA state that nothing releases before it or rebuilds after it. Open verbs devices only through libibverbs with the layer preloaded (no direct open of the device file, no second copy of libibverbs); the job runs on")]
+    VerbsFdOutsideLayer {
+        /// Job id.
+        job: u64,
+        /// Process.
+        pid: i32,
+        /// Its name.
+        comm: String,
+        /// Device path.
+        device: String,
+        /// The descriptor.
+        fd: i32,
+    },
+    /// A process whose verbs layer (or ib-quiesce channel) answers maps a verbs device on which
+    /// the library holds no descriptor.
+    #[error("job {job}: process {pid} ({comm}) maps {device}, but its verbs layer (or ib-quiesce channel) holds no descriptor on that device: the mapping was made outside the layer (a second copy of libibverbs?), and the snapshot would contain HCA state that nothing releases or rebuilds; the job runs on")]
+    VerbsMappedOutsideLayer {
+        /// Job id.
+        job: u64,
+        /// Process.
+        pid: i32,
+        /// Its name.
+        comm: String,
+        /// Device path.
+        device: String,
+    },
+    /// A process uses a verbs feature through the layer that nothing rebuilds after a snapshot.
+    #[error("job {job}: process {pid} ({comm}) uses {feature} through the verbs layer, which cannot rebuild it after a snapshot; checkpoint when it is no longer in use (for multicast: after ibv_detach_mcast) or run without it (docs/infiniband.md); the job runs on")]
+    UnsupportedVerbsFeature {
+        /// Job id.
+        job: u64,
+        /// Process.
+        pid: i32,
+        /// Its name.
+        comm: String,
+        /// The feature, with the call that took it into use.
+        feature: String,
+    },
     /// An ib-quiesce channel failed a quiesce, rebuild or reconnect.
     #[error("job {job}: ib-quiesce channel of process {pid}: {message}")]
     Channel {

@@ -38,6 +38,9 @@ pub fn to_status(e: AgentError) -> Status {
         | AgentError::VerbsWithoutChannel { .. }
         | AgentError::LayerNotConnected { .. }
         | AgentError::RdmaCmHeld { .. }
+        | AgentError::VerbsFdOutsideLayer { .. }
+        | AgentError::VerbsMappedOutsideLayer { .. }
+        | AgentError::UnsupportedVerbsFeature { .. }
         | AgentError::AddressMissing { .. }
         | AgentError::OutsideTree { .. } => Status::failed_precondition(msg),
         AgentError::BadToken { .. } => Status::permission_denied(msg),

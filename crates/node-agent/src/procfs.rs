@@ -135,6 +135,24 @@ pub fn fd_on(pid: i32, path: &str) -> Option<i32> {
         .min()
 }
 
+/// The descriptors the process holds open on files under `prefix`: (descriptor, path),
+/// lowest first.
+pub fn fds_under(pid: i32, prefix: &str) -> Vec<(i32, String)> {
+    let Ok(rd) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    let mut v: Vec<(i32, String)> = rd
+        .flatten()
+        .filter_map(|e| {
+            let fd = e.file_name().to_str()?.parse().ok()?;
+            let path = fs::read_link(e.path()).ok()?.to_string_lossy().into_owned();
+            path.starts_with(prefix).then_some((fd, path))
+        })
+        .collect();
+    v.sort_unstable();
+    v
+}
+
 /// The first verbs device the process maps or holds open, if any.
 pub fn verbs_device(pid: i32) -> Option<String> {
     let prefix = ib_quiesce::VERBS_DEVICE_PREFIX;

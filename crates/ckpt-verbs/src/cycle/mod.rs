@@ -22,7 +22,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use ib_quiesce::control::{Controlled, Quiesce};
+use ib_quiesce::control::{Controlled, Holdings, Quiesce};
 use ib_quiesce::{Endpoint, QuiesceReport};
 use ibverbs_sys as ffi;
 
@@ -122,6 +122,15 @@ impl Controlled for Control {
 
     fn quiesce(&self, timeout: Duration) -> Result<Quiesce, String> {
         need(Stage::Up, "quiesce")?;
+        // The agent refuses these at initial sync; one taken into use since is refused here,
+        // before anything is drained.
+        let unsupported = layer().unsupported_in_use();
+        if !unsupported.is_empty() {
+            return Err(format!(
+                "verbs layer: in use and not rebuilt after a snapshot: {}",
+                unsupported.join("; ")
+            ));
+        }
         let g = gate();
         g.close(timeout)?;
         match g.run(false, move || drain(timeout)) {
@@ -170,6 +179,28 @@ impl Controlled for Control {
         // A program's UD QPs talk to peers it never names to the layer: it gets every
         // endpoint of the job.
         Ok((eps, None))
+    }
+
+    /// The command descriptors of the real contexts (none while released), and the
+    /// features in use that no rebuild brings back.
+    fn check(&self) -> Holdings {
+        let l = layer();
+        let contexts = lock(&l.contexts);
+        let fds = contexts
+            .iter()
+            .map(|&c| {
+                // SAFETY: a registered shadow context; it is freed only after it leaves the
+                // set, whose lock is held.
+                let ctx = unsafe { &*(c as *const ShadowCtx) };
+                ctx.cmd_fd.load(std::sync::atomic::Ordering::Acquire)
+            })
+            .filter(|&fd| fd >= 0)
+            .collect();
+        drop(contexts);
+        Holdings {
+            fds: Some(fds),
+            unsupported: l.unsupported_in_use(),
+        }
     }
 
     fn reconnect(&self, endpoints: &[Endpoint]) -> Result<(), String> {
@@ -475,6 +506,7 @@ fn release() -> Result<QuiesceReport, String> {
         }
         for ctx in all::<ShadowCtx>(&l.contexts) {
             ctx.async_proxy.detach();
+            ctx.cmd_fd.store(-1, Release);
             err.check(
                 "ibv_close_device",
                 r.ibv_close_device.expect("resolved")(ctx.real.swap(std::ptr::null_mut(), Release)),

@@ -209,6 +209,7 @@ pub(super) fn rebuild() -> Result<Vec<Endpoint>, String> {
             (*c).device = device_name((*real).device);
             (*c).async_proxy.attach((*real).async_fd);
             (*c).real.store(real, Release);
+            (*c).cmd_fd.store((*real).cmd_fd, Release);
         }
         let create_ch = r
             .ibv_create_comp_channel

@@ -103,6 +103,11 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi:
     ctx.ops.poll_cq = Some(fastpath::poll_cq);
     ctx.ops.req_notify_cq = Some(fastpath::req_notify_cq);
     let s = boxed(ShadowCtx::new(ctx, rc, name.clone(), proxy));
+    // SAFETY: `s` was just made, `rc` is a live context.
+    unsafe {
+        (*s).cmd_fd
+            .store((*rc).cmd_fd, std::sync::atomic::Ordering::Release)
+    };
     layer().add_context(s);
     gate().set_opener(tid());
     crate::status::opened(name);

@@ -8,8 +8,9 @@
 //! GID while creating an AH); a call whose object is not a shadow passes straight through.
 //!
 //! - `device.rs`: contexts, asynchronous events, queries, PDs, memory regions, and the calls
-//!   refused (`ibv_import_*`, `ibv_reg_dmabuf_mr`, ECE, multicast, `ibv_qp_to_qp_ex`).
-//! - `queues.rs`: completion channels and queues, SRQs, QPs and address handles.
+//!   refused (`ibv_import_*`, `ibv_reg_dmabuf_mr`, `ibv_rereg_mr`).
+//! - `queues.rs`: completion channels and queues, SRQs, QPs and address handles, the QP calls
+//!   refused (ECE, `ibv_qp_to_qp_ex`), and multicast, passed through and reported in use.
 // Each function here is libibverbs' call of the same name, with the contract verbs.h and its
 // manual page give it; they are not restated per function.
 #![allow(clippy::missing_safety_doc)]

@@ -12,8 +12,8 @@ use super::{real_or, set_errno};
 use crate::events::Proxy;
 use crate::gate::gate;
 use crate::shadow::{
-    addr_of, boxed, free, layer, lock, zeroed, Layer, ShadowAh, ShadowChannel, ShadowCq, ShadowQp,
-    ShadowSrq, Transition,
+    addr_of, boxed, free, layer, lock, zeroed, Attachment, Layer, ShadowAh, ShadowChannel,
+    ShadowCq, ShadowQp, ShadowSrq, Transition,
 };
 
 /// `ibv_create_comp_channel`: the real channel behind a shadow whose `fd` is a proxy.
@@ -540,6 +540,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ffi::ibv_qp) -> c_int {
         let rc = destroy((*s).real.load(Acquire));
         if rc == 0 {
             l.tables.drop_qp(real_qpn);
+            l.forget_multicast(s as usize);
             Layer::untrack(&l.qps, s as usize);
             free(s);
         }
@@ -690,11 +691,58 @@ refused_on_shadow_qp!(
     /// `ibv_set_ece`: not offered.
     ibv_set_ece(qp, ece: *mut ffi::ibv_ece) -> c_int, libc::EOPNOTSUPP
 );
-refused_on_shadow_qp!(
-    /// `ibv_attach_mcast`: multicast groups are not rebuilt; refused.
-    ibv_attach_mcast(qp, gid: *const ffi::ibv_gid, lid: u16) -> c_int, libc::EOPNOTSUPP
-);
-refused_on_shadow_qp!(
-    /// `ibv_detach_mcast`: nothing was attached.
-    ibv_detach_mcast(qp, gid: *const ffi::ibv_gid, lid: u16) -> c_int, libc::EOPNOTSUPP
-);
+/// `ibv_attach_mcast`: passed to the real QP, and the group noted while attached. Nothing
+/// rebuilds a group after a snapshot, so while one is attached the layer reports multicast in
+/// use to the agent, which refuses to checkpoint the process (and the layer refuses to
+/// quiesce): the program keeps a feature it may need, and the job runs on.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_attach_mcast(
+    qp: *mut ffi::ibv_qp,
+    gid: *const ffi::ibv_gid,
+    lid: u16,
+) -> c_int {
+    let attach = real_or!(ibv_attach_mcast, libc::ENOSYS);
+    let l = layer();
+    // SAFETY: the program's QP and group.
+    unsafe {
+        if !l.is_shadow((*qp).context) {
+            return attach(qp, gid, lid);
+        }
+        let _pass = gate().enter();
+        let s = &*(qp as *mut ShadowQp);
+        let rc = attach(s.real.load(Acquire), gid, lid);
+        if rc == 0 {
+            l.attach_multicast(Attachment {
+                qp: qp as usize,
+                qpn: s.qp.qp_num,
+                gid: (*gid).raw,
+                lid,
+            });
+        }
+        rc
+    }
+}
+
+/// `ibv_detach_mcast`: passed to the real QP; the group is forgotten once detached.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_detach_mcast(
+    qp: *mut ffi::ibv_qp,
+    gid: *const ffi::ibv_gid,
+    lid: u16,
+) -> c_int {
+    let detach = real_or!(ibv_detach_mcast, libc::ENOSYS);
+    let l = layer();
+    // SAFETY: the program's QP and group.
+    unsafe {
+        if !l.is_shadow((*qp).context) {
+            return detach(qp, gid, lid);
+        }
+        let _pass = gate().enter();
+        let s = &*(qp as *mut ShadowQp);
+        let rc = detach(s.real.load(Acquire), gid, lid);
+        if rc == 0 {
+            l.detach_multicast(qp as usize, (*gid).raw, lid);
+        }
+        rc
+    }
+}

@@ -244,6 +244,78 @@ fn an_over_long_command_closes_the_connection_and_the_channel_says_hello_again()
     ));
 }
 
+/// `check` on the wire: the channel answers `checked` and stays connected (a quiesce goes on
+/// as usual); the fake backend cannot tell its descriptors, so `fds` is absent, which the
+/// agent reads as "do not compare".
+#[test]
+fn a_check_is_answered_with_what_the_channel_holds_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("control.sock");
+    let listener = UnixListener::bind(&socket).unwrap();
+    std::fs::create_dir_all(flag_dir(&socket)).unwrap();
+    let (_f, a, _b) = pair();
+    start_at(&a.shared, socket).unwrap();
+    let (mut s, _) = listener.accept().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    assert!(matches!(
+        line::<ToAgent>(&mut r),
+        Some(ToAgent::Hello { .. })
+    ));
+    tell(&mut s, &ToChannel::Check);
+    let mut raw = String::new();
+    r.read_line(&mut raw).unwrap();
+    assert_eq!(raw, "{\"msg\":\"checked\",\"unsupported\":[]}\n");
+    assert_eq!(
+        ToAgent::decode(raw.trim_end().as_bytes()).unwrap(),
+        ToAgent::Checked {
+            fds: None,
+            unsupported: Vec::new()
+        }
+    );
+    assert_eq!(a.shared.peek(|c| c.state()), State::Up, "nothing changed");
+    tell(&mut s, &ToChannel::Check);
+    assert!(matches!(
+        line::<ToAgent>(&mut r),
+        Some(ToAgent::Checked { fds: None, .. })
+    ));
+}
+
+/// The `checked` answer's fields: descriptors kept when given, absent means "cannot tell"
+/// (not "none"), and a missing `unsupported` list is empty.
+#[test]
+fn a_checked_answer_tells_no_descriptors_from_cannot_tell() {
+    let some = ToAgent::Checked {
+        fds: Some(Vec::new()),
+        unsupported: Vec::new(),
+    };
+    let line = serde_json::to_vec(&some).unwrap();
+    assert_eq!(line, br#"{"msg":"checked","fds":[],"unsupported":[]}"#);
+    assert_eq!(ToAgent::decode(&line).unwrap(), some);
+    assert_eq!(
+        ToAgent::decode(br#"{"msg":"checked"}"#).unwrap(),
+        ToAgent::Checked {
+            fds: None,
+            unsupported: Vec::new()
+        }
+    );
+    assert_eq!(
+        ToChannel::decode(br#"{"cmd":"check"}"#).unwrap(),
+        ToChannel::Check
+    );
+    let h = Holdings {
+        fds: Some(vec![4]),
+        unsupported: vec!["x".into()],
+    };
+    assert_eq!(
+        ToAgent::from(h),
+        ToAgent::Checked {
+            fds: Some(vec![4]),
+            unsupported: vec!["x".into()]
+        }
+    );
+}
+
 #[test]
 fn a_line_over_the_cap_is_an_error_and_one_at_the_cap_is_not() {
     let mut input = vec![b'a'; 10];
@@ -287,11 +359,16 @@ fn samples() -> Vec<Vec<u8>> {
         },
         ToAgent::Reconnected { micros: 7 },
         ToAgent::Resumed,
+        ToAgent::Checked {
+            fds: Some(vec![5, 9]),
+            unsupported: vec!["multicast (ibv_attach_mcast)".into()],
+        },
         ToAgent::Failed { error: "x".into() },
     ];
     let channel = [
         ToChannel::Quiesce { timeout_ms: 100 },
         ToChannel::Resume,
+        ToChannel::Check,
         ToChannel::Rebuild,
         ToChannel::Reconnect {
             endpoints: vec![endpoint],
@@ -385,7 +462,7 @@ proptest::proptest! {
 
     #[test]
     fn the_decoders_never_panic_on_mutated_messages(
-        which in 0usize..10,
+        which in 0usize..12,
         ms in proptest::collection::vec(mutation(), 1..8),
     ) {
         let line = samples()[which].clone();

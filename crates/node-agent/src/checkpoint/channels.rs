@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use tracing::info;
 
+use ib_quiesce::control::Holdings;
+
 use crate::error::AgentError;
 use crate::ibq::{ChannelFailure, Channels, Rebuilt};
 use crate::jobs::{Jobs, NodeJob};
@@ -20,6 +22,10 @@ const CHANNEL_NOTE: &str = "ibq_channels";
 /// How long channels have to drain and flush before the freeze, and drained verbs layers to
 /// release their objects.
 const CHANNEL_QUIESCE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a channel has to answer `check` at initial sync: it reads a few of its own tables,
+/// a millisecond's work; 5 s leaves room for a loaded node and keeps a hung process from holding
+/// the initial sync long.
+const CHANNEL_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long channels have to come back, recreate their objects and connect.
 const CHANNEL_REBUILD_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -81,6 +87,95 @@ pub(super) fn refuse_rdma_cm(job: u64, pids: &[i32]) -> Result<(), AgentError> {
     Ok(())
 }
 
+/// What a process holds on verbs devices beyond its verbs library's reach (its layer's or
+/// ib-quiesce channel's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Beyond {
+    /// A descriptor on a verbs device file that is none of the library's.
+    Fd {
+        /// The descriptor.
+        fd: i32,
+        /// The device file.
+        device: String,
+    },
+    /// A mapping of a verbs device file on which the library holds no descriptor.
+    Mapping {
+        /// The device file.
+        device: String,
+    },
+    /// A feature in use that the library cannot rebuild, as it names it.
+    Feature(String),
+}
+
+/// Compares what a process holds on verbs devices with what its library says it holds
+/// (`held`, its answer to `check`): `fds` are the process's descriptors on files under
+/// `/dev/infiniband/` (descriptor, path), `mapped` the paths it maps. The RDMA connection
+/// manager is left out (refused on its own, [`refuse_rdma_cm`]). Mappings cannot be tied to a
+/// descriptor (`/proc/PID/maps` names the file, not the descriptor), so a mapping counts as
+/// the library's when one of its descriptors is open on the same device file. A library that
+/// cannot tell its descriptors (`fds: None`) is not compared on them. Returns the first
+/// finding: descriptors (lowest first), then mappings, then features.
+pub(crate) fn beyond_library(
+    fds: &[(i32, String)],
+    mapped: &[String],
+    held: &Holdings,
+) -> Option<Beyond> {
+    let verbs = |p: &str| p.starts_with(ib_quiesce::VERBS_DEVICE_PREFIX) && p != procfs::RDMA_CM;
+    if let Some(known) = &held.fds {
+        let mut fds: Vec<&(i32, String)> = fds.iter().filter(|(_, p)| verbs(p)).collect();
+        fds.sort_unstable();
+        if let Some((fd, device)) = fds.iter().find(|(fd, _)| !known.contains(fd)) {
+            return Some(Beyond::Fd {
+                fd: *fd,
+                device: device.clone(),
+            });
+        }
+        let devices: Vec<&String> = fds.iter().map(|(_, p)| p).collect();
+        if let Some(device) = mapped.iter().find(|p| verbs(p) && !devices.contains(p)) {
+            return Some(Beyond::Mapping {
+                device: device.clone(),
+            });
+        }
+    }
+    held.unsupported.first().cloned().map(Beyond::Feature)
+}
+
+/// Fails naming the first process of `held` (pid and its answer to `check`) that holds on
+/// verbs devices something its library does not know about, or uses a feature the library
+/// cannot rebuild.
+pub(super) fn refuse_beyond_library(job: u64, held: &[(i32, Holdings)]) -> Result<(), AgentError> {
+    for (pid, h) in held {
+        let pid = *pid;
+        let fds = procfs::fds_under(pid, ib_quiesce::VERBS_DEVICE_PREFIX);
+        let Some(found) = beyond_library(&fds, &procfs::mapped_paths(pid), h) else {
+            continue;
+        };
+        let comm = procfs::stat(pid).map(|s| s.comm).unwrap_or_default();
+        return Err(match found {
+            Beyond::Fd { fd, device } => AgentError::VerbsFdOutsideLayer {
+                job,
+                pid,
+                comm,
+                device,
+                fd,
+            },
+            Beyond::Mapping { device } => AgentError::VerbsMappedOutsideLayer {
+                job,
+                pid,
+                comm,
+                device,
+            },
+            Beyond::Feature(feature) => AgentError::UnsupportedVerbsFeature {
+                job,
+                pid,
+                comm,
+                feature,
+            },
+        });
+    }
+    Ok(())
+}
+
 fn join_pids(pids: &[i32]) -> String {
     pids.iter()
         .map(|p| p.to_string())
@@ -106,6 +201,25 @@ pub(crate) fn channel_pids(notes: &BTreeMap<String, String>) -> Vec<i32> {
 }
 
 impl Jobs {
+    /// Initial sync: asks the channels of `channeled` (processes whose layer or channel is up)
+    /// what they hold, and fails naming the first process that holds on verbs devices more
+    /// than its library knows, or uses a feature it cannot rebuild. Changes nothing.
+    pub(super) async fn check_channels(
+        &self,
+        job_id: u64,
+        channeled: &[i32],
+    ) -> Result<(), AgentError> {
+        if channeled.is_empty() {
+            return Ok(());
+        }
+        let held = self
+            .channels
+            .check(channeled, CHANNEL_CHECK_TIMEOUT)
+            .await
+            .map_err(channel_error(job_id, "check"))?;
+        refuse_beyond_library(job_id, &held)
+    }
+
     /// Pre-checkpoint, before the freeze: quiesce the ib-quiesce channels of the job's
     /// processes (all at once: their flush handshakes need each other), then check that no
     /// process still maps a verbs device. Verbs layers that drained (objects alive) are kept in

@@ -54,7 +54,8 @@ pub struct Synced {
 
 impl Jobs {
     /// Phase 1, initial synchronization: the job runs, no process holds verbs resources without
-    /// a channel, the engine works, and staging has room.
+    /// a channel, no process with one holds on verbs devices more than its channel (or verbs
+    /// layer) knows or uses a feature it cannot rebuild, the engine works, and staging has room.
     #[instrument(skip_all, fields(phase = "initial-sync", job = job_id, epoch = epoch, node = self.node()))]
     pub async fn initial_sync(&self, job_id: u64, epoch: u32) -> Result<Synced, AgentError> {
         let j = self.get(job_id)?;
@@ -109,6 +110,7 @@ impl Jobs {
             self.channels.socket(),
         )?;
         refuse_rdma_cm(job_id, &pids)?;
+        self.check_channels(job_id, &channeled).await?;
         for &pid in &pids {
             estimated += procfs::rss_bytes(pid);
         }

@@ -22,6 +22,8 @@ const LAYER_SOCKET: &str = "CKPT_TEST_LAYER_SOCKET";
 /// The layer process's environment: the directory where it waits for `go` (it is in the job's
 /// cgroup then) and appends each command it is sent to `commands`.
 const LAYER_DIR: &str = "CKPT_TEST_LAYER_DIR";
+/// The layer process's environment: a feature it reports in use when checked (absent: none).
+const LAYER_UNSUPPORTED: &str = "CKPT_TEST_LAYER_UNSUPPORTED";
 /// The job the test checkpoints.
 const JOB: u64 = 7;
 
@@ -55,9 +57,10 @@ impl SnapshotEngine for CountingEngine {
     }
 }
 
-/// The job process: a verbs layer that answers `quiesce` with `drained`, `release` with
-/// `quiesced` (then closes its connection, and lives on until killed) and `resume` with
-/// `resumed`, noting each command in `commands` before it answers. Does nothing unless
+/// The job process: a verbs layer that answers `check` with no descriptors (and the feature in
+/// [`LAYER_UNSUPPORTED`], if set), `quiesce` with `drained`, `release` with `quiesced` (then
+/// closes its connection, and lives on until killed) and `resume` with `resumed`, noting each
+/// command in `commands` before it answers. Does nothing unless
 /// started by [`a_drained_layer_is_released_and_frozen_in_the_second_quiesce_round`].
 #[test]
 #[ignore = "the job process of another test, started by it"]
@@ -107,6 +110,13 @@ fn drained_layer_process() {
                 },
             ),
             ToChannel::Resume => ("resume", ToAgent::Resumed),
+            ToChannel::Check => (
+                "check",
+                ToAgent::Checked {
+                    fds: Some(Vec::new()),
+                    unsupported: std::env::var(LAYER_UNSUPPORTED).into_iter().collect(),
+                },
+            ),
             _ => (
                 "other",
                 ToAgent::Failed {
@@ -136,11 +146,15 @@ struct LayerJob {
 impl LayerJob {
     /// Starts the job process, puts it in job [`JOB`]'s cgroup, records it as the job's root
     /// (owned by this user), and waits for its channel to say hello.
-    async fn start(jobs: &Jobs, dir: &Path) -> LayerJob {
+    async fn start(jobs: &Jobs, dir: &Path, unsupported: Option<&str>) -> LayerJob {
         let j = jobs.get_or_create(JOB).unwrap();
         let mut job = j.lock().await;
         job.cgroup.create().unwrap();
-        let child = Command::new(std::env::current_exe().unwrap())
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        if let Some(feature) = unsupported {
+            cmd.env(LAYER_UNSUPPORTED, feature);
+        }
+        let child = cmd
             .args([
                 "--exact",
                 "checkpoint::tests::drained_layer_process",
@@ -234,14 +248,14 @@ fn a_drained_layer_is_released_and_frozen_in_the_second_quiesce_round() {
     rt.block_on(async {
         let listener = jobs.channels().bind().unwrap();
         tokio::spawn(jobs.channels().clone().serve(listener));
-        let layer = LayerJob::start(&jobs, dir.path()).await;
+        let layer = LayerJob::start(&jobs, dir.path(), None).await;
         let pid = layer.pid();
         let j = jobs.get(JOB).unwrap();
         let state = || j.try_lock().unwrap().cgroup.state().unwrap();
 
         assert_eq!(jobs.initial_sync(JOB, 1).await.unwrap().channels, 1);
         assert_eq!(jobs.quiesce(JOB, 1).await.unwrap(), (Duration::ZERO, 1));
-        assert_eq!(layer.commands(), ["quiesce"]);
+        assert_eq!(layer.commands(), ["check", "quiesce"]);
         assert_eq!(state(), "THAWED", "the freeze waits for the release");
         {
             let job = j.lock().await;
@@ -254,7 +268,7 @@ fn a_drained_layer_is_released_and_frozen_in_the_second_quiesce_round() {
             "no dump before the second round: {e}"
         );
         jobs.abort(JOB, 1, "another node failed").await.unwrap();
-        assert_eq!(layer.commands(), ["quiesce", "resume"]);
+        assert_eq!(layer.commands(), ["check", "quiesce", "resume"]);
         assert!(j.lock().await.layer_drained.is_empty());
         assert_eq!(jobs.channels().up(&[pid]).await, [pid]);
 
@@ -263,7 +277,7 @@ fn a_drained_layer_is_released_and_frozen_in_the_second_quiesce_round() {
         jobs.initial_sync(JOB, 2).await.unwrap();
         let e = jobs.quiesce(JOB, 2).await.unwrap_err();
         assert!(matches!(e, AgentError::Injected { .. }), "{e}");
-        assert_eq!(layer.commands(), ["quiesce", "resume"]);
+        assert_eq!(layer.commands(), ["check", "quiesce", "resume", "check"]);
         jobs.abort(JOB, 2, "injected").await.unwrap();
 
         fs::write(&failpoints, "").unwrap();
@@ -273,7 +287,7 @@ fn a_drained_layer_is_released_and_frozen_in_the_second_quiesce_round() {
         assert_eq!(jobs.quiesce(JOB, 3).await.unwrap().1, 0, "second round");
         assert_eq!(
             layer.commands(),
-            ["quiesce", "resume", "quiesce", "release"]
+            ["check", "quiesce", "resume", "check", "check", "quiesce", "release"]
         );
         assert_eq!(state(), "FROZEN", "frozen after the release");
         assert_eq!(jobs.quiesce(JOB, 3).await.unwrap(), (Duration::ZERO, 0));
@@ -291,4 +305,140 @@ fn a_drained_layer_is_released_and_frozen_in_the_second_quiesce_round() {
         assert!(j.lock().await.ibq_down.is_empty());
         drop(layer);
     });
+}
+
+/// A job, on a real cgroup, whose verbs layer reports a feature in use that it cannot
+/// rebuild: initial sync asks it (`check`), fails naming the process and the feature, and
+/// sends it nothing else; the process runs on, and no epoch was begun.
+#[test]
+fn a_layer_with_a_feature_in_use_it_cannot_rebuild_is_refused_at_initial_sync() {
+    if !nix::unistd::geteuid().is_root() {
+        return eprintln!("SKIPPED: needs root to make a job cgroup");
+    }
+    let prefix = format!("ckpt-refusetest-{}-", std::process::id());
+    let parent = match CgroupParent::resolve("auto", &prefix) {
+        Ok(p) => p,
+        Err(e) => return eprintln!("SKIPPED: {e}"),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let staging = dir.path().join("staging");
+    fs::create_dir(&staging).unwrap();
+    let jobs = Jobs::open(
+        "n1".into(),
+        dir.path().join("state"),
+        Staging::at(staging),
+        parent,
+        Arc::new(CountingEngine::default()),
+        PathBuf::from("/nonexistent/ckpt-shim"),
+    )
+    .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let listener = jobs.channels().bind().unwrap();
+        tokio::spawn(jobs.channels().clone().serve(listener));
+        let feature = "multicast (ibv_attach_mcast): 1 group(s) attached";
+        let layer = LayerJob::start(&jobs, dir.path(), Some(feature)).await;
+        let pid = layer.pid();
+        let e = jobs.initial_sync(JOB, 1).await.unwrap_err();
+        match &e {
+            AgentError::UnsupportedVerbsFeature {
+                job,
+                pid: p,
+                feature: f,
+                ..
+            } => assert_eq!((*job, *p, f.as_str()), (JOB, pid, feature)),
+            other => panic!("{other}"),
+        }
+        let m = e.to_string();
+        assert!(
+            m.contains(&format!("process {pid} (")) && m.contains("the job runs on"),
+            "{m}"
+        );
+        assert_eq!(layer.commands(), ["check"]);
+        assert_eq!(jobs.channels().up(&[pid]).await, [pid], "still connected");
+        let j = jobs.get(JOB).unwrap();
+        assert!(j.lock().await.work.is_none(), "no epoch begun");
+        assert_eq!(j.lock().await.cgroup.state().unwrap(), "THAWED");
+        drop(layer);
+    });
+}
+
+/// The comparison of what a process holds on verbs devices with what its library reports.
+#[test]
+fn what_a_process_holds_beyond_its_verbs_library_is_found() {
+    use super::channels::{beyond_library, Beyond};
+    use ib_quiesce::control::Holdings;
+
+    let uverbs0 = "/dev/infiniband/uverbs0".to_string();
+    let uverbs1 = "/dev/infiniband/uverbs1".to_string();
+    let rdma_cm = "/dev/infiniband/rdma_cm".to_string();
+    let knows = |fds: &[i32]| Holdings {
+        fds: Some(fds.to_vec()),
+        unsupported: Vec::new(),
+    };
+    // The layer's own context, and its mappings of that device: nothing beyond.
+    let fds = vec![(7, uverbs0.clone()), (3, "/dev/null".into())];
+    let mapped = vec![uverbs0.clone(), "/usr/lib/libc.so.6".into()];
+    assert_eq!(beyond_library(&fds, &mapped, &knows(&[7])), None);
+    // A second descriptor on the same device, opened by the program: named, lowest first.
+    let more = vec![
+        (12, uverbs0.clone()),
+        (7, uverbs0.clone()),
+        (9, uverbs1.clone()),
+    ];
+    assert_eq!(
+        beyond_library(&more, &mapped, &knows(&[7])),
+        Some(Beyond::Fd {
+            fd: 9,
+            device: uverbs1.clone()
+        })
+    );
+    // The connection manager is refused on its own, not here.
+    let cm = vec![(7, uverbs0.clone()), (4, rdma_cm.clone())];
+    assert_eq!(beyond_library(&cm, &mapped, &knows(&[7])), None);
+    // A mapping of a device the library holds no descriptor on (another libibverbs that
+    // closed its descriptor).
+    let two = vec![uverbs0.clone(), uverbs1.clone()];
+    assert_eq!(
+        beyond_library(&fds, &two, &knows(&[7])),
+        Some(Beyond::Mapping {
+            device: uverbs1.clone()
+        })
+    );
+    // A descriptor the library says is its own but is not on a verbs device counts for no
+    // device: the mapping is still beyond.
+    assert_eq!(
+        beyond_library(
+            &[(3, "/dev/null".into())],
+            std::slice::from_ref(&uverbs0),
+            &knows(&[3])
+        ),
+        Some(Beyond::Mapping {
+            device: uverbs0.clone()
+        })
+    );
+    // A library that cannot tell its descriptors is not compared on them...
+    let cannot_tell = Holdings::default();
+    assert_eq!(beyond_library(&more, &two, &cannot_tell), None);
+    // ...but a feature in use is found either way, after the descriptors.
+    let feature = "multicast (ibv_attach_mcast)".to_string();
+    let using = |fds: Option<Vec<i32>>| Holdings {
+        fds,
+        unsupported: vec![feature.clone()],
+    };
+    assert_eq!(
+        beyond_library(&more, &two, &using(None)),
+        Some(Beyond::Feature(feature.clone()))
+    );
+    assert_eq!(
+        beyond_library(&fds, &mapped, &using(Some(vec![7]))),
+        Some(Beyond::Feature(feature.clone()))
+    );
+    assert!(matches!(
+        beyond_library(&more, &mapped, &using(Some(vec![7]))),
+        Some(Beyond::Fd { fd: 9, .. })
+    ));
 }

@@ -2,6 +2,9 @@
 //! ib-quiesce channel says hello, and the calls that drive those channels around a checkpoint
 //! (see `ib_quiesce::control` for the protocol).
 //!
+//! At initial sync, `check` asks every channel what it holds (its descriptors on verbs devices,
+//! and features in use it cannot rebuild), for the agent to compare with `/proc`.
+//!
 //! Quiesce asks every channel of the job's processes at once (their flush handshakes need each
 //! other), then waits for each to close its connection, so the snapshot holds none. The verbs
 //! layer of an unmodified program answers it `drained` instead and stays connected with its
@@ -28,7 +31,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use ib_quiesce::channel::QpId;
 use ib_quiesce::control::{
-    excerpt, flag_dir, flag_path, LineBuf, LineTooLong, ToAgent, ToChannel, MAX_LINE,
+    excerpt, flag_dir, flag_path, Holdings, LineBuf, LineTooLong, ToAgent, ToChannel, MAX_LINE,
 };
 use ib_quiesce::{Endpoint, QuiesceReport};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -356,6 +359,41 @@ impl Channels {
             }
         }
         up
+    }
+
+    /// Asks the channels of `pids` (those up), all at once, what they hold ([`Holdings`]);
+    /// each has `timeout` to answer. A channel built before `check` existed answers that it
+    /// cannot read the command: it is taken as one that cannot tell (no descriptors, nothing
+    /// unsupported), with a warning. Any other failure names the pid.
+    pub async fn check(
+        &self,
+        pids: &[i32],
+        timeout: Duration,
+    ) -> Result<Vec<(i32, Holdings)>, ChannelFailure> {
+        let calls = pids.iter().map(|&pid| async move {
+            let Some(conn) = self.conns.lock().await.get(&pid).cloned() else {
+                return (pid, Err("its channel is gone (did the process exit?)".into()));
+            };
+            let mut c = conn.lock().await;
+            let r = match c.ask(&ToChannel::Check, timeout).await {
+                Ok(ToAgent::Checked { fds, unsupported }) => Ok(Holdings { fds, unsupported }),
+                Ok(other) => Err(unexpected(other)),
+                Err(e) if e.starts_with("unreadable command") => {
+                    warn!(pid, answer = %e, "channel predates the check; its descriptors are not compared");
+                    Ok(Holdings::default())
+                }
+                Err(e) => Err(e),
+            };
+            (pid, r)
+        });
+        let mut held = Vec::new();
+        for (pid, r) in join_all(calls).await {
+            match r {
+                Ok(h) => held.push((pid, h)),
+                Err(message) => return Err(ChannelFailure { pid, message }),
+            }
+        }
+        Ok(held)
     }
 
     async fn take(&self, pid: i32) -> Option<Arc<Mutex<Conn>>> {

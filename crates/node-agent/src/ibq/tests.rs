@@ -665,3 +665,59 @@ fn a_release_that_fails_or_hangs_names_the_pid_and_returns() {
         );
     });
 }
+
+/// `check` asks the layer what it holds and returns its answer with its pid; a layer built
+/// before `check` (it cannot read the command) is taken as one that cannot tell; a layer that
+/// does not answer fails the check, naming the pid, within the timeout. None of it changes the
+/// layer's registration.
+#[test]
+fn a_check_returns_what_the_layer_holds_and_an_older_one_cannot_tell() {
+    runtime().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let ch = serving(dir.path(), my_uid(), JOB_CGROUP, Limits::default());
+        let pid = me().pid;
+        let mut layer = FakeLayer::connect(&ch, false).await;
+        assert!(comes_up(&ch).await);
+        let checking = |timeout| {
+            let ch = ch.clone();
+            tokio::spawn(async move { ch.check(&[pid], timeout).await })
+        };
+
+        let check = checking(Duration::from_secs(5));
+        assert_eq!(layer.command().await, ToChannel::Check);
+        let holds = Holdings {
+            fds: Some(vec![5, 6]),
+            unsupported: vec!["multicast (ibv_attach_mcast)".into()],
+        };
+        layer.say(&holds.clone().into()).await;
+        assert_eq!(check.await.unwrap().unwrap(), vec![(pid, holds)]);
+
+        let check = checking(Duration::from_secs(5));
+        assert_eq!(layer.command().await, ToChannel::Check);
+        let error = "unreadable command: unreadable line \"{\\\"cmd\\\":\\\"check\\\"}\"".into();
+        layer.say(&ToAgent::Failed { error }).await;
+        assert_eq!(
+            check.await.unwrap().unwrap(),
+            vec![(pid, Holdings::default())],
+            "cannot tell"
+        );
+
+        let check = checking(Duration::from_millis(300));
+        assert_eq!(layer.command().await, ToChannel::Check);
+        let e = tokio::time::timeout(Duration::from_secs(5), check)
+            .await
+            .expect("bounded by its timeout")
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(e.pid, pid);
+        assert!(e.message.contains("no answer within"), "{e:?}");
+        assert_eq!(ch.up(&[pid]).await, vec![pid], "still registered and up");
+
+        let e = ch
+            .check(&[pid + 1], Duration::from_secs(1))
+            .await
+            .unwrap_err();
+        assert_eq!(e.pid, pid + 1);
+        assert!(e.message.contains("gone"), "{e:?}");
+    });
+}

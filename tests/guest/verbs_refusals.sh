@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Runs inside one soft-RoCE test guest (scripts/testvm.sh): ckptd and its agent, then
+# tests/apps/verbs_refusals with libckpt_verbs.so preloaded, once per mode: "none" (only what
+# the layer takes through a checkpoint: the control case, checkpointed), "fd" (the program also
+# opens the device file itself) and "mcast" (it attaches its UD QP to a multicast group through
+# the layer). For the last two a checkpoint must fail at initial sync naming the process and the
+# descriptor or the feature. Each time the program must keep printing afterwards. Prints
+# "RESULT ..." lines for the e2e test.
+#
+# Environment: BIN (release binaries), LIB (libckpt_verbs.so), APP (verbs_refusals).
+set -eu
+: "${BIN:?}" "${LIB:?}" "${APP:?}"
+W=$(mktemp -d /tmp/verbsrefusals.XXXXXX)
+say() { echo "[guest] $*"; }
+
+say "without ckpt: the layer passes the multicast attach to rxe"
+timeout 60 env LD_PRELOAD="$LIB" "$APP" mcast 1 > "$W/plain.out" 2>&1 || { cat "$W/plain.out"; exit 3; }
+echo "RESULT plain $(grep -m1 '^ready' "$W/plain.out")"
+
+CKPTD_LOG_GREP="WARN|ERROR|channel|layer|refus"
+. "$(dirname "$0")/standalone.sh"
+
+ticks() { grep -c '^tick ' "$1" 2>/dev/null || true; }
+registered=0
+for mode in none fd mcast; do
+    JOB=$("$BIN/ckptctl" run --name "refuse-$mode" -- env LD_PRELOAD="$LIB" "$APP" "$mode" 300)
+    OUT=$W/state/jobs/$JOB/stdout
+    say "$mode: job $JOB started"
+    for _ in $(seq 300); do [ "$(ticks "$OUT")" -gt 0 ] && break; sleep 0.1; done
+    [ "$(ticks "$OUT")" -gt 0 ] || { say "$mode: no tick"; cat "$OUT" "${OUT%stdout}stderr"; exit 4; }
+    echo "RESULT $mode $(grep -m1 '^ready' "$OUT")"
+    # The layer says hello when the program opens the device; the check needs it registered.
+    registered=$((registered + 1))
+    for _ in $(seq 100); do
+        [ "$(grep -c 'ib-quiesce channel registered' "$W/ckptd.log")" -ge $registered ] && break
+        sleep 0.1
+    done
+    if "$BIN/ckptctl" checkpoint "$JOB" --wait > "$W/$mode.ckpt" 2>&1; then
+        echo "RESULT $mode checkpointed"
+        [ "$mode" = none ] || { cat "$W/$mode.ckpt"; exit 5; }
+    else
+        echo "RESULT $mode refused: $(grep -m1 'process [0-9]* (' "$W/$mode.ckpt" || cat "$W/$mode.ckpt")"
+        [ "$mode" != none ] || { cat "$W/$mode.ckpt"; exit 6; }
+    fi
+    before=$(ticks "$OUT")
+    sleep 2
+    after=$(ticks "$OUT")
+    echo "RESULT $mode runs on: $((after - before)) ticks in 2 s"
+    "$BIN/ckptctl" status "$JOB" | head -1
+    "$BIN/ckptctl" cancel "$JOB" > /dev/null 2>&1 || true
+done
