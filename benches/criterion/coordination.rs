@@ -226,6 +226,7 @@ async fn setup(n: usize) -> Setup {
                 cwd: "/".into(),
                 env: Default::default(),
                 node: "a0".into(),
+                part_env: Default::default(),
             },
         )
         .await
