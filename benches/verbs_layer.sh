@@ -9,13 +9,15 @@
 #   benches/verbs_layer.sh --out benches/results/verbs-layer-$(date +%F).txt
 #
 # Options: --reps R (3: ABBA blocks)  --lat-iters N (2000)  --bw-iters N (50)  --timeout S (900)
-# --no-build  --out FILE
+# --no-build  --out FILE  --bin DIR (libckpt_verbs.so; $REPO/target/release)
+# --apps DIR (pingpong.openmpi; $REPO/target/apps): with --no-build, binaries another tree built.
 # Needs root, QEMU and a prepared test VM (scripts/setup.sh --vm). The guest runs under QEMU
 # TCG: absolute times are far from hardware; read the ratios.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 REPS=3 LAT=2000 BW=50 TIMEOUT=900 BUILD=1 OUT=
+BIN=$REPO/target/release APPS=$REPO/target/apps
 while [ $# -gt 0 ]; do
     case "$1" in
         --reps) REPS=$2; shift ;;
@@ -24,6 +26,8 @@ while [ $# -gt 0 ]; do
         --timeout) TIMEOUT=$2; shift ;;
         --no-build) BUILD= ;;
         --out) OUT=$2; shift ;;
+        --bin) BIN=$(cd "$2" && pwd); shift ;;
+        --apps) APPS=$(cd "$2" && pwd); shift ;;
         -h|--help) sed -n 2,15p "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "verbs_layer: unknown option $1" >&2; exit 2 ;;
     esac
@@ -34,11 +38,13 @@ die() { log "$*"; exit 2; }
 [ "$(id -u)" = 0 ] || die "needs root (QEMU guest with the host root shared)"
 [ -f "${CKPT_VM_DIR:-/var/cache/ckpt-vm}/abi" ] || die "no test VM prepared (scripts/setup.sh --vm)"
 if [ -n "$BUILD" ]; then
+    [ "$BIN" = "$REPO/target/release" ] && [ "$APPS" = "$REPO/target/apps" ] \
+        || die "--bin/--apps name binaries built elsewhere: add --no-build"
     log "building libckpt_verbs.so and the ping-pong (release)"
     (cd "$REPO" && cargo build --release -p ckpt-verbs) >&2
     make -s -C "$REPO/tests/apps" OUT="$REPO/target/apps" "$REPO/target/apps/pingpong.openmpi" >&2
 fi
-LIB=$REPO/target/release/libckpt_verbs.so APP=$REPO/target/apps/pingpong.openmpi
+LIB=$BIN/libckpt_verbs.so APP=$APPS/pingpong.openmpi
 [ -f "$LIB" ] && [ -x "$APP" ] || die "missing $LIB or $APP (drop --no-build)"
 
 TMP=$(mktemp -d /tmp/verbs_layer.XXXXXX)
@@ -62,6 +68,7 @@ grep "^RUN " "$TMP/console" > "$TMP/runs" || die "no results: $(tail -20 "$TMP/c
 report() {
     echo "# libckpt_verbs.so vs plain: Open MPI ping-pong over UCX rc_verbs on rxe0 (one QEMU TCG guest)"
     echo "# $(date -u +%FT%TZ) $(git -C "$REPO" rev-parse --short HEAD) reps=$REPS (ABBA) lat-iters=$LAT bw-iters=$BW"
+    echo "# layer $LIB ($(date -u -r "$LIB" +%FT%TZ)) app $APP"
     cat "$TMP/runs"
     python3 - "$TMP/runs" <<'PY'
 import sys, statistics
