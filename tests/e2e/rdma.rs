@@ -76,6 +76,14 @@ fn results(console: &str) -> Vec<String> {
         .collect()
 }
 
+/// What follows `prefix` in the first RESULT line that starts with it (`console` for the panic).
+fn value_of(res: &[String], prefix: &str, console: &str) -> String {
+    res.iter()
+        .find_map(|l| l.strip_prefix(prefix))
+        .unwrap_or_else(|| panic!("no {prefix:?} in {console}"))
+        .to_string()
+}
+
 /// The value after `key` in a rank's start/done line.
 fn field<'a>(line: &'a str, key: &str) -> &'a str {
     let mut it = line.split_whitespace();
@@ -100,16 +108,12 @@ fn an_rdma_job_is_checkpointed_killed_and_restarted_in_a_guest() {
     }
     let apps = ckpt_tests::apps();
     let bin = ckpt_tests::bin_dir();
-    let body = format!(
-        "export BIN={} APP={} ITERS=30000 WORDS=512 CHECKPOINTS=2 ABORT=1\nbash {}\n",
+    let env = format!(
+        "BIN={} APP={} ITERS=30000 WORDS=512 CHECKPOINTS=2 ABORT=1",
         bin.display(),
         apps.join("rdma_halo").display(),
-        ckpt_tests::workspace()
-            .join("tests/guest/ib_job.sh")
-            .display()
     );
-    let r = vm::run(&body, &["name=ibjob", "mem=2048", "timeout=900"]);
-    assert_eq!(r.status, 0, "guest script failed: {}", r.console);
+    let r = vm::run_script("ibjob", "tests/guest/ib_job.sh", &env, 900);
     let res = results(&r.console);
     eprintln!("{}", res.join("\n"));
     let find = |p: &str| {
@@ -319,24 +323,15 @@ fn an_unmodified_mpi_job_over_verbs_is_checkpointed_aborted_killed_and_restarted
     let bin = ckpt_tests::bin_dir();
     let lib = bin.join("libckpt_verbs.so");
     assert!(lib.exists(), "{} (cargo build --release)", lib.display());
-    let body = format!(
-        "export BIN={} LIB={} APP={} N=128 ITERS=6000 SLEEP=2000\nbash {}\n",
+    let env = format!(
+        "BIN={} LIB={} APP={} N=128 ITERS=6000 SLEEP=2000",
         bin.display(),
         lib.display(),
         ckpt_tests::apps().join("heat.openmpi").display(),
-        ckpt_tests::workspace()
-            .join("tests/guest/verbs_job.sh")
-            .display()
     );
-    let r = vm::run(&body, &["name=verbsjob", "mem=2048", "timeout=800"]);
-    assert_eq!(r.status, 0, "guest script failed: {}", r.console);
+    let r = vm::run_script("verbsjob", "tests/guest/verbs_job.sh", &env, 800);
     let res = results(&r.console);
-    let value = |p: &str| {
-        res.iter()
-            .find_map(|l| l.strip_prefix(p))
-            .unwrap_or_else(|| panic!("no {p:?} in {}", r.console))
-            .to_string()
-    };
+    let value = |p: &str| value_of(&res, p, &r.console);
     let reference = value("reference checksum ");
     assert_eq!(reference.len(), 16, "{reference:?}");
     assert_eq!(value("restarted checksum "), reference, "{}", r.console);
@@ -400,12 +395,7 @@ fn unmodified_mpi_jobs_over_verbs_across_two_guests_are_checkpointed_killed_and_
         1500,
     );
     let res = results(&a.console);
-    let value = |p: &str| {
-        res.iter()
-            .find_map(|l| l.strip_prefix(p))
-            .unwrap_or_else(|| panic!("no {p:?} in {}", a.console))
-            .to_string()
-    };
+    let value = |p: &str| value_of(&res, p, &a.console);
     for mpi in ["ompi", "mpich"] {
         let reference = value(&format!("{mpi} reference checksum "));
         assert_eq!(reference.len(), 16, "{mpi}: {reference:?}");
@@ -461,24 +451,15 @@ fn a_verbs_fd_outside_the_layer_and_multicast_in_use_are_refused_and_the_job_run
     assert!(lib.exists(), "{} (cargo build --release)", lib.display());
     let app = ckpt_tests::apps().join("verbs_refusals");
     assert!(app.exists(), "{} (make -C tests/apps)", app.display());
-    let body = format!(
-        "export BIN={} LIB={} APP={}\nbash {}\n",
+    let env = format!(
+        "BIN={} LIB={} APP={}",
         bin.display(),
         lib.display(),
         app.display(),
-        ckpt_tests::workspace()
-            .join("tests/guest/verbs_refusals.sh")
-            .display()
     );
-    let r = vm::run(&body, &["name=refusals", "mem=2048", "timeout=600"]);
-    assert_eq!(r.status, 0, "guest script failed: {}", r.console);
+    let r = vm::run_script("refusals", "tests/guest/verbs_refusals.sh", &env, 600);
     let res = results(&r.console);
-    let value = |p: &str| {
-        res.iter()
-            .find_map(|l| l.strip_prefix(p))
-            .unwrap_or_else(|| panic!("no {p:?} in {}", r.console))
-            .to_string()
-    };
+    let value = |p: &str| value_of(&res, p, &r.console);
     // rxe takes the multicast attach the layer passes through.
     assert_eq!(value("plain "), "ready mcast attached");
     // The control case: the layer's own descriptor is not refused.

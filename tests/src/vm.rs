@@ -67,6 +67,25 @@ pub fn run(body: &str, settings: &[&str]) -> GuestRun {
     }
 }
 
+/// Boots one guest (2 GiB) named `name` that runs the workspace's `script` with the variables
+/// `env` (`K=V ...`) exported, within `timeout_s`; panics unless it ends with status 0.
+pub fn run_script(name: &str, script: &str, env: &str, timeout_s: u32) -> GuestRun {
+    let body = format!(
+        "export {env}\nbash {}\n",
+        crate::workspace().join(script).display()
+    );
+    let r = run(
+        &body,
+        &[
+            &format!("name={name}"),
+            "mem=2048",
+            &format!("timeout={timeout_s}"),
+        ],
+    );
+    assert_eq!(r.status, 0, "guest script failed: {}", r.console);
+    r
+}
+
 /// Boots two guests joined by a UDP wire on host ports `port` and `port + 1`, sharing a fresh
 /// host directory at `/share`: `a` (192.168.98.1) with 2 GiB, `b` (192.168.98.2) with 1.5 GiB,
 /// named `<name>a`/`<name>b`, each running the workspace's `script` with `ROLE` (a or b) and the
