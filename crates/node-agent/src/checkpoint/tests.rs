@@ -212,39 +212,55 @@ impl Drop for LayerJob {
     }
 }
 
+/// A node for the layer tests: a job table on real cgroups (named `<prefix>-<pid>-<job>`) with
+/// `engine`, in a temporary directory, and a runtime; `None` (the reason printed) without root
+/// or a cgroup hierarchy.
+fn layer_node(
+    prefix: &str,
+    engine: Arc<CountingEngine>,
+) -> Option<(tempfile::TempDir, Jobs, tokio::runtime::Runtime)> {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: needs root to make a job cgroup");
+        return None;
+    }
+    let parent = match CgroupParent::resolve("auto", &format!("{prefix}-{}-", std::process::id())) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("SKIPPED: {e}");
+            return None;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let staging = dir.path().join("staging");
+    fs::create_dir(&staging).unwrap();
+    let jobs = Jobs::open(
+        "n1".into(),
+        dir.path().join("state"),
+        Staging::at(staging),
+        parent,
+        engine,
+        PathBuf::from("/nonexistent/ckpt-shim"),
+    )
+    .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    Some((dir, jobs, rt))
+}
+
 /// With a verbs layer that drained, the first quiesce round leaves the job thawed; an abort
 /// then (another node failed its first round) resumes the layer. In the next epoch the second
 /// round releases the layer and freezes, a third round (the coordinator asks every node) does
 /// nothing more, and local-checkpoint dumps.
 #[test]
 fn a_drained_layer_is_released_and_frozen_in_the_second_quiesce_round() {
-    if !nix::unistd::geteuid().is_root() {
-        return eprintln!("SKIPPED: needs root to make a job cgroup");
-    }
-    let prefix = format!("ckpt-phasetest-{}-", std::process::id());
-    let parent = match CgroupParent::resolve("auto", &prefix) {
-        Ok(p) => p,
-        Err(e) => return eprintln!("SKIPPED: {e}"),
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let staging = dir.path().join("staging");
-    fs::create_dir(&staging).unwrap();
     let engine = Arc::new(CountingEngine::default());
+    let Some((dir, jobs, rt)) = layer_node("ckpt-phasetest", engine.clone()) else {
+        return;
+    };
     let failpoints = dir.path().join("failpoints");
-    let jobs = Jobs::open(
-        "n1".into(),
-        dir.path().join("state"),
-        Staging::at(staging),
-        parent,
-        engine.clone(),
-        PathBuf::from("/nonexistent/ckpt-shim"),
-    )
-    .unwrap()
-    .with_failpoints(Failpoints::at(failpoints.clone()));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let jobs = jobs.with_failpoints(Failpoints::at(failpoints.clone()));
     rt.block_on(async {
         let listener = jobs.channels().bind().unwrap();
         tokio::spawn(jobs.channels().clone().serve(listener));
@@ -312,30 +328,10 @@ fn a_drained_layer_is_released_and_frozen_in_the_second_quiesce_round() {
 /// sends it nothing else; the process runs on, and no epoch was begun.
 #[test]
 fn a_layer_with_a_feature_in_use_it_cannot_rebuild_is_refused_at_initial_sync() {
-    if !nix::unistd::geteuid().is_root() {
-        return eprintln!("SKIPPED: needs root to make a job cgroup");
-    }
-    let prefix = format!("ckpt-refusetest-{}-", std::process::id());
-    let parent = match CgroupParent::resolve("auto", &prefix) {
-        Ok(p) => p,
-        Err(e) => return eprintln!("SKIPPED: {e}"),
+    let Some((dir, jobs, rt)) = layer_node("ckpt-refusetest", Arc::new(CountingEngine::default()))
+    else {
+        return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let staging = dir.path().join("staging");
-    fs::create_dir(&staging).unwrap();
-    let jobs = Jobs::open(
-        "n1".into(),
-        dir.path().join("state"),
-        Staging::at(staging),
-        parent,
-        Arc::new(CountingEngine::default()),
-        PathBuf::from("/nonexistent/ckpt-shim"),
-    )
-    .unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     rt.block_on(async {
         let listener = jobs.channels().bind().unwrap();
         tokio::spawn(jobs.channels().clone().serve(listener));

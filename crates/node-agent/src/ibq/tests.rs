@@ -58,6 +58,16 @@ async fn say_hello(s: &mut (impl tokio::io::AsyncWrite + Unpin)) {
     s.write_all(&line).await.unwrap();
 }
 
+/// Channels served in a fresh directory for this user's job, and a fake verbs layer of this
+/// process connected to them, up (not down).
+async fn layer_up() -> (tempfile::TempDir, Arc<Channels>, FakeLayer) {
+    let dir = tempfile::tempdir().unwrap();
+    let ch = serving(dir.path(), my_uid(), JOB_CGROUP, Limits::default());
+    let layer = FakeLayer::connect(&ch, false).await;
+    assert!(comes_up(&ch).await);
+    (dir, ch, layer)
+}
+
 /// Whether the channel of this process comes up within two seconds.
 async fn comes_up(ch: &Channels) -> bool {
     for _ in 0..200 {
@@ -526,11 +536,8 @@ fn releasing(ch: &Arc<Channels>) -> tokio::task::JoinHandle<(Quiesced, Vec<Chann
 #[test]
 fn a_drained_layer_stays_up_until_released_then_is_rebuilt_like_a_channel() {
     runtime().block_on(async {
-        let dir = tempfile::tempdir().unwrap();
-        let ch = serving(dir.path(), my_uid(), JOB_CGROUP, Limits::default());
+        let (_dir, ch, mut layer) = layer_up().await;
         let pid = me().pid;
-        let mut layer = FakeLayer::connect(&ch, false).await;
-        assert!(comes_up(&ch).await);
         let (done, failed) = drained(&ch, &mut layer).await;
         assert!(failed.is_empty(), "{failed:?}");
         assert_eq!((done.drained, done.released), (vec![pid], vec![]));
@@ -592,11 +599,8 @@ fn a_drained_layer_stays_up_until_released_then_is_rebuilt_like_a_channel() {
 #[test]
 fn a_drained_layer_is_resumed_and_no_longer_drained() {
     runtime().block_on(async {
-        let dir = tempfile::tempdir().unwrap();
-        let ch = serving(dir.path(), my_uid(), JOB_CGROUP, Limits::default());
+        let (_dir, ch, mut layer) = layer_up().await;
         let pid = me().pid;
-        let mut layer = FakeLayer::connect(&ch, false).await;
-        assert!(comes_up(&ch).await);
         assert_eq!(drained(&ch, &mut layer).await.0.drained, vec![pid]);
         let resume = tokio::spawn({
             let ch = ch.clone();
@@ -619,11 +623,8 @@ fn a_drained_layer_is_resumed_and_no_longer_drained() {
 #[test]
 fn a_release_that_fails_or_hangs_names_the_pid_and_returns() {
     runtime().block_on(async {
-        let dir = tempfile::tempdir().unwrap();
-        let ch = serving(dir.path(), my_uid(), JOB_CGROUP, Limits::default());
+        let (_dir, ch, mut layer) = layer_up().await;
         let pid = me().pid;
-        let mut layer = FakeLayer::connect(&ch, false).await;
-        assert!(comes_up(&ch).await);
         drained(&ch, &mut layer).await;
         let bounded = |h: tokio::task::JoinHandle<_>| async move {
             tokio::time::timeout(Duration::from_secs(10), h)
@@ -673,11 +674,8 @@ fn a_release_that_fails_or_hangs_names_the_pid_and_returns() {
 #[test]
 fn a_check_returns_what_the_layer_holds_and_an_older_one_cannot_tell() {
     runtime().block_on(async {
-        let dir = tempfile::tempdir().unwrap();
-        let ch = serving(dir.path(), my_uid(), JOB_CGROUP, Limits::default());
+        let (_dir, ch, mut layer) = layer_up().await;
         let pid = me().pid;
-        let mut layer = FakeLayer::connect(&ch, false).await;
-        assert!(comes_up(&ch).await);
         let checking = |timeout| {
             let ch = ch.clone();
             tokio::spawn(async move { ch.check(&[pid], timeout).await })
