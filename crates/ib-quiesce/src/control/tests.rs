@@ -208,16 +208,23 @@ fn a_quiesce_that_times_out_lets_the_application_run_on() {
     a.shared.call(|c| c.post_recv(a.qp, &wr)).unwrap();
 }
 
-/// A command line longer than [`MAX_LINE`] closes the connection; the control thread then
-/// says hello to the agent again.
-#[test]
-fn an_over_long_command_closes_the_connection_and_the_channel_says_hello_again() {
+/// An agent's control socket in a fresh directory, and a channel pair whose first rank's
+/// control thread is started at it (the caller accepts its connection).
+fn agent_socket() -> (tempfile::TempDir, UnixListener, (Fabric, Rank, Rank)) {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("control.sock");
     let listener = UnixListener::bind(&socket).unwrap();
     std::fs::create_dir_all(flag_dir(&socket)).unwrap();
-    let (_f, a, _b) = pair();
-    start_at(&a.shared, socket).unwrap();
+    let ranks = pair();
+    start_at(&ranks.1.shared, socket).unwrap();
+    (dir, listener, ranks)
+}
+
+/// A command line longer than [`MAX_LINE`] closes the connection; the control thread then
+/// says hello to the agent again.
+#[test]
+fn an_over_long_command_closes_the_connection_and_the_channel_says_hello_again() {
+    let (_dir, listener, _ranks) = agent_socket();
     let (mut s, _) = listener.accept().unwrap();
     let mut r = BufReader::new(s.try_clone().unwrap());
     assert!(matches!(
@@ -249,12 +256,7 @@ fn an_over_long_command_closes_the_connection_and_the_channel_says_hello_again()
 /// agent reads as "do not compare".
 #[test]
 fn a_check_is_answered_with_what_the_channel_holds_and_changes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("control.sock");
-    let listener = UnixListener::bind(&socket).unwrap();
-    std::fs::create_dir_all(flag_dir(&socket)).unwrap();
-    let (_f, a, _b) = pair();
-    start_at(&a.shared, socket).unwrap();
+    let (_dir, listener, (_f, a, _b)) = agent_socket();
     let (mut s, _) = listener.accept().unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut r = BufReader::new(s.try_clone().unwrap());
