@@ -76,6 +76,13 @@ fn results(console: &str) -> Vec<String> {
         .collect()
 }
 
+/// The release build's verbs layer, which the guests' agents preload (it must be built).
+fn verbs_layer() -> std::path::PathBuf {
+    let lib = ckpt_tests::bin_dir().join("libckpt_verbs.so");
+    assert!(lib.exists(), "{} (cargo build --release)", lib.display());
+    lib
+}
+
 /// What follows `prefix` in the first RESULT line that starts with it (`console` for the panic).
 fn value_of(res: &[String], prefix: &str, console: &str) -> String {
     res.iter()
@@ -321,8 +328,7 @@ fn an_unmodified_mpi_job_over_verbs_is_checkpointed_aborted_killed_and_restarted
         return;
     }
     let bin = ckpt_tests::bin_dir();
-    let lib = bin.join("libckpt_verbs.so");
-    assert!(lib.exists(), "{} (cargo build --release)", lib.display());
+    let lib = verbs_layer();
     let env = format!(
         "BIN={} LIB={} APP={} N=128 ITERS=6000 SLEEP=2000",
         bin.display(),
@@ -375,11 +381,7 @@ fn unmodified_mpi_jobs_over_verbs_across_two_guests_are_checkpointed_killed_and_
         return;
     }
     let bin = ckpt_tests::bin_dir();
-    assert!(
-        bin.join("libckpt_verbs.so").exists(),
-        "{}/libckpt_verbs.so (cargo build --release)",
-        bin.display()
-    );
+    verbs_layer();
     let apps = ckpt_tests::apps();
     let env = format!(
         "BIN={} OMPI_APP={} MPICH_APP={} N=128 ITERS=4500 SLEEP=3000",
@@ -447,8 +449,7 @@ fn a_verbs_fd_outside_the_layer_and_multicast_in_use_are_refused_and_the_job_run
         return;
     }
     let bin = ckpt_tests::bin_dir();
-    let lib = bin.join("libckpt_verbs.so");
-    assert!(lib.exists(), "{} (cargo build --release)", lib.display());
+    let lib = verbs_layer();
     let app = ckpt_tests::apps().join("verbs_refusals");
     assert!(app.exists(), "{} (make -C tests/apps)", app.display());
     let env = format!(
