@@ -33,6 +33,30 @@ async fn a_jobs_parts_on_other_nodes_get_its_part_env() {
     );
 }
 
+/// A job's caller cannot use `part_env` to set ckpt's own variables (the job's token, the
+/// agent's socket) in its parts: the run is refused before any node is asked to launch.
+#[tokio::test]
+async fn a_run_whose_part_env_sets_ckpts_own_variables_is_refused_before_any_launch() {
+    let c = Cluster::start().await;
+    let spec = coordinator::driver::RunSpec {
+        name: "sneaky".into(),
+        argv: vec!["mpiexec".into()],
+        cwd: "/".into(),
+        env: Default::default(),
+        node: "n1".into(),
+        part_env: [("CKPT_IBQ_SOCKET".to_string(), "/tmp/mine.sock".to_string())].into(),
+    };
+    let e = c.coord.run(OWNER, spec).await.unwrap_err();
+    assert!(
+        matches!(&e, DriveError::Invalid(m) if m.contains("CKPT_IBQ_SOCKET")),
+        "{e}"
+    );
+    assert!(
+        c.world.lock().unwrap().launches.is_empty(),
+        "nothing launched"
+    );
+}
+
 #[tokio::test]
 async fn a_checkpoint_runs_every_phase_on_every_node_and_commits_their_manifests() {
     let c = Cluster::start().await;
