@@ -53,6 +53,47 @@ fn malformed_config_is_refused_with_the_key_named() {
     assert!(err.contains("missing.toml"), "{err}");
 }
 
+/// `[verbs_layer] preload = "always"` with a layer that is missing, or that a user other than
+/// root could replace (the agent would put it into every job): the agent does not start, and
+/// says which file and what is wrong.
+#[test]
+fn an_agent_told_to_always_preload_refuses_a_missing_or_replaceable_verbs_layer() {
+    if !have_bins() {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let writable = d.path().join("libckpt_verbs.so");
+    std::fs::write(&writable, b"not a library").unwrap();
+    std::fs::set_permissions(
+        &writable,
+        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    )
+    .unwrap();
+    for (layer, expect) in [
+        (
+            "/nonexistent/libckpt_verbs.so",
+            "/nonexistent/libckpt_verbs.so",
+        ),
+        (writable.to_str().unwrap(), "writable by group or others"),
+    ] {
+        let cfg = d.path().join("ckptd.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "socket = \"{0}/ckptd.sock\"\ndatabase = \"{0}/db\"\ntls_dir = \"{0}/tls\"\n[agent]\nstate_dir = \"{0}/s\"\nlocal_dir = \"{0}/l\"\n[agent.verbs_layer]\npreload = \"always\"\npath = \"{layer}\"\n",
+                d.path().display()
+            ),
+        )
+        .unwrap();
+        let (code, err) = run("ckptd", &cfg, &["--standalone"]);
+        assert_ne!(code, 0, "{layer}: started: {err}");
+        assert!(
+            err.contains("verbs_layer") && err.contains(expect),
+            "{layer}: {err}"
+        );
+    }
+}
+
 #[test]
 fn missing_or_old_criu_is_refused_at_start() {
     if !have_bins() {
