@@ -144,6 +144,10 @@ impl Default for VerbsLayerConfig {
     }
 }
 
+/// The verbs layer's file name: what `auto` finds next to the agent, and how a process that
+/// has it loaded (or preloads its own) is recognized.
+pub const VERBS_LAYER_FILE: &str = "libckpt_verbs.so";
+
 /// Where the kernel lists RDMA devices.
 pub const RDMA_CLASS: &str = "/sys/class/infiniband";
 
@@ -161,7 +165,7 @@ impl VerbsLayerConfig {
         let p = if self.path == "auto" {
             std::env::current_exe()
                 .map_err(|e| format!("cannot find the agent's own binary: {e}"))?
-                .with_file_name("libckpt_verbs.so")
+                .with_file_name(VERBS_LAYER_FILE)
         } else {
             PathBuf::from(&self.path)
         };

@@ -74,8 +74,6 @@ pub struct LaunchEnv {
 
 /// A job whose environment sets this to `off` is started without the verbs layer.
 pub const VERBS_LAYER_ENV: &str = "CKPT_VERBS_LAYER";
-/// The verbs layer's file name: a job that preloads a file of that name keeps its own.
-const VERBS_LAYER_FILE: &str = "libckpt_verbs.so";
 
 /// Puts `layer` first in `env`'s `LD_PRELOAD` (before libibverbs is loaded by anyone), unless
 /// the job turned it off or preloads a verbs layer itself.
@@ -88,7 +86,7 @@ fn preload_layer(env: &mut BTreeMap<String, String>, layer: &Path) {
     let theirs = cur.split([':', ' ']).any(|e| {
         Path::new(e)
             .file_name()
-            .is_some_and(|n| n == VERBS_LAYER_FILE)
+            .is_some_and(|n| n == crate::config::VERBS_LAYER_FILE)
     });
     if theirs {
         return;

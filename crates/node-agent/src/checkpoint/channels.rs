@@ -15,8 +15,6 @@ use crate::ibq::{ChannelFailure, Channels, Rebuilt};
 use crate::jobs::{Jobs, NodeJob};
 use crate::procfs;
 
-/// The verbs layer's file name, as a process maps it.
-const VERBS_LAYER_FILE: &str = "libckpt_verbs.so";
 /// The manifest note listing the processes whose ib-quiesce channels were quiesced.
 const CHANNEL_NOTE: &str = "ibq_channels";
 /// How long channels have to drain and flush before the freeze, and drained verbs layers to
@@ -48,7 +46,7 @@ pub(super) fn refuse_verbs_without_channel<'a>(
     for &pid in pids {
         if let Some(device) = procfs::verbs_device(pid) {
             let comm = procfs::stat(pid).map(|s| s.comm).unwrap_or_default();
-            if procfs::maps_file(pid, VERBS_LAYER_FILE) {
+            if procfs::maps_file(pid, crate::config::VERBS_LAYER_FILE) {
                 return Err(AgentError::LayerNotConnected {
                     job,
                     pid,
