@@ -43,13 +43,9 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-log() { echo "verbs_checkpoint: $*" >&2; }
-die() { log "$*"; exit 2; }
-[ "$(id -u)" = 0 ] || die "needs root (QEMU guest with the host root shared)"
-[ -f "${CKPT_VM_DIR:-/var/cache/ckpt-vm}/abi" ] || die "no test VM prepared (scripts/setup.sh --vm)"
+NAME=verbs_checkpoint
+. "$REPO/benches/vmbench.sh"
 if [ -n "$BUILD" ]; then
-    [ "$BIN" = "$REPO/target/release" ] && [ "$APPS" = "$REPO/target/apps" ] \
-        || die "--bin/--apps name binaries built elsewhere: add --no-build"
     log "building ckptd, ckptctl, ckpt-agent, libckpt_verbs.so and heat (release)"
     (cd "$REPO" && cargo build --release -p ckptd -p ckptctl -p node-agent -p ckpt-verbs) >&2
     make -s -C "$REPO/tests/apps" OUT="$REPO/target/apps" "$REPO/target/apps/heat.openmpi" >&2

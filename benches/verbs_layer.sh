@@ -33,13 +33,9 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-log() { echo "verbs_layer: $*" >&2; }
-die() { log "$*"; exit 2; }
-[ "$(id -u)" = 0 ] || die "needs root (QEMU guest with the host root shared)"
-[ -f "${CKPT_VM_DIR:-/var/cache/ckpt-vm}/abi" ] || die "no test VM prepared (scripts/setup.sh --vm)"
+NAME=verbs_layer
+. "$REPO/benches/vmbench.sh"
 if [ -n "$BUILD" ]; then
-    [ "$BIN" = "$REPO/target/release" ] && [ "$APPS" = "$REPO/target/apps" ] \
-        || die "--bin/--apps name binaries built elsewhere: add --no-build"
     log "building libckpt_verbs.so and the ping-pong (release)"
     (cd "$REPO" && cargo build --release -p ckpt-verbs) >&2
     make -s -C "$REPO/tests/apps" OUT="$REPO/target/apps" "$REPO/target/apps/pingpong.openmpi" >&2
