@@ -40,6 +40,8 @@ pub struct AgentConfig {
     pub launcher: LauncherConfig,
     /// The verbs layer preloaded into jobs that may use RDMA devices.
     pub verbs_layer: VerbsLayerConfig,
+    /// Where job sandboxes' addresses go.
+    pub job_network: JobNetworkConfig,
     /// Run jobs (and parts of jobs, and restores) as root (uid 0). Off by default: a job runs
     /// with its owner's uid, and root's jobs have no business on a compute node.
     pub allow_root_jobs: bool,
@@ -78,6 +80,33 @@ impl FlushConfig {
             streams: self.streams,
             bandwidth: (self.bandwidth_mb > 0).then_some(self.bandwidth_mb * 1_000_000),
         }
+    }
+}
+
+/// The node's side of the job network (ckptd's `[job_network]` hands out the addresses).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct JobNetworkConfig {
+    /// The interface job addresses are put on (each sandbox gets a macvlan of it), or `auto`:
+    /// the one carrying the agent's `listen` address, else that of the default route.
+    pub interface: String,
+}
+
+impl Default for JobNetworkConfig {
+    fn default() -> Self {
+        JobNetworkConfig {
+            interface: "auto".into(),
+        }
+    }
+}
+
+impl JobNetworkConfig {
+    /// The interface, if there is one.
+    pub fn resolve(&self, listen: std::net::IpAddr) -> Option<String> {
+        if self.interface != "auto" {
+            return Some(self.interface.clone());
+        }
+        crate::sandbox::interface_for(Some(listen))
     }
 }
 
@@ -264,6 +293,7 @@ impl Default for AgentConfig {
             cgroup: CgroupConfig::default(),
             launcher: LauncherConfig::default(),
             verbs_layer: VerbsLayerConfig::default(),
+            job_network: JobNetworkConfig::default(),
             allow_root_jobs: false,
             tls_dir: ckpt_auth::ca::DEFAULT_DIR.into(),
             min_uid: 1000,

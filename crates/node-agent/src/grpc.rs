@@ -182,6 +182,13 @@ impl Agent for AgentHandler {
             groups: r.groups,
             token: r.token,
             part: r.part,
+            sandbox: match r.job_address.as_str() {
+                "" => None,
+                a => Some(
+                    crate::sandbox::JobAddress::parse(a, &r.job_gateway)
+                        .map_err(Status::invalid_argument)?,
+                ),
+            },
         };
         let (pid, incarnation) = self.jobs.launch(spec).await.map_err(to_status)?;
         Ok(Response::new(pb::LaunchReply {
@@ -349,6 +356,8 @@ impl Agent for AgentHandler {
                 .collect(),
             role: if part == 0 { "launcher" } else { "attached" }.into(),
             detail: String::new(),
+            // The coordinator knows the part's job address.
+            address: String::new(),
         }))
     }
 

@@ -24,6 +24,14 @@ pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
             // restore, which creates it again.
             job.remove_empty_cgroup();
         }
+        if observed != Observed::Running {
+            // Nor is its sandbox's network namespace, whose job address would otherwise stay
+            // on the network (a restore elsewhere needs it).
+            let netns = jobs.netns(job.id());
+            if netns.exists() {
+                tokio::spawn(async move { crate::sandbox::remove(&netns).await });
+            }
+        }
         let (state, end) = observed.to_wire();
         out.push(pb::JobReport {
             job_id: job.id(),
@@ -68,6 +76,7 @@ pub async fn run(
                     .iter()
                     .map(|a| a.to_string())
                     .collect(),
+                hostname: crate::config::hostname(),
                 shared_dir: jobs
                     .shared_dir()
                     .map(|d| d.display().to_string())

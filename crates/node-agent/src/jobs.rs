@@ -67,6 +67,9 @@ pub struct JobRecord {
     /// The job's owner (uid); unknown for records of an older agent.
     #[serde(default)]
     pub owner: Option<u32>,
+    /// The part's job address, when it runs in a sandbox.
+    #[serde(default)]
+    pub sandbox: Option<crate::sandbox::JobAddress>,
 }
 
 /// Where one epoch is on this node.
@@ -252,6 +255,8 @@ pub struct Jobs {
     cgroups: CgroupParent,
     pub(crate) engine: Arc<dyn SnapshotEngine>,
     pub(crate) shim_exe: PathBuf,
+    /// The interface job addresses go on (sandboxes); none: this node runs no sandboxes.
+    pub(crate) job_link: Option<String>,
     jobs: std::sync::Mutex<HashMap<u64, Arc<Mutex<NodeJob>>>>,
     failpoints: Failpoints,
     pub(crate) launch_env: LaunchEnv,
@@ -358,6 +363,7 @@ impl Jobs {
             cgroups,
             engine,
             shim_exe,
+            job_link: None,
             jobs: std::sync::Mutex::new(map),
             failpoints: Failpoints::from_env(),
             launch_env: LaunchEnv::default(),
@@ -375,6 +381,17 @@ impl Jobs {
     pub fn with_failpoints(mut self, failpoints: Failpoints) -> Self {
         self.failpoints = failpoints;
         self
+    }
+
+    /// Sets the interface that sandboxes' job addresses go on.
+    pub fn with_job_link(mut self, link: Option<String>) -> Self {
+        self.job_link = link;
+        self
+    }
+
+    /// The network namespace of the job's sandbox on this node.
+    pub(crate) fn netns(&self, job: u64) -> PathBuf {
+        crate::sandbox::netns_path(&self.node, job)
     }
 
     /// Sets who may run jobs here.
@@ -457,6 +474,7 @@ impl Jobs {
                 token: String::new(),
                 part: 0,
                 owner: None,
+                sandbox: None,
             },
             dir,
             cgroup: self.cgroups.job(job),

@@ -52,6 +52,8 @@ pub struct LaunchSpec {
     pub token: String,
     /// 0: the job's command; >0: a part started through `ckpt-rsh`.
     pub part: u32,
+    /// Run the part in a sandbox with this job address.
+    pub sandbox: Option<crate::sandbox::JobAddress>,
 }
 
 /// What the agent adds to every job's environment so that its MPI launcher reaches other
@@ -138,6 +140,17 @@ pub struct PollResult {
     pub stderr: Vec<u8>,
     /// The part's state; an exit is only reported with the last of its output.
     pub observed: Observed,
+}
+
+/// Where the PIDs of a job's sandbox start: a slot of 1000 per job, within the node's
+/// `pid_max`, so that parts of different jobs on one node rarely share PIDs.
+fn pid_base(job: u64) -> u32 {
+    let pid_max: u64 = fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(32_768);
+    let slots = (pid_max / 1000).saturating_sub(1).max(1);
+    ((job % slots) * 1000) as u32
 }
 
 /// Largest chunk of each stream one poll returns.
@@ -264,6 +277,21 @@ impl Jobs {
         job.record.token = spec.token;
         job.record.part = spec.part;
         job.record.owner = Some(owner.uid);
+        let sandbox = match &spec.sandbox {
+            Some(addr) => {
+                // Hydra tells its proxies to call back on its host name, which names the node,
+                // not the sandbox: have it give the job address instead.
+                env.entry("HYDRA_IFACE".into())
+                    .or_insert_with(|| crate::sandbox::JOB_INTERFACE.into());
+                // /proc shows the node's PIDs, not the sandbox's: UCX must not reach its
+                // peers' shared memory through /proc/<pid>/fd.
+                env.entry("UCX_POSIX_USE_PROC_LINK".into())
+                    .or_insert_with(|| "n".into());
+                Some(self.make_sandbox(spec.job, addr).await?)
+            }
+            None => None,
+        };
+        job.record.sandbox = spec.sandbox.clone();
         let mode = ShimMode::Launch {
             argv: spec.argv,
             cwd: spec.cwd,
@@ -271,12 +299,59 @@ impl Jobs {
             uid: owner.uid,
             gid: owner.gid,
             groups: owner.groups.clone(),
+            sandbox,
         };
-        let pid = self
+        let pid = match self
             .start_shim(&mut job, mode, &owner, LAUNCH_TIMEOUT)
-            .await?;
-        info!(pid, "job started");
+            .await
+        {
+            Ok(pid) => pid,
+            Err(e) => {
+                if job.record.sandbox.is_some() {
+                    crate::sandbox::remove(&self.netns(spec.job)).await;
+                }
+                return Err(e);
+            }
+        };
+        match &spec.sandbox {
+            Some(a) => info!(pid, address = %a.cidr(), "job started in a sandbox"),
+            None => info!(pid, "job started"),
+        }
         Ok((pid, job.record.incarnation))
+    }
+
+    /// Makes the network namespace of a part's sandbox with its job address; the shim makes
+    /// the rest when it starts the part.
+    pub(crate) async fn make_sandbox(
+        &self,
+        job: u64,
+        addr: &crate::sandbox::JobAddress,
+    ) -> Result<shim::Sandbox, AgentError> {
+        let link = self.job_link.as_deref().ok_or_else(|| AgentError::Start {
+            job,
+            message: format!(
+                "node {} has no job network interface: set [job_network] interface in its agent.toml (see docs/operations.md, \"Job sandboxes\")",
+                self.node
+            ),
+        })?;
+        let init = self.shim_exe.with_file_name("ckpt-init");
+        if !init.is_file() {
+            return Err(AgentError::Start {
+                job,
+                message: format!(
+                    "{} is missing: install it next to ckpt-agent",
+                    init.display()
+                ),
+            });
+        }
+        let netns = crate::sandbox::create(&self.node, job, link, addr)
+            .await
+            .map_err(|message| AgentError::Start { job, message })?;
+        Ok(shim::Sandbox {
+            init,
+            netns,
+            pid_base: pid_base(job),
+        })
     }
 
     /// New output of the job's part on this node after the given offsets, and its exit status

@@ -32,6 +32,7 @@ mod owner;
 mod partner;
 mod procfs;
 mod restore;
+mod sandbox;
 pub mod shim;
 mod wire;
 
@@ -160,6 +161,7 @@ pub fn open_jobs(
             .as_ref()
             .map(|_| cfg.tls_dir.join(ckpt_auth::ca::CA_CERT)),
     })
+    .with_job_link(cfg.job_network.resolve(cfg.listen.ip()))
     .with_credential(credential)
     .with_shared(cfg.shared_dir.clone(), cfg.flush.copy_options())
     .with_launch_policy(owner::LaunchPolicy {

@@ -46,6 +46,9 @@ pub enum ShimMode {
         gid: u32,
         /// Supplementary groups.
         groups: Vec<u32>,
+        /// Run it in a sandbox; none: in the node's namespaces.
+        #[serde(default)]
+        sandbox: Option<Sandbox>,
     },
     /// Run the engine's detached restore command, then adopt the restored root.
     Restore {
@@ -53,8 +56,31 @@ pub enum ShimMode {
         argv: Vec<String>,
         /// Where the engine writes the restored root's PID.
         pid_file: PathBuf,
+        /// The part's network namespace, given to the engine as descriptor
+        /// [`RESTORE_NETNS_FD`].
+        #[serde(default)]
+        netns: Option<PathBuf>,
     },
 }
+
+/// A part's sandbox: fresh PID, IPC, UTS (the node's host name kept) and mount namespaces
+/// whose process 1 is `init`, which starts the command, in the network namespace `netns`.
+/// The mount namespace is the node's (a slave copy, so later mounts still arrive) with a
+/// `/proc` of the sandbox's PIDs: programs that read `/proc/<pid>` of a peer (UCX does)
+/// find it there.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Sandbox {
+    /// `ckpt-init`.
+    pub init: PathBuf,
+    /// The part's network namespace (a file under /run/netns).
+    pub netns: PathBuf,
+    /// The namespace's first PIDs are taken after this one, so that the parts of different
+    /// jobs on a node do not all count from 1 (launchers name session files after their PID).
+    pub pid_base: u32,
+}
+
+/// The descriptor number a restore gets the part's network namespace on.
+pub const RESTORE_NETNS_FD: i32 = 3;
 
 /// The shim's instructions, written by the agent to `<run_dir>/spec.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -199,6 +225,76 @@ fn join_cgroup(procs: &CString) -> std::io::Result<()> {
 
 /// Marks every inherited descriptor above stderr close-on-exec, as sshd does for a session:
 /// a leaked listening socket would otherwise be dumped in a state the engine rejects.
+/// In a fresh mount namespace of a process that is 1 of a fresh PID namespace: stops mount
+/// events from going back to the node, drops the node's network namespace files (they
+/// belong to other jobs and would tie the part's images to them) and mounts a `/proc` of
+/// the new PID namespace. Async-signal-safe.
+fn sandbox_mounts() -> io::Result<()> {
+    // SAFETY: mount and umount2 on static NUL-terminated strings.
+    unsafe {
+        if libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_SLAVE,
+            std::ptr::null(),
+        ) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        // Not a mount point where no network namespace was ever named: nothing to drop.
+        libc::umount2(c"/run/netns".as_ptr(), libc::MNT_DETACH);
+        if libc::mount(
+            c"proc".as_ptr(),
+            c"/proc".as_ptr(),
+            c"proc".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            std::ptr::null(),
+        ) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Opens the job's stdout and stderr again by their paths (in the agent's own directory)
+/// and /dev/null for stdin, in the current mount namespace, and puts them on 0, 1 and 2;
+/// refuses an output that is no longer the file already open on 1 or 2. Async-signal-safe.
+fn reopen_stdio(stdout: &CString, stderr: &CString) -> io::Result<()> {
+    // SAFETY: open, fstat, dup2 and close on descriptors this process owns and on
+    // NUL-terminated paths allocated before the fork.
+    unsafe {
+        for (path, target) in [(stdout, 1), (stderr, 2)] {
+            let fd = libc::open(
+                path.as_ptr(),
+                libc::O_WRONLY | libc::O_APPEND | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            );
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let mut now: libc::stat = std::mem::zeroed();
+            let mut before: libc::stat = std::mem::zeroed();
+            if libc::fstat(fd, &mut now) != 0
+                || libc::fstat(target, &mut before) != 0
+                || now.st_dev != before.st_dev
+                || now.st_ino != before.st_ino
+                || libc::dup2(fd, target) < 0
+            {
+                libc::close(fd);
+                return Err(io::Error::from_raw_os_error(libc::EXDEV));
+            }
+            libc::close(fd);
+        }
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if null < 0 || libc::dup2(null, 0) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        libc::close(null);
+    }
+    Ok(())
+}
+
 fn cloexec_inherited_fds() -> std::io::Result<()> {
     const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
     // SAFETY: close_range with the CLOEXEC flag only changes descriptor flags.
@@ -220,6 +316,11 @@ enum ChildStep {
     Identity,
     WorkingDir,
     Descriptors,
+    NetNamespace,
+    Namespaces,
+    PidBase,
+    Mounts,
+    Stdio,
 }
 
 impl ChildStep {
@@ -231,6 +332,11 @@ impl ChildStep {
             ChildStep::Identity,
             ChildStep::WorkingDir,
             ChildStep::Descriptors,
+            ChildStep::NetNamespace,
+            ChildStep::Namespaces,
+            ChildStep::PidBase,
+            ChildStep::Mounts,
+            ChildStep::Stdio,
         ]
         .into_iter()
         .find(|s| *s as u8 == b)
@@ -254,9 +360,41 @@ fn start(spec: &ShimSpec) -> Result<i32, String> {
             uid,
             gid,
             groups,
+            sandbox,
         } => {
             let (prog, args) = argv.split_first().ok_or("empty command")?;
             let (uid, gid) = (*uid, *gid);
+            // In a sandbox the child is process 1 of a new PID namespace and runs `ckpt-init`,
+            // which starts the command; it joins the part's network namespace and makes its
+            // own IPC and UTS ones.
+            let (netns, pid_base) = match sandbox {
+                Some(sb) => {
+                    let f = fs::File::open(&sb.netns).map_err(|e| {
+                        format!(
+                            "cannot open the part's network namespace {}: {e}",
+                            sb.netns.display()
+                        )
+                    })?;
+                    // SAFETY: unshare with a flag that only affects the children made after it.
+                    if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
+                        return Err(format!(
+                            "cannot make the part's PID namespace: {}",
+                            io::Error::last_os_error()
+                        ));
+                    }
+                    let base = CString::new(sb.pid_base.to_string()).expect("digits");
+                    (Some(f), Some(base))
+                }
+                None => (None, None),
+            };
+            let netns_fd = netns.as_ref().map(|f| f.as_raw_fd());
+            const LAST_PID: &[u8] = b"/proc/sys/kernel/ns_last_pid\0";
+            // The outputs are opened again inside the sandbox's mount namespace: a file open
+            // through a mount of another namespace is one the engine cannot dump.
+            let out_path = CString::new(spec.stdout.as_os_str().as_bytes())
+                .map_err(|_| format!("{} contains a NUL", spec.stdout.display()))?;
+            let err_path = CString::new(spec.stderr.as_os_str().as_bytes())
+                .map_err(|_| format!("{} contains a NUL", spec.stderr.display()))?;
             let groups: Vec<libc::gid_t> = groups.clone();
             let child_groups = groups.clone();
             let dir = CString::new(cwd.as_os_str().as_bytes())
@@ -264,7 +402,14 @@ fn start(spec: &ShimSpec) -> Result<i32, String> {
             let (step_r, step_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
                 .map_err(|e| format!("cannot start {prog}: pipe: {e}"))?;
             let step_fd = step_w.as_raw_fd();
-            let mut cmd = Command::new(prog);
+            let mut cmd = match sandbox {
+                Some(sb) => {
+                    let mut c = Command::new(&sb.init);
+                    c.arg(prog);
+                    c
+                }
+                None => Command::new(prog),
+            };
             cmd.args(args)
                 .env_clear()
                 .envs(env)
@@ -285,6 +430,31 @@ fn start(spec: &ShimSpec) -> Result<i32, String> {
                     };
                     if libc::setsid() < 0 {
                         return Err(failed(ChildStep::Session));
+                    }
+                    if let Some(fd) = netns_fd {
+                        if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                            return Err(failed(ChildStep::NetNamespace));
+                        }
+                        if libc::unshare(libc::CLONE_NEWUTS | libc::CLONE_NEWNS) != 0 {
+                            return Err(failed(ChildStep::Namespaces));
+                        }
+                        if sandbox_mounts().is_err() {
+                            return Err(failed(ChildStep::Mounts));
+                        }
+                        if reopen_stdio(&out_path, &err_path).is_err() {
+                            return Err(failed(ChildStep::Stdio));
+                        }
+                    }
+                    if let Some(base) = &pid_base {
+                        // This process is 1 of the new namespace: the next PIDs follow the
+                        // base there.
+                        let fd =
+                            libc::open(LAST_PID.as_ptr().cast(), libc::O_WRONLY | libc::O_CLOEXEC);
+                        let len = base.as_bytes().len();
+                        if fd < 0 || libc::write(fd, base.as_ptr().cast(), len) != len as isize {
+                            return Err(failed(ChildStep::PidBase));
+                        }
+                        libc::close(fd);
                     }
                     // A private IPC namespace: SysV shared memory of the job is then dumped
                     // and restored with it instead of being shared with the host.
@@ -316,6 +486,7 @@ fn start(spec: &ShimSpec) -> Result<i32, String> {
             let spawned = cmd.spawn();
             drop(cmd);
             drop(step_w);
+            drop(netns);
             let child = spawned.map_err(|e| {
                 let mut b = [0u8; 1];
                 let step = match nix::unistd::read(&step_r, &mut b) {
@@ -336,8 +507,22 @@ fn start(spec: &ShimSpec) -> Result<i32, String> {
             })?;
             Ok(child.id() as i32)
         }
-        ShimMode::Restore { argv, pid_file } => {
+        ShimMode::Restore {
+            argv,
+            pid_file,
+            netns,
+        } => {
             let (prog, args) = argv.split_first().ok_or("empty restore command")?;
+            let netns = match netns {
+                Some(p) => Some(fs::File::open(p).map_err(|e| {
+                    format!(
+                        "cannot open the part's network namespace {}: {e}",
+                        p.display()
+                    )
+                })?),
+                None => None,
+            };
+            let netns_fd = netns.as_ref().map(|f| f.as_raw_fd());
             let mut cmd = Command::new(prog);
             cmd.args(args)
                 .stdin(Stdio::null())
@@ -347,7 +532,19 @@ fn start(spec: &ShimSpec) -> Result<i32, String> {
             unsafe {
                 cmd.pre_exec(move || {
                     join_cgroup(&procs)?;
-                    cloexec_inherited_fds()
+                    cloexec_inherited_fds()?;
+                    if let Some(fd) = netns_fd {
+                        // dup2 clears close-on-exec on the copy, but does nothing when the
+                        // descriptor already has the number.
+                        if fd == RESTORE_NETNS_FD {
+                            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                                return Err(io::Error::last_os_error());
+                            }
+                        } else if libc::dup2(fd, RESTORE_NETNS_FD) < 0 {
+                            return Err(io::Error::last_os_error());
+                        }
+                    }
+                    Ok(())
                 });
             }
             let child = cmd

@@ -16,6 +16,7 @@ use crate::error::AgentError;
 use crate::jobs::{io_err, NodeJob, OWNER_NOTE};
 use crate::modes::{ensure_dir, PRIVATE_DIR, PRIVATE_FILE};
 use crate::procfs;
+use crate::sandbox;
 
 /// Files under these prefixes are shared memory or session state that the engine does not put in
 /// the image and that launchers delete when the job ends (Open MPI's `vader_segment.*` in
@@ -40,6 +41,23 @@ pub(super) fn dump_frozen(
     job.record.owner = Some(owner);
     let w = job.work.as_mut().expect("checked by caller");
     w.notes.insert(OWNER_NOTE.into(), owner.to_string());
+    // A sandbox's network namespace is not in the images: its address is, so that a restore
+    // anywhere makes the same one.
+    let external_netns = match &job.record.sandbox {
+        Some(a) => {
+            w.notes.insert(sandbox::ADDRESS_NOTE.into(), a.cidr());
+            if let Some(g) = a.gateway {
+                w.notes.insert(sandbox::GATEWAY_NOTE.into(), g.to_string());
+            }
+            Some(
+                sandbox::netns_inode(root).ok_or_else(|| AgentError::NotRunning {
+                    job: id,
+                    state: format!("its sandbox's process 1 ({root}) is gone"),
+                })?,
+            )
+        }
+        None => None,
+    };
     let io = |what, path: &Path| io_err(id, what, path);
     let begin = Instant::now();
     // Sizes of files open for writing: restore truncates them back.
@@ -109,6 +127,7 @@ pub(super) fn dump_frozen(
                 images_dir: &images,
                 cgroup: job.cgroup.path(),
                 log_file: &log,
+                external_netns,
             })
             .map_err(|source| AgentError::Engine { job: id, source })
             .map(|()| t.elapsed());

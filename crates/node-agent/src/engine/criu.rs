@@ -7,6 +7,10 @@
 //! * `--freeze-cgroup` — the agent has frozen the job's cgroup; CRIU must use that freezer and
 //!   leave the tree frozen (`--leave-running` keeps it alive), so the agent decides when to thaw.
 //! * `--network-lock` — blocks the job's TCP while it is dumped and restored.
+//! * `--external net[…]` / `--inherit-fd` — a job sandbox's network namespace is the agent's to
+//!   make: left out of the images, and given to the restore freshly made (on any node).
+//! * `--external mnt[]`, `--enable-external-masters`, `--root /` — a sandbox's mounts are slave
+//!   copies of the node's: recorded as external, bound again from the node's on restore.
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -187,6 +191,17 @@ impl SnapshotEngine for Criu {
             "--ghost-limit".into(),
             self.cfg.ghost_limit.clone(),
         ];
+        if let Some(ino) = spec.external_netns {
+            // A sandbox: its mounts are slave copies of the node's, restored as binds of
+            // the new node's; its network namespace is the agent's.
+            args.extend([
+                "--external".to_string(),
+                format!("net[{ino}]:{}", crate::sandbox::NETNS_KEY),
+                "--external".to_string(),
+                "mnt[]".to_string(),
+                "--enable-external-masters".to_string(),
+            ]);
+        }
         args.extend(self.common_args());
         args.extend(self.cfg.extra_dump_args.iter().cloned());
         let out = Command::new(&self.path)
@@ -232,6 +247,16 @@ impl SnapshotEngine for Criu {
             "--pidfile".into(),
             spec.pid_file.display().to_string(),
         ];
+        if let Some(fd) = spec.netns_fd {
+            v.extend([
+                "--inherit-fd".to_string(),
+                format!("fd[{fd}]:{}", crate::sandbox::NETNS_KEY),
+                "--root".to_string(),
+                "/".to_string(),
+                "--external".to_string(),
+                "mnt[]".to_string(),
+            ]);
+        }
         v.extend(self.common_args());
         v.extend(self.cfg.extra_restore_args.iter().cloned());
         v

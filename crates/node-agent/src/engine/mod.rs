@@ -20,6 +20,9 @@ pub struct DumpSpec<'a> {
     pub cgroup: &'a Path,
     /// Where the engine writes its log.
     pub log_file: &'a Path,
+    /// Inode of the tree's own network namespace (a job sandbox's): the engine leaves it out
+    /// of the images, the restore is given a new one.
+    pub external_netns: Option<u64>,
 }
 
 /// What to restore.
@@ -31,6 +34,8 @@ pub struct RestoreSpec<'a> {
     pub log_file: &'a Path,
     /// Where the engine writes the PID of the restored root.
     pub pid_file: &'a Path,
+    /// The tree goes into the network namespace open on this descriptor (a job sandbox's).
+    pub netns_fd: Option<i32>,
 }
 
 /// Engine failures, each naming the binary or the log to read.

@@ -21,6 +21,16 @@ impl Jobs {
     /// connections exchange nothing (and reset nothing) before every node is restored. Packets
     /// are dropped, not rejected: TCP retransmits them after the release.
     pub(super) async fn hold_tcp(&self, job: u64, ports: &[u16]) -> Result<(), AgentError> {
+        let netns = self.netns(job);
+        if netns.exists() {
+            // A sandbox: all of its TCP on the job interface, in its own namespace.
+            return crate::sandbox::hold(&netns)
+                .await
+                .map_err(|message| AgentError::Start {
+                    job,
+                    message: format!("cannot block the part's TCP during restore: {message}"),
+                });
+        }
         if ports.is_empty() {
             return Ok(());
         }
@@ -47,6 +57,11 @@ impl Jobs {
 
     /// Removes the hold of [`Jobs::hold_tcp`], if any.
     pub(super) async fn release_tcp(&self, job: u64) {
+        let netns = self.netns(job);
+        if netns.exists() {
+            crate::sandbox::release(&netns).await;
+            return;
+        }
         let table = self.hold_table(job);
         let _ = run_nft(&["delete", "table", "inet", &table], None).await;
     }

@@ -20,6 +20,7 @@ use crate::owner::{
     put_back_own_output, run_put_back, verify_restored, Identity, PutBack, PutBackTask,
 };
 use crate::procfs;
+use crate::sandbox;
 use crate::shim::ShimMode;
 use hold::{address_is_local, clear_stale_sockets};
 
@@ -80,7 +81,24 @@ impl Jobs {
         let (m, source, note) = self
             .usable_images(job_id, epoch, committed_digest, sources)
             .await?;
-        for a in &m.tcp_addrs {
+        // A part that ran in a sandbox gets a fresh one with its job address, on this node as
+        // on any other; its PIDs are its namespace's, free wherever it goes.
+        let sandbox = match m.notes.get(sandbox::ADDRESS_NOTE) {
+            Some(a) => Some(
+                sandbox::JobAddress::parse(
+                    a,
+                    m.notes
+                        .get(sandbox::GATEWAY_NOTE)
+                        .map_or("", String::as_str),
+                )
+                .map_err(|message| AgentError::Start {
+                    job: job_id,
+                    message: format!("epoch {epoch}: {message}"),
+                })?,
+            ),
+            None => None,
+        };
+        for a in m.tcp_addrs.iter().filter(|_| sandbox.is_none()) {
             if !address_is_local(a) {
                 return Err(AgentError::AddressMissing {
                     job: job_id,
@@ -103,11 +121,20 @@ impl Jobs {
             })?;
         let owner = self.policy.authorize(job_id, &self.node, owner_uid)?;
         job.record.owner = Some(owner.uid);
-        let ids: Vec<i32> = m.pids.iter().chain(&m.tids).copied().collect();
-        wait_pids_free(job_id, &ids).await?;
+        if sandbox.is_none() {
+            let ids: Vec<i32> = m.pids.iter().chain(&m.tids).copied().collect();
+            wait_pids_free(job_id, &ids).await?;
+        }
         let channels = channel_pids(&m.notes);
         self.put_back_files(&job, &owner, &m, &node_dir).await?;
-        clear_stale_sockets(&m.tcp_ports).await;
+        let netns = match &sandbox {
+            Some(addr) => Some(self.make_sandbox(job_id, addr).await?.netns),
+            None => {
+                clear_stale_sockets(&m.tcp_ports).await;
+                None
+            }
+        };
+        job.record.sandbox = sandbox;
         if !token.is_empty() {
             job.record.token = token.to_string();
         }
@@ -128,12 +155,17 @@ impl Jobs {
             images_dir: &node_dir.join("images"),
             log_file: &log,
             pid_file: &pid_file,
+            netns_fd: netns.is_some().then_some(crate::shim::RESTORE_NETNS_FD),
         });
         let lock = machine_restore_lock().await;
         let started = self
             .start_shim(
                 &mut job,
-                ShimMode::Restore { argv, pid_file },
+                ShimMode::Restore {
+                    argv,
+                    pid_file,
+                    netns,
+                },
                 &owner,
                 RESTORE_TIMEOUT,
             )
@@ -233,6 +265,7 @@ impl Jobs {
         .expect("release task");
         if kill {
             self.release_tcp(job_id).await;
+            sandbox::remove(&self.netns(job_id)).await;
         }
         r.map_err(|source| AgentError::Cgroup {
             job: job_id,
