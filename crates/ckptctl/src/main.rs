@@ -190,7 +190,7 @@ fn job_json(j: &pb::JobInfo) -> Value {
         "last_epoch": j.last_epoch, "latest_committed_epoch": j.latest_committed_epoch,
         "job_dir": j.job_dir, "flush": j.flush,
         "nodes": j.nodes.iter().map(|n| json!({
-            "node": n.node, "state": n.state().name(), "role": n.role,
+            "node": n.node, "state": n.state().name(), "role": n.role, "address": n.address,
             "exit_code": n.end.as_ref().and_then(pb::JobEnd::code),
             "exit_signal": n.end.as_ref().and_then(pb::JobEnd::signal),
             "detail": n.detail,
@@ -238,8 +238,13 @@ fn print_status(j: &pb::JobInfo) {
                     .join(",")
             )
         };
+        let address = if n.address.is_empty() {
+            String::new()
+        } else {
+            format!(", job address {}", n.address)
+        };
         println!(
-            "  node {} ({}): {}, {} processes{ranks}",
+            "  node {} ({}): {}, {} processes{ranks}{address}",
             n.node,
             n.role,
             node_state(n),

@@ -107,6 +107,7 @@ fn not_registered(node: &str) -> NodeFailure {
 #[derive(Debug)]
 struct Entry {
     address: String,
+    /// Its interfaces' addresses and its host name.
     host_addresses: Vec<String>,
     shared_dir: String,
     client: AgentClient<Channel>,
@@ -232,7 +233,8 @@ impl Agents {
         call(node, what, deadline, f(client)).await
     }
 
-    /// The node whose agent listens on `ip`, or that has `ip` among its interface addresses.
+    /// The node whose agent listens on `ip`, or that has `ip` among its interface addresses (or
+    /// as its host name).
     pub fn node_with_address(&self, ip: &str) -> Option<String> {
         let agent_ip = |a: &str| {
             a.parse::<std::net::SocketAddr>()

@@ -25,6 +25,8 @@ pub struct CoordinatorConfig {
     pub flush: Flush,
     /// Extra copies in node-local storage.
     pub redundancy: Redundancy,
+    /// Addresses for job sandboxes.
+    pub job_network: JobNetwork,
     /// The cluster credential (`ca.pem`, `ckptd.pem`, `ckptd.key`) made by `ckptd ca init`.
     /// Agents and ckptd authenticate each other with it on every connection. A standalone
     /// ckptd without one opens no TCP port at all.
@@ -69,6 +71,55 @@ pub struct Redundancy {
 impl Default for Redundancy {
     fn default() -> Self {
         Redundancy { partner: true }
+    }
+}
+
+/// The job network: every part of a job gets one of its addresses and runs in a sandbox (its own
+/// PID, IPC and UTS namespaces, and a network namespace with that address, made by the node's
+/// agent), so that a restart may put the part on any node. Unset: no sandboxes, and a job
+/// restarts only on the nodes it ran on.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct JobNetwork {
+    /// The addresses handed out, `FIRST-LAST` (IPv4, on the cluster network the nodes' agents
+    /// put them on, and used by nothing else). Empty: no job network.
+    pub addresses: String,
+    /// Prefix length of the job network (e.g. 24).
+    pub prefix: u8,
+    /// Default gateway of the sandboxes, if the network has one.
+    pub gateway: String,
+}
+
+impl JobNetwork {
+    /// The first and last address, if configured.
+    pub fn range(&self) -> Result<Option<(std::net::Ipv4Addr, std::net::Ipv4Addr)>, String> {
+        if self.addresses.trim().is_empty() {
+            return Ok(None);
+        }
+        let (a, b) = self
+            .addresses
+            .split_once('-')
+            .ok_or_else(|| format!("{:?} is not FIRST-LAST", self.addresses))?;
+        let parse = |t: &str| {
+            t.trim()
+                .parse::<std::net::Ipv4Addr>()
+                .map_err(|_| format!("{t:?} is not an IPv4 address"))
+        };
+        let (first, last) = (parse(a)?, parse(b)?);
+        if u32::from(first) > u32::from(last) {
+            return Err(format!("{first} comes after {last}"));
+        }
+        if !(1..=32).contains(&self.prefix) {
+            return Err("set [job_network] prefix to the network's prefix length (1-32)".into());
+        }
+        let mask = u32::MAX << (32 - u32::from(self.prefix));
+        if u32::from(first) & mask != u32::from(last) & mask {
+            return Err(format!(
+                "{first} and {last} are not in one /{} network",
+                self.prefix
+            ));
+        }
+        Ok(Some((first, last)))
     }
 }
 
@@ -142,6 +193,7 @@ impl Default for CoordinatorConfig {
             retention: Retention::default(),
             flush: Flush::default(),
             redundancy: Redundancy::default(),
+            job_network: JobNetwork::default(),
             tls_dir: ckpt_auth::ca::DEFAULT_DIR.into(),
             agent: toml::Table::new(),
         }
@@ -172,6 +224,24 @@ impl TomlConfig for CoordinatorConfig {
                     problem: "must be greater than zero".into(),
                 });
             }
+        }
+        self.job_network
+            .range()
+            .map_err(|problem| ConfigError::Invalid {
+                key: "job_network.addresses",
+                problem,
+            })?;
+        if !self.job_network.gateway.is_empty()
+            && self
+                .job_network
+                .gateway
+                .parse::<std::net::Ipv4Addr>()
+                .is_err()
+        {
+            return Err(ConfigError::Invalid {
+                key: "job_network.gateway",
+                problem: "must be an IPv4 address".into(),
+            });
         }
         if !self.database.is_absolute() {
             return Err(ConfigError::Invalid {

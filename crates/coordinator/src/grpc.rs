@@ -431,7 +431,12 @@ impl pb::registry_server::Registry for RegistryHandler {
         }
         let r = req.into_inner();
         self.coord
-            .register_agent(&r.node, &r.address, r.host_addresses, r.shared_dir)
+            .register_agent(
+                &r.node,
+                &r.address,
+                names_of(r.host_addresses, r.hostname),
+                r.shared_dir,
+            )
             .await
             .map_err(Status::invalid_argument)?;
         Ok(Response::new(pb::RegisterReply {
@@ -479,4 +484,16 @@ impl pb::registry_server::Registry for RegistryHandler {
             .map(Response::new)
             .map_err(|e| to_status(&e))
     }
+}
+
+/// What an MPI host list may call a node besides its node name: its addresses and its host
+/// name (the part of it before the first dot too).
+fn names_of(mut addresses: Vec<String>, hostname: String) -> Vec<String> {
+    if !hostname.is_empty() {
+        if let Some((short, _)) = hostname.split_once('.') {
+            addresses.push(short.to_string());
+        }
+        addresses.push(hostname);
+    }
+    addresses
 }

@@ -380,9 +380,25 @@ pub struct Job {
     /// Variables the job's parts on other nodes get besides their login environment.
     #[serde(default)]
     pub part_env: std::collections::BTreeMap<String, String>,
+    /// The job address (`ADDRESS/PREFIX`) of the part on each node, when the job runs in
+    /// sandboxes.
+    #[serde(default)]
+    pub addresses: std::collections::BTreeMap<String, String>,
 }
 
 impl Job {
+    /// Whether the job keeps its job addresses: while it runs, and after it ended in a way a
+    /// restart follows (stopped by ckpt, killed, lost). A job that finished or was cancelled
+    /// gives them back; restarting it later takes them again if they are still free.
+    pub fn holds_addresses(&self) -> bool {
+        !matches!(
+            self.state,
+            JobState::Exited { code: Some(_), .. }
+                | JobState::Cancelled
+                | JobState::FailedToStart { .. }
+        )
+    }
+
     /// Every node the job runs on: the launcher node first, then its parts.
     pub fn nodes(&self) -> Vec<String> {
         std::iter::once(self.node.clone())
@@ -501,6 +517,7 @@ pub(crate) mod fixtures {
             job_dir: String::new(),
             parts: vec![],
             part_env: Default::default(),
+            addresses: Default::default(),
             token: String::new(),
         }
     }

@@ -98,6 +98,7 @@ impl Coordinator {
                 )));
             }
             job.parts.push(node.clone());
+            self.take_address(&mut job, &node)?;
             self.registry.put_job(&job)?;
             let part = job.parts.len() as u32;
             (job, part)
@@ -130,6 +131,12 @@ impl Coordinator {
             groups: vec![],
             token: job.token.clone(),
             part,
+            job_address: job.addresses.get(&node).cloned().unwrap_or_default(),
+            job_gateway: if job.addresses.contains_key(&node) {
+                self.job_gateway()
+            } else {
+                String::new()
+            },
         };
         let r = self
             .agents
@@ -154,6 +161,7 @@ impl Coordinator {
                 let _ = self
                     .update_job(id, |j| {
                         j.parts.retain(|p| *p != node);
+                        j.addresses.remove(&node);
                         Ok(())
                     })
                     .await;

@@ -139,7 +139,7 @@ impl Coordinator {
             spec.node.clone()
         };
         let mut client = self.agents.client(&node)?;
-        let (id, name, token) = {
+        let (id, name, token, job_address) = {
             let _g = self.state.lock().await;
             let id = self.registry.next_job_id()?;
             let name = if spec.name.is_empty() {
@@ -167,9 +167,13 @@ impl Coordinator {
                 parts: vec![],
                 token: new_token(),
                 part_env: spec.part_env.clone().into_iter().collect(),
+                addresses: Default::default(),
             };
+            let mut job = job;
+            self.take_address(&mut job, &node)?;
             self.registry.put_job(&job)?;
-            (id, name, job.token)
+            let address = job.addresses.get(&node).cloned().unwrap_or_default();
+            (id, name, job.token, address)
         };
         tracing::Span::current().record("job", id);
         let req = pb::LaunchRequest {
@@ -183,6 +187,12 @@ impl Coordinator {
             groups: Vec::new(),
             token,
             part: 0,
+            job_gateway: if job_address.is_empty() {
+                String::new()
+            } else {
+                self.job_gateway()
+            },
+            job_address,
         };
         let reply = match call(&node, "launch", self.cfg.deadlines.sync, client.launch(req)).await {
             Ok(r) => r,
@@ -279,7 +289,8 @@ impl Coordinator {
         .await
         .into_iter()
         .map(|(n, r)| {
-            r.unwrap_or_else(|e| pb::NodeJobInfo {
+            let address = job.addresses.get(&n).cloned().unwrap_or_default();
+            let mut info = r.unwrap_or_else(|e| pb::NodeJobInfo {
                 role: if n == job.node {
                     "launcher"
                 } else {
@@ -291,7 +302,10 @@ impl Coordinator {
                 end: None,
                 detail: e.message,
                 processes: vec![],
-            })
+                address: String::new(),
+            });
+            info.address = address;
+            info
         })
         .collect()
     }

@@ -12,6 +12,7 @@
 //! phase), `endpoints.rs` (the InfiniBand rebuild after a resume or a restore), `restart.rs`,
 //! `attach.rs` (parts of a job started on other nodes through ckpt-rsh), `jobs.rs` (run, cancel,
 //! agents' reports) and [`flush`] (partner copies, the flush to shared storage, retention).
+mod addresses;
 mod attach;
 mod checkpoint;
 mod endpoints;

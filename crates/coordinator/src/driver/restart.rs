@@ -87,6 +87,7 @@ impl Coordinator {
         self.job_for(caller, id)?;
         let job = self.refresh(id).await?;
         let e = self.restorable_epoch(&job, epoch)?;
+        self.check_addresses_free(&job)?;
         let mut previous = job.state.clone();
         let job = self
             .update_job(id, |j| {
