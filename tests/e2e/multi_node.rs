@@ -90,14 +90,31 @@ const SLEEP_US: u32 = 2000;
 /// Three test hosts, one agent on each, one ckptd; `None` (with the reason printed) where
 /// namespaces are unavailable.
 fn three_nodes(failpoints: bool) -> Option<(Cluster, Ckptd)> {
+    nodes_with(failpoints, false)
+}
+
+/// Like [`three_nodes`], and with `job_network` every part runs in a sandbox with an address
+/// from `<subnet>.150-<subnet>.199` of the test hosts' bridge.
+fn nodes_with(failpoints: bool, job_network: bool) -> Option<(Cluster, Ckptd)> {
     if let Some(why) = Cluster::unavailable() {
         eprintln!("SKIPPED: {why}");
         return None;
     }
     let cluster = Cluster::create(3).expect("create test hosts");
+    let subnet = cluster
+        .host_ip
+        .rsplit_once('.')
+        .expect("IPv4")
+        .0
+        .to_string();
     let mut d = Ckptd::start(Options {
         no_agent: true,
         failpoints,
+        extra_toml: if job_network {
+            format!("[job_network]\naddresses = \"{subnet}.150-{subnet}.199\"\nprefix = 24\n")
+        } else {
+            String::new()
+        },
         ..Options::default()
     });
     for n in NODES {
@@ -419,5 +436,81 @@ fn agent_killed_during_local_checkpoint_aborts_and_the_job_goes_on_everywhere() 
             })
             .unwrap_or_default();
         assert_eq!(epochs, ["1"], "staging of {n}: {epochs:?}");
+    }
+}
+
+/// Job sandboxes: a 6-rank MPICH job across three nodes runs in sandboxes (its own PID, IPC and
+/// UTS namespaces and a job address per part); it is checkpointed, killed on every node, every
+/// PID it had is then taken by other processes, and the restart succeeds anyway, to the
+/// checksum of an uninterrupted run. When the job ends, its sandboxes' namespaces are gone.
+#[test]
+fn sandboxed_job_restarts_while_other_processes_hold_all_its_old_pids() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "nsenter", "nft");
+    let mpi = Mpi::Mpich;
+    let want = mpi.reference_checksum(RANKS, N, ITERS);
+    let Some((cluster, d)) = nodes_with(false, true) else {
+        return;
+    };
+    // Named by host name, as a user would: the sandbox keeps the node's host name, so the
+    // launcher knows its own node, and ckpt-rsh resolves the others.
+    let hosts: Vec<&str> = cluster.nodes.iter().map(|n| n.netns.as_str()).collect();
+    let job = run_on(
+        &d,
+        "n1",
+        &mpi.heat_argv_on(&hosts, RANKS, N, ITERS, SLEEP_US),
+    );
+    assert_status_shows_every_node(&d, job);
+    let st = d.status(job);
+    let subnet = cluster.host_ip.rsplit_once('.').unwrap().0.to_string();
+    let mut addresses: Vec<String> = st["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["address"].as_str().unwrap_or_default().to_string())
+        .collect();
+    addresses.sort();
+    addresses.dedup();
+    assert_eq!(addresses.len(), 3, "one job address per part: {st}");
+    for a in &addresses {
+        assert!(
+            a.starts_with(&format!("{subnet}.1")) && a.ends_with("/24"),
+            "{st}"
+        );
+    }
+    for n in NODES {
+        assert!(
+            std::path::Path::new(&format!("/run/netns/ckpt-{n}-{job}")).exists(),
+            "{n} made the part's network namespace"
+        );
+    }
+    d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
+    let old: Vec<i32> = NODES.iter().flat_map(|n| d.job_pids_on(n, job)).collect();
+    d.kill_job_on(&NODES, job);
+    d.wait_state(job, "killed", LIMIT);
+    let squatters: Vec<PidSquatter> = old.iter().filter_map(|&p| PidSquatter::take(p)).collect();
+    eprintln!(
+        "{} of the job's {} old PIDs taken by other processes",
+        squatters.len(),
+        old.len()
+    );
+    assert!(
+        squatters.len() * 2 >= old.len(),
+        "could take only {} of {} PIDs",
+        squatters.len(),
+        old.len()
+    );
+    d.ctl(&["restart", &job.to_string()]).ok();
+    assert_eq!(result_on_n1(&d, job), want, "restarted in fresh sandboxes");
+    drop(squatters);
+    let begin = Instant::now();
+    while NODES
+        .iter()
+        .any(|n| std::path::Path::new(&format!("/run/netns/ckpt-{n}-{job}")).exists())
+    {
+        assert!(
+            begin.elapsed() < LIMIT,
+            "the sandboxes' network namespaces outlive the job"
+        );
+        std::thread::sleep(Duration::from_millis(200));
     }
 }

@@ -283,8 +283,8 @@ impl Jobs {
                 // not the sandbox: have it give the job address instead.
                 env.entry("HYDRA_IFACE".into())
                     .or_insert_with(|| crate::sandbox::JOB_INTERFACE.into());
-                // /proc shows the node's PIDs, not the sandbox's: UCX must not reach its
-                // peers' shared memory through /proc/<pid>/fd.
+                // UCX's shared memory as named files in the sandbox's own /dev/shm, which
+                // the images carry, rather than descriptors reached through /proc/<pid>/fd.
                 env.entry("UCX_POSIX_USE_PROC_LINK".into())
                     .or_insert_with(|| "n".into());
                 Some(self.make_sandbox(spec.job, addr).await?)

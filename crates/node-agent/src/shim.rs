@@ -66,8 +66,8 @@ pub enum ShimMode {
 /// A part's sandbox: fresh PID, IPC, UTS (the node's host name kept) and mount namespaces
 /// whose process 1 is `init`, which starts the command, in the network namespace `netns`.
 /// The mount namespace is the node's (a slave copy, so later mounts still arrive) with a
-/// `/proc` of the sandbox's PIDs: programs that read `/proc/<pid>` of a peer (UCX does)
-/// find it there.
+/// `/proc` of the sandbox's PIDs (programs that read `/proc/<pid>` of a peer, as UCX does,
+/// find it there) and a private `/dev/shm`, which moves with the part.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Sandbox {
     /// `ckpt-init`.
@@ -227,8 +227,8 @@ fn join_cgroup(procs: &CString) -> std::io::Result<()> {
 /// a leaked listening socket would otherwise be dumped in a state the engine rejects.
 /// In a fresh mount namespace of a process that is 1 of a fresh PID namespace: stops mount
 /// events from going back to the node, drops the node's network namespace files (they
-/// belong to other jobs and would tie the part's images to them) and mounts a `/proc` of
-/// the new PID namespace. Async-signal-safe.
+/// belong to other jobs and would tie the part's images to them), mounts a `/proc` of the
+/// new PID namespace and a `/dev/shm` of the part's own. Async-signal-safe.
 fn sandbox_mounts() -> io::Result<()> {
     // SAFETY: mount and umount2 on static NUL-terminated strings.
     unsafe {
@@ -250,6 +250,18 @@ fn sandbox_mounts() -> io::Result<()> {
             c"proc".as_ptr(),
             libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
             std::ptr::null(),
+        ) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        // POSIX shared memory of the part's own: dumped with it, and restored with it on
+        // whichever node it moves to.
+        if libc::mount(
+            c"tmpfs".as_ptr(),
+            c"/dev/shm".as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            c"mode=1777".as_ptr().cast(),
         ) != 0
         {
             return Err(io::Error::last_os_error());
