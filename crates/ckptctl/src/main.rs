@@ -87,6 +87,16 @@ enum Cmd {
         /// Epoch to restart from (default: the latest committed).
         #[arg(long)]
         epoch: Option<u32>,
+        /// Restart on these nodes: the epoch's nodes, in the order `ckptctl status` lists
+        /// them, are replaced one for one (e.g. `--nodes n4,n2,n3`). Only a job that ran in
+        /// sandboxes (a job network, docs/operations.md) can move; exit 2 for a wrong count,
+        /// 3 for a node without an agent, 4 for a node that cannot take the part.
+        #[arg(long, value_delimiter = ',', conflicts_with = "map")]
+        nodes: Vec<String>,
+        /// Move single parts: `--map n3=n4` restarts n3's part on n4, the others where they
+        /// ran (repeat for more).
+        #[arg(long, value_name = "OLD=NEW")]
+        map: Vec<String>,
     },
     /// Show a job, its nodes and processes.
     Status {
@@ -419,11 +429,18 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 .into_inner();
             follow(stream, wait || kill, json, "checkpoint").await?;
         }
-        Cmd::Restart { job, epoch } => {
+        Cmd::Restart {
+            job,
+            epoch,
+            nodes,
+            map,
+        } => {
             let stream = c
                 .restart(pb::RestartRequest {
                     job_id: job,
                     epoch: epoch.unwrap_or(0),
+                    nodes,
+                    map,
                 })
                 .await?
                 .into_inner();

@@ -26,6 +26,8 @@ pub fn to_status(e: &DriveError) -> Status {
         DriveError::Denied(_) => Code::PermissionDenied,
         DriveError::Busy(_) => Code::Unavailable,
         DriveError::NoAgents => Code::Unavailable,
+        DriveError::UnknownNode { .. } => Code::NotFound,
+        DriveError::NodeNotFree { .. } => Code::FailedPrecondition,
         DriveError::EpochFailed { failure, .. } => match failure.kind {
             FailureKind::Deadline => Code::DeadlineExceeded,
             FailureKind::NoRoom => Code::ResourceExhausted,
@@ -273,9 +275,13 @@ impl pb::control_server::Control for ControlHandler {
     ) -> Result<Response<ProgressStream>, Status> {
         let who = caller(&req)?;
         let r = req.into_inner();
-        let (job, epoch, previous) = self
+        let placement = crate::driver::Placement {
+            nodes: r.nodes.clone(),
+            map: r.map.clone(),
+        };
+        let (job, epoch, previous, moves) = self
             .coord
-            .begin_restart(&who, r.job_id, r.epoch)
+            .begin_restart(&who, r.job_id, r.epoch, &placement)
             .await
             .map_err(|e| to_status(&e))?;
         let coord = self.coord.clone();
@@ -287,7 +293,7 @@ impl pb::control_server::Control for ControlHandler {
                 let id = job.id;
                 let asked = epoch.number;
                 let r = coord
-                    .drive_restart(job, epoch, previous, fallback, tx)
+                    .drive_restart(job, epoch, previous, moves, fallback, tx)
                     .await
                     .map(|(_, e)| {
                         (

@@ -384,6 +384,10 @@ pub struct Job {
     /// sandboxes.
     #[serde(default)]
     pub addresses: std::collections::BTreeMap<String, String>,
+    /// Nodes a restart moved the job's parts away from, and where each part runs now: a
+    /// restored `ckpt-rsh` still names the node it started its part on.
+    #[serde(default)]
+    pub moved: std::collections::BTreeMap<String, String>,
 }
 
 impl Job {
@@ -468,6 +472,25 @@ impl Job {
         Ok(())
     }
 
+    /// Moves the parts of the job (`old` → `new`) after a restart put them elsewhere.
+    pub fn apply_moves(&mut self, moves: &std::collections::BTreeMap<String, String>) {
+        let to = |n: &String| moves.get(n).cloned().unwrap_or_else(|| n.clone());
+        self.node = to(&self.node);
+        self.parts = self.parts.iter().map(to).collect();
+        self.addresses = std::mem::take(&mut self.addresses)
+            .into_iter()
+            .map(|(n, a)| (to(&n), a))
+            .collect();
+        for now in self.moved.values_mut() {
+            *now = to(now);
+        }
+        for (old, new) in moves {
+            self.moved.insert(old.clone(), new.clone());
+        }
+        let current = self.nodes();
+        self.moved.retain(|old, _| !current.contains(old));
+    }
+
     /// Records what the agent reports about the current incarnation: an end of a running job,
     /// or the definitive exit of a job whose end was unknown (`Lost`). Reports about another
     /// incarnation, or while a checkpoint or restart is in progress, are ignored.
@@ -518,6 +541,7 @@ pub(crate) mod fixtures {
             parts: vec![],
             part_env: Default::default(),
             addresses: Default::default(),
+            moved: Default::default(),
             token: String::new(),
         }
     }

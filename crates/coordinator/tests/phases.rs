@@ -508,3 +508,144 @@ async fn images_lost_in_every_epoch_fail_the_restart_naming_each() {
     assert!(e.to_string().contains("before that, epoch 2"), "{e}");
     assert_eq!(c.job_state(job), JobState::Stopped);
 }
+
+fn placed(nodes: &[&str], map: &[&str]) -> coordinator::driver::Placement {
+    coordinator::driver::Placement {
+        nodes: nodes.iter().map(|n| n.to_string()).collect(),
+        map: map.iter().map(|n| n.to_string()).collect(),
+    }
+}
+
+/// A cluster with a job network and a fourth node, n4, that runs nothing.
+async fn with_job_network() -> Cluster {
+    let c = Cluster::start_with(|cfg| {
+        cfg.job_network.addresses = "10.9.0.10-10.9.0.20".into();
+        cfg.job_network.prefix = 24;
+    })
+    .await;
+    c.add_node("n4").await;
+    c
+}
+
+/// `restart --map n3=n4`: n4 restores n3's part (named as the images' node), the job's nodes
+/// and addresses follow, and a restored `ckpt-rsh` that still names n3 finds n4.
+#[tokio::test]
+async fn a_restart_moves_a_part_to_another_node_with_its_address() {
+    let c = with_job_network().await;
+    let job = stopped_job(&c).await;
+    let before = c.coord.registry.job(job).unwrap().unwrap();
+    assert_eq!(
+        c.restart_on(job, 0, &placed(&[], &["n3=n4"]))
+            .await
+            .unwrap(),
+        2
+    );
+    let mut restored = c.calls("restore");
+    restored.sort();
+    let details: Vec<(String, bool)> = restored
+        .iter()
+        .map(|(n, d)| (n.clone(), d.ends_with(" from=n3")))
+        .collect();
+    assert_eq!(
+        details,
+        [
+            ("n1".to_string(), false),
+            ("n2".to_string(), false),
+            ("n4".to_string(), true)
+        ]
+    );
+    let after = c.coord.registry.job(job).unwrap().unwrap();
+    assert_eq!(after.nodes(), ["n1", "n2", "n4"]);
+    assert_eq!(after.addresses.get("n4"), before.addresses.get("n3"));
+    assert!(!after.addresses.contains_key("n3"));
+    assert_eq!(after.moved, BTreeMap::from([("n3".into(), "n4".into())]));
+    let located = c
+        .coord
+        .locate(ckpt_proto::v1::LocateRequest {
+            job_id: job,
+            token: after.token.clone(),
+            node: "n3".into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(Some(located.agent), c.coord.agents.address("n4"));
+}
+
+/// Bad placements are refused before any node restores anything, each with its own error
+/// (and so its own ckptctl exit code).
+#[tokio::test]
+async fn a_restart_refuses_bad_placements_before_touching_any_node() {
+    let c = with_job_network().await;
+    let job = stopped_job(&c).await;
+    let cases: [(&[&str], &[&str], Code, &str); 6] = [
+        (
+            &["n4", "n2"],
+            &[],
+            Code::InvalidArgument,
+            "ran on 3 node(s)",
+        ),
+        (&[], &["n3"], Code::InvalidArgument, "OLD=NEW"),
+        (
+            &[],
+            &["n7=n4"],
+            Code::InvalidArgument,
+            "not a node of epoch",
+        ),
+        (
+            &[],
+            &["n3=n9"],
+            Code::NotFound,
+            "n9 has no registered agent",
+        ),
+        (
+            &["n1", "n2", "n2"],
+            &[],
+            Code::FailedPrecondition,
+            "two parts",
+        ),
+        (&[], &["n3=n1"], Code::FailedPrecondition, "two parts"),
+    ];
+    for (nodes, map, code, says) in cases {
+        let e = c.restart_on(job, 0, &placed(nodes, map)).await.unwrap_err();
+        let status = coordinator::grpc::to_status(&e);
+        assert_eq!(status.code(), code, "{nodes:?} {map:?}: {e}");
+        assert!(e.to_string().contains(says), "{nodes:?} {map:?}: {e}");
+        assert_eq!(c.job_state(job), JobState::Stopped);
+    }
+    // Another job runs on n4: not free for a moved part.
+    let other = c.job_on("n4").await;
+    let e = c
+        .restart_on(job, 0, &placed(&[], &["n3=n4"]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        coordinator::grpc::to_status(&e).code(),
+        Code::FailedPrecondition
+    );
+    assert!(
+        e.to_string()
+            .contains(&format!("job {other} runs a part there")),
+        "{e}"
+    );
+    assert!(c.calls("restore").is_empty(), "nothing restored anywhere");
+    assert_eq!(c.job_state(job), JobState::Stopped);
+}
+
+/// A job that ran without a job network keeps the nodes' PIDs and addresses: it may not move.
+#[tokio::test]
+async fn a_job_without_sandboxes_restarts_only_on_its_own_nodes() {
+    let c = Cluster::start().await;
+    c.add_node("n4").await;
+    let job = stopped_job(&c).await;
+    let e = c
+        .restart_on(job, 0, &placed(&[], &["n3=n4"]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        coordinator::grpc::to_status(&e).code(),
+        Code::FailedPrecondition
+    );
+    assert!(e.to_string().contains("without a job network"), "{e}");
+    assert!(c.calls("restore").is_empty());
+    assert_eq!(c.job_state(job), JobState::Stopped);
+}

@@ -22,6 +22,9 @@ pub struct Sources {
     pub shared_durable: bool,
     /// Retention deleted the local copies: do not look for them.
     pub local_pruned: bool,
+    /// The node of the epoch whose images are wanted, when a part moves here; none: this
+    /// node's. Its local copy here is a partner copy this node keeps for it.
+    pub source_node: Option<String>,
 }
 
 /// A flush running in a blocking thread.
@@ -158,7 +161,19 @@ impl Jobs {
         epoch: u32,
         committed_digest: &str,
     ) -> Result<NodeManifest, AgentError> {
-        let nd = self.staging.node_dir(job_id, epoch, &self.node);
+        self.verify_of(job_id, epoch, committed_digest, &self.node)
+            .await
+    }
+
+    /// [`Jobs::verify`] of the images of `node` kept here.
+    async fn verify_of(
+        &self,
+        job_id: u64,
+        epoch: u32,
+        committed_digest: &str,
+        node: &str,
+    ) -> Result<NodeManifest, AgentError> {
+        let nd = self.staging.node_dir(job_id, epoch, node);
         let committed = committed_digest.to_string();
         tokio::task::spawn_blocking(move || -> Result<NodeManifest, AgentError> {
             let store_err = |source| AgentError::Store {
@@ -194,12 +209,13 @@ impl Jobs {
         epoch: u32,
         committed_digest: &str,
         dest: Option<PathBuf>,
+        node: &str,
     ) -> Result<NodeManifest, AgentError> {
         let shared = self.shared(job_id)?;
         let (opts, digest, node) = (
             self.copy_opts.clone(),
             committed_digest.to_string(),
-            self.node.clone(),
+            node.to_string(),
         );
         tokio::task::spawn_blocking(move || {
             let t = target(job_id, epoch, &node);
@@ -238,7 +254,7 @@ impl Jobs {
             out.push(CopyCheck {
                 location: Location::Shared,
                 result: self
-                    .rebuild_shared(job_id, epoch, committed_digest, None)
+                    .rebuild_shared(job_id, epoch, committed_digest, None, &self.node)
                     .await,
             });
         }
@@ -256,15 +272,16 @@ impl Jobs {
         committed_digest: &str,
         sources: &Sources,
     ) -> Result<(NodeManifest, Location, String), AgentError> {
+        let node = sources.source_node.as_deref().unwrap_or(&self.node);
         let local_err = if sources.local_pruned {
             AgentError::Store {
                 job: job_id,
                 source: ckpt_store::StoreError::FileMissing {
-                    path: self.staging.node_dir(job_id, epoch, &self.node),
+                    path: self.staging.node_dir(job_id, epoch, node),
                 },
             }
         } else {
-            match self.verify(job_id, epoch, committed_digest).await {
+            match self.verify_of(job_id, epoch, committed_digest, node).await {
                 Ok(m) => return Ok((m, Location::Local, String::new())),
                 Err(e) => e,
             }
@@ -274,12 +291,14 @@ impl Jobs {
         } else {
             format!("local copy unusable: {local_err}")
         }];
-        let dest = self.staging.node_dir(job_id, epoch, &self.node);
+        let dest = self.staging.node_dir(job_id, epoch, node);
         let tmp = self
             .staging
             .epoch_dir(job_id, epoch)
-            .join(format!(".{}.fetch", self.node));
-        if let Some((pn, pa)) = &sources.partner {
+            .join(format!(".{node}.fetch"));
+        // A partner serves a node's copy only to that node: a part moving here uses the
+        // partner copy only when this node keeps it (the local copy above).
+        if let Some((pn, pa)) = sources.partner.as_ref().filter(|_| node == self.node) {
             warn!(job = job_id, epoch, partner = %pn, error = %local_err, "local images unusable; fetching the partner copy");
             match self
                 .fetch_from_partner(job_id, epoch, committed_digest, pn, pa, &tmp)
@@ -295,7 +314,7 @@ impl Jobs {
         if sources.shared_durable {
             warn!(job = job_id, epoch, "fetching the shared copy");
             let fetched = self
-                .rebuild_shared(job_id, epoch, committed_digest, Some(tmp.clone()))
+                .rebuild_shared(job_id, epoch, committed_digest, Some(tmp.clone()), node)
                 .await;
             match fetched {
                 Ok(m) => {
@@ -311,7 +330,7 @@ impl Jobs {
         Err(AgentError::NoUsableCopy {
             job: job_id,
             epoch,
-            node: self.node.clone(),
+            node: node.to_string(),
             tried: tried.join("; "),
         })
     }

@@ -244,6 +244,12 @@ impl Agent for AgentHandler {
     ) -> Result<Response<pb::RestoreReply>, Status> {
         from_coordinator(&req, "Agent.Restore")?;
         let r = req.into_inner();
+        if !r.source_node.is_empty() && !ckpt_auth::valid_node_name(&r.source_node) {
+            return Err(Status::invalid_argument(format!(
+                "{:?} is not a node name",
+                r.source_node
+            )));
+        }
         let begin = std::time::Instant::now();
         let done = self
             .jobs
@@ -257,6 +263,7 @@ impl Agent for AgentHandler {
                     partner: (!r.partner.is_empty()).then_some((r.partner, r.partner_address)),
                     shared_durable: r.shared_durable,
                     local_pruned: r.local_pruned,
+                    source_node: (!r.source_node.is_empty()).then_some(r.source_node),
                 },
             )
             .await

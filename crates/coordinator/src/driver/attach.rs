@@ -177,9 +177,12 @@ impl Coordinator {
             .job(req.job_id)?
             .ok_or(DriveError::UnknownJob { job: req.job_id })?;
         Self::check_token(&job, &req.token)?;
-        let agent = self.agents.address(&req.node).ok_or_else(|| {
-            DriveError::Invalid(format!("node {} has no registered agent", req.node))
-        })?;
+        // A part a restart moved is found where it runs now.
+        let node = job.moved.get(&req.node).unwrap_or(&req.node);
+        let agent = self
+            .agents
+            .address(node)
+            .ok_or_else(|| DriveError::Invalid(format!("node {node} has no registered agent")))?;
         Ok(pb::LocateReply { agent })
     }
 }

@@ -168,6 +168,7 @@ impl Coordinator {
                 token: new_token(),
                 part_env: spec.part_env.clone().into_iter().collect(),
                 addresses: Default::default(),
+                moved: Default::default(),
             };
             let mut job = job;
             self.take_address(&mut job, &node)?;

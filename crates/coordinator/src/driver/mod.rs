@@ -18,7 +18,10 @@ mod checkpoint;
 mod endpoints;
 pub mod flush;
 mod jobs;
+mod placement;
 mod restart;
+
+pub use placement::{Moves, Placement};
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -80,6 +83,22 @@ pub enum DriveError {
     /// Not now: try again shortly (a checkpoint or restart of the job is in progress).
     #[error("{0}")]
     Busy(String),
+    /// A restart names a node that has no registered agent.
+    #[error("{hint}")]
+    UnknownNode {
+        /// The node.
+        node: String,
+        /// What to do.
+        hint: String,
+    },
+    /// A restart would put a part on a node that cannot take it.
+    #[error("node {node} cannot take a part of this restart: {reason}")]
+    NodeNotFree {
+        /// The node.
+        node: String,
+        /// Why.
+        reason: String,
+    },
     /// No agent to run the job.
     #[error("no agent is registered; start ckpt-agent on a node (or run ckptd --standalone)")]
     NoAgents,

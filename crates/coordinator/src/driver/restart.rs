@@ -6,6 +6,7 @@ use futures_util::future::join_all;
 use tokio::sync::mpsc;
 use tracing::{instrument, warn};
 
+use super::placement::{Moves, Placement};
 use super::{Caller, Coordinator, DriveError, Step};
 use crate::agents::{FailureKind, NodeFailure};
 use crate::model::{Epoch, Job, JobState};
@@ -76,18 +77,20 @@ impl Coordinator {
         })
     }
 
-    /// Validates a restart request; returns the job, the epoch to restore and the state to go
-    /// back to if the restart fails.
+    /// Validates a restart request; returns the job, the epoch to restore, the state to go
+    /// back to if the restart fails, and the parts that move to other nodes.
     pub async fn begin_restart(
         &self,
         caller: &Caller,
         id: u64,
         epoch: u32,
-    ) -> Result<(Job, Epoch, JobState), DriveError> {
+        placement: &Placement,
+    ) -> Result<(Job, Epoch, JobState, Moves), DriveError> {
         self.job_for(caller, id)?;
         let job = self.refresh(id).await?;
         let e = self.restorable_epoch(&job, epoch)?;
         self.check_addresses_free(&job)?;
+        let moves = self.place(&job, &e, placement)?;
         let mut previous = job.state.clone();
         let job = self
             .update_job(id, |j| {
@@ -97,7 +100,7 @@ impl Coordinator {
             .await?;
         // A restored job's next epoch opens new streams.
         self.agents.forget_job(id);
-        Ok((job, e, previous))
+        Ok((job, e, previous, moves))
     }
 
     /// Restores every node of an epoch begun by [`Coordinator::begin_restart`]. With
@@ -110,6 +113,7 @@ impl Coordinator {
         job: Job,
         epoch: Epoch,
         previous: JobState,
+        moves: Moves,
         fallback: bool,
         progress: mpsc::UnboundedSender<Step>,
     ) -> Result<(Job, Epoch), DriveError> {
@@ -118,10 +122,14 @@ impl Coordinator {
         let mut skipped: Vec<String> = Vec::new();
         loop {
             let number = epoch.number;
-            match self.restore_epoch(&job, &epoch, &progress).await {
+            match self.restore_epoch(&job, &epoch, &moves, &progress).await {
                 Ok(incarnation) => {
                     let job = self
-                        .update_job(id, |j| j.end_restart(Ok(incarnation)))
+                        .update_job(id, |j| {
+                            j.end_restart(Ok(incarnation))?;
+                            j.apply_moves(&moves);
+                            Ok(())
+                        })
                         .await?;
                     if !epoch.local_copy {
                         // Every node fetched its images back into local staging: record it,
@@ -186,6 +194,7 @@ impl Coordinator {
         &self,
         job: &Job,
         epoch: &Epoch,
+        moves: &Moves,
         progress: &mpsc::UnboundedSender<Step>,
     ) -> Result<u32, NodeFailure> {
         let (id, number) = (job.id, epoch.number);
@@ -202,22 +211,28 @@ impl Coordinator {
         // are restored are they released together. A node released early would exchange
         // packets with peers that do not exist yet and get its connections reset.
         let d = self.cfg.deadlines.restore;
-        let calls = epoch.nodes.iter().map(|n| {
+        let calls = epoch.nodes.iter().map(|source| {
+            // A part that moves restores the images of the node it ran on: from a partner
+            // copy this node keeps, or from shared storage.
+            let n = moves.get(source).unwrap_or(source);
+            let moved = n != source;
             let partner = epoch
                 .local_copy
-                .then(|| epoch.partners.get(n).cloned())
+                .then(|| epoch.partners.get(source).cloned())
                 .flatten()
+                .filter(|_| !moved)
                 .unwrap_or_default();
             let req = pb::RestoreRequest {
                 job_id: id,
                 epoch: number,
-                manifest_digest: epoch.manifests.get(n).cloned().unwrap_or_default(),
+                manifest_digest: epoch.manifests.get(source).cloned().unwrap_or_default(),
                 hold: true,
                 token: job.token.clone(),
                 shared_durable: epoch.is_durable(),
                 partner_address: self.agents.address(&partner).unwrap_or_default(),
                 partner,
                 local_pruned: !epoch.local_copy,
+                source_node: if moved { source.clone() } else { String::new() },
             };
             async move {
                 let r = self
@@ -226,9 +241,13 @@ impl Coordinator {
                     .await;
                 if let Ok(reply) = &r {
                     let message = match reply.source() {
-                        pb::CopyLocation::Local | pb::CopyLocation::Unspecified => {
+                        pb::CopyLocation::Local | pb::CopyLocation::Unspecified if !moved => {
                             format!("node {n} restored (held)")
                         }
+                        _ if moved => format!(
+                            "node {n} restored (held) {source}'s part from its {} copy",
+                            reply.source().name()
+                        ),
                         other => format!(
                             "node {n} restored (held) from its {} copy; {}",
                             other.name(),
@@ -242,7 +261,7 @@ impl Coordinator {
                         message,
                     });
                 }
-                (n.clone(), r)
+                (source.clone(), n.clone(), r)
             }
         });
         let results = join_all(calls).await;
@@ -250,10 +269,10 @@ impl Coordinator {
         let mut failure = None;
         let mut restored = Vec::new();
         let mut channels = 0;
-        for (n, r) in results {
+        for (source, n, r) in results {
             match r {
                 Ok(reply) => {
-                    if n == job.node {
+                    if source == job.node {
                         incarnation = reply.incarnation;
                     }
                     channels += reply.channels;

@@ -213,9 +213,17 @@ impl Agent for FakeAgent {
         r: Request<pb::RestoreRequest>,
     ) -> Result<Response<pb::RestoreReply>, Status> {
         let r = r.into_inner();
+        let from = if r.source_node.is_empty() {
+            String::new()
+        } else {
+            format!(" from={}", r.source_node)
+        };
         self.enter(
             "restore",
-            format!("{} hold={} digest={}", r.epoch, r.hold, r.manifest_digest),
+            format!(
+                "{} hold={} digest={}{from}",
+                r.epoch, r.hold, r.manifest_digest
+            ),
         )
         .await?;
         Ok(Response::new(pb::RestoreReply {
@@ -337,8 +345,14 @@ pub(crate) struct Cluster {
 
 impl Cluster {
     pub(crate) async fn start() -> Cluster {
+        Self::start_with(|_| {}).await
+    }
+
+    /// [`Cluster::start`] with a changed configuration.
+    pub(crate) async fn start_with(change: impl FnOnce(&mut CoordinatorConfig)) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let mut cfg = CoordinatorConfig::default();
+        change(&mut cfg);
         let d = &mut cfg.deadlines;
         for deadline in [
             &mut d.sync,
@@ -356,7 +370,21 @@ impl Cluster {
         let registry = Registry::open(&cfg.database).unwrap();
         let coord = Coordinator::new(registry, cfg, None).unwrap();
         let world = Shared::default();
+        let c = Cluster {
+            coord,
+            world,
+            _dir: dir,
+        };
         for node in NODES {
+            c.add_node(node).await;
+        }
+        c
+    }
+
+    /// Registers one more fake agent (a node that runs none of the job at first).
+    pub(crate) async fn add_node(&self, node: &str) {
+        let (coord, world, dir) = (&self.coord, &self.world, &self._dir);
+        {
             let sock = dir.path().join(format!("{node}.sock"));
             let listener = tokio::net::UnixListener::bind(&sock).unwrap();
             let fake = FakeAgent {
@@ -377,11 +405,6 @@ impl Cluster {
                 )
                 .await
                 .unwrap();
-        }
-        Cluster {
-            coord,
-            world,
-            _dir: dir,
         }
     }
 
@@ -410,6 +433,19 @@ impl Cluster {
         }
         self.world.lock().unwrap().log.clear();
         job.id
+    }
+
+    /// A running job of one node.
+    pub(crate) async fn job_on(&self, node: &str) -> u64 {
+        let spec = RunSpec {
+            name: "other".into(),
+            argv: vec!["sleep".into()],
+            cwd: "/".into(),
+            env: HashMap::new(),
+            node: node.into(),
+            part_env: HashMap::new(),
+        };
+        self.coord.run(OWNER, spec).await.unwrap().id
     }
 
     pub(crate) fn script(&self, node: &str, call: &'static str, act: Act) {
@@ -465,10 +501,22 @@ impl Cluster {
     }
 
     pub(crate) async fn restart(&self, job: u64, epoch: u32) -> Result<u32, DriveError> {
-        let (job, epoch, previous) = self.coord.begin_restart(&OWNER, job, epoch).await?;
+        self.restart_on(job, epoch, &Default::default()).await
+    }
+
+    pub(crate) async fn restart_on(
+        &self,
+        job: u64,
+        epoch: u32,
+        placement: &coordinator::driver::Placement,
+    ) -> Result<u32, DriveError> {
+        let (job, epoch, previous, moves) = self
+            .coord
+            .begin_restart(&OWNER, job, epoch, placement)
+            .await?;
         let (tx, _rx) = mpsc::unbounded_channel();
         self.coord
-            .drive_restart(job, epoch, previous, true, tx)
+            .drive_restart(job, epoch, previous, moves, true, tx)
             .await
             .map(|(_, e)| e.number)
     }

@@ -77,7 +77,9 @@ impl Jobs {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let node_dir = self.staging.node_dir(job_id, epoch, &self.node);
+        // A part that moves here restores the images of the node it ran on.
+        let source_node = sources.source_node.as_deref().unwrap_or(&self.node);
+        let node_dir = self.staging.node_dir(job_id, epoch, source_node);
         let (m, source, note) = self
             .usable_images(job_id, epoch, committed_digest, sources)
             .await?;
@@ -98,6 +100,14 @@ impl Jobs {
             ),
             None => None,
         };
+        if sandbox.is_none() && source_node != self.node {
+            return Err(AgentError::Start {
+                job: job_id,
+                message: format!(
+                    "{source_node}'s part of epoch {epoch} ran without a sandbox, with {source_node}'s PIDs and addresses: it restarts only on {source_node}"
+                ),
+            });
+        }
         for a in m.tcp_addrs.iter().filter(|_| sandbox.is_none()) {
             if !address_is_local(a) {
                 return Err(AgentError::AddressMissing {
