@@ -96,11 +96,21 @@ fn three_nodes(failpoints: bool) -> Option<(Cluster, Ckptd)> {
 /// Like [`three_nodes`], and with `job_network` every part runs in a sandbox with an address
 /// from `<subnet>.150-<subnet>.199` of the test hosts' bridge.
 fn nodes_with(failpoints: bool, job_network: bool) -> Option<(Cluster, Ckptd)> {
+    hosts_with(&NODES, failpoints, job_network, None)
+}
+
+/// `nodes` test hosts with their agents; with `shared_size`, a shared file system for all.
+fn hosts_with(
+    nodes: &[&str],
+    failpoints: bool,
+    job_network: bool,
+    shared_size: Option<&str>,
+) -> Option<(Cluster, Ckptd)> {
     if let Some(why) = Cluster::unavailable() {
         eprintln!("SKIPPED: {why}");
         return None;
     }
-    let cluster = Cluster::create(3).expect("create test hosts");
+    let cluster = Cluster::create(nodes.len()).expect("create test hosts");
     let subnet = cluster
         .host_ip
         .rsplit_once('.')
@@ -115,12 +125,13 @@ fn nodes_with(failpoints: bool, job_network: bool) -> Option<(Cluster, Ckptd)> {
         } else {
             String::new()
         },
+        shared_size: shared_size.map(str::to_string),
         ..Options::default()
     });
-    for n in NODES {
+    for n in nodes {
         d.start_agent_in(&cluster, n);
     }
-    d.wait_agents(&NODES);
+    d.wait_agents(nodes);
     Some((cluster, d))
 }
 
@@ -513,4 +524,74 @@ fn sandboxed_job_restarts_while_other_processes_hold_all_its_old_pids() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// A node is lost for good after a checkpoint: its agent SIGKILLed, the job's processes and
+/// sandbox gone, its local images deleted. `restart --map n3=n4` runs its part on n4 from the
+/// shared copy, with its job address, and the job ends with the checksum of an uninterrupted
+/// run; n3's part is reached by ckpt-rsh on n1 where it runs now.
+#[test]
+fn a_lost_nodes_part_restarts_on_another_node_from_shared_storage() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "nsenter", "nft");
+    let mpi = Mpi::Mpich;
+    let want = mpi.reference_checksum(RANKS, N, ITERS);
+    let all = ["n1", "n2", "n3", "n4"];
+    let Some((cluster, mut d)) = hosts_with(&all, false, true, Some("512M")) else {
+        return;
+    };
+    let hosts: Vec<&str> = cluster.nodes[..3]
+        .iter()
+        .map(|n| n.netns.as_str())
+        .collect();
+    let job = run_on(
+        &d,
+        "n1",
+        &mpi.heat_argv_on(&hosts, RANKS, N, ITERS, SLEEP_US),
+    );
+    let address_of = |st: &serde_json::Value, node: &str| {
+        st["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["node"] == node)
+            .map(|n| n["address"].as_str().unwrap_or_default().to_string())
+    };
+    let before = address_of(&d.status(job), "n3").expect("a part on n3");
+    d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
+    let begin = Instant::now();
+    while d.epochs(job)[0]["storage"] != "durable" {
+        assert!(
+            begin.elapsed() < LIMIT,
+            "never durable: {}",
+            d.epochs(job)[0]
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // n3 is gone: agent, processes, sandbox, local images.
+    d.kill_agent_on("n3");
+    d.kill_job_on(&NODES, job);
+    let _ = std::process::Command::new("ip")
+        .args(["netns", "del", &format!("ckpt-n3-{job}")])
+        .status();
+    std::fs::remove_dir_all(d.dir.path().join("n3").join("local")).unwrap();
+    d.wait_state(job, "killed", LIMIT);
+    // Without a placement, the restart names the lost node and what to do.
+    let refused = d.ctl(&["restart", &job.to_string()]);
+    assert_ne!(refused.code, 0, "{refused:?}");
+    assert!(refused.stderr.contains("--map n3=NODE"), "{refused:?}");
+    let before_restart = d.status(job);
+    let r = d.ctl(&["restart", &job.to_string(), "--map", "n3=n4"]);
+    assert_eq!(r.code, 0, "{r:?} {before_restart}");
+    assert_eq!(
+        result_on_n1(&d, job),
+        want,
+        "restarted with n3's part on n4"
+    );
+    let st = d.status(job);
+    assert_eq!(
+        address_of(&st, "n4"),
+        Some(before),
+        "the part kept its job address: {st}"
+    );
+    assert_eq!(address_of(&st, "n3"), None, "{st}");
 }

@@ -504,13 +504,19 @@ impl Ckptd {
             format!(
                 "node_name = \"{node}\"\nlisten = \"{ip}:7601\"\ncoordinator = \"{host}:{port}\"\n\
                  state_dir = \"{d}/state\"\nlocal_dir = \"{d}/local\"\nheartbeat_interval = \"200ms\"\n\
-                 tls_dir = \"{d}/tls\"\nallow_root_jobs = true\n\
+                 tls_dir = \"{d}/tls\"\nallow_root_jobs = true\n{shared}\
                  [cgroup]\nprefix = \"{prefix}{node}-\"\n",
                 ip = n.mgmt_ip,
                 host = cluster.host_ip,
                 port = self.coord_port,
                 d = d.display(),
                 prefix = self.prefix,
+                // One shared file system for every test host, as NFS would be.
+                shared = if self.opts.shared_size.is_some() {
+                    format!("shared_dir = \"{}/shared\"\n", self.dir.path().display())
+                } else {
+                    String::new()
+                },
             ),
         )
         .unwrap();

@@ -344,6 +344,11 @@ impl Jobs {
                 ),
             });
         }
+        // The mount point of the job directory inside sandboxes (empty, root's).
+        std::fs::create_dir_all(crate::sandbox::JOB_DIR).map_err(|e| AgentError::Start {
+            job,
+            message: format!("cannot make {}: {e}", crate::sandbox::JOB_DIR),
+        })?;
         let netns = crate::sandbox::create(&self.node, job, link, addr)
             .await
             .map_err(|message| AgentError::Start { job, message })?;

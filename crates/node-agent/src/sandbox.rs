@@ -20,6 +20,14 @@ pub const GATEWAY_NOTE: &str = "sandbox_gateway";
 pub const NETNS_KEY: &str = "ckpt-job-net";
 /// The interface name inside the sandbox.
 pub const JOB_INTERFACE: &str = "eth0";
+/// Where a sandbox sees its job directory (a bind mount of the node's, which holds the part's
+/// stdout and stderr): the same path on every node, so that a part's open outputs are found
+/// again wherever it is restored.
+pub const JOB_DIR: &str = "/run/ckpt-job";
+/// [`JOB_DIR`] for system calls.
+pub const JOB_DIR_C: &std::ffi::CStr = c"/run/ckpt-job";
+/// The engine's name for that mount, which a restore binds to the node's job directory.
+pub const JOB_DIR_KEY: &str = "ckpt-job-dir";
 const NETNS_DIR: &str = "/run/netns";
 
 /// A part's address on the job network.
@@ -184,8 +192,38 @@ pub async fn create(
     let tmp = format!("ckj{job}");
     let tmp = &tmp[..tmp.len().min(15)];
     let _ = run("ip", &["link", "del", tmp], None).await;
-    let made = async {
-        run("ip", &["netns", "add", &name], None).await?;
+    // The interface of a namespace just deleted (a part killed a moment ago) holds the
+    // address until the kernel has finished tearing the namespace down, asynchronously:
+    // bounded retries while the address is in use.
+    let begin = std::time::Instant::now();
+    loop {
+        let made = attempt(&name, tmp, link, addr).await;
+        match made {
+            Ok(()) => return Ok(path),
+            Err(e) => {
+                let _ = run("ip", &["link", "del", tmp], None).await;
+                remove(&path).await;
+                if e.contains("Address already in use") && begin.elapsed() < ADDRESS_RELEASE {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                    continue;
+                }
+                return Err(format!(
+                    "cannot give the part its job address {} on interface {link}: {e}",
+                    addr.cidr()
+                ));
+            }
+        }
+    }
+}
+
+/// How long a job address may stay held by a namespace being torn down.
+const ADDRESS_RELEASE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// One try of [`create`]: the namespace `name` with the macvlan `tmp` of `link` as
+/// [`JOB_INTERFACE`].
+async fn attempt(name: &str, tmp: &str, link: &str, addr: &JobAddress) -> Result<(), String> {
+    {
+        run("ip", &["netns", "add", name], None).await?;
         run(
             "ip",
             &[
@@ -204,9 +242,9 @@ pub async fn create(
             None,
         )
         .await?;
-        run("ip", &["link", "set", tmp, "netns", &name], None).await?;
+        run("ip", &["link", "set", tmp, "netns", name], None).await?;
         let inns = |args: &[&str]| {
-            let mut v = vec!["-n", name.as_str()];
+            let mut v = vec!["-n", name];
             v.extend_from_slice(args);
             v.iter().map(|s| s.to_string()).collect::<Vec<String>>()
         };
@@ -227,16 +265,6 @@ pub async fn create(
         }
         Ok::<(), String>(())
     }
-    .await;
-    if let Err(e) = made {
-        let _ = run("ip", &["link", "del", tmp], None).await;
-        remove(&path).await;
-        return Err(format!(
-            "cannot give the part its job address {} on interface {link}: {e}",
-            addr.cidr()
-        ));
-    }
-    Ok(path)
 }
 
 /// Removes a part's network namespace (its interface and address go with the last process in
@@ -246,6 +274,11 @@ pub async fn remove(path: &std::path::Path) {
         return;
     }
     let name = path.file_name().unwrap_or_default().to_string_lossy();
+    // The job interface goes first: sockets of killed processes that still wait for a peer
+    // (a lost node never answers their FIN) keep the namespace alive for minutes after its
+    // name is gone, and with it an interface holding the part's MAC address, which a restart
+    // needs again.
+    let _ = run("ip", &["-n", &name, "link", "del", JOB_INTERFACE], None).await;
     if run("ip", &["netns", "del", &name], None).await.is_err() {
         // `ip netns del` refuses a name it did not make: unmount and unlink it directly.
         if let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) {
@@ -294,6 +327,11 @@ pub fn netns_inode(pid: i32) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_job_directory_has_one_path() {
+        assert_eq!(JOB_DIR_C.to_str().unwrap(), JOB_DIR);
+    }
 
     #[test]
     fn job_addresses_parse_and_keep_their_mac() {

@@ -229,7 +229,7 @@ fn join_cgroup(procs: &CString) -> std::io::Result<()> {
 /// events from going back to the node, drops the node's network namespace files (they
 /// belong to other jobs and would tie the part's images to them), mounts a `/proc` of the
 /// new PID namespace and a `/dev/shm` of the part's own. Async-signal-safe.
-fn sandbox_mounts() -> io::Result<()> {
+fn sandbox_mounts(job_dir: &CString) -> io::Result<()> {
     // SAFETY: mount and umount2 on static NUL-terminated strings.
     unsafe {
         if libc::mount(
@@ -254,6 +254,16 @@ fn sandbox_mounts() -> io::Result<()> {
         {
             return Err(io::Error::last_os_error());
         }
+        if libc::mount(
+            job_dir.as_ptr(),
+            crate::sandbox::JOB_DIR_C.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        ) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
         // POSIX shared memory of the part's own: dumped with it, and restored with it on
         // whichever node it moves to.
         if libc::mount(
@@ -270,8 +280,8 @@ fn sandbox_mounts() -> io::Result<()> {
     Ok(())
 }
 
-/// Opens the job's stdout and stderr again by their paths (in the agent's own directory)
-/// and /dev/null for stdin, in the current mount namespace, and puts them on 0, 1 and 2;
+/// Opens the job's stdout and stderr again by their paths (in the agent's job directory, as
+/// the sandbox sees it) and /dev/null for stdin, in the current mount namespace, and puts them on 0, 1 and 2;
 /// refuses an output that is no longer the file already open on 1 or 2. Async-signal-safe.
 fn reopen_stdio(stdout: &CString, stderr: &CString) -> io::Result<()> {
     // SAFETY: open, fstat, dup2 and close on descriptors this process owns and on
@@ -401,12 +411,23 @@ fn start(spec: &ShimSpec) -> Result<i32, String> {
             };
             let netns_fd = netns.as_ref().map(|f| f.as_raw_fd());
             const LAST_PID: &[u8] = b"/proc/sys/kernel/ns_last_pid\0";
-            // The outputs are opened again inside the sandbox's mount namespace: a file open
-            // through a mount of another namespace is one the engine cannot dump.
-            let out_path = CString::new(spec.stdout.as_os_str().as_bytes())
-                .map_err(|_| format!("{} contains a NUL", spec.stdout.display()))?;
-            let err_path = CString::new(spec.stderr.as_os_str().as_bytes())
-                .map_err(|_| format!("{} contains a NUL", spec.stderr.display()))?;
+            // In a sandbox, the job directory (which holds the outputs) is bound at the same
+            // path on every node, and the outputs are opened again through it: a file open
+            // through a mount of another namespace is one the engine cannot dump, and one
+            // bound per node follows the part to another node.
+            let c_path = |p: &Path| {
+                CString::new(p.as_os_str().as_bytes())
+                    .map_err(|_| format!("{} contains a NUL", p.display()))
+            };
+            let in_sandbox = |p: &Path| {
+                Path::new(crate::sandbox::JOB_DIR).join(p.file_name().unwrap_or_default())
+            };
+            let job_dir = c_path(spec.stdout.parent().unwrap_or(Path::new("/")))?;
+            let out_path = c_path(&in_sandbox(&spec.stdout))?;
+            let err_path = c_path(&in_sandbox(&spec.stderr))?;
+            if spec.stdout.parent() != spec.stderr.parent() {
+                return Err("the job's stdout and stderr must be in one directory".into());
+            }
             let groups: Vec<libc::gid_t> = groups.clone();
             let child_groups = groups.clone();
             let dir = CString::new(cwd.as_os_str().as_bytes())
@@ -450,7 +471,7 @@ fn start(spec: &ShimSpec) -> Result<i32, String> {
                         if libc::unshare(libc::CLONE_NEWUTS | libc::CLONE_NEWNS) != 0 {
                             return Err(failed(ChildStep::Namespaces));
                         }
-                        if sandbox_mounts().is_err() {
+                        if sandbox_mounts(&job_dir).is_err() {
                             return Err(failed(ChildStep::Mounts));
                         }
                         if reopen_stdio(&out_path, &err_path).is_err() {

@@ -278,7 +278,14 @@ impl Coordinator {
                     channels += reply.channels;
                     restored.push(n);
                 }
-                Err(e) => {
+                Err(mut e) => {
+                    if e.kind == FailureKind::Unreachable && !moves.values().any(|m| *m == n) {
+                        // A node lost for good: its part can run elsewhere.
+                        e.message = format!(
+                            "{}; if {n} is lost, restart its part on another node with `ckptctl restart {id} --map {n}=NODE` (or name every node with --nodes)",
+                            e.message
+                        );
+                    }
                     failure.get_or_insert(e);
                 }
             }

@@ -74,7 +74,11 @@ pub(super) fn dump_frozen(
                 .map(|p| p.display().to_string()),
         );
         for p in used {
-            if PRESERVE_PREFIXES.iter().any(|pre| p.starts_with(pre)) && !p.ends_with(" (deleted)")
+            // A sandbox's /dev/shm is its own, saved by the engine with its mounts.
+            let in_own_shm = external_netns.is_some() && p.starts_with("/dev/shm/");
+            if PRESERVE_PREFIXES.iter().any(|pre| p.starts_with(pre))
+                && !p.ends_with(" (deleted)")
+                && !in_own_shm
             {
                 preserve.push(PathBuf::from(p));
             }

@@ -10,7 +10,8 @@
 //! * `--external net[…]` / `--inherit-fd` — a job sandbox's network namespace is the agent's to
 //!   make: left out of the images, and given to the restore freshly made (on any node).
 //! * `--external mnt[]`, `--enable-external-masters`, `--root /` — a sandbox's mounts are slave
-//!   copies of the node's: recorded as external, bound again from the node's on restore.
+//!   copies of the node's: recorded as external, bound again from the node's on restore; its
+//!   job directory mount (`mnt[/run/ckpt-job]`) is bound to the restoring node's job directory.
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -198,6 +199,12 @@ impl SnapshotEngine for Criu {
                 "--external".to_string(),
                 format!("net[{ino}]:{}", crate::sandbox::NETNS_KEY),
                 "--external".to_string(),
+                format!(
+                    "mnt[{}]:{}",
+                    crate::sandbox::JOB_DIR,
+                    crate::sandbox::JOB_DIR_KEY
+                ),
+                "--external".to_string(),
                 "mnt[]".to_string(),
                 "--enable-external-masters".to_string(),
             ]);
@@ -256,6 +263,14 @@ impl SnapshotEngine for Criu {
                 "--external".to_string(),
                 "mnt[]".to_string(),
             ]);
+        }
+        if let Some(dir) = spec.job_dir {
+            v.push("--external".into());
+            v.push(format!(
+                "mnt[{}]:{}",
+                crate::sandbox::JOB_DIR_KEY,
+                dir.display()
+            ));
         }
         v.extend(self.common_args());
         v.extend(self.cfg.extra_restore_args.iter().cloned());

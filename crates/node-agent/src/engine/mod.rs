@@ -36,6 +36,8 @@ pub struct RestoreSpec<'a> {
     pub pid_file: &'a Path,
     /// The tree goes into the network namespace open on this descriptor (a job sandbox's).
     pub netns_fd: Option<i32>,
+    /// A sandbox's job directory mount is bound to this directory of the node.
+    pub job_dir: Option<&'a Path>,
 }
 
 /// Engine failures, each naming the binary or the log to read.

@@ -136,6 +136,7 @@ impl Jobs {
             wait_pids_free(job_id, &ids).await?;
         }
         let channels = channel_pids(&m.notes);
+        let own_dir = fs::canonicalize(&job.dir).unwrap_or_else(|_| job.dir.clone());
         self.put_back_files(&job, &owner, &m, &node_dir).await?;
         let netns = match &sandbox {
             Some(addr) => Some(self.make_sandbox(job_id, addr).await?.netns),
@@ -166,6 +167,7 @@ impl Jobs {
             log_file: &log,
             pid_file: &pid_file,
             netns_fd: netns.is_some().then_some(crate::shim::RESTORE_NETNS_FD),
+            job_dir: netns.is_some().then_some(own_dir.as_path()),
         });
         let lock = machine_restore_lock().await;
         let started = self
@@ -296,13 +298,23 @@ impl Jobs {
     ) -> Result<(), AgentError> {
         let job_id = job.record.id;
         let own_dir = fs::canonicalize(&job.dir).unwrap_or_else(|_| job.dir.clone());
-        let (ours, theirs): (Vec<OpenFile>, Vec<OpenFile>) =
-            m.open_files.iter().cloned().partition(|f| {
-                let p = Path::new(&f.path);
-                p.parent() == Some(own_dir.as_path())
-                    && p.file_name()
-                        .is_some_and(|n| n == "stdout" || n == "stderr")
-            });
+        // A sandbox saw the job directory at its own path, bound again to this node's at
+        // restore: its outputs are put back here.
+        let files = m.open_files.iter().cloned().map(|mut f| {
+            let p = Path::new(&f.path);
+            if p.parent() == Some(Path::new(sandbox::JOB_DIR)) {
+                if let Some(name) = p.file_name() {
+                    f.path = own_dir.join(name).display().to_string();
+                }
+            }
+            f
+        });
+        let (ours, theirs): (Vec<OpenFile>, Vec<OpenFile>) = files.partition(|f| {
+            let p = Path::new(&f.path);
+            p.parent() == Some(own_dir.as_path())
+                && p.file_name()
+                    .is_some_and(|n| n == "stdout" || n == "stderr")
+        });
         if let Some(pf) = m.preserved.iter().find(|pf| pf.uid != owner.uid) {
             return Err(AgentError::FileRefused {
                 job: job_id,
