@@ -606,29 +606,34 @@ async fn a_restart_refuses_bad_placements_before_touching_any_node() {
         (&[], &["n3=n1"], Code::FailedPrecondition, "two parts"),
     ];
     for (nodes, map, code, says) in cases {
-        let e = c.restart_on(job, 0, &placed(nodes, map)).await.unwrap_err();
-        let status = coordinator::grpc::to_status(&e);
-        assert_eq!(status.code(), code, "{nodes:?} {map:?}: {e}");
-        assert!(e.to_string().contains(says), "{nodes:?} {map:?}: {e}");
-        assert_eq!(c.job_state(job), JobState::Stopped);
+        let e = refused_restart(&c, job, placed(nodes, map), code).await;
+        assert!(e.contains(says), "{nodes:?} {map:?}: {e}");
     }
     // Another job runs on n4: not free for a moved part.
     let other = c.job_on("n4").await;
-    let e = c
-        .restart_on(job, 0, &placed(&[], &["n3=n4"]))
-        .await
-        .unwrap_err();
+    let e = refused_restart(&c, job, placed(&[], &["n3=n4"]), Code::FailedPrecondition).await;
+    assert!(e.contains(&format!("job {other} runs a part there")), "{e}");
+}
+
+/// A restart refused with `code` before any node restored anything; the job stays stopped.
+async fn refused_restart(
+    c: &Cluster,
+    job: u64,
+    placement: coordinator::driver::Placement,
+    code: Code,
+) -> String {
+    let e = c.restart_on(job, 0, &placement).await.unwrap_err();
     assert_eq!(
         coordinator::grpc::to_status(&e).code(),
-        Code::FailedPrecondition
+        code,
+        "{placement:?}: {e}"
     );
     assert!(
-        e.to_string()
-            .contains(&format!("job {other} runs a part there")),
-        "{e}"
+        c.calls("restore").is_empty(),
+        "nothing restored anywhere: {e}"
     );
-    assert!(c.calls("restore").is_empty(), "nothing restored anywhere");
     assert_eq!(c.job_state(job), JobState::Stopped);
+    e.to_string()
 }
 
 /// A job that ran without a job network keeps the nodes' PIDs and addresses: it may not move.
@@ -637,15 +642,6 @@ async fn a_job_without_sandboxes_restarts_only_on_its_own_nodes() {
     let c = Cluster::start().await;
     c.add_node("n4").await;
     let job = stopped_job(&c).await;
-    let e = c
-        .restart_on(job, 0, &placed(&[], &["n3=n4"]))
-        .await
-        .unwrap_err();
-    assert_eq!(
-        coordinator::grpc::to_status(&e).code(),
-        Code::FailedPrecondition
-    );
-    assert!(e.to_string().contains("without a job network"), "{e}");
-    assert!(c.calls("restore").is_empty());
-    assert_eq!(c.job_state(job), JobState::Stopped);
+    let e = refused_restart(&c, job, placed(&[], &["n3=n4"]), Code::FailedPrecondition).await;
+    assert!(e.contains("without a job network"), "{e}");
 }

@@ -110,8 +110,8 @@ pub fn netns_path(node: &str, job: u64) -> PathBuf {
     PathBuf::from(NETNS_DIR).join(format!("ckpt-{node}-{job}"))
 }
 
-/// Runs `program args`; the error is its message.
-async fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<(), String> {
+/// Runs `program args` (with `stdin`); the error is its message.
+pub(crate) async fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<(), String> {
     use tokio::io::AsyncWriteExt;
     let mut child = tokio::process::Command::new(program)
         .args(args)
@@ -123,7 +123,7 @@ async fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<(), St
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot run {program}: {e}"))?;
+        .map_err(|e| format!("cannot run {program} (is it installed?): {e}"))?;
     if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
         pipe.write_all(text.as_bytes())
             .await

@@ -425,8 +425,8 @@ fn start(spec: &ShimSpec) -> Result<i32, String> {
             let job_dir = c_path(spec.stdout.parent().unwrap_or(Path::new("/")))?;
             let out_path = c_path(&in_sandbox(&spec.stdout))?;
             let err_path = c_path(&in_sandbox(&spec.stderr))?;
-            if spec.stdout.parent() != spec.stderr.parent() {
-                return Err("the job's stdout and stderr must be in one directory".into());
+            if sandbox.is_some() && spec.stdout.parent() != spec.stderr.parent() {
+                return Err("a sandboxed part's stdout and stderr must be in one directory".into());
             }
             let groups: Vec<libc::gid_t> = groups.clone();
             let child_groups = groups.clone();

@@ -47,7 +47,7 @@ impl Jobs {
              }}\n"
         );
         self.release_tcp(job).await;
-        run_nft(&["-f", "-"], Some(&script))
+        crate::sandbox::run("nft", &["-f", "-"], Some(&script))
             .await
             .map_err(|message| AgentError::Start {
                 job,
@@ -63,7 +63,7 @@ impl Jobs {
             return;
         }
         let table = self.hold_table(job);
-        let _ = run_nft(&["delete", "table", "inet", &table], None).await;
+        let _ = crate::sandbox::run("nft", &["delete", "table", "inet", &table], None).await;
     }
 }
 
@@ -75,36 +75,6 @@ pub(super) fn address_is_local(addr: &str) -> bool {
     match std::net::TcpListener::bind((ip, 0)) {
         Ok(_) => true,
         Err(e) => e.raw_os_error() != Some(libc::EADDRNOTAVAIL),
-    }
-}
-
-/// Runs `nft` with `args` (and `stdin`); the error is nft's message.
-async fn run_nft(args: &[&str], stdin: Option<&str>) -> Result<(), String> {
-    use tokio::io::AsyncWriteExt;
-    let mut child = tokio::process::Command::new("nft")
-        .args(args)
-        .stdin(if stdin.is_some() {
-            std::process::Stdio::piped()
-        } else {
-            std::process::Stdio::null()
-        })
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot run nft (install nftables): {e}"))?;
-    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(text.as_bytes())
-            .await
-            .map_err(|e| format!("nft: {e}"))?;
-    }
-    let out = child
-        .wait_with_output()
-        .await
-        .map_err(|e| format!("nft: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
     }
 }
 
