@@ -1,5 +1,5 @@
-//! Job sandboxes: each part of a job that ckptd gave a job address runs in its own PID, IPC and
-//! UTS namespaces (made by the shim, with `ckpt-init` as process 1) and in a network namespace
+//! Job sandboxes: each part of a job that ckptd gave a job address runs in its own PID, IPC, UTS
+//! and mount namespaces (made by the shim, with `ckpt-init` as process 1) and in a network namespace
 //! the agent makes here, whose one interface (`eth0`, a macvlan on the node's job-network
 //! interface) carries the job address and a MAC address derived from it.
 //!

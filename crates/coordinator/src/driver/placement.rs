@@ -108,8 +108,13 @@ impl Coordinator {
             }
         }
         // A node that another running job uses is not free for a moved part.
+        let jobs = if moves.is_empty() {
+            Vec::new()
+        } else {
+            self.registry.jobs()?
+        };
         for target in moves.values() {
-            if let Some(other) = self.registry.jobs()?.into_iter().find(|j| {
+            if let Some(other) = jobs.iter().find(|j| {
                 j.id != id
                     && matches!(
                         j.state,
