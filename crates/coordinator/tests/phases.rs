@@ -479,6 +479,22 @@ async fn a_release_past_its_deadline_kills_the_released_parts() {
     restart_fails_on("release", Act::Hang, FailureKind::Deadline).await;
 }
 
+/// Two nodes fail one restore for different reasons: the error tells both, not only the first
+/// in node order (which may be a consequence, not the cause).
+#[tokio::test]
+async fn a_restore_failing_on_two_nodes_names_both() {
+    let c = Cluster::start().await;
+    let job = stopped_job(&c).await;
+    c.script("n1", "restore", Act::Fail(Code::Internal));
+    c.script("n3", "restore", Act::Fail(Code::FailedPrecondition));
+    let e = c.restart(job, 2).await.unwrap_err().to_string();
+    assert!(
+        e.contains("node n1") && e.contains("and node n3"),
+        "both nodes named: {e}"
+    );
+    assert_eq!(c.job_state(job), JobState::Stopped);
+}
+
 #[tokio::test]
 async fn images_lost_on_a_node_fall_back_to_the_previous_epoch() {
     let c = Cluster::start().await;

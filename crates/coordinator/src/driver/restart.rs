@@ -286,7 +286,14 @@ impl Coordinator {
                             e.message
                         );
                     }
-                    failure.get_or_insert(e);
+                    // Every node's failure is told: the first one seen need not be the cause
+                    // (an engine may fail on one node while another node's PIDs are taken).
+                    match &mut failure {
+                        None => failure = Some(e),
+                        Some(f) => {
+                            f.message = format!("{}; and node {}: {}", f.message, e.node, e.message)
+                        }
+                    }
                 }
             }
         }
