@@ -97,6 +97,24 @@ enum Cmd {
         /// ran (repeat for more).
         #[arg(long, value_name = "OLD=NEW")]
         map: Vec<String>,
+        /// Put the part of every node of the epoch that is down (no heartbeat for
+        /// ckptd.toml `node_timeout`) on a free spare (ckptd.toml `[spares]`); the others
+        /// restart where they ran. With spares configured, a restart without --nodes or --map
+        /// does this too. Exit 10 when too few spares are free.
+        #[arg(long, conflicts_with_all = ["nodes", "map"])]
+        on_spares: bool,
+    },
+    /// Root only: a node is being reclaimed. Checkpoint and stop every running job with a part
+    /// on NODE (as `checkpoint --kill` does); with --migrate, restart each at once with that
+    /// part on a free spare (ckptd.toml `[spares]`). A job that cannot be checkpointed keeps
+    /// running; one that cannot be migrated stays stopped and restorable. Exit 0 when every
+    /// job was handled, else the code of the first failure.
+    Drain {
+        /// The node to empty.
+        node: String,
+        /// Restart the jobs on spares at once.
+        #[arg(long)]
+        migrate: bool,
     },
     /// Show a job, its nodes and processes.
     Status {
@@ -201,6 +219,7 @@ fn job_json(j: &pb::JobInfo) -> Value {
         "job_dir": j.job_dir, "flush": j.flush,
         "nodes": j.nodes.iter().map(|n| json!({
             "node": n.node, "state": n.state().name(), "role": n.role, "address": n.address,
+            "moved_from": n.moved_from,
             "exit_code": n.end.as_ref().and_then(pb::JobEnd::code),
             "exit_signal": n.end.as_ref().and_then(pb::JobEnd::signal),
             "detail": n.detail,
@@ -253,8 +272,13 @@ fn print_status(j: &pb::JobInfo) {
         } else {
             format!(", job address {}", n.address)
         };
+        let moved = if n.moved_from.is_empty() {
+            String::new()
+        } else {
+            format!(", moved here from {}", n.moved_from)
+        };
         println!(
-            "  node {} ({}): {}, {} processes{ranks}{address}",
+            "  node {} ({}): {}, {} processes{ranks}{address}{moved}",
             n.node,
             n.role,
             node_state(n),
@@ -434,6 +458,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             epoch,
             nodes,
             map,
+            on_spares,
         } => {
             let stream = c
                 .restart(pb::RestartRequest {
@@ -441,10 +466,18 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     epoch: epoch.unwrap_or(0),
                     nodes,
                     map,
+                    on_spares,
                 })
                 .await?
                 .into_inner();
             follow(stream, true, json, "restart").await?;
+        }
+        Cmd::Drain { node, migrate } => {
+            let stream = c
+                .drain(pb::DrainRequest { node, migrate })
+                .await?
+                .into_inner();
+            follow(stream, true, json, "drain").await?;
         }
         Cmd::Status { job } => {
             let reply = c.status(pb::StatusRequest { job_id: job }).await?;
@@ -604,7 +637,11 @@ async fn follow(
             });
         }
         if json {
-            let mut v = msg.result.as_ref().map(epoch_json).unwrap_or(json!({}));
+            let mut v = msg
+                .result
+                .as_ref()
+                .map(epoch_json)
+                .unwrap_or_else(|| json!({"message": msg.message}));
             v["elapsed_ms"] = json!(msg.elapsed_ms);
             println!("{v}");
         } else if let Some(e) = &msg.result {

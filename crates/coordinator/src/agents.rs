@@ -265,6 +265,15 @@ impl Agents {
         nodes.iter().all(|n| m.contains_key(n))
     }
 
+    /// Whether a node's agent is registered and sent a heartbeat within `timeout`.
+    pub fn up(&self, node: &str, timeout: Duration) -> bool {
+        self.map
+            .read()
+            .expect("agents lock")
+            .get(node)
+            .is_some_and(|e| e.last_seen.elapsed() <= timeout)
+    }
+
     /// A node's agent address.
     pub fn address(&self, node: &str) -> Option<String> {
         self.map

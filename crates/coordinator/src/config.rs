@@ -27,6 +27,12 @@ pub struct CoordinatorConfig {
     pub redundancy: Redundancy,
     /// Addresses for job sandboxes.
     pub job_network: JobNetwork,
+    /// Nodes kept free to take the parts of nodes that are down.
+    pub spares: Spares,
+    /// A node whose agent has not sent a heartbeat for this long is down (agents beat every
+    /// second by default): a restart replaces it with a spare.
+    #[serde(with = "humantime_serde")]
+    pub node_timeout: Duration,
     /// The cluster credential (`ca.pem`, `ckptd.pem`, `ckptd.key`) made by `ckptd ca init`.
     /// Agents and ckptd authenticate each other with it on every connection. A standalone
     /// ckptd without one opens no TCP port at all.
@@ -123,6 +129,17 @@ impl JobNetwork {
     }
 }
 
+/// Spare nodes: registered agents that run no job until a restart needs them. `ckptctl restart
+/// --on-spares` (and a plain restart, when a node of the epoch is down) puts the part of every
+/// node that is down on the first free spare, in the order listed; `ckptctl drain NODE
+/// --migrate` moves the parts on NODE there. Only jobs that run in sandboxes move.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Spares {
+    /// Node names (as their agents register).
+    pub nodes: Vec<String>,
+}
+
 /// When committed epochs are copied to shared storage (nodes without `shared_dir` never are).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -194,6 +211,8 @@ impl Default for CoordinatorConfig {
             flush: Flush::default(),
             redundancy: Redundancy::default(),
             job_network: JobNetwork::default(),
+            spares: Spares::default(),
+            node_timeout: Duration::from_secs(10),
             tls_dir: ckpt_auth::ca::DEFAULT_DIR.into(),
             agent: toml::Table::new(),
         }
@@ -217,6 +236,7 @@ impl TomlConfig for CoordinatorConfig {
             ("deadlines.restore", d.restore),
             ("deadlines.abort", d.abort),
             ("deadlines.flush_stall", d.flush_stall),
+            ("node_timeout", self.node_timeout),
         ] {
             if v.is_zero() {
                 return Err(ConfigError::Invalid {
@@ -242,6 +262,15 @@ impl TomlConfig for CoordinatorConfig {
                 key: "job_network.gateway",
                 problem: "must be an IPv4 address".into(),
             });
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for n in &self.spares.nodes {
+            if n.trim().is_empty() || !seen.insert(n) {
+                return Err(ConfigError::Invalid {
+                    key: "spares.nodes",
+                    problem: format!("{n:?} is empty or listed twice"),
+                });
+            }
         }
         if !self.database.is_absolute() {
             return Err(ConfigError::Invalid {

@@ -28,6 +28,7 @@ pub fn to_status(e: &DriveError) -> Status {
         DriveError::NoAgents => Code::Unavailable,
         DriveError::UnknownNode { .. } => Code::NotFound,
         DriveError::NodeNotFree { .. } => Code::FailedPrecondition,
+        DriveError::NoSpare { .. } => Code::ResourceExhausted,
         DriveError::EpochFailed { failure, .. } => match failure.kind {
             FailureKind::Deadline => Code::DeadlineExceeded,
             FailureKind::NoRoom => Code::ResourceExhausted,
@@ -278,6 +279,8 @@ impl pb::control_server::Control for ControlHandler {
         let placement = crate::driver::Placement {
             nodes: r.nodes.clone(),
             map: r.map.clone(),
+            on_spares: r.on_spares,
+            vacate: Vec::new(),
         };
         let (job, epoch, previous, moves) = self
             .coord
@@ -306,6 +309,70 @@ impl pb::control_server::Control for ControlHandler {
                     _ => asked,
                 };
                 final_msg(id, number, "restore", r)
+            })
+        });
+        Ok(Response::new(stream))
+    }
+
+    type DrainStream = ProgressStream;
+
+    async fn drain(
+        &self,
+        req: Request<pb::DrainRequest>,
+    ) -> Result<Response<ProgressStream>, Status> {
+        let who = caller(&req)?;
+        let r = req.into_inner();
+        let jobs = self
+            .coord
+            .begin_drain(&who, &r.node)
+            .map_err(|e| to_status(&e))?;
+        let coord = self.coord.clone();
+        let stream = progress_stream(move |tx| {
+            Box::pin(async move {
+                let node = r.node;
+                if jobs.is_empty() {
+                    return final_msg(
+                        0,
+                        0,
+                        "drain",
+                        Ok((format!("no live job has a part on {node}"), None)),
+                    );
+                }
+                let done = coord.drive_drain(&node, jobs, r.migrate, tx).await;
+                let mut lines = Vec::new();
+                let mut first_error = None;
+                for d in done {
+                    let line = match (&d.error, d.epoch, &d.moved_to) {
+                        (None, Some(e), Some(to)) => {
+                            format!("job {}: checkpointed to epoch {e}, running again with its {node} part on {to}", d.job)
+                        }
+                        (None, Some(e), None) => format!(
+                            "job {}: checkpointed to epoch {e} and stopped (restart it with `ckptctl restart {} --map {node}=NODE`)",
+                            d.job, d.job
+                        ),
+                        (Some(err), Some(e), _) => format!(
+                            "job {}: checkpointed to epoch {e} and stopped, not migrated: {err}",
+                            d.job
+                        ),
+                        (Some(err), None, _) => {
+                            format!("job {}: not checkpointed, still running on {node}: {err}", d.job)
+                        }
+                        (None, None, _) => format!("job {}: not checkpointed", d.job),
+                    };
+                    lines.push(line);
+                    if first_error.is_none() {
+                        first_error = d.error;
+                    }
+                }
+                let message = lines.join("\n");
+                match first_error {
+                    None => final_msg(0, 0, "drain", Ok((message, None))),
+                    Some(e) => {
+                        let mut p = final_msg(0, 0, "drain", Err(e));
+                        p.message = message;
+                        p
+                    }
+                }
             })
         });
         Ok(Response::new(stream))

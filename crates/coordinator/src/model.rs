@@ -391,6 +391,15 @@ pub struct Job {
 }
 
 impl Job {
+    /// Whether the job's processes run (or are being started, checkpointed or restored): its
+    /// nodes are not free for another job's parts.
+    pub fn is_live(&self) -> bool {
+        matches!(
+            self.state,
+            JobState::Starting | JobState::Running | JobState::Checkpointing | JobState::Restarting
+        )
+    }
+
     /// Whether the job keeps its job addresses: while it runs, and after it ended in a way a
     /// restart follows (stopped by ckpt, killed, lost). A job that finished or was cancelled
     /// gives them back; restarting it later takes them again if they are still free.

@@ -7,10 +7,12 @@
 mod cluster;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use cluster::*;
 use coordinator::agents::FailureKind;
-use coordinator::driver::DriveError;
+use coordinator::driver::{Caller, DriveError};
+use tokio::sync::mpsc;
 use coordinator::model::{EpochState, JobState, Phase};
 use tonic::Code;
 
@@ -529,6 +531,7 @@ fn placed(nodes: &[&str], map: &[&str]) -> coordinator::driver::Placement {
     coordinator::driver::Placement {
         nodes: nodes.iter().map(|n| n.to_string()).collect(),
         map: map.iter().map(|n| n.to_string()).collect(),
+        ..Default::default()
     }
 }
 
@@ -660,4 +663,119 @@ async fn a_job_without_sandboxes_restarts_only_on_its_own_nodes() {
     let job = stopped_job(&c).await;
     let e = refused_restart(&c, job, placed(&[], &["n3=n4"]), Code::FailedPrecondition).await;
     assert!(e.contains("without a job network"), "{e}");
+}
+
+/// A cluster with a job network, spares n5 and n4 (in that order), and a 1 s node timeout.
+async fn with_spares() -> Cluster {
+    let c = Cluster::start_with(|cfg| {
+        cfg.job_network.addresses = "10.9.0.10-10.9.0.20".into();
+        cfg.job_network.prefix = 24;
+        cfg.spares.nodes = vec!["n5".into(), "n4".into()];
+        cfg.node_timeout = Duration::from_secs(1);
+    })
+    .await;
+    c.add_node("n4").await;
+    c.add_node("n5").await;
+    c
+}
+
+/// Lets the node timeout pass with only `up` sending heartbeats: the others are down.
+async fn only_up(c: &Cluster, up: &[&str]) {
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    beat(c, up).await;
+}
+
+/// Heartbeats from `nodes` now.
+async fn beat(c: &Cluster, nodes: &[&str]) {
+    for n in nodes {
+        assert!(c.coord.heartbeat(n, vec![]).await, "{n} registered");
+    }
+}
+
+/// n3 is down and so is the first spare, n5: a restart (plain, as spares are configured, and
+/// with --on-spares) puts n3's part on n4, the next free spare, with n3's address.
+#[tokio::test]
+async fn a_restart_puts_the_part_of_a_node_that_is_down_on_a_free_spare() {
+    let c = with_spares().await;
+    let job = stopped_job(&c).await;
+    let before = c.coord.registry.job(job).unwrap().unwrap();
+    only_up(&c, &["n1", "n2", "n4"]).await;
+    let on_spares = coordinator::driver::Placement {
+        on_spares: true,
+        ..Default::default()
+    };
+    // --on-spares with --map is refused.
+    let both = coordinator::driver::Placement {
+        map: vec!["n3=n4".into()],
+        ..on_spares.clone()
+    };
+    refused_restart(&c, job, both, Code::InvalidArgument).await;
+    assert_eq!(c.restart_on(job, 0, &on_spares).await.unwrap(), 2);
+    let mut restored: Vec<String> = c
+        .calls("restore")
+        .into_iter()
+        .map(|(n, d)| format!("{n}{}", if d.ends_with(" from=n3") { "<-n3" } else { "" }))
+        .collect();
+    restored.sort();
+    assert_eq!(restored, ["n1", "n2", "n4<-n3"]);
+    let after = c.coord.registry.job(job).unwrap().unwrap();
+    assert_eq!(after.nodes(), ["n1", "n2", "n4"]);
+    assert_eq!(after.addresses.get("n4"), before.addresses.get("n3"));
+    let status = c.coord.inspect(&after).await;
+    let n4 = status.iter().find(|n| n.node == "n4").unwrap();
+    assert_eq!(n4.moved_from, "n3", "status tells where the part ran before");
+}
+
+/// No free spare: the only one up runs another job. Refused with ResourceExhausted (ckptctl
+/// exit 10), naming the node that is down, before any node restored anything.
+#[tokio::test]
+async fn a_restart_with_no_free_spare_is_refused_before_touching_any_node() {
+    let c = with_spares().await;
+    let job = stopped_job(&c).await;
+    let other = c.job_on("n4").await;
+    only_up(&c, &["n1", "n2", "n4"]).await;
+    let e = refused_restart(&c, job, Default::default(), Code::ResourceExhausted).await;
+    assert!(
+        e.contains("n3 (down)") && e.contains("no spare is free"),
+        "{e}"
+    );
+    assert_eq!(c.job_state(other), JobState::Running);
+}
+
+/// `drain n2 --migrate`: the job is checkpointed and stopped, then restarted with n2's part on
+/// the spare; without --migrate it stays stopped. Only root drains.
+#[tokio::test]
+async fn drain_checkpoints_the_jobs_of_a_node_and_migrates_them_to_a_spare() {
+    let c = with_spares().await;
+    let job = c.job().await;
+    let user = c.coord.begin_drain(&OWNER, "n2").unwrap_err();
+    assert_eq!(
+        coordinator::grpc::to_status(&user).code(),
+        Code::PermissionDenied,
+        "{user}"
+    );
+    let root = Caller {
+        uid: 0,
+        gid: 0,
+        pid: None,
+    };
+    beat(&c, &["n1", "n2", "n3", "n4", "n5"]).await;
+    let jobs = c.coord.begin_drain(&root, "n2").unwrap();
+    assert_eq!(jobs.iter().map(|j| j.id).collect::<Vec<_>>(), [job]);
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let done = c.coord.drive_drain("n2", jobs, true, tx).await;
+    assert_eq!(done.len(), 1);
+    assert!(done[0].error.is_none(), "{:?}", done[0]);
+    // n5 is the first spare and up: it takes n2's part.
+    assert_eq!(done[0].moved_to.as_deref(), Some("n5"));
+    let after = c.coord.registry.job(job).unwrap().unwrap();
+    assert_eq!(after.state, JobState::Running);
+    assert_eq!(after.nodes(), ["n1", "n5", "n3"]);
+    // Drained again without --migrate: n5's part stops, no job is left there.
+    let jobs = c.coord.begin_drain(&root, "n5").unwrap();
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let done = c.coord.drive_drain("n5", jobs, false, tx).await;
+    assert!(done[0].error.is_none() && done[0].moved_to.is_none(), "{done:?}");
+    assert_eq!(c.job_state(job), JobState::Stopped);
+    assert!(c.coord.begin_drain(&root, "n5").unwrap().is_empty());
 }

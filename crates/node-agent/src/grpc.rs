@@ -363,6 +363,7 @@ impl Agent for AgentHandler {
                 .collect(),
             role: if part == 0 { "launcher" } else { "attached" }.into(),
             detail: String::new(),
+            moved_from: String::new(),
             // The coordinator knows the part's job address.
             address: String::new(),
         }))

@@ -304,8 +304,15 @@ impl Coordinator {
                 detail: e.message,
                 processes: vec![],
                 address: String::new(),
+                moved_from: String::new(),
             });
             info.address = address;
+            info.moved_from = job
+                .moved
+                .iter()
+                .find(|(_, now)| **now == info.node)
+                .map(|(old, _)| old.clone())
+                .unwrap_or_default();
             info
         })
         .collect()

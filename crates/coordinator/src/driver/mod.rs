@@ -15,12 +15,14 @@
 mod addresses;
 mod attach;
 mod checkpoint;
+mod drain;
 mod endpoints;
 pub mod flush;
 mod jobs;
 mod placement;
 mod restart;
 
+pub use drain::Drained;
 pub use placement::{Moves, Placement};
 
 use std::sync::Arc;
@@ -98,6 +100,16 @@ pub enum DriveError {
         node: String,
         /// Why.
         reason: String,
+    },
+    /// Fewer free spares than nodes to replace.
+    #[error("{down} must be replaced but {free}: {hint}")]
+    NoSpare {
+        /// The nodes that need a spare.
+        down: String,
+        /// Which spares are free, if any.
+        free: String,
+        /// What to do.
+        hint: String,
     },
     /// No agent to run the job.
     #[error("no agent is registered; start ckpt-agent on a node (or run ckptd --standalone)")]

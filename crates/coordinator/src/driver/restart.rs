@@ -120,6 +120,18 @@ impl Coordinator {
         let id = job.id;
         let mut epoch = epoch;
         let mut skipped: Vec<String> = Vec::new();
+        if !moves.is_empty() {
+            let said: Vec<String> = moves
+                .iter()
+                .map(|(old, new)| format!("{old}'s part to {new}"))
+                .collect();
+            let _ = progress.send(Step {
+                job: id,
+                epoch: epoch.number,
+                phase: "restore",
+                message: format!("moving {}", said.join(", ")),
+            });
+        }
         loop {
             let number = epoch.number;
             match self.restore_epoch(&job, &epoch, &moves, &progress).await {

@@ -1,0 +1,137 @@
+//! `ckptctl drain NODE`: a node is being reclaimed. Every live job with a part on it is
+//! checkpointed and stopped; with `migrate`, each is restarted at once with that part on a
+//! spare (the other parts where they ran).
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use super::placement::Placement;
+use super::{Caller, Coordinator, DriveError, Step};
+use crate::model::Job;
+
+/// What became of one job of a drained node.
+#[derive(Debug)]
+pub struct Drained {
+    /// Job id.
+    pub job: u64,
+    /// The epoch it was checkpointed to, if that succeeded.
+    pub epoch: Option<u32>,
+    /// Where its part of the node runs now, if it was migrated.
+    pub moved_to: Option<String>,
+    /// Why it was not checkpointed, or not migrated.
+    pub error: Option<DriveError>,
+}
+
+impl Coordinator {
+    /// The live jobs with a part on `node`. Only root drains a node: it stops other users'
+    /// jobs.
+    pub fn begin_drain(&self, caller: &Caller, node: &str) -> Result<Vec<Job>, DriveError> {
+        if caller.uid != 0 {
+            return Err(DriveError::Denied(
+                "only root may drain a node: it stops every user's jobs there".into(),
+            ));
+        }
+        if self.agents.address(node).is_none() {
+            return Err(DriveError::UnknownNode {
+                node: node.into(),
+                hint: format!("{node} has no registered agent: there is nothing to drain"),
+            });
+        }
+        Ok(self
+            .registry
+            .jobs()?
+            .into_iter()
+            .filter(|j| j.is_live() && j.nodes().iter().any(|n| n == node))
+            .collect())
+    }
+
+    /// Checkpoints (and stops) each job, one after the other; with `migrate`, restarts it with
+    /// `node`'s part on a spare. A job that cannot be checkpointed keeps running where it is;
+    /// one that cannot be migrated stays stopped, restorable.
+    pub async fn drive_drain(
+        self: &Arc<Self>,
+        node: &str,
+        jobs: Vec<Job>,
+        migrate: bool,
+        progress: mpsc::UnboundedSender<Step>,
+    ) -> Vec<Drained> {
+        let root = Caller {
+            uid: 0,
+            gid: 0,
+            pid: None,
+        };
+        let mut out = Vec::new();
+        for job in jobs {
+            let id = job.id;
+            let say = |epoch: u32, message: String| {
+                let _ = progress.send(Step {
+                    job: id,
+                    epoch,
+                    phase: "drain",
+                    message,
+                });
+            };
+            say(0, format!("checkpointing job {id} and stopping it"));
+            let checkpointed = match self.begin_checkpoint(&root, id, true).await {
+                Ok((job, epoch)) => self.drive_checkpoint(job, epoch, progress.clone()).await,
+                Err(e) => Err(e),
+            };
+            let epoch = match checkpointed {
+                Ok(e) => e.number,
+                Err(e) => {
+                    warn!(job = id, node, error = %e, "drain: checkpoint failed");
+                    out.push(Drained {
+                        job: id,
+                        epoch: None,
+                        moved_to: None,
+                        error: Some(e),
+                    });
+                    continue;
+                }
+            };
+            info!(job = id, node, epoch, "drain: job checkpointed and stopped");
+            if !migrate {
+                out.push(Drained {
+                    job: id,
+                    epoch: Some(epoch),
+                    moved_to: None,
+                    error: None,
+                });
+                continue;
+            }
+            let placement = Placement {
+                vacate: vec![node.to_string()],
+                ..Placement::default()
+            };
+            let restarted = match self.begin_restart(&root, id, epoch, &placement).await {
+                Ok((job, e, previous, moves)) => {
+                    let to = moves.get(node).cloned();
+                    self.drive_restart(job, e, previous, moves, false, progress.clone())
+                        .await
+                        .map(|_| to)
+                }
+                Err(e) => Err(e),
+            };
+            match restarted {
+                Ok(to) => out.push(Drained {
+                    job: id,
+                    epoch: Some(epoch),
+                    moved_to: to,
+                    error: None,
+                }),
+                Err(e) => {
+                    warn!(job = id, node, error = %e, "drain: migration failed; the job stays stopped");
+                    out.push(Drained {
+                        job: id,
+                        epoch: Some(epoch),
+                        moved_to: None,
+                        error: Some(e),
+                    });
+                }
+            }
+        }
+        out
+    }
+}
