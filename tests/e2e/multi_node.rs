@@ -96,7 +96,7 @@ fn three_nodes(failpoints: bool) -> Option<(Cluster, Ckptd)> {
 /// Like [`three_nodes`], and with `job_network` every part runs in a sandbox with an address
 /// from `<subnet>.150-<subnet>.199` of the test hosts' bridge.
 fn nodes_with(failpoints: bool, job_network: bool) -> Option<(Cluster, Ckptd)> {
-    hosts_with(&NODES, failpoints, job_network, None)
+    hosts_with(&NODES, failpoints, job_network, None, "")
 }
 
 /// `nodes` test hosts with their agents; with `shared_size`, a shared file system for all.
@@ -105,6 +105,7 @@ fn hosts_with(
     failpoints: bool,
     job_network: bool,
     shared_size: Option<&str>,
+    more_toml: &str,
 ) -> Option<(Cluster, Ckptd)> {
     if let Some(why) = Cluster::unavailable() {
         eprintln!("SKIPPED: {why}");
@@ -121,9 +122,9 @@ fn hosts_with(
         no_agent: true,
         failpoints,
         extra_toml: if job_network {
-            format!("[job_network]\naddresses = \"{subnet}.150-{subnet}.199\"\nprefix = 24\n")
+            format!("{more_toml}[job_network]\naddresses = \"{subnet}.150-{subnet}.199\"\nprefix = 24\n")
         } else {
-            String::new()
+            more_toml.to_string()
         },
         shared_size: shared_size.map(str::to_string),
         ..Options::default()
@@ -526,19 +527,26 @@ fn sandboxed_job_restarts_while_other_processes_hold_all_its_old_pids() {
     }
 }
 
-/// A node is lost for good after a checkpoint: its agent SIGKILLed, the job's processes and
-/// sandbox gone, its local images deleted. `restart --map n3=n4` runs its part on n4 from the
-/// shared copy, with its job address, and the job ends with the checksum of an uninterrupted
-/// run; n3's part is reached by ckpt-rsh on n1 where it runs now.
-#[test]
-fn a_lost_nodes_part_restarts_on_another_node_from_shared_storage() {
-    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "nsenter", "nft");
-    let mpi = Mpi::Mpich;
-    let want = mpi.reference_checksum(RANKS, N, ITERS);
+/// How a lost node's part is placed.
+#[derive(Clone, Copy, Debug)]
+enum Replace {
+    /// `restart --on-spares`, n4 being the spare.
+    OnSpares,
+    /// `restart --map n3=n4`.
+    Map,
+}
+
+/// Four test hosts (n4 a spare in ckptd.toml, nodes down after 2 s without heartbeat), shared
+/// storage, sandboxes; a job across n1..n3.
+fn three_and_a_spare(mpi: Mpi) -> Option<(Cluster, Ckptd, u64)> {
     let all = ["n1", "n2", "n3", "n4"];
-    let Some((cluster, mut d)) = hosts_with(&all, false, true, Some("512M")) else {
-        return;
-    };
+    let (cluster, d) = hosts_with(
+        &all,
+        false,
+        true,
+        Some("512M"),
+        "node_timeout = \"2s\"\n[spares]\nnodes = [\"n4\"]\n",
+    )?;
     let hosts: Vec<&str> = cluster.nodes[..3]
         .iter()
         .map(|n| n.netns.as_str())
@@ -548,15 +556,34 @@ fn a_lost_nodes_part_restarts_on_another_node_from_shared_storage() {
         "n1",
         &mpi.heat_argv_on(&hosts, RANKS, N, ITERS, SLEEP_US),
     );
-    let address_of = |st: &serde_json::Value, node: &str| {
-        st["nodes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|n| n["node"] == node)
-            .map(|n| n["address"].as_str().unwrap_or_default().to_string())
+    Some((cluster, d, job))
+}
+
+/// The job address and where the part ran before, of the part on `node` in a status.
+fn part_of(st: &serde_json::Value, node: &str) -> Option<(String, String)> {
+    st["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node"] == node)
+        .map(|n| {
+            (
+                n["address"].as_str().unwrap_or_default().to_string(),
+                n["moved_from"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+}
+
+/// A node is lost for good after a checkpoint: its agent SIGKILLed, the job's processes and
+/// sandbox gone, its local images deleted. The restart (`--on-spares`, or `--map n3=n4`) runs
+/// its part on n4 from the shared copy, with its job address, and the job ends with the
+/// checksum of an uninterrupted run; n3's part is reached by ckpt-rsh on n1 where it runs now.
+fn lost_node_restarts_on_n4(mpi: Mpi, how: Replace) {
+    let want = mpi.reference_checksum(RANKS, N, ITERS);
+    let Some((_cluster, mut d, job)) = three_and_a_spare(mpi) else {
+        return;
     };
-    let before = address_of(&d.status(job), "n3").expect("a part on n3");
+    let (before, _) = part_of(&d.status(job), "n3").expect("a part on n3");
     d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
     let begin = Instant::now();
     while d.epochs(job)[0]["storage"] != "durable" {
@@ -575,23 +602,65 @@ fn a_lost_nodes_part_restarts_on_another_node_from_shared_storage() {
         .status();
     std::fs::remove_dir_all(d.dir.path().join("n3").join("local")).unwrap();
     d.wait_state(job, "killed", LIMIT);
-    // Without a placement, the restart names the lost node and what to do.
-    let refused = d.ctl(&["restart", &job.to_string()]);
-    assert_ne!(refused.code, 0, "{refused:?}");
-    assert!(refused.stderr.contains("--map n3=NODE"), "{refused:?}");
-    let before_restart = d.status(job);
-    let r = d.ctl(&["restart", &job.to_string(), "--map", "n3=n4"]);
-    assert_eq!(r.code, 0, "{r:?} {before_restart}");
+    // n3 is down once it has sent no heartbeat for the node timeout (2 s here).
+    std::thread::sleep(Duration::from_secs(3));
+    let r = match how {
+        Replace::OnSpares => d.ctl(&["restart", &job.to_string(), "--on-spares"]),
+        Replace::Map => d.ctl(&["restart", &job.to_string(), "--map", "n3=n4"]),
+    };
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stderr.contains("moving n3's part to n4"), "{r:?}");
+    let st = d.status(job);
+    assert_eq!(
+        part_of(&st, "n4"),
+        Some((before, "n3".to_string())),
+        "the part kept its job address, and status says where it ran: {st}"
+    );
+    assert_eq!(part_of(&st, "n3"), None, "{st}");
     assert_eq!(
         result_on_n1(&d, job),
         want,
         "restarted with n3's part on n4"
     );
-    let st = d.status(job);
-    assert_eq!(
-        address_of(&st, "n4"),
-        Some(before),
-        "the part kept its job address: {st}"
+}
+
+#[test]
+fn a_lost_nodes_part_restarts_on_a_spare_from_shared_storage() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "nsenter", "nft");
+    lost_node_restarts_on_n4(Mpi::Mpich, Replace::OnSpares);
+}
+
+#[test]
+fn openmpi_lost_nodes_part_restarts_on_another_node_with_map() {
+    skip_unless_ready!("mpirun.openmpi", "mpicc.openmpi", "nsenter", "nft");
+    lost_node_restarts_on_n4(Mpi::OpenMpi, Replace::Map);
+}
+
+/// `ckptctl drain n2 --migrate` (a node reclaim) with a spare: the job is checkpointed and
+/// stopped, restarted with n2's part on n4 at once, and finishes with the right answer.
+#[test]
+fn drain_migrates_a_nodes_part_to_the_spare_and_the_job_finishes_right() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "nsenter", "nft");
+    let mpi = Mpi::Mpich;
+    let want = mpi.reference_checksum(RANKS, N, ITERS);
+    let Some((_cluster, d, job)) = three_and_a_spare(mpi) else {
+        return;
+    };
+    let (before, _) = part_of(&d.status(job), "n2").expect("a part on n2");
+    let r = d.ctl(&["drain", "n2", "--migrate"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(
+        r.stdout.contains(&format!(
+            "job {job}: checkpointed to epoch 1, running again with its n2 part on n4"
+        )),
+        "{r:?}"
     );
-    assert_eq!(address_of(&st, "n3"), None, "{st}");
+    let st = d.status(job);
+    assert_eq!(st["state"], "running", "{st}");
+    assert_eq!(part_of(&st, "n4"), Some((before, "n2".to_string())), "{st}");
+    assert!(
+        d.job_pids_on("n2", job).is_empty(),
+        "nothing of the job left on n2"
+    );
+    assert_eq!(result_on_n1(&d, job), want, "finished on n1, n4, n3");
 }

@@ -472,6 +472,15 @@ fn users_act_only_on_their_own_jobs() {
         5
     );
     assert_eq!(d.ctl_as(NOBODY, &["cancel", &root_job.to_string()]).code, 5);
+    // Draining a node stops every user's jobs there: root's only.
+    let out = d.ctl_as(NOBODY, &["drain", "node0", "--migrate"]);
+    assert_eq!(out.code, 5, "{out:?}");
+    assert!(out.stderr.contains("only root may drain"), "{out:?}");
+    assert_eq!(
+        d.status(root_job)["state"],
+        "running",
+        "the drain touched nothing"
+    );
 
     let out = d.ctl_as(NOBODY, &["run", "--", "/bin/sleep", "60"]);
     let own: u64 = out.ok().trim().parse().unwrap();

@@ -12,8 +12,8 @@ use std::time::Duration;
 use cluster::*;
 use coordinator::agents::FailureKind;
 use coordinator::driver::{Caller, DriveError};
-use tokio::sync::mpsc;
 use coordinator::model::{EpochState, JobState, Phase};
+use tokio::sync::mpsc;
 use tonic::Code;
 
 /// `ckptctl run --rdma` gives the UCX settings to the job's parts on other nodes, which
@@ -665,17 +665,21 @@ async fn a_job_without_sandboxes_restarts_only_on_its_own_nodes() {
     assert!(e.contains("without a job network"), "{e}");
 }
 
-/// A cluster with a job network, spares n5 and n4 (in that order), and a 1 s node timeout.
+/// A cluster with a job network, spares n5 and n4 (in that order), a 1 s node timeout, and
+/// shared storage on every node.
 async fn with_spares() -> Cluster {
-    let c = Cluster::start_with(|cfg| {
-        cfg.job_network.addresses = "10.9.0.10-10.9.0.20".into();
-        cfg.job_network.prefix = 24;
-        cfg.spares.nodes = vec!["n5".into(), "n4".into()];
-        cfg.node_timeout = Duration::from_secs(1);
-    })
+    let c = Cluster::start_sharing(
+        |cfg| {
+            cfg.job_network.addresses = "10.9.0.10-10.9.0.20".into();
+            cfg.job_network.prefix = 24;
+            cfg.spares.nodes = vec!["n5".into(), "n4".into()];
+            cfg.node_timeout = Duration::from_secs(1);
+        },
+        "/shared",
+    )
     .await;
-    c.add_node("n4").await;
-    c.add_node("n5").await;
+    c.add_node_sharing("n4", "/shared").await;
+    c.add_node_sharing("n5", "/shared").await;
     c
 }
 
@@ -723,7 +727,10 @@ async fn a_restart_puts_the_part_of_a_node_that_is_down_on_a_free_spare() {
     assert_eq!(after.addresses.get("n4"), before.addresses.get("n3"));
     let status = c.coord.inspect(&after).await;
     let n4 = status.iter().find(|n| n.node == "n4").unwrap();
-    assert_eq!(n4.moved_from, "n3", "status tells where the part ran before");
+    assert_eq!(
+        n4.moved_from, "n3",
+        "status tells where the part ran before"
+    );
 }
 
 /// No free spare: the only one up runs another job. Refused with ResourceExhausted (ckptctl
@@ -775,7 +782,41 @@ async fn drain_checkpoints_the_jobs_of_a_node_and_migrates_them_to_a_spare() {
     let jobs = c.coord.begin_drain(&root, "n5").unwrap();
     let (tx, _rx) = mpsc::unbounded_channel();
     let done = c.coord.drive_drain("n5", jobs, false, tx).await;
-    assert!(done[0].error.is_none() && done[0].moved_to.is_none(), "{done:?}");
+    assert!(
+        done[0].error.is_none() && done[0].moved_to.is_none(),
+        "{done:?}"
+    );
     assert_eq!(c.job_state(job), JobState::Stopped);
     assert!(c.coord.begin_drain(&root, "n5").unwrap().is_empty());
+}
+
+/// Without shared storage a spare cannot get the drained node's images: the job is
+/// checkpointed and stays stopped, and the error says what to do.
+#[tokio::test]
+async fn drain_without_shared_storage_leaves_the_job_stopped_and_says_why() {
+    let c = Cluster::start_with(|cfg| {
+        cfg.job_network.addresses = "10.9.0.10-10.9.0.20".into();
+        cfg.job_network.prefix = 24;
+        cfg.spares.nodes = vec!["n4".into()];
+    })
+    .await;
+    c.add_node("n4").await;
+    let job = c.job().await;
+    let root = Caller {
+        uid: 0,
+        gid: 0,
+        pid: None,
+    };
+    let jobs = c.coord.begin_drain(&root, "n2").unwrap();
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let done = c.coord.drive_drain("n2", jobs, true, tx).await;
+    let e = done[0].error.as_ref().expect("not migrated").to_string();
+    assert!(
+        e.contains("not flushed to shared storage")
+            && e.contains(&format!("ckptctl restart {job}")),
+        "{e}"
+    );
+    assert_eq!(done[0].epoch, Some(1));
+    assert_eq!(c.job_state(job), JobState::Stopped);
+    assert!(c.calls("restore").is_empty());
 }

@@ -3,13 +3,15 @@
 //! spare (the other parts where they ran).
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use super::placement::Placement;
 use super::{Caller, Coordinator, DriveError, Step};
-use crate::model::Job;
+use crate::agents::{FailureKind, NodeFailure};
+use crate::model::{FlushState, Job};
 
 /// What became of one job of a drained node.
 #[derive(Debug)]
@@ -101,6 +103,16 @@ impl Coordinator {
                 });
                 continue;
             }
+            // The spare restores the node's part from shared storage: wait for the flush.
+            if let Err(e) = self.wait_durable(id, epoch, node, &say).await {
+                out.push(Drained {
+                    job: id,
+                    epoch: Some(epoch),
+                    moved_to: None,
+                    error: Some(e),
+                });
+                continue;
+            }
             let placement = Placement {
                 vacate: vec![node.to_string()],
                 ..Placement::default()
@@ -133,5 +145,49 @@ impl Coordinator {
             }
         }
         out
+    }
+
+    /// Waits until a just-committed epoch's flush to shared storage has ended (bounded by the
+    /// flush's own stall deadline, and by `deadlines.finalize` overall); an error unless it is
+    /// durable.
+    async fn wait_durable(
+        &self,
+        id: u64,
+        number: u32,
+        node: &str,
+        say: &impl Fn(u32, String),
+    ) -> Result<(), DriveError> {
+        let begin = Instant::now();
+        let mut told = false;
+        loop {
+            let e = self
+                .registry
+                .epoch(id, number)?
+                .ok_or(DriveError::UnknownJob { job: id })?;
+            let why = match &e.flush {
+                FlushState::Durable { .. } => return Ok(()),
+                FlushState::Flushing if begin.elapsed() < self.cfg.deadlines.finalize => {
+                    if !told {
+                        say(
+                            number,
+                            format!("waiting for epoch {number} to reach shared storage: the spare restores {node}'s part from there"),
+                        );
+                        told = true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+                FlushState::Flushing => "its flush to shared storage did not end in time".to_string(),
+                FlushState::Failed { reason } => format!("its flush to shared storage failed ({reason})"),
+                FlushState::NotPlanned => "it is not flushed to shared storage (a node without shared_dir, or [flush] every)".to_string(),
+            };
+            return Err(DriveError::Node(NodeFailure {
+                node: node.into(),
+                kind: FailureKind::Refused,
+                message: format!(
+                    "epoch {number} of job {id} cannot move: {why}, and a spare cannot fetch {node}'s images from it; restart the job where it ran (`ckptctl restart {id}`) or onto {node}'s partner node (`--map {node}=PARTNER`)"
+                ),
+            }));
+        }
     }
 }

@@ -280,13 +280,19 @@ impl Agent for FakeAgent {
         &self,
         _: Request<pb::FlushRequest>,
     ) -> Result<Response<Self::FlushStream>, Status> {
-        Err(Status::unimplemented("flush"))
+        self.enter("flush", String::new()).await?;
+        let done = pb::FlushProgress {
+            done: true,
+            ..Default::default()
+        };
+        Ok(Response::new(Box::pin(tokio_stream::iter([Ok(done)]))))
     }
     async fn publish(
         &self,
         _: Request<pb::PublishRequest>,
     ) -> Result<Response<pb::PhaseReply>, Status> {
-        Err(Status::unimplemented("publish"))
+        self.enter("publish", String::new()).await?;
+        Ok(Response::new(pb::PhaseReply::default()))
     }
     async fn replicate(
         &self,
@@ -350,6 +356,14 @@ impl Cluster {
 
     /// [`Cluster::start`] with a changed configuration.
     pub(crate) async fn start_with(change: impl FnOnce(&mut CoordinatorConfig)) -> Cluster {
+        Self::start_sharing(change, "").await
+    }
+
+    /// [`Cluster::start_with`], every node saying it flushes to `shared_dir` (none if empty).
+    pub(crate) async fn start_sharing(
+        change: impl FnOnce(&mut CoordinatorConfig),
+        shared_dir: &str,
+    ) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let mut cfg = CoordinatorConfig::default();
         change(&mut cfg);
@@ -376,13 +390,19 @@ impl Cluster {
             _dir: dir,
         };
         for node in NODES {
-            c.add_node(node).await;
+            c.add_node_sharing(node, shared_dir).await;
         }
         c
     }
 
     /// Registers one more fake agent (a node that runs none of the job at first).
     pub(crate) async fn add_node(&self, node: &str) {
+        self.add_node_sharing(node, "").await
+    }
+
+    /// Registers one more fake agent that says it flushes to `shared_dir` (its flushes
+    /// succeed at once).
+    pub(crate) async fn add_node_sharing(&self, node: &str, shared_dir: &str) {
         let (coord, world, dir) = (&self.coord, &self.world, &self._dir);
         {
             let sock = dir.path().join(format!("{node}.sock"));
@@ -401,7 +421,7 @@ impl Cluster {
                     node,
                     &format!("unix:{}", sock.display()),
                     vec![],
-                    String::new(),
+                    shared_dir.to_string(),
                 )
                 .await
                 .unwrap();
