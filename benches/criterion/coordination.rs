@@ -92,6 +92,9 @@ impl Agent for NoopAgent {
     async fn replicate(&self, _: Request<pb::ReplicateRequest>) -> R<pb::PhaseReply> {
         Ok(Response::new(pb::PhaseReply::default()))
     }
+    async fn allow_fetch(&self, _: Request<pb::AllowFetchRequest>) -> R<pb::PhaseReply> {
+        Err(Status::unimplemented("this agent keeps no partner copies"))
+    }
     async fn receive(&self, _: Request<tonic::Streaming<pb::ImageChunk>>) -> R<pb::PhaseReply> {
         Err(Status::unimplemented("this agent keeps no partner copies"))
     }

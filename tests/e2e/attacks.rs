@@ -266,6 +266,11 @@ fn every_daemon_port_refuses_users_foreign_hosts_and_other_nodes() {
             }
             assert!(code("Agent.ReceiveForOther").starts_with("PermissionDenied"));
             assert!(code("Agent.Send").starts_with("PermissionDenied"));
+            assert!(
+                code("Agent.AllowFetch").starts_with("PermissionDenied"),
+                "n2 granting itself another node's images: {}",
+                code("Agent.AllowFetch")
+            );
         }
     }
 

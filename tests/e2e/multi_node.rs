@@ -658,9 +658,15 @@ fn drain_migrates_a_nodes_part_to_the_spare_and_the_job_finishes_right() {
     let st = d.status(job);
     assert_eq!(st["state"], "running", "{st}");
     assert_eq!(part_of(&st, "n4"), Some((before, "n2".to_string())), "{st}");
-    assert!(
-        d.job_pids_on("n2", job).is_empty(),
-        "nothing of the job left on n2"
-    );
+    let left: Vec<String> = d
+        .job_pids_on("n2", job)
+        .iter()
+        .map(|p| {
+            let cmd = std::fs::read_to_string(format!("/proc/{p}/cmdline")).unwrap_or_default();
+            let cg = std::fs::read_to_string(format!("/proc/{p}/cgroup")).unwrap_or_default();
+            format!("{p} {} {}", cmd.replace('\0', " "), cg.trim())
+        })
+        .collect();
+    assert!(left.is_empty(), "nothing of the job left on n2: {left:?}");
     assert_eq!(result_on_n1(&d, job), want, "finished on n1, n4, n3");
 }

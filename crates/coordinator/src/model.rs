@@ -481,23 +481,47 @@ impl Job {
         Ok(())
     }
 
-    /// Moves the parts of the job (`old` → `new`) after a restart put them elsewhere.
-    pub fn apply_moves(&mut self, moves: &std::collections::BTreeMap<String, String>) {
-        let to = |n: &String| moves.get(n).cloned().unwrap_or_else(|| n.clone());
-        self.node = to(&self.node);
-        self.parts = self.parts.iter().map(to).collect();
-        self.addresses = std::mem::take(&mut self.addresses)
-            .into_iter()
-            .map(|(n, a)| (to(&n), a))
-            .collect();
-        for now in self.moved.values_mut() {
-            *now = to(now);
-        }
-        for (old, new) in moves {
-            self.moved.insert(old.clone(), new.clone());
-        }
+    /// Where the job's parts run after a restart from an epoch taken on `epoch_nodes` (its
+    /// `nodes()` then, launcher first), each moved as `moves` says (keyed by the epoch's
+    /// nodes). The epoch's nodes are the job's at that time, in the same order (parts are only
+    /// appended, and moves keep their place), so the part at each position keeps its address,
+    /// and `moved` keeps mapping the node each part first ran on (which a restored `ckpt-rsh`
+    /// still names) to where it runs now.
+    pub fn place_from(
+        &mut self,
+        epoch_nodes: &[String],
+        moves: &std::collections::BTreeMap<String, String>,
+    ) {
         let current = self.nodes();
-        self.moved.retain(|old, _| !current.contains(old));
+        let first_ran_on = |n: &String| {
+            self.moved
+                .iter()
+                .find(|(_, now)| *now == n)
+                .map(|(old, _)| old.clone())
+                .unwrap_or_else(|| n.clone())
+        };
+        let mut addresses = std::collections::BTreeMap::new();
+        let mut moved = std::collections::BTreeMap::new();
+        let mut placed = Vec::with_capacity(epoch_nodes.len());
+        for (i, e) in epoch_nodes.iter().enumerate() {
+            let new = moves.get(e).cloned().unwrap_or_else(|| e.clone());
+            // The part at this position: its node now (before the restart), else the epoch's.
+            let before = current.get(i).unwrap_or(e);
+            if let Some(a) = self.addresses.get(before) {
+                addresses.insert(new.clone(), a.clone());
+            }
+            let origin = first_ran_on(before);
+            if origin != new {
+                moved.insert(origin, new.clone());
+            }
+            placed.push(new);
+        }
+        if let Some((launcher, parts)) = placed.split_first() {
+            self.node = launcher.clone();
+            self.parts = parts.to_vec();
+        }
+        self.addresses = addresses;
+        self.moved = moved;
     }
 
     /// Records what the agent reports about the current incarnation: an end of a running job,
@@ -690,6 +714,38 @@ mod tests {
             assert!(e.enter(p).is_err());
         }
         assert!(e.commit(manifests(), 7).is_err());
+    }
+
+    #[test]
+    fn a_restart_places_the_job_from_its_epoch_whatever_ran_since() {
+        let mut j = job(JobState::Stopped);
+        let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let m = |a: &[(&str, &str)]| {
+            a.iter()
+                .map(|(x, y)| (x.to_string(), y.to_string()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        j.node = "n1".into();
+        j.parts = v(&["n2", "n3"]);
+        j.addresses = m(&[("n1", "a1"), ("n2", "a2"), ("n3", "a3")]);
+        let epoch1 = j.nodes();
+        // Epoch 1 restarted with every part moved.
+        j.place_from(&epoch1, &m(&[("n1", "n6"), ("n2", "n5"), ("n3", "n4")]));
+        assert_eq!(j.nodes(), v(&["n6", "n5", "n4"]));
+        assert_eq!(j.addresses, m(&[("n6", "a1"), ("n5", "a2"), ("n4", "a3")]));
+        assert_eq!(j.moved, m(&[("n1", "n6"), ("n2", "n5"), ("n3", "n4")]));
+        // Epoch 1 again, on its own nodes: back where it ran, nothing moved.
+        j.place_from(&epoch1, &m(&[]));
+        assert_eq!(j.nodes(), epoch1);
+        assert_eq!(j.addresses, m(&[("n1", "a1"), ("n2", "a2"), ("n3", "a3")]));
+        assert!(j.moved.is_empty(), "{:?}", j.moved);
+        // n3 to n4, then an epoch there, then n4 to n5: ckpt-rsh still names n3.
+        j.place_from(&epoch1, &m(&[("n3", "n4")]));
+        let epoch2 = j.nodes();
+        j.place_from(&epoch2, &m(&[("n4", "n5")]));
+        assert_eq!(j.nodes(), v(&["n1", "n2", "n5"]));
+        assert_eq!(j.moved, m(&[("n3", "n5")]));
+        assert_eq!(j.addresses.get("n5").map(String::as_str), Some("a3"));
     }
 
     fn job(state: JobState) -> Job {

@@ -820,3 +820,81 @@ async fn drain_without_shared_storage_leaves_the_job_stopped_and_says_why() {
     assert_eq!(c.job_state(job), JobState::Stopped);
     assert!(c.calls("restore").is_empty());
 }
+
+/// n3's partner copy is kept by n1 (the ring n1 -> n2 -> n3 -> n1). When n3's part moves to
+/// n4, ckptd grants n4 the fetch of that copy on n1 and names n1 as the partner in n4's
+/// restore.
+#[tokio::test]
+async fn a_moved_part_may_fetch_its_partner_copy_from_a_third_node() {
+    let c = Cluster::start_with(|cfg| {
+        cfg.job_network.addresses = "10.9.0.10-10.9.0.20".into();
+        cfg.job_network.prefix = 24;
+        cfg.redundancy.partner = true;
+    })
+    .await;
+    c.add_node("n4").await;
+    let job = stopped_job(&c).await;
+    let begin = std::time::Instant::now();
+    while c
+        .coord
+        .registry
+        .epoch(job, 2)
+        .unwrap()
+        .unwrap()
+        .partners
+        .is_empty()
+    {
+        assert!(
+            begin.elapsed() < Duration::from_secs(10),
+            "no partner copies"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let partners = c.coord.registry.epoch(job, 2).unwrap().unwrap().partners;
+    assert_eq!(
+        partners.get("n3").map(String::as_str),
+        Some("n1"),
+        "{partners:?}"
+    );
+    c.world.lock().unwrap().log.clear();
+    assert_eq!(
+        c.restart_on(job, 2, &placed(&[], &["n3=n4"]))
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(
+        c.calls("allow-fetch"),
+        [("n1".to_string(), format!("{job} 2 n3->n4"))]
+    );
+    let n4 = c
+        .calls("restore")
+        .into_iter()
+        .find(|(n, _)| n == "n4")
+        .unwrap()
+        .1;
+    assert!(n4.ends_with(" partner=n1 from=n3"), "{n4}");
+}
+
+/// After a move, a restart from an epoch taken before it runs the job on that epoch's nodes,
+/// and the job's record (nodes, addresses, launcher's incarnation) says so.
+#[tokio::test]
+async fn a_restart_from_an_epoch_before_a_move_runs_on_that_epochs_nodes() {
+    let c = with_job_network().await;
+    let job = stopped_job(&c).await;
+    let before = c.coord.registry.job(job).unwrap().unwrap();
+    c.restart_on(job, 2, &placed(&[], &["n3=n4"]))
+        .await
+        .unwrap();
+    c.checkpoint(job, true).await.unwrap();
+    assert_eq!(
+        c.coord.registry.epoch(job, 3).unwrap().unwrap().nodes,
+        ["n1", "n2", "n4"]
+    );
+    c.restart_on(job, 2, &Default::default()).await.unwrap();
+    let after = c.coord.registry.job(job).unwrap().unwrap();
+    assert_eq!(after.nodes(), ["n1", "n2", "n3"]);
+    assert_eq!(after.addresses, before.addresses);
+    assert!(after.moved.is_empty(), "{:?}", after.moved);
+    assert_eq!(after.state, JobState::Running);
+}

@@ -162,6 +162,18 @@ impl JobCgroup {
         &self.path
     }
 
+    /// The engine's name for this cgroup when restoring into it: `freezer:/PATH` (v1) or
+    /// `/PATH` (v2), PATH being the cgroup's path within its hierarchy. `None` if no mounted
+    /// hierarchy holds the directory.
+    pub fn engine_root(&self) -> Option<String> {
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
+        let rel = hierarchy_path(&mountinfo, &self.path, self.flavor)?;
+        Some(match self.flavor {
+            Flavor::V1 => format!("freezer:{rel}"),
+            Flavor::V2 => rel,
+        })
+    }
+
     /// The `cgroup.procs` file a process writes "0" to in order to join.
     pub fn procs_file(&self) -> PathBuf {
         self.path.join("cgroup.procs")
@@ -437,6 +449,38 @@ impl JobCgroup {
     }
 }
 
+/// The path of `dir` within the cgroup hierarchy mounted over it (of the freezer controller for
+/// v1, the unified one for v2), from a mountinfo text: the deepest matching mount point, plus
+/// the mount's own root within the hierarchy.
+fn hierarchy_path(mountinfo: &str, dir: &Path, flavor: Flavor) -> Option<String> {
+    let mut best: Option<(usize, String)> = None;
+    for line in mountinfo.lines() {
+        let (left, right) = line.split_once(" - ")?;
+        let f: Vec<&str> = left.split(' ').collect();
+        let r: Vec<&str> = right.split(' ').collect();
+        let (Some(root), Some(point), Some(fstype)) = (f.get(3), f.get(4), r.first()) else {
+            continue;
+        };
+        let fits = match flavor {
+            Flavor::V1 => {
+                *fstype == "cgroup"
+                    && r.get(2)
+                        .is_some_and(|o| o.split(',').any(|opt| opt == "freezer"))
+            }
+            Flavor::V2 => *fstype == "cgroup2",
+        };
+        let Ok(rest) = dir.strip_prefix(point) else {
+            continue;
+        };
+        if !fits || best.as_ref().is_some_and(|(len, _)| *len >= point.len()) {
+            continue;
+        }
+        let path = Path::new(root).join(rest);
+        best = Some((point.len(), path.display().to_string()));
+    }
+    best.map(|(_, p)| p)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -493,5 +537,30 @@ mod tests {
     fn nix_is_root() -> bool {
         // SAFETY: geteuid has no preconditions.
         unsafe { libc::geteuid() == 0 }
+    }
+
+    #[test]
+    fn a_cgroup_is_named_by_its_path_within_the_hierarchy() {
+        let info = "\
+25 30 0:22 / /sys/fs/cgroup rw,nosuid - tmpfs tmpfs ro,mode=755
+31 25 0:27 / /sys/fs/cgroup/freezer rw,nosuid - cgroup cgroup rw,freezer
+32 25 0:28 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory
+33 25 0:29 /sub /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw
+";
+        let f = |d: &str, fl| hierarchy_path(info, Path::new(d), fl);
+        assert_eq!(
+            f("/sys/fs/cgroup/freezer/ckpt-job-7", Flavor::V1).as_deref(),
+            Some("/ckpt-job-7")
+        );
+        assert_eq!(
+            f("/sys/fs/cgroup/unified/ckpt/ckpt-job-7", Flavor::V2).as_deref(),
+            Some("/sub/ckpt/ckpt-job-7")
+        );
+        assert_eq!(
+            f("/sys/fs/cgroup/memory/x", Flavor::V1),
+            None,
+            "not the freezer"
+        );
+        assert_eq!(f("/tmp/x", Flavor::V2), None);
     }
 }

@@ -296,12 +296,12 @@ impl Jobs {
             .staging
             .epoch_dir(job_id, epoch)
             .join(format!(".{node}.fetch"));
-        // A partner serves a node's copy only to that node: a part moving here uses the
-        // partner copy only when this node keeps it (the local copy above).
-        if let Some((pn, pa)) = sources.partner.as_ref().filter(|_| node == self.node) {
+        // For a part moving here, the partner keeping the copy serves it with the
+        // coordinator's grant.
+        if let Some((pn, pa)) = sources.partner.as_ref() {
             warn!(job = job_id, epoch, partner = %pn, error = %local_err, "local images unusable; fetching the partner copy");
             match self
-                .fetch_from_partner(job_id, epoch, committed_digest, pn, pa, &tmp)
+                .fetch_from_partner(job_id, epoch, committed_digest, node, pn, pa, &tmp)
                 .await
             {
                 Ok(m) => {
@@ -335,12 +335,15 @@ impl Jobs {
         })
     }
 
-    /// Has the partner node send back the copy of this node's images it keeps, into `tmp`.
+    /// Has the partner node send the copy of `node`'s images it keeps (this node's, or a moved
+    /// part's), into `tmp`.
+    #[allow(clippy::too_many_arguments)]
     async fn fetch_from_partner(
         &self,
         job_id: u64,
         epoch: u32,
         committed_digest: &str,
+        node: &str,
         partner: &str,
         address: &str,
         tmp: &Path,
@@ -356,7 +359,7 @@ impl Jobs {
             .send(ckpt_proto::v1::SendRequest {
                 job_id,
                 epoch,
-                node: self.node.clone(),
+                node: node.to_string(),
                 manifest_digest: committed_digest.to_string(),
             })
             .await

@@ -9,6 +9,7 @@ use ckpt_proto::v1::agent_server::Agent;
 use tonic::{Request, Response, Status};
 
 use crate::error::AgentError;
+use crate::grants::Grants;
 use crate::jobs::Jobs;
 use crate::launch::LaunchSpec;
 use crate::wire;
@@ -17,12 +18,16 @@ use crate::wire;
 #[derive(Debug, Clone)]
 pub struct AgentHandler {
     jobs: Arc<Jobs>,
+    grants: Arc<Grants>,
 }
 
 impl AgentHandler {
     /// Handler over a node's jobs.
     pub fn new(jobs: Arc<Jobs>) -> Self {
-        AgentHandler { jobs }
+        AgentHandler {
+            jobs,
+            grants: Arc::default(),
+        }
     }
 }
 
@@ -629,9 +634,20 @@ impl Agent for AgentHandler {
                 r.node
             )));
         }
-        // A node fetches back its own images (or the coordinator asks on its behalf).
-        if !(peer.is_node(&r.node) || peer.is_coordinator()) {
-            let allowed = format!("node {} or the coordinator", r.node);
+        // A node fetches back its own images (or the coordinator asks on its behalf); the node
+        // a restart moved a part to fetches that part's images with the coordinator's grant.
+        let granted = match &peer {
+            ckpt_auth::Peer::Daemon(ckpt_auth::Identity::Node(g)) => {
+                self.grants
+                    .permits(g, r.job_id, r.epoch, &r.node, &r.manifest_digest)
+            }
+            _ => false,
+        };
+        if !(peer.is_node(&r.node) || peer.is_coordinator() || granted) {
+            let allowed = format!(
+                "node {}, the coordinator, or a node the coordinator moved its part to",
+                r.node
+            );
             return Err(ckpt_auth::refuse(&req, "Agent.Send", &allowed));
         }
         let r = req.into_inner();
@@ -651,6 +667,37 @@ impl Agent for AgentHandler {
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx).map(|c| c.map_err(to_status)),
         )))
+    }
+
+    async fn allow_fetch(
+        &self,
+        req: Request<pb::AllowFetchRequest>,
+    ) -> Result<Response<pb::PhaseReply>, Status> {
+        from_coordinator(&req, "Agent.AllowFetch")?;
+        let r = req.into_inner();
+        for n in [&r.node, &r.grantee] {
+            if !ckpt_auth::valid_node_name(n) {
+                return Err(Status::invalid_argument(format!(
+                    "{n:?} is not a node name"
+                )));
+            }
+        }
+        if r.manifest_digest.is_empty() {
+            return Err(Status::invalid_argument(
+                "a grant names the committed manifest digest of the copy",
+            ));
+        }
+        self.grants.allow(
+            r.job_id,
+            r.epoch,
+            &r.node,
+            &r.grantee,
+            &r.manifest_digest,
+            std::time::Duration::from_millis(r.ttl_ms),
+        );
+        tracing::info!(job = r.job_id, epoch = r.epoch, node = %r.node, grantee = %r.grantee,
+            "allowed a moved part's node to fetch the partner copy kept here");
+        Ok(Response::new(pb::PhaseReply::default()))
     }
 
     async fn poll(&self, req: Request<pb::PollRequest>) -> Result<Response<pb::PollReply>, Status> {

@@ -22,6 +22,7 @@ mod copies;
 mod engine;
 mod error;
 mod failpoint;
+mod grants;
 mod grpc;
 mod heartbeat;
 mod ibq;

@@ -335,6 +335,18 @@ async fn main() {
         "Agent.Reconnect",
         ag.reconnect(ReconnectRequest { job_id: job })
     );
+    // Grant itself the fetch of another node's images.
+    attack!(
+        "Agent.AllowFetch",
+        ag.allow_fetch(AllowFetchRequest {
+            job_id: job,
+            epoch: 1,
+            node: victim.clone(),
+            grantee: me.clone().unwrap_or_else(|| "n9".into()),
+            manifest_digest: "0".repeat(64),
+            ttl_ms: 60_000,
+        })
+    );
     // Stream someone's images out, with no digest to check against.
     let send = ag
         .send(pb::SendRequest {

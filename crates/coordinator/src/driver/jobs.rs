@@ -307,6 +307,13 @@ impl Coordinator {
                 moved_from: String::new(),
             });
             info.address = address;
+            // The agent of a part restored elsewhere cannot tell which part it is.
+            info.role = if info.node == job.node {
+                "launcher"
+            } else {
+                "attached"
+            }
+            .into();
             info.moved_from = job
                 .moved
                 .iter()

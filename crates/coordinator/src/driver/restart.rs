@@ -139,7 +139,7 @@ impl Coordinator {
                     let job = self
                         .update_job(id, |j| {
                             j.end_restart(Ok(incarnation))?;
-                            j.apply_moves(&moves);
+                            j.place_from(&epoch.nodes, &moves);
                             Ok(())
                         })
                         .await?;
@@ -200,6 +200,43 @@ impl Coordinator {
         }
     }
 
+    /// Lets `to` fetch the partner copy of `source`'s images that `holder` keeps, for as long as
+    /// a restore may take; false (logged) if the holder cannot be asked.
+    async fn allow_fetch(
+        &self,
+        holder: &str,
+        job: u64,
+        epoch: u32,
+        source: &str,
+        to: &str,
+        digest: &str,
+    ) -> bool {
+        let req = pb::AllowFetchRequest {
+            job_id: job,
+            epoch,
+            node: source.into(),
+            grantee: to.into(),
+            manifest_digest: digest.into(),
+            ttl_ms: self.cfg.deadlines.restore.as_millis() as u64,
+        };
+        match self
+            .agents
+            .call(
+                holder,
+                "allow-fetch",
+                self.cfg.deadlines.sync,
+                |mut c| async move { c.allow_fetch(req).await },
+            )
+            .await
+        {
+            Ok(_) => true,
+            Err(e) => {
+                warn!(job, epoch, %holder, error = %e, "the partner copy of a moved part cannot be granted; the restore uses shared storage");
+                false
+            }
+        }
+    }
+
     /// Restores every node of one epoch, held, then releases them together; on any failure
     /// the parts already restored are killed. Returns the launcher node's incarnation.
     async fn restore_epoch(
@@ -232,9 +269,8 @@ impl Coordinator {
                 .local_copy
                 .then(|| epoch.partners.get(source).cloned())
                 .flatten()
-                .filter(|_| !moved)
                 .unwrap_or_default();
-            let req = pb::RestoreRequest {
+            let mut req = pb::RestoreRequest {
                 job_id: id,
                 epoch: number,
                 manifest_digest: epoch.manifests.get(source).cloned().unwrap_or_default(),
@@ -247,6 +283,19 @@ impl Coordinator {
                 source_node: if moved { source.clone() } else { String::new() },
             };
             async move {
+                if moved && !req.partner.is_empty() {
+                    // The part moved: the node keeping its partner copy serves it to n only
+                    // with a grant. Moved onto that node, it is a local copy there.
+                    let holder = req.partner.clone();
+                    let granted = holder != *n
+                        && self
+                            .allow_fetch(&holder, id, number, source, n, &req.manifest_digest)
+                            .await;
+                    if !granted {
+                        req.partner.clear();
+                        req.partner_address.clear();
+                    }
+                }
                 let r = self
                     .agents
                     .call(n, "restore", d, |mut c| async move { c.restore(req).await })
@@ -284,7 +333,8 @@ impl Coordinator {
         for (source, n, r) in results {
             match r {
                 Ok(reply) => {
-                    if source == job.node {
+                    // The launcher of the epoch (its first node) is the job's launcher again.
+                    if epoch.nodes.first() == Some(&source) {
                         incarnation = reply.incarnation;
                     }
                     channels += reply.channels;

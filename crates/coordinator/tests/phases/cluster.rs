@@ -218,10 +218,15 @@ impl Agent for FakeAgent {
         } else {
             format!(" from={}", r.source_node)
         };
+        let partner = if r.partner.is_empty() {
+            String::new()
+        } else {
+            format!(" partner={}", r.partner)
+        };
         self.enter(
             "restore",
             format!(
-                "{} hold={} digest={}{from}",
+                "{} hold={} digest={}{partner}{from}",
                 r.epoch, r.hold, r.manifest_digest
             ),
         )
@@ -286,6 +291,18 @@ impl Agent for FakeAgent {
             ..Default::default()
         };
         Ok(Response::new(Box::pin(tokio_stream::iter([Ok(done)]))))
+    }
+    async fn allow_fetch(
+        &self,
+        r: Request<pb::AllowFetchRequest>,
+    ) -> Result<Response<pb::PhaseReply>, Status> {
+        let r = r.into_inner();
+        self.enter(
+            "allow-fetch",
+            format!("{} {} {}->{}", r.job_id, r.epoch, r.node, r.grantee),
+        )
+        .await?;
+        Ok(Response::new(pb::PhaseReply::default()))
     }
     async fn publish(
         &self,
@@ -366,6 +383,7 @@ impl Cluster {
     ) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let mut cfg = CoordinatorConfig::default();
+        cfg.redundancy.partner = false;
         change(&mut cfg);
         let d = &mut cfg.deadlines;
         for deadline in [
@@ -379,7 +397,6 @@ impl Cluster {
         }
         d.restore = Duration::from_millis(300);
         d.abort = Duration::from_secs(5);
-        cfg.redundancy.partner = false;
         cfg.database = dir.path().join("ckptd.redb");
         let registry = Registry::open(&cfg.database).unwrap();
         let coord = Coordinator::new(registry, cfg, None).unwrap();

@@ -272,6 +272,10 @@ impl SnapshotEngine for Criu {
                 dir.display()
             ));
         }
+        if let Some(root) = &spec.cgroup_root {
+            v.push("--cgroup-root".into());
+            v.push(root.clone());
+        }
         v.extend(self.common_args());
         v.extend(self.cfg.extra_restore_args.iter().cloned());
         v

@@ -38,6 +38,9 @@ pub struct RestoreSpec<'a> {
     pub netns_fd: Option<i32>,
     /// A sandbox's job directory mount is bound to this directory of the node.
     pub job_dir: Option<&'a Path>,
+    /// The job's cgroup here, as the engine names it: the tree goes there whatever cgroup it
+    /// was dumped from (a part moved from a node whose agent names cgroups differently).
+    pub cgroup_root: Option<String>,
 }
 
 /// Engine failures, each naming the binary or the log to read.

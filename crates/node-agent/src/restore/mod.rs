@@ -168,6 +168,7 @@ impl Jobs {
             pid_file: &pid_file,
             netns_fd: netns.is_some().then_some(crate::shim::RESTORE_NETNS_FD),
             job_dir: netns.is_some().then_some(own_dir.as_path()),
+            cgroup_root: job.cgroup.engine_root(),
         });
         let lock = machine_restore_lock().await;
         let started = self
