@@ -536,15 +536,15 @@ enum Replace {
     Map,
 }
 
-/// Four test hosts (n4 a spare in ckptd.toml, nodes down after 2 s without heartbeat), shared
-/// storage, sandboxes; a job across n1..n3.
-fn three_and_a_spare(mpi: Mpi) -> Option<(Cluster, Ckptd, u64)> {
+/// Four test hosts (n4 a spare in ckptd.toml, nodes down after 2 s without heartbeat),
+/// sandboxes, shared storage if `shared`; a job across n1..n3.
+fn three_and_a_spare(mpi: Mpi, shared: bool) -> Option<(Cluster, Ckptd, u64)> {
     let all = ["n1", "n2", "n3", "n4"];
     let (cluster, d) = hosts_with(
         &all,
         false,
         true,
-        Some("512M"),
+        shared.then_some("512M"),
         "node_timeout = \"2s\"\n[spares]\nnodes = [\"n4\"]\n",
     )?;
     let hosts: Vec<&str> = cluster.nodes[..3]
@@ -575,23 +575,27 @@ fn part_of(st: &serde_json::Value, node: &str) -> Option<(String, String)> {
 }
 
 /// A node is lost for good after a checkpoint: its agent SIGKILLed, the job's processes and
-/// sandbox gone, its local images deleted. The restart (`--on-spares`, or `--map n3=n4`) runs
-/// its part on n4 from the shared copy, with its job address, and the job ends with the
-/// checksum of an uninterrupted run; n3's part is reached by ckpt-rsh on n1 where it runs now.
+/// sandbox gone, its local images deleted. The restart runs its part on n4, with its job
+/// address, and the job ends with the checksum of an uninterrupted run; n3's part is reached
+/// by ckpt-rsh on n1 where it runs now. `--on-spares` is tried with shared storage (n4 restores
+/// the shared copy), `--map n3=n4` without: n4 fetches n3's partner copy from n1, which keeps
+/// it, with the grant ckptd gives it.
 fn lost_node_restarts_on_n4(mpi: Mpi, how: Replace) {
     let want = mpi.reference_checksum(RANKS, N, ITERS);
-    let Some((_cluster, mut d, job)) = three_and_a_spare(mpi) else {
+    let shared = matches!(how, Replace::OnSpares);
+    let Some((_cluster, mut d, job)) = three_and_a_spare(mpi, shared) else {
         return;
     };
     let (before, _) = part_of(&d.status(job), "n3").expect("a part on n3");
     d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
+    let (key, want_copy, from) = if shared {
+        ("storage", serde_json::json!("durable"), "shared")
+    } else {
+        ("partner_copy", serde_json::json!(true), "partner")
+    };
     let begin = Instant::now();
-    while d.epochs(job)[0]["storage"] != "durable" {
-        assert!(
-            begin.elapsed() < LIMIT,
-            "never durable: {}",
-            d.epochs(job)[0]
-        );
+    while d.epochs(job)[0][key] != want_copy {
+        assert!(begin.elapsed() < LIMIT, "no {key}: {}", d.epochs(job)[0]);
         std::thread::sleep(Duration::from_millis(100));
     }
     // n3 is gone: agent, processes, sandbox, local images.
@@ -610,6 +614,12 @@ fn lost_node_restarts_on_n4(mpi: Mpi, how: Replace) {
     };
     assert_eq!(r.code, 0, "{r:?}");
     assert!(r.stderr.contains("moving n3's part to n4"), "{r:?}");
+    assert!(
+        r.stderr.contains(&format!(
+            "node n4 restored (held) n3's part from its {from} copy"
+        )),
+        "{r:?}"
+    );
     let st = d.status(job);
     assert_eq!(
         part_of(&st, "n4"),
@@ -625,13 +635,13 @@ fn lost_node_restarts_on_n4(mpi: Mpi, how: Replace) {
 }
 
 #[test]
-fn a_lost_nodes_part_restarts_on_a_spare_from_shared_storage() {
+fn a_lost_nodes_part_restarts_on_a_spare_from_the_shared_copy() {
     skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "nsenter", "nft");
     lost_node_restarts_on_n4(Mpi::Mpich, Replace::OnSpares);
 }
 
 #[test]
-fn openmpi_lost_nodes_part_restarts_on_another_node_with_map() {
+fn openmpi_lost_nodes_part_restarts_on_another_node_from_a_third_nodes_partner_copy() {
     skip_unless_ready!("mpirun.openmpi", "mpicc.openmpi", "nsenter", "nft");
     lost_node_restarts_on_n4(Mpi::OpenMpi, Replace::Map);
 }
@@ -643,7 +653,7 @@ fn drain_migrates_a_nodes_part_to_the_spare_and_the_job_finishes_right() {
     skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "nsenter", "nft");
     let mpi = Mpi::Mpich;
     let want = mpi.reference_checksum(RANKS, N, ITERS);
-    let Some((_cluster, d, job)) = three_and_a_spare(mpi) else {
+    let Some((_cluster, d, job)) = three_and_a_spare(mpi, true) else {
         return;
     };
     let (before, _) = part_of(&d.status(job), "n2").expect("a part on n2");

@@ -103,7 +103,7 @@ impl Coordinator {
                 });
                 continue;
             }
-            // The spare restores the node's part from shared storage: wait for the flush.
+            // The spare restores the node's part from another node's copy: wait for one.
             if let Err(e) = self.wait_durable(id, epoch, node, &say).await {
                 out.push(Drained {
                     job: id,
@@ -147,9 +147,9 @@ impl Coordinator {
         out
     }
 
-    /// Waits until a just-committed epoch's flush to shared storage has ended (bounded by the
-    /// flush's own stall deadline, and by `deadlines.finalize` overall); an error unless it is
-    /// durable.
+    /// Waits until another node than `node` holds a copy of `node`'s images of a
+    /// just-committed epoch: its partner copy, or the shared copy (bounded by the copies' own
+    /// stall deadlines, and by `deadlines.finalize` overall); an error if neither comes.
     async fn wait_durable(
         &self,
         id: u64,
@@ -164,28 +164,35 @@ impl Coordinator {
                 .registry
                 .epoch(id, number)?
                 .ok_or(DriveError::UnknownJob { job: id })?;
-            let why = match &e.flush {
-                FlushState::Durable { .. } => return Ok(()),
-                FlushState::Flushing if begin.elapsed() < self.cfg.deadlines.finalize => {
-                    if !told {
-                        say(
-                            number,
-                            format!("waiting for epoch {number} to reach shared storage: the spare restores {node}'s part from there"),
-                        );
-                        told = true;
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
+            if e.partners.contains_key(node) || e.is_durable() {
+                return Ok(());
+            }
+            let partners_pending = self.plans_partners(&e) && e.partners.is_empty();
+            let flush_pending = e.flush == FlushState::Flushing;
+            if (partners_pending || flush_pending) && begin.elapsed() < self.cfg.deadlines.finalize
+            {
+                if !told {
+                    say(
+                        number,
+                        format!("waiting for a copy of {node}'s images of epoch {number} on another node (partner or shared storage)"),
+                    );
+                    told = true;
                 }
-                FlushState::Flushing => "its flush to shared storage did not end in time".to_string(),
-                FlushState::Failed { reason } => format!("its flush to shared storage failed ({reason})"),
-                FlushState::NotPlanned => "it is not flushed to shared storage (a node without shared_dir, or [flush] every)".to_string(),
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+            let why = match &e.flush {
+                FlushState::Flushing => "its copies did not complete in time".to_string(),
+                FlushState::Failed { reason } => {
+                    format!("it has no partner copy and its flush to shared storage failed ({reason})")
+                }
+                _ => "it has no partner copy ([redundancy] partner) and is not flushed to shared storage (a node without shared_dir, or [flush] every)".to_string(),
             };
             return Err(DriveError::Node(NodeFailure {
                 node: node.into(),
                 kind: FailureKind::Refused,
                 message: format!(
-                    "epoch {number} of job {id} cannot move: {why}, and a spare cannot fetch {node}'s images from it; restart the job where it ran (`ckptctl restart {id}`) or onto {node}'s partner node (`--map {node}=PARTNER`)"
+                    "epoch {number} of job {id} cannot move: {why}; restart the job where it ran (`ckptctl restart {id}`)"
                 ),
             }));
         }
