@@ -561,6 +561,21 @@ def default_criu():
     return path if path else "/opt/ckpt/criu/bin/criu"
 
 
+
+def report_tail(table, tmp, cluster, sampler, took):
+    """The table with the run's wall time, the WARN/ERROR lines of ckptd's and the agents' logs,
+    and what else ran on the machine meanwhile."""
+    table += f"\nWall time of the whole run: {took / 60:.1f} min.\n"
+    errs = []
+    for name in ["ckptd"] + [f"agent-{node.name}" for node in cluster.nodes]:
+        text = ANSI.sub("", read_text(os.path.join(tmp, f"{name}.log")))
+        errs += [f"{name}: {l.strip()}" for l in text.splitlines() if " ERROR " in l or " WARN " in l]
+    if errs:
+        table += f"\nckptd/agent logs had {len(errs)} WARN/ERROR lines, e.g.:\n\n" + \
+                 "\n".join(f"    {l[:300]}" for l in errs[:8]) + "\n"
+    return table + sampler.summary("\nNo cargo/rustc/test-binary/.ci/heat processes other than this run's "
+                                   "were seen during it (sampled every 5 s).\n")
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -644,16 +659,7 @@ def main():
         took = mono() - t_start
         sampler.stop.set()
         sampler.join(timeout=30)
-        errs = []
-        for name in ["ckptd"] + [f"agent-{node.name}" for node in cluster.nodes]:
-            text = ANSI.sub("", read_text(os.path.join(tmp, f"{name}.log")))
-            errs += [f"{name}: {l.strip()}" for l in text.splitlines() if " ERROR " in l or " WARN " in l]
-        table = render(results, k, header) + f"\nWall time of the whole run: {took / 60:.1f} min.\n"
-        if errs:
-            table += f"\nckptd/agent logs had {len(errs)} WARN/ERROR lines, e.g.:\n\n" + \
-                     "\n".join(f"    {l[:300]}" for l in errs[:8]) + "\n"
-        table += sampler.summary("\nNo cargo/rustc/test-binary/.ci/heat processes other than this run's were seen "
-                                 "during it (sampled every 5 s).\n")
+        table = report_tail(render(results, k, header), tmp, cluster, sampler, took)
         emit(table, args.out)
         if args.json:
             write_json(args.json, results, k, cmdline, not args.no_tls)

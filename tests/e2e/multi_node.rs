@@ -577,9 +577,9 @@ fn part_of(st: &serde_json::Value, node: &str) -> Option<(String, String)> {
 /// A node is lost for good after a checkpoint: its agent SIGKILLed, the job's processes and
 /// sandbox gone, its local images deleted. The restart runs its part on n4, with its job
 /// address, and the job ends with the checksum of an uninterrupted run; n3's part is reached
-/// by ckpt-rsh on n1 where it runs now. `--on-spares` is tried with shared storage (n4 restores
-/// the shared copy), `--map n3=n4` without: n4 fetches n3's partner copy from n1, which keeps
-/// it, with the grant ckptd gives it.
+/// by ckpt-rsh on n1 where it runs now. `--on-spares` is tried with shared storage and n3's
+/// partner copy (on n1) lost too: n4 restores the shared copy; `--map n3=n4` without shared
+/// storage: n4 fetches n3's partner copy from n1, which keeps it, with the grant ckptd gives.
 fn lost_node_restarts_on_n4(mpi: Mpi, how: Replace) {
     let want = mpi.reference_checksum(RANKS, N, ITERS);
     let shared = matches!(how, Replace::OnSpares);
@@ -605,6 +605,16 @@ fn lost_node_restarts_on_n4(mpi: Mpi, how: Replace) {
         .args(["netns", "del", &format!("ckpt-n3-{job}")])
         .status();
     std::fs::remove_dir_all(d.dir.path().join("n3").join("local")).unwrap();
+    if shared {
+        // The partner copy n1 keeps of n3's images is lost too: only the shared copy is left.
+        let copy = d
+            .dir
+            .path()
+            .join("n1/local")
+            .join(job.to_string())
+            .join("1/n3");
+        std::fs::remove_dir_all(&copy).unwrap_or_else(|e| panic!("{}: {e}", copy.display()));
+    }
     d.wait_state(job, "killed", LIMIT);
     // n3 is down once it has sent no heartbeat for the node timeout (2 s here).
     std::thread::sleep(Duration::from_secs(3));
