@@ -324,7 +324,7 @@ impl pb::control_server::Control for ControlHandler {
         let r = req.into_inner();
         let jobs = self
             .coord
-            .begin_drain(&who, &r.node)
+            .begin_drain(&who, &r.node, r.migrate)
             .map_err(|e| to_status(&e))?;
         let coord = self.coord.clone();
         let stream = progress_stream(move |tx| {
@@ -354,9 +354,16 @@ impl pb::control_server::Control for ControlHandler {
                             "job {}: checkpointed to epoch {e} and stopped, not migrated: {err}",
                             d.job
                         ),
-                        (Some(err), None, _) => {
-                            format!("job {}: not checkpointed, still running on {node}: {err}", d.job)
-                        }
+                        (Some(err), None, _) => match d.stopped_at {
+                            Some(e) => format!(
+                                "job {}: stopped, but its checkpoint failed: {err}; restart it from epoch {e} (`ckptctl restart {} --map {node}=NODE`)",
+                                d.job, d.job
+                            ),
+                            None => format!(
+                                "job {}: not checkpointed, still running on {node}: {err}",
+                                d.job
+                            ),
+                        },
                         (None, None, _) => format!("job {}: not checkpointed", d.job),
                     };
                     lines.push(line);

@@ -755,7 +755,7 @@ async fn a_restart_with_no_free_spare_is_refused_before_touching_any_node() {
 async fn drain_checkpoints_the_jobs_of_a_node_and_migrates_them_to_a_spare() {
     let c = with_spares().await;
     let job = c.job().await;
-    let user = c.coord.begin_drain(&OWNER, "n2").unwrap_err();
+    let user = c.coord.begin_drain(&OWNER, "n2", true).unwrap_err();
     assert_eq!(
         coordinator::grpc::to_status(&user).code(),
         Code::PermissionDenied,
@@ -767,7 +767,7 @@ async fn drain_checkpoints_the_jobs_of_a_node_and_migrates_them_to_a_spare() {
         pid: None,
     };
     beat(&c, &["n1", "n2", "n3", "n4", "n5"]).await;
-    let jobs = c.coord.begin_drain(&root, "n2").unwrap();
+    let jobs = c.coord.begin_drain(&root, "n2", true).unwrap();
     assert_eq!(jobs.iter().map(|j| j.id).collect::<Vec<_>>(), [job]);
     let (tx, _rx) = mpsc::unbounded_channel();
     let done = c.coord.drive_drain("n2", jobs, true, tx).await;
@@ -779,7 +779,7 @@ async fn drain_checkpoints_the_jobs_of_a_node_and_migrates_them_to_a_spare() {
     assert_eq!(after.state, JobState::Running);
     assert_eq!(after.nodes(), ["n1", "n5", "n3"]);
     // Drained again without --migrate: n5's part stops, no job is left there.
-    let jobs = c.coord.begin_drain(&root, "n5").unwrap();
+    let jobs = c.coord.begin_drain(&root, "n5", false).unwrap();
     let (tx, _rx) = mpsc::unbounded_channel();
     let done = c.coord.drive_drain("n5", jobs, false, tx).await;
     assert!(
@@ -787,7 +787,7 @@ async fn drain_checkpoints_the_jobs_of_a_node_and_migrates_them_to_a_spare() {
         "{done:?}"
     );
     assert_eq!(c.job_state(job), JobState::Stopped);
-    assert!(c.coord.begin_drain(&root, "n5").unwrap().is_empty());
+    assert!(c.coord.begin_drain(&root, "n5", true).unwrap().is_empty());
 }
 
 /// Without shared storage a spare cannot get the drained node's images: the job is
@@ -807,7 +807,7 @@ async fn drain_without_shared_storage_leaves_the_job_stopped_and_says_why() {
         gid: 0,
         pid: None,
     };
-    let jobs = c.coord.begin_drain(&root, "n2").unwrap();
+    let jobs = c.coord.begin_drain(&root, "n2", true).unwrap();
     let (tx, _rx) = mpsc::unbounded_channel();
     let done = c.coord.drive_drain("n2", jobs, true, tx).await;
     let e = done[0].error.as_ref().expect("not migrated").to_string();
@@ -897,4 +897,46 @@ async fn a_restart_from_an_epoch_before_a_move_runs_on_that_epochs_nodes() {
     assert_eq!(after.addresses, before.addresses);
     assert!(after.moved.is_empty(), "{:?}", after.moved);
     assert_eq!(after.state, JobState::Running);
+}
+
+/// `drain --migrate` that could not move every job is refused before anything is stopped: a
+/// job without sandboxes, or more jobs than free spares. A node that is down is refused too.
+#[tokio::test]
+async fn drain_migrate_that_cannot_move_every_job_stops_nothing() {
+    let root = Caller {
+        uid: 0,
+        gid: 0,
+        pid: None,
+    };
+    // No job network: the job cannot move.
+    let c = Cluster::start_with(|cfg| cfg.spares.nodes = vec!["n4".into()]).await;
+    c.add_node("n4").await;
+    let job = c.job().await;
+    let e = c.coord.begin_drain(&root, "n2", true).unwrap_err();
+    assert_eq!(
+        coordinator::grpc::to_status(&e).code(),
+        Code::FailedPrecondition,
+        "{e}"
+    );
+    assert!(e.to_string().contains("nothing was stopped"), "{e}");
+    assert_eq!(c.job_state(job), JobState::Running);
+    // Two jobs on n2 (one on n2 alone), one spare up (n5 is down).
+    let c = with_spares().await;
+    let first = c.job().await;
+    let second = c.job_on("n2").await;
+    only_up(&c, &["n1", "n2", "n3", "n4"]).await;
+    let e = c.coord.begin_drain(&root, "n2", true).unwrap_err();
+    assert_eq!(
+        coordinator::grpc::to_status(&e).code(),
+        Code::ResourceExhausted,
+        "{e}"
+    );
+    assert!(e.to_string().contains("2 job(s) on n2"), "{e}");
+    for j in [first, second] {
+        assert_eq!(c.job_state(j), JobState::Running);
+    }
+    // n2 stops sending heartbeats: its parts cannot be checkpointed.
+    only_up(&c, &["n1", "n3", "n4", "n5"]).await;
+    let e = c.coord.begin_drain(&root, "n2", false).unwrap_err();
+    assert!(e.to_string().contains("--on-spares"), "{e}");
 }

@@ -455,7 +455,9 @@ impl JobCgroup {
 fn hierarchy_path(mountinfo: &str, dir: &Path, flavor: Flavor) -> Option<String> {
     let mut best: Option<(usize, String)> = None;
     for line in mountinfo.lines() {
-        let (left, right) = line.split_once(" - ")?;
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
         let f: Vec<&str> = left.split(' ').collect();
         let r: Vec<&str> = right.split(' ').collect();
         let (Some(root), Some(point), Some(fstype)) = (f.get(3), f.get(4), r.first()) else {
@@ -472,7 +474,8 @@ fn hierarchy_path(mountinfo: &str, dir: &Path, flavor: Flavor) -> Option<String>
         let Ok(rest) = dir.strip_prefix(point) else {
             continue;
         };
-        if !fits || best.as_ref().is_some_and(|(len, _)| *len >= point.len()) {
+        // The deepest mount point wins; of two at one point, the later (visible) one.
+        if !fits || best.as_ref().is_some_and(|(len, _)| *len > point.len()) {
             continue;
         }
         let path = Path::new(root).join(rest);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use ckpt_store::copy::CopyProgress;
 use ckpt_store::layout::Staging;
 use ckpt_store::manifest::{self, NodeManifest};
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::error::AgentError;
 use crate::jobs::{io_err, Jobs};
@@ -299,7 +299,12 @@ impl Jobs {
         // For a part moving here, the partner keeping the copy serves it with the
         // coordinator's grant.
         if let Some((pn, pa)) = sources.partner.as_ref() {
-            warn!(job = job_id, epoch, partner = %pn, error = %local_err, "local images unusable; fetching the partner copy");
+            if node == self.node {
+                warn!(job = job_id, epoch, partner = %pn, error = %local_err, "local images unusable; fetching the partner copy");
+            } else {
+                // A part that moved here has no local copy: nothing is wrong.
+                info!(job = job_id, epoch, partner = %pn, source = %node, "fetching the partner copy of a part that moved here");
+            }
             match self
                 .fetch_from_partner(job_id, epoch, committed_digest, node, pn, pa, &tmp)
                 .await
@@ -312,7 +317,11 @@ impl Jobs {
             }
         }
         if sources.shared_durable {
-            warn!(job = job_id, epoch, "fetching the shared copy");
+            if node == self.node {
+                warn!(job = job_id, epoch, "fetching the shared copy");
+            } else {
+                info!(job = job_id, epoch, source = %node, "fetching the shared copy of a part that moved here");
+            }
             let fetched = self
                 .rebuild_shared(job_id, epoch, committed_digest, Some(tmp.clone()), node)
                 .await;

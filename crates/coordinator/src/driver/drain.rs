@@ -24,12 +24,20 @@ pub struct Drained {
     pub moved_to: Option<String>,
     /// Why it was not checkpointed, or not migrated.
     pub error: Option<DriveError>,
+    /// When the checkpoint failed after the job was stopped: the epoch it restarts from.
+    pub stopped_at: Option<u32>,
 }
 
 impl Coordinator {
     /// The live jobs with a part on `node`. Only root drains a node: it stops other users'
-    /// jobs.
-    pub fn begin_drain(&self, caller: &Caller, node: &str) -> Result<Vec<Job>, DriveError> {
+    /// jobs. With `migrate`, refused before anything is stopped when a job cannot move (it runs
+    /// without sandboxes) or there are fewer free spares than jobs.
+    pub fn begin_drain(
+        &self,
+        caller: &Caller,
+        node: &str,
+        migrate: bool,
+    ) -> Result<Vec<Job>, DriveError> {
         if caller.uid != 0 {
             return Err(DriveError::Denied(
                 "only root may drain a node: it stops every user's jobs there".into(),
@@ -41,12 +49,58 @@ impl Coordinator {
                 hint: format!("{node} has no registered agent: there is nothing to drain"),
             });
         }
-        Ok(self
-            .registry
-            .jobs()?
-            .into_iter()
+        let all = self.registry.jobs()?;
+        let jobs: Vec<Job> = all
+            .iter()
             .filter(|j| j.is_live() && j.nodes().iter().any(|n| n == node))
-            .collect())
+            .cloned()
+            .collect();
+        if !jobs.is_empty() && !self.agents.up(node, self.cfg.node_timeout) {
+            let ids: Vec<String> = jobs.iter().map(|j| j.id.to_string()).collect();
+            return Err(DriveError::UnknownNode {
+                node: node.into(),
+                hint: format!(
+                    "{node} is down (no heartbeat for {}): its parts cannot be checkpointed; restart job(s) {} from their last checkpoint with `ckptctl restart JOB --on-spares`",
+                    humantime::format_duration(self.cfg.node_timeout),
+                    ids.join(", ")
+                ),
+            });
+        }
+        if migrate && !jobs.is_empty() {
+            let fixed: Vec<String> = jobs
+                .iter()
+                .filter(|j| j.addresses.is_empty())
+                .map(|j| j.id.to_string())
+                .collect();
+            if !fixed.is_empty() {
+                return Err(DriveError::NodeNotFree {
+                    node: node.into(),
+                    reason: format!(
+                        "job(s) {} run without a job network and cannot move; nothing was stopped (drain without --migrate to checkpoint and stop them)",
+                        fixed.join(", ")
+                    ),
+                });
+            }
+            let free = self
+                .cfg
+                .spares
+                .nodes
+                .iter()
+                .filter(|s| {
+                    *s != node
+                        && self.agents.up(s, self.cfg.node_timeout)
+                        && !all.iter().any(|j| j.is_live() && j.nodes().contains(s))
+                })
+                .count();
+            if free < jobs.len() {
+                return Err(DriveError::NoSpare {
+                    down: format!("{} job(s) on {node} (drained)", jobs.len()),
+                    free: format!("{free} spare(s) are free"),
+                    hint: "nothing was stopped; add spares ([spares] in ckptd.toml), or drain without --migrate".into(),
+                });
+            }
+        }
+        Ok(jobs)
     }
 
     /// Checkpoints (and stops) each job, one after the other; with `migrate`, restarts it with
@@ -84,10 +138,19 @@ impl Coordinator {
                 Ok(e) => e.number,
                 Err(e) => {
                     warn!(job = id, node, error = %e, "drain: checkpoint failed");
+                    // A failure after the job was stopped (sealing, commit) leaves it stopped:
+                    // say so, with the epoch it restarts from.
+                    let stopped = self
+                        .registry
+                        .job(id)
+                        .ok()
+                        .flatten()
+                        .filter(|j| !j.is_live() && j.latest_committed > 0);
                     out.push(Drained {
                         job: id,
                         epoch: None,
                         moved_to: None,
+                        stopped_at: stopped.map(|j| j.latest_committed),
                         error: Some(e),
                     });
                     continue;
@@ -100,6 +163,7 @@ impl Coordinator {
                     epoch: Some(epoch),
                     moved_to: None,
                     error: None,
+                    stopped_at: None,
                 });
                 continue;
             }
@@ -110,6 +174,7 @@ impl Coordinator {
                     epoch: Some(epoch),
                     moved_to: None,
                     error: Some(e),
+                    stopped_at: None,
                 });
                 continue;
             }
@@ -132,6 +197,7 @@ impl Coordinator {
                     epoch: Some(epoch),
                     moved_to: to,
                     error: None,
+                    stopped_at: None,
                 }),
                 Err(e) => {
                     warn!(job = id, node, error = %e, "drain: migration failed; the job stays stopped");
@@ -140,6 +206,7 @@ impl Coordinator {
                         epoch: Some(epoch),
                         moved_to: None,
                         error: Some(e),
+                        stopped_at: None,
                     });
                 }
             }

@@ -167,6 +167,9 @@ impl Coordinator {
                             .into_iter()
                             .filter(|e| e.is_restorable() && e.number < number)
                             .max_by_key(|e| e.number)
+                            // The moves were checked against this epoch's nodes: an older epoch
+                            // on other nodes would need a placement of its own.
+                            .filter(|e| moves.is_empty() || e.nodes == epoch.nodes)
                     } else {
                         None
                     };

@@ -162,13 +162,26 @@ impl Jobs {
             .join("logs")
             .join(format!("restore-{epoch}-{inc}.log"));
         let pid_file = run_dir.join("restored.pid");
+        // The tree goes into this agent's job cgroup, where the hold, the freezer and the kill
+        // find it. A part dumped on another node was in that node's job cgroup, whose path need
+        // not be this one's; without this node's path, it cannot move here.
+        let cgroup_root = job.cgroup.engine_root();
+        if cgroup_root.is_none() && source_node != self.node {
+            return Err(AgentError::Start {
+                job: job_id,
+                message: format!(
+                    "cannot tell the path of {} within its cgroup hierarchy (see /proc/self/mountinfo), so {source_node}'s part cannot be restored into it",
+                    job.cgroup.path().display()
+                ),
+            });
+        }
         let argv = self.engine.restore_argv(&RestoreSpec {
             images_dir: &node_dir.join("images"),
             log_file: &log,
             pid_file: &pid_file,
             netns_fd: netns.is_some().then_some(crate::shim::RESTORE_NETNS_FD),
             job_dir: netns.is_some().then_some(own_dir.as_path()),
-            cgroup_root: job.cgroup.engine_root(),
+            cgroup_root,
         });
         let lock = machine_restore_lock().await;
         let started = self
