@@ -562,6 +562,21 @@ def default_criu():
 
 
 
+
+def teardown(ckpt, sampler, tmp, cluster, keep, also=lambda: None):
+    """Stops the daemons and the sampler, removes every job cgroup and the test hosts (`also`
+    runs before the hosts go), and keeps or removes the temp dir; a second Ctrl-C does not
+    interrupt it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sampler.stop.set()
+    if ckpt is not None:
+        ckpt.stop()
+    sweep(tmp)
+    also()
+    cluster.destroy()
+    keep_or_remove(tmp, keep)
+
 def report_tail(table, tmp, cluster, sampler, took):
     """The table with the run's wall time, the WARN/ERROR lines of ckptd's and the agents' logs,
     and what else ran on the machine meanwhile."""
@@ -668,15 +683,7 @@ def main():
         log(f"FAILED: {e}")
         return 1
     finally:
-        # a second Ctrl-C must not interrupt the cleanup
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        sampler.stop.set()
-        if ckpt is not None:
-            ckpt.stop()
-        sweep(tmp)
-        cluster.destroy()
-        keep_or_remove(tmp, args.keep)
+        teardown(ckpt, sampler, tmp, cluster, args.keep)
 
 
 if __name__ == "__main__":

@@ -118,11 +118,11 @@ import time
 # agent set-up in multinode_vs_criu.py
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchutil import (  # noqa: E402
-    FREEZER, REPO, BenchError, BusySampler, cg_pids, comm, emit, finished, keep_or_remove, kill_cgroup,
+    FREEZER, REPO, BenchError, BusySampler, cg_pids, comm, emit, finished, kill_cgroup,
     log, machine_info, med, mm, mono, notes_section, progress_lines, ratio, read_text, run,
     table_head, wait_idle, wait_until)
 from multinode_vs_criu import (  # noqa: E402
-    ANSI, SUBNET, TAG, Ckpt, Cluster, busy_processes, default_criu, report_tail, sweep)
+    ANSI, SUBNET, TAG, Ckpt, Cluster, busy_processes, default_criu, report_tail, teardown)
 
 NETNS_DIR = "/run/netns"
 HOSTS = 6
@@ -656,16 +656,7 @@ def main():
         log(f"FAILED: {e}")
         return 1
     finally:
-        # a second Ctrl-C must not interrupt the cleanup
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        sampler.stop.set()
-        if ckpt is not None:
-            ckpt.stop()
-        sweep(tmp)
-        remove_sandbox_netns(names)
-        cluster.destroy()
-        keep_or_remove(tmp, args.keep)
+        teardown(ckpt, sampler, tmp, cluster, args.keep, lambda: remove_sandbox_netns(names))
 
 
 if __name__ == "__main__":

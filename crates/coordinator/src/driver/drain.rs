@@ -157,61 +157,50 @@ impl Coordinator {
                 }
             };
             info!(job = id, node, epoch, "drain: job checkpointed and stopped");
-            if !migrate {
-                out.push(Drained {
-                    job: id,
-                    epoch: Some(epoch),
-                    moved_to: None,
-                    error: None,
-                    stopped_at: None,
-                });
-                continue;
-            }
-            // The spare restores the node's part from another node's copy: wait for one.
-            if let Err(e) = self.wait_durable(id, epoch, node, &say).await {
-                out.push(Drained {
-                    job: id,
-                    epoch: Some(epoch),
-                    moved_to: None,
-                    error: Some(e),
-                    stopped_at: None,
-                });
-                continue;
-            }
-            let placement = Placement {
-                vacate: vec![node.to_string()],
-                ..Placement::default()
+            let moved = if migrate {
+                self.migrate(&root, id, epoch, node, &say, &progress).await
+            } else {
+                Ok(None)
             };
-            let restarted = match self.begin_restart(&root, id, epoch, &placement).await {
-                Ok((job, e, previous, moves)) => {
-                    let to = moves.get(node).cloned();
-                    self.drive_restart(job, e, previous, moves, false, progress.clone())
-                        .await
-                        .map(|_| to)
-                }
-                Err(e) => Err(e),
-            };
-            match restarted {
-                Ok(to) => out.push(Drained {
-                    job: id,
-                    epoch: Some(epoch),
-                    moved_to: to,
-                    error: None,
-                    stopped_at: None,
-                }),
-                Err(e) => {
-                    warn!(job = id, node, error = %e, "drain: migration failed; the job stays stopped");
-                    out.push(Drained {
-                        job: id,
-                        epoch: Some(epoch),
-                        moved_to: None,
-                        error: Some(e),
-                        stopped_at: None,
-                    });
-                }
+            if let Err(e) = &moved {
+                warn!(job = id, node, error = %e, "drain: migration failed; the job stays stopped");
             }
+            let (moved_to, error) = match moved {
+                Ok(to) => (to, None),
+                Err(e) => (None, Some(e)),
+            };
+            out.push(Drained {
+                job: id,
+                epoch: Some(epoch),
+                moved_to,
+                error,
+                stopped_at: None,
+            });
         }
         out
+    }
+
+    /// Restarts a drained job from `epoch` with `node`'s part on a spare, once another node
+    /// holds a copy of that part's images; returns the spare.
+    async fn migrate(
+        &self,
+        root: &Caller,
+        id: u64,
+        epoch: u32,
+        node: &str,
+        say: &impl Fn(u32, String),
+        progress: &mpsc::UnboundedSender<Step>,
+    ) -> Result<Option<String>, DriveError> {
+        self.wait_durable(id, epoch, node, say).await?;
+        let placement = Placement {
+            vacate: vec![node.to_string()],
+            ..Placement::default()
+        };
+        let (job, e, previous, moves) = self.begin_restart(root, id, epoch, &placement).await?;
+        let to = moves.get(node).cloned();
+        self.drive_restart(job, e, previous, moves, false, progress.clone())
+            .await?;
+        Ok(to)
     }
 
     /// Waits until another node than `node` holds a copy of `node`'s images of a
