@@ -651,6 +651,18 @@ fn a_lost_nodes_part_restarts_on_a_spare_from_the_shared_copy() {
 }
 
 #[test]
+fn mpich_lost_nodes_part_restarts_on_another_node_from_a_third_nodes_partner_copy() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "nsenter", "nft");
+    lost_node_restarts_on_n4(Mpi::Mpich, Replace::Map);
+}
+
+#[test]
+fn openmpi_lost_nodes_part_restarts_on_a_spare_from_the_shared_copy() {
+    skip_unless_ready!("mpirun.openmpi", "mpicc.openmpi", "nsenter", "nft");
+    lost_node_restarts_on_n4(Mpi::OpenMpi, Replace::OnSpares);
+}
+
+#[test]
 fn openmpi_lost_nodes_part_restarts_on_another_node_from_a_third_nodes_partner_copy() {
     skip_unless_ready!("mpirun.openmpi", "mpicc.openmpi", "nsenter", "nft");
     lost_node_restarts_on_n4(Mpi::OpenMpi, Replace::Map);
