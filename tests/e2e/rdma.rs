@@ -183,8 +183,11 @@ fn an_rdma_job_is_checkpointed_killed_and_restarted_in_a_guest() {
 
 /// Two guests joined by a UDP wire, one rank on each: ckptd and an agent in guest a, an agent
 /// in guest b. The job (rank 1 started on b through `ckpt-rsh`) is checkpointed under traffic,
-/// every process on both nodes is SIGKILLed, and the restarted job finishes with the checksums
-/// of an uninterrupted run, with new real QP numbers behind the same virtual ones.
+/// every process on both nodes is SIGKILLed, guest b's soft-RoCE device is replaced by another
+/// (another name, another GID, as on a node a part moved to), and the restarted job finishes
+/// with the checksums of an uninterrupted run, each rank having rebuilt its QPs behind the same
+/// virtual numbers (rank 0 with new real ones; rank 1's are the first of a fresh device, which
+/// may be the old numbers again).
 #[test]
 fn an_rdma_job_across_two_guests_is_checkpointed_killed_and_restarted() {
     if let Some(why) = vm::unavailable() {
@@ -222,13 +225,32 @@ fn an_rdma_job_across_two_guests_is_checkpointed_killed_and_restarted() {
         let s = find(&format!("line rank {rank} start ")).expect("start line");
         let d = find(&format!("line rank {rank} done ")).expect("done line");
         assert_eq!(field(&s, "vqpn"), field(&d, "vqpn"));
-        assert_ne!(field(&s, "qpn"), field(&d, "qpn"), "{s} / {d}");
+        assert_eq!(field(&d, "rebuilds"), "1", "{d}");
+        if rank == 0 {
+            assert_ne!(field(&s, "qpn"), field(&d, "qpn"), "{s} / {d}");
+        }
     }
     assert!(
         b.console.contains("channel rebuilt"),
         "guest b's agent rebuilt its channel: {}",
         b.console
     );
+    // Rank 1 was restored on a guest whose device is another one: rxe0 gone, rxe_moved with
+    // another GID in its place (as on a node a part moved to).
+    let moved = results(&b.console)
+        .into_iter()
+        .find(|l| l.starts_with("device rxe0 gid "))
+        .unwrap_or_else(|| panic!("no device change on b: {}", b.console));
+    let (old, new) = moved["device rxe0 gid ".len()..]
+        .split_once(" -> ")
+        .expect("old -> new");
+    let new_gid = new.rsplit_once("gid ").map(|(_, g)| g).unwrap_or_default();
+    assert!(new.starts_with("rxe_moved gid "), "{moved}");
+    assert!(
+        !new_gid.is_empty() && old != new_gid,
+        "another GID: {moved}"
+    );
+    eprintln!("guest b: {moved}");
 }
 
 /// (virtual, real) numbers, sorted.

@@ -3,7 +3,10 @@
 # tests/apps/rdma_halo on each: guest "a" (192.168.98.1) runs ckptd and an agent and drives the
 # job, guest "b" (192.168.98.2) runs an agent. They meet through files in /share (a host
 # directory both mount). The job is checkpointed under traffic, every process on both nodes is
-# SIGKILLed, and the job is restarted on the same nodes; prints "RESULT ..." lines.
+# SIGKILLed, and the job is restarted on the same nodes, where guest b's soft-RoCE device is
+# gone by then: a new one with another name and another GID (b's interface got a new MAC, from
+# which RoCE's GID 0 is derived) stands in its place, as on a node a part moved to; prints
+# "RESULT ..." lines.
 #
 # Environment: ROLE (a|b), BIN, APP, ITERS, WORDS.
 set -eu
@@ -11,6 +14,20 @@ set -eu
 CGPREFIX=ib2-
 . "$(dirname "$0")/two_nodes.sh"
 if [ "$ROLE" = b ]; then
+    gid() { cat "/sys/class/infiniband/$1/ports/1/gids/0"; }
+    after_kill() { # rxe0 replaced by rxe_moved, with another GID
+        local old
+        old=$(gid rxe0)
+        rdma link delete rxe0
+        echo 1 > /proc/sys/net/ipv4/conf/eth0/arp_notify
+        ip link set eth0 down
+        ip link set eth0 address 52:54:00:00:98:22
+        ip link set eth0 up
+        rdma link add rxe_moved type rxe netdev eth0
+        for _ in $(seq 100); do ibv_devinfo -d rxe_moved 2>/dev/null | grep -q PORT_ACTIVE && break; sleep 0.1; done
+        for _ in $(seq 100); do busybox ping -c1 -W1 192.168.98.1 > /dev/null 2>&1 && break; done
+        echo "RESULT device rxe0 gid $old -> $(ls /sys/class/infiniband | tr '\n' ' ')gid $(gid rxe_moved)"
+    }
     serve_kills 1 "channel|restor|WARN|ERROR"
     exit 0
 fi

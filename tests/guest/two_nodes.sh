@@ -64,12 +64,14 @@ kill_job() { # every process of the jobs on this node, as a node crash would
 }
 
 # Guest b: kills its processes of the jobs when a asks (/share/kill-K, answered by killed-K,
-# for each K of the list), then waits for /share/done and shows its agent's log lines matching $2.
+# for each K of the list; after the kill it runs after_kill if the script defines one), then
+# waits for /share/done and shows its agent's log lines matching $2.
 serve_kills() { # "K..." PATTERN
     touch "$S/b-up"
     for k in $1; do
         wait_file "$S/kill-$k" 900
         kill_job
+        if declare -F after_kill > /dev/null; then after_kill; fi
         touch "$S/killed-$k"
     done
     wait_file "$S/done" 900
