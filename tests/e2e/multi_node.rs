@@ -618,6 +618,44 @@ fn lost_node_restarts_on_n4(mpi: Mpi, how: Replace) {
     d.wait_state(job, "killed", LIMIT);
     // n3 is down once it has sent no heartbeat for the node timeout (2 s here).
     std::thread::sleep(Duration::from_secs(3));
+    // Bad placements are refused with their own exit codes, and nothing runs anywhere.
+    let id = job.to_string();
+    let nothing_restored = |what: &str| {
+        for n in ["n1", "n2", "n4"] {
+            assert!(
+                d.job_pids_on(n, job).is_empty(),
+                "{what} left a part on {n}"
+            );
+        }
+    };
+    match how {
+        Replace::Map => {
+            for (args, code) in [
+                (["--nodes", "n1,n2"], 2),
+                (["--map", "n3=n9"], 3),
+                (["--map", "n3=n1"], 4),
+            ] {
+                let out = d.ctl(&["restart", &id, args[0], args[1]]);
+                assert_eq!(out.code, code, "{args:?}: {out:?}");
+                nothing_restored(args[1]);
+            }
+        }
+        Replace::OnSpares => {
+            // Another job on the only spare: no spare is free.
+            let other: u64 = d
+                .ctl(&["run", "--node", "n4", "--", "/bin/sleep", "600"])
+                .ok()
+                .trim()
+                .parse()
+                .unwrap();
+            let out = d.ctl(&["restart", &id, "--on-spares"]);
+            assert_eq!(out.code, 10, "{out:?}");
+            assert!(out.stderr.contains("no spare is free"), "{out:?}");
+            nothing_restored("no spare");
+            d.ctl(&["cancel", &other.to_string()]).ok();
+            d.wait_state(other, "cancelled", LIMIT);
+        }
+    }
     let r = match how {
         Replace::OnSpares => d.ctl(&["restart", &job.to_string(), "--on-spares"]),
         Replace::Map => d.ctl(&["restart", &job.to_string(), "--map", "n3=n4"]),
