@@ -1,5 +1,7 @@
 //! The fake agents and the cluster the phase tests drive: one scripted `Agent` service per
 //! node on a Unix socket, and the real coordinator over them.
+// Two test binaries (phases, placement) share this module, each using part of it.
+#![allow(dead_code)]
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -470,6 +472,16 @@ impl Cluster {
         }
         self.world.lock().unwrap().log.clear();
         job.id
+    }
+
+    /// A stopped job with committed epochs 1 (kept running) and 2 (`--kill`).
+    pub(crate) async fn stopped_job(&self) -> u64 {
+        let job = self.job().await;
+        self.checkpoint(job, false).await.unwrap();
+        self.checkpoint(job, true).await.unwrap();
+        assert_eq!(self.job_state(job), JobState::Stopped);
+        self.world.lock().unwrap().log.clear();
+        job
     }
 
     /// A running job of one node.
