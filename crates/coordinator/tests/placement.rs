@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use cluster::*;
-use coordinator::driver::Caller;
 use coordinator::model::JobState;
 use tokio::sync::mpsc;
 use tonic::Code;
@@ -247,13 +246,8 @@ async fn drain_checkpoints_the_jobs_of_a_node_and_migrates_them_to_a_spare() {
         Code::PermissionDenied,
         "{user}"
     );
-    let root = Caller {
-        uid: 0,
-        gid: 0,
-        pid: None,
-    };
     beat(&c, &["n1", "n2", "n3", "n4", "n5"]).await;
-    let jobs = c.coord.begin_drain(&root, "n2", true).unwrap();
+    let jobs = c.coord.begin_drain(&ROOT, "n2", true).unwrap();
     assert_eq!(jobs.iter().map(|j| j.id).collect::<Vec<_>>(), [job]);
     let (tx, _rx) = mpsc::unbounded_channel();
     let done = c.coord.drive_drain("n2", jobs, true, tx).await;
@@ -265,7 +259,7 @@ async fn drain_checkpoints_the_jobs_of_a_node_and_migrates_them_to_a_spare() {
     assert_eq!(after.state, JobState::Running);
     assert_eq!(after.nodes(), ["n1", "n5", "n3"]);
     // Drained again without --migrate: n5's part stops, no job is left there.
-    let jobs = c.coord.begin_drain(&root, "n5", false).unwrap();
+    let jobs = c.coord.begin_drain(&ROOT, "n5", false).unwrap();
     let (tx, _rx) = mpsc::unbounded_channel();
     let done = c.coord.drive_drain("n5", jobs, false, tx).await;
     assert!(
@@ -273,7 +267,7 @@ async fn drain_checkpoints_the_jobs_of_a_node_and_migrates_them_to_a_spare() {
         "{done:?}"
     );
     assert_eq!(c.job_state(job), JobState::Stopped);
-    assert!(c.coord.begin_drain(&root, "n5", true).unwrap().is_empty());
+    assert!(c.coord.begin_drain(&ROOT, "n5", true).unwrap().is_empty());
 }
 
 /// Without shared storage a spare cannot get the drained node's images: the job is
@@ -288,12 +282,7 @@ async fn drain_without_shared_storage_leaves_the_job_stopped_and_says_why() {
     .await;
     c.add_node("n4").await;
     let job = c.job().await;
-    let root = Caller {
-        uid: 0,
-        gid: 0,
-        pid: None,
-    };
-    let jobs = c.coord.begin_drain(&root, "n2", true).unwrap();
+    let jobs = c.coord.begin_drain(&ROOT, "n2", true).unwrap();
     let (tx, _rx) = mpsc::unbounded_channel();
     let done = c.coord.drive_drain("n2", jobs, true, tx).await;
     let e = done[0].error.as_ref().expect("not migrated").to_string();
@@ -389,16 +378,11 @@ async fn a_restart_from_an_epoch_before_a_move_runs_on_that_epochs_nodes() {
 /// job without sandboxes, or more jobs than free spares. A node that is down is refused too.
 #[tokio::test]
 async fn drain_migrate_that_cannot_move_every_job_stops_nothing() {
-    let root = Caller {
-        uid: 0,
-        gid: 0,
-        pid: None,
-    };
     // No job network: the job cannot move.
     let c = Cluster::start_with(|cfg| cfg.spares.nodes = vec!["n4".into()]).await;
     c.add_node("n4").await;
     let job = c.job().await;
-    let e = c.coord.begin_drain(&root, "n2", true).unwrap_err();
+    let e = c.coord.begin_drain(&ROOT, "n2", true).unwrap_err();
     assert_eq!(
         coordinator::grpc::to_status(&e).code(),
         Code::FailedPrecondition,
@@ -411,7 +395,7 @@ async fn drain_migrate_that_cannot_move_every_job_stops_nothing() {
     let first = c.job().await;
     let second = c.job_on("n2").await;
     only_up(&c, &["n1", "n2", "n3", "n4"]).await;
-    let e = c.coord.begin_drain(&root, "n2", true).unwrap_err();
+    let e = c.coord.begin_drain(&ROOT, "n2", true).unwrap_err();
     assert_eq!(
         coordinator::grpc::to_status(&e).code(),
         Code::ResourceExhausted,
@@ -423,6 +407,6 @@ async fn drain_migrate_that_cannot_move_every_job_stops_nothing() {
     }
     // n2 stops sending heartbeats: its parts cannot be checkpointed.
     only_up(&c, &["n1", "n3", "n4", "n5"]).await;
-    let e = c.coord.begin_drain(&root, "n2", false).unwrap_err();
+    let e = c.coord.begin_drain(&ROOT, "n2", false).unwrap_err();
     assert!(e.to_string().contains("--on-spares"), "{e}");
 }

@@ -360,6 +360,11 @@ pub(crate) const OWNER: Caller = Caller {
     gid: 1000,
     pid: None,
 };
+pub(crate) const ROOT: Caller = Caller {
+    uid: 0,
+    gid: 0,
+    pid: None,
+};
 
 /// A coordinator and one fake agent per node of [`NODES`], with short deadlines.
 pub(crate) struct Cluster {
