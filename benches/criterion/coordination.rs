@@ -230,6 +230,7 @@ async fn setup(n: usize) -> Setup {
                 env: Default::default(),
                 node: "a0".into(),
                 part_env: Default::default(),
+                policy: Default::default(),
             },
         )
         .await
@@ -264,7 +265,7 @@ async fn one_round(s: &Setup) -> Duration {
     let t = Instant::now();
     let (job, epoch) = s
         .coord
-        .begin_checkpoint(&root, s.job, false)
+        .begin_checkpoint(&root, s.job, false, "")
         .await
         .expect("begin");
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();

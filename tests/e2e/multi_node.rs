@@ -181,8 +181,9 @@ fn result_on_n1(d: &Ckptd, job: u64) -> String {
         }
         assert!(
             begin.elapsed() < LIMIT,
-            "no result after {LIMIT:?}: {}",
-            d.status(job)
+            "no result after {LIMIT:?}: {}\n{}",
+            d.status(job),
+            d.job_output_on("n1", job)
         );
         std::thread::sleep(Duration::from_millis(100));
     };

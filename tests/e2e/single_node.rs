@@ -472,6 +472,13 @@ fn users_act_only_on_their_own_jobs() {
         5
     );
     assert_eq!(d.ctl_as(NOBODY, &["cancel", &root_job.to_string()]).code, 5);
+    // Nor may anyone else make ckptd checkpoint it (and stall it) every second.
+    let out = d.ctl_as(NOBODY, &["policy", &root_job.to_string(), "--every", "1s"]);
+    assert_eq!(out.code, 5, "{out:?}");
+    assert!(
+        d.status(root_job)["policy"].is_null(),
+        "the policy was not set"
+    );
     // Draining a node stops every user's jobs there: root's only.
     let out = d.ctl_as(NOBODY, &["drain", "node0", "--migrate"]);
     assert_eq!(out.code, 5, "{out:?}");

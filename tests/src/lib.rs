@@ -650,6 +650,21 @@ impl Ckptd {
             .join(job.to_string())
     }
 
+    /// The last lines of a job's stdout and stderr on a namespace node, for failure messages.
+    pub fn job_output_on(&self, node: &str, job: u64) -> String {
+        let dir = self.job_dir_on(node, job);
+        ["stdout", "stderr"]
+            .iter()
+            .map(|f| {
+                let text = std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                let tail = lines[lines.len().saturating_sub(20)..].join("\n");
+                format!("--- {node} {f} (last 20 lines)\n{tail}")
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// The cgroup of a job on a namespace node.
     pub fn cgroup_on(&self, node: &str, job: u64) -> PathBuf {
         let parent = if Path::new("/sys/fs/cgroup/freezer/cgroup.procs").exists() {

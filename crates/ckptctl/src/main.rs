@@ -1,152 +1,20 @@
 //! `ckptctl`: the command-line client of ckptd. It only maps arguments to requests and replies
 //! to text, JSON and exit codes.
 use std::io::IsTerminal;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod cli;
 mod client;
 mod rdma;
+mod show;
 
 use ckpt_proto::v1 as pb;
-use clap::{Parser, Subcommand};
+use clap::Parser;
 use serde_json::{json, Value};
 use tonic::Code;
 
-const AFTER_HELP: &str = "\
-Examples:
-  JOB=$(ckptctl run --name heat -- mpiexec -n 4 ./heat 512 4000)
-  ckptctl checkpoint $JOB --wait        # consistent snapshot; the job keeps running
-  ckptctl checkpoint $JOB --kill        # snapshot, then stop the job (preemption)
-  ckptctl restart $JOB                  # from the latest committed epoch
-  ckptctl restart $JOB --epoch 1        # from an older one
-  ckptctl status $JOB · ckptctl epochs $JOB · ckptctl list
-
-Exit codes:
-  0 success            1 internal error          2 bad arguments
-  3 job not found      4 not allowed in the job's current state
-  5 permission denied  6 checkpoint or restart failed (epoch aborted; job unharmed)
-  7 ckptd or an agent unreachable                 8 image corrupt or missing
-  9 a deadline passed  10 staging storage full";
-
-/// Checkpoint and restart MPI jobs with ckpt.
-///
-/// Talks to ckptd over its Unix socket; you may act on your own jobs (root on all).
-#[derive(Parser, Debug)]
-#[command(version, about, long_about, after_help = AFTER_HELP)]
-struct Cli {
-    /// ckptd's control socket.
-    #[arg(long, global = true, env = "CKPT_SOCKET", default_value = client::DEFAULT_SOCKET)]
-    socket: PathBuf,
-    /// Print machine-readable JSON on stdout instead of text.
-    #[arg(long, global = true)]
-    json: bool,
-    #[command(subcommand)]
-    cmd: Cmd,
-}
-
-#[derive(Subcommand, Debug)]
-enum Cmd {
-    /// Start a job under ckpt; prints its JOBID on stdout.
-    ///
-    /// The command runs on a node's agent with your uid, environment and working directory;
-    /// its stdout and stderr go to files in the job directory (shown on stderr).
-    Run {
-        /// Job name (default: the command's file name).
-        #[arg(long)]
-        name: Option<String>,
-        /// Node to start the command on (default: the first registered).
-        #[arg(long)]
-        node: Option<String>,
-        /// Run MPI over InfiniBand/RoCE verbs in a way ckpt can checkpoint: sets, unless your
-        /// environment has them, OMPI_MCA_pml=ucx OMPI_MCA_pml_ucx_devices=any
-        /// OMPI_MCA_pml_ucx_tls=any OMPI_MCA_btl=^openib,ofi OMPI_MCA_mtl=^ofi OMPI_MCA_osc=^ucx
-        /// UCX_TLS=rc_verbs,ud_verbs,self UCX_UD_VERBS_ETH_DGID_CHECK=n UCX_MODULES=^rdmacm,
-        /// and gives them to the job's processes on other nodes too. The agents preload the
-        /// verbs layer on nodes with RDMA devices either way (docs/infiniband.md).
-        #[arg(long)]
-        rdma: bool,
-        /// The command, usually `mpiexec ...`.
-        #[arg(last = true, required = true)]
-        command: Vec<String>,
-    },
-    /// Take a coordinated checkpoint of a running job.
-    Checkpoint {
-        /// Job id.
-        job: u64,
-        /// Wait until the epoch is committed (or failed) and show progress.
-        #[arg(long)]
-        wait: bool,
-        /// Stop the job once the snapshot is taken (implies --wait).
-        #[arg(long)]
-        kill: bool,
-    },
-    /// Restart a job whose processes are gone from a committed epoch.
-    Restart {
-        /// Job id.
-        job: u64,
-        /// Epoch to restart from (default: the latest committed).
-        #[arg(long)]
-        epoch: Option<u32>,
-        /// Restart on these nodes: the epoch's nodes, in the order `ckptctl status` lists
-        /// them, are replaced one for one (e.g. `--nodes n4,n2,n3`). Only a job that ran in
-        /// sandboxes (a job network, docs/operations.md) can move; exit 2 for a wrong count,
-        /// 3 for a node without an agent, 4 for a node that cannot take the part.
-        #[arg(long, value_delimiter = ',', conflicts_with = "map")]
-        nodes: Vec<String>,
-        /// Move single parts: `--map n3=n4` restarts n3's part on n4, the others where they
-        /// ran (repeat for more).
-        #[arg(long, value_name = "OLD=NEW")]
-        map: Vec<String>,
-        /// Put the part of every node of the epoch that is down (no heartbeat for
-        /// ckptd.toml `node_timeout`) on a free spare (ckptd.toml `[spares]`); the others
-        /// restart where they ran. With spares configured, a restart without --nodes or --map
-        /// does this too. Exit 10 when too few spares are free.
-        #[arg(long, conflicts_with_all = ["nodes", "map"])]
-        on_spares: bool,
-    },
-    /// Root only: a node is being reclaimed. Checkpoint and stop every running job with a part
-    /// on NODE (as `checkpoint --kill` does); with --migrate, restart each at once with that
-    /// part on a free spare (ckptd.toml `[spares]`). A job that cannot be checkpointed keeps
-    /// running; one that cannot be migrated stays stopped and restorable. Exit 0 when every
-    /// job was handled, else the code of the first failure.
-    Drain {
-        /// The node to empty.
-        node: String,
-        /// Restart the jobs on spares at once.
-        #[arg(long)]
-        migrate: bool,
-    },
-    /// Show a job, its nodes and processes.
-    Status {
-        /// Job id.
-        job: u64,
-    },
-    /// List jobs (yours; root sees all).
-    List,
-    /// Show a job's checkpoint epochs: state, storage (local, flushing with progress,
-    /// durable = also in shared storage, shared-only, flush-failed), which copies exist
-    /// (local, partner, shared), frozen time, size, failure reason.
-    Epochs {
-        /// Job id.
-        job: u64,
-    },
-    /// Kill a running job (SIGTERM, then SIGKILL). Its checkpoints stay restorable.
-    Cancel {
-        /// Job id.
-        job: u64,
-    },
-    /// Check a committed checkpoint's images on every node against their digests (reads only):
-    /// the local copy, and the shared one for a durable epoch. Exit 0 if every node has an
-    /// intact copy (a damaged one is reported), 8 if a node has none, 7 if a node could not be
-    /// reached.
-    Verify {
-        /// Job id.
-        job: u64,
-        /// Epoch to check (default: the latest committed).
-        #[arg(long)]
-        epoch: Option<u32>,
-    },
-}
+use cli::{Cli, Cmd};
+use show::*;
 
 struct Failure {
     code: u8,
@@ -200,205 +68,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// A job's part on a node in words: "running", "exited with code 0", "killed by signal 9",
-/// "absent", or "unknown (why)" when ckptd could not ask the node.
-fn node_state(n: &pb::NodeJobInfo) -> String {
-    match n.state() {
-        pb::PartState::Exited => n.end.unwrap_or_default().text(),
-        pb::PartState::Unspecified => format!("unknown ({})", n.detail),
-        s => s.name().to_string(),
-    }
-}
-
-fn job_json(j: &pb::JobInfo) -> Value {
-    json!({
-        "id": j.id, "name": j.name, "owner_uid": j.owner_uid, "state": j.state,
-        "argv": j.argv, "cwd": j.cwd, "created_unix_ms": j.created_unix_ms,
-        "exit_code": j.exit_code, "exit_signal": j.exit_signal,
-        "last_epoch": j.last_epoch, "latest_committed_epoch": j.latest_committed_epoch,
-        "job_dir": j.job_dir, "flush": j.flush,
-        "nodes": j.nodes.iter().map(|n| json!({
-            "node": n.node, "state": n.state().name(), "role": n.role, "address": n.address,
-            "moved_from": n.moved_from,
-            "exit_code": n.end.as_ref().and_then(pb::JobEnd::code),
-            "exit_signal": n.end.as_ref().and_then(pb::JobEnd::signal),
-            "detail": n.detail,
-            "ranks": n.processes.iter().filter_map(|p| p.rank).collect::<Vec<_>>(),
-            "processes": n.processes.iter().map(|p| json!({"pid": p.pid, "comm": p.comm, "state": p.state().name(), "rank": p.rank})).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
-    })
-}
-
-/// Prints the job a reply carries (an empty one if it carries none): as JSON under `--json`, else
-/// as `text` words it.
-fn print_job(job: Option<pb::JobInfo>, json: bool, text: impl FnOnce(&pb::JobInfo)) {
-    let j = job.unwrap_or_default();
-    if json {
-        println!("{}", job_json(&j));
-    } else {
-        text(&j);
-    }
-}
-
-/// `ckptctl status` in words: the job, then each node and its processes.
-fn print_status(j: &pb::JobInfo) {
-    println!("job {} ({}): {}", j.id, j.name, j.state);
-    println!("  owner uid {}, command: {}", j.owner_uid, j.argv.join(" "));
-    println!(
-        "  epochs: {} taken, latest committed {}",
-        j.last_epoch, j.latest_committed_epoch
-    );
-    println!("  output: {}/stdout", j.job_dir);
-    if !j.flush.is_empty() {
-        println!("  flushing: {}", j.flush);
-    }
-    for n in &j.nodes {
-        let mut ranks: Vec<i32> = n.processes.iter().filter_map(|p| p.rank).collect();
-        ranks.sort_unstable();
-        let ranks = if ranks.is_empty() {
-            String::new()
-        } else {
-            format!(
-                ", ranks {}",
-                ranks
-                    .iter()
-                    .map(i32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",")
-            )
-        };
-        let address = if n.address.is_empty() {
-            String::new()
-        } else {
-            format!(", job address {}", n.address)
-        };
-        let moved = if n.moved_from.is_empty() {
-            String::new()
-        } else {
-            format!(", moved here from {}", n.moved_from)
-        };
-        println!(
-            "  node {} ({}): {}, {} processes{ranks}{address}{moved}",
-            n.node,
-            n.role,
-            node_state(n),
-            n.processes.len()
-        );
-        println!("    {:>8} {:>5} {:<16} STATE", "PID", "RANK", "COMMAND");
-        for p in &n.processes {
-            let rank = p.rank.map(|r| r.to_string()).unwrap_or_else(|| "-".into());
-            println!(
-                "    {:>8} {:>5} {:<16} {}",
-                p.pid,
-                rank,
-                p.comm,
-                p.state().name()
-            );
-        }
-    }
-}
-
-fn epoch_json(e: &pb::EpochInfo) -> Value {
-    json!({
-        "job_id": e.job_id, "epoch": e.epoch, "state": e.state, "failed_phase": e.failed_phase,
-        "reason": e.reason, "started_unix_ms": e.started_unix_ms, "finished_unix_ms": e.finished_unix_ms,
-        "frozen_ms": e.frozen_ms, "total_ms": e.total_ms, "image_bytes": e.image_bytes,
-        "image_files": e.image_files, "kill": e.kill, "nodes": e.nodes,
-        "storage": e.storage, "flush_detail": e.flush_detail, "flushed_bytes": e.flushed_bytes,
-        "flush_ms": e.flush_ms, "local_copy": e.local_copy, "shared_copy": e.shared_copy,
-        "partner_copy": e.partner_copy, "shared_bytes": e.shared_bytes,
-    })
-}
-
-/// Prints a list: as one JSON array of `to_json`'s objects under `--json`, else as `table`
-/// words it.
-fn print_list<T>(items: &[T], json: bool, to_json: fn(&T) -> Value, table: fn(&[T])) {
-    if json {
-        println!("{}", Value::Array(items.iter().map(to_json).collect()));
-    } else {
-        table(items);
-    }
-}
-
-/// `ckptctl list` in words: one line per job.
-fn print_jobs(jobs: &[pb::JobInfo]) {
-    println!(
-        "{:>6}  {:<16} {:<18} {:>6} {:>6} {:>9}  COMMAND",
-        "JOBID", "NAME", "STATE", "OWNER", "EPOCHS", "COMMITTED"
-    );
-    for j in jobs {
-        println!(
-            "{:>6}  {:<16} {:<18} {:>6} {:>6} {:>9}  {}",
-            j.id,
-            j.name,
-            j.state,
-            j.owner_uid,
-            j.last_epoch,
-            j.latest_committed_epoch,
-            j.argv.join(" ")
-        );
-    }
-}
-
-/// `ckptctl epochs` in words: one line per epoch.
-fn print_epochs(epochs: &[pb::EpochInfo]) {
-    println!(
-        "{:>5}  {:<28} {:<16} {:<20} {:>9} {:>9} {:>10} {:>6}  REASON",
-        "EPOCH", "STATE", "STORAGE", "COPIES", "FROZEN", "TOTAL", "SIZE", "FILES"
-    );
-    for e in epochs {
-        let reason = if !e.reason.is_empty() {
-            format!("[{}] {}", e.failed_phase, e.reason)
-        } else if !e.flush_detail.is_empty() {
-            format!("[flush] {}", e.flush_detail)
-        } else {
-            String::new()
-        };
-        let storage = match e.storage.as_str() {
-            "flushing" if e.image_bytes > 0 => {
-                format!("flushing {}%", e.flushed_bytes * 100 / e.image_bytes)
-            }
-            "" => "-".into(),
-            s => s.to_string(),
-        };
-        let copies: Vec<&str> = [
-            (e.local_copy, "local"),
-            (e.partner_copy, "partner"),
-            (e.shared_copy, "shared"),
-        ]
-        .iter()
-        .filter(|c| c.0)
-        .map(|c| c.1)
-        .collect();
-        let copies = if copies.is_empty() {
-            "-".to_string()
-        } else {
-            copies.join(",")
-        };
-        println!(
-            "{:>5}  {:<28} {:<16} {:<20} {:>7}ms {:>7}ms {:>10} {:>6}  {}",
-            e.epoch,
-            e.state,
-            storage,
-            copies,
-            e.frozen_ms,
-            e.total_ms,
-            size(e.image_bytes),
-            e.image_files,
-            reason
-        );
-    }
-}
-
-fn size(bytes: u64) -> String {
-    match bytes {
-        b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
-        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
-        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
-        b => format!("{b} B"),
-    }
-}
-
 async fn run(cli: Cli) -> Result<(), Failure> {
     let mut c = client::connect(cli.socket.clone()).await.map_err(|e| Failure {
         code: 7,
@@ -413,6 +82,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             name,
             node,
             rdma,
+            every,
             command,
         } => {
             let cwd = std::env::current_dir()
@@ -435,6 +105,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 env,
                 node: node.unwrap_or_default(),
                 part_env,
+                every: every.unwrap_or_default(),
             };
             let reply = c.run(req).await?;
             print_job(reply.into_inner().job, json, |job| {
@@ -444,6 +115,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     "job {} ({}) started on node {node}; output in {}/stdout",
                     job.id, job.name, job.job_dir
                 );
+                if let Some(p) = &job.policy {
+                    eprintln!("job {}: {}", job.id, policy_text(p));
+                }
             });
         }
         Cmd::Checkpoint { job, wait, kill } => {
@@ -478,6 +152,26 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 .await?
                 .into_inner();
             follow(stream, true, json, "drain").await?;
+        }
+        Cmd::Policy { job, every } => {
+            let reply = match every {
+                Some(every) => {
+                    c.set_policy(pb::PolicyRequest { job_id: job, every })
+                        .await?
+                        .into_inner()
+                        .job
+                }
+                None => {
+                    c.status(pb::StatusRequest { job_id: job })
+                        .await?
+                        .into_inner()
+                        .job
+                }
+            };
+            print_job(reply, json, |j| match &j.policy {
+                Some(p) => println!("job {}: {}", j.id, policy_text(p)),
+                None => println!("job {}: checkpoints only when asked (no policy)", j.id),
+            });
         }
         Cmd::Status { job } => {
             let reply = c.status(pb::StatusRequest { job_id: job }).await?;

@@ -29,6 +29,8 @@ pub struct CoordinatorConfig {
     pub job_network: JobNetwork,
     /// Nodes kept free to take the parts of nodes that are down.
     pub spares: Spares,
+    /// Periodic checkpoints (`ckptctl run --every`, `ckptctl policy`).
+    pub policy: PolicyConfig,
     /// A node whose agent has not sent a heartbeat for this long is down (agents beat every
     /// second by default): a restart replaces it with a spare.
     #[serde(with = "humantime_serde")]
@@ -154,6 +156,50 @@ impl Default for Flush {
     }
 }
 
+/// What `--every auto` derives its interval from, and its bounds.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// Mean time between failures of one node (hardware, kernel, network: whatever ends the
+    /// job). A job on N nodes fails N times as often.
+    #[serde(with = "humantime_serde")]
+    pub node_mtbf: Duration,
+    /// `--every auto` before any checkpoint of the job was measured: the first checkpoint comes
+    /// this long after the start, and its cost sets the interval from then on.
+    #[serde(with = "humantime_serde")]
+    pub auto_first: Duration,
+    /// Shortest interval `--every auto` picks.
+    #[serde(with = "humantime_serde")]
+    pub auto_min: Duration,
+    /// Longest interval `--every auto` picks.
+    #[serde(with = "humantime_serde")]
+    pub auto_max: Duration,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            // humantime's "5years" (a year of 365.25 days).
+            node_mtbf: Duration::from_secs(5 * 31_557_600),
+            auto_first: Duration::from_secs(600),
+            auto_min: Duration::from_secs(60),
+            auto_max: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+impl PolicyConfig {
+    /// As the interval computation takes it.
+    pub fn auto_params(&self) -> crate::model::policy::AutoParams {
+        crate::model::policy::AutoParams {
+            node_mtbf: self.node_mtbf,
+            first: self.auto_first,
+            min: self.auto_min,
+            max: self.auto_max,
+        }
+    }
+}
+
 /// How long each protocol step may take on every node before the epoch is aborted.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -212,6 +258,7 @@ impl Default for CoordinatorConfig {
             redundancy: Redundancy::default(),
             job_network: JobNetwork::default(),
             spares: Spares::default(),
+            policy: PolicyConfig::default(),
             node_timeout: Duration::from_secs(10),
             tls_dir: ckpt_auth::ca::DEFAULT_DIR.into(),
             agent: toml::Table::new(),
@@ -237,6 +284,9 @@ impl TomlConfig for CoordinatorConfig {
             ("deadlines.abort", d.abort),
             ("deadlines.flush_stall", d.flush_stall),
             ("node_timeout", self.node_timeout),
+            ("policy.node_mtbf", self.policy.node_mtbf),
+            ("policy.auto_first", self.policy.auto_first),
+            ("policy.auto_min", self.policy.auto_min),
         ] {
             if v.is_zero() {
                 return Err(ConfigError::Invalid {
@@ -261,6 +311,12 @@ impl TomlConfig for CoordinatorConfig {
             return Err(ConfigError::Invalid {
                 key: "job_network.gateway",
                 problem: "must be an IPv4 address".into(),
+            });
+        }
+        if self.policy.auto_min > self.policy.auto_max {
+            return Err(ConfigError::Invalid {
+                key: "policy.auto_min",
+                problem: "must not exceed policy.auto_max".into(),
             });
         }
         let mut seen = std::collections::BTreeSet::new();

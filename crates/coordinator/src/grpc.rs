@@ -11,7 +11,7 @@ use tonic::{Code, Request, Response, Status};
 
 use crate::agents::FailureKind;
 use crate::driver::{Caller, Coordinator, DriveError, RunSpec, Step};
-use crate::model::{Epoch, EpochState, FlushState, Job, JobState};
+use crate::model::{Epoch, EpochState, Every, FlushState, Job, JobState, Policy};
 
 /// Maps a coordinator error to a status.
 pub fn to_status(e: &DriveError) -> Status {
@@ -86,6 +86,7 @@ pub fn job_info(job: &Job, nodes: Vec<pb::NodeJobInfo>) -> pb::JobInfo {
         job_dir: job.job_dir.clone(),
         detail: String::new(),
         flush: String::new(),
+        policy: None,
     }
 }
 
@@ -130,6 +131,7 @@ pub fn epoch_info(e: &Epoch, flushed: Option<(u64, u64)>) -> pb::EpochInfo {
         local_copy: e.is_restorable() && e.local_copy,
         shared_copy: e.is_restorable() && e.is_durable(),
         partner_copy: e.is_restorable() && e.has_partner_copies(),
+        trigger: e.trigger.clone(),
     }
 }
 
@@ -223,6 +225,11 @@ impl pb::control_server::Control for ControlHandler {
     async fn run(&self, req: Request<pb::RunRequest>) -> Result<Response<pb::RunReply>, Status> {
         let who = caller(&req)?;
         let r = req.into_inner();
+        let every = if r.every.is_empty() {
+            None
+        } else {
+            Every::parse(&r.every).map_err(Status::invalid_argument)?
+        };
         let spec = RunSpec {
             name: r.name,
             argv: r.argv,
@@ -230,12 +237,13 @@ impl pb::control_server::Control for ControlHandler {
             env: r.env,
             node: r.node,
             part_env: r.part_env,
+            policy: Policy { every },
         };
         let job = self.coord.run(who, spec).await.map_err(|e| to_status(&e))?;
         let nodes = self.coord.inspect(&job).await;
-        Ok(Response::new(pb::RunReply {
-            job: Some(job_info(&job, nodes)),
-        }))
+        let mut info = job_info(&job, nodes);
+        info.policy = self.coord.policy_info(&job);
+        Ok(Response::new(pb::RunReply { job: Some(info) }))
     }
 
     type CheckpointStream = ProgressStream;
@@ -248,7 +256,7 @@ impl pb::control_server::Control for ControlHandler {
         let r = req.into_inner();
         let (job, epoch) = self
             .coord
-            .begin_checkpoint(&who, r.job_id, r.kill)
+            .begin_checkpoint(&who, r.job_id, r.kill, "")
             .await
             .map_err(|e| to_status(&e))?;
         let coord = self.coord.clone();
@@ -396,6 +404,7 @@ impl pb::control_server::Control for ControlHandler {
         let nodes = self.coord.inspect(&job).await;
         let mut info = job_info(&job, nodes);
         info.flush = self.coord.flush_summary(id);
+        info.policy = self.coord.policy_info(&job);
         Ok(Response::new(pb::StatusReply { job: Some(info) }))
     }
 
@@ -410,7 +419,11 @@ impl pb::control_server::Control for ControlHandler {
         let jobs = jobs
             .iter()
             .filter(|j| who.uid == 0 || j.owner_uid == who.uid)
-            .map(|j| job_info(j, vec![]))
+            .map(|j| {
+                let mut info = job_info(j, vec![]);
+                info.policy = self.coord.policy_info(j);
+                info
+            })
             .collect();
         Ok(Response::new(pb::ListReply { jobs }))
     }
@@ -446,6 +459,23 @@ impl pb::control_server::Control for ControlHandler {
             .await
             .map(Response::new)
             .map_err(|e| to_status(&e))
+    }
+
+    async fn set_policy(
+        &self,
+        req: Request<pb::PolicyRequest>,
+    ) -> Result<Response<pb::PolicyReply>, Status> {
+        let who = caller(&req)?;
+        let r = req.into_inner();
+        let every = Every::parse(&r.every).map_err(Status::invalid_argument)?;
+        let job = self
+            .coord
+            .set_policy(&who, r.job_id, Policy { every })
+            .await
+            .map_err(|e| to_status(&e))?;
+        let mut info = job_info(&job, vec![]);
+        info.policy = self.coord.policy_info(&job);
+        Ok(Response::new(pb::PolicyReply { job: Some(info) }))
     }
 
     async fn cancel(

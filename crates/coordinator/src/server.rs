@@ -46,6 +46,7 @@ pub async fn run(
         shutdown.await;
         let _ = tx.send(true);
     });
+    tokio::spawn(coord.clone().schedule(rx2.clone()));
     let reg_coord = coord.clone();
     let reg = async move {
         let Some((agents, tls)) = agents else {

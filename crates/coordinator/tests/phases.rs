@@ -45,6 +45,7 @@ async fn a_run_whose_part_env_sets_ckpts_own_variables_is_refused_before_any_lau
         env: Default::default(),
         node: "n1".into(),
         part_env: [("CKPT_IBQ_SOCKET".to_string(), "/tmp/mine.sock".to_string())].into(),
+        policy: Default::default(),
     };
     let e = c.coord.run(OWNER, spec).await.unwrap_err();
     assert!(

@@ -21,11 +21,13 @@ use crate::model::{Epoch, FlushState, Job, JobState, Phase, TransitionError};
 
 impl Coordinator {
     /// Validates a checkpoint request and starts the epoch; returns the job and the epoch.
+    /// `trigger` says who asked ("" for a user's request; see [`Epoch::trigger`]).
     pub async fn begin_checkpoint(
         &self,
         caller: &Caller,
         id: u64,
         kill: bool,
+        trigger: &str,
     ) -> Result<(Job, Epoch), DriveError> {
         self.job_for(caller, id)?;
         self.refresh(id).await?;
@@ -44,7 +46,8 @@ impl Coordinator {
             }
             Err(e) => return Err(e.into()),
         };
-        let epoch = Epoch::begin(id, number, kill, job.nodes(), now_ms());
+        let mut epoch = Epoch::begin(id, number, kill, job.nodes(), now_ms());
+        epoch.trigger = trigger.to_string();
         self.registry.put_job_and_epoch(&job, &epoch)?;
         Ok((job, epoch))
     }

@@ -130,7 +130,7 @@ impl Coordinator {
                 });
             };
             say(0, format!("checkpointing job {id} and stopping it"));
-            let checkpointed = match self.begin_checkpoint(&root, id, true).await {
+            let checkpointed = match self.begin_checkpoint(&root, id, true, "drain").await {
                 Ok((job, epoch)) => self.drive_checkpoint(job, epoch, progress.clone()).await,
                 Err(e) => Err(e),
             };

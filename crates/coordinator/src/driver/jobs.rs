@@ -169,6 +169,8 @@ impl Coordinator {
                 part_env: spec.part_env.clone().into_iter().collect(),
                 addresses: Default::default(),
                 moved: Default::default(),
+                policy: spec.policy.clone(),
+                running_since_unix_ms: 0,
             };
             let mut job = job;
             self.take_address(&mut job, &node)?;
@@ -214,6 +216,7 @@ impl Coordinator {
             .job(id)?
             .ok_or(DriveError::UnknownJob { job: id })?;
         job.state = JobState::Running;
+        job.running_since_unix_ms = now_ms();
         job.incarnation = reply.incarnation;
         job.job_dir = reply.job_dir;
         self.registry.put_job(&job)?;

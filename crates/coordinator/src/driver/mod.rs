@@ -11,7 +11,8 @@
 //! with a deadline. The protocol steps live beside it: `checkpoint.rs` (one epoch, phase by
 //! phase), `endpoints.rs` (the InfiniBand rebuild after a resume or a restore), `restart.rs`,
 //! `attach.rs` (parts of a job started on other nodes through ckpt-rsh), `jobs.rs` (run, cancel,
-//! agents' reports) and [`flush`] (partner copies, the flush to shared storage, retention).
+//! agents' reports), `schedule.rs` (periodic checkpoints) and [`flush`] (partner copies, the
+//! flush to shared storage, retention).
 mod addresses;
 mod attach;
 mod checkpoint;
@@ -21,6 +22,7 @@ pub mod flush;
 mod jobs;
 mod placement;
 mod restart;
+mod schedule;
 
 pub use drain::Drained;
 pub use placement::{Moves, Placement};
@@ -197,6 +199,8 @@ pub struct RunSpec {
     pub node: String,
     /// Variables the job's parts on other nodes get too.
     pub part_env: std::collections::HashMap<String, String>,
+    /// When ckptd checkpoints it by itself.
+    pub policy: crate::model::Policy,
 }
 
 /// Milliseconds since the Unix epoch.

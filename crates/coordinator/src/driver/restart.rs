@@ -7,7 +7,7 @@ use tokio::sync::mpsc;
 use tracing::{instrument, warn};
 
 use super::placement::{Moves, Placement};
-use super::{Caller, Coordinator, DriveError, Step};
+use super::{now_ms, Caller, Coordinator, DriveError, Step};
 use crate::agents::{FailureKind, NodeFailure};
 use crate::model::{Epoch, Job, JobState};
 
@@ -139,6 +139,7 @@ impl Coordinator {
                     let job = self
                         .update_job(id, |j| {
                             j.end_restart(Ok(incarnation))?;
+                            j.running_since_unix_ms = now_ms();
                             j.place_from(&epoch.nodes, &moves);
                             Ok(())
                         })

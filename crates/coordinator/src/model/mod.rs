@@ -6,6 +6,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub mod policy;
+pub use policy::{Every, Policy};
+
 /// The protocol phases of one checkpoint epoch, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Phase {
@@ -139,6 +142,9 @@ pub struct Epoch {
     /// is durable and older than `keep_local`).
     #[serde(default = "yes")]
     pub local_copy: bool,
+    /// Who asked for it: "" (a user's request), "periodic" (the job's policy), "drain".
+    #[serde(default)]
+    pub trigger: String,
 }
 
 impl Epoch {
@@ -159,6 +165,7 @@ impl Epoch {
             flush: FlushState::NotPlanned,
             partners: BTreeMap::new(),
             local_copy: true,
+            trigger: String::new(),
         }
     }
 
@@ -388,6 +395,13 @@ pub struct Job {
     /// restored `ckpt-rsh` still names the node it started its part on.
     #[serde(default)]
     pub moved: std::collections::BTreeMap<String, String>,
+    /// When ckptd checkpoints the job by itself.
+    #[serde(default)]
+    pub policy: Policy,
+    /// When the current incarnation began running (ms since the Unix epoch): the launch or the
+    /// last restart. Periodic checkpoints count from the later of this and the last epoch.
+    #[serde(default)]
+    pub running_since_unix_ms: u64,
 }
 
 impl Job {
@@ -576,6 +590,8 @@ pub(crate) mod fixtures {
             addresses: Default::default(),
             moved: Default::default(),
             token: String::new(),
+            policy: Policy::default(),
+            running_since_unix_ms: 0,
         }
     }
 

@@ -461,6 +461,7 @@ impl Cluster {
             env: HashMap::new(),
             node: "n1".into(),
             part_env: HashMap::from([("UCX_TLS".into(), "rc_verbs,ud_verbs,self".into())]),
+            policy: Default::default(),
         };
         let job = self.coord.run(OWNER, spec).await.unwrap();
         for host in &NODES[1..] {
@@ -498,6 +499,7 @@ impl Cluster {
             env: HashMap::new(),
             node: node.into(),
             part_env: HashMap::new(),
+            policy: Default::default(),
         };
         self.coord.run(OWNER, spec).await.unwrap().id
     }
@@ -546,7 +548,7 @@ impl Cluster {
     }
 
     pub(crate) async fn checkpoint(&self, job: u64, kill: bool) -> Result<u32, DriveError> {
-        let (job, epoch) = self.coord.begin_checkpoint(&OWNER, job, kill).await?;
+        let (job, epoch) = self.coord.begin_checkpoint(&OWNER, job, kill, "").await?;
         let (tx, _rx) = mpsc::unbounded_channel();
         self.coord
             .drive_checkpoint(job, epoch, tx)

@@ -1,0 +1,162 @@
+//! The command line: every subcommand, its flags and the help that teaches them.
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::client;
+
+const AFTER_HELP: &str = "\
+Examples:
+  JOB=$(ckptctl run --name heat -- mpiexec -n 4 ./heat 512 4000)
+  ckptctl checkpoint $JOB --wait        # consistent snapshot; the job keeps running
+  ckptctl checkpoint $JOB --kill        # snapshot, then stop the job (preemption)
+  ckptctl restart $JOB                  # from the latest committed epoch
+  ckptctl restart $JOB --epoch 1        # from an older one
+  ckptctl run --every 30m -- mpiexec …  # a checkpoint every 30 minutes (or --every auto)
+  ckptctl policy $JOB --every off       # stop periodic checkpoints
+  ckptctl status $JOB · ckptctl epochs $JOB · ckptctl list
+
+Exit codes:
+  0 success            1 internal error          2 bad arguments
+  3 job not found      4 not allowed in the job's current state
+  5 permission denied  6 checkpoint or restart failed (epoch aborted; job unharmed)
+  7 ckptd or an agent unreachable                 8 image corrupt or missing
+  9 a deadline passed  10 staging storage full";
+
+/// Checkpoint and restart MPI jobs with ckpt.
+///
+/// Talks to ckptd over its Unix socket; you may act on your own jobs (root on all).
+#[derive(Parser, Debug)]
+#[command(version, about, long_about, after_help = AFTER_HELP)]
+pub struct Cli {
+    /// ckptd's control socket.
+    #[arg(long, global = true, env = "CKPT_SOCKET", default_value = client::DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// Print machine-readable JSON on stdout instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Start a job under ckpt; prints its JOBID on stdout.
+    ///
+    /// The command runs on a node's agent with your uid, environment and working directory;
+    /// its stdout and stderr go to files in the job directory (shown on stderr).
+    Run {
+        /// Job name (default: the command's file name).
+        #[arg(long)]
+        name: Option<String>,
+        /// Node to start the command on (default: the first registered).
+        #[arg(long)]
+        node: Option<String>,
+        /// Run MPI over InfiniBand/RoCE verbs in a way ckpt can checkpoint: sets, unless your
+        /// environment has them, OMPI_MCA_pml=ucx OMPI_MCA_pml_ucx_devices=any
+        /// OMPI_MCA_pml_ucx_tls=any OMPI_MCA_btl=^openib,ofi OMPI_MCA_mtl=^ofi OMPI_MCA_osc=^ucx
+        /// UCX_TLS=rc_verbs,ud_verbs,self UCX_UD_VERBS_ETH_DGID_CHECK=n UCX_MODULES=^rdmacm,
+        /// and gives them to the job's processes on other nodes too. The agents preload the
+        /// verbs layer on nodes with RDMA devices either way (docs/infiniband.md).
+        #[arg(long)]
+        rdma: bool,
+        /// Checkpoint the job every INTERVAL while it runs (`30m`, `2h`, `90s`), counted from
+        /// its start and from the end of its last checkpoint; `auto` derives the interval from
+        /// the cost of its checkpoints and the nodes' MTBF (ckptd.toml `[policy]`). Change it
+        /// later with `ckptctl policy`.
+        #[arg(long, value_name = "INTERVAL")]
+        every: Option<String>,
+        /// The command, usually `mpiexec ...`.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Take a coordinated checkpoint of a running job.
+    Checkpoint {
+        /// Job id.
+        job: u64,
+        /// Wait until the epoch is committed (or failed) and show progress.
+        #[arg(long)]
+        wait: bool,
+        /// Stop the job once the snapshot is taken (implies --wait).
+        #[arg(long)]
+        kill: bool,
+    },
+    /// Restart a job whose processes are gone from a committed epoch.
+    Restart {
+        /// Job id.
+        job: u64,
+        /// Epoch to restart from (default: the latest committed).
+        #[arg(long)]
+        epoch: Option<u32>,
+        /// Restart on these nodes: the epoch's nodes, in the order `ckptctl status` lists
+        /// them, are replaced one for one (e.g. `--nodes n4,n2,n3`). Only a job that ran in
+        /// sandboxes (a job network, docs/operations.md) can move; exit 2 for a wrong count,
+        /// 3 for a node without an agent, 4 for a node that cannot take the part.
+        #[arg(long, value_delimiter = ',', conflicts_with = "map")]
+        nodes: Vec<String>,
+        /// Move single parts: `--map n3=n4` restarts n3's part on n4, the others where they
+        /// ran (repeat for more).
+        #[arg(long, value_name = "OLD=NEW")]
+        map: Vec<String>,
+        /// Put the part of every node of the epoch that is down (no heartbeat for
+        /// ckptd.toml `node_timeout`) on a free spare (ckptd.toml `[spares]`); the others
+        /// restart where they ran. With spares configured, a restart without --nodes or --map
+        /// does this too. Exit 10 when too few spares are free.
+        #[arg(long, conflicts_with_all = ["nodes", "map"])]
+        on_spares: bool,
+    },
+    /// Root only: a node is being reclaimed. Checkpoint and stop every running job with a part
+    /// on NODE (as `checkpoint --kill` does); with --migrate, restart each at once with that
+    /// part on a free spare (ckptd.toml `[spares]`). A job that cannot be checkpointed keeps
+    /// running; one that cannot be migrated stays stopped and restorable. Exit 0 when every
+    /// job was handled, else the code of the first failure.
+    Drain {
+        /// The node to empty.
+        node: String,
+        /// Restart the jobs on spares at once.
+        #[arg(long)]
+        migrate: bool,
+    },
+    /// Show or change when ckptd checkpoints a job by itself.
+    ///
+    /// Without options, shows the job's policy: the interval, how `auto` chose it, and when the
+    /// next checkpoint is due. Periodic checkpoints are skipped while another checkpoint or a
+    /// restart of the job runs, and survive a ckptd restart.
+    Policy {
+        /// Job id.
+        job: u64,
+        /// Checkpoint every INTERVAL (`30m`, `2h`, `90s`), `auto`, or `off`.
+        #[arg(long, value_name = "INTERVAL")]
+        every: Option<String>,
+    },
+    /// Show a job, its nodes and processes.
+    Status {
+        /// Job id.
+        job: u64,
+    },
+    /// List jobs (yours; root sees all).
+    List,
+    /// Show a job's checkpoint epochs: state, storage (local, flushing with progress,
+    /// durable = also in shared storage, shared-only, flush-failed), which copies exist
+    /// (local, partner, shared), frozen time, size, failure reason.
+    Epochs {
+        /// Job id.
+        job: u64,
+    },
+    /// Kill a running job (SIGTERM, then SIGKILL). Its checkpoints stay restorable.
+    Cancel {
+        /// Job id.
+        job: u64,
+    },
+    /// Check a committed checkpoint's images on every node against their digests (reads only):
+    /// the local copy, and the shared one for a durable epoch. Exit 0 if every node has an
+    /// intact copy (a damaged one is reported), 8 if a node has none, 7 if a node could not be
+    /// reached.
+    Verify {
+        /// Job id.
+        job: u64,
+        /// Epoch to check (default: the latest committed).
+        #[arg(long)]
+        epoch: Option<u32>,
+    },
+}

@@ -1,0 +1,254 @@
+//! Replies in words and as JSON.
+use ckpt_proto::v1 as pb;
+use serde_json::{json, Value};
+
+/// A job's part on a node in words: "running", "exited with code 0", "killed by signal 9",
+/// "absent", or "unknown (why)" when ckptd could not ask the node.
+pub fn node_state(n: &pb::NodeJobInfo) -> String {
+    match n.state() {
+        pb::PartState::Exited => n.end.unwrap_or_default().text(),
+        pb::PartState::Unspecified => format!("unknown ({})", n.detail),
+        s => s.name().to_string(),
+    }
+}
+
+pub fn job_json(j: &pb::JobInfo) -> Value {
+    json!({
+        "id": j.id, "name": j.name, "owner_uid": j.owner_uid, "state": j.state,
+        "argv": j.argv, "cwd": j.cwd, "created_unix_ms": j.created_unix_ms,
+        "exit_code": j.exit_code, "exit_signal": j.exit_signal,
+        "last_epoch": j.last_epoch, "latest_committed_epoch": j.latest_committed_epoch,
+        "job_dir": j.job_dir, "flush": j.flush,
+        "policy": j.policy.as_ref().map(|p| json!({
+            "every": p.every, "interval_s": p.interval_s, "why": p.why,
+            "next_checkpoint_unix_ms": p.next_checkpoint_unix_ms,
+        })),
+        "nodes": j.nodes.iter().map(|n| json!({
+            "node": n.node, "state": n.state().name(), "role": n.role, "address": n.address,
+            "moved_from": n.moved_from,
+            "exit_code": n.end.as_ref().and_then(pb::JobEnd::code),
+            "exit_signal": n.end.as_ref().and_then(pb::JobEnd::signal),
+            "detail": n.detail,
+            "ranks": n.processes.iter().filter_map(|p| p.rank).collect::<Vec<_>>(),
+            "processes": n.processes.iter().map(|p| json!({"pid": p.pid, "comm": p.comm, "state": p.state().name(), "rank": p.rank})).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Prints the job a reply carries (an empty one if it carries none): as JSON under `--json`, else
+/// as `text` words it.
+pub fn print_job(job: Option<pb::JobInfo>, json: bool, text: impl FnOnce(&pb::JobInfo)) {
+    let j = job.unwrap_or_default();
+    if json {
+        println!("{}", job_json(&j));
+    } else {
+        text(&j);
+    }
+}
+
+/// `ckptctl status` in words: the job, then each node and its processes.
+pub fn print_status(j: &pb::JobInfo) {
+    println!("job {} ({}): {}", j.id, j.name, j.state);
+    println!("  owner uid {}, command: {}", j.owner_uid, j.argv.join(" "));
+    println!(
+        "  epochs: {} taken, latest committed {}",
+        j.last_epoch, j.latest_committed_epoch
+    );
+    println!("  output: {}/stdout", j.job_dir);
+    if !j.flush.is_empty() {
+        println!("  flushing: {}", j.flush);
+    }
+    if let Some(p) = &j.policy {
+        println!("  {}", policy_text(p));
+    }
+    for n in &j.nodes {
+        let mut ranks: Vec<i32> = n.processes.iter().filter_map(|p| p.rank).collect();
+        ranks.sort_unstable();
+        let ranks = if ranks.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", ranks {}",
+                ranks
+                    .iter()
+                    .map(i32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
+        };
+        let address = if n.address.is_empty() {
+            String::new()
+        } else {
+            format!(", job address {}", n.address)
+        };
+        let moved = if n.moved_from.is_empty() {
+            String::new()
+        } else {
+            format!(", moved here from {}", n.moved_from)
+        };
+        println!(
+            "  node {} ({}): {}, {} processes{ranks}{address}{moved}",
+            n.node,
+            n.role,
+            node_state(n),
+            n.processes.len()
+        );
+        println!("    {:>8} {:>5} {:<16} STATE", "PID", "RANK", "COMMAND");
+        for p in &n.processes {
+            let rank = p.rank.map(|r| r.to_string()).unwrap_or_else(|| "-".into());
+            println!(
+                "    {:>8} {:>5} {:<16} {}",
+                p.pid,
+                rank,
+                p.comm,
+                p.state().name()
+            );
+        }
+    }
+}
+
+pub fn epoch_json(e: &pb::EpochInfo) -> Value {
+    json!({
+        "job_id": e.job_id, "epoch": e.epoch, "state": e.state, "failed_phase": e.failed_phase,
+        "reason": e.reason, "started_unix_ms": e.started_unix_ms, "finished_unix_ms": e.finished_unix_ms,
+        "frozen_ms": e.frozen_ms, "total_ms": e.total_ms, "image_bytes": e.image_bytes,
+        "image_files": e.image_files, "kill": e.kill, "nodes": e.nodes,
+        "storage": e.storage, "flush_detail": e.flush_detail, "flushed_bytes": e.flushed_bytes,
+        "flush_ms": e.flush_ms, "local_copy": e.local_copy, "shared_copy": e.shared_copy,
+        "partner_copy": e.partner_copy, "shared_bytes": e.shared_bytes,
+        "trigger": if e.trigger.is_empty() { "user" } else { e.trigger.as_str() },
+    })
+}
+
+/// Prints a list: as one JSON array of `to_json`'s objects under `--json`, else as `table`
+/// words it.
+pub fn print_list<T>(items: &[T], json: bool, to_json: fn(&T) -> Value, table: fn(&[T])) {
+    if json {
+        println!("{}", Value::Array(items.iter().map(to_json).collect()));
+    } else {
+        table(items);
+    }
+}
+
+/// `ckptctl list` in words: one line per job.
+pub fn print_jobs(jobs: &[pb::JobInfo]) {
+    println!(
+        "{:>6}  {:<16} {:<18} {:>6} {:>6} {:>9}  COMMAND",
+        "JOBID", "NAME", "STATE", "OWNER", "EPOCHS", "COMMITTED"
+    );
+    for j in jobs {
+        println!(
+            "{:>6}  {:<16} {:<18} {:>6} {:>6} {:>9}  {}",
+            j.id,
+            j.name,
+            j.state,
+            j.owner_uid,
+            j.last_epoch,
+            j.latest_committed_epoch,
+            j.argv.join(" ")
+        );
+    }
+}
+
+/// `ckptctl epochs` in words: one line per epoch.
+pub fn print_epochs(epochs: &[pb::EpochInfo]) {
+    println!(
+        "{:>5}  {:<28} {:<16} {:<20} {:>9} {:>9} {:>10} {:>6}  {:<8}  REASON",
+        "EPOCH", "STATE", "STORAGE", "COPIES", "FROZEN", "TOTAL", "SIZE", "FILES", "BY"
+    );
+    for e in epochs {
+        let reason = if !e.reason.is_empty() {
+            format!("[{}] {}", e.failed_phase, e.reason)
+        } else if !e.flush_detail.is_empty() {
+            format!("[flush] {}", e.flush_detail)
+        } else {
+            String::new()
+        };
+        let storage = match e.storage.as_str() {
+            "flushing" if e.image_bytes > 0 => {
+                format!("flushing {}%", e.flushed_bytes * 100 / e.image_bytes)
+            }
+            "" => "-".into(),
+            s => s.to_string(),
+        };
+        let copies: Vec<&str> = [
+            (e.local_copy, "local"),
+            (e.partner_copy, "partner"),
+            (e.shared_copy, "shared"),
+        ]
+        .iter()
+        .filter(|c| c.0)
+        .map(|c| c.1)
+        .collect();
+        let copies = if copies.is_empty() {
+            "-".to_string()
+        } else {
+            copies.join(",")
+        };
+        println!(
+            "{:>5}  {:<28} {:<16} {:<20} {:>7}ms {:>7}ms {:>10} {:>6}  {:<8}  {}",
+            e.epoch,
+            e.state,
+            storage,
+            copies,
+            e.frozen_ms,
+            e.total_ms,
+            size(e.image_bytes),
+            e.image_files,
+            if e.trigger.is_empty() {
+                "user"
+            } else {
+                &e.trigger
+            },
+            reason
+        );
+    }
+}
+
+/// A job's policy in words: "checkpoints every 30m (next in 12m 3s)", with how `auto` chose
+/// its interval.
+pub fn policy_text(p: &pb::JobPolicy) -> String {
+    let mut t = if p.every == "auto" {
+        format!("checkpoints every {} (auto: {})", secs(p.interval_s), p.why)
+    } else {
+        format!("checkpoints every {}", p.every)
+    };
+    if p.next_checkpoint_unix_ms > 0 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let left = p.next_checkpoint_unix_ms.saturating_sub(now) / 1000;
+        if left == 0 {
+            t.push_str(" (next one due now)");
+        } else {
+            t.push_str(&format!(" (next in {})", secs(left)));
+        }
+    } else {
+        t.push_str(" (while it runs)");
+    }
+    t
+}
+
+/// Seconds as `1h 2m 3s`, without the zero parts (`10m`).
+fn secs(s: u64) -> String {
+    let parts: Vec<String> = [(s / 3600, "h"), (s / 60 % 60, "m"), (s % 60, "s")]
+        .iter()
+        .filter(|(v, _)| *v > 0)
+        .map(|(v, u)| format!("{v}{u}"))
+        .collect();
+    if parts.is_empty() {
+        "0s".into()
+    } else {
+        parts.join(" ")
+    }
+}
+
+pub fn size(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
+        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{b} B"),
+    }
+}

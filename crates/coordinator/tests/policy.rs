@@ -1,0 +1,153 @@
+//! Checkpoints ckptd takes by itself (`run --every`, `ckptctl policy`), against the in-process
+//! fake agents of the phase tests, with the scheduler running as in ckptd.
+#[path = "phases/cluster.rs"]
+mod cluster;
+
+use std::time::{Duration, Instant};
+
+use cluster::*;
+use coordinator::driver::DriveError;
+use coordinator::model::{EpochState, Every, JobState, Policy};
+use tokio::sync::watch;
+
+fn every(s: u64) -> Policy {
+    Policy {
+        every: Some(Every::Seconds(s)),
+    }
+}
+
+/// Runs the scheduler until the returned sender is dropped.
+fn schedule(c: &Cluster) -> watch::Sender<bool> {
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(c.coord.clone().schedule(rx));
+    tx
+}
+
+/// Waits (bounded) until the job has `n` committed epochs.
+async fn committed(
+    c: &Cluster,
+    job: u64,
+    n: usize,
+    limit: Duration,
+) -> Vec<coordinator::model::Epoch> {
+    let begin = Instant::now();
+    loop {
+        let epochs: Vec<_> = c
+            .coord
+            .registry
+            .epochs(job)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.state == EpochState::Committed)
+            .collect();
+        if epochs.len() >= n {
+            return epochs;
+        }
+        assert!(
+            begin.elapsed() < limit,
+            "{} committed epochs after {limit:?}, wanted {n}",
+            epochs.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Every second: epochs follow each other at least the interval apart (counted from the end of
+/// the one before), marked periodic, and none starts while another runs.
+#[tokio::test]
+async fn a_periodic_policy_checkpoints_the_job_every_interval_one_epoch_at_a_time() {
+    let c = Cluster::start().await;
+    let job = c.job().await;
+    c.coord.set_policy(&OWNER, job, every(1)).await.unwrap();
+    let _run = schedule(&c);
+    let epochs = committed(&c, job, 3, Duration::from_secs(10)).await;
+    for pair in epochs.windows(2) {
+        assert!(
+            pair[1].started_unix_ms >= pair[0].finished_unix_ms + 1000,
+            "epoch {} began {} ms after epoch {} ended",
+            pair[1].number,
+            pair[1].started_unix_ms as i64 - pair[0].finished_unix_ms as i64,
+            pair[0].number
+        );
+    }
+    assert!(epochs.iter().all(|e| e.trigger == "periodic"), "{epochs:?}");
+    let info = c
+        .coord
+        .policy_info(&c.coord.registry.job(job).unwrap().unwrap())
+        .unwrap();
+    assert_eq!((info.every.as_str(), info.interval_s), ("1s", 1));
+    assert!(info.next_checkpoint_unix_ms > 0);
+}
+
+/// A checkpoint in progress (here one that hangs in the local checkpoint until its deadline
+/// aborts it) holds the next periodic one back: the job never has two epochs at once, and the
+/// scheduler carries on after the failure.
+#[tokio::test]
+async fn a_periodic_checkpoint_waits_for_the_one_in_progress_and_goes_on_after_a_failure() {
+    let c = Cluster::start_with(|cfg| {
+        cfg.deadlines.dump = Duration::from_millis(1500);
+    })
+    .await;
+    let job = c.job().await;
+    c.script("n2", "local-checkpoint", Act::Hang);
+    c.coord.set_policy(&OWNER, job, every(1)).await.unwrap();
+    let _run = schedule(&c);
+    let begin = Instant::now();
+    let mut seen_in_progress = 0;
+    while begin.elapsed() < Duration::from_millis(2500) {
+        let live = c
+            .coord
+            .registry
+            .epochs(job)
+            .unwrap()
+            .iter()
+            .filter(|e| e.phase().is_some())
+            .count();
+        assert!(live <= 1, "{live} epochs in progress at once");
+        seen_in_progress += live;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(seen_in_progress > 0, "no periodic checkpoint began");
+    c.unscript();
+    let epochs = committed(&c, job, 1, Duration::from_secs(10)).await;
+    let failed = c.coord.registry.epoch(job, 1).unwrap().unwrap();
+    assert!(
+        matches!(failed.state, EpochState::Failed { .. }),
+        "{failed:?}"
+    );
+    assert!(epochs[0].number > 1);
+    assert_eq!(c.job_state(job), JobState::Running);
+}
+
+/// Only the owner (or root) sets a job's policy; `off` stops it; a job that is not running is
+/// never checkpointed by its policy.
+#[tokio::test]
+async fn only_the_owner_sets_a_policy_and_a_stopped_job_is_left_alone() {
+    let c = Cluster::start().await;
+    let job = c.stopped_job().await;
+    let other = coordinator::driver::Caller {
+        uid: 1001,
+        gid: 1001,
+        pid: None,
+    };
+    let e = c.coord.set_policy(&other, job, every(1)).await.unwrap_err();
+    assert!(matches!(e, DriveError::NotOwner { .. }), "{e}");
+    let e = c.coord.set_policy(&OWNER, 99, every(1)).await.unwrap_err();
+    assert!(matches!(e, DriveError::UnknownJob { .. }), "{e}");
+    c.coord.set_policy(&ROOT, job, every(1)).await.unwrap();
+    let _run = schedule(&c);
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    assert_eq!(
+        c.coord.registry.epochs(job).unwrap().len(),
+        2,
+        "a stopped job was checkpointed"
+    );
+    let j = c.coord.registry.job(job).unwrap().unwrap();
+    assert_eq!(c.coord.policy_info(&j).unwrap().next_checkpoint_unix_ms, 0);
+    c.coord
+        .set_policy(&OWNER, job, Policy { every: None })
+        .await
+        .unwrap();
+    let j = c.coord.registry.job(job).unwrap().unwrap();
+    assert!(c.coord.policy_info(&j).is_none());
+}

@@ -1,0 +1,130 @@
+//! End-to-end tests of when ckptd checkpoints by itself: periodic checkpoints of a real 4-rank
+//! MPI job under a real ckptd (with its agent) and real CRIU, across a ckptd restart; bad
+//! input. Skips with a printed reason where root, CRIU or MPI are missing.
+use std::time::{Duration, Instant};
+
+use ckpt_tests::{skip_unless_ready, Ckptd, Mpi, Options};
+
+const RANKS: u32 = 4;
+const N: u32 = 256;
+const ITERS: u32 = 3000;
+/// Per-iteration sleep: the job runs ~15-25 s, time for several checkpoints 2 s apart and a
+/// ckptd restart.
+const SLEEP_US: u32 = 5000;
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// The job's committed epochs, oldest first.
+fn committed(d: &Ckptd, job: u64) -> Vec<serde_json::Value> {
+    d.epochs(job)
+        .into_iter()
+        .filter(|e| e["state"] == "committed")
+        .collect()
+}
+
+/// Waits (bounded) until the job has at least `n` committed epochs, while it runs.
+#[track_caller]
+fn wait_committed(d: &Ckptd, job: u64, n: usize) -> Vec<serde_json::Value> {
+    let begin = Instant::now();
+    loop {
+        let c = committed(d, job);
+        if c.len() >= n {
+            return c;
+        }
+        assert!(
+            begin.elapsed() < LIMIT && d.status(job)["state"] != "exited (0)",
+            "{} committed epochs, wanted {n}: {:?}",
+            c.len(),
+            d.epochs(job)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `run --every 2s`: ckptd checkpoints the running job every 2 s, one epoch at a time, also
+/// after ckptd itself was restarted (the policy is in its database), and the job still ends
+/// with the answer of an uninterrupted run.
+#[test]
+fn every_two_seconds_checkpoints_the_job_across_a_ckptd_restart() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich");
+    let want = Mpi::Mpich.reference_checksum(RANKS, N, ITERS);
+    let mut d = Ckptd::start(Options::default());
+    let mut args = vec!["run", "--every", "2s", "--name", "heat", "--"];
+    let argv = Mpi::Mpich.heat_argv(RANKS, N, ITERS, SLEEP_US);
+    args.extend(argv.iter().map(String::as_str));
+    let out = d.ctl(&args);
+    let job: u64 = out.ok().trim().parse().expect("a job id");
+    assert!(out.stderr.contains("checkpoints every 2s"), "{out:?}");
+    d.wait_progress(job, 1, LIMIT);
+    let policy = &d.status(job)["policy"];
+    assert_eq!(policy["every"], "2s", "{policy}");
+    assert_eq!(policy["interval_s"], 2, "{policy}");
+
+    // Right after the first periodic commit, ckptd goes away for a while and comes back.
+    wait_committed(&d, job, 1);
+    d.stop_daemon();
+    std::thread::sleep(Duration::from_secs(1));
+    let restarted_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    d.start_daemon();
+    d.wait_registered();
+    assert_eq!(
+        d.status(job)["policy"]["every"],
+        "2s",
+        "the policy survived"
+    );
+    let epochs = wait_committed(&d, job, 3);
+    assert!(
+        epochs
+            .iter()
+            .any(|e| e["started_unix_ms"].as_u64() > Some(restarted_ms)),
+        "a periodic checkpoint after the ckptd restart: {epochs:?}"
+    );
+    assert!(
+        !d.output(job).contains("checksum"),
+        "the job ran through 3 checkpoints; make it longer"
+    );
+    assert_eq!(d.wait_checksum(job, LIMIT), want, "the answer is right");
+
+    let all = d.epochs(job);
+    for e in &all {
+        assert_eq!(e["trigger"], "periodic", "{e}");
+    }
+    for pair in all.windows(2) {
+        assert!(
+            pair[1]["started_unix_ms"].as_u64() >= pair[0]["finished_unix_ms"].as_u64(),
+            "epochs {} and {} overlap: {all:?}",
+            pair[0]["epoch"],
+            pair[1]["epoch"]
+        );
+    }
+    assert!(committed(&d, job).len() >= 3, "{all:?}");
+}
+
+/// Intervals that make no sense are refused before anything runs, saying what to write.
+#[test]
+fn a_zero_or_unreadable_interval_is_refused() {
+    skip_unless_ready!();
+    let d = Ckptd::start(Options::default());
+    let out = d.ctl(&["run", "--every", "0", "--", "/bin/sleep", "30"]);
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stderr.contains("at least 1s"), "{out:?}");
+    assert!(
+        d.ctl(&["list", "--json"]).ok().trim() == "[]",
+        "nothing was started"
+    );
+    let job = d.run_job("sleeper", &["/bin/sleep".to_string(), "30".to_string()]);
+    let out = d.ctl(&["policy", &job.to_string(), "--every", "soon"]);
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stderr.contains("30m, 2h or 90s"), "{out:?}");
+    let out = d.ctl(&["policy", &job.to_string()]);
+    assert!(out.ok().contains("no policy"), "{out:?}");
+    let out = d.ctl(&["policy", &job.to_string(), "--every", "auto"]);
+    assert!(
+        out.ok()
+            .contains("auto: no checkpoint of this job measured yet"),
+        "{out:?}"
+    );
+    d.ctl(&["cancel", &job.to_string()]).ok();
+}
