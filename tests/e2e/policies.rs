@@ -128,3 +128,87 @@ fn a_zero_or_unreadable_interval_is_refused() {
     );
     d.ctl(&["cancel", &job.to_string()]).ok();
 }
+
+/// A batch script's pattern: `run --name heat --resume --checkpoint-on USR1,TERM` starts the
+/// job and waits; USR1 (Slurm's warning before the time limit) checkpoints and stops the job
+/// and exits 75; the requeued script's same command resumes the job from that checkpoint
+/// and, with `--wait`, ends with the job's status and the uninterrupted answer. Another user
+/// cannot resume it; once it finished, `--resume` starts afresh.
+#[test]
+fn a_signal_stops_the_job_after_a_checkpoint_and_resume_finishes_it() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich");
+    const NOBODY: u32 = 65534;
+    let want = Mpi::Mpich.reference_checksum(RANKS, N, ITERS);
+    let d = Ckptd::start(Options::default());
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(d.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let argv = Mpi::Mpich.heat_argv(RANKS, N, ITERS, SLEEP_US);
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "--name", "heat", "--resume"];
+        args.extend(extra);
+        args.push("--");
+        args.extend(argv.iter().map(String::as_str));
+        args.into_iter().map(String::from).collect::<Vec<String>>()
+    };
+    let first = run(&["--checkpoint-on", "USR1,TERM"]);
+    let waiting = d.ctl_spawn(&first.iter().map(String::as_str).collect::<Vec<_>>());
+    let begin = Instant::now();
+    let job = loop {
+        let list: Vec<serde_json::Value> =
+            serde_json::from_str(d.ctl(&["list", "--json"]).ok()).unwrap();
+        if let Some(j) = list.iter().find(|j| j["name"] == "heat") {
+            break j["id"].as_u64().unwrap();
+        }
+        assert!(begin.elapsed() < LIMIT, "the job never appeared");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    d.wait_progress(job, 1, LIMIT);
+    // SAFETY: kill(2) on our own child's PID.
+    unsafe { libc::kill(waiting.id() as i32, libc::SIGUSR1) };
+    let out = ckpt_tests::Ctl::finish(waiting, LIMIT);
+    assert_eq!(out.code, 75, "{out:?}");
+    assert_eq!(out.stdout.trim(), job.to_string(), "{out:?}");
+    assert!(out.stderr.contains("got SIGUSR1"), "{out:?}");
+    assert!(out.stderr.contains("stopped after checkpoint 1"), "{out:?}");
+    assert_eq!(d.status(job)["state"], "stopped");
+    assert!(d.job_pids(job).is_empty(), "the job is stopped");
+
+    // Nobody else resumes it, nor takes its name.
+    let out = d.ctl_as(
+        NOBODY,
+        &["run", "--name", "heat", "--resume", "--", "/bin/true"],
+    );
+    assert_eq!(out.code, 5, "{out:?}");
+    assert!(out.stderr.contains("belongs to uid 0"), "{out:?}");
+
+    // The requeued script: the same command, now with --wait for the end.
+    let again = run(&["--wait", "--checkpoint-on", "USR1,TERM"]);
+    let out = d.ctl(&again.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(out.code, 0, "the job ended well: {out:?}");
+    assert_eq!(out.stdout.trim(), job.to_string(), "the same job: {out:?}");
+    assert!(out.stderr.contains("resuming from epoch 1"), "{out:?}");
+    assert_eq!(
+        ckpt_tests::checksum_in(&d.output(job)).as_deref(),
+        Some(want.as_str()),
+        "the answer of an uninterrupted run"
+    );
+    assert!(
+        d.output(job).matches("iter 150/").count() == 1,
+        "it did not start over: {}",
+        d.output(job)
+    );
+
+    // Finished: a further --resume runs it afresh, as a new job.
+    let out = d.ctl(&[
+        "run",
+        "--name",
+        "heat",
+        "--resume",
+        "--wait",
+        "--",
+        "/bin/true",
+    ]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_ne!(out.stdout.trim(), job.to_string(), "{out:?}");
+    assert!(out.stderr.contains("starting it fresh"), "{out:?}");
+}

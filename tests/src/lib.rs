@@ -249,6 +249,20 @@ impl Ctl {
         }
     }
 
+    /// Waits (bounded) for a ckptctl started by [`Ckptd::ctl_spawn`] and collects what it
+    /// printed; kills it at `limit`.
+    #[track_caller]
+    pub fn finish(mut child: Child, limit: Duration) -> Ctl {
+        if !wait_child(&mut child, limit) {
+            let _ = child.kill();
+            panic!(
+                "ckptctl still running after {limit:?}: {:?}",
+                Ctl::from(child.wait_with_output().expect("collect ckptctl"))
+            );
+        }
+        Ctl::from(child.wait_with_output().expect("collect ckptctl"))
+    }
+
     /// Asserts success and returns stdout.
     #[track_caller]
     pub fn ok(&self) -> &str {

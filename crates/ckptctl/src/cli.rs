@@ -41,35 +41,16 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Cmd {
-    /// Start a job under ckpt; prints its JOBID on stdout.
+    /// Start a job under ckpt (or resume it); prints its JOBID on stdout.
     ///
     /// The command runs on a node's agent with your uid, environment and working directory;
     /// its stdout and stderr go to files in the job directory (shown on stderr).
-    Run {
-        /// Job name (default: the command's file name).
-        #[arg(long)]
-        name: Option<String>,
-        /// Node to start the command on (default: the first registered).
-        #[arg(long)]
-        node: Option<String>,
-        /// Run MPI over InfiniBand/RoCE verbs in a way ckpt can checkpoint: sets, unless your
-        /// environment has them, OMPI_MCA_pml=ucx OMPI_MCA_pml_ucx_devices=any
-        /// OMPI_MCA_pml_ucx_tls=any OMPI_MCA_btl=^openib,ofi OMPI_MCA_mtl=^ofi OMPI_MCA_osc=^ucx
-        /// UCX_TLS=rc_verbs,ud_verbs,self UCX_UD_VERBS_ETH_DGID_CHECK=n UCX_MODULES=^rdmacm,
-        /// and gives them to the job's processes on other nodes too. The agents preload the
-        /// verbs layer on nodes with RDMA devices either way (docs/infiniband.md).
-        #[arg(long)]
-        rdma: bool,
-        /// Checkpoint the job every INTERVAL while it runs (`30m`, `2h`, `90s`), counted from
-        /// its start and from the end of its last checkpoint; `auto` derives the interval from
-        /// the cost of its checkpoints and the nodes' MTBF (ckptd.toml `[policy]`). Change it
-        /// later with `ckptctl policy`.
-        #[arg(long, value_name = "INTERVAL")]
-        every: Option<String>,
-        /// The command, usually `mpiexec ...`.
-        #[arg(last = true, required = true)]
-        command: Vec<String>,
-    },
+    ///
+    /// In a batch script (docs/operations.md, "Batch jobs"): `ckptctl run --name NAME --resume
+    /// --checkpoint-on USR1,TERM -- mpiexec ...` starts the job, or restarts it from its latest
+    /// checkpoint when the script was requeued; it waits for the job's end and exits with its
+    /// status, or checkpoints and stops the job on those signals and exits 75.
+    Run(RunArgs),
     /// Take a coordinated checkpoint of a running job.
     Checkpoint {
         /// Job id.
@@ -159,4 +140,49 @@ pub enum Cmd {
         #[arg(long)]
         epoch: Option<u32>,
     },
+}
+
+/// `ckptctl run`.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Job name (default: the command's file name).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Node to start the command on (default: the first registered).
+    #[arg(long)]
+    pub node: Option<String>,
+    /// Run MPI over InfiniBand/RoCE verbs in a way ckpt can checkpoint: sets, unless your
+    /// environment has them, OMPI_MCA_pml=ucx OMPI_MCA_pml_ucx_devices=any
+    /// OMPI_MCA_pml_ucx_tls=any OMPI_MCA_btl=^openib,ofi OMPI_MCA_mtl=^ofi OMPI_MCA_osc=^ucx
+    /// UCX_TLS=rc_verbs,ud_verbs,self UCX_UD_VERBS_ETH_DGID_CHECK=n UCX_MODULES=^rdmacm,
+    /// and gives them to the job's processes on other nodes too. The agents preload the
+    /// verbs layer on nodes with RDMA devices either way (docs/infiniband.md).
+    #[arg(long)]
+    pub rdma: bool,
+    /// Checkpoint the job every INTERVAL while it runs (`30m`, `2h`, `90s`), counted from
+    /// its start and from the end of its last checkpoint; `auto` derives the interval from
+    /// the cost of its checkpoints and the nodes' MTBF (ckptd.toml `[policy]`). Change it
+    /// later with `ckptctl policy`.
+    #[arg(long, value_name = "INTERVAL")]
+    pub every: Option<String>,
+    /// Follow the job to its end and exit with its status: its exit code, 128+N when signal
+    /// N killed it, 75 (EX_TEMPFAIL: try again later) when ckpt stopped it after a checkpoint
+    /// (`checkpoint --kill`, `drain`, `--checkpoint-on`) or its node was lost, so that a
+    /// batch script requeues itself; 143 when it was cancelled.
+    #[arg(long)]
+    pub wait: bool,
+    /// Restart your latest job called NAME (`--name`) from its latest committed checkpoint
+    /// when its processes are gone; start it fresh when it has none. Refused (exit 4) while
+    /// that job still runs, and (exit 5) when NAME is another user's job.
+    #[arg(long, requires = "name")]
+    pub resume: bool,
+    /// On any of these signals (`USR1`, `TERM`, ...; comma-separated), checkpoint the job and
+    /// stop it (as `checkpoint --kill`), then exit 75. Implies --wait. With Slurm:
+    /// `#SBATCH --signal=B:USR1@120` warns two minutes before the time limit; preemption and
+    /// `scontrol requeue` send TERM.
+    #[arg(long, value_delimiter = ',', value_name = "SIGNALS")]
+    pub checkpoint_on: Vec<String>,
+    /// The command, usually `mpiexec ...`.
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
 }

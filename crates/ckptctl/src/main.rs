@@ -6,6 +6,7 @@ use std::process::ExitCode;
 mod cli;
 mod client;
 mod rdma;
+mod run;
 mod show;
 
 use ckpt_proto::v1 as pb;
@@ -16,9 +17,9 @@ use tonic::Code;
 use cli::{Cli, Cmd};
 use show::*;
 
-struct Failure {
-    code: u8,
-    message: String,
+pub(crate) struct Failure {
+    pub(crate) code: u8,
+    pub(crate) message: String,
 }
 
 fn exit_code(code: Code) -> u8 {
@@ -78,48 +79,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     })?;
     let json = cli.json;
     match cli.cmd {
-        Cmd::Run {
-            name,
-            node,
-            rdma,
-            every,
-            command,
-        } => {
-            let cwd = std::env::current_dir()
-                .map(|p| p.display().to_string())
-                .unwrap_or_else(|_| "/".into());
-            let mut env: std::collections::HashMap<String, String> = std::env::vars().collect();
-            let mut part_env = Default::default();
-            if rdma {
-                let a = rdma::apply(&mut env);
-                if !json && !a.set.is_empty() {
-                    let set: Vec<String> = a.set.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                    eprintln!("--rdma set {}", set.join(" "));
-                }
-                part_env = a.part_env;
-            }
-            let req = pb::RunRequest {
-                name: name.unwrap_or_default(),
-                argv: command,
-                cwd,
-                env,
-                node: node.unwrap_or_default(),
-                part_env,
-                every: every.unwrap_or_default(),
-            };
-            let reply = c.run(req).await?;
-            print_job(reply.into_inner().job, json, |job| {
-                println!("{}", job.id);
-                let node = job.nodes.first().map(|n| n.node.as_str()).unwrap_or("?");
-                eprintln!(
-                    "job {} ({}) started on node {node}; output in {}/stdout",
-                    job.id, job.name, job.job_dir
-                );
-                if let Some(p) = &job.policy {
-                    eprintln!("job {}: {}", job.id, policy_text(p));
-                }
-            });
-        }
+        Cmd::Run(args) => run::run(&mut c, args, json).await?,
         Cmd::Checkpoint { job, wait, kill } => {
             let stream = c
                 .checkpoint(pb::CheckpointRequest { job_id: job, kill })
@@ -261,11 +221,23 @@ async fn run(cli: Cli) -> Result<(), Failure> {
 
 /// Shows progress of a streamed operation; returns once it is done (or, without `wait`, once
 /// it has started).
-async fn follow(
+pub(crate) async fn follow(
+    stream: tonic::Streaming<pb::Progress>,
+    wait: bool,
+    json: bool,
+    what: &str,
+) -> Result<(), Failure> {
+    follow_to(stream, wait, json, what, false).await
+}
+
+/// [`follow`], with the result in words on stderr when `result_to_stderr` (stdout carries
+/// something else, e.g. `run --resume`'s job id).
+pub(crate) async fn follow_to(
     mut stream: tonic::Streaming<pb::Progress>,
     wait: bool,
     json: bool,
     what: &str,
+    result_to_stderr: bool,
 ) -> Result<(), Failure> {
     let tty = std::io::stderr().is_terminal();
     let bar = if tty && !json {
@@ -330,7 +302,7 @@ async fn follow(
                 message: msg.message,
             });
         }
-        if json {
+        if json && !result_to_stderr {
             let mut v = msg
                 .result
                 .as_ref()
@@ -339,8 +311,8 @@ async fn follow(
             v["elapsed_ms"] = json!(msg.elapsed_ms);
             println!("{v}");
         } else if let Some(e) = &msg.result {
-            if what == "checkpoint" {
-                println!(
+            let line = if what == "checkpoint" {
+                format!(
                     "job {}: epoch {} committed: frozen {} ms, total {:.2} s, {} in {} files",
                     e.job_id,
                     e.epoch,
@@ -348,14 +320,19 @@ async fn follow(
                     msg.elapsed_ms as f64 / 1000.0,
                     size(e.image_bytes),
                     e.image_files
-                );
+                )
             } else {
-                println!(
+                format!(
                     "job {}: restarted from epoch {} in {:.2} s",
                     e.job_id,
                     e.epoch,
                     msg.elapsed_ms as f64 / 1000.0
-                );
+                )
+            };
+            if result_to_stderr {
+                eprintln!("{line}");
+            } else {
+                println!("{line}");
             }
         } else {
             println!("{}", msg.message);

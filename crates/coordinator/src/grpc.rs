@@ -230,6 +230,22 @@ impl pb::control_server::Control for ControlHandler {
         } else {
             Every::parse(&r.every).map_err(Status::invalid_argument)?
         };
+        if r.resume {
+            let policy = (!r.every.is_empty()).then_some(Policy { every });
+            if let crate::driver::Resume::Restart(job, epoch) = self
+                .coord
+                .resolve_resume(&who, &r.name, policy)
+                .await
+                .map_err(|e| to_status(&e))?
+            {
+                let mut info = job_info(&job, vec![]);
+                info.policy = self.coord.policy_info(&job);
+                return Ok(Response::new(pb::RunReply {
+                    job: Some(info),
+                    resume_epoch: epoch,
+                }));
+            }
+        }
         let spec = RunSpec {
             name: r.name,
             argv: r.argv,
@@ -243,7 +259,10 @@ impl pb::control_server::Control for ControlHandler {
         let nodes = self.coord.inspect(&job).await;
         let mut info = job_info(&job, nodes);
         info.policy = self.coord.policy_info(&job);
-        Ok(Response::new(pb::RunReply { job: Some(info) }))
+        Ok(Response::new(pb::RunReply {
+            job: Some(info),
+            resume_epoch: 0,
+        }))
     }
 
     type CheckpointStream = ProgressStream;

@@ -151,3 +151,65 @@ async fn only_the_owner_sets_a_policy_and_a_stopped_job_is_left_alone() {
     let j = c.coord.registry.job(job).unwrap().unwrap();
     assert!(c.coord.policy_info(&j).is_none());
 }
+
+/// `run --resume --name NAME` restarts the caller's latest job of that name from its latest
+/// committed epoch when it was stopped; refuses a running one and another user's; starts
+/// fresh when there is nothing to resume.
+#[tokio::test]
+async fn resume_finds_the_latest_stopped_job_of_a_name_and_refuses_others() {
+    use coordinator::driver::Resume;
+    let c = Cluster::start().await;
+    let other = coordinator::driver::Caller {
+        uid: 1001,
+        gid: 1001,
+        pid: None,
+    };
+    // Nothing of that name yet, or no name at all.
+    assert!(matches!(
+        c.coord.resolve_resume(&OWNER, "fake", None).await.unwrap(),
+        Resume::Fresh
+    ));
+    let e = c.coord.resolve_resume(&OWNER, "", None).await.unwrap_err();
+    assert!(
+        matches!(&e, DriveError::Invalid(m) if m.contains("--name")),
+        "{e}"
+    );
+    // A running job of that name.
+    let job = c.job().await;
+    let e = c
+        .coord
+        .resolve_resume(&OWNER, "fake", None)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("still runs"), "{e}");
+    // Stopped after its second checkpoint: resumed from epoch 2, with the policy given.
+    c.checkpoint(job, false).await.unwrap();
+    c.checkpoint(job, true).await.unwrap();
+    match c
+        .coord
+        .resolve_resume(&OWNER, "fake", Some(every(60)))
+        .await
+        .unwrap()
+    {
+        Resume::Restart(j, epoch) => {
+            assert_eq!((j.id, epoch), (job, 2));
+            assert_eq!(j.policy, every(60));
+        }
+        Resume::Fresh => panic!("a stopped job with epochs is resumed"),
+    }
+    // Another user may neither resume it nor take its name.
+    let e = c
+        .coord
+        .resolve_resume(&other, "fake", None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, DriveError::Denied(m) if m.contains("belongs to uid 1000")),
+        "{e}"
+    );
+    // Root may (it acts on every job).
+    assert!(matches!(
+        c.coord.resolve_resume(&ROOT, "fake", None).await.unwrap(),
+        Resume::Restart(..)
+    ));
+}

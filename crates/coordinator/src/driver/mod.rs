@@ -11,7 +11,7 @@
 //! with a deadline. The protocol steps live beside it: `checkpoint.rs` (one epoch, phase by
 //! phase), `endpoints.rs` (the InfiniBand rebuild after a resume or a restore), `restart.rs`,
 //! `attach.rs` (parts of a job started on other nodes through ckpt-rsh), `jobs.rs` (run, cancel,
-//! agents' reports), `schedule.rs` (periodic checkpoints) and [`flush`] (partner copies, the
+//! agents' reports), `schedule.rs` (periodic checkpoints), `resume.rs` (`run --resume`) and [`flush`] (partner copies, the
 //! flush to shared storage, retention).
 mod addresses;
 mod attach;
@@ -22,10 +22,12 @@ pub mod flush;
 mod jobs;
 mod placement;
 mod restart;
+mod resume;
 mod schedule;
 
 pub use drain::Drained;
 pub use placement::{Moves, Placement};
+pub use resume::Resume;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -1,0 +1,343 @@
+//! `ckptctl run`: start or resume a job, and with `--wait` follow it to its end, checkpointing
+//! and stopping it on the signals of `--checkpoint-on` (what a batch script does before its
+//! allocation ends).
+use std::time::Duration;
+
+use ckpt_proto::v1 as pb;
+use ckpt_proto::v1::control_client::ControlClient;
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tonic::transport::Channel;
+
+use crate::cli::RunArgs;
+use crate::show::{job_json, policy_text, print_job};
+use crate::{follow_to, rdma, Failure};
+
+/// Exit status of `run --wait` when ckpt stopped the job after a checkpoint or lost its node:
+/// sysexits' EX_TEMPFAIL, "try again later". A batch script requeues itself on it.
+pub const STOPPED: u8 = 75;
+
+/// How often `--wait` asks ckptd about the job.
+const POLL: Duration = Duration::from_millis(500);
+
+/// The signals `--checkpoint-on` accepts.
+const SIGNALS: [(&str, i32); 6] = [
+    ("HUP", libc::SIGHUP),
+    ("INT", libc::SIGINT),
+    ("TERM", libc::SIGTERM),
+    ("USR1", libc::SIGUSR1),
+    ("USR2", libc::SIGUSR2),
+    ("XCPU", libc::SIGXCPU),
+];
+
+/// Parses `USR1`, `SIGUSR1` or `usr1`.
+pub fn parse_signal(name: &str) -> Result<(String, i32), String> {
+    let upper = name.trim().to_ascii_uppercase();
+    let bare = upper.strip_prefix("SIG").unwrap_or(&upper);
+    SIGNALS
+        .iter()
+        .find(|(n, _)| *n == bare)
+        .map(|(n, s)| (format!("SIG{n}"), *s))
+        .ok_or_else(|| {
+            let known: Vec<&str> = SIGNALS.iter().map(|(n, _)| *n).collect();
+            format!(
+                "--checkpoint-on {name:?}: not a signal ckptctl can wait for; use one of {}",
+                known.join(", ")
+            )
+        })
+}
+
+/// How a job that is over ends `run --wait`: its own status, or [`STOPPED`].
+pub fn end_status(j: &pb::JobInfo) -> Option<(u8, String)> {
+    let state = j.state.as_str();
+    let name = format!("job {} ({})", j.id, j.name);
+    if let Some(s) = j.exit_signal {
+        return Some((
+            (128 + s).clamp(0, 255) as u8,
+            format!("{name} was killed by signal {s}"),
+        ));
+    }
+    if state.starts_with("exited") {
+        let c = j.exit_code.unwrap_or(0);
+        return Some((
+            c.clamp(0, 255) as u8,
+            format!("{name} exited with code {c}"),
+        ));
+    }
+    let resume = format!(
+        "resume it with `ckptctl run --name {} --resume ...`",
+        j.name
+    );
+    match state {
+        "stopped" => Some((
+            STOPPED,
+            format!(
+                "{name} was stopped after checkpoint {}; {resume}",
+                j.latest_committed_epoch
+            ),
+        )),
+        "lost" => Some((
+            STOPPED,
+            format!(
+                "{name} was lost (a node or agent went away); {}",
+                if j.latest_committed_epoch > 0 {
+                    resume
+                } else {
+                    "it has no checkpoint to resume from".into()
+                }
+            ),
+        )),
+        "cancelled" => Some((143, format!("{name} was cancelled"))),
+        s if s.starts_with("failed to start") => Some((1, format!("{name} failed to start"))),
+        _ => None,
+    }
+}
+
+/// `ckptctl run`.
+pub async fn run(c: &mut ControlClient<Channel>, a: RunArgs, json: bool) -> Result<(), Failure> {
+    let invalid = |message: String| Failure { code: 2, message };
+    // Handlers first: a signal that comes while the job starts must not kill ckptctl.
+    let mut handlers: Vec<(String, Signal)> = Vec::new();
+    for name in &a.checkpoint_on {
+        let (name, num) = parse_signal(name).map_err(invalid)?;
+        let s = signal(SignalKind::from_raw(num))
+            .map_err(|e| invalid(format!("cannot wait for {name}: {e}")))?;
+        handlers.push((name, s));
+    }
+    let wait = a.wait || !handlers.is_empty();
+    let cwd = std::env::current_dir()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "/".into());
+    let mut env: std::collections::HashMap<String, String> = std::env::vars().collect();
+    let mut part_env = Default::default();
+    if a.rdma {
+        let r = rdma::apply(&mut env);
+        if !json && !r.set.is_empty() {
+            let set: Vec<String> = r.set.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            eprintln!("--rdma set {}", set.join(" "));
+        }
+        part_env = r.part_env;
+    }
+    let req = pb::RunRequest {
+        name: a.name.clone().unwrap_or_default(),
+        argv: a.command,
+        cwd,
+        env,
+        node: a.node.unwrap_or_default(),
+        part_env,
+        every: a.every.unwrap_or_default(),
+        resume: a.resume,
+    };
+    let reply = c.run(req).await?.into_inner();
+    let id = reply.job.as_ref().map(|j| j.id).unwrap_or_default();
+    if reply.resume_epoch > 0 {
+        if !json {
+            let j = reply.job.clone().unwrap_or_default();
+            eprintln!(
+                "job {} ({}): resuming from epoch {}",
+                j.id, j.name, reply.resume_epoch
+            );
+        }
+        let stream = c
+            .restart(pb::RestartRequest {
+                job_id: id,
+                epoch: 0,
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        // The restart's result goes to stderr: stdout carries the job id, as for a fresh run.
+        follow_to(stream, true, json, "restart", true).await?;
+        let st = c
+            .status(pb::StatusRequest { job_id: id })
+            .await?
+            .into_inner();
+        print_job(st.job, json, |j| {
+            println!("{}", j.id);
+            if let Some(p) = &j.policy {
+                eprintln!("job {}: {}", j.id, policy_text(p));
+            }
+        });
+    } else {
+        if a.resume && !json {
+            eprintln!(
+                "no unfinished job called {:?} with a checkpoint: starting it fresh",
+                a.name.as_deref().unwrap_or_default()
+            );
+        }
+        print_job(reply.job, json, |job| {
+            println!("{}", job.id);
+            let node = job.nodes.first().map(|n| n.node.as_str()).unwrap_or("?");
+            eprintln!(
+                "job {} ({}) started on node {node}; output in {}/stdout",
+                job.id, job.name, job.job_dir
+            );
+            if let Some(p) = &job.policy {
+                eprintln!("job {}: {}", job.id, policy_text(p));
+            }
+        });
+    }
+    if !wait {
+        return Ok(());
+    }
+    wait_for_end(c, id, &mut handlers, json).await
+}
+
+/// Waits for any of `handlers`' signals; never, without handlers.
+async fn any_signal(handlers: &mut [(String, Signal)]) -> String {
+    if handlers.is_empty() {
+        return std::future::pending().await;
+    }
+    let futs = handlers.iter_mut().map(|(name, s)| {
+        Box::pin(async move {
+            s.recv().await;
+            name.clone()
+        })
+    });
+    futures_util::future::select_all(futs).await.0
+}
+
+/// Follows job `id` to its end; on a signal of `handlers`, checkpoints and stops it.
+async fn wait_for_end(
+    c: &mut ControlClient<Channel>,
+    id: u64,
+    handlers: &mut [(String, Signal)],
+    json: bool,
+) -> Result<(), Failure> {
+    let mut unreachable_said = false;
+    loop {
+        tokio::select! {
+            name = any_signal(handlers) => return checkpoint_and_stop(c, id, &name, json).await,
+            _ = tokio::time::sleep(POLL) => {}
+        }
+        let j = match c.status(pb::StatusRequest { job_id: id }).await {
+            Ok(r) => r.into_inner().job.unwrap_or_default(),
+            Err(s) if s.code() == tonic::Code::Unavailable => {
+                // ckptd restarting: the job runs on without it.
+                if !unreachable_said {
+                    eprintln!(
+                        "ckptctl: ckptd unreachable ({}); still waiting for job {id}",
+                        s.message()
+                    );
+                    unreachable_said = true;
+                }
+                continue;
+            }
+            Err(s) => return Err(s.into()),
+        };
+        unreachable_said = false;
+        if let Some((code, message)) = end_status(&j) {
+            if json {
+                println!("{}", job_json(&j));
+            }
+            return if code == 0 {
+                Ok(())
+            } else {
+                Err(Failure { code, message })
+            };
+        }
+    }
+}
+
+/// `--checkpoint-on`: one checkpoint with `--kill`, tried again while another checkpoint or a
+/// restart of the job is in progress (bounded); exit 75 once the job is stopped.
+async fn checkpoint_and_stop(
+    c: &mut ControlClient<Channel>,
+    id: u64,
+    signal: &str,
+    json: bool,
+) -> Result<(), Failure> {
+    eprintln!("ckptctl: got {signal}: checkpointing job {id} and stopping it");
+    let begin = std::time::Instant::now();
+    loop {
+        let r = match c
+            .checkpoint(pb::CheckpointRequest {
+                job_id: id,
+                kill: true,
+            })
+            .await
+        {
+            Ok(s) => follow_to(s.into_inner(), true, json, "checkpoint", true).await,
+            Err(s) => Err(s.into()),
+        };
+        match r {
+            Ok(()) => {
+                let j = c
+                    .status(pb::StatusRequest { job_id: id })
+                    .await?
+                    .into_inner()
+                    .job
+                    .unwrap_or_default();
+                let (code, message) = end_status(&j)
+                    .unwrap_or((STOPPED, format!("job {id} was checkpointed and stopped")));
+                return Err(Failure { code, message });
+            }
+            // Busy (another checkpoint or a restart in progress): try again shortly.
+            Err(f)
+                if (f.code == 4 || f.code == 7) && begin.elapsed() < Duration::from_secs(600) =>
+            {
+                let j = c
+                    .status(pb::StatusRequest { job_id: id })
+                    .await
+                    .ok()
+                    .and_then(|r| r.into_inner().job);
+                if let Some((code, message)) = j.as_ref().and_then(end_status) {
+                    // It ended (or was stopped) meanwhile: nothing to checkpoint.
+                    return Err(Failure { code, message });
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(f) => {
+                return Err(Failure {
+                    code: f.code,
+                    message: format!(
+                    "{}; job {id} was not stopped: its last committed checkpoint stays restorable",
+                    f.message
+                ),
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signals_parse_with_or_without_sig_and_unknown_ones_are_named() {
+        assert_eq!(parse_signal("USR1"), Ok(("SIGUSR1".into(), libc::SIGUSR1)));
+        assert_eq!(
+            parse_signal("sigterm"),
+            Ok(("SIGTERM".into(), libc::SIGTERM))
+        );
+        let e = parse_signal("KILL").unwrap_err();
+        assert!(e.contains("\"KILL\"") && e.contains("USR1"), "{e}");
+    }
+
+    #[test]
+    fn a_waiting_run_ends_with_the_jobs_status_or_75_when_ckpt_stopped_it() {
+        let job = |state: &str, code: Option<i32>, signal: Option<i32>| pb::JobInfo {
+            id: 4,
+            name: "heat".into(),
+            state: state.into(),
+            exit_code: code,
+            exit_signal: signal,
+            latest_committed_epoch: 2,
+            ..Default::default()
+        };
+        let code = |j: pb::JobInfo| end_status(&j).map(|(c, _)| c);
+        assert_eq!(code(job("running", None, None)), None);
+        assert_eq!(code(job("checkpointing", None, None)), None);
+        assert_eq!(code(job("exited (0)", Some(0), None)), Some(0));
+        assert_eq!(code(job("exited (3)", Some(3), None)), Some(3));
+        assert_eq!(code(job("killed (signal 9)", None, Some(9))), Some(137));
+        assert_eq!(code(job("cancelled", None, None)), Some(143));
+        assert_eq!(code(job("lost", None, None)), Some(STOPPED));
+        let (c, m) = end_status(&job("stopped", None, None)).unwrap();
+        assert_eq!(c, STOPPED);
+        assert!(
+            m.contains("after checkpoint 2") && m.contains("--name heat --resume"),
+            "{m}"
+        );
+    }
+}

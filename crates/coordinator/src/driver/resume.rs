@@ -1,0 +1,74 @@
+//! `ckptctl run --resume`: what a requeued batch script calls. The caller's latest job of a
+//! name restarts from its latest committed epoch when it has one and its processes are gone
+//! without it having finished (stopped after a checkpoint, lost, killed by a signal,
+//! cancelled); otherwise the job starts fresh.
+use super::{Caller, Coordinator, DriveError};
+use crate::model::{Job, JobState, Policy};
+
+/// What `run --resume` does.
+#[derive(Debug)]
+pub enum Resume {
+    /// Restart this job from this epoch.
+    Restart(Box<Job>, u32),
+    /// No checkpoint to resume from: start fresh.
+    Fresh,
+}
+
+impl Coordinator {
+    /// Finds the job `run --resume --name NAME` resumes. The latest job of that name decides:
+    /// another user's is refused (names are how batch scripts find their jobs again), a live
+    /// one is refused (two copies of a job would write the same files), one without a
+    /// committed epoch starts over. A `policy` given with the run replaces the job's.
+    pub async fn resolve_resume(
+        &self,
+        caller: &Caller,
+        name: &str,
+        policy: Option<Policy>,
+    ) -> Result<Resume, DriveError> {
+        if name.is_empty() {
+            return Err(DriveError::Invalid(
+                "--resume needs --name NAME: the name finds the job's checkpoints again".into(),
+            ));
+        }
+        let Some(latest) = self
+            .registry
+            .jobs()?
+            .into_iter()
+            .filter(|j| j.name == name)
+            .max_by_key(|j| j.id)
+        else {
+            return Ok(Resume::Fresh);
+        };
+        if caller.uid != 0 && caller.uid != latest.owner_uid {
+            return Err(DriveError::Denied(format!(
+                "the name {name:?} is job {}'s, which belongs to uid {}: choose another --name",
+                latest.id, latest.owner_uid
+            )));
+        }
+        let latest = self.refresh(latest.id).await?;
+        if latest.is_live() {
+            return Err(DriveError::State(crate::model::TransitionError {
+                what: format!("job {} ({name})", latest.id),
+                from: latest.state.name(),
+                action: "resume it: it still runs (wait for it, or `ckptctl cancel` it)".into(),
+            }));
+        }
+        // A job that ended by itself (with an exit code) is done: run it again from the start.
+        let finished = matches!(latest.state, JobState::Exited { code: Some(_), .. });
+        if latest.latest_committed == 0 || finished {
+            return Ok(Resume::Fresh);
+        }
+        let epoch = latest.latest_committed;
+        let job = match policy {
+            Some(p) => {
+                self.update_job(latest.id, |j| {
+                    j.policy = p;
+                    Ok(())
+                })
+                .await?
+            }
+            None => latest,
+        };
+        Ok(Resume::Restart(Box::new(job), epoch))
+    }
+}
