@@ -212,3 +212,84 @@ fn a_signal_stops_the_job_after_a_checkpoint_and_resume_finishes_it() {
     assert_ne!(out.stdout.trim(), job.to_string(), "{out:?}");
     assert!(out.stderr.contains("starting it fresh"), "{out:?}");
 }
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// `run --deadline +15s` on a job that needs about a minute: before the deadline its final
+/// checkpoint is durable in shared storage and the job stopped; `run --resume` later finishes
+/// it with the answer of an uninterrupted run. Deadlines that passed or leave no time for a
+/// checkpoint are refused, saying the estimate.
+#[test]
+fn a_deadline_stops_the_job_with_a_durable_checkpoint_and_resume_finishes_it() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich");
+    let want = Mpi::Mpich.reference_checksum(RANKS, N, ITERS);
+    let d = Ckptd::start(Options {
+        shared_size: Some("512M".into()),
+        extra_toml: "[policy]\ndeadline_margin = \"3s\"\n".into(),
+        ..Default::default()
+    });
+    // ~60 s without interruption.
+    let argv = Mpi::Mpich.heat_argv(RANKS, N, ITERS, 20_000);
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "--name", "slow"];
+        args.extend(extra);
+        args.push("--");
+        args.extend(argv.iter().map(String::as_str));
+        d.ctl(&args)
+    };
+    let out = run(&["--deadline", "@1"]);
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stderr.contains("passed"), "{out:?}");
+    let out = run(&["--deadline", "+2s"]);
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(
+        out.stderr.contains("too close") && out.stderr.contains("margin of 3 s"),
+        "{out:?}"
+    );
+
+    let deadline = now_ms() + 15_000;
+    let out = run(&["--deadline", &format!("@{}", deadline.div_ceil(1000))]);
+    let job: u64 = out.ok().trim().parse().unwrap();
+    assert!(out.stderr.contains("final checkpoint before"), "{out:?}");
+    let begin = Instant::now();
+    let durable_at = loop {
+        let epochs = d.epochs(job);
+        if epochs.iter().any(|e| e["storage"] == "durable") {
+            break now_ms();
+        }
+        assert!(begin.elapsed() < LIMIT, "no durable epoch: {epochs:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        durable_at <= deadline,
+        "durable {} ms after the deadline",
+        durable_at - deadline
+    );
+    let epochs = d.epochs(job);
+    let last = epochs.last().unwrap();
+    assert_eq!(last["trigger"], "deadline", "{epochs:?}");
+    assert_eq!(last["kill"], true, "{epochs:?}");
+    assert_eq!(d.status(job)["state"], "stopped");
+    assert!(d.status(job)["policy"].is_null(), "the deadline is done");
+    assert!(
+        !d.output(job).contains("checksum"),
+        "stopped before its end"
+    );
+    let est: serde_json::Value =
+        serde_json::from_str(d.ctl(&["estimate", &job.to_string(), "--json"]).ok()).unwrap();
+    assert_eq!(est["known"], true, "{est}");
+    assert!(est["predicted"]["frozen_ms"].as_u64() > Some(0), "{est}");
+
+    let out = run(&["--resume", "--wait"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(out.stderr.contains("resuming from epoch"), "{out:?}");
+    assert_eq!(
+        ckpt_tests::checksum_in(&d.output(job)).as_deref(),
+        Some(want.as_str())
+    );
+}

@@ -109,6 +109,21 @@ pub enum Cmd {
         /// Checkpoint every INTERVAL (`30m`, `2h`, `90s`), `auto`, or `off`.
         #[arg(long, value_name = "INTERVAL")]
         every: Option<String>,
+        /// Take a final checkpoint and stop the job so that it is durable before TIME
+        /// (`08:00`, `tomorrow 08:00`, `2026-11-25 08:00`, `+90m`), or `off`. Refused when
+        /// TIME is too close for a checkpoint (see `ckptctl estimate`).
+        #[arg(long, value_name = "TIME")]
+        deadline: Option<String>,
+    },
+    /// Predict how long a checkpoint of a job takes now: frozen, to commit, to durable.
+    ///
+    /// From the job's resident memory per node now and the times of its earlier checkpoints
+    /// (or, for a job with fewer than two, recent checkpoints of any job); shows how far off
+    /// the same prediction was on the job's last epochs, and how long before a deadline its
+    /// final checkpoint would start.
+    Estimate {
+        /// Job id.
+        job: u64,
     },
     /// Show a job, its nodes and processes.
     Status {
@@ -165,6 +180,12 @@ pub struct RunArgs {
     /// later with `ckptctl policy`.
     #[arg(long, value_name = "INTERVAL")]
     pub every: Option<String>,
+    /// Take a final checkpoint and stop the job so that it is durable before TIME (`08:00`,
+    /// `tomorrow 08:00`, `2026-11-25 08:00`, `+90m`): it starts 1.5 times the estimated time
+    /// to durable plus ckptd.toml `policy.deadline_margin` before TIME. Resume the job later
+    /// with `--resume`.
+    #[arg(long, value_name = "TIME")]
+    pub deadline: Option<String>,
     /// Follow the job to its end and exit with its status: its exit code, 128+N when signal
     /// N killed it, 75 (EX_TEMPFAIL: try again later) when ckpt stopped it after a checkpoint
     /// (`checkpoint --kill`, `drain`, `--checkpoint-on`) or its node was lost, so that a

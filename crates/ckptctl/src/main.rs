@@ -8,6 +8,7 @@ mod client;
 mod rdma;
 mod run;
 mod show;
+mod when;
 
 use ckpt_proto::v1 as pb;
 use clap::Parser;
@@ -113,14 +114,33 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 .into_inner();
             follow(stream, true, json, "drain").await?;
         }
-        Cmd::Policy { job, every } => {
-            let reply = match every {
-                Some(every) => {
-                    c.set_policy(pb::PolicyRequest { job_id: job, every })
-                        .await?
-                        .into_inner()
-                        .job
+        Cmd::Policy {
+            job,
+            every,
+            deadline,
+        } => {
+            let deadline_unix_ms = match deadline.as_deref() {
+                None => None,
+                Some("off" | "none") => Some(0),
+                Some(t) => {
+                    Some(when::parse_deadline(t).map_err(|message| Failure { code: 2, message })?)
                 }
+            };
+            let reply = match (every, deadline_unix_ms) {
+                (None, None) => None,
+                (every, deadline_unix_ms) => Some(
+                    c.set_policy(pb::PolicyRequest {
+                        job_id: job,
+                        every: every.unwrap_or_default(),
+                        deadline_unix_ms,
+                    })
+                    .await?
+                    .into_inner()
+                    .job,
+                ),
+            };
+            let reply = match reply {
+                Some(j) => j,
                 None => {
                     c.status(pb::StatusRequest { job_id: job })
                         .await?
@@ -132,6 +152,17 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 Some(p) => println!("job {}: {}", j.id, policy_text(p)),
                 None => println!("job {}: checkpoints only when asked (no policy)", j.id),
             });
+        }
+        Cmd::Estimate { job } => {
+            let r = c
+                .estimate(pb::EstimateRequest { job_id: job })
+                .await?
+                .into_inner();
+            if json {
+                println!("{}", estimate_json(&r));
+            } else {
+                print_estimate(&r);
+            }
         }
         Cmd::Status { job } => {
             let reply = c.status(pb::StatusRequest { job_id: job }).await?;

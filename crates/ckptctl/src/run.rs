@@ -104,6 +104,10 @@ pub async fn run(c: &mut ControlClient<Channel>, a: RunArgs, json: bool) -> Resu
         handlers.push((name, s));
     }
     let wait = a.wait || !handlers.is_empty();
+    let deadline_unix_ms = match &a.deadline {
+        Some(t) => crate::when::parse_deadline(t).map_err(invalid)?,
+        None => 0,
+    };
     let cwd = std::env::current_dir()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| "/".into());
@@ -126,6 +130,7 @@ pub async fn run(c: &mut ControlClient<Channel>, a: RunArgs, json: bool) -> Resu
         part_env,
         every: a.every.unwrap_or_default(),
         resume: a.resume,
+        deadline_unix_ms,
     };
     let reply = c.run(req).await?.into_inner();
     let id = reply.job.as_ref().map(|j| j.id).unwrap_or_default();

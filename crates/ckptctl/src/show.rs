@@ -22,6 +22,7 @@ pub fn job_json(j: &pb::JobInfo) -> Value {
         "policy": j.policy.as_ref().map(|p| json!({
             "every": p.every, "interval_s": p.interval_s, "why": p.why,
             "next_checkpoint_unix_ms": p.next_checkpoint_unix_ms,
+            "deadline_unix_ms": (p.deadline_unix_ms > 0).then_some(p.deadline_unix_ms),
         })),
         "nodes": j.nodes.iter().map(|n| json!({
             "node": n.node, "state": n.state().name(), "role": n.role, "address": n.address,
@@ -208,26 +209,119 @@ pub fn print_epochs(epochs: &[pb::EpochInfo]) {
 /// A job's policy in words: "checkpoints every 30m (next in 12m 3s)", with how `auto` chose
 /// its interval.
 pub fn policy_text(p: &pb::JobPolicy) -> String {
-    let mut t = if p.every == "auto" {
-        format!("checkpoints every {} (auto: {})", secs(p.interval_s), p.why)
-    } else {
-        format!("checkpoints every {}", p.every)
-    };
-    if p.next_checkpoint_unix_ms > 0 {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
-        let left = p.next_checkpoint_unix_ms.saturating_sub(now) / 1000;
-        if left == 0 {
-            t.push_str(" (next one due now)");
+    let now = crate::when::now_ms();
+    let mut parts = Vec::new();
+    if !p.every.is_empty() {
+        let mut t = if p.every == "auto" {
+            format!("checkpoints every {} (auto: {})", secs(p.interval_s), p.why)
         } else {
-            t.push_str(&format!(" (next in {})", secs(left)));
+            format!("checkpoints every {}", p.every)
+        };
+        if p.next_checkpoint_unix_ms > 0 {
+            let left = p.next_checkpoint_unix_ms.saturating_sub(now) / 1000;
+            if left == 0 {
+                t.push_str(" (next one due now)");
+            } else {
+                t.push_str(&format!(" (next in {})", secs(left)));
+            }
+        } else {
+            t.push_str(" (while it runs)");
         }
-    } else {
-        t.push_str(" (while it runs)");
+        parts.push(t);
     }
-    t
+    if p.deadline_unix_ms > 0 {
+        parts.push(format!(
+            "stops after a final checkpoint before {} (in {}; `ckptctl estimate` says when it starts)",
+            crate::when::local(p.deadline_unix_ms),
+            secs(p.deadline_unix_ms.saturating_sub(now) / 1000)
+        ));
+    }
+    parts.join("; ")
+}
+
+fn timing_json(t: Option<&pb::Timing>) -> Value {
+    let t = t.copied().unwrap_or_default();
+    json!({"frozen_ms": t.frozen_ms, "commit_ms": t.commit_ms,
+           "durable_ms": (t.durable_ms > 0).then_some(t.durable_ms)})
+}
+
+/// `ckptctl estimate --json`.
+pub fn estimate_json(r: &pb::EstimateReply) -> Value {
+    json!({
+        "job_id": r.job.as_ref().map(|j| j.id), "known": r.known,
+        "resident_per_node_bytes": r.resident_per_node_bytes,
+        "predicted": r.known.then(|| timing_json(r.predicted.as_ref())),
+        "basis": r.basis,
+        "checks": r.checks.iter().map(|c| json!({"epoch": c.epoch,
+            "predicted": timing_json(c.predicted.as_ref()), "actual": timing_json(c.actual.as_ref())}))
+            .collect::<Vec<_>>(),
+        "deadline_lead_ms": r.deadline_lead_ms, "deadline_why": r.deadline_why,
+    })
+}
+
+/// `ckptctl estimate` in words.
+pub fn print_estimate(r: &pb::EstimateReply) {
+    let j = r.job.clone().unwrap_or_default();
+    if !r.known {
+        println!(
+            "job {} ({}): nothing to estimate from yet: no checkpoint of any job was measured. Take one (`ckptctl checkpoint {} --wait`) and ask again.",
+            j.id, j.name, j.id
+        );
+        return;
+    }
+    let p = r.predicted.unwrap_or_default();
+    let s = |ms: u64| format!("{:.2} s", ms as f64 / 1000.0);
+    println!(
+        "job {} ({}): a checkpoint now, with {} resident per node:",
+        j.id,
+        j.name,
+        size(r.resident_per_node_bytes)
+    );
+    println!("  frozen     ~{}", s(p.frozen_ms));
+    println!("  committed  ~{} after it starts", s(p.commit_ms));
+    if p.durable_ms > 0 {
+        println!("  durable    ~{} after it starts", s(p.durable_ms));
+    } else {
+        println!("  durable    - (no epoch was copied to shared storage yet)");
+    }
+    println!("  from {}", r.basis);
+    if !r.checks.is_empty() {
+        println!("  the same estimate for the last epochs, from the others:");
+        println!(
+            "  {:>6}  {:>22}  {:>22}  {:>22}",
+            "EPOCH", "FROZEN", "COMMITTED", "DURABLE"
+        );
+        let cell = |pred: u64, act: u64| {
+            if act == 0 {
+                "-".to_string()
+            } else {
+                format!(
+                    "{} vs {} ({:+.0}%)",
+                    s(pred),
+                    s(act),
+                    (pred as f64 - act as f64) * 100.0 / act as f64
+                )
+            }
+        };
+        for c in &r.checks {
+            let (pr, ac) = (
+                c.predicted.unwrap_or_default(),
+                c.actual.unwrap_or_default(),
+            );
+            println!(
+                "  {:>6}  {:>22}  {:>22}  {:>22}",
+                c.epoch,
+                cell(pr.frozen_ms, ac.frozen_ms),
+                cell(pr.commit_ms, ac.commit_ms),
+                cell(pr.durable_ms, ac.durable_ms)
+            );
+        }
+    }
+    println!(
+        "  a deadline's final checkpoint starts {} before it: {}",
+        s(r.deadline_lead_ms),
+        r.deadline_why
+    );
 }
 
 /// Seconds as `1h 2m 3s`, without the zero parts (`10m`).

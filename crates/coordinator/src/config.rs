@@ -174,6 +174,10 @@ pub struct PolicyConfig {
     /// Longest interval `--every auto` picks.
     #[serde(with = "humantime_serde")]
     pub auto_max: Duration,
+    /// A deadline's final checkpoint starts this long, plus one and a half times its
+    /// estimated time to durable, before the deadline.
+    #[serde(with = "humantime_serde")]
+    pub deadline_margin: Duration,
 }
 
 impl Default for PolicyConfig {
@@ -184,6 +188,7 @@ impl Default for PolicyConfig {
             auto_first: Duration::from_secs(600),
             auto_min: Duration::from_secs(60),
             auto_max: Duration::from_secs(24 * 3600),
+            deadline_margin: Duration::from_secs(60),
         }
     }
 }

@@ -11,7 +11,7 @@ use tonic::{Code, Request, Response, Status};
 
 use crate::agents::FailureKind;
 use crate::driver::{Caller, Coordinator, DriveError, RunSpec, Step};
-use crate::model::{Epoch, EpochState, Every, FlushState, Job, JobState, Policy};
+use crate::model::{Epoch, EpochState, Every, FlushState, Job, JobState, Policy, PolicyChange};
 
 /// Maps a coordinator error to a status.
 pub fn to_status(e: &DriveError) -> Status {
@@ -230,11 +230,15 @@ impl pb::control_server::Control for ControlHandler {
         } else {
             Every::parse(&r.every).map_err(Status::invalid_argument)?
         };
+        let deadline = (r.deadline_unix_ms > 0).then_some(r.deadline_unix_ms);
         if r.resume {
-            let policy = (!r.every.is_empty()).then_some(Policy { every });
+            let change = PolicyChange {
+                every: (!r.every.is_empty()).then_some(every),
+                deadline_unix_ms: deadline.map(Some),
+            };
             if let crate::driver::Resume::Restart(job, epoch) = self
                 .coord
-                .resolve_resume(&who, &r.name, policy)
+                .resolve_resume(&who, &r.name, change)
                 .await
                 .map_err(|e| to_status(&e))?
             {
@@ -246,6 +250,12 @@ impl pb::control_server::Control for ControlHandler {
                 }));
             }
         }
+        if let Some(d) = deadline {
+            self.coord
+                .check_deadline(None, d)
+                .await
+                .map_err(|e| to_status(&e))?;
+        }
         let spec = RunSpec {
             name: r.name,
             argv: r.argv,
@@ -253,7 +263,10 @@ impl pb::control_server::Control for ControlHandler {
             env: r.env,
             node: r.node,
             part_env: r.part_env,
-            policy: Policy { every },
+            policy: Policy {
+                every,
+                deadline_unix_ms: deadline,
+            },
         };
         let job = self.coord.run(who, spec).await.map_err(|e| to_status(&e))?;
         let nodes = self.coord.inspect(&job).await;
@@ -486,15 +499,65 @@ impl pb::control_server::Control for ControlHandler {
     ) -> Result<Response<pb::PolicyReply>, Status> {
         let who = caller(&req)?;
         let r = req.into_inner();
-        let every = Every::parse(&r.every).map_err(Status::invalid_argument)?;
+        let change = PolicyChange {
+            every: if r.every.is_empty() {
+                None
+            } else {
+                Some(Every::parse(&r.every).map_err(Status::invalid_argument)?)
+            },
+            deadline_unix_ms: r.deadline_unix_ms.map(|d| (d > 0).then_some(d)),
+        };
         let job = self
             .coord
-            .set_policy(&who, r.job_id, Policy { every })
+            .set_policy(&who, r.job_id, change)
             .await
             .map_err(|e| to_status(&e))?;
         let mut info = job_info(&job, vec![]);
         info.policy = self.coord.policy_info(&job);
         Ok(Response::new(pb::PolicyReply { job: Some(info) }))
+    }
+
+    async fn estimate(
+        &self,
+        req: Request<pb::EstimateRequest>,
+    ) -> Result<Response<pb::EstimateReply>, Status> {
+        let who = caller(&req)?;
+        let id = req.into_inner().job_id;
+        let (job, est) = self
+            .coord
+            .estimate(&who, id)
+            .await
+            .map_err(|e| to_status(&e))?;
+        let (lead, why) = self.coord.deadline_lead(est.as_ref());
+        let timing = |p: &crate::model::estimate::Prediction| pb::Timing {
+            frozen_ms: p.frozen_ms,
+            commit_ms: p.commit_ms,
+            durable_ms: p.durable_ms.unwrap_or(0),
+        };
+        let mut info = job_info(&job, vec![]);
+        info.policy = self.coord.policy_info(&job);
+        let mut reply = pb::EstimateReply {
+            job: Some(info),
+            deadline_lead_ms: lead.as_millis() as u64,
+            deadline_why: why,
+            ..Default::default()
+        };
+        if let Some(e) = est {
+            reply.known = true;
+            reply.resident_per_node_bytes = e.resident_per_node;
+            reply.predicted = Some(timing(&e.predicted));
+            reply.basis = e.basis;
+            reply.checks = e
+                .checks
+                .iter()
+                .map(|c| pb::EstimateCheck {
+                    epoch: c.epoch,
+                    predicted: Some(timing(&c.predicted)),
+                    actual: Some(timing(&c.actual)),
+                })
+                .collect();
+        }
+        Ok(Response::new(reply))
     }
 
     async fn cancel(

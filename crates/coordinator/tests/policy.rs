@@ -7,12 +7,13 @@ use std::time::{Duration, Instant};
 
 use cluster::*;
 use coordinator::driver::DriveError;
-use coordinator::model::{EpochState, Every, JobState, Policy};
+use coordinator::model::{EpochState, Every, JobState, PolicyChange};
 use tokio::sync::watch;
 
-fn every(s: u64) -> Policy {
-    Policy {
-        every: Some(Every::Seconds(s)),
+fn every(s: u64) -> PolicyChange {
+    PolicyChange {
+        every: Some(Some(Every::Seconds(s))),
+        ..Default::default()
     }
 }
 
@@ -145,7 +146,14 @@ async fn only_the_owner_sets_a_policy_and_a_stopped_job_is_left_alone() {
     let j = c.coord.registry.job(job).unwrap().unwrap();
     assert_eq!(c.coord.policy_info(&j).unwrap().next_checkpoint_unix_ms, 0);
     c.coord
-        .set_policy(&OWNER, job, Policy { every: None })
+        .set_policy(
+            &OWNER,
+            job,
+            PolicyChange {
+                every: Some(None),
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     let j = c.coord.registry.job(job).unwrap().unwrap();
@@ -166,10 +174,17 @@ async fn resume_finds_the_latest_stopped_job_of_a_name_and_refuses_others() {
     };
     // Nothing of that name yet, or no name at all.
     assert!(matches!(
-        c.coord.resolve_resume(&OWNER, "fake", None).await.unwrap(),
+        c.coord
+            .resolve_resume(&OWNER, "fake", PolicyChange::default())
+            .await
+            .unwrap(),
         Resume::Fresh
     ));
-    let e = c.coord.resolve_resume(&OWNER, "", None).await.unwrap_err();
+    let e = c
+        .coord
+        .resolve_resume(&OWNER, "", PolicyChange::default())
+        .await
+        .unwrap_err();
     assert!(
         matches!(&e, DriveError::Invalid(m) if m.contains("--name")),
         "{e}"
@@ -178,7 +193,7 @@ async fn resume_finds_the_latest_stopped_job_of_a_name_and_refuses_others() {
     let job = c.job().await;
     let e = c
         .coord
-        .resolve_resume(&OWNER, "fake", None)
+        .resolve_resume(&OWNER, "fake", PolicyChange::default())
         .await
         .unwrap_err();
     assert!(e.to_string().contains("still runs"), "{e}");
@@ -187,20 +202,20 @@ async fn resume_finds_the_latest_stopped_job_of_a_name_and_refuses_others() {
     c.checkpoint(job, true).await.unwrap();
     match c
         .coord
-        .resolve_resume(&OWNER, "fake", Some(every(60)))
+        .resolve_resume(&OWNER, "fake", every(60))
         .await
         .unwrap()
     {
         Resume::Restart(j, epoch) => {
             assert_eq!((j.id, epoch), (job, 2));
-            assert_eq!(j.policy, every(60));
+            assert_eq!(j.policy.every, Some(Every::Seconds(60)));
         }
         Resume::Fresh => panic!("a stopped job with epochs is resumed"),
     }
     // Another user may neither resume it nor take its name.
     let e = c
         .coord
-        .resolve_resume(&other, "fake", None)
+        .resolve_resume(&other, "fake", PolicyChange::default())
         .await
         .unwrap_err();
     assert!(
@@ -209,7 +224,87 @@ async fn resume_finds_the_latest_stopped_job_of_a_name_and_refuses_others() {
     );
     // Root may (it acts on every job).
     assert!(matches!(
-        c.coord.resolve_resume(&ROOT, "fake", None).await.unwrap(),
+        c.coord
+            .resolve_resume(&ROOT, "fake", PolicyChange::default())
+            .await
+            .unwrap(),
         Resume::Restart(..)
     ));
+}
+
+fn deadline_in(ms: u64) -> PolicyChange {
+    PolicyChange {
+        deadline_unix_ms: Some(Some(coordinator::driver::now_ms() + ms)),
+        ..Default::default()
+    }
+}
+
+/// A deadline: the final checkpoint (with kill) comes before it, marked `deadline`, the job
+/// is stopped and the deadline cleared; a deadline that passed or leaves no time for a
+/// checkpoint is refused, saying why.
+#[tokio::test]
+async fn a_deadline_stops_the_job_after_a_final_checkpoint_before_it() {
+    let c = Cluster::start_with(|cfg| {
+        cfg.policy.deadline_margin = Duration::from_millis(1000);
+    })
+    .await;
+    let job = c.job().await;
+    let e = c
+        .coord
+        .set_policy(&OWNER, job, deadline_in(0))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, DriveError::Invalid(m) if m.contains("passed")),
+        "{e}"
+    );
+    let e = c
+        .coord
+        .set_policy(&OWNER, job, deadline_in(500))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, DriveError::Invalid(m) if m.contains("too close") && m.contains("margin of 1 s")),
+        "{e}"
+    );
+    let deadline = coordinator::driver::now_ms() + 2500;
+    c.coord
+        .set_policy(
+            &OWNER,
+            job,
+            PolicyChange {
+                deadline_unix_ms: Some(Some(deadline)),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let _run = schedule(&c);
+    let epochs = committed(&c, job, 1, Duration::from_secs(10)).await;
+    let last = &epochs[0];
+    assert_eq!(last.trigger, "deadline");
+    assert!(last.kill);
+    assert!(
+        last.finished_unix_ms <= deadline,
+        "{} > {deadline}",
+        last.finished_unix_ms
+    );
+    assert_eq!(c.job_state(job), JobState::Stopped);
+    let begin = Instant::now();
+    while c
+        .coord
+        .registry
+        .job(job)
+        .unwrap()
+        .unwrap()
+        .policy
+        .deadline_unix_ms
+        .is_some()
+    {
+        assert!(
+            begin.elapsed() < Duration::from_secs(5),
+            "the deadline was not cleared"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -364,6 +364,7 @@ impl Agent for AgentHandler {
                     comm: p.comm,
                     state: wire::process_state(p.state).into(),
                     rank,
+                    rss_bytes: crate::procfs::rss_bytes(p.pid),
                 })
                 .collect(),
             role: if part == 0 { "launcher" } else { "attached" }.into(),

@@ -167,6 +167,7 @@ impl EpochRun<'_> {
         }
         let synced = self.step(Phase::InitialSync, self.deadlines.sync).await?;
         self.channels = synced.channels;
+        self.epoch.resident_bytes = synced.estimated_bytes;
         Ok(synced)
     }
 

@@ -11,11 +11,13 @@
 //! with a deadline. The protocol steps live beside it: `checkpoint.rs` (one epoch, phase by
 //! phase), `endpoints.rs` (the InfiniBand rebuild after a resume or a restore), `restart.rs`,
 //! `attach.rs` (parts of a job started on other nodes through ckpt-rsh), `jobs.rs` (run, cancel,
-//! agents' reports), `schedule.rs` (periodic checkpoints), `resume.rs` (`run --resume`) and [`flush`] (partner copies, the
+//! agents' reports), `schedule.rs` (periodic checkpoints), `deadline.rs` (estimates and deadlines), `resume.rs`
+//! (`run --resume`) and [`flush`] (partner copies, the
 //! flush to shared storage, retention).
 mod addresses;
 mod attach;
 mod checkpoint;
+mod deadline;
 mod drain;
 mod endpoints;
 pub mod flush;

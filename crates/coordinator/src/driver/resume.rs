@@ -3,7 +3,7 @@
 //! without it having finished (stopped after a checkpoint, lost, killed by a signal,
 //! cancelled); otherwise the job starts fresh.
 use super::{Caller, Coordinator, DriveError};
-use crate::model::{Job, JobState, Policy};
+use crate::model::{Job, JobState, PolicyChange};
 
 /// What `run --resume` does.
 #[derive(Debug)]
@@ -18,12 +18,12 @@ impl Coordinator {
     /// Finds the job `run --resume --name NAME` resumes. The latest job of that name decides:
     /// another user's is refused (names are how batch scripts find their jobs again), a live
     /// one is refused (two copies of a job would write the same files), one without a
-    /// committed epoch starts over. A `policy` given with the run replaces the job's.
+    /// committed epoch starts over. A policy `change` given with the run applies to the job.
     pub async fn resolve_resume(
         &self,
         caller: &Caller,
         name: &str,
-        policy: Option<Policy>,
+        change: PolicyChange,
     ) -> Result<Resume, DriveError> {
         if name.is_empty() {
             return Err(DriveError::Invalid(
@@ -59,15 +59,17 @@ impl Coordinator {
             return Ok(Resume::Fresh);
         }
         let epoch = latest.latest_committed;
-        let job = match policy {
-            Some(p) => {
-                self.update_job(latest.id, |j| {
-                    j.policy = p;
-                    Ok(())
-                })
-                .await?
-            }
-            None => latest,
+        if let Some(Some(d)) = change.deadline_unix_ms {
+            self.check_deadline(Some(&latest), d).await?;
+        }
+        let job = if change.is_empty() {
+            latest
+        } else {
+            self.update_job(latest.id, |j| {
+                change.apply(&mut j.policy);
+                Ok(())
+            })
+            .await?
         };
         Ok(Resume::Restart(Box::new(job), epoch))
     }

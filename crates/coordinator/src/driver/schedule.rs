@@ -2,9 +2,9 @@
 //! interval has passed since it began running (launch or restart) and since its last epoch
 //! ended: never while a checkpoint or restart of it is in progress, and never two at once. The
 //! policy is part of the job's record, so a restarted ckptd goes on where it left off.
-use std::collections::HashSet;
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use ckpt_proto::v1 as pb;
 use tokio::sync::{mpsc, watch};
@@ -12,31 +12,65 @@ use tracing::{debug, info, warn};
 
 use super::{now_ms, Caller, Coordinator, DriveError};
 use crate::model::policy::{self, Interval};
-use crate::model::{Job, JobState, Policy};
+use crate::model::{Job, JobState, PolicyChange};
 
 /// How often the scheduler looks for due checkpoints.
 const TICK: Duration = Duration::from_millis(250);
 
-/// Trigger recorded on the epochs the scheduler starts.
+/// Trigger recorded on the epochs the scheduler starts for a periodic policy.
 pub const PERIODIC: &str = "periodic";
+/// Trigger recorded on the final checkpoint before a deadline.
+pub const DEADLINE: &str = "deadline";
+
+/// What the scheduler remembers between passes.
+#[derive(Debug, Default)]
+pub(super) struct Schedule {
+    /// Jobs with a scheduled checkpoint being started or run.
+    pending: Mutex<HashSet<u64>>,
+    /// Per job with a deadline: how long before it the final checkpoint starts, why, and when
+    /// that was estimated (refreshed every [`LEAD_REFRESH`]).
+    pub(super) leads: Mutex<HashMap<u64, (Instant, Duration, String)>>,
+    /// Jobs whose estimate is being refreshed.
+    pub(super) estimating: Mutex<HashSet<u64>>,
+    /// Jobs whose final checkpoint failed: not tried again before then.
+    pub(super) retry_after: Mutex<HashMap<u64, Instant>>,
+}
+
+impl Schedule {
+    /// Marks a job busy; false if it already was.
+    pub(super) fn begin(&self, job: u64) -> bool {
+        self.pending.lock().expect("pending").insert(job)
+    }
+
+    pub(super) fn end(&self, job: u64) {
+        self.pending.lock().expect("pending").remove(&job);
+    }
+}
+
+/// How often the estimate behind a deadline is refreshed.
+pub(super) const LEAD_REFRESH: Duration = Duration::from_secs(10);
 
 impl Coordinator {
-    /// Sets a job's policy (its owner or root). Takes effect at once: a shorter interval may
-    /// make a checkpoint due now.
+    /// Changes a job's policy (its owner or root). Takes effect at once: a shorter interval
+    /// may make a checkpoint due now. A deadline that has passed or is too close for a final
+    /// checkpoint is refused.
     pub async fn set_policy(
         &self,
         caller: &Caller,
         id: u64,
-        policy: Policy,
+        change: PolicyChange,
     ) -> Result<Job, DriveError> {
-        self.job_for(caller, id)?;
+        let job = self.job_for(caller, id)?;
+        if let Some(Some(d)) = change.deadline_unix_ms {
+            self.check_deadline(Some(&job), d).await?;
+        }
         let job = self
             .update_job(id, |j| {
-                j.policy = policy;
+                change.apply(&mut j.policy);
                 Ok(())
             })
             .await?;
-        info!(job = id, every = ?job.policy.every, "policy set");
+        info!(job = id, policy = ?job.policy, "policy set");
         Ok(job)
     }
 
@@ -71,9 +105,12 @@ impl Coordinator {
 
     /// The policy as `status` shows it.
     pub fn policy_info(&self, job: &Job) -> Option<pb::JobPolicy> {
-        let every = job.policy.every?;
+        if job.policy.every.is_none() && job.policy.deadline_unix_ms.is_none() {
+            return None;
+        }
         let mut info = pb::JobPolicy {
-            every: every.text(),
+            every: job.policy.every.map(|e| e.text()).unwrap_or_default(),
+            deadline_unix_ms: job.policy.deadline_unix_ms.unwrap_or(0),
             ..Default::default()
         };
         match self.next_checkpoint(job) {
@@ -88,18 +125,26 @@ impl Coordinator {
         Some(info)
     }
 
-    /// Starts every periodic checkpoint that is due, each in its own task; `pending` holds the
-    /// jobs whose checkpoint is being started.
-    async fn start_due(self: &Arc<Self>, pending: &Arc<std::sync::Mutex<HashSet<u64>>>) {
+    /// Starts every checkpoint that is due (a deadline's final one first), each in its own
+    /// task.
+    async fn start_due(self: &Arc<Self>, st: &Arc<Schedule>) {
         let jobs = match self.registry.jobs() {
             Ok(j) => j,
             Err(e) => {
-                warn!(error = %e, "periodic checkpoints: cannot read the job registry");
+                warn!(error = %e, "scheduled checkpoints: cannot read the job registry");
                 return;
             }
         };
         let now = now_ms();
         for job in jobs {
+            if job.state != JobState::Running {
+                continue;
+            }
+            if let Some(deadline) = job.policy.deadline_unix_ms {
+                if self.deadline_due(st, &job, deadline, now) {
+                    continue;
+                }
+            }
             let due = match self.next_checkpoint(&job) {
                 Ok(Some((due, _))) => due,
                 Ok(None) => continue,
@@ -108,55 +153,65 @@ impl Coordinator {
                     continue;
                 }
             };
-            if due > now || !pending.lock().expect("pending").insert(job.id) {
+            if due > now || !st.begin(job.id) {
                 continue;
             }
             let coord = self.clone();
-            let pending = pending.clone();
+            let st = st.clone();
             tokio::spawn(async move {
-                coord.periodic_checkpoint(&job).await;
-                pending.lock().expect("pending").remove(&job.id);
+                coord.scheduled_checkpoint(&job, PERIODIC).await;
+                st.end(job.id);
             });
         }
     }
 
-    /// One periodic checkpoint of `job`, as its owner would take it; its outcome is in the
-    /// job's epochs and in the log.
-    async fn periodic_checkpoint(self: &Arc<Self>, job: &Job) {
+    /// One checkpoint of `job` that ckptd takes by itself (`trigger`: periodic, or the final
+    /// one of a deadline, which stops the job), as its owner would take it; its outcome is in
+    /// the job's epochs and in the log. Returns whether it committed.
+    pub(super) async fn scheduled_checkpoint(self: &Arc<Self>, job: &Job, trigger: &str) -> bool {
+        let kill = trigger == DEADLINE;
         let owner = Caller {
             uid: job.owner_uid,
             gid: job.owner_gid,
             pid: None,
         };
-        let (job, epoch) = match self.begin_checkpoint(&owner, job.id, false, PERIODIC).await {
+        let (job, epoch) = match self.begin_checkpoint(&owner, job.id, kill, trigger).await {
             Ok(b) => b,
             Err(e) => {
                 // The job ended or is busy since the registry was read: the next pass decides.
-                debug!(job = job.id, error = %e, "periodic checkpoint not started");
-                return;
+                debug!(job = job.id, error = %e, trigger, "scheduled checkpoint not started");
+                return false;
             }
         };
         let (id, number) = (job.id, epoch.number);
-        info!(job = id, epoch = number, "periodic checkpoint");
+        info!(job = id, epoch = number, trigger, "scheduled checkpoint");
         let (tx, mut rx) = mpsc::unbounded_channel();
         let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
-        match self.drive_checkpoint(job, epoch, tx).await {
-            Ok(e) => info!(
-                job = id,
-                epoch = e.number,
-                frozen_ms = e.frozen_ms,
-                "periodic checkpoint committed"
-            ),
-            Err(e) => warn!(job = id, epoch = number, error = %e, "periodic checkpoint failed"),
-        }
+        let r = self.drive_checkpoint(job, epoch, tx).await;
         let _ = drain.await;
+        match r {
+            Ok(e) => {
+                info!(
+                    job = id,
+                    epoch = e.number,
+                    frozen_ms = e.frozen_ms,
+                    trigger,
+                    "scheduled checkpoint committed"
+                );
+                true
+            }
+            Err(e) => {
+                warn!(job = id, epoch = number, error = %e, trigger, "scheduled checkpoint failed");
+                false
+            }
+        }
     }
 
-    /// Takes periodic checkpoints until `stop` turns true.
+    /// Takes periodic and deadline checkpoints until `stop` turns true.
     pub async fn schedule(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
-        let pending = Arc::new(std::sync::Mutex::new(HashSet::new()));
+        let st = Arc::new(Schedule::default());
         loop {
-            self.start_due(&pending).await;
+            self.start_due(&st).await;
             tokio::select! {
                 _ = tokio::time::sleep(TICK) => {}
                 _ = stop.wait_for(|v| *v) => return,

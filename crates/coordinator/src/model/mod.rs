@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub mod estimate;
 pub mod policy;
-pub use policy::{Every, Policy};
+pub use policy::{Every, Policy, PolicyChange};
 
 /// The protocol phases of one checkpoint epoch, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -142,9 +143,14 @@ pub struct Epoch {
     /// is durable and older than `keep_local`).
     #[serde(default = "yes")]
     pub local_copy: bool,
-    /// Who asked for it: "" (a user's request), "periodic" (the job's policy), "drain".
+    /// Who asked for it: "" (a user's request), "periodic" (the job's policy), "drain",
+    /// "deadline".
     #[serde(default)]
     pub trigger: String,
+    /// Resident memory of the job's processes at the initial synchronization, over all nodes
+    /// (what `ckptctl estimate` relates checkpoint times to).
+    #[serde(default)]
+    pub resident_bytes: u64,
 }
 
 impl Epoch {
@@ -166,6 +172,7 @@ impl Epoch {
             partners: BTreeMap::new(),
             local_copy: true,
             trigger: String::new(),
+            resident_bytes: 0,
         }
     }
 

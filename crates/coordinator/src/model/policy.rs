@@ -63,6 +63,36 @@ pub struct Policy {
     /// Periodic checkpoints; None: only on request.
     #[serde(default)]
     pub every: Option<Every>,
+    /// A final checkpoint (with `--kill`) durable before this time (ms since the Unix epoch);
+    /// cleared once taken.
+    #[serde(default)]
+    pub deadline_unix_ms: Option<u64>,
+}
+
+/// A change of a job's policy; what is None stays as it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PolicyChange {
+    /// New periodic interval (`Some(None)`: off).
+    pub every: Option<Option<Every>>,
+    /// New deadline (`Some(None)`: none).
+    pub deadline_unix_ms: Option<Option<u64>>,
+}
+
+impl PolicyChange {
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.every.is_none() && self.deadline_unix_ms.is_none()
+    }
+
+    /// Applies it.
+    pub fn apply(&self, p: &mut Policy) {
+        if let Some(e) = self.every {
+            p.every = e;
+        }
+        if let Some(d) = self.deadline_unix_ms {
+            p.deadline_unix_ms = d;
+        }
+    }
 }
 
 /// What `--every auto` needs from the site's configuration.
