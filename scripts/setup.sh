@@ -45,11 +45,14 @@ export DEBIAN_FRONTEND=noninteractive
 # ---------------------------------------------------------------------------------------------
 # 1. System packages
 # ---------------------------------------------------------------------------------------------
+# slurmctld, slurmd, slurm-client and munge: the batch-system tests start their own daemons
+# (nothing is enabled or started by this script).
 # libibverbs-dev, libclang-dev and cmake build ib-quiesce's rdma-core binding (ibverbs-sys runs
 # cmake and bindgen); ibverbs-providers gives it the devices at run time.
 PKGS=(build-essential pkg-config mpich libmpich-dev openmpi-bin libopenmpi-dev
       protobuf-compiler libprotobuf-dev nftables iptables iproute2 util-linux procps e2fsprogs
-      debian-archive-keyring libibverbs-dev ibverbs-providers libclang-dev cmake)
+      debian-archive-keyring libibverbs-dev ibverbs-providers libclang-dev cmake
+      slurmctld slurmd slurm-client munge)
 command -v systemd-analyze >/dev/null 2>&1 || PKGS+=(systemd)
 ((WITH_VM)) && PKGS+=(qemu-system-x86 busybox-static cpio rdma-core ibverbs-utils ibverbs-providers)
 
