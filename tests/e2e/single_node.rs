@@ -479,6 +479,9 @@ fn users_act_only_on_their_own_jobs() {
         d.status(root_job)["policy"].is_null(),
         "the policy was not set"
     );
+    // Nor learn about its memory and checkpoints.
+    let out = d.ctl_as(NOBODY, &["estimate", &root_job.to_string()]);
+    assert_eq!(out.code, 5, "{out:?}");
     // Draining a node stops every user's jobs there: root's only.
     let out = d.ctl_as(NOBODY, &["drain", "node0", "--migrate"]);
     assert_eq!(out.code, 5, "{out:?}");

@@ -14,8 +14,8 @@ use super::{now_ms, Caller, Coordinator, DriveError};
 use crate::model::policy::{self, Interval};
 use crate::model::{Job, JobState, PolicyChange};
 
-/// How often the scheduler looks for due checkpoints.
-const TICK: Duration = Duration::from_millis(250);
+/// How often the scheduler looks for due checkpoints (it reads every job's record).
+const TICK: Duration = Duration::from_millis(500);
 
 /// Trigger recorded on the epochs the scheduler starts for a periodic policy.
 pub const PERIODIC: &str = "periodic";
