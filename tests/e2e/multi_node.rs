@@ -308,7 +308,50 @@ fn checkpoint_kill_restart_across_three_nodes(mpi: Mpi, obstacle: Obstacle) {
     match obstacle {
         Obstacle::TakenPid => match PidSquatter::take(n3_pid) {
             Some(squatter) => {
-                refused(&n3_pid.to_string());
+                // A namespace named as n1's sandbox for this job would be, left by another
+                // agent: n1's part (no sandbox) is still held in n1's own namespace while n3
+                // waits for its PID. (The hold once went to whatever namespace had that name,
+                // leaving the part unheld.)
+                let stale = format!("ckpt-n1-{job}");
+                let ip = |args: &[&str]| {
+                    std::process::Command::new("ip")
+                        .args(args)
+                        .status()
+                        .expect("run ip")
+                };
+                assert!(ip(&["netns", "add", &stale]).success());
+                let restart = d.ctl_spawn(&["restart", &job.to_string()]);
+                let table = format!("ckpt_hold_n1_{job}");
+                let begin = Instant::now();
+                let held_at_home = loop {
+                    let listed = cluster
+                        .command_in("n1", &"nft".into())
+                        .args(["list", "table", "inet", &table])
+                        .stdout(std::process::Stdio::null())
+                        .stderr(std::process::Stdio::null())
+                        .status()
+                        .expect("run nft")
+                        .success();
+                    if listed || begin.elapsed() > Duration::from_secs(10) {
+                        break listed;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                };
+                let out = ckpt_tests::Ctl::finish(restart, LIMIT);
+                ip(&["netns", "del", &stale]);
+                assert!(held_at_home, "n1's part was not held in n1's namespace");
+                assert_ne!(out.code, 0, "{out:?}");
+                assert!(
+                    out.stderr.contains("node n3") && out.stderr.contains(&n3_pid.to_string()),
+                    "the error names the node and the PID: {out:?}"
+                );
+                for n in NODES {
+                    assert!(
+                        d.job_pids_on(n, job).is_empty(),
+                        "a failed restart leaves nothing running on {n}"
+                    );
+                }
+                d.wait_state(job, "killed", LIMIT);
                 drop(squatter);
             }
             None => eprintln!("SKIPPED the taken-PID step: could not obtain PID {n3_pid}"),

@@ -24,9 +24,10 @@ pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
             // restore, which creates it again.
             job.remove_empty_cgroup();
         }
-        if observed != Observed::Running {
+        if observed != Observed::Running && job.record.sandbox.is_some() {
             // Nor is its sandbox's network namespace, whose job address would otherwise stay
-            // on the network (a restore elsewhere needs it).
+            // on the network (a restore elsewhere needs it). Only a part in a sandbox has one:
+            // the path is a machine-wide name another agent may use.
             let netns = jobs.netns(job.id());
             if netns.exists() {
                 tokio::spawn(async move { crate::sandbox::remove(&netns).await });

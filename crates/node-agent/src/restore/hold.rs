@@ -20,9 +20,18 @@ impl Jobs {
     /// Drops TCP traffic on the job's ports in this node's network namespace, so that restored
     /// connections exchange nothing (and reset nothing) before every node is restored. Packets
     /// are dropped, not rejected: TCP retransmits them after the release.
-    pub(super) async fn hold_tcp(&self, job: u64, ports: &[u16]) -> Result<(), AgentError> {
+    ///
+    /// `sandboxed` comes from the part's record, never from the namespace's path existing:
+    /// `/run/netns/ckpt-<node>-<job>` is a machine-wide name, where a leftover of another
+    /// agent may sit, and a part held there would not be held at all.
+    pub(super) async fn hold_tcp(
+        &self,
+        job: u64,
+        sandboxed: bool,
+        ports: &[u16],
+    ) -> Result<(), AgentError> {
         let netns = self.netns(job);
-        if netns.exists() {
+        if sandboxed {
             // A sandbox: all of its TCP on the job interface, in its own namespace.
             return crate::sandbox::hold(&netns)
                 .await
@@ -46,7 +55,7 @@ impl Jobs {
              chain output {{ type filter hook output priority -10; policy accept; tcp sport {{ {set} }} drop; }}\n\
              }}\n"
         );
-        self.release_tcp(job).await;
+        self.release_tcp(job, false).await;
         crate::sandbox::run("nft", &["-f", "-"], Some(&script))
             .await
             .map_err(|message| AgentError::Start {
@@ -56,9 +65,9 @@ impl Jobs {
     }
 
     /// Removes the hold of [`Jobs::hold_tcp`], if any.
-    pub(super) async fn release_tcp(&self, job: u64) {
+    pub(super) async fn release_tcp(&self, job: u64, sandboxed: bool) {
         let netns = self.netns(job);
-        if netns.exists() {
+        if sandboxed {
             crate::sandbox::release(&netns).await;
             return;
         }
@@ -91,7 +100,9 @@ const STALE_TCP_STATES: [&str; 5] = [
 /// its connections linger for up to a minute (TIME_WAIT; FIN_WAIT and LAST_ACK when the peer
 /// was killed too, or a failed restart dropped its packets), and the restored sockets, which
 /// reuse the same addresses, could not bind or connect. Only sockets in closing states are
-/// touched, never an open one, and only after every process of the job is gone.
+/// touched, never an open one, and only after every process of the job is gone and the hold
+/// is in place: destroying a socket sends a reset with the sequence numbers of the checkpoint,
+/// which a peer part restored already would accept.
 pub(super) async fn clear_stale_sockets(ports: &[u16]) {
     if ports.is_empty() {
         return;

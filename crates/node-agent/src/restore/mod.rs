@@ -140,11 +140,9 @@ impl Jobs {
         self.put_back_files(&job, &owner, &m, &node_dir).await?;
         let netns = match &sandbox {
             Some(addr) => Some(self.make_sandbox(job_id, addr).await?.netns),
-            None => {
-                clear_stale_sockets(&m.tcp_ports).await;
-                None
-            }
+            None => None,
         };
+        let sandboxed = sandbox.is_some();
         job.record.sandbox = sandbox;
         if !token.is_empty() {
             job.record.token = token.to_string();
@@ -153,7 +151,10 @@ impl Jobs {
         // one would let the restored processes run at once.
         job.remove_empty_cgroup();
         if hold {
-            self.hold_tcp(job_id, &m.tcp_ports).await?;
+            self.hold_tcp(job_id, sandboxed, &m.tcp_ports).await?;
+        }
+        if !sandboxed {
+            clear_stale_sockets(&m.tcp_ports).await;
         }
         let inc = job.record.incarnation + 1;
         let run_dir = job.dir.join("run").join(inc.to_string());
@@ -205,7 +206,7 @@ impl Jobs {
                 if job.cgroup.state().map(|s| s == "THAWED").unwrap_or(false) {
                     if let Err(source) = job.cgroup.freeze() {
                         let _ = job.cgroup.kill_all();
-                        self.release_tcp(job_id).await;
+                        self.release_tcp(job_id, sandboxed).await;
                         return Err(AgentError::Cgroup {
                             job: job_id,
                             source,
@@ -214,7 +215,7 @@ impl Jobs {
                 }
                 if let Err(e) = verify_restored(job_id, &job.cgroup, &owner) {
                     let _ = job.cgroup.kill_all();
-                    self.release_tcp(job_id).await;
+                    self.release_tcp(job_id, sandboxed).await;
                     return Err(e);
                 }
                 info!(
@@ -242,7 +243,7 @@ impl Jobs {
             }
             Err(e) => {
                 if hold {
-                    self.release_tcp(job_id).await;
+                    self.release_tcp(job_id, sandboxed).await;
                 }
                 return match e {
                     AgentError::Start { message, .. } => Err(AgentError::Engine {
@@ -272,10 +273,11 @@ impl Jobs {
     pub async fn release(&self, job_id: u64, kill: bool) -> Result<(), AgentError> {
         let j = self.get(job_id)?;
         let job = j.lock_owned().await;
+        let sandboxed = job.record.sandbox.is_some();
         // Running processes get their network back before they thaw; killed ones after they
         // are gone, so that nothing of theirs leaks out.
         if !kill {
-            self.release_tcp(job_id).await;
+            self.release_tcp(job_id, sandboxed).await;
         }
         let (_job, r) = tokio::task::spawn_blocking(move || {
             let r = if kill {
@@ -290,8 +292,10 @@ impl Jobs {
         .await
         .expect("release task");
         if kill {
-            self.release_tcp(job_id).await;
-            sandbox::remove(&self.netns(job_id)).await;
+            self.release_tcp(job_id, sandboxed).await;
+            if sandboxed {
+                sandbox::remove(&self.netns(job_id)).await;
+            }
         }
         r.map_err(|source| AgentError::Cgroup {
             job: job_id,
