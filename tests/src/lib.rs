@@ -14,6 +14,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 pub mod netns;
+pub mod slurm;
 pub mod sockets;
 pub mod vm;
 

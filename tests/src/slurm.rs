@@ -1,0 +1,288 @@
+//! A real Slurm on the test hosts: munged with a fresh key, slurmctld in the root network
+//! namespace (in a UTS namespace of its own named `head`, the controller's host name), and one
+//! slurmd per test host in the host's network and UTS namespaces, with the host's name as its
+//! node name. Two partitions over all hosts: `low` (the default) and `high`, whose jobs preempt
+//! `low`'s by requeueing them. Every daemon is stopped by PID on drop.
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::netns;
+
+/// TCP ports of this Slurm (slurmd's in each host's own namespace).
+const CTLD_PORT: u16 = 16817;
+const SLURMD_PORT: u16 = 16818;
+
+/// A running Slurm.
+#[derive(Debug)]
+pub struct Slurm {
+    /// Its directory: configuration, state, logs, job output.
+    pub dir: PathBuf,
+    /// `slurm.conf`.
+    pub conf: PathBuf,
+    children: Vec<Child>,
+}
+
+fn which(prog: &str) -> bool {
+    ["/usr/sbin", "/usr/bin", "/sbin", "/bin"]
+        .iter()
+        .any(|d| Path::new(d).join(prog).is_file())
+}
+
+impl Slurm {
+    /// Why Slurm cannot run here, if it cannot (its packages are installed by
+    /// scripts/setup.sh).
+    pub fn unavailable() -> Option<String> {
+        for p in [
+            "munged",
+            "slurmctld",
+            "slurmd",
+            "sbatch",
+            "scontrol",
+            "squeue",
+        ] {
+            if !which(p) {
+                return Some(format!(
+                    "{p} not found (install slurmctld slurmd slurm-client munge: scripts/setup.sh)"
+                ));
+            }
+        }
+        None
+    }
+
+    /// Starts munged, slurmctld and a slurmd on every host of `cluster`, in `dir`; waits
+    /// (bounded) until every node is idle.
+    pub fn start(cluster: &netns::Cluster, dir: &Path) -> Result<Slurm, String> {
+        let dir = dir.to_path_buf();
+        let munge = dir.join("munge");
+        for d in [&munge, &dir.join("state"), &dir.join("log")] {
+            std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        }
+        let key: Vec<u8> = (0..1024).map(|_| rand_byte()).collect();
+        std::fs::write(munge.join("munge.key"), key).map_err(|e| e.to_string())?;
+        let run = |args: &[&str]| {
+            Command::new(args[0])
+                .args(&args[1..])
+                .status()
+                .map_err(|e| format!("{}: {e}", args[0]))
+        };
+        let m = munge.display().to_string();
+        run(&["chown", "-R", "munge:munge", &m])?;
+        run(&["chmod", "600", &format!("{m}/munge.key")])?;
+        run(&["chmod", "755", &m])?;
+        let mut s = Slurm {
+            conf: dir.join("slurm.conf"),
+            dir: dir.clone(),
+            children: Vec::new(),
+        };
+        let log = |name: &str| -> Result<Stdio, String> {
+            std::fs::File::create(dir.join("log").join(name))
+                .map(Stdio::from)
+                .map_err(|e| e.to_string())
+        };
+        let mut munged = Command::new("setpriv");
+        munged
+            .args(["--reuid=munge", "--regid=munge", "--init-groups", "munged"])
+            .args(["--force", "--foreground"])
+            .arg(format!("--socket={m}/munge.sock"))
+            .arg(format!("--key-file={m}/munge.key"))
+            .arg(format!("--log-file={m}/munged.log"))
+            .arg(format!("--pid-file={m}/munged.pid"))
+            .arg(format!("--seed-file={m}/seed"))
+            .stdout(log("munged.out")?)
+            .stderr(log("munged.err")?);
+        s.spawn(munged)?;
+        let socket = munge.join("munge.sock");
+        wait_for(|| socket.exists(), "munged's socket")?;
+
+        let mut nodes = String::new();
+        for n in &cluster.nodes {
+            nodes.push_str(&format!(
+                "NodeName={} NodeAddr={} CPUs=2 RealMemory=1000 State=UNKNOWN\n",
+                n.name, n.ip
+            ));
+        }
+        let names: Vec<&str> = cluster.nodes.iter().map(|n| n.name.as_str()).collect();
+        let d = dir.display();
+        std::fs::write(
+            &s.conf,
+            format!(
+                "ClusterName=ckpttest\nSlurmctldHost=head({host})\n\
+                 SlurmctldPort={CTLD_PORT}\nSlurmdPort={SLURMD_PORT}\n\
+                 AuthType=auth/munge\nAuthInfo=socket={m}/munge.sock\nCredType=cred/munge\n\
+                 SlurmUser=root\nSlurmdUser=root\nStateSaveLocation={d}/state\n\
+                 SlurmdSpoolDir={d}/spool/%n\nSlurmctldPidFile={d}/slurmctld.pid\n\
+                 SlurmdPidFile={d}/slurmd.%n.pid\nSlurmctldLogFile={d}/log/slurmctld.log\n\
+                 SlurmdLogFile={d}/log/slurmd.%n.log\nMailProg=/bin/true\n\
+                 ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n\
+                 SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\n\
+                 SchedulerType=sched/backfill\nSchedulerParameters=sched_interval=2,bf_interval=2\n\
+                 JobRequeue=1\nReturnToService=2\nMpiDefault=none\nSwitchType=switch/none\n\
+                 JobCompType=jobcomp/none\nAccountingStorageType=accounting_storage/none\n\
+                 PreemptType=preempt/partition_prio\nPreemptMode=REQUEUE\nKillWait=60\n\
+                 {nodes}\
+                 PartitionName=low Nodes={list} Default=YES MaxTime=INFINITE State=UP PriorityTier=1\n\
+                 PartitionName=high Nodes={list} MaxTime=INFINITE State=UP PriorityTier=10\n",
+                host = cluster.host_ip,
+                list = names.join(","),
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+        let conf = s.conf.display().to_string();
+        let mut ctld = Command::new("unshare");
+        ctld.args(["--uts", "sh", "-c"])
+            .arg(format!("hostname head && exec slurmctld -D -f {conf}"))
+            .env("SLURM_CONF", &conf)
+            .stdout(log("slurmctld.out")?)
+            .stderr(log("slurmctld.err")?);
+        s.spawn(ctld)?;
+        for n in &cluster.nodes {
+            std::fs::create_dir_all(dir.join("spool").join(&n.name)).map_err(|e| e.to_string())?;
+            let mut slurmd = cluster.command_in(&n.name, &PathBuf::from("slurmd"));
+            slurmd
+                .args(["-D", "-N", &n.name, "-f", &conf])
+                .env("SLURM_CONF", &conf)
+                .stdout(log(&format!("slurmd-{}.out", n.name))?)
+                .stderr(log(&format!("slurmd-{}.err", n.name))?);
+            s.spawn(slurmd)?;
+        }
+        let all = cluster.nodes.len();
+        wait_for(
+            || {
+                let out = s
+                    .command("sinfo")
+                    .args(["-h", "-p", "low", "-o", "%D %t"])
+                    .output();
+                out.is_ok_and(|o| {
+                    String::from_utf8_lossy(&o.stdout).trim() == format!("{all} idle")
+                })
+            },
+            "every slurmd to register idle",
+        )
+        .map_err(|e| format!("{e}: {}", s.logs()))?;
+        Ok(s)
+    }
+
+    fn spawn(&mut self, mut cmd: Command) -> Result<(), String> {
+        let child = cmd
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("{cmd:?}: {e}"))?;
+        self.children.push(child);
+        Ok(())
+    }
+
+    /// A Slurm command (`sbatch`, `scontrol`, ...) against this Slurm.
+    pub fn command(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
+        c.env("SLURM_CONF", &self.conf).stdin(Stdio::null());
+        c
+    }
+
+    /// `sbatch ARGS`; the job id.
+    pub fn sbatch(&self, args: &[&str]) -> Result<u64, String> {
+        let out = self
+            .command("sbatch")
+            .arg("--parsable")
+            .args(args)
+            .output()
+            .map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.trim()
+            .split(';')
+            .next()
+            .and_then(|t| t.parse().ok())
+            .ok_or_else(|| {
+                format!(
+                    "sbatch {args:?}: {text} {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            })
+    }
+
+    /// A field of `scontrol show job ID` (e.g. `JobState`, `Restarts`).
+    pub fn job_field(&self, id: u64, field: &str) -> String {
+        let out = self
+            .command("scontrol")
+            .args(["show", "job", &id.to_string()])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        out.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{field}=")))
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    /// Waits (bounded) until the job's state is `state`.
+    #[track_caller]
+    pub fn wait_job(&self, id: u64, state: &str, limit: Duration) {
+        let begin = Instant::now();
+        loop {
+            let s = self.job_field(id, "JobState");
+            if s == state {
+                return;
+            }
+            assert!(
+                begin.elapsed() < limit,
+                "Slurm job {id} is {s:?} after {limit:?}, wanted {state}: {}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The tails of the daemons' logs, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for f in ["slurmctld.log", "slurmctld.err"] {
+            let text = std::fs::read_to_string(self.dir.join("log").join(f)).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            out.push_str(&format!(
+                "\n--- {f}\n{}",
+                lines[lines.len().saturating_sub(15)..].join("\n")
+            ));
+        }
+        out
+    }
+}
+
+impl Drop for Slurm {
+    fn drop(&mut self) {
+        // slurmd and slurmctld end their jobs' steps on SIGTERM; the unshare/nsenter wrappers
+        // exec them, so these are the daemons' own PIDs.
+        for c in self.children.iter_mut().rev() {
+            // SAFETY: kill(2) on our own child's PID.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        }
+        for c in self.children.iter_mut().rev() {
+            let begin = Instant::now();
+            while begin.elapsed() < Duration::from_secs(10) {
+                if matches!(c.try_wait(), Ok(Some(_))) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn wait_for(mut ok: impl FnMut() -> bool, what: &str) -> Result<(), String> {
+    let begin = Instant::now();
+    while !ok() {
+        if begin.elapsed() > Duration::from_secs(30) {
+            return Err(format!("no {what} after 30 s"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+fn rand_byte() -> u8 {
+    let mut b = [0u8; 1];
+    // SAFETY: getrandom(2) into a buffer we own.
+    unsafe { libc::getrandom(b.as_mut_ptr().cast(), 1, 0) };
+    b[0]
+}
