@@ -897,9 +897,28 @@ impl Drop for Ckptd {
     fn drop(&mut self) {
         self.stop_daemon();
         self.kill_agent();
+        let nodes: Vec<String> = self.node_agents.iter().map(|(n, _)| n.clone()).collect();
         for (_, mut a) in self.node_agents.drain(..) {
             let _ = a.kill();
             let _ = a.wait();
+        }
+        // The sandboxes' network namespaces of this instance's test hosts (named
+        // ckpt-<node>-<job>), which its killed agents could not remove.
+        if let Ok(rd) = std::fs::read_dir("/run/netns") {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let ours = nodes.iter().any(|n| {
+                    name.strip_prefix(&format!("ckpt-{n}-")).is_some_and(|job| {
+                        !job.is_empty() && job.bytes().all(|b| b.is_ascii_digit())
+                    })
+                });
+                if ours {
+                    let _ = Command::new("ip")
+                        .args(["netns", "del", &name])
+                        .stdin(Stdio::null())
+                        .status();
+                }
+            }
         }
         // Kill what is left in this instance's job cgroups, by PID, then remove the cgroups.
         for parent in [

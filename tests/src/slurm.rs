@@ -249,6 +249,20 @@ impl Slurm {
 
 impl Drop for Slurm {
     fn drop(&mut self) {
+        // Batch steps first (a batch script's `ckptctl run` waits for its job as long as ckptd
+        // is unreachable), while slurmd can still end them.
+        let _ = self
+            .command("scancel")
+            .args(["--full", "--signal=KILL", "--user=root"])
+            .status();
+        let begin = Instant::now();
+        while begin.elapsed() < Duration::from_secs(10) {
+            let out = self.command("squeue").args(["-h", "-t", "R,CG"]).output();
+            if out.is_ok_and(|o| o.stdout.is_empty()) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
         // slurmd and slurmctld end their jobs' steps on SIGTERM; the unshare/nsenter wrappers
         // exec them, so these are the daemons' own PIDs.
         for c in self.children.iter_mut().rev() {
