@@ -445,6 +445,10 @@ def render_overhead(runs, args, iters, per_iter):
     if not base:
         return out + ["No run without policy completed: no overhead to report."]
     bw = statistics.mean(r["wall"] for r in base)
+    out.append(f"Direct run (calibration, not under ckpt): {per_iter * 1000:.2f} ms/iteration, i.e. "
+               f"{iters * per_iter:.1f} s for {iters} iterations; under ckpt without policy: "
+               f"{bw / iters * 1000:.2f} ms/iteration ({bw:.1f} s, including start-up).")
+    out.append("")
     if len(base) > 1:
         ws = [r["wall"] for r in base]
         out.append(f"Runs without policy: {', '.join(f'{w:.2f} s' for w in ws)} (spread "
