@@ -563,6 +563,31 @@ def default_criu():
 
 
 
+def stop_on_signals():
+    """TERM, INT and HUP end the run through the callers' `finally` (clean-up by PID), also
+    when started in the background."""
+    stop_signal = lambda *_: sys.exit(143)  # noqa: E731 - unwinds through the finally
+    signal.signal(signal.SIGTERM, stop_signal)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGHUP, stop_signal)
+
+
+def stage_bins(tmp, bin_dir, app, extra=()):
+    """Copies ckptd, ckptctl, ckpt-agent, ckpt-rsh (and the binaries `extra`) and the built test
+    program `app` into tmp (a rebuild during the run does not matter); returns (bindir, path of
+    the program)."""
+    bindir = os.path.join(tmp, "bin")
+    os.mkdir(bindir)
+    for b in ("ckptd", "ckptctl", "ckpt-agent", "ckpt-rsh", *extra):
+        src = os.path.join(bin_dir, b)
+        if not os.path.exists(src):
+            raise BenchError(f"missing {src} (build the release binaries first)")
+        shutil.copy2(src, os.path.join(bindir, b))
+    staged = os.path.join(tmp, os.path.basename(app))
+    shutil.copy2(app, staged)
+    return bindir, staged
+
+
 def teardown(ckpt, sampler, tmp, cluster, keep, also=lambda: None):
     """Stops the daemons and the sampler, removes every job cgroup and the test hosts (`also`
     runs before the hosts go), and keeps or removes the temp dir; a second Ctrl-C does not
@@ -637,23 +662,12 @@ def main():
     cluster = Cluster(max(node_counts))
     ckpt = None
     results = []
-    stop_signal = lambda *_: sys.exit(143)  # noqa: E731 - unwinds through the finally below
-    signal.signal(signal.SIGTERM, stop_signal)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
-    signal.signal(signal.SIGHUP, stop_signal)
+    stop_on_signals()
     t_start = mono()
     sampler = BusySampler(busy_processes)
     sampler.start()
     try:
-        bindir = os.path.join(tmp, "bin")
-        os.mkdir(bindir)
-        for b in ("ckptd", "ckptctl", "ckpt-agent", "ckpt-rsh"):
-            src = os.path.join(args.bin_dir, b)
-            if not os.path.exists(src):
-                raise BenchError(f"missing {src} (build the release binaries first)")
-            shutil.copy2(src, os.path.join(bindir, b))
-        app = os.path.join(tmp, "heat.mpich")
-        shutil.copy2(args.app, app)
+        bindir, app = stage_bins(tmp, args.bin_dir, args.app)
         header = machine_header(cmdline, args.criu, args.size, iters, args.sleep_us)
 
         cluster.create()

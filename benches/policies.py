@@ -108,7 +108,8 @@ from benchutil import (  # noqa: E402
     FREEZER, REPO, BenchError, BusySampler, cg_pids, comm, emit, finished, kill_cgroup, log,
     machine_info, mono, notes_section, read_text, run, table_head, wait_idle, wait_until)
 from multinode_vs_criu import (  # noqa: E402
-    Ckpt, Cluster, busy_processes, default_criu, report_tail, teardown)
+    Ckpt, Cluster, busy_processes, default_criu, report_tail, stage_bins, stop_on_signals,
+    teardown)
 
 BIG_ITERS = 10_000_000  # part A: the job runs until it is cancelled
 
@@ -561,23 +562,12 @@ def main():
     cluster = Cluster(hosts)
     ckpt = None
     doc = {"command": cmdline, "estimates": [], "overhead": [], "notes": []}
-    stop_signal = lambda *_: sys.exit(143)  # noqa: E731 - unwinds through the finally below
-    signal.signal(signal.SIGTERM, stop_signal)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
-    signal.signal(signal.SIGHUP, stop_signal)
+    stop_on_signals()
     t_start = mono()
     sampler = BusySampler(busy)
     sampler.start()
     try:
-        bindir = os.path.join(tmp, "bin")
-        os.mkdir(bindir)
-        for b in ("ckptd", "ckptctl", "ckpt-agent", "ckpt-rsh"):
-            src = os.path.join(args.bin_dir, b)
-            if not os.path.exists(src):
-                raise BenchError(f"missing {src} (build the release binaries first)")
-            shutil.copy2(src, os.path.join(bindir, b))
-        app = os.path.join(tmp, "heat.mpich")
-        shutil.copy2(args.app, app)
+        bindir, app = stage_bins(tmp, args.bin_dir, args.app)
         header = machine_header(cmdline, args.criu, args)
 
         cluster.create()

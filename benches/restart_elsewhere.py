@@ -109,7 +109,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -122,7 +121,8 @@ from benchutil import (  # noqa: E402
     log, machine_info, med, mm, mono, notes_section, progress_lines, ratio, read_text, run,
     table_head, wait_idle, wait_until)
 from multinode_vs_criu import (  # noqa: E402
-    ANSI, SUBNET, TAG, Ckpt, Cluster, busy_processes, default_criu, report_tail, teardown)
+    ANSI, SUBNET, TAG, Ckpt, Cluster, busy_processes, default_criu, report_tail, stage_bins,
+    stop_on_signals, teardown)
 
 NETNS_DIR = "/run/netns"
 HOSTS = 6
@@ -610,10 +610,7 @@ def main():
     ckpt = None
     res = {"rows": {label: {"elapsed": [], "wall": [], "confirm": [], "sources": []} for label, _, _ in MODES},
            "notes": []}
-    stop_signal = lambda *_: sys.exit(143)  # noqa: E731 - unwinds through the finally below
-    signal.signal(signal.SIGTERM, stop_signal)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
-    signal.signal(signal.SIGHUP, stop_signal)
+    stop_on_signals()
     t_start = mono()
     sampler = BusySampler(busy_processes)
     sampler.start()
@@ -621,15 +618,7 @@ def main():
         if sandbox_netns(names):
             raise BenchError(f"sandbox namespaces of these node names exist already: "
                              f"{sandbox_netns(names)}; use another --node-prefix")
-        bindir = os.path.join(tmp, "bin")
-        os.mkdir(bindir)
-        for b in ("ckptd", "ckptctl", "ckpt-agent", "ckpt-rsh", "ckpt-init"):
-            src = os.path.join(args.bin_dir, b)
-            if not os.path.exists(src):
-                raise BenchError(f"missing {src} (build the release binaries first)")
-            shutil.copy2(src, os.path.join(bindir, b))
-        app = os.path.join(tmp, "heat.mpich")
-        shutil.copy2(args.app, app)
+        bindir, app = stage_bins(tmp, args.bin_dir, args.app, extra=("ckpt-init",))
 
         cluster.create()
         for node, name in zip(cluster.nodes, names):
