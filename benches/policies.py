@@ -29,15 +29,16 @@ A. Estimate vs actual. For each node count k (--nodes, default 1,2,3,4) and each
    checkpoints (`ckptctl checkpoint ID --wait --json`), each followed by a bounded wait until
    `ckptctl epochs ID --json` shows it "durable" (so that no flush overlaps the next epoch), then
    asks `ckptctl estimate ID --json` (3 committed epochs of its own: the estimate is fitted on
-   this job only; all at one size, so the fit is proportional: mean time per byte of the three
-   times the resident bytes now), then takes a 4th checkpoint the same way and compares:
+   this job only; all at one size, so the fit is proportional: time per byte of the three,
+   weighted towards the latest, times the resident bytes now), then takes a 4th checkpoint the same way and compares:
 
        frozen   predicted.frozen_ms  vs the epoch's frozen_ms
        commit   predicted.commit_ms  vs finished_unix_ms - started_unix_ms (what the model fits;
                                         ckptctl's total_ms is shown beside it)
-       durable  predicted.durable_ms vs commit + flush_ms (what the model fits), and beside it the
-                                        observed wall time from the `checkpoint` call until the
-                                        script saw "durable" (0.1 s polling)
+       durable  predicted.durable_ms vs the epoch's durable_ms (from its start until durable:
+                                        partner copies, flush; what the model fits), and beside
+                                        it the observed wall time from the `checkpoint` call
+                                        until the script saw "durable" (0.1 s polling)
 
    error % = (predicted - actual) / actual * 100. The job is then cancelled (its processes
    SIGKILLed by PID from its cgroups) and its images (<shared>/<job>, <node>/local/<job>) deleted.
@@ -213,8 +214,9 @@ def checkpoint(ckpt, jid):
 
 def actual(rec, observed_s):
     commit = float(rec["finished_unix_ms"]) - float(rec["started_unix_ms"])
+    durable = float(rec.get("durable_ms") or 0) or commit + float(rec.get("flush_ms") or 0)
     return {"epoch": rec["epoch"], "frozen": float(rec["frozen_ms"]), "commit": commit,
-            "total": float(rec["total_ms"]), "durable": commit + float(rec.get("flush_ms") or 0),
+            "total": float(rec["total_ms"]), "durable": durable,
             "durable_observed": observed_s * 1000.0, "image_bytes": int(rec["image_bytes"]),
             "flush_ms": float(rec.get("flush_ms") or 0), "trigger": rec.get("trigger")}
 
@@ -344,10 +346,18 @@ def bench_overhead(ckpt, cluster, label, flags, args, app, iters):
         limit = 3 * args.overhead_seconds + 120
         next_policy = mono() + 15
         pol = None
+        marks = []  # (unix ms, iteration) of each progress line, as first seen
+        seen = 0
 
         def done():
-            nonlocal next_policy, pol
-            if finished(stdout):
+            nonlocal next_policy, pol, seen
+            text = read_text(stdout)
+            lines = text[:text.rfind("\n") + 1].splitlines()
+            for line in lines[seen:]:
+                if line.startswith("iter "):
+                    marks.append((time.time() * 1000.0, int(line.split()[1].split("/")[0])))
+            seen = len(lines)
+            if "checksum" in text:
                 return True
             if mono() >= next_policy:
                 next_policy += 15
@@ -372,13 +382,42 @@ def bench_overhead(ckpt, cluster, label, flags, args, app, iters):
         res["epochs"] = [{"epoch": e["epoch"], "state": e.get("state"), "trigger": e.get("trigger"),
                           "frozen": e.get("frozen_ms"), "total": e.get("total_ms"),
                           "storage": e.get("storage"), "flush_ms": e.get("flush_ms"),
+                          "durable_ms": e.get("durable_ms"),
                           "started_unix_ms": e.get("started_unix_ms")} for e in eps]
+        res["marks"] = marks
+        res["within"] = within_run(marks, res["epochs"])
         log(f"overhead {label}: {res['wall']:.1f} s, {len(eps)} epochs "
             f"({', '.join(str(e.get('frozen_ms')) + ' ms' for e in eps)}); policy {res['policy']}")
     finally:
         ckpt.cancel(jid, cluster.nodes[:k])
         ckpt.drop_images(jid)
     return res
+
+
+def within_run(marks, epochs):
+    """What checkpoints cost inside one run, free of the drift between runs: the job's time per
+    iteration between consecutive progress lines, the median of the intervals that saw no
+    epoch start, and the time the intervals in which an epoch started took beyond that median
+    (summed, then per checkpoint). Also the medians before the first and after the last epoch,
+    which show a slowdown that outlasts the checkpoints."""
+    iv = [(a[0], b[0], (b[0] - a[0]) / (b[1] - a[1]), b[1] - a[1])
+          for a, b in zip(marks, marks[1:]) if b[1] > a[1]]
+    starts = [float(e["started_unix_ms"]) for e in epochs if e.get("started_unix_ms")]
+    if len(iv) < 3:
+        return None
+    hit = [any(t0 <= s < t1 for s in starts) for t0, t1, _, _ in iv]
+    quiet = [per for (_, _, per, _), h in zip(iv, hit) if not h]
+    if not quiet:
+        return None
+    med = statistics.median(quiet)
+    excess = sum((t1 - t0) - med * n for (t0, t1, _, n), h in zip(iv, hit) if h)
+    before = [per for t0, t1, per, _ in iv if not starts or t1 <= min(starts)]
+    after = [per for t0, t1, per, _ in iv if starts and t0 >= max(starts)]
+    return {"median_ms_per_iter": med, "excess_ms": excess, "intervals": len(iv),
+            "hit": sum(hit), "checkpoints": len(starts),
+            "per_checkpoint_ms": excess / len(starts) if starts else None,
+            "before_ms_per_iter": statistics.median(before) if before else None,
+            "after_ms_per_iter": statistics.median(after) if after else None}
 
 
 # ---------------------------------------------------------------- report
@@ -400,7 +439,8 @@ def render_estimates(rows):
            "Per row one job: 3 checkpoints (each waited durable), then `ckptctl estimate`, then the "
            "4th checkpoint, whose times are the \"actual\" ones. ms; error = (predicted − actual) / "
            "actual. commit = finished − started of the epoch (what the model fits; ckptctl's "
-           "`total_ms` in brackets); durable = commit + `flush_ms` (what the model fits; in brackets "
+           "`total_ms` in brackets); durable = the epoch's `durable_ms`, from its start until durable, "
+           "partner copies included (what the model fits; in brackets "
            "the wall time from the `checkpoint` call until the script saw \"durable\", 0.1 s polling). "
            "Epochs 1–3 = the times the estimate was fitted on.", ""]
     out += table_head("nodes", "grid", "resident MiB/node", "image MiB", "frozen 1–3",
@@ -479,6 +519,22 @@ def render_overhead(runs, args, iters, per_iter):
             ovs, cost, per_min = "(baseline)", "–", "–"
         out.append(f"| {r['label']} | `{' '.join(r['flags']) or '–'}` | {iv} | {r['wall']:.2f} | {ovs} "
                    f"| {n} ({', '.join(f'{t} {c}' for t, c in trig.items()) or '–'}) | {fr} | {cost} | {per_min} |")
+    out += ["", "Within each run (free of the drift between runs): the job prints a progress line every "
+            "1/20 of its iterations; per interval, ms per iteration. quiet = median over the intervals "
+            "in which no epoch started; extra = what the intervals in which an epoch started took beyond "
+            "quiet (per checkpoint); before / after = median before the first epoch started and after "
+            "the last one; overhead per checkpoint-minute = extra per checkpoint / 60 s.", ""]
+    out += table_head("run", "intervals (with an epoch)", "quiet ms/iter", "extra per checkpoint s",
+                      "before / after ms/iter", "overhead % per checkpoint-minute")
+    for r in runs:
+        w = r.get("within")
+        if not w:
+            continue
+        pc = w["per_checkpoint_ms"]
+        ba = " / ".join("–" if v is None else f"{v:.2f}" for v in (w["before_ms_per_iter"], w["after_ms_per_iter"]))
+        out.append(f"| {r['label']} | {w['intervals']} ({w['hit']}) | {w['median_ms_per_iter']:.2f} "
+                   f"| {'–' if pc is None else f'{pc / 1000:.2f}'} | {ba} "
+                   f"| {'–' if pc is None else f'{pc / 600:+.2f} %'} |")
     return out
 
 

@@ -116,7 +116,7 @@ pub fn epoch_json(e: &pb::EpochInfo) -> Value {
         "image_files": e.image_files, "kill": e.kill, "nodes": e.nodes,
         "storage": e.storage, "flush_detail": e.flush_detail, "flushed_bytes": e.flushed_bytes,
         "flush_ms": e.flush_ms, "local_copy": e.local_copy, "shared_copy": e.shared_copy,
-        "partner_copy": e.partner_copy, "shared_bytes": e.shared_bytes,
+        "partner_copy": e.partner_copy, "shared_bytes": e.shared_bytes, "durable_ms": e.durable_ms,
         "trigger": if e.trigger.is_empty() { "user" } else { e.trigger.as_str() },
     })
 }

@@ -207,6 +207,7 @@ impl Coordinator {
                     e.flush = FlushState::Durable {
                         flush_ms,
                         written_bytes: *written_bytes,
+                        durable_unix_ms: super::now_ms(),
                     };
                 }
                 Err(f) => {
@@ -531,6 +532,7 @@ mod tests {
         let durable = || FlushState::Durable {
             flush_ms: 1,
             written_bytes: 1,
+            durable_unix_ms: 2,
         };
         let failed = FlushState::Failed { reason: "x".into() };
         for (n, f) in [

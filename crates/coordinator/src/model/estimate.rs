@@ -3,7 +3,10 @@
 //! speed of its staging storage) and the copy to shared storage with the bytes it writes: each
 //! time is fitted as `a + b x`, x the resident bytes per node at the initial synchronization,
 //! over the job's own committed epochs, or over recent epochs of every job while the job has
-//! fewer than two (the nodes' storage is what sets b).
+//! fewer than two (the nodes' storage is what sets b). Recent epochs weigh more than old ones
+//! (the weight halves every [`HALF_LIFE`] epochs): a node's page cache, its other jobs and the
+//! shared storage's load change over a job's life, and the next checkpoint is most like the
+//! last ones.
 use serde::Serialize;
 
 use super::{Epoch, FlushState};
@@ -30,6 +33,13 @@ fn sample(e: &Epoch) -> Option<Sample> {
         frozen_ms: e.frozen_ms as f64,
         commit_ms,
         durable_ms: match e.flush {
+            // From the start to durable: the partner copies before the flush and any wait
+            // behind an earlier epoch's flush are part of it.
+            FlushState::Durable {
+                durable_unix_ms, ..
+            } if durable_unix_ms > e.started_unix_ms => {
+                Some((durable_unix_ms - e.started_unix_ms) as f64)
+            }
             FlushState::Durable { flush_ms, .. } => Some(commit_ms + flush_ms as f64),
             _ => None,
         },
@@ -49,22 +59,26 @@ impl Line {
     }
 }
 
-/// Least squares over `points`; proportional (`a = 0`) when there are fewer than three or
-/// their x hardly differ, or when the fit would give a negative term.
-fn fit(points: &[(f64, f64)]) -> Option<Line> {
-    let n = points.len() as f64;
-    let (sx, sy) = points
+/// How many epochs it takes for an epoch's weight in the fit to halve.
+const HALF_LIFE: f64 = 2.0;
+
+/// Weighted least squares over `points` (x, y, weight); proportional (`a = 0`) when there are
+/// fewer than three or their x hardly differ, or when the fit would give a negative term.
+fn fit(points: &[(f64, f64, f64)]) -> Option<Line> {
+    let (sw, sx, sy) = points
         .iter()
-        .fold((0.0, 0.0), |(sx, sy), (x, y)| (sx + x, sy + y));
-    if points.is_empty() || sx <= 0.0 {
+        .fold((0.0, 0.0, 0.0), |(sw, sx, sy), (x, y, w)| {
+            (sw + w, sx + w * x, sy + w * y)
+        });
+    if points.is_empty() || sx <= 0.0 || sw <= 0.0 {
         return None;
     }
     let proportional = Line { a: 0.0, b: sy / sx };
-    let (mx, my) = (sx / n, sy / n);
-    let sxx: f64 = points.iter().map(|(x, _)| (x - mx) * (x - mx)).sum();
-    let sxy: f64 = points.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
+    let (mx, my) = (sx / sw, sy / sw);
+    let sxx: f64 = points.iter().map(|(x, _, w)| w * (x - mx) * (x - mx)).sum();
+    let sxy: f64 = points.iter().map(|(x, y, w)| w * (x - mx) * (y - my)).sum();
     // x must spread over at least 10 % of its mean for a slope to mean anything.
-    if points.len() < 3 || sxx.sqrt() / n.sqrt() < 0.1 * mx {
+    if points.len() < 3 || (sxx / sw).sqrt() < 0.1 * mx {
         return Some(proportional);
     }
     let b = sxy / sxx;
@@ -83,9 +97,18 @@ struct Model {
     durable: Option<Line>,
 }
 
+/// The fit over `samples`, oldest first.
 fn model(samples: &[Sample]) -> Option<Model> {
-    let pts = |f: fn(&Sample) -> Option<f64>| -> Vec<(f64, f64)> {
-        samples.iter().filter_map(|s| Some((s.x, f(s)?))).collect()
+    let n = samples.len();
+    let pts = |f: fn(&Sample) -> Option<f64>| -> Vec<(f64, f64, f64)> {
+        samples
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let age = (n - 1 - i) as f64;
+                Some((s.x, f(s)?, 0.5f64.powf(age / HALF_LIFE)))
+            })
+            .collect()
     };
     Some(Model {
         frozen: fit(&pts(|s| Some(s.frozen_ms)))?,
@@ -139,6 +162,8 @@ fn predict(m: &Model, x: f64) -> Prediction {
 
 /// How many epochs of every job the estimate uses while the job has too few of its own.
 const SITE_EPOCHS: usize = 20;
+/// How many of the job's own last epochs the estimate uses.
+const OWN_EPOCHS: usize = 20;
 /// How many of the job's last epochs it checks itself against.
 const CHECKED: usize = 5;
 
@@ -147,6 +172,8 @@ const CHECKED: usize = 5;
 pub fn estimate(own: &[Epoch], site: &[Epoch], resident_per_node: u64) -> Option<Estimate> {
     let mut mine: Vec<Sample> = own.iter().filter_map(sample).collect();
     mine.sort_by_key(|s| s.epoch);
+    // Older ones weigh next to nothing.
+    mine.drain(..mine.len().saturating_sub(OWN_EPOCHS));
     let (samples, basis) = if mine.len() >= 2 {
         (
             mine.clone(),
@@ -158,7 +185,8 @@ pub fn estimate(own: &[Epoch], site: &[Epoch], resident_per_node: u64) -> Option
             .filter_map(|e| Some((e.started_unix_ms, sample(e)?)))
             .collect();
         all.sort_by_key(|(t, _)| std::cmp::Reverse(*t));
-        let recent: Vec<Sample> = all.into_iter().take(SITE_EPOCHS).map(|(_, s)| s).collect();
+        let mut recent: Vec<Sample> = all.into_iter().take(SITE_EPOCHS).map(|(_, s)| s).collect();
+        recent.reverse();
         let n = recent.len();
         (
             recent,
@@ -221,6 +249,7 @@ mod tests {
         e.flush = FlushState::Durable {
             flush_ms: 1_000 + 10 * mb,
             written_bytes: 0,
+            durable_unix_ms: 0,
         };
         e
     }
@@ -267,5 +296,36 @@ mod tests {
         let mut failed = epoch(1, 1, 50);
         failed.state = crate::model::EpochState::Expired { reason: "x".into() };
         assert_eq!(estimate(&[failed], &[], 1), None);
+    }
+
+    #[test]
+    fn recent_epochs_weigh_more_and_durable_is_timed_from_the_start() {
+        // Same memory; the job's checkpoints got slower (200 ms, then 400 ms frozen).
+        let mut own: Vec<Epoch> = (1..=4).map(|n| epoch(n, 2, 50)).collect();
+        for e in &mut own[2..] {
+            e.frozen_ms = 400;
+        }
+        for e in &mut own[..2] {
+            e.frozen_ms = 200;
+        }
+        let e = estimate(&own, &[], 50_000_000).unwrap();
+        // Weights 1/2, 1/sqrt 2, 1/sqrt 2, 1: closer to the last epochs than the mean of 300.
+        assert!(
+            e.predicted.frozen_ms > 320 && e.predicted.frozen_ms < 400,
+            "{}",
+            e.predicted.frozen_ms
+        );
+        // An epoch that records when it became durable is fitted on that, not on commit +
+        // flush (the partner copies came before its flush).
+        let mut timed = epoch(5, 2, 50);
+        timed.flush = FlushState::Durable {
+            flush_ms: 1_000,
+            written_bytes: 0,
+            durable_unix_ms: timed.started_unix_ms + 9_000,
+        };
+        let one = sample(&timed).unwrap();
+        assert_eq!(one.durable_ms, Some(9_000.0));
+        let old = sample(&own[0]).unwrap();
+        assert_eq!(old.durable_ms, Some(old.commit_ms + 1_000.0 + 500.0));
     }
 }

@@ -79,6 +79,10 @@ pub enum FlushState {
         /// Bytes it wrote: chunks not already in shared storage.
         #[serde(default)]
         written_bytes: u64,
+        /// When it became durable (0 in records older than this field). From the epoch's
+        /// start this spans the partner copies and the wait behind earlier flushes too.
+        #[serde(default)]
+        durable_unix_ms: u64,
     },
     /// The copy failed; the epoch has only its local copies.
     Failed {

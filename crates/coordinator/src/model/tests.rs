@@ -82,6 +82,7 @@ fn storage_follows_the_flush_and_the_local_copy() {
     e.flush = FlushState::Durable {
         flush_ms: 1,
         written_bytes: 1,
+        durable_unix_ms: 3,
     };
     assert!(e.is_durable());
     assert_eq!(e.storage_name(), "durable");

@@ -80,9 +80,12 @@ impl Jobs {
         // A part that moves here restores the images of the node it ran on.
         let source_node = sources.source_node.as_deref().unwrap_or(&self.node);
         let node_dir = self.staging.node_dir(job_id, epoch, source_node);
+        let verify_begin = Instant::now();
         let (m, source, note) = self
             .usable_images(job_id, epoch, committed_digest, sources)
             .await?;
+        let verify_ms = verify_begin.elapsed().as_millis() as u64;
+        let prepare_begin = Instant::now();
         // A part that ran in a sandbox gets a fresh one with its job address, on this node as
         // on any other; its PIDs are its namespace's, free wherever it goes.
         let sandbox = match m.notes.get(sandbox::ADDRESS_NOTE) {
@@ -184,7 +187,9 @@ impl Jobs {
             job_dir: netns.is_some().then_some(own_dir.as_path()),
             cgroup_root,
         });
+        let prepare_ms = prepare_begin.elapsed().as_millis() as u64;
         let lock = machine_restore_lock().await;
+        let engine_begin = Instant::now();
         let started = self
             .start_shim(
                 &mut job,
@@ -198,6 +203,7 @@ impl Jobs {
             )
             .await;
         drop(lock);
+        let engine_ms = engine_begin.elapsed().as_millis() as u64;
         let pid = match started {
             Ok(pid) if hold => {
                 // Released together with the other nodes (`release`). A part that cannot be
@@ -221,6 +227,9 @@ impl Jobs {
                 info!(
                     pid,
                     source = source.name(),
+                    verify_ms,
+                    prepare_ms,
+                    engine_ms,
                     "job restored, held frozen until released"
                 );
                 pid
@@ -238,7 +247,14 @@ impl Jobs {
                         source,
                     })?;
                 }
-                info!(pid, source = source.name(), "job restored");
+                info!(
+                    pid,
+                    source = source.name(),
+                    verify_ms,
+                    prepare_ms,
+                    engine_ms,
+                    "job restored"
+                );
                 pid
             }
             Err(e) => {
