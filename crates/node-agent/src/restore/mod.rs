@@ -224,14 +224,6 @@ impl Jobs {
                     self.release_tcp(job_id, sandboxed).await;
                     return Err(e);
                 }
-                info!(
-                    pid,
-                    source = source.name(),
-                    verify_ms,
-                    prepare_ms,
-                    engine_ms,
-                    "job restored, held frozen until released"
-                );
                 pid
             }
             Ok(pid) => {
@@ -247,14 +239,6 @@ impl Jobs {
                         source,
                     })?;
                 }
-                info!(
-                    pid,
-                    source = source.name(),
-                    verify_ms,
-                    prepare_ms,
-                    engine_ms,
-                    "job restored"
-                );
                 pid
             }
             Err(e) => {
@@ -270,6 +254,20 @@ impl Jobs {
                 };
             }
         };
+        info!(
+            pid,
+            source = source.name(),
+            held = hold,
+            verify_ms,
+            prepare_ms,
+            engine_ms,
+            "job restored{}",
+            if hold {
+                ", held frozen until released"
+            } else {
+                ""
+            }
+        );
         job.ibq_down = channels.clone();
         // Layers drained in an epoch of the old incarnation are gone with it: the restored ones
         // come back released (down), in `channels`.
