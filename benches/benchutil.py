@@ -452,3 +452,12 @@ class BusySampler(threading.Thread):
         return ("\nWARNING: other heavy processes ran during the measurements (first seen): "
                 + ", ".join(f"{b} at {t}" for b, t in sorted(self.seen.items(), key=lambda x: x[1])[:20])
                 + "\n")
+
+
+def require_root_and_freezer():
+    """Exits with a message unless this runs as root on a host with the cgroup v1 freezer (CRIU,
+    cgroups and namespaces need both)."""
+    if os.geteuid() != 0:
+        sys.exit("must run as root (CRIU, cgroups, namespaces)")
+    if not os.path.isdir(FREEZER):
+        sys.exit(f"no cgroup v1 freezer at {FREEZER}")

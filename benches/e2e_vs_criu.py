@@ -62,7 +62,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchutil import (  # noqa: E402
     FREEZER, REPO, BenchError, BusySampler, Ckptctl, cg_pids, comm, dir_bytes, emit, finished, fmt,
     keep_or_remove, kill_cgroup, log, machine_info, med, mm, mono, notes_section, pid_exists,
-    progress_lines, ratio, read_text, record_checkpoint, remove_cgroup, run, set_freezer, stage,
+    progress_lines, ratio, read_text,
+    require_root_and_freezer, record_checkpoint, remove_cgroup, run, set_freezer, stage,
     stop_proc, table_section, wait_first_lines, wait_idle, wait_until)
 DEFAULT_SIZES = [1000, 2650, 5400]  # ~50, ~150, ~500 MB resident for 4 ranks
 CRIU_COMMON = ["--ext-unix-sk", "--file-locks", "--tcp-established", "--network-lock", "nftables"]
@@ -599,10 +600,7 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, images)")
     args = ap.parse_args()
 
-    if os.geteuid() != 0:
-        sys.exit("must run as root (CRIU, cgroups)")
-    if not os.path.isdir(FREEZER):
-        sys.exit(f"no cgroup v1 freezer at {FREEZER}")
+    require_root_and_freezer()
     sizes = [1000] if args.quick else ([int(x) for x in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES)
     k = 2 if args.quick else args.repeats
     per_report = math.ceil(args.interval / (args.sleep_us / 1e6))

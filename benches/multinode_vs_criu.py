@@ -81,7 +81,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchutil import (  # noqa: E402
     FREEZER, REPO, BenchError, BusySampler, Ckptctl, cg_pids, comm, dir_bytes, emit, finished,
     force_thaw, keep_or_remove, kill_cgroup, log, machine_info, med, mm, mono, notes_section,
-    progress_lines, ratio, read_text, record_checkpoint, run, set_freezer, stop_proc, table_head,
+    progress_lines, ratio, read_text,
+    require_root_and_freezer, record_checkpoint, run, set_freezer, stop_proc, table_head,
     wait_idle, wait_until)
 UTS_DIR = "/run/ckpt-uts"
 TAG = os.getpid() % 100000
@@ -641,10 +642,7 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs)")
     args = ap.parse_args()
 
-    if os.geteuid() != 0:
-        sys.exit("must run as root (CRIU, cgroups, namespaces)")
-    if not os.path.isdir(FREEZER):
-        sys.exit(f"no cgroup v1 freezer at {FREEZER}")
+    require_root_and_freezer()
     node_counts = [1, 2] if args.quick else ([int(x) for x in args.nodes.split(",")] if args.nodes else [1, 2, 3, 4])
     if not node_counts or min(node_counts) < 1 or max(node_counts) > 200:
         sys.exit("--nodes: counts between 1 and 200")

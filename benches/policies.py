@@ -106,8 +106,8 @@ import time
 # agent set-up in multinode_vs_criu.py
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchutil import (  # noqa: E402
-    FREEZER, REPO, BenchError, BusySampler, cg_pids, comm, emit, finished, kill_cgroup, log,
-    machine_info, mono, notes_section, read_text, run, table_head, wait_idle, wait_until)
+    REPO, BenchError, BusySampler, cg_pids, comm, emit, finished, log, machine_info, mono,
+    notes_section, read_text, require_root_and_freezer, table_head, wait_idle, wait_until)
 from multinode_vs_criu import (  # noqa: E402
     Ckpt, Cluster, busy_processes, default_criu, report_tail, stage_bins, stop_on_signals,
     teardown)
@@ -587,10 +587,7 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs)")
     args = ap.parse_args()
 
-    if os.geteuid() != 0:
-        sys.exit("must run as root (CRIU, cgroups, namespaces)")
-    if not os.path.isdir(FREEZER):
-        sys.exit(f"no cgroup v1 freezer at {FREEZER}")
+    require_root_and_freezer()
     ks = [int(x) for x in args.nodes.split(",")]
     sizes = [int(x) for x in args.sizes.split(",")]
     if args.quick:

@@ -117,9 +117,9 @@ import time
 # agent set-up in multinode_vs_criu.py
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchutil import (  # noqa: E402
-    FREEZER, REPO, BenchError, BusySampler, cg_pids, comm, emit, finished, kill_cgroup,
-    log, machine_info, med, mm, mono, notes_section, progress_lines, ratio, read_text, run,
-    table_head, wait_idle, wait_until)
+    REPO, BenchError, BusySampler, cg_pids, comm, emit, finished, kill_cgroup,
+    log, machine_info, med, mm, mono, notes_section, progress_lines, ratio, read_text,
+    require_root_and_freezer, run, table_head, wait_idle, wait_until)
 from multinode_vs_criu import (  # noqa: E402
     ANSI, SUBNET, TAG, Ckpt, Cluster, busy_processes, default_criu, report_tail, stage_bins,
     stop_on_signals, teardown)
@@ -584,10 +584,7 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs)")
     args = ap.parse_args()
 
-    if os.geteuid() != 0:
-        sys.exit("must run as root (CRIU, cgroups, namespaces)")
-    if not os.path.isdir(FREEZER):
-        sys.exit(f"no cgroup v1 freezer at {FREEZER}")
+    require_root_and_freezer()
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]{0,20}", args.node_prefix):
         sys.exit("--node-prefix: a letter, then at most 20 letters or digits")
     k = 1 if args.quick else args.repeats
