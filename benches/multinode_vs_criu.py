@@ -244,12 +244,17 @@ def free_port(addr):
 # ---------------------------------------------------------------- ckptd and agents
 
 class Ckpt(Ckptctl):
-    def __init__(self, tmp, bindir, criu, cluster, tls=True):
+    def __init__(self, tmp, bindir, criu, cluster, tls=True, shared=False):
         super().__init__(bindir, os.path.join(tmp, "ckptd.sock"), tmp)
         self.tmp = tmp
         self.criu = criu
         self.cluster = cluster
         self.tls = tls  # False: binaries that predate authentication (no CA, old-style configs)
+        # shared: one <tmp>/shared as every agent's shared_dir (a directory on the same disk,
+        # standing in for the NFS mount)
+        self.shared = os.path.join(tmp, "shared") if shared else None
+        if self.shared:
+            os.makedirs(self.shared)
         self.cfg = os.path.join(tmp, "ckptd.toml")
         self.log = os.path.join(tmp, "ckptd.log")
         self.proc = None
@@ -276,6 +281,7 @@ class Ckpt(Ckptctl):
                     + (f'tls_dir = "{node.dir}/tls"\n'
                        # the benchmark runs as root, so its jobs do
                        'allow_root_jobs = true\n' if self.tls else "")
+                    + (f'shared_dir = "{self.shared}"\n' if self.shared else "")
                     + f'[criu]\npath = "{self.criu}"\n'
                     f'[cgroup]\nprefix = "{CG_PREFIX}{node.name}-"\n')
         return acfg

@@ -122,24 +122,13 @@ class PolicyCkpt(Ckpt):
     `[policy] auto_first`."""
 
     def __init__(self, tmp, bindir, criu, cluster, auto_first):
-        super().__init__(tmp, bindir, criu, cluster, tls=True)
-        self.shared = os.path.join(tmp, "shared")
-        os.makedirs(self.shared)
+        super().__init__(tmp, bindir, criu, cluster, tls=True, shared=True)
         self.auto_first = auto_first
 
     def write_ckptd_config(self):
         super().write_ckptd_config()  # top-level keys only: the table follows them
         with open(self.cfg, "a") as f:
             f.write(f'[policy]\nauto_first = "{self.auto_first}"\n')
-
-    def write_agent_config(self, node):
-        acfg = super().write_agent_config(node)
-        lines = read_text(acfg).splitlines(keepends=True)
-        first_table = next(i for i, l in enumerate(lines) if l.startswith("["))
-        lines.insert(first_table, f'shared_dir = "{self.shared}"\n')
-        with open(acfg, "w") as f:
-            f.write("".join(lines))
-        return acfg
 
     def jctl(self, verb, jid, *more, timeout=60):
         p, _ = self.ctl("--json", verb, jid, *more, timeout=timeout, check=False)

@@ -146,9 +146,7 @@ class SandboxCkpt(Ckpt):
     shared_dir for every agent."""
 
     def __init__(self, tmp, bindir, criu, cluster, spares):
-        super().__init__(tmp, bindir, criu, cluster, tls=True)
-        self.shared = os.path.join(tmp, "shared")
-        os.makedirs(self.shared)
+        super().__init__(tmp, bindir, criu, cluster, tls=True, shared=True)
         self.spares = spares
 
     def write_ckptd_config(self):
@@ -161,12 +159,8 @@ class SandboxCkpt(Ckpt):
 
     def write_agent_config(self, node):
         acfg = super().write_agent_config(node)
-        lines = read_text(acfg).splitlines(keepends=True)
-        first_table = next(i for i, l in enumerate(lines) if l.startswith("["))
-        lines.insert(first_table, f'shared_dir = "{self.shared}"\n')
-        lines.append('[job_network]\ninterface = "eth0"\n')
-        with open(acfg, "w") as f:
-            f.write("".join(lines))
+        with open(acfg, "a") as f:  # after the base's tables
+            f.write('[job_network]\ninterface = "eth0"\n')
         return acfg
 
     def epochs(self, jid):

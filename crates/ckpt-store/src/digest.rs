@@ -92,24 +92,20 @@ fn read_full(f: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(n)
 }
 
-/// Runs `check` on every item on rayon's threads, largest (`size`) first so that a large file
-/// does not start last; the error of the first item in `items`' order that failed.
-fn each_largest_first<T: Sync>(
+/// `f` of every item, on rayon's threads, largest (`size`) first so that a large file does
+/// not start last; the results in `items`' order, or the error of the first item in that
+/// order that failed.
+fn largest_first<T: Sync, R: Send>(
     items: &[T],
     size: impl Fn(&T) -> u64,
-    check: impl Fn(&T) -> Result<()> + Sync + Send,
-) -> Result<()> {
+    f: impl Fn(&T) -> Result<R> + Sync + Send,
+) -> Result<Vec<R>> {
     let mut order: Vec<usize> = (0..items.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(size(&items[i])));
-    let mut failed: Vec<(usize, StoreError)> = order
-        .into_par_iter()
-        .filter_map(|i| check(&items[i]).err().map(|e| (i, e)))
-        .collect();
-    failed.sort_by_key(|(i, _)| *i);
-    match failed.into_iter().next() {
-        Some((_, e)) => Err(e),
-        None => Ok(()),
-    }
+    let mut done: Vec<(usize, Result<R>)> =
+        order.into_par_iter().map(|i| (i, f(&items[i]))).collect();
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, r)| r).collect()
 }
 
 /// Lists every regular file below `root` (sorted, relative), skipping names in `skip` at the top
@@ -144,16 +140,14 @@ pub fn list_files(root: &Path, skip: &[&str]) -> Result<Vec<String>> {
 /// Digests and fsyncs every file below `root` (except top-level names in `skip`), then fsyncs the
 /// directories, and returns the entries sorted by path.
 pub fn seal_tree(root: &Path, skip: &[&str]) -> Result<Vec<FileEntry>> {
-    let files = list_files(root, skip)?;
-    let sized: Vec<(String, u64)> = files
+    let sized: Vec<(String, u64)> = list_files(root, skip)?
         .into_iter()
         .map(|rel| {
             let len = fs::metadata(root.join(&rel)).map_or(0, |m| m.len());
             (rel, len)
         })
         .collect();
-    let entries = std::sync::Mutex::new(Vec::with_capacity(sized.len()));
-    each_largest_first(
+    let entries = largest_first(
         &sized,
         |(_, len)| *len,
         |(rel, _)| {
@@ -162,16 +156,13 @@ pub fn seal_tree(root: &Path, skip: &[&str]) -> Result<Vec<FileEntry>> {
             File::open(&path)
                 .and_then(|f| f.sync_all())
                 .map_err(|e| StoreError::io("fsync", &path, e))?;
-            entries.lock().expect("entries").push(FileEntry {
+            Ok(FileEntry {
                 path: rel.clone(),
                 size,
                 blake3,
-            });
-            Ok(())
+            })
         },
     )?;
-    let mut entries = entries.into_inner().expect("entries");
-    entries.sort_by(|a, b| a.path.cmp(&b.path));
     let mut dirs: std::collections::BTreeSet<PathBuf> = entries
         .iter()
         .filter_map(|e| root.join(&e.path).parent().map(Path::to_path_buf))
@@ -192,7 +183,7 @@ pub fn verify_tree(root: &Path, entries: &[FileEntry]) -> Result<()> {
         .map(|e| crate::validate::join_relative(root, &e.path))
         .collect::<Result<Vec<PathBuf>>>()?;
     let items: Vec<(&FileEntry, PathBuf)> = entries.iter().zip(paths).collect();
-    each_largest_first(&items, |(e, _)| e.size, |(e, path)| verify_file(e, path))
+    largest_first(&items, |(e, _)| e.size, |(e, path)| verify_file(e, path)).map(drop)
 }
 
 fn verify_file(e: &FileEntry, path: &Path) -> Result<()> {

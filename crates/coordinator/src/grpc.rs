@@ -132,12 +132,7 @@ pub fn epoch_info(e: &Epoch, flushed: Option<(u64, u64)>) -> pb::EpochInfo {
         shared_copy: e.is_restorable() && e.is_durable(),
         partner_copy: e.is_restorable() && e.has_partner_copies(),
         trigger: e.trigger.clone(),
-        durable_ms: match &e.flush {
-            FlushState::Durable {
-                durable_unix_ms, ..
-            } => durable_unix_ms.saturating_sub(e.started_unix_ms),
-            _ => 0,
-        },
+        durable_ms: e.durable_ms().unwrap_or(0),
     }
 }
 

@@ -32,17 +32,11 @@ fn sample(e: &Epoch) -> Option<Sample> {
         x: e.resident_bytes as f64 / e.nodes.len() as f64,
         frozen_ms: e.frozen_ms as f64,
         commit_ms,
-        durable_ms: match e.flush {
-            // From the start to durable: the partner copies before the flush and any wait
-            // behind an earlier epoch's flush are part of it.
-            FlushState::Durable {
-                durable_unix_ms, ..
-            } if durable_unix_ms > e.started_unix_ms => {
-                Some((durable_unix_ms - e.started_unix_ms) as f64)
-            }
+        // Older records have no time of durability: their flush alone after the commit.
+        durable_ms: e.durable_ms().map(|d| d as f64).or(match e.flush {
             FlushState::Durable { flush_ms, .. } => Some(commit_ms + flush_ms as f64),
             _ => None,
-        },
+        }),
     })
 }
 

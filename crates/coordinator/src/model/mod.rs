@@ -256,6 +256,20 @@ impl Epoch {
         matches!(self.flush, FlushState::Durable { .. })
     }
 
+    /// From the start of the epoch until it was durable (partner copies, any wait behind an
+    /// earlier flush, and the flush); None while not durable and in records from before ckpt
+    /// recorded when.
+    pub fn durable_ms(&self) -> Option<u64> {
+        match self.flush {
+            FlushState::Durable {
+                durable_unix_ms, ..
+            } if durable_unix_ms > self.started_unix_ms => {
+                Some(durable_unix_ms - self.started_unix_ms)
+            }
+            _ => None,
+        }
+    }
+
     /// Where a committed epoch's images are, as users see it: `local`, `flushing`, `durable`,
     /// `shared-only` or `flush-failed`; empty for other states.
     pub fn storage_name(&self) -> &'static str {
