@@ -136,9 +136,19 @@ pub fn run_two(
 /// name), for what this host's kernel or container cannot do (cgroup v2, every capability), and
 /// panics unless every one of them ran and passed there, none skipped.
 pub fn rerun_in_guest(name: &str, tests: &[&str]) {
+    rerun_in_guest_with(name, tests, &[]);
+}
+
+/// [`rerun_in_guest`] with variables `env` exported to the tests (e.g. what the host computes
+/// faster than the guest).
+pub fn rerun_in_guest_with(name: &str, tests: &[&str], env: &[(&str, String)]) {
     let exe = std::env::current_exe().expect("this test binary");
+    let exports: String = env
+        .iter()
+        .map(|(k, v)| format!("export {k}='{v}'\n"))
+        .collect();
     let body = format!(
-        "export CKPT_BIN_DIR={bin}\nexec {exe} --exact {tests} --test-threads=1 --nocapture\n",
+        "{exports}export CKPT_BIN_DIR={bin}\nexec {exe} --exact {tests} --test-threads=1 --nocapture\n",
         bin = crate::bin_dir().display(),
         exe = exe.display(),
         tests = tests.join(" "),

@@ -138,6 +138,14 @@ pub enum StoreError {
         /// The limit.
         limit: u64,
     },
+    /// A manifest's pre-copy chain names something other than the node directory's links.
+    #[error("{path}: bad pre-copy chain entry {entry:?}: the chain lists pre/1, pre/2, ... oldest first")]
+    BadChain {
+        /// The manifest, or the path found where a link was expected.
+        path: PathBuf,
+        /// The entry (truncated), or what was found.
+        entry: String,
+    },
     /// A digest in a file is not a BLAKE3 hex digest.
     #[error("{path}: the manifest digest of node {node} is {shown}, not a BLAKE3 digest (64 lowercase hex digits)")]
     BadDigest {

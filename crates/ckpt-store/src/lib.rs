@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 
 pub mod atomic;
+pub mod chain;
 pub mod commit;
 pub mod copy;
 pub mod dedup;

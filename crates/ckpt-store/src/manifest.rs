@@ -120,6 +120,11 @@ pub struct NodeManifest {
     /// Free-form facts for operators (engine flags, timings).
     #[serde(default)]
     pub notes: BTreeMap<String, String>,
+    /// The pre-copy chain below `images/`, oldest first (`pre/1`, `pre/2`, ...; see
+    /// [`crate::chain`]); empty for a full dump. Left out when empty, so that a full dump's
+    /// manifest reads the same as before chains existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chain: Vec<String>,
 }
 
 impl NodeManifest {
@@ -142,6 +147,7 @@ impl NodeManifest {
             tcp_ports: Vec::new(),
             tcp_addrs: Vec::new(),
             notes: BTreeMap::new(),
+            chain: Vec::new(),
         }
     }
 
@@ -197,6 +203,7 @@ pub fn check(path: &Path, m: &NodeManifest) -> Result<()> {
     for f in &m.open_files {
         validate::absolute_path(&f.path).map_err(unsafe_path)?;
     }
+    crate::chain::check(path, &m.chain)?;
     for p in &m.preserved {
         validate::absolute_path(&p.path).map_err(unsafe_path)?;
         // A named pipe is recreated, not copied: it has no saved copy.
@@ -345,6 +352,7 @@ mod tests {
             tcp_ports: vec![4000],
             tcp_addrs: vec!["10.0.0.1".into()],
             notes: BTreeMap::new(),
+            chain: Vec::new(),
         }
     }
 

@@ -26,7 +26,7 @@ pub fn job_json(j: &pb::JobInfo) -> Value {
         })),
         "nodes": j.nodes.iter().map(|n| json!({
             "node": n.node, "state": n.state().name(), "role": n.role, "address": n.address,
-            "moved_from": n.moved_from,
+            "moved_from": n.moved_from, "snapshot_mode": n.snapshot_mode,
             "exit_code": n.end.as_ref().and_then(pb::JobEnd::code),
             "exit_signal": n.end.as_ref().and_then(pb::JobEnd::signal),
             "detail": n.detail,
@@ -94,6 +94,9 @@ pub fn print_status(j: &pb::JobInfo) {
             node_state(n),
             n.processes.len()
         );
+        if !n.snapshot_mode.is_empty() {
+            println!("    checkpoints: {}", n.snapshot_mode);
+        }
         println!("    {:>8} {:>5} {:<16} STATE", "PID", "RANK", "COMMAND");
         for p in &n.processes {
             let rank = p.rank.map(|r| r.to_string()).unwrap_or_else(|| "-".into());

@@ -34,6 +34,8 @@ pub struct AgentConfig {
     pub heartbeat_interval: Duration,
     /// Snapshot engine settings.
     pub criu: CriuConfig,
+    /// Pre-copy: memory copied while jobs run, so checkpoints freeze them only for what changed.
+    pub precopy: PrecopyConfig,
     /// Freezer cgroup settings.
     pub cgroup: CgroupConfig,
     /// How MPI launchers in jobs reach other nodes.
@@ -79,6 +81,50 @@ impl FlushConfig {
         ckpt_store::copy::CopyOptions {
             streams: self.streams,
             bandwidth: (self.bandwidth_mb > 0).then_some(self.bandwidth_mb * 1_000_000),
+        }
+    }
+}
+
+/// When this node pre-dumps its jobs' memory between checkpoints (see `precopy.rs`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrecopyConfig {
+    /// Pre-copy where the kernel tracks written pages (`criu check --feature
+    /// mem_dirty_track`); elsewhere, and with `false`, checkpoints are full dumps.
+    pub enabled: bool,
+    /// The first pre-dump of a job comes this long after it starts, is restored or is
+    /// checkpointed.
+    #[serde(with = "humantime_serde")]
+    pub first_after: Duration,
+    /// Part k of a job (its k-th node) pre-dumps k times this much later than part 0, so that
+    /// a job's nodes do not all write at once.
+    #[serde(with = "humantime_serde")]
+    pub stagger: Duration,
+    /// Another pre-dump is taken when the pages written since the last one would keep the job
+    /// frozen longer than this at a checkpoint.
+    #[serde(with = "humantime_serde")]
+    pub target_frozen: Duration,
+    /// How often the pages written since the last pre-dump are counted.
+    #[serde(with = "humantime_serde")]
+    pub check_every: Duration,
+    /// Shortest time between two pre-dumps of a job: bounds the disk traffic of a job that
+    /// writes its memory faster than pre-dumps can follow.
+    #[serde(with = "humantime_serde")]
+    pub min_interval: Duration,
+    /// Pre-dumps in one chain; past it, a new chain starts with a full pre-dump.
+    pub max_links: u32,
+}
+
+impl Default for PrecopyConfig {
+    fn default() -> Self {
+        PrecopyConfig {
+            enabled: true,
+            first_after: Duration::from_secs(10),
+            stagger: Duration::from_secs(5),
+            target_frozen: Duration::from_millis(500),
+            check_every: Duration::from_secs(5),
+            min_interval: Duration::from_secs(30),
+            max_links: 8,
         }
     }
 }
@@ -290,6 +336,7 @@ impl Default for AgentConfig {
             flush: FlushConfig::default(),
             heartbeat_interval: Duration::from_secs(1),
             criu: CriuConfig::default(),
+            precopy: PrecopyConfig::default(),
             cgroup: CgroupConfig::default(),
             launcher: LauncherConfig::default(),
             verbs_layer: VerbsLayerConfig::default(),
@@ -357,6 +404,19 @@ impl TomlConfig for AgentConfig {
             return Err(ConfigError::Invalid {
                 key: "flush.streams",
                 problem: format!("must be 1 to 64, got {}", self.flush.streams),
+            });
+        }
+        if self.precopy.check_every < Duration::from_millis(100) {
+            return Err(ConfigError::Invalid {
+                key: "precopy.check_every",
+                problem: "must be at least 100ms".into(),
+            });
+        }
+        let most = ckpt_store::chain::MAX_LINKS as u32;
+        if self.precopy.max_links == 0 || self.precopy.max_links > most {
+            return Err(ConfigError::Invalid {
+                key: "precopy.max_links",
+                problem: format!("must be 1 to {most}, got {}", self.precopy.max_links),
             });
         }
         if self.heartbeat_interval < Duration::from_millis(50) {

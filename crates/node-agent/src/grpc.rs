@@ -351,13 +351,14 @@ impl Agent for AgentHandler {
     ) -> Result<Response<pb::NodeJobInfo>, Status> {
         from_coordinator(&req, "Agent.Inspect")?;
         let r = req.into_inner();
-        let (observed, part, procs) = self.jobs.processes(r.job_id).await.map_err(to_status)?;
-        let (state, end) = observed.to_wire();
+        let view = self.jobs.part_view(r.job_id).await.map_err(to_status)?;
+        let (state, end) = view.observed.to_wire();
         Ok(Response::new(pb::NodeJobInfo {
             node: self.jobs.node().to_string(),
             state: state.into(),
             end,
-            processes: procs
+            processes: view
+                .processes
                 .into_iter()
                 .map(|(p, rank)| pb::ProcessInfo {
                     pid: p.pid,
@@ -367,9 +368,15 @@ impl Agent for AgentHandler {
                     rss_bytes: crate::procfs::rss_bytes(p.pid),
                 })
                 .collect(),
-            role: if part == 0 { "launcher" } else { "attached" }.into(),
+            role: if view.part == 0 {
+                "launcher"
+            } else {
+                "attached"
+            }
+            .into(),
             detail: String::new(),
             moved_from: String::new(),
+            snapshot_mode: view.snapshot_mode,
             // The coordinator knows the part's job address.
             address: String::new(),
         }))

@@ -117,6 +117,11 @@ pub(crate) struct EpochWork {
     pub(crate) notes: BTreeMap<String, String>,
     /// Held from just before the freeze to the end of the thaw: background copies wait.
     pub(crate) pause: Option<PauseGuard>,
+    /// The job's pre-copy chain, held from initial synchronization to the end of the epoch
+    /// (none where pre-copy is off).
+    pub(crate) chain: Option<tokio::sync::OwnedMutexGuard<crate::precopy::Chain>>,
+    /// The pre-dumps below this epoch's dump, as its manifest lists them.
+    pub(crate) links: Vec<String>,
 }
 
 /// One frozen job's hold on the node's background copies; released on drop.
@@ -160,6 +165,8 @@ pub struct NodeJob {
     /// objects (and map the device): released in local-checkpoint, before the job freezes,
     /// or resumed by an abort.
     pub(crate) layer_drained: Vec<i32>,
+    /// Its pre-dumps on this node (see `precopy.rs`).
+    pub(crate) precopy: Arc<Mutex<crate::precopy::Chain>>,
 }
 
 impl NodeJob {
@@ -271,6 +278,8 @@ pub struct Jobs {
     pub(crate) channels: Arc<Channels>,
     /// Who may run jobs here.
     pub(crate) policy: LaunchPolicy,
+    /// Whether jobs here are pre-copied.
+    pub(crate) precopy: crate::precopy::Mode,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -349,6 +358,7 @@ impl Jobs {
                 work: None,
                 ibq_down: Vec::new(),
                 layer_drained: Vec::new(),
+                precopy: Arc::default(),
             };
             map.insert(job.record.id, Arc::new(Mutex::new(job)));
         }
@@ -373,7 +383,14 @@ impl Jobs {
             frozen: Arc::default(),
             channels,
             policy: LaunchPolicy::default(),
+            precopy: crate::precopy::Mode::Off("pre-copy is not set up".into()),
         })
+    }
+
+    /// Sets whether jobs here are pre-copied.
+    pub fn with_precopy(mut self, mode: crate::precopy::Mode) -> Self {
+        self.precopy = mode;
+        self
     }
 
     /// Sets the failpoints the checkpoint phases run (instead of those [`crate::failpoint::ENV`]
@@ -481,6 +498,7 @@ impl Jobs {
             work: None,
             ibq_down: Vec::new(),
             layer_drained: Vec::new(),
+            precopy: Arc::default(),
         }));
         map.insert(job, j.clone());
         Ok(j)

@@ -432,15 +432,12 @@ impl Jobs {
             })
     }
 
-    /// The job's processes on this node, each with its MPI rank if it is one; and which part
-    /// of the job this node runs (0: the job's command).
-    pub async fn processes(
-        &self,
-        job_id: u64,
-    ) -> Result<(Observed, u32, Vec<(procfs::ProcStat, Option<i32>)>), AgentError> {
+    /// What this node has of the job: its state, its processes (each with its MPI rank if it
+    /// is one), which part of the job this node runs and how its checkpoints are taken.
+    pub async fn part_view(&self, job_id: u64) -> Result<PartView, AgentError> {
         let j = self.get(job_id)?;
         let job = j.lock().await;
-        let procs = job
+        let processes = job
             .cgroup
             .pids()
             .unwrap_or_default()
@@ -451,8 +448,26 @@ impl Jobs {
                 (s, rank)
             })
             .collect();
-        Ok((job.observe(), job.record.part, procs))
+        Ok(PartView {
+            observed: job.observe(),
+            part: job.record.part,
+            processes,
+            snapshot_mode: self.precopy_text(&job),
+        })
     }
+}
+
+/// A job's part on this node, as [`Jobs::part_view`] sees it.
+#[derive(Debug)]
+pub struct PartView {
+    /// Its state.
+    pub observed: Observed,
+    /// Which part (0: the job's command).
+    pub part: u32,
+    /// Its processes and their MPI ranks.
+    pub processes: Vec<(procfs::ProcStat, Option<i32>)>,
+    /// How its checkpoints are taken here, in words.
+    pub snapshot_mode: String,
 }
 
 /// Human text for an exit status.

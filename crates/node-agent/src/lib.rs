@@ -31,6 +31,7 @@ mod launch;
 mod modes;
 mod owner;
 mod partner;
+mod precopy;
 mod procfs;
 mod restore;
 mod sandbox;
@@ -169,7 +170,8 @@ pub fn open_jobs(
         allow_root: cfg.allow_root_jobs,
         min_uid: cfg.min_uid,
     });
-    Ok(Arc::new(jobs))
+    let precopy = precopy::Mode::resolve(&cfg.precopy, || jobs.engine().precopy_support());
+    Ok(Arc::new(jobs.with_precopy(precopy)))
 }
 
 /// Where the Agent service listens.
@@ -257,6 +259,7 @@ pub async fn run(
             jobs.clone(),
         )))
     };
+    let precopy = tokio::spawn(jobs.clone().precopy_loop());
     let ibq = match jobs.channels().bind() {
         Ok(l) => Some(tokio::spawn(jobs.channels().clone().serve(l))),
         Err(e) => {
@@ -289,6 +292,7 @@ pub async fn run(
     if let Some(h) = hb {
         h.abort();
     }
+    precopy.abort();
     if let Some(h) = ibq {
         h.abort();
     }

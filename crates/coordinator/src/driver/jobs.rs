@@ -306,8 +306,7 @@ impl Coordinator {
                 end: None,
                 detail: e.message,
                 processes: vec![],
-                address: String::new(),
-                moved_from: String::new(),
+                ..Default::default()
             });
             info.address = address;
             // The agent of a part restored elsewhere cannot tell which part it is.

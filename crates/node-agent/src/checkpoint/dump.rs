@@ -8,6 +8,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use ckpt_store::chain;
 use ckpt_store::manifest::{OpenFile, PreservedFile};
 use tracing::info;
 
@@ -114,8 +115,10 @@ pub(super) fn dump_frozen(
     w.tcp_ports = tcp.ports;
     w.tcp_addrs = tcp.addrs.iter().map(|a| a.to_string()).collect();
     let scanned = begin.elapsed();
-    let images = w.node_dir.join("images");
+    let images = w.node_dir.join(chain::IMAGES_DIR);
     fs::create_dir_all(&images).map_err(io("create", &images))?;
+    let parent = adopt_links(job)?;
+    let w = job.work.as_mut().expect("checked by caller");
     let log = job.dir.join("logs").join(format!("dump-{}.log", w.epoch));
     // Copying the preserved files and the engine's dump both only read the frozen job and write
     // to different directories: run them side by side, so the job stays frozen for the longer
@@ -132,6 +135,8 @@ pub(super) fn dump_frozen(
                 cgroup: job.cgroup.path(),
                 log_file: &log,
                 external_netns,
+                parent: parent.as_deref(),
+                track_mem: parent.is_some(),
             })
             .map_err(|source| AgentError::Engine { job: id, source })
             .map(|()| t.elapsed());
@@ -159,6 +164,35 @@ pub(super) fn dump_frozen(
         .map(|(k, v)| (k.to_string(), v.to_string())),
     );
     Ok(())
+}
+
+/// Moves the job's waiting pre-dumps (if they are of this incarnation) into the epoch's node
+/// directory as its chain, and returns the dump's parent relative to its images directory.
+/// Renames only, in the staging file system: the frozen job does not wait for copies.
+fn adopt_links(job: &mut NodeJob) -> Result<Option<String>, AgentError> {
+    let (id, incarnation) = (job.record.id, job.record.incarnation);
+    let w = job.work.as_mut().expect("checked by caller");
+    let Some(c) = w.chain.as_mut() else {
+        return Ok(None);
+    };
+    if c.incarnation != incarnation || c.links.is_empty() {
+        return Ok(None);
+    }
+    let links = c.take();
+    let base = w.node_dir.join(chain::LINKS_DIR);
+    fs::create_dir_all(&base).map_err(io_err(id, "create", &base))?;
+    let mut bytes = 0u64;
+    for l in &links {
+        let name = l.dir.file_name().expect("numbered").to_string_lossy();
+        let to = base.join(name.as_ref());
+        fs::rename(&l.dir, &to).map_err(io_err(id, "move pre-dump", &l.dir))?;
+        w.links.push(format!("{}/{name}", chain::LINKS_DIR));
+        bytes += l.bytes;
+    }
+    w.notes
+        .insert("precopy_links".into(), links.len().to_string());
+    w.notes.insert("precopy_bytes".into(), bytes.to_string());
+    Ok(w.links.last().map(|l| format!("../{l}")))
 }
 
 /// Copies the files the engine does not save into `extra/` of the node directory (named pipes

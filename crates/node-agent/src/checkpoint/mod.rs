@@ -58,6 +58,8 @@ impl Jobs {
     /// layer) knows or uses a feature it cannot rebuild, the engine works, and staging has room.
     #[instrument(skip_all, fields(phase = "initial-sync", job = job_id, epoch = epoch, node = self.node()))]
     pub async fn initial_sync(&self, job_id: u64, epoch: u32) -> Result<Synced, AgentError> {
+        // A pre-dump in progress finishes first; none starts until the epoch ends.
+        let chain = self.hold_chain(job_id).await;
         let j = self.get(job_id)?;
         let mut job = j.lock().await;
         if let Some(w) = &job.work {
@@ -155,6 +157,8 @@ impl Jobs {
             tids: Vec::new(),
             notes: BTreeMap::new(),
             pause: None,
+            chain,
+            links: Vec::new(),
         });
         Ok(Synced {
             processes: job.work.as_ref().map(|w| w.pids.len() as u32).unwrap_or(0),
@@ -345,6 +349,7 @@ impl Jobs {
                     tcp_ports: w.tcp_ports,
                     tcp_addrs: w.tcp_addrs,
                     notes: w.notes,
+                    chain: w.links,
                 };
                 let digest = manifest::write(&w.node_dir, &m)?;
                 Ok(Finalized {

@@ -12,6 +12,8 @@
 //! * `--external mnt[]`, `--enable-external-masters`, `--root /` — a sandbox's mounts are slave
 //!   copies of the node's: recorded as external, bound again from the node's on restore; its
 //!   job directory mount (`mnt[/run/ckpt-job]`) is bound to the restoring node's job directory.
+//! * `pre-dump`, `--track-mem`, `--prev-images-dir` — pre-copy (see `precopy.rs`): memory copied
+//!   while the job runs, then a dump of only the pages written since, on top of it.
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -91,6 +93,78 @@ impl Criu {
     /// Path of the binary in use.
     pub fn path(&self) -> &str {
         &self.path
+    }
+
+    /// What dumps and pre-dumps share: the tree, where its images and log go, its cgroup (CRIU
+    /// freezes it for a pre-dump and thaws it after; a dump finds it frozen and leaves it so),
+    /// the parent images and dirty-page tracking, a sandbox's namespaces.
+    fn tree_args(&self, spec: &DumpSpec<'_>) -> Vec<String> {
+        let mut args: Vec<String> = vec![
+            "-t".into(),
+            spec.root_pid.to_string(),
+            "-D".into(),
+            spec.images_dir.display().to_string(),
+            "-o".into(),
+            spec.log_file.display().to_string(),
+            "-v4".into(),
+            "--freeze-cgroup".into(),
+            spec.cgroup.display().to_string(),
+        ];
+        if spec.track_mem {
+            args.push("--track-mem".into());
+        }
+        if let Some(parent) = spec.parent {
+            args.extend(["--prev-images-dir".to_string(), parent.to_string()]);
+        }
+        if let Some(ino) = spec.external_netns {
+            // A sandbox: its mounts are slave copies of the node's, restored as binds of
+            // the new node's; its network namespace is the agent's.
+            args.extend([
+                "--external".to_string(),
+                format!("net[{ino}]:{}", crate::sandbox::NETNS_KEY),
+                "--external".to_string(),
+                format!(
+                    "mnt[{}]:{}",
+                    crate::sandbox::JOB_DIR,
+                    crate::sandbox::JOB_DIR_KEY
+                ),
+                "--external".to_string(),
+                "mnt[]".to_string(),
+                "--enable-external-masters".to_string(),
+            ]);
+        }
+        args
+    }
+
+    /// Runs `criu <args>` for `op`; on failure, the reasons from its log (or its stderr when it
+    /// failed before opening the log).
+    fn run(&self, op: &'static str, args: &[String], log: &Path) -> Result<(), EngineError> {
+        let out = Command::new(&self.path)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .map_err(|source| EngineError::Spawn {
+                path: self.path.clone(),
+                source,
+            })?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let log_text = std::fs::read_to_string(log).unwrap_or_default();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let summary = match (log_text.trim().is_empty(), stderr.trim().is_empty()) {
+            (false, _) => summarize(&log_text),
+            (true, false) => summarize(&stderr),
+            (true, true) => "criu printed nothing and wrote no log".to_string(),
+        };
+        Err(EngineError::Failed {
+            op,
+            status: out.status.to_string(),
+            summary,
+            log: log.to_path_buf(),
+        })
     }
 
     fn common_args(&self) -> Vec<String> {
@@ -178,67 +252,39 @@ impl SnapshotEngine for Criu {
     fn dump(&self, spec: &DumpSpec<'_>) -> Result<(), EngineError> {
         let mut args: Vec<String> = vec![
             "dump".into(),
-            "-t".into(),
-            spec.root_pid.to_string(),
-            "-D".into(),
-            spec.images_dir.display().to_string(),
-            "-o".into(),
-            spec.log_file.display().to_string(),
-            "-v4".into(),
             "--leave-running".into(),
-            "--freeze-cgroup".into(),
-            spec.cgroup.display().to_string(),
             "--link-remap".into(),
             "--ghost-limit".into(),
             self.cfg.ghost_limit.clone(),
         ];
-        if let Some(ino) = spec.external_netns {
-            // A sandbox: its mounts are slave copies of the node's, restored as binds of
-            // the new node's; its network namespace is the agent's.
-            args.extend([
-                "--external".to_string(),
-                format!("net[{ino}]:{}", crate::sandbox::NETNS_KEY),
-                "--external".to_string(),
-                format!(
-                    "mnt[{}]:{}",
-                    crate::sandbox::JOB_DIR,
-                    crate::sandbox::JOB_DIR_KEY
-                ),
-                "--external".to_string(),
-                "mnt[]".to_string(),
-                "--enable-external-masters".to_string(),
-            ]);
-        }
+        args.extend(self.tree_args(spec));
         args.extend(self.common_args());
         args.extend(self.cfg.extra_dump_args.iter().cloned());
+        self.run("dump", &args, spec.log_file)
+    }
+
+    fn precopy_support(&self) -> Result<(), String> {
         let out = Command::new(&self.path)
-            .args(&args)
+            .args(["check", "--feature", "mem_dirty_track"])
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
             .output()
-            .map_err(|source| EngineError::Spawn {
-                path: self.path.clone(),
-                source,
-            })?;
+            .map_err(|e| format!("cannot run {}: {e}", self.path))?;
         if out.status.success() {
             return Ok(());
         }
-        // CRIU writes its reasons to the log; when it fails before opening the log, they are
-        // on its stderr.
-        let log_text = std::fs::read_to_string(spec.log_file).unwrap_or_default();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let summary = match (log_text.trim().is_empty(), stderr.trim().is_empty()) {
-            (false, _) => summarize(&log_text),
-            (true, false) => summarize(&stderr),
-            (true, true) => "criu printed nothing and wrote no log".to_string(),
-        };
-        Err(EngineError::Failed {
-            op: "dump",
-            status: out.status.to_string(),
-            summary,
-            log: spec.log_file.to_path_buf(),
-        })
+        let mut text = String::from_utf8_lossy(&out.stderr).into_owned();
+        text.push_str(&String::from_utf8_lossy(&out.stdout));
+        Err(format!(
+            "this kernel does not track which pages a process wrote (`{} check --feature mem_dirty_track`: {}; it needs CONFIG_MEM_SOFT_DIRTY)",
+            self.path,
+            summarize(&text)
+        ))
+    }
+
+    fn pre_dump(&self, spec: &DumpSpec<'_>) -> Result<(), EngineError> {
+        let mut args: Vec<String> = vec!["pre-dump".into()];
+        args.extend(self.tree_args(spec));
+        self.run("pre-dump", &args, spec.log_file)
     }
 
     fn restore_argv(&self, spec: &RestoreSpec<'_>) -> Vec<String> {

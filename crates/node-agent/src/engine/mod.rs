@@ -23,6 +23,12 @@ pub struct DumpSpec<'a> {
     /// Inode of the tree's own network namespace (a job sandbox's): the engine leaves it out
     /// of the images, the restore is given a new one.
     pub external_netns: Option<u64>,
+    /// The pre-dump below this dump, relative to `images_dir` (e.g. `../pre/2`): only pages
+    /// written since it are dumped. None: every page.
+    pub parent: Option<&'a str>,
+    /// Reset the kernel's dirty-page tracking after the dump, so that the next pre-dump or
+    /// dump on top of this one finds the pages written since.
+    pub track_mem: bool,
 }
 
 /// What to restore.
@@ -81,10 +87,10 @@ pub enum EngineError {
         #[source]
         source: std::io::Error,
     },
-    /// A dump or restore failed.
+    /// A dump, pre-dump or restore failed.
     #[error("criu {op} failed ({status}): {summary} (full log: {})", log.display())]
     Failed {
-        /// "dump" or "restore".
+        /// "dump", "pre-dump" or "restore".
         op: &'static str,
         /// Exit status text.
         status: String,
@@ -103,6 +109,22 @@ pub trait SnapshotEngine: Send + Sync + Debug {
     fn version(&self) -> &str;
     /// Dumps a frozen tree, leaving it frozen. Blocking.
     fn dump(&self, spec: &DumpSpec<'_>) -> Result<(), EngineError>;
+    /// Why this engine cannot pre-copy on this node (no pre-dumps, or the kernel does not
+    /// track which pages were written); `Ok` if it can. Runs the engine: call once, at start.
+    fn precopy_support(&self) -> Result<(), String> {
+        Err(format!("the {} engine has no pre-dumps", self.name()))
+    }
+    /// Copies the memory of a running tree (its cgroup unfrozen) into `spec.images_dir`: the
+    /// engine stops it only while it collects the pages, and resets dirty-page tracking, so a
+    /// later pre-dump or dump with this one as its parent writes only what changed. Blocking.
+    fn pre_dump(&self, spec: &DumpSpec<'_>) -> Result<(), EngineError> {
+        Err(EngineError::Failed {
+            op: "pre-dump",
+            status: "not run".into(),
+            summary: self.precopy_support().err().unwrap_or_default(),
+            log: spec.log_file.to_path_buf(),
+        })
+    }
     /// The command line that restores a tree, detached, and writes the root PID to `pid_file`.
     fn restore_argv(&self, spec: &RestoreSpec<'_>) -> Vec<String>;
     /// Turns a failed restore's exit status and log into an error.

@@ -86,6 +86,12 @@ impl Jobs {
             .await?;
         let verify_ms = verify_begin.elapsed().as_millis() as u64;
         let prepare_begin = Instant::now();
+        // The engine finds a pre-copy chain's links through `parent` links, which copies do not
+        // carry: made again from the (verified) manifest.
+        ckpt_store::chain::relink(&node_dir, &m.chain).map_err(|source| AgentError::Store {
+            job: job_id,
+            source,
+        })?;
         // A part that ran in a sandbox gets a fresh one with its job address, on this node as
         // on any other; its PIDs are its namespace's, free wherever it goes.
         let sandbox = match m.notes.get(sandbox::ADDRESS_NOTE) {
@@ -180,7 +186,7 @@ impl Jobs {
             });
         }
         let argv = self.engine.restore_argv(&RestoreSpec {
-            images_dir: &node_dir.join("images"),
+            images_dir: &node_dir.join(ckpt_store::chain::IMAGES_DIR),
             log_file: &log,
             pid_file: &pid_file,
             netns_fd: netns.is_some().then_some(crate::shim::RESTORE_NETNS_FD),

@@ -1,0 +1,461 @@
+//! Pre-copy: while a job runs, its memory is copied into staging in the background
+//! ("pre-dumps"); a checkpoint then freezes the job only to dump the pages written since the
+//! newest pre-dump, on top of the chain of them.
+//!
+//! When (the speculation policy): a job's first pre-dump comes `first_after` after it starts,
+//! is restored or is checkpointed (its k-th node waits k × `stagger` more, so a job's nodes do
+//! not write at once); it copies all of the job's memory. Every `check_every` the agent counts
+//! the pages written since the newest pre-dump (the kernel's soft-dirty bits); when dumping
+//! them, at the speed the last pre-dump wrote, would freeze the job longer than
+//! `target_frozen`, it takes another pre-dump of just those, at most every `min_interval`. After
+//! `max_links` pre-dumps the next one starts a new chain with a full copy.
+//!
+//! The pre-dumps wait in `<local_dir>/<job>/.precopy/<n>/`; the checkpoint's dump moves them
+//! into its node directory as `pre/1`, `pre/2`, ... (renames: the job is frozen no longer for
+//! it), so every epoch holds its whole chain ([`ckpt_store::chain`]). A pre-dump that fails
+//! leaves the job's checkpoints to full dumps until it is restored: the agent says why once.
+//!
+//! Locking: a job's chain has its own lock, held by a pre-dump while it runs and by a
+//! checkpoint from initial synchronization to the end of the epoch; a pre-dump never holds the
+//! job's lock, so status calls do not wait for it.
+use std::fs;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Mutex, OwnedMutexGuard};
+use tracing::{info, warn};
+
+use crate::config::PrecopyConfig;
+use crate::engine::{DumpSpec, SnapshotEngine};
+use crate::jobs::{Jobs, NodeJob, Observed};
+use crate::modes::{ensure_dir, PRIVATE_DIR};
+use crate::{procfs, sandbox};
+
+/// Directory of a job's waiting pre-dumps inside its staging directory.
+pub(crate) const WAITING_DIR: &str = ".precopy";
+
+/// Whether this node pre-copies.
+#[derive(Debug, Clone)]
+pub enum Mode {
+    /// Pre-dumps with these settings.
+    On(PrecopyConfig),
+    /// Full dumps, and why.
+    Off(String),
+}
+
+impl Mode {
+    /// The mode `cfg` asks for, given whether the engine can pre-copy here; says once (at
+    /// start) when pre-copy was asked for and cannot be had.
+    pub fn resolve(cfg: &PrecopyConfig, support: impl FnOnce() -> Result<(), String>) -> Mode {
+        if !cfg.enabled {
+            info!("pre-copy is off ([precopy] enabled = false): checkpoints are full dumps");
+            return Mode::Off("pre-copy is off in agent.toml".into());
+        }
+        match support() {
+            Ok(()) => {
+                info!(
+                    first_after = ?cfg.first_after,
+                    target_frozen = ?cfg.target_frozen,
+                    "pre-copy on: checkpoints dump only what changed since the last pre-dump"
+                );
+                Mode::On(cfg.clone())
+            }
+            Err(why) => {
+                warn!("pre-copy is enabled in agent.toml but cannot run on this node, checkpoints are full dumps: {why}");
+                Mode::Off(why)
+            }
+        }
+    }
+}
+
+/// One pre-dump waiting for the next checkpoint.
+#[derive(Debug)]
+pub(crate) struct Link {
+    pub(crate) dir: PathBuf,
+    /// Bytes it wrote.
+    pub(crate) bytes: u64,
+}
+
+/// A job's pre-dumps on this node.
+#[derive(Debug, Default)]
+pub struct Chain {
+    /// The incarnation the links are of: a restored job's memory is new.
+    pub(crate) incarnation: u32,
+    /// Waiting pre-dumps, oldest first.
+    pub(crate) links: Vec<Link>,
+    /// Number of the newest link's directory (the chain's links are 1, 2, ...).
+    next: u32,
+    /// When the job started, was restored or checkpointed, or last pre-dumped.
+    pub(crate) since: Option<Instant>,
+    /// Bytes per second the last pre-dump wrote.
+    rate: f64,
+    /// Written bytes counted at the last check.
+    pub(crate) dirty: Option<u64>,
+    /// Why pre-dumps of this incarnation stopped.
+    pub(crate) failed: Option<String>,
+}
+
+impl Chain {
+    /// Empties the chain (deleting its links) for `incarnation`, starting its clock now.
+    fn reset(&mut self, incarnation: u32) {
+        for l in self.links.drain(..) {
+            let _ = fs::remove_dir_all(&l.dir);
+        }
+        self.incarnation = incarnation;
+        self.next = 0;
+        self.since = Some(Instant::now());
+        self.dirty = None;
+        self.failed = None;
+    }
+
+    /// Hands the links to a checkpoint's dump, which moves them; the clock starts again.
+    pub(crate) fn take(&mut self) -> Vec<Link> {
+        self.since = Some(Instant::now());
+        self.dirty = None;
+        self.next = 0;
+        std::mem::take(&mut self.links)
+    }
+}
+
+/// What a pre-dump needs of its job, read under the job's lock.
+struct Target {
+    root_pid: i32,
+    pids: Vec<i32>,
+    cgroup: PathBuf,
+    log: PathBuf,
+    external_netns: Option<u64>,
+    delay: Duration,
+}
+
+/// What the policy decided.
+#[derive(Debug, PartialEq)]
+enum Step {
+    Wait,
+    /// A full pre-dump, starting a new chain.
+    Full,
+    /// A pre-dump on top of the newest link.
+    OnTop,
+}
+
+/// The policy: given the chain, the written bytes now (if counted), the settings and the
+/// part's stagger delay, what to do.
+fn decide(c: &Chain, dirty: Option<u64>, cfg: &PrecopyConfig, delay: Duration) -> Step {
+    let since = c.since.map_or(Duration::MAX, |t| t.elapsed());
+    if c.links.is_empty() {
+        return if since >= cfg.first_after + delay {
+            Step::Full
+        } else {
+            Step::Wait
+        };
+    }
+    if since < cfg.min_interval {
+        return Step::Wait;
+    }
+    let Some(dirty) = dirty else {
+        return Step::Wait;
+    };
+    let predicted = if c.rate > 0.0 {
+        Duration::from_secs_f64(dirty as f64 / c.rate)
+    } else {
+        Duration::MAX
+    };
+    if predicted <= cfg.target_frozen {
+        Step::Wait
+    } else if (c.links.len() as u32) < cfg.max_links {
+        Step::OnTop
+    } else {
+        Step::Full
+    }
+}
+
+impl Jobs {
+    /// Pre-dumps the node's jobs as the policy says, every `check_every`, until the agent
+    /// stops. Runs only when the mode is [`Mode::On`].
+    pub async fn precopy_loop(self: Arc<Self>) {
+        let Mode::On(cfg) = self.precopy.clone() else {
+            return;
+        };
+        loop {
+            tokio::time::sleep(cfg.check_every).await;
+            for j in self.snapshot() {
+                self.precopy_job(&cfg, j).await;
+            }
+        }
+    }
+
+    async fn precopy_job(&self, cfg: &PrecopyConfig, j: Arc<Mutex<NodeJob>>) {
+        // A job whose lock is taken is in a checkpoint step, a restore or a launch: next time.
+        let Ok(job) = j.try_lock() else { return };
+        let Ok(mut chain) = job.precopy.clone().try_lock_owned() else {
+            return;
+        };
+        let id = job.id();
+        if job.work.is_some() {
+            return;
+        }
+        let waiting = self.staging.job_dir(id).join(WAITING_DIR);
+        let running = job.observe() == Observed::Running;
+        if !running || chain.incarnation != job.incarnation() {
+            if chain.incarnation != job.incarnation() || !chain.links.is_empty() {
+                let inc = job.incarnation();
+                drop(job);
+                // Also what an earlier agent run or incarnation left there.
+                tokio::task::spawn_blocking(move || {
+                    chain.reset(inc);
+                    let _ = fs::remove_dir_all(&waiting);
+                })
+                .await
+                .expect("reset task");
+            }
+            return;
+        }
+        // A part held frozen after a restore waits for its release; the engine would thaw it.
+        if chain.failed.is_some() || job.cgroup.state().ok().as_deref() != Some("THAWED") {
+            return;
+        }
+        let root_pid = job.record.root_pid.unwrap_or(0);
+        let external_netns = match job.record.sandbox {
+            Some(_) => match sandbox::netns_inode(root_pid) {
+                Some(ino) => Some(ino),
+                None => return,
+            },
+            None => None,
+        };
+        let target = Target {
+            root_pid,
+            pids: job.cgroup.pids().unwrap_or_default(),
+            cgroup: job.cgroup.path().to_path_buf(),
+            log: job.dir.join("logs"),
+            external_netns,
+            delay: cfg.stagger * job.record.part,
+        };
+        drop(job);
+        let cfg = cfg.clone();
+        let engine = self.engine.clone();
+        tokio::task::spawn_blocking(move || {
+            precopy_step(id, &cfg, engine.as_ref(), &mut chain, &target, &waiting)
+        })
+        .await
+        .expect("pre-dump task");
+    }
+
+    /// The job's chain, for a checkpoint to hold from initial synchronization on: waits for a
+    /// pre-dump in progress.
+    pub(crate) async fn hold_chain(&self, job_id: u64) -> Option<OwnedMutexGuard<Chain>> {
+        if !matches!(self.precopy, Mode::On(_)) {
+            return None;
+        }
+        let chain = self.get(job_id).ok()?.lock().await.precopy.clone();
+        Some(chain.lock_owned().await)
+    }
+
+    /// This node's pre-copy state for the job, in words (for `ckptctl status`).
+    pub(crate) fn precopy_text(&self, job: &NodeJob) -> String {
+        match &self.precopy {
+            Mode::Off(why) => format!("full dumps: {why}"),
+            Mode::On(_) => match job.precopy.try_lock() {
+                Err(_) => "pre-copy: a pre-dump or checkpoint is running".into(),
+                Ok(c) if c.incarnation != job.incarnation() => "pre-copy: waiting".into(),
+                Ok(c) => match &c.failed {
+                    Some(why) => format!("full dumps until restarted: a pre-dump failed: {why}"),
+                    None if c.links.is_empty() => "pre-copy: no pre-dump yet".into(),
+                    None => {
+                        let bytes: u64 = c.links.iter().map(|l| l.bytes).sum();
+                        let dirty = c
+                            .dirty
+                            .map(|d| format!(", {} MB written since", d / 1_000_000))
+                            .unwrap_or_default();
+                        format!(
+                            "pre-copy: {} pre-dump{} ready ({} MB){dirty}",
+                            c.links.len(),
+                            if c.links.len() == 1 { "" } else { "s" },
+                            bytes / 1_000_000
+                        )
+                    }
+                },
+            },
+        }
+    }
+}
+
+/// One check of one job: count, decide, pre-dump. Blocking.
+fn precopy_step(
+    job: u64,
+    cfg: &PrecopyConfig,
+    engine: &dyn SnapshotEngine,
+    c: &mut Chain,
+    t: &Target,
+    waiting: &std::path::Path,
+) {
+    let dirty = if c.links.is_empty() {
+        None
+    } else {
+        let mut sum = 0u64;
+        for &p in &t.pids {
+            sum += procfs::soft_dirty_bytes(p).unwrap_or(0);
+        }
+        c.dirty = Some(sum);
+        Some(sum)
+    };
+    let step = decide(c, dirty, cfg, t.delay);
+    if step == Step::Wait {
+        return;
+    }
+    if step == Step::Full {
+        c.reset(c.incarnation);
+    }
+    let n = c.next + 1;
+    let dir = waiting.join(n.to_string());
+    let made = ensure_dir(waiting.parent().expect("job dir"), PRIVATE_DIR)
+        .and_then(|()| ensure_dir(waiting, PRIVATE_DIR))
+        .and_then(|()| match fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => fs::create_dir(&dir),
+        });
+    if let Err(e) = made {
+        warn!(job, dir = %dir.display(), error = %e, "cannot make a pre-dump directory; trying again later");
+        return;
+    }
+    c.next = n;
+    // Parents are named relative to the new directory: the chain moves as a whole.
+    let parent = c
+        .links
+        .last()
+        .and_then(|l| l.dir.file_name())
+        .map(|name| format!("../{}", name.to_string_lossy()));
+    let log = t.log.join(format!("pre-dump-{n}.log"));
+    let begin = Instant::now();
+    let r = engine.pre_dump(&DumpSpec {
+        root_pid: t.root_pid,
+        images_dir: &dir,
+        cgroup: &t.cgroup,
+        log_file: &log,
+        external_netns: t.external_netns,
+        parent: parent.as_deref(),
+        track_mem: true,
+    });
+    let took = begin.elapsed();
+    match r {
+        Ok(()) => {
+            let bytes = ckpt_store::digest::list_files(&dir, &[])
+                .unwrap_or_default()
+                .iter()
+                .map(|f| fs::metadata(dir.join(f)).map_or(0, |m| m.len()))
+                .sum::<u64>();
+            c.rate = bytes as f64 / took.as_secs_f64().max(0.001);
+            c.links.push(Link { dir, bytes });
+            c.since = Some(Instant::now());
+            c.dirty = Some(0);
+            info!(
+                job,
+                link = c.links.len(),
+                bytes,
+                ms = took.as_millis() as u64,
+                "pre-dumped"
+            );
+        }
+        Err(e) => {
+            let _ = fs::remove_dir_all(&dir);
+            let mut why = e.to_string();
+            if why.contains("non-regular mapping") {
+                why.insert_str(0, "a process maps a device (an InfiniBand verbs device?), which pre-dumps cannot copy: ");
+            }
+            warn!(job, error = %why, "pre-dump failed: this job's checkpoints are full dumps until it is restarted");
+            c.reset(c.incarnation);
+            c.failed = Some(why);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> PrecopyConfig {
+        PrecopyConfig {
+            first_after: Duration::from_secs(10),
+            min_interval: Duration::from_secs(30),
+            target_frozen: Duration::from_millis(500),
+            max_links: 2,
+            ..PrecopyConfig::default()
+        }
+    }
+
+    fn chain(age: Duration, links: usize, rate: f64) -> Chain {
+        Chain {
+            since: Some(Instant::now() - age),
+            links: (0..links)
+                .map(|i| Link {
+                    dir: PathBuf::from(i.to_string()),
+                    bytes: 0,
+                })
+                .collect(),
+            rate,
+            ..Chain::default()
+        }
+    }
+
+    #[test]
+    fn the_first_pre_dump_waits_for_its_delay_and_the_part_s_stagger() {
+        let c = cfg();
+        let zero = Duration::ZERO;
+        assert_eq!(
+            decide(&chain(Duration::from_secs(5), 0, 0.0), None, &c, zero),
+            Step::Wait
+        );
+        assert_eq!(
+            decide(&chain(Duration::from_secs(11), 0, 0.0), None, &c, zero),
+            Step::Full
+        );
+        let part2 = Duration::from_secs(10);
+        assert_eq!(
+            decide(&chain(Duration::from_secs(11), 0, 0.0), None, &c, part2),
+            Step::Wait
+        );
+        assert_eq!(
+            decide(&chain(Duration::from_secs(21), 0, 0.0), None, &c, part2),
+            Step::Full
+        );
+    }
+
+    #[test]
+    fn another_pre_dump_only_when_the_written_pages_would_freeze_too_long() {
+        let c = cfg();
+        let zero = Duration::ZERO;
+        let old = Duration::from_secs(60);
+        // 100 MB/s: 40 MB is 400 ms, 60 MB is 600 ms.
+        let rate = 100e6;
+        assert_eq!(
+            decide(&chain(old, 1, rate), Some(40_000_000), &c, zero),
+            Step::Wait
+        );
+        assert_eq!(
+            decide(&chain(old, 1, rate), Some(60_000_000), &c, zero),
+            Step::OnTop
+        );
+        // Not before min_interval, nor without a count.
+        let recent = Duration::from_secs(20);
+        assert_eq!(
+            decide(&chain(recent, 1, rate), Some(60_000_000), &c, zero),
+            Step::Wait
+        );
+        assert_eq!(decide(&chain(old, 1, rate), None, &c, zero), Step::Wait);
+        // A full chain starts again.
+        assert_eq!(
+            decide(&chain(old, 2, rate), Some(60_000_000), &c, zero),
+            Step::Full
+        );
+    }
+
+    #[test]
+    fn pre_copy_off_or_unsupported_says_why() {
+        let mut c = cfg();
+        let unsupported = || Err("no soft-dirty".to_string());
+        assert!(matches!(Mode::resolve(&c, unsupported), Mode::Off(w) if w == "no soft-dirty"));
+        assert!(matches!(Mode::resolve(&c, || Ok(())), Mode::On(_)));
+        c.enabled = false;
+        let never = || -> Result<(), String> { panic!("not asked when off") };
+        assert!(matches!(Mode::resolve(&c, never), Mode::Off(w) if w.contains("agent.toml")));
+    }
+}
