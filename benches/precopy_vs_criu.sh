@@ -11,8 +11,8 @@
 #   benches/precopy_vs_criu.sh --no-build --out benches/results/precopy-$(date +%F).txt
 #
 # Options: --mib MIB (512)  --pcts "P ..." ("1 10 50")  --k K (3)  --sleep MS (4000: per step,
-# long enough for a pre-dump and a checkpoint between steps)  --mem MIB (4096: guest memory;
-# staging is the guest's tmpfs)  --timeout S (2400)  --no-build  --out FILE
+# long enough for a pre-dump and a checkpoint between steps)  --mem MIB (6144: guest memory;
+# staging is a 4 GiB tmpfs in it)  --timeout S (2400)  --no-build  --out FILE
 # --bin DIR (ckptd, ckptctl, ckpt-agent; $REPO/target/release)
 # --apps DIR (memwrite; $REPO/target/apps): with --no-build, binaries another tree built.
 # Needs root, QEMU and a prepared test VM (scripts/setup.sh --vm). The guest runs under QEMU
@@ -20,7 +20,7 @@
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-MIB=512 PCTS="1 10 50" K=3 SLEEP=4000 MEM=4096 TIMEOUT=2400 BUILD=1 OUT=
+MIB=512 PCTS="1 10 50" K=3 SLEEP=4000 MEM=6144 TIMEOUT=2400 BUILD=1 OUT=
 BIN=$REPO/target/release APPS=$REPO/target/apps
 ARGS="$*"
 while [ $# -gt 0 ]; do

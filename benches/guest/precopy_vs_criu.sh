@@ -15,6 +15,8 @@
 set -eu
 : "${BIN:?}" "${MEMWRITE:?}" "${CRIU:?}" "${MIB:?}" "${PCTS:?}" "${K:?}" "${SLEEP:?}"
 W=$(mktemp -d /tmp/precopybench.XXXXXX)
+# Staging and raw dumps in memory of their own (the guest's root is a 1 GiB tmpfs overlay).
+mount -t tmpfs -o size="${TMPFS:-4g}" precopybench "$W"
 say() { echo "[guest] $*"; }
 echo "GUEST kernel $(uname -r), $(nproc) vCPUs, $(awk '/MemTotal/ {print int($2/1024)}' /proc/meminfo) MiB"
 "$CRIU" check --feature mem_dirty_track > /dev/null 2>&1 || { say "no dirty tracking here"; exit 3; }
@@ -37,7 +39,7 @@ CG=/sys/fs/cgroup/precopybench
 for pct in $PCTS; do
     # Raw CRIU: full dumps of the same tree.
     mkdir -p "$CG"
-    ( echo $BASHPID > "$CG/cgroup.procs"; exec "$MEMWRITE" "$MIB" "$pct" "$STEPS" "$SLEEP" ) > "$W/raw.out" 2>&1 &
+    ( echo $BASHPID > "$CG/cgroup.procs"; exec setsid "$MEMWRITE" "$MIB" "$pct" "$STEPS" "$SLEEP" ) > "$W/raw.out" 2>&1 &
     PID=$!
     wait_iters "$W/raw.out" 600 0 > /dev/null
     for i in $(seq "$K"); do
@@ -83,7 +85,9 @@ TOML
     [ -n "$JOB" ] || { say "ckptctl run failed"; tail -n 20 "$W/ck/ckptd.log"; exit 6; }
     OUT=$W/ck/state/jobs/$JOB/stdout
     wait_iters "$OUT" 600 0 > /dev/null
-    for i in $(seq "$K"); do
+    # Epoch 1 is a warm-up, not reported: its pre-dump may have caught the job still filling
+    # its memory.
+    for i in $(seq $((K + 1))); do
         for _ in $(seq 3000); do
             "$BIN/ckptctl" status "$JOB" | grep -q 'pre-dump ready' && break
             sleep 0.1
@@ -93,11 +97,13 @@ TOML
         # One step after the pre-dump.
         n=$(grep -c '^iter' "$OUT" || true)
         wait_iters "$OUT" 600 "$n" > /dev/null
-        "$BIN/ckptctl" checkpoint "$JOB" --wait > /dev/null
+        "$BIN/ckptctl" checkpoint "$JOB" --wait > "$W/ck/checkpoint.out" 2>&1 \
+            || { say "checkpoint failed"; tail -c 2000 "$W/ck/checkpoint.out"; exit 8; }
         e=$("$BIN/ckptctl" epochs "$JOB" --json | tr '{' '\n' | grep "\"epoch\":$i," )
         frozen=$(echo "$e" | grep -o '"frozen_ms":[0-9]*' | cut -d: -f2)
         D=$(ls -d "$W"/ck/local/"$JOB"/"$i"/*/images)
-        echo "RUN mode=ckpt pct=$pct ckpt=$i frozen_ms=$frozen dump_bytes=$(page_bytes "$D") chain_bytes=$(cat "$D"/../pre/*/pages-*.img | wc -c)"
+        [ "$i" -gt 1 ] || continue
+        echo "RUN mode=ckpt pct=$pct ckpt=$((i - 1)) frozen_ms=$frozen dump_bytes=$(page_bytes "$D") chain_bytes=$(cat "$D"/../pre/*/pages-*.img | wc -c)"
     done
     "$BIN/ckptctl" cancel "$JOB" > /dev/null 2>&1 || true
     kill "$CKPTD"; wait "$CKPTD" 2>/dev/null || true

@@ -361,8 +361,14 @@ fn precopy_step(
             if why.contains("non-regular mapping") {
                 why.insert_str(0, "a process maps a device (an InfiniBand verbs device?), which pre-dumps cannot copy: ");
             }
-            warn!(job, error = %why, "pre-dump failed: this job's checkpoints are full dumps until it is restarted");
             c.reset(c.incarnation);
+            if why.contains("No space left on device") {
+                // Staging filled up: the job's next checkpoint needs the room more; pre-copy
+                // starts over after the usual delay.
+                warn!(job, error = %why, "pre-dump failed for lack of room in staging; its pre-dumps were deleted, pre-copy starts over later");
+                return;
+            }
+            warn!(job, error = %why, "pre-dump failed: this job's checkpoints are full dumps until it is restarted");
             c.failed = Some(why);
         }
     }

@@ -166,6 +166,10 @@ pub(super) fn dump_frozen(
     Ok(())
 }
 
+/// Share of the resident memory written since the newest pre-dump above which a checkpoint
+/// dumps everything instead of on top of the chain.
+const FULL_DUMP_WRITTEN: f64 = 0.6;
+
 /// Moves the job's waiting pre-dumps (if they are of this incarnation) into the epoch's node
 /// directory as its chain, and returns the dump's parent relative to its images directory.
 /// Renames only, in the staging file system: the frozen job does not wait for copies.
@@ -179,6 +183,27 @@ fn adopt_links(job: &mut NodeJob) -> Result<Option<String>, AgentError> {
         return Ok(None);
     }
     let links = c.take();
+    // Where most of the memory was written since the newest pre-dump, a dump on top of the
+    // chain writes nearly all of it anyway, and comparing against the chain makes it slower
+    // than a full dump (measured: 1.5x at 100 % written): a full dump, the chain dropped.
+    let (mut dirty, mut resident) = (0u64, 0u64);
+    for &pid in &w.pids {
+        dirty += procfs::soft_dirty_bytes(pid).unwrap_or(0);
+        resident += procfs::rss_bytes(pid);
+    }
+    w.notes
+        .insert("precopy_dirty_bytes".into(), dirty.to_string());
+    if dirty as f64 >= resident as f64 * FULL_DUMP_WRITTEN {
+        for l in &links {
+            let _ = fs::remove_dir_all(&l.dir);
+        }
+        w.notes.insert("precopy_links".into(), "0".into());
+        info!(
+            job = id,
+            dirty, resident, "most memory written since the pre-dump: a full dump"
+        );
+        return Ok(None);
+    }
     let base = w.node_dir.join(chain::LINKS_DIR);
     fs::create_dir_all(&base).map_err(io_err(id, "create", &base))?;
     let mut bytes = 0u64;
