@@ -483,6 +483,33 @@ mod tests {
     }
 
     #[test]
+    fn precopy_settings_parse_and_impossible_ones_are_refused() {
+        let c = AgentConfig::from_toml(
+            Path::new("a.toml"),
+            "[precopy]\nenabled = false\nfirst_after = \"3s\"\nmax_links = 4\n",
+        )
+        .unwrap();
+        assert!(!c.precopy.enabled);
+        assert_eq!(c.precopy.first_after, Duration::from_secs(3));
+        assert_eq!(c.precopy.max_links, 4);
+        assert!(
+            AgentConfig::from_toml(Path::new("a.toml"), "")
+                .unwrap()
+                .precopy
+                .enabled
+        );
+        for (bad, key) in [
+            ("max_links = 0", "precopy.max_links"),
+            ("max_links = 65", "precopy.max_links"),
+            ("check_every = \"10ms\"", "precopy.check_every"),
+        ] {
+            let e = AgentConfig::from_toml(Path::new("a.toml"), &format!("[precopy]\n{bad}\n"))
+                .unwrap_err();
+            assert!(e.to_string().contains(key), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn the_verbs_layer_is_preloaded_only_where_asked_and_only_if_root_owns_it() {
         let c = AgentConfig::from_toml(Path::new("a.toml"), "").unwrap();
         assert_eq!(c.verbs_layer.preload, Preload::Auto);

@@ -123,7 +123,8 @@ struct Target {
     root_pid: i32,
     pids: Vec<i32>,
     cgroup: PathBuf,
-    log: PathBuf,
+    /// The job's log directory.
+    logs: PathBuf,
     external_netns: Option<u64>,
     delay: Duration,
 }
@@ -226,7 +227,7 @@ impl Jobs {
             root_pid,
             pids: job.cgroup.pids().unwrap_or_default(),
             cgroup: job.cgroup.path().to_path_buf(),
-            log: job.dir.join("logs"),
+            logs: job.dir.join("logs"),
             external_netns,
             delay: cfg.stagger * job.record.part,
         };
@@ -324,7 +325,7 @@ fn precopy_step(
         .last()
         .and_then(|l| l.dir.file_name())
         .map(|name| format!("../{}", name.to_string_lossy()));
-    let log = t.log.join(format!("pre-dump-{n}.log"));
+    let log = t.logs.join(format!("pre-dump-{n}.log"));
     let begin = Instant::now();
     let r = engine.pre_dump(&DumpSpec {
         root_pid: t.root_pid,
@@ -402,55 +403,141 @@ mod tests {
         }
     }
 
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
     #[test]
     fn the_first_pre_dump_waits_for_its_delay_and_the_part_s_stagger() {
         let c = cfg();
-        let zero = Duration::ZERO;
-        assert_eq!(
-            decide(&chain(Duration::from_secs(5), 0, 0.0), None, &c, zero),
-            Step::Wait
-        );
-        assert_eq!(
-            decide(&chain(Duration::from_secs(11), 0, 0.0), None, &c, zero),
-            Step::Full
-        );
-        let part2 = Duration::from_secs(10);
-        assert_eq!(
-            decide(&chain(Duration::from_secs(11), 0, 0.0), None, &c, part2),
-            Step::Wait
-        );
-        assert_eq!(
-            decide(&chain(Duration::from_secs(21), 0, 0.0), None, &c, part2),
-            Step::Full
-        );
+        let first = |age, delay| decide(&chain(secs(age), 0, 0.0), None, &c, secs(delay));
+        assert_eq!(first(5, 0), Step::Wait);
+        assert_eq!(first(11, 0), Step::Full);
+        // Part 2 of a job, 5 s stagger.
+        assert_eq!(first(11, 10), Step::Wait);
+        assert_eq!(first(21, 10), Step::Full);
     }
 
     #[test]
     fn another_pre_dump_only_when_the_written_pages_would_freeze_too_long() {
         let c = cfg();
-        let zero = Duration::ZERO;
-        let old = Duration::from_secs(60);
         // 100 MB/s: 40 MB is 400 ms, 60 MB is 600 ms.
-        let rate = 100e6;
-        assert_eq!(
-            decide(&chain(old, 1, rate), Some(40_000_000), &c, zero),
-            Step::Wait
-        );
-        assert_eq!(
-            decide(&chain(old, 1, rate), Some(60_000_000), &c, zero),
-            Step::OnTop
-        );
+        let next = |age, links, dirty| decide(&chain(secs(age), links, 100e6), dirty, &c, secs(0));
+        assert_eq!(next(60, 1, Some(40_000_000)), Step::Wait);
+        assert_eq!(next(60, 1, Some(60_000_000)), Step::OnTop);
         // Not before min_interval, nor without a count.
-        let recent = Duration::from_secs(20);
-        assert_eq!(
-            decide(&chain(recent, 1, rate), Some(60_000_000), &c, zero),
-            Step::Wait
-        );
-        assert_eq!(decide(&chain(old, 1, rate), None, &c, zero), Step::Wait);
+        assert_eq!(next(20, 1, Some(60_000_000)), Step::Wait);
+        assert_eq!(next(60, 1, None), Step::Wait);
         // A full chain starts again.
-        assert_eq!(
-            decide(&chain(old, 2, rate), Some(60_000_000), &c, zero),
-            Step::Full
+        assert_eq!(next(60, 2, Some(60_000_000)), Step::Full);
+    }
+
+    /// An engine whose pre-dumps write one page file, or fail with `fails` as CRIU's summary.
+    #[derive(Debug)]
+    struct PreDumps {
+        fails: Option<&'static str>,
+    }
+
+    impl SnapshotEngine for PreDumps {
+        fn name(&self) -> &str {
+            "pre-dumps"
+        }
+        fn version(&self) -> &str {
+            "0"
+        }
+        fn dump(&self, _spec: &DumpSpec<'_>) -> Result<(), crate::engine::EngineError> {
+            Ok(())
+        }
+        fn pre_dump(&self, spec: &DumpSpec<'_>) -> Result<(), crate::engine::EngineError> {
+            match self.fails {
+                None => {
+                    fs::write(spec.images_dir.join("pages-1.img"), [0u8; 4096]).unwrap();
+                    Ok(())
+                }
+                Some(summary) => {
+                    // CRIU leaves a partial image behind.
+                    fs::write(spec.images_dir.join("pages-1.img"), [0u8; 10]).unwrap();
+                    Err(crate::engine::EngineError::Failed {
+                        op: "pre-dump",
+                        status: "exit status: 1".into(),
+                        summary: summary.into(),
+                        log: spec.log_file.to_path_buf(),
+                    })
+                }
+            }
+        }
+        fn restore_argv(&self, _spec: &crate::engine::RestoreSpec<'_>) -> Vec<String> {
+            Vec::new()
+        }
+        fn restore_failed(
+            &self,
+            status: String,
+            log: &std::path::Path,
+        ) -> crate::engine::EngineError {
+            crate::engine::EngineError::Failed {
+                op: "restore",
+                status,
+                summary: String::new(),
+                log: log.to_path_buf(),
+            }
+        }
+    }
+
+    /// The first pre-dump of a job, due, by `engine`: the chain after it, and whether the
+    /// waiting directory still holds anything.
+    fn step_with(engine: PreDumps) -> (Chain, bool) {
+        let d = tempfile::tempdir().unwrap();
+        let waiting = d.path().join("7").join(WAITING_DIR);
+        let mut c = chain(secs(3600), 0, 0.0);
+        let t = Target {
+            root_pid: 1,
+            pids: Vec::new(),
+            cgroup: d.path().join("cg"),
+            logs: d.path().to_path_buf(),
+            external_netns: None,
+            delay: Duration::ZERO,
+        };
+        precopy_step(7, &cfg(), &engine, &mut c, &t, &waiting);
+        let left = fs::read_dir(&waiting).map_or(0, |r| r.count());
+        (c, left > 0)
+    }
+
+    #[test]
+    fn a_pre_dump_that_succeeds_is_a_link_with_its_size() {
+        let (c, left) = step_with(PreDumps { fails: None });
+        assert!(c.failed.is_none());
+        assert_eq!(c.links.len(), 1, "{c:?}");
+        assert_eq!(c.links[0].bytes, 4096);
+        assert!(c.links[0].dir.ends_with(".precopy/1"), "{c:?}");
+        assert!(left);
+    }
+
+    #[test]
+    fn a_pre_dump_of_a_device_mapping_turns_pre_copy_off_and_names_the_device() {
+        let summary =
+            "Error (criu/proc_parse.c:663): Can't handle non-regular mapping on 199's map";
+        let (c, left) = step_with(PreDumps {
+            fails: Some(summary),
+        });
+        let why = c.failed.expect("pre-copy off for this incarnation");
+        assert!(why.starts_with("a process maps a device"), "{why}");
+        assert!(why.contains("non-regular mapping"), "{why}");
+        assert!(c.links.is_empty());
+        assert!(!left, "the partial pre-dump is deleted");
+    }
+
+    #[test]
+    fn a_pre_dump_that_fills_staging_starts_over_later() {
+        let summary = "Error (criu/bfd.c:131): bfd: Error flushing image: No space left on device";
+        let (c, left) = step_with(PreDumps {
+            fails: Some(summary),
+        });
+        assert!(c.failed.is_none(), "pre-copy stays on: {c:?}");
+        assert!(c.links.is_empty());
+        assert!(!left, "the room is given back");
+        assert!(
+            c.since.unwrap().elapsed() < secs(60),
+            "the delay starts again"
         );
     }
 
