@@ -3,7 +3,9 @@
 //! bad input. Skips with a printed reason where root, CRIU or MPI are missing.
 use std::time::Duration;
 
-use ckpt_tests::{bin_dir, flip_byte_in_largest, script, skip_unless_ready, Ckptd, Mpi, Options};
+use ckpt_tests::{
+    bin_dir, flip_byte_in_largest_named, script, skip_unless_ready, Ckptd, Mpi, Options,
+};
 
 const RANKS: u32 = 4;
 const N: u32 = 256;
@@ -105,8 +107,9 @@ fn corrupt_image_is_refused_before_restore_and_older_epoch_still_works() {
     let good = d.ctl(&["verify", &job.to_string()]);
     assert!(good.ok().contains("node node0 local copy: ok"), "{good:?}");
 
-    // Flip one byte in the middle of the largest image file of epoch 2.
-    let name = flip_byte_in_largest(&d.images(job, 2).join("images"));
+    // Flip one byte in the middle of the largest page data file of epoch 2 (process memory,
+    // verified while CRIU restores, behind the gate).
+    let name = flip_byte_in_largest_named(&d.images(job, 2).join("images"), "pages-");
     // `verify` finds it without touching anything, and says the older epoch is fine.
     let v = d.ctl(&["verify", &job.to_string(), "--json"]);
     assert_eq!(v.code, 8, "{v:?}");
@@ -132,6 +135,14 @@ fn corrupt_image_is_refused_before_restore_and_older_epoch_still_works() {
     assert!(
         d.job_pids(job).is_empty(),
         "nothing was restored from a corrupt image"
+    );
+    // The damaged file is page data, verified while CRIU restored: the gate refused it before
+    // any restored process ran, and the restore was tried again with everything verified first.
+    let log = std::fs::read_to_string(d.dir.path().join("ckptd.log")).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("page data refused while restoring") && l.contains(&name)),
+        "the gate refused the page data: {log}"
     );
     assert_eq!(
         d.status(job)["state"],

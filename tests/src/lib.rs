@@ -1011,9 +1011,15 @@ fn mount_loop_ext4(dir: &Path, size: &str) {
 
 /// Flips one bit in the middle of the largest file in `dir`; returns that file's name.
 pub fn flip_byte_in_largest(dir: &Path) -> String {
+    flip_byte_in_largest_named(dir, "")
+}
+
+/// [`flip_byte_in_largest`] among the files whose names start with `prefix`.
+pub fn flip_byte_in_largest_named(dir: &Path, prefix: &str) -> String {
     let biggest = std::fs::read_dir(dir)
         .unwrap()
         .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
         .max_by_key(|e| e.metadata().unwrap().len())
         .unwrap()
         .path();

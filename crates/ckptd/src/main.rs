@@ -149,6 +149,10 @@ fn ca_command(cmd: &CaCmd, tls_dir: &std::path::Path) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    // Run by CRIU as the embedded agent's restore gate, with no arguments: before anything else.
+    if let Some(code) = node_agent::restore_gate() {
+        return ExitCode::from(code);
+    }
     // Everything the daemon creates is root's alone unless it says otherwise.
     ckpt_daemon::set_private_umask();
     let cli = Cli::parse();

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ckpt_store::copy::CopyProgress;
+use ckpt_store::digest::FileEntry;
 use ckpt_store::layout::Staging;
 use ckpt_store::manifest::{self, NodeManifest};
 use tracing::{info, warn};
@@ -29,6 +30,19 @@ pub struct Sources {
 
 /// A flush running in a blocking thread.
 pub type FlushTask = tokio::task::JoinHandle<Result<ckpt_store::dedup::FlushStats, AgentError>>;
+
+/// A copy of a node's images to restore from.
+#[derive(Debug)]
+pub(crate) struct Usable {
+    /// Its manifest, matching the committed digest.
+    pub manifest: NodeManifest,
+    /// Where it is.
+    pub source: Location,
+    /// Why copies tried before it were not used (empty if none was).
+    pub note: String,
+    /// Files of the manifest not verified yet (see [`Jobs::usable_images`]).
+    pub unverified: Vec<FileEntry>,
+}
 
 /// Where a copy of a node's images is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,42 +175,52 @@ impl Jobs {
         epoch: u32,
         committed_digest: &str,
     ) -> Result<NodeManifest, AgentError> {
-        self.verify_of(job_id, epoch, committed_digest, &self.node)
+        self.verify_of(job_id, epoch, committed_digest, &self.node, None)
             .await
+            .map(|(m, _)| m)
     }
 
-    /// [`Jobs::verify`] of the images of `node` kept here.
+    /// [`Jobs::verify`] of the images of `node` kept here. With `later`, the files it names
+    /// are left out and returned (their entries) for the caller to verify.
     async fn verify_of(
         &self,
         job_id: u64,
         epoch: u32,
         committed_digest: &str,
         node: &str,
-    ) -> Result<NodeManifest, AgentError> {
+        later: Option<fn(&str) -> bool>,
+    ) -> Result<(NodeManifest, Vec<FileEntry>), AgentError> {
         let nd = self.staging.node_dir(job_id, epoch, node);
         let committed = committed_digest.to_string();
-        tokio::task::spawn_blocking(move || -> Result<NodeManifest, AgentError> {
-            let store_err = |source| AgentError::Store {
-                job: job_id,
-                source,
-            };
-            if committed.is_empty() {
-                return Err(store_err(ckpt_store::StoreError::DigestRequired {
-                    path: nd.join(ckpt_store::manifest::FILE_NAME),
-                }));
-            }
-            let (m, digest) = manifest::read(&nd).map_err(store_err)?;
-            if digest != committed {
-                return Err(AgentError::ManifestMismatch {
+        tokio::task::spawn_blocking(
+            move || -> Result<(NodeManifest, Vec<FileEntry>), AgentError> {
+                let store_err = |source| AgentError::Store {
                     job: job_id,
-                    epoch,
-                    found: digest,
-                    committed,
-                });
-            }
-            ckpt_store::digest::verify_tree(&nd, &m.files).map_err(store_err)?;
-            Ok(m)
-        })
+                    source,
+                };
+                if committed.is_empty() {
+                    return Err(store_err(ckpt_store::StoreError::DigestRequired {
+                        path: nd.join(ckpt_store::manifest::FILE_NAME),
+                    }));
+                }
+                let (m, digest) = manifest::read(&nd).map_err(store_err)?;
+                if digest != committed {
+                    return Err(AgentError::ManifestMismatch {
+                        job: job_id,
+                        epoch,
+                        found: digest,
+                        committed,
+                    });
+                }
+                let (left, now): (Vec<FileEntry>, Vec<FileEntry>) = m
+                    .files
+                    .iter()
+                    .cloned()
+                    .partition(|f| later.is_some_and(|later| later(&f.path)));
+                ckpt_store::digest::verify_tree(&nd, &now).map_err(store_err)?;
+                Ok((m, left))
+            },
+        )
         .await
         .expect("verify task")
     }
@@ -265,13 +289,17 @@ impl Jobs {
     /// fetched from the partner node, else from shared storage (for a durable epoch), each
     /// verified as it is read. Returns the manifest, where the images came from and why the
     /// sources before it were not used.
+    ///
+    /// With `later`, the local copy's files it names are not verified but returned in
+    /// [`Usable::unverified`] (copies fetched from elsewhere are verified whole).
     pub(crate) async fn usable_images(
         &self,
         job_id: u64,
         epoch: u32,
         committed_digest: &str,
         sources: &Sources,
-    ) -> Result<(NodeManifest, Location, String), AgentError> {
+        later: Option<fn(&str) -> bool>,
+    ) -> Result<Usable, AgentError> {
         let node = sources.source_node.as_deref().unwrap_or(&self.node);
         let local_err = if sources.local_pruned {
             AgentError::Store {
@@ -281,8 +309,18 @@ impl Jobs {
                 },
             }
         } else {
-            match self.verify_of(job_id, epoch, committed_digest, node).await {
-                Ok(m) => return Ok((m, Location::Local, String::new())),
+            match self
+                .verify_of(job_id, epoch, committed_digest, node, later)
+                .await
+            {
+                Ok((manifest, unverified)) => {
+                    return Ok(Usable {
+                        manifest,
+                        source: Location::Local,
+                        note: String::new(),
+                        unverified,
+                    })
+                }
                 Err(e) => e,
             }
         };
@@ -311,7 +349,12 @@ impl Jobs {
             {
                 Ok(m) => {
                     install(job_id, &tmp, &dest).await?;
-                    return Ok((m, Location::Partner, tried.join("; ")));
+                    return Ok(Usable {
+                        manifest: m,
+                        source: Location::Partner,
+                        note: tried.join("; "),
+                        unverified: Vec::new(),
+                    });
                 }
                 Err(e) => tried.push(format!("partner copy on {pn}: {e}")),
             }
@@ -328,7 +371,12 @@ impl Jobs {
             match fetched {
                 Ok(m) => {
                     install(job_id, &tmp, &dest).await?;
-                    return Ok((m, Location::Shared, tried.join("; ")));
+                    return Ok(Usable {
+                        manifest: m,
+                        source: Location::Shared,
+                        note: tried.join("; "),
+                        unverified: Vec::new(),
+                    });
                 }
                 Err(e) => tried.push(format!("shared copy: {e}")),
             }

@@ -54,6 +54,12 @@ pub use jobs::Jobs;
 
 pub use ckpt_daemon::{init_tracing, set_private_umask};
 
+/// When CRIU runs this binary as a restore's action script (the restore gate, see
+/// `restore/gate.rs`): the exit status. None: it was not started as one.
+pub fn restore_gate() -> Option<u8> {
+    restore::gate::action_script()
+}
+
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {

@@ -61,6 +61,10 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
+    // Run by CRIU as a restore's action script, with no arguments: before anything else.
+    if let Some(code) = node_agent::restore_gate() {
+        return ExitCode::from(code);
+    }
     node_agent::set_private_umask();
     let cli = Cli::parse();
     if let Some(Cmd::Shim { spec }) = &cli.cmd {

@@ -60,6 +60,9 @@ pub enum ShimMode {
         /// [`RESTORE_NETNS_FD`].
         #[serde(default)]
         netns: Option<PathBuf>,
+        /// The restore gate's FIFO, given to the engine's action script in its environment.
+        #[serde(default)]
+        gate: Option<PathBuf>,
     },
 }
 
@@ -544,6 +547,7 @@ fn start(spec: &ShimSpec) -> Result<i32, String> {
             argv,
             pid_file,
             netns,
+            gate,
         } => {
             let (prog, args) = argv.split_first().ok_or("empty restore command")?;
             let netns = match netns {
@@ -561,6 +565,9 @@ fn start(spec: &ShimSpec) -> Result<i32, String> {
                 .stdin(Stdio::null())
                 .stdout(stdout)
                 .stderr(stderr);
+            if let Some(gate) = gate {
+                cmd.env(crate::restore::gate::ENV, gate);
+            }
             // SAFETY: async-signal-safe calls only, on memory allocated before the fork.
             unsafe {
                 cmd.pre_exec(move || {

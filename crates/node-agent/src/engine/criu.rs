@@ -322,9 +322,19 @@ impl SnapshotEngine for Criu {
             v.push("--cgroup-root".into());
             v.push(root.clone());
         }
+        if let Some(gate) = spec.gate {
+            // CRIU runs action scripts at each stage; "post-restore" comes after every page is
+            // in place and before any task resumes, and a failure there kills the tree.
+            v.push("--action-script".into());
+            v.push(gate.display().to_string());
+        }
         v.extend(self.common_args());
         v.extend(self.cfg.extra_restore_args.iter().cloned());
         v
+    }
+
+    fn memory_only(&self) -> Option<fn(&str) -> bool> {
+        Some(is_page_data)
     }
 
     fn restore_failed(&self, status: String, log: &Path) -> EngineError {
@@ -337,9 +347,57 @@ impl SnapshotEngine for Criu {
     }
 }
 
+/// A CRIU page data file of the node's image set (`images/pages-N.img`, or a pre-copy link's
+/// `pre/<n>/pages-N.img`): raw memory contents, which CRIU reads into the restored processes.
+/// Which pages go where is in the `pagemap-N.img` files beside them, which are not this.
+pub fn is_page_data(rel: &str) -> bool {
+    let mut parts = rel.split('/');
+    let (dir, file) = match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(d), Some(f), None, None) => (d == ckpt_store::chain::IMAGES_DIR, f),
+        (Some(d), Some(n), Some(f), None) => (
+            d == ckpt_store::chain::LINKS_DIR
+                && !n.is_empty()
+                && n.bytes().all(|b| b.is_ascii_digit()),
+            f,
+        ),
+        _ => return false,
+    };
+    dir && file
+        .strip_prefix("pages-")
+        .and_then(|f| f.strip_suffix(".img"))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_page_data_files_count_as_memory_contents() {
+        for yes in [
+            "images/pages-1.img",
+            "images/pages-17.img",
+            "pre/3/pages-2.img",
+        ] {
+            assert!(is_page_data(yes), "{yes}");
+        }
+        for no in [
+            "images/pagemap-1.img",
+            "images/core-1.img",
+            "images/pages-.img",
+            "images/pages-1.img.bak",
+            "images/pages-x.img",
+            "pages-1.img",
+            "pre/pages-1.img",
+            "pre/x/pages-1.img",
+            "pre/1/2/pages-1.img",
+            "files/pages-1.img",
+            "images/sub/pages-1.img",
+            "preserved/images/pages-1.img",
+        ] {
+            assert!(!is_page_data(no), "{no}");
+        }
+    }
 
     #[test]
     fn version_parsing_and_comparison() {

@@ -47,6 +47,11 @@ pub struct RestoreSpec<'a> {
     /// The job's cgroup here, as the engine names it: the tree goes there whatever cgroup it
     /// was dumped from (a part moved from a node whose agent names cgroups differently).
     pub cgroup_root: Option<String>,
+    /// A program the engine runs once every process is rebuilt and before any of them runs
+    /// again; a non-zero exit makes the engine kill the tree and fail. The agent's restore gate
+    /// ([`crate::restore::gate`]): it waits for the verification of the files the engine reads
+    /// while the restore runs ([`SnapshotEngine::memory_only`]).
+    pub gate: Option<&'a Path>,
 }
 
 /// Engine failures, each naming the binary or the log to read.
@@ -124,6 +129,14 @@ pub trait SnapshotEngine: Send + Sync + Debug {
             summary: self.precopy_support().err().unwrap_or_default(),
             log: spec.log_file.to_path_buf(),
         })
+    }
+    /// Which image files (paths relative to the node's image set) hold nothing but the
+    /// contents of process memory: the engine copies them into the restored processes and
+    /// takes no other action on them, so a restore may start while they are still being
+    /// verified, if it runs [`RestoreSpec::gate`] before any restored process runs. None: the
+    /// engine cannot gate, every file is verified first.
+    fn memory_only(&self) -> Option<fn(&str) -> bool> {
+        None
     }
     /// The command line that restores a tree, detached, and writes the root PID to `pid_file`.
     fn restore_argv(&self, spec: &RestoreSpec<'_>) -> Vec<String>;

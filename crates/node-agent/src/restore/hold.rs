@@ -49,13 +49,15 @@ impl Jobs {
             .collect::<Vec<_>>()
             .join(", ");
         let table = self.hold_table(job);
+        // One transaction: a hold left by an earlier attempt is replaced (the table is added
+        // first so that deleting it cannot fail).
         let script = format!(
-            "table inet {table} {{\n\
+            "add table inet {table}\ndelete table inet {table}\n\
+             table inet {table} {{\n\
              chain input {{ type filter hook input priority -10; policy accept; tcp dport {{ {set} }} drop; }}\n\
              chain output {{ type filter hook output priority -10; policy accept; tcp sport {{ {set} }} drop; }}\n\
              }}\n"
         );
-        self.release_tcp(job, false).await;
         crate::sandbox::run("nft", &["-f", "-"], Some(&script))
             .await
             .map_err(|message| AgentError::Start {

@@ -2,6 +2,7 @@
 //! back as its owner, then the engine's restore), then release or kill it. The TCP hold is in
 //! `hold.rs`.
 
+pub(crate) mod gate;
 mod hold;
 
 use std::fs;
@@ -9,13 +10,14 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ckpt_store::manifest::{NodeManifest, OpenFile};
-use tracing::{info, instrument};
+use tracing::{info, instrument, warn};
 
 use crate::checkpoint::channel_pids;
-use crate::copies::{Location, Sources};
+use crate::copies::{Location, Sources, Usable};
 use crate::engine::RestoreSpec;
 use crate::error::AgentError;
 use crate::jobs::{Jobs, NodeJob, OWNER_NOTE};
+use crate::modes::{ensure_dir, PRIVATE_DIR};
 use crate::owner::{
     put_back_own_output, run_put_back, verify_restored, Identity, PutBack, PutBackTask,
 };
@@ -48,8 +50,14 @@ pub struct Restored {
 
 impl Jobs {
     /// Restores this node's part of a job from a committed epoch: verify the manifest and every
-    /// image against the committed digest before anything else, then put the job's files back
-    /// as they were, then have the shim run the engine's restore.
+    /// image against the committed digest, put the job's files back as they were, then have
+    /// the shim run the engine's restore.
+    ///
+    /// Page data files of a local copy (only memory contents, see
+    /// [`crate::engine::SnapshotEngine::memory_only`]) are verified while the engine restores,
+    /// everything else before it starts; no restored process runs before the page data has
+    /// passed ([`gate`]). If it does not pass, the attempt is repeated with every file verified
+    /// first, as with copies from elsewhere.
     #[instrument(skip_all, fields(phase = "restore", job = job_id, epoch = epoch, node = self.node()))]
     pub async fn restore(
         &self,
@@ -59,6 +67,47 @@ impl Jobs {
         hold: bool,
         token: &str,
         sources: &Sources,
+    ) -> Result<Restored, AgentError> {
+        let mut pages_refused = false;
+        let gated = self
+            .restore_from(
+                job_id,
+                epoch,
+                committed_digest,
+                (hold, token),
+                sources,
+                Some(&mut pages_refused),
+            )
+            .await;
+        match gated {
+            Err(error) if pages_refused => {
+                // The gate killed the tree before it ran. Verifying everything first may find
+                // an intact copy elsewhere, and names what is damaged as always.
+                warn!(job = job_id, epoch, %error, "page data refused while restoring (the restored processes were killed before they ran); verifying every file first");
+                self.restore_from(
+                    job_id,
+                    epoch,
+                    committed_digest,
+                    (hold, token),
+                    sources,
+                    None,
+                )
+                .await
+            }
+            r => r,
+        }
+    }
+
+    /// One attempt of [`Jobs::restore`]; with `gated`, the local page data is verified while
+    /// the engine runs, and a refusal of it is reported there as well as in the error.
+    async fn restore_from(
+        &self,
+        job_id: u64,
+        epoch: u32,
+        committed_digest: &str,
+        (hold, token): (bool, &str),
+        sources: &Sources,
+        gated: Option<&mut bool>,
     ) -> Result<Restored, AgentError> {
         let j = self.get_or_create(job_id)?;
         let mut job = j.lock().await;
@@ -81,10 +130,23 @@ impl Jobs {
         let source_node = sources.source_node.as_deref().unwrap_or(&self.node);
         let node_dir = self.staging.node_dir(job_id, epoch, source_node);
         let verify_begin = Instant::now();
-        let (m, source, note) = self
-            .usable_images(job_id, epoch, committed_digest, sources)
+        let later = self.engine.memory_only().filter(|_| gated.is_some());
+        let Usable {
+            manifest: m,
+            source,
+            note,
+            unverified,
+        } = self
+            .usable_images(job_id, epoch, committed_digest, sources, later)
             .await?;
         let verify_ms = verify_begin.elapsed().as_millis() as u64;
+        let mut pages = (!unverified.is_empty()).then(|| {
+            let dir = node_dir.clone();
+            tokio::task::spawn_blocking(move || {
+                let begin = Instant::now();
+                ckpt_store::digest::verify_tree(&dir, &unverified).map(|()| begin.elapsed())
+            })
+        });
         let prepare_begin = Instant::now();
         // The engine finds a pre-copy chain's links through `parent` links, which copies do not
         // carry: made again from the (verified) manifest.
@@ -159,9 +221,6 @@ impl Jobs {
         // A cgroup the engine creates gets the freezer state of dump time (frozen); an existing
         // one would let the restored processes run at once.
         job.remove_empty_cgroup();
-        if hold {
-            self.hold_tcp(job_id, sandboxed, &m.tcp_ports).await?;
-        }
         if !sandboxed {
             clear_stale_sockets(&m.tcp_ports).await;
         }
@@ -185,6 +244,24 @@ impl Jobs {
                 ),
             });
         }
+        // What must hold before a restored process runs (the page data verified, the TCP hold
+        // in place) is done while the engine restores, which waits for it at the gate; without
+        // a gate, before the engine starts.
+        let gate = if gated.is_some() && self.engine.memory_only().is_some() {
+            open_gate(&job.dir, &run_dir)
+                .map_err(|e| warn!(job = job_id, error = %e, "cannot make the restore gate; verifying and holding before the restore"))
+                .ok()
+        } else {
+            None
+        };
+        if gate.is_none() {
+            if let Some(check) = pages.take() {
+                check_pages(job_id, check).await?;
+            }
+            if hold {
+                self.hold_tcp(job_id, sandboxed, &m.tcp_ports).await?;
+            }
+        }
         let argv = self.engine.restore_argv(&RestoreSpec {
             images_dir: &node_dir.join(ckpt_store::chain::IMAGES_DIR),
             log_file: &log,
@@ -192,24 +269,76 @@ impl Jobs {
             netns_fd: netns.is_some().then_some(crate::shim::RESTORE_NETNS_FD),
             job_dir: netns.is_some().then_some(own_dir.as_path()),
             cgroup_root,
+            gate: gate.as_ref().map(|_| self.shim_exe.as_path()),
         });
         let prepare_ms = prepare_begin.elapsed().as_millis() as u64;
-        let lock = machine_restore_lock().await;
-        let engine_begin = Instant::now();
-        let started = self
-            .start_shim(
-                &mut job,
-                ShimMode::Restore {
-                    argv,
-                    pid_file,
-                    netns,
+        let gate_path = gate.as_ref().map(|g| g.path().to_path_buf());
+        let engine = async {
+            let lock = machine_restore_lock().await;
+            let begin = Instant::now();
+            let started = self
+                .start_shim(
+                    &mut job,
+                    ShimMode::Restore {
+                        argv,
+                        pid_file,
+                        netns,
+                        gate: gate_path,
+                    },
+                    &owner,
+                    RESTORE_TIMEOUT,
+                )
+                .await;
+            drop(lock);
+            (started, begin.elapsed().as_millis() as u64)
+        };
+        let ports = &m.tcp_ports;
+        let verdict = async {
+            let mut gate = gate?;
+            let (checked, held) = tokio::join!(
+                async {
+                    match pages.take() {
+                        Some(check) => check_pages(job_id, check).await.map(Some),
+                        None => Ok(None),
+                    }
                 },
-                &owner,
-                RESTORE_TIMEOUT,
-            )
-            .await;
-        drop(lock);
-        let engine_ms = engine_begin.elapsed().as_millis() as u64;
+                async {
+                    if hold {
+                        self.hold_tcp(job_id, sandboxed, ports).await
+                    } else {
+                        Ok(())
+                    }
+                }
+            );
+            gate.decide(checked.is_ok() && held.is_ok());
+            // Held open until the engine is done with it.
+            Some((gate, checked, held))
+        };
+        let ((started, engine_ms), verdict) = tokio::join!(engine, verdict);
+        let mut pages_ms = None;
+        if let Some((_gate, checked, held)) = verdict {
+            let refused = match (checked, held) {
+                (Ok(took), Ok(())) => {
+                    pages_ms = took.map(|d| d.as_millis() as u64);
+                    None
+                }
+                (Err(e), _) => {
+                    if let Some(refused) = gated {
+                        *refused = true;
+                    }
+                    Some(e)
+                }
+                (Ok(_), Err(e)) => Some(e),
+            };
+            if let Some(error) = refused {
+                // The engine failed at the gate; nothing it restored may be left.
+                let _ = job.cgroup.kill_all();
+                if hold {
+                    self.release_tcp(job_id, sandboxed).await;
+                }
+                return Err(error);
+            }
+        }
         let pid = match started {
             Ok(pid) if hold => {
                 // Released together with the other nodes (`release`). A part that cannot be
@@ -265,6 +394,7 @@ impl Jobs {
             source = source.name(),
             held = hold,
             verify_ms,
+            pages_verified_during_restore_ms = pages_ms,
             prepare_ms,
             engine_ms,
             "job restored{}",
@@ -388,6 +518,24 @@ impl Jobs {
 /// re-creates deleted files under temporary names derived from the image: two restores at once
 /// would collide on them. With one agent per machine the lock is never contended.
 const RESTORE_LOCK: &str = "/run/lock/ckpt-restore.lock";
+
+/// Makes the run directory of the coming incarnation (as the shim will) and the gate in it.
+fn open_gate(job_dir: &Path, run_dir: &Path) -> std::io::Result<gate::Gate> {
+    ensure_dir(&job_dir.join("run"), PRIVATE_DIR)?;
+    ensure_dir(run_dir, PRIVATE_DIR)?;
+    gate::Gate::open(run_dir)
+}
+
+/// The outcome of the page data verification.
+async fn check_pages(
+    job: u64,
+    check: tokio::task::JoinHandle<ckpt_store::Result<Duration>>,
+) -> Result<Duration, AgentError> {
+    check
+        .await
+        .expect("page verification task")
+        .map_err(|source| AgentError::Store { job, source })
+}
 
 async fn machine_restore_lock() -> Option<fs::File> {
     tokio::task::spawn_blocking(|| {
