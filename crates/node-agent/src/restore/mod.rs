@@ -247,7 +247,7 @@ impl Jobs {
         // What must hold before a restored process runs (the page data verified, the TCP hold
         // in place) is done while the engine restores, which waits for it at the gate; without
         // a gate, before the engine starts.
-        let gate = if gated.is_some() && self.engine.memory_only().is_some() {
+        let gate = if later.is_some() {
             open_gate(&job.dir, &run_dir)
                 .map_err(|e| warn!(job = job_id, error = %e, "cannot make the restore gate; verifying and holding before the restore"))
                 .ok()
