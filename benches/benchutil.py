@@ -292,9 +292,10 @@ def stage(tmp, bin_dir, app, skip_missing=False):
 
 class Daemon(Ckptctl):
     """The storage benchmarks' private `ckptd --standalone` in a directory of its own under
-    tmp, flushing every epoch to `shared` in mode "flush" (at most `bw` MB/s), never otherwise."""
+    tmp, flushing every epoch to `shared` in mode "flush" (at most `bw` MB/s, chunks stored as
+    `compress` says), never otherwise."""
 
-    def __init__(self, tmp, bindir, mode, shared, bw):
+    def __init__(self, tmp, bindir, mode, shared, bw, compress="none"):
         self.dir = os.path.join(tmp, f"{mode.replace(' ', '-')}-{int(mono() * 1000)}")
         os.makedirs(self.dir)
         super().__init__(bindir, os.path.join(self.dir, "ckptd.sock"), self.dir, timeout=900)
@@ -313,7 +314,7 @@ class Daemon(Ckptctl):
                     f'[agent]\nlisten = "127.0.0.1:0"\nstate_dir = "{self.dir}/state"\n'
                     f'local_dir = "{self.dir}/local"\nallow_root_jobs = true\n'
                     + (f'shared_dir = "{shared}"\n' if flush else "")
-                    + f'[agent.flush]\nbandwidth_mb = {bw}\n'
+                    + f'[agent.flush]\nbandwidth_mb = {bw}\ncompress = "{compress}"\n'
                     f'[agent.cgroup]\nprefix = "{self.prefix}"\n')
         logf = open(os.path.join(self.dir, "ckptd.log"), "ab")
         self.proc = subprocess.Popen(

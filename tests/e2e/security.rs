@@ -398,7 +398,14 @@ fn daemon_umask(d: &Ckptd) -> Option<u32> {
 
 /// Every path under `root` (not following links), with its metadata.
 fn walk(root: &Path, out: &mut Vec<(PathBuf, fs::Metadata)>) {
-    for e in fs::read_dir(root).unwrap().flatten() {
+    // A directory removed between its listing and this read (a finished step's scratch
+    // directory) holds nothing to check.
+    let entries = match fs::read_dir(root) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+        Err(e) => panic!("read {}: {e}", root.display()),
+    };
+    for e in entries.flatten() {
         let p = e.path();
         let Ok(m) = fs::symlink_metadata(&p) else {
             continue;

@@ -172,10 +172,11 @@ fn device_of(p: &Path) -> u64 {
 fn epochs_flush_to_shared_storage_and_restarts_fall_back_to_it() {
     skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "mkfs.ext4");
     let want = Mpi::Mpich.reference_checksum(4, 256, 3000);
-    // A slow shared target (5 MB/s) on its own file system; one local epoch kept.
+    // A slow shared target (5 MB/s) on its own file system, chunks stored zstd-compressed;
+    // one local epoch kept.
     let d = Ckptd::start(Options {
         shared_size: Some("512M".into()),
-        agent_toml: "[agent.flush]\nbandwidth_mb = 5\nstreams = 2\n".into(),
+        agent_toml: "[agent.flush]\nbandwidth_mb = 5\nstreams = 2\ncompress = \"zstd:3\"\n".into(),
         extra_toml: "[retention]\nkeep_local = 1\n".into(),
         ..Options::default()
     });
@@ -234,6 +235,18 @@ fn epochs_flush_to_shared_storage_and_restarts_fall_back_to_it() {
         assert!(dir.join("COMMIT").is_file(), "{} has COMMIT", dir.display());
         assert!(dir.join("node0/MANIFEST").is_file());
     }
+    // The job's memory (MPI runtime, grids of doubles) compresses: less was written than read.
+    let log = std::fs::read_to_string(d.dir.path().join("ckptd.log")).unwrap();
+    let flushed: Vec<(u64, u64)> = log
+        .lines()
+        .filter(|l| l.contains("flushed to shared storage"))
+        .map(|l| (field_u64(l, "new_bytes"), field_u64(l, "written_bytes")))
+        .collect();
+    assert!(
+        flushed.len() >= 2 && flushed.iter().all(|&(new, written)| written < new),
+        "every flush stored its new chunks compressed: {flushed:?}"
+    );
+    eprintln!("flushes (new bytes, written bytes): {flushed:?}");
     let begin = Instant::now();
     while d.images(job, 1).exists() {
         assert!(begin.elapsed() < LIMIT, "local copy of epoch 1 not pruned");
@@ -319,4 +332,12 @@ fn a_full_shared_disk_fails_the_flush_and_keeps_the_local_copy() {
     assert!(v.ok().contains("node node0 local copy: ok"), "{v:?}");
     assert_eq!(d.status(job)["state"], "running", "the job kept running");
     d.ctl(&["cancel", &id]).ok();
+}
+
+/// The number after `key=` in a log line (0 if absent).
+fn field_u64(line: &str, key: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+        .and_then(|v| v.trim_matches(|c: char| !c.is_ascii_digit()).parse().ok())
+        .unwrap_or(0)
 }

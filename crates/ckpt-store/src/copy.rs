@@ -11,6 +11,8 @@ pub struct CopyOptions {
     pub streams: usize,
     /// Bytes per second over all streams; `None` for no limit.
     pub bandwidth: Option<u64>,
+    /// zstd level for chunks a flush stores in shared storage; `None`: stored as they are.
+    pub compress: Option<i32>,
 }
 
 impl Default for CopyOptions {
@@ -18,6 +20,7 @@ impl Default for CopyOptions {
         CopyOptions {
             streams: 4,
             bandwidth: None,
+            compress: None,
         }
     }
 }

@@ -163,6 +163,7 @@ fn recipe() -> impl Strategy<Value = Recipe> {
                                 offset: s >> 8,
                                 len: 1 + (s % (128 << 10)) as u32,
                                 digest: [s as u8; 32],
+                                compressed: s & (1 << 40) != 0,
                             })
                             .collect(),
                     })
@@ -337,15 +338,17 @@ fn forged_recipe_counts_and_lengths_are_refused() {
             chunks: vec![ChunkRef {
                 pack: 0,
                 offset: 0,
-                len: u32::MAX,
+                // The largest length below the compression flag.
+                len: u32::MAX >> 1,
                 digest: [0; 32],
+                compressed: true,
             }],
         }],
     };
     let err = Recipe::decode(path, &long.encode()).unwrap_err();
     assert!(
         err.to_string()
-            .contains("chunk length 4294967295 is above the limit of 131072"),
+            .contains("chunk length 2147483647 is above the limit of 131072"),
         "{err}"
     );
     for (pack, file) in [("../../x.pack", "images/x"), ("1-0.pack", "../../etc/x")] {

@@ -50,6 +50,9 @@ pub const MAX_RECIPE_BYTES: u64 = 1 << 30;
 pub const MAX_PACKS: usize = 1 << 24;
 /// Encoded size of one chunk reference: pack index, offset, length, digest.
 const CHUNK_REF_BYTES: usize = 4 + 8 + 4 + 32;
+/// Set in a chunk reference's encoded length when the chunk is stored zstd-compressed (a
+/// reader without compression refuses it as a chunk above 128 KiB instead of misreading it).
+const COMPRESSED: u32 = 1 << 31;
 
 const MIN_CHUNK: usize = 8 << 10;
 const MAX_CHUNK: usize = 128 << 10;
@@ -96,10 +99,12 @@ pub struct ChunkRef {
     pub pack: u32,
     /// Offset in the pack.
     pub offset: u64,
-    /// Length.
+    /// Length in the pack (compressed, if it is).
     pub len: u32,
-    /// BLAKE3 of the chunk.
+    /// BLAKE3 of the chunk (as the file holds it, uncompressed).
     pub digest: [u8; 32],
+    /// Stored as one zstd frame, smaller than the chunk itself.
+    pub compressed: bool,
 }
 
 /// How one file is rebuilt.
@@ -139,7 +144,12 @@ impl Recipe {
             for c in &f.chunks {
                 b.extend_from_slice(&c.pack.to_le_bytes());
                 b.extend_from_slice(&c.offset.to_le_bytes());
-                b.extend_from_slice(&c.len.to_le_bytes());
+                let len = if c.compressed {
+                    c.len | COMPRESSED
+                } else {
+                    c.len
+                };
+                b.extend_from_slice(&len.to_le_bytes());
                 b.extend_from_slice(&c.digest);
             }
         }
@@ -193,11 +203,15 @@ impl Recipe {
             let n = r.count(CHUNK_REF_BYTES).ok_or_else(bad)?;
             let mut chunks = Vec::with_capacity(n);
             for _ in 0..n {
+                let pack = r.u32().ok_or_else(bad)?;
+                let offset = r.u64().ok_or_else(bad)?;
+                let len = r.u32().ok_or_else(bad)?;
                 let c = ChunkRef {
-                    pack: r.u32().ok_or_else(bad)?,
-                    offset: r.u64().ok_or_else(bad)?,
-                    len: r.u32().ok_or_else(bad)?,
+                    pack,
+                    offset,
+                    len: len & !COMPRESSED,
                     digest: r.take(32).ok_or_else(bad)?.try_into().expect("32 bytes"),
+                    compressed: len & COMPRESSED != 0,
                 };
                 if c.pack as usize >= out.packs.len() || c.len == 0 {
                     return Err(bad());
@@ -270,8 +284,10 @@ pub struct Target<'a> {
 pub struct FlushStats {
     /// Image bytes read and checked.
     pub image_bytes: u64,
-    /// Bytes of new chunks written to shared storage.
+    /// Bytes of new chunks written to shared storage (compressed, where they are).
     pub written_bytes: u64,
+    /// Bytes of those new chunks before compression.
+    pub new_bytes: u64,
     /// Chunks in the recipe, and how many of them were new.
     pub chunks: u64,
     /// New chunks.
@@ -338,7 +354,14 @@ pub fn flush(
             first_new + i as u32,
             pdir.join(&names[(first_new as usize) + i]),
         );
-        flush_file(src, &m.files[i], pack, &known, throttle.as_ref(), progress)
+        flush_file(
+            src,
+            &m.files[i],
+            pack,
+            &known,
+            (opts, throttle.as_ref()),
+            progress,
+        )
     })?;
     let mut recipe = Recipe {
         packs: names,
@@ -348,6 +371,7 @@ pub fn flush(
     for (f, st) in results {
         stats.image_bytes += st.image_bytes;
         stats.written_bytes += st.written_bytes;
+        stats.new_bytes += st.new_bytes;
         stats.chunks += st.chunks;
         stats.new_chunks += st.new_chunks;
         recipe.files.push(f);
@@ -363,7 +387,7 @@ fn flush_file(
     entry: &crate::digest::FileEntry,
     (pack_idx, pack_path): (u32, PathBuf),
     known: &Mutex<HashMap<[u8; 32], ChunkRef>>,
-    throttle: Option<&Throttle>,
+    (opts, throttle): (&CopyOptions, Option<&Throttle>),
     progress: &CopyProgress,
 ) -> Result<(FileRecipe, FlushStats)> {
     let src = validate::join_relative(src_root, &entry.path)?;
@@ -377,6 +401,13 @@ fn flush_file(
     let mut st = FlushStats::default();
     let mut chunks = Vec::new();
     let mut buf: Vec<u8> = Vec::with_capacity(MAX_CHUNK * 2);
+    let mut compressor = match opts.compress {
+        Some(level) => {
+            Some(zstd::bulk::Compressor::new(level).map_err(|e| StoreError::io("zstd", &src, e))?)
+        }
+        None => None,
+    };
+    let mut packed: Vec<u8> = Vec::with_capacity(MAX_CHUNK);
     let mut eof = false;
     loop {
         progress.wait_unpaused();
@@ -421,21 +452,35 @@ fn flush_file(
                             .map_err(|e| StoreError::io("create", &pack_path, e))?,
                     );
                 }
+                // Stored compressed only where that is smaller.
+                let compressed = match compressor.as_mut() {
+                    Some(z) => {
+                        packed.clear();
+                        packed.reserve(zstd::zstd_safe::compress_bound(n));
+                        z.compress_to_buffer(data, &mut packed)
+                            .map_err(|e| StoreError::io("zstd", &src, e))?;
+                        packed.len() < n
+                    }
+                    None => false,
+                };
+                let stored = if compressed { &packed[..] } else { data };
                 if let Some(t) = throttle {
-                    t.take(n as u64);
+                    t.take(stored.len() as u64);
                 }
                 pack.as_mut()
                     .expect("opened")
-                    .write_all(data)
+                    .write_all(stored)
                     .map_err(|e| StoreError::io("write", &pack_path, e))?;
                 let r = ChunkRef {
                     pack: pack_idx,
                     offset: pack_len,
-                    len: n as u32,
+                    len: stored.len() as u32,
                     digest,
+                    compressed,
                 };
-                pack_len += n as u64;
-                st.written_bytes += n as u64;
+                pack_len += stored.len() as u64;
+                st.written_bytes += stored.len() as u64;
+                st.new_bytes += n as u64;
                 st.new_chunks += 1;
                 known.lock().expect("lock").insert(digest, r);
                 r
@@ -585,6 +630,8 @@ fn rebuild_file(
     let mut hash = blake3::Hasher::new();
     let mut size = 0u64;
     let mut buf = Vec::new();
+    let mut decompressor = None;
+    let mut unpacked: Vec<u8> = Vec::with_capacity(MAX_CHUNK);
     for c in &recipe.files[i].chunks {
         let ppath = validate::join_file_name(pdir, &recipe.packs[c.pack as usize])?;
         let pack = match packs.entry(c.pack) {
@@ -601,13 +648,31 @@ fn rebuild_file(
         buf.resize(c.len as usize, 0);
         pack.read_exact_at(&mut buf, c.offset)
             .map_err(|e| StoreError::io("read", &ppath, e))?;
-        if blake3::hash(&buf).as_bytes() != &c.digest {
+        let data = if c.compressed {
+            if decompressor.is_none() {
+                decompressor = Some(
+                    zstd::bulk::Decompressor::new()
+                        .map_err(|e| StoreError::io("zstd", &ppath, e))?,
+                );
+            }
+            // At most a chunk's length comes out of a frame, whatever its header claims; a
+            // frame that is not one or says more is a damaged pack.
+            unpacked.clear();
+            let d = decompressor.as_mut().expect("made");
+            if d.decompress_to_buffer(&buf, &mut unpacked).is_err() {
+                return Err(StoreError::FileDigest { path: ppath });
+            }
+            &unpacked[..]
+        } else {
+            &buf[..]
+        };
+        if blake3::hash(data).as_bytes() != &c.digest {
             return Err(StoreError::FileDigest { path: ppath });
         }
-        hash.update(&buf);
-        size += buf.len() as u64;
+        hash.update(data);
+        size += data.len() as u64;
         if let Some((f, p)) = out.as_mut() {
-            f.write_all(&buf)
+            f.write_all(data)
                 .map_err(|e| StoreError::io("write", p.as_path(), e))?;
         }
     }

@@ -64,6 +64,8 @@ pub struct FlushConfig {
     /// Limit in MB/s over all streams of this node (leaves the job its share of the network
     /// and of the file server); 0: no limit.
     pub bandwidth_mb: u64,
+    /// How chunks are stored in shared storage: `"none"`, or `"zstd:LEVEL"` (1-19).
+    pub compress: Compress,
 }
 
 impl Default for FlushConfig {
@@ -71,6 +73,36 @@ impl Default for FlushConfig {
         FlushConfig {
             streams: 4,
             bandwidth_mb: 0,
+            compress: Compress(None),
+        }
+    }
+}
+
+/// `[flush] compress`: a zstd level, or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct Compress(pub Option<i32>);
+
+impl TryFrom<String> for Compress {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        let bad = || {
+            format!("compress = \"{s}\": expected \"none\" or \"zstd:LEVEL\" with LEVEL 1 to 19 (3 is zstd's default)")
+        };
+        match s.as_str() {
+            "none" => Ok(Compress(None)),
+            "zstd" => Ok(Compress(Some(3))),
+            _ => {
+                let level: i32 = s
+                    .strip_prefix("zstd:")
+                    .and_then(|l| l.parse().ok())
+                    .ok_or_else(bad)?;
+                if (1..=19).contains(&level) {
+                    Ok(Compress(Some(level)))
+                } else {
+                    Err(bad())
+                }
+            }
         }
     }
 }
@@ -81,6 +113,7 @@ impl FlushConfig {
         ckpt_store::copy::CopyOptions {
             streams: self.streams,
             bandwidth: (self.bandwidth_mb > 0).then_some(self.bandwidth_mb * 1_000_000),
+            compress: self.compress.0,
         }
     }
 }
@@ -574,6 +607,25 @@ mod tests {
             "[verbs_layer]",
         ] {
             assert!(text.contains(section), "{section} is documented");
+        }
+    }
+
+    #[test]
+    fn flush_compression_is_none_or_a_zstd_level() {
+        let level = |v: &str| {
+            AgentConfig::from_toml(
+                Path::new("a.toml"),
+                &format!("[flush]\ncompress = \"{v}\"\n"),
+            )
+            .map(|c| c.flush.copy_options().compress)
+        };
+        assert_eq!(level("none").unwrap(), None);
+        assert_eq!(level("zstd").unwrap(), Some(3));
+        assert_eq!(level("zstd:9").unwrap(), Some(9));
+        assert_eq!(AgentConfig::default().flush.copy_options().compress, None);
+        for bad in ["zstd:0", "zstd:23", "lz4", "zstd:fast"] {
+            let err = level(bad).unwrap_err().to_string();
+            assert!(err.contains(bad) && err.contains("zstd:LEVEL"), "{err}");
         }
     }
 

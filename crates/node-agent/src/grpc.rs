@@ -514,6 +514,7 @@ impl Agent for AgentHandler {
                             epoch = r.epoch,
                             image_bytes = stats.image_bytes,
                             written_bytes = stats.written_bytes,
+                            new_bytes = stats.new_bytes,
                             chunks = stats.chunks,
                             new_chunks = stats.new_chunks,
                             "flushed to shared storage"

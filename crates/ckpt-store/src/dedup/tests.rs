@@ -169,6 +169,7 @@ fn recipes_round_trip_and_reject_bad_references() {
                 offset: 9,
                 len: 3,
                 digest: [7; 32],
+                compressed: false,
             }],
         }],
     };
@@ -177,4 +178,74 @@ fn recipes_round_trip_and_reject_bad_references() {
     let mut bad = r.clone();
     bad.files[0].chunks[0].pack = 5;
     assert!(Recipe::decode(Path::new("R"), &bad.encode()).is_err());
+    let mut packed = r.clone();
+    packed.files[0].chunks[0].compressed = true;
+    let b = packed.encode();
+    assert_eq!(Recipe::decode(Path::new("R"), &b).unwrap(), packed);
+    assert_ne!(b, r.encode(), "the flag is in the recipe");
+}
+
+/// Page-like data that compresses about 3:1: runs of zeros and small counters between
+/// stretches of noise, as in a job's heap.
+fn compressible(n: usize, seed: u64) -> Vec<u8> {
+    let noise = noise(n, seed);
+    (0..n)
+        .map(|i| match (i / 4096) % 4 {
+            0 => noise[i],
+            1 => 0,
+            _ => (i / 8) as u8,
+        })
+        .collect()
+}
+
+#[test]
+fn compressed_chunks_rebuild_byte_for_byte_and_mix_with_plain_ones() {
+    let d = tempfile::tempdir().unwrap();
+    let shared = Staging::open(d.path().join("shared")).unwrap();
+    let src = d.path().join("local");
+    let zstd = CopyOptions {
+        compress: Some(3),
+        ..CopyOptions::default()
+    };
+    let plain = CopyOptions::default();
+    let mut pages = compressible(4 << 20, 4);
+    // Noise does not compress: those chunks stay as they are.
+    pages.extend_from_slice(&noise(1 << 20, 5));
+    let digest1 = sealed(&src, &pages);
+    let s1 = flush_epoch(&src, &shared, 1, &digest1, &zstd).unwrap();
+    assert_eq!(s1.new_bytes, s1.image_bytes);
+    assert!(
+        s1.written_bytes * 2 < s1.new_bytes,
+        "stored {} of {} bytes",
+        s1.written_bytes,
+        s1.new_bytes
+    );
+    let r1 = Recipe::read(&shared.node_dir(1, 1, "n1")).unwrap();
+    let chunks: Vec<_> = r1.files.iter().flat_map(|f| &f.chunks).collect();
+    assert!(chunks.iter().any(|c| c.compressed) && chunks.iter().any(|c| !c.compressed));
+    let out = d.path().join("rebuilt");
+    rebuild(&shared, tgt(1), &digest1, Some(&out), &zstd).unwrap();
+    assert_eq!(fs::read(out.join("images/pages-1.img")).unwrap(), pages);
+
+    // Compression turned off: the next flush stores new chunks plain and still refers to the
+    // compressed ones it finds.
+    pages[1 << 20..(1 << 20) + 4096].copy_from_slice(&noise(4096, 6));
+    let digest2 = sealed(&src, &pages);
+    let s2 = flush_epoch(&src, &shared, 2, &digest2, &plain).unwrap();
+    assert_eq!(s2.written_bytes, s2.new_bytes);
+    assert!(s2.new_bytes < s2.image_bytes / 4, "{s2:?}");
+    rebuild(&shared, tgt(2), &digest2, Some(&out), &plain).unwrap();
+    assert_eq!(fs::read(out.join("images/pages-1.img")).unwrap(), pages);
+
+    // A flipped byte inside a compressed chunk fails the rebuild, naming the pack.
+    let c = chunks.iter().find(|c| c.compressed).unwrap();
+    let pack = packs_dir(&shared, 1, "n1").join(&r1.packs[c.pack as usize]);
+    let mut pb = fs::read(&pack).unwrap();
+    pb[(c.offset + u64::from(c.len) / 2) as usize] ^= 0x10;
+    fs::write(&pack, &pb).unwrap();
+    let err = rebuild(&shared, tgt(1), &digest1, None, &zstd).unwrap_err();
+    assert!(
+        matches!(err, StoreError::FileDigest { .. }) && err.to_string().contains(".pack"),
+        "{err}"
+    );
 }
