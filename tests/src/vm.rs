@@ -3,6 +3,8 @@
 //! soft-RoCE device `rxe0` and gives real InfiniBand verbs to a test on a host that has none.
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use crate::workspace;
 
@@ -50,22 +52,100 @@ pub struct GuestRun {
 /// Boots one guest, runs `body` (bash) in it as root, and returns its status and console.
 /// `settings` are `testvm.sh run` KEY=VALUE settings (name, ip, mac, wire, timeout...).
 pub fn run(body: &str, settings: &[&str]) -> GuestRun {
+    run_watched(body, settings, &AtomicBool::new(false))
+}
+
+/// A guest whose kernel reports a CPU stuck this long has locked up (seen once under TCG on
+/// this 2-core host: both vCPUs stuck in the kernel until the run's timeout).
+const LOCKUP_STUCK_S: u64 = 120;
+
+/// Whether a console line is the kernel's soft-lockup report of a CPU stuck for at least
+/// [`LOCKUP_STUCK_S`] seconds.
+fn locked_up(line: &str) -> bool {
+    line.contains("BUG: soft lockup")
+        && line
+            .split("stuck for ")
+            .nth(1)
+            .and_then(|r| r.split('s').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .is_some_and(|n| n >= LOCKUP_STUCK_S)
+}
+
+/// [`run`], ended early (status [`LOCKED_UP`]) when its guest's kernel locks up or `abort` is
+/// set; sets `abort` itself on a lockup, so that a peer guest is ended too.
+fn run_watched(body: &str, settings: &[&str], abort: &AtomicBool) -> GuestRun {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::CommandExt;
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("guest.sh");
     std::fs::write(&file, body).expect("write guest script");
-    let out = Command::new(script())
+    let mut child = Command::new(script())
         .arg("run")
         .arg(&file)
         .args(settings)
         .stdin(Stdio::null())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own process group: QEMU and its `timeout` are ended with it.
+        .process_group(0)
+        .spawn()
         .expect("run testvm.sh");
+    let pgid = child.id() as i32;
+    // SAFETY: kill takes plain integers; the group is this harness's own child's.
+    let end_group = move || unsafe {
+        libc::kill(-pgid, libc::SIGKILL);
+    };
+    let (out, err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let stderr = std::thread::spawn(move || std::io::read_to_string(err).unwrap_or_default());
+    let mut console = String::new();
+    let mut lockup = false;
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        // Ends the guest when its peer locked up, even while it prints nothing.
+        scope.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                if abort.load(Ordering::Relaxed) {
+                    end_group();
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+        });
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if !lockup && locked_up(&line) {
+                lockup = true;
+                abort.store(true, Ordering::Relaxed);
+                end_group();
+            }
+            console.push_str(&line);
+            console.push('\n');
+        }
+        done.store(true, Ordering::Relaxed);
+    });
+    let status = child.wait().expect("wait for testvm.sh");
+    console.push_str(&stderr.join().unwrap_or_default());
+    let ended = abort.load(Ordering::Relaxed);
+    if ended {
+        // Whatever QEMU the group left behind.
+        end_group();
+    }
     GuestRun {
-        status: out.status.code().unwrap_or(-1),
-        console: String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr),
+        status: if ended {
+            LOCKED_UP
+        } else {
+            status.code().unwrap_or(-1)
+        },
+        console: if lockup {
+            console + "testvm: the guest's kernel locked up; ended\n"
+        } else {
+            console
+        },
     }
 }
+
+/// The status of a guest run ended because its kernel, or its peer's, locked up.
+pub const LOCKED_UP: i32 = 124;
 
 /// Boots one guest (2 GiB) named `name` that runs the workspace's `script` with the variables
 /// `env` (`K=V ...`) exported, within `timeout_s`; panics unless it ends with status 0.
@@ -97,6 +177,42 @@ pub fn run_two(
     port: u16,
     timeout_s: u32,
 ) -> (GuestRun, GuestRun) {
+    for attempt in 1..=2 {
+        let (a, b) = two_once(name, script, env, port, timeout_s);
+        if (a.status == LOCKED_UP || b.status == LOCKED_UP) && attempt == 1 {
+            // The guest kernel hung, not the test: said, and tried once more.
+            eprintln!(
+                "NOTE: a guest kernel locked up (soft lockup); running both guests again:\n{}{}",
+                tail(&a.console),
+                tail(&b.console)
+            );
+            continue;
+        }
+        assert_eq!(
+            a.status, 0,
+            "guest a: {}\nguest b: {}",
+            a.console, b.console
+        );
+        assert_eq!(b.status, 0, "guest b: {}", b.console);
+        return (a, b);
+    }
+    unreachable!("the second attempt returns or panics")
+}
+
+/// The last lines of a console.
+fn tail(console: &str) -> String {
+    let lines: Vec<&str> = console.lines().collect();
+    lines[lines.len().saturating_sub(8)..].join("\n") + "\n"
+}
+
+/// One run of [`run_two`]'s guests, ended together if either kernel locks up.
+fn two_once(
+    name: &str,
+    script: &str,
+    env: &str,
+    port: u16,
+    timeout_s: u32,
+) -> (GuestRun, GuestRun) {
     let script = crate::workspace().join(script);
     let body = |role: &str| format!("export ROLE={role} {env}\nbash {}\n", script.display());
     let share = tempfile::tempdir().expect("share dir");
@@ -114,22 +230,17 @@ pub fn run_two(
         ];
         (body(role), settings)
     };
+    let abort = Arc::new(AtomicBool::new(false));
     let (body_b, set_b) = guest("b", port + 1, port, "1536");
+    let abort_b = Arc::clone(&abort);
     let b = std::thread::spawn(move || {
         let set: Vec<&str> = set_b.iter().map(String::as_str).collect();
-        run(&body_b, &set)
+        run_watched(&body_b, &set, &abort_b)
     });
     let (body_a, set_a) = guest("a", port, port + 1, "2048");
     let set: Vec<&str> = set_a.iter().map(String::as_str).collect();
-    let a = run(&body_a, &set);
-    let b = b.join().expect("guest b");
-    assert_eq!(
-        a.status, 0,
-        "guest a: {}\nguest b: {}",
-        a.console, b.console
-    );
-    assert_eq!(b.status, 0, "guest b: {}", b.console);
-    (a, b)
+    let a = run_watched(&body_a, &set, &abort);
+    (a, b.join().expect("guest b"))
 }
 
 /// Runs the named tests of the calling test binary again inside one guest (`name`: the guest's
@@ -159,5 +270,19 @@ pub fn rerun_in_guest_with(name: &str, tests: &[&str], env: &[(&str, String)]) {
     assert!(r.console.contains(&want), "all ran: {}", r.console);
     for line in ["SKIPPED", "NOTE:"] {
         assert!(!r.console.contains(line), "nothing skipped: {}", r.console);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_cpu_stuck_for_long_is_a_lockup() {
+        let line = |s| {
+            format!("[  872.8] watchdog: BUG: soft lockup - CPU#1 stuck for {s}s! [ld-linux-x86-64:316]")
+        };
+        assert!(super::locked_up(&line(778)));
+        assert!(super::locked_up(&line(120)));
+        assert!(!super::locked_up(&line(22)));
+        assert!(!super::locked_up("stuck for 500s"));
     }
 }
