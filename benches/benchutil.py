@@ -333,6 +333,16 @@ class Daemon(Ckptctl):
     def epochs(self, jid):
         return json.loads(self.ctl("--json", "epochs", jid)[0].stdout)
 
+    def wait_durable(self, jid, n, limit, interval=0.2):
+        """Waits up to `limit` s until epoch `n` of `jid` is durable (or shared-only) and
+        returns its `ckptctl epochs` entry; a failed flush is a BenchError."""
+        def durable():
+            es = {x["epoch"]: x for x in self.epochs(jid)}
+            if es[n]["storage"] == "flush-failed":
+                raise BenchError(f"flush of epoch {n} failed: {es[n]}")
+            return es[n] if es[n]["storage"] in ("durable", "shared-only") else None
+        return wait_until(durable, limit, f"epoch {n} to be durable", interval)
+
     def stop(self, jid):
         if jid:
             self.ctl("cancel", jid, timeout=60, check=False)

@@ -33,7 +33,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchutil import (  # noqa: E402
-    REPO, BenchError, Daemon, common_args, emit, keep_or_remove, log, machine_info, mono,
+    REPO, Daemon, common_args, emit, keep_or_remove, log, machine_info, mono,
     progress_lines, run, stage, wait_until)
 
 
@@ -49,14 +49,7 @@ def one(tmp, bindir, setting, cmd, n):
         stdout = os.path.join(d.dir, "state", "jobs", jid, "stdout")
         wait_until(lambda: progress_lines(stdout) >= 2, 300, "two progress lines of the job")
         e = json.loads(d.ctl("--json", "checkpoint", jid, "--wait")[0].stdout)
-        num = e["epoch"]
-
-        def durable():
-            es = {x["epoch"]: x for x in d.epochs(jid)}
-            if es[num]["storage"] == "flush-failed":
-                raise BenchError(f"flush of epoch {num} failed: {es[num]}")
-            return es[num] if es[num]["storage"] in ("durable", "shared-only") else None
-        x = wait_until(durable, 900, f"epoch {num} to be durable", 0.1)
+        x = d.wait_durable(jid, e["epoch"], 900, 0.1)
         return x["image_bytes"], x["shared_bytes"], x["flush_ms"]
     finally:
         d.stop(jid)

@@ -67,13 +67,7 @@ def main():
                        "a new step of the job")
             e = json.loads(d.ctl("--json", "checkpoint", jid, "--wait")[0].stdout)
             n = e["epoch"]
-
-            def durable():
-                es = {x["epoch"]: x for x in d.epochs(jid)}
-                if es[n]["storage"] == "flush-failed":
-                    raise BenchError(f"flush of epoch {n} failed: {es[n]}")
-                return es[n] if es[n]["storage"] in ("durable", "shared-only") else None
-            x = wait_until(durable, 600, f"epoch {n} to be durable", 0.2)
+            x = d.wait_durable(jid, n, 600)
             rows.append((n, x["image_bytes"], x["shared_bytes"], x["flush_ms"]))
             log(f"epoch {n}: {x['image_bytes'] / 2**20:.1f} MiB image, "
                 f"{x['shared_bytes'] / 2**20:.1f} MiB written to shared storage")
