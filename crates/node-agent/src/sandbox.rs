@@ -203,7 +203,7 @@ pub async fn create(
             Err(e) => {
                 let _ = run("ip", &["link", "del", tmp], None).await;
                 remove(&path).await;
-                if e.contains("Address already in use") && begin.elapsed() < ADDRESS_RELEASE {
+                if transient(&e) && begin.elapsed() < ADDRESS_RELEASE {
                     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
                     continue;
                 }
@@ -214,6 +214,14 @@ pub async fn create(
             }
         }
     }
+}
+
+/// Whether a failed [`attempt`] may succeed when tried again: the address is still held by a
+/// namespace being torn down, or another `ip netns add` on this host (another agent's, on a
+/// test host) was making `/run/netns` a mount point at the same moment and hid the new file.
+fn transient(e: &str) -> bool {
+    e.contains("Address already in use")
+        || (e.contains("/run/netns/") && e.contains("No such file or directory"))
 }
 
 /// How long a job address may stay held by a namespace being torn down.
@@ -326,6 +334,16 @@ pub fn netns_inode(pid: i32) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_namespace_file_hidden_by_a_concurrent_netns_add_is_tried_again() {
+        let raced = "`ip netns add ckpt-n3-1`: Bind /proc/self/ns/net -> /run/netns/ckpt-n3-1 failed: No such file or directory";
+        assert!(super::transient(raced));
+        assert!(super::transient(
+            "RTNETLINK answers: Address already in use"
+        ));
+        assert!(!super::transient("`ip netns add x`: Permission denied"));
+    }
+
     use super::*;
 
     #[test]
