@@ -125,11 +125,9 @@ fn run_watched(body: &str, settings: &[&str], abort: &AtomicBool) -> GuestRun {
     });
     let status = child.wait().expect("wait for testvm.sh");
     console.push_str(&stderr.join().unwrap_or_default());
+    // The group was killed before testvm.sh was reaped: its id is not signalled again, as it
+    // may belong to another process group by now.
     let ended = abort.load(Ordering::Relaxed);
-    if ended {
-        // Whatever QEMU the group left behind.
-        end_group();
-    }
     GuestRun {
         status: if ended {
             LOCKED_UP
