@@ -64,6 +64,19 @@ fn checkpoint_kill_restart(mpi: Mpi) {
         want,
         "restart from epoch 2 reaches the uninterrupted answer"
     );
+    // A job of one part is not held, and its few MiB of page data are verified before CRIU
+    // starts rather than behind the gate (`[criu] restore_gate_min_mb`).
+    let log = std::fs::read_to_string(d.dir.path().join("ckptd.log")).unwrap();
+    let restored = log
+        .lines()
+        .find(|l| l.contains("job restored"))
+        .expect("the agent logs the restore");
+    assert!(
+        restored.contains("held=false")
+            && restored.contains("behind_gate=false")
+            && !restored.contains("released"),
+        "{restored}"
+    );
 
     // Checkpointing a finished job is refused with the fix in the message.
     let done = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
@@ -96,7 +109,11 @@ fn openmpi_checkpoint_twice_kill_restart() {
 fn corrupt_image_is_refused_before_restore_and_older_epoch_still_works() {
     skip_unless_ready!("mpiexec.mpich", "mpicc.mpich");
     let want = Mpi::Mpich.reference_checksum(RANKS, N, ITERS);
-    let d = Ckptd::start(Options::default());
+    // Page data verified while CRIU restores, however little (the keys land in [agent.criu]).
+    let d = Ckptd::start(Options {
+        agent_toml: "restore_gate_min_mb = 0\n".into(),
+        ..Options::default()
+    });
     let job = d.run_job("heat", &heat(Mpi::Mpich));
     d.wait_progress(job, 1, LIMIT);
     d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
@@ -160,6 +177,12 @@ fn corrupt_image_is_refused_before_restore_and_older_epoch_still_works() {
     );
     assert!(said.contains("restarted from epoch 1"), "{out:?}");
     assert_eq!(d.wait_checksum(job, LIMIT), want);
+    let log = std::fs::read_to_string(d.dir.path().join("ckptd.log")).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("job restored") && l.contains("behind_gate=true")),
+        "epoch 1 was restored behind the gate: {log}"
+    );
 }
 
 #[test]

@@ -262,7 +262,10 @@ impl Coordinator {
         });
         // Every node restores its part frozen, with the part's TCP ports blocked; only when all
         // are restored are they released together. A node released early would exchange
-        // packets with peers that do not exist yet and get its connections reset.
+        // packets with peers that do not exist yet and get its connections reset. A job of one
+        // part has no such peers: its engine brings every end of its connections back at once,
+        // and it runs as soon as it is restored (saving the hold and a release round).
+        let hold = epoch.nodes.len() > 1;
         let d = self.cfg.deadlines.restore;
         let calls = epoch.nodes.iter().map(|source| {
             // A part that moves restores the images of the node it ran on: from a partner
@@ -278,7 +281,7 @@ impl Coordinator {
                 job_id: id,
                 epoch: number,
                 manifest_digest: epoch.manifests.get(source).cloned().unwrap_or_default(),
-                hold: true,
+                hold,
                 token: job.token.clone(),
                 shared_durable: epoch.is_durable(),
                 partner_address: self.agents.address(&partner).unwrap_or_default(),
@@ -305,16 +308,17 @@ impl Coordinator {
                     .call(n, "restore", d, |mut c| async move { c.restore(req).await })
                     .await;
                 if let Ok(reply) = &r {
+                    let held = if hold { " (held)" } else { "" };
                     let message = match reply.source() {
                         pb::CopyLocation::Local | pb::CopyLocation::Unspecified if !moved => {
-                            format!("node {n} restored (held)")
+                            format!("node {n} restored{held}")
                         }
                         _ if moved => format!(
-                            "node {n} restored (held) {source}'s part from its {} copy",
+                            "node {n} restored{held} {source}'s part from its {} copy",
                             reply.source().name()
                         ),
                         other => format!(
-                            "node {n} restored (held) from its {} copy; {}",
+                            "node {n} restored{held} from its {} copy; {}",
                             other.name(),
                             reply.note
                         ),
@@ -364,8 +368,10 @@ impl Coordinator {
             }
         }
         let kill = failure.is_some();
+        // Unheld parts run already (and are killed like the others if the restart failed).
+        let to_release: &[String] = if hold || kill { &restored } else { &[] };
         let released = self
-            .on_all_collect(&restored, "release", self.cfg.deadlines.resume, |mut c| {
+            .on_all_collect(to_release, "release", self.cfg.deadlines.resume, |mut c| {
                 let req = pb::ReleaseRequest { job_id: id, kill };
                 async move { c.release(req).await }
             })

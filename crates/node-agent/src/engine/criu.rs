@@ -337,6 +337,10 @@ impl SnapshotEngine for Criu {
         Some(is_page_data)
     }
 
+    fn gate_min_bytes(&self) -> u64 {
+        self.cfg.restore_gate_min_mb << 20
+    }
+
     fn restore_failed(&self, status: String, log: &Path) -> EngineError {
         EngineError::Failed {
             op: "restore",

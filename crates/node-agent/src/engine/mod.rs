@@ -138,6 +138,11 @@ pub trait SnapshotEngine: Send + Sync + Debug {
     fn memory_only(&self) -> Option<fn(&str) -> bool> {
         None
     }
+    /// Memory-only files totalling fewer bytes than this are verified before the restore all
+    /// the same: gating has a cost of its own, which verifying that little does not exceed.
+    fn gate_min_bytes(&self) -> u64 {
+        0
+    }
     /// The command line that restores a tree, detached, and writes the root PID to `pid_file`.
     fn restore_argv(&self, spec: &RestoreSpec<'_>) -> Vec<String>;
     /// Turns a failed restore's exit status and log into an error.

@@ -54,10 +54,11 @@ impl Jobs {
     /// the shim run the engine's restore.
     ///
     /// Page data files of a local copy (only memory contents, see
-    /// [`crate::engine::SnapshotEngine::memory_only`]) are verified while the engine restores,
-    /// everything else before it starts; no restored process runs before the page data has
-    /// passed ([`gate`]). If it does not pass, the attempt is repeated with every file verified
-    /// first, as with copies from elsewhere.
+    /// [`crate::engine::SnapshotEngine::memory_only`]) are verified while the engine restores
+    /// when there are enough of them to be worth it (`[criu] restore_gate_min_mb`), everything
+    /// else before it starts; no restored process runs before the page data has passed
+    /// ([`gate`]). If it does not pass, the attempt is repeated with every file verified first,
+    /// as with copies from elsewhere.
     #[instrument(skip_all, fields(phase = "restore", job = job_id, epoch = epoch, node = self.node()))]
     pub async fn restore(
         &self,
@@ -83,7 +84,7 @@ impl Jobs {
             Err(error) if pages_refused => {
                 // The gate killed the tree before it ran. Verifying everything first may find
                 // an intact copy elsewhere, and names what is damaged as always.
-                warn!(job = job_id, epoch, %error, "page data refused while restoring (the restored processes were killed before they ran); verifying every file first");
+                warn!(job = job_id, epoch, %error, "page data refused while restoring (before any restored process ran); verifying every file first");
                 self.restore_from(
                     job_id,
                     epoch,
@@ -140,6 +141,7 @@ impl Jobs {
             .usable_images(job_id, epoch, committed_digest, sources, later)
             .await?;
         let verify_ms = verify_begin.elapsed().as_millis() as u64;
+        let page_bytes: u64 = unverified.iter().map(|e| e.size).sum();
         let mut pages = (!unverified.is_empty()).then(|| {
             let dir = node_dir.clone();
             tokio::task::spawn_blocking(move || {
@@ -247,16 +249,26 @@ impl Jobs {
         // What must hold before a restored process runs (the page data verified, the TCP hold
         // in place) is done while the engine restores, which waits for it at the gate; without
         // a gate, before the engine starts.
-        let gate = if later.is_some() {
+        let gate = if later.is_some() && page_bytes >= self.engine.gate_min_bytes() {
             open_gate(&job.dir, &run_dir)
                 .map_err(|e| warn!(job = job_id, error = %e, "cannot make the restore gate; verifying and holding before the restore"))
                 .ok()
         } else {
             None
         };
+        let mut pages_ms = None;
         if gate.is_none() {
             if let Some(check) = pages.take() {
-                check_pages(job_id, check).await?;
+                match check_pages(job_id, check).await {
+                    Ok(took) => pages_ms = Some(took.as_millis() as u64),
+                    Err(e) => {
+                        // As if refused at the gate: tried again with every file verified.
+                        if let Some(refused) = gated {
+                            *refused = true;
+                        }
+                        return Err(e);
+                    }
+                }
             }
             if hold {
                 self.hold_tcp(job_id, sandboxed, &m.tcp_ports).await?;
@@ -272,6 +284,7 @@ impl Jobs {
             gate: gate.as_ref().map(|_| self.shim_exe.as_path()),
         });
         let prepare_ms = prepare_begin.elapsed().as_millis() as u64;
+        let behind_gate = gate.is_some();
         let gate_path = gate.as_ref().map(|g| g.path().to_path_buf());
         let engine = async {
             let lock = machine_restore_lock().await;
@@ -315,7 +328,6 @@ impl Jobs {
             Some((gate, checked, held))
         };
         let ((started, engine_ms), verdict) = tokio::join!(engine, verdict);
-        let mut pages_ms = None;
         if let Some((_gate, checked, held)) = verdict {
             let refused = match (checked, held) {
                 (Ok(took), Ok(())) => {
@@ -394,7 +406,8 @@ impl Jobs {
             source = source.name(),
             held = hold,
             verify_ms,
-            pages_verified_during_restore_ms = pages_ms,
+            pages_verify_ms = pages_ms,
+            behind_gate,
             prepare_ms,
             engine_ms,
             "job restored{}",
