@@ -3,10 +3,12 @@
 
 use std::collections::BTreeMap;
 use std::fs;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use tokio::io::AsyncReadExt;
 use tracing::{info, instrument};
 
 use crate::error::AgentError;
@@ -153,6 +155,27 @@ fn pid_base(job: u64) -> u32 {
     ((job % slots) * 1000) as u32
 }
 
+/// A pipe whose ends are closed on exec (the agent lets the shim inherit the write end).
+fn ready_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills the two-element array it is given.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just opened and are owned by nothing else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// The end of a shim's log, for an error message.
+fn shim_log_tail(log: &str) -> String {
+    let tail: Vec<&str> = log.lines().rev().take(3).collect();
+    if tail.is_empty() {
+        "it printed nothing".into()
+    } else {
+        tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+    }
+}
+
 /// Largest chunk of each stream one poll returns.
 const POLL_CHUNK: u64 = 1 << 20;
 
@@ -175,6 +198,8 @@ impl Jobs {
         job.cgroup
             .create()
             .map_err(|source| AgentError::Cgroup { job: id, source })?;
+        let (ready, ready_w) = ready_pipe().map_err(io("create a pipe for", &run_dir))?;
+        let ready_fd = ready_w.as_raw_fd();
         let spec = ShimSpec {
             mode,
             cgroup_procs: job.cgroup.procs_file(),
@@ -182,6 +207,7 @@ impl Jobs {
             stderr: job.dir.join("stderr"),
             run_dir: run_dir.clone(),
             output_owner: Some((owner.uid, owner.gid)),
+            ready_fd: Some(ready_fd),
         };
         let spec_path = run_dir.join(shim::SPEC);
         // It holds the job's secret and whole environment.
@@ -205,11 +231,14 @@ impl Jobs {
             .stdin(std::process::Stdio::null())
             .stdout(log)
             .stderr(log2);
-        // SAFETY: setsid is async-signal-safe; the shim leaves the agent's session so that
-        // stopping the agent does not stop jobs.
+        // SAFETY: setsid and fcntl are async-signal-safe; the shim leaves the agent's session
+        // so that stopping the agent does not stop jobs, and it alone inherits the pipe.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 libc::setsid();
+                if libc::fcntl(ready_fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 Ok(())
             });
         }
@@ -225,20 +254,32 @@ impl Jobs {
         tokio::spawn(async move {
             let _ = child.wait().await;
         });
+        // Only the shim holds the write end now: its byte, or its end-of-file if it dies.
+        drop(ready_w);
         let started_file = run_dir.join(shim::STARTED);
-        let begin = Instant::now();
-        let started = loop {
-            if let Some(s) = shim::read_json::<Started>(&started_file) {
-                break s;
-            }
-            if begin.elapsed() > timeout {
+        let mut ready =
+            tokio::net::unix::pipe::Receiver::from_owned_fd(ready).map_err(io("read", &run_dir))?;
+        let mut byte = [0u8; 1];
+        let told = tokio::time::timeout(timeout, ready.read(&mut byte)).await;
+        let started = match told {
+            Err(_) => {
                 return Err(AgentError::Timeout {
                     job: id,
                     what: "job start",
                     waited: timeout,
-                });
+                })
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            Ok(_) => shim::read_json::<Started>(&started_file).ok_or_else(|| {
+                let log = fs::read_to_string(run_dir.join("shim.log")).unwrap_or_default();
+                AgentError::Start {
+                    job: id,
+                    message: format!(
+                        "the job shim ended before it wrote {}: {}",
+                        started_file.display(),
+                        shim_log_tail(&log)
+                    ),
+                }
+            })?,
         };
         match started {
             Started::Running { root_pid } => {

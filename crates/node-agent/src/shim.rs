@@ -101,6 +101,11 @@ pub struct ShimSpec {
     /// Uid and gid that own `stdout` and `stderr` (mode 0600); none: left as they are.
     #[serde(default)]
     pub output_owner: Option<(u32, u32)>,
+    /// A pipe's write end, inherited from the agent: one byte is written to it once
+    /// `started.json` is, so the agent need not poll for the file; its end-of-file without that
+    /// byte tells the agent the shim died first. Kept from the job and the engine.
+    #[serde(default)]
+    pub ready_fd: Option<i32>,
 }
 
 /// Written once the job's root process runs (or could not be started).
@@ -190,19 +195,38 @@ pub fn main(spec_path: &Path) -> i32 {
             return 2;
         }
     };
-    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) takes integer arguments only.
-    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) takes integer arguments only; fcntl on a
+    // descriptor number (an error, if it is not open, is ignored).
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+        if let Some(fd) = spec.ready_fd {
+            libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        }
+    }
     let started = spec.run_dir.join(STARTED);
     let root = match start(&spec) {
         Ok(pid) => pid,
         Err(error) => {
             write_json(&started, &Started::Failed { error });
+            tell_ready(spec.ready_fd);
             return 1;
         }
     };
     write_json(&started, &Started::Running { root_pid: root });
+    tell_ready(spec.ready_fd);
     reap_until_empty(root, &spec.run_dir.join(EXIT));
     0
+}
+
+/// Writes the byte that tells the agent `started.json` is there, and closes the pipe.
+fn tell_ready(fd: Option<i32>) {
+    if let Some(fd) = fd {
+        // SAFETY: a one-byte buffer that outlives the call; the descriptor is ours to close.
+        unsafe {
+            libc::write(fd, b"1".as_ptr().cast(), 1);
+            libc::close(fd);
+        }
+    }
 }
 
 fn cgroup_join_path(spec: &ShimSpec) -> Result<CString, String> {

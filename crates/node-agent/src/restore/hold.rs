@@ -109,6 +109,14 @@ pub(super) async fn clear_stale_sockets(ports: &[u16]) {
     if ports.is_empty() {
         return;
     }
+    // Reading the kernel's tables costs far less than running ss, which is needed only if
+    // there is something to destroy (or the tables cannot be read).
+    let tables = ["/proc/net/tcp", "/proc/net/tcp6"].map(std::fs::read_to_string);
+    if tables.iter().all(Result::is_ok)
+        && !tables.iter().flatten().any(|t| has_stale_socket(t, ports))
+    {
+        return;
+    }
     let filter = ports
         .iter()
         .map(|p| format!("sport = :{p}"))
@@ -131,9 +139,51 @@ pub(super) async fn clear_stale_sockets(ports: &[u16]) {
     }
 }
 
+/// The same states as [`STALE_TCP_STATES`], as `/proc/net/tcp` numbers them.
+const STALE_TCP_CODES: [&str; 5] = ["06", "04", "05", "0B", "09"];
+
+/// Whether a `/proc/net/tcp` or `/proc/net/tcp6` table lists a socket on one of `ports` (local
+/// side) in one of the stale states. A line it cannot read counts as such a socket.
+fn has_stale_socket(table: &str, ports: &[u16]) -> bool {
+    table.lines().skip(1).any(|line| {
+        let mut fields = line.split_whitespace().skip(1);
+        let (Some(local), Some(_remote), Some(state)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            return true;
+        };
+        let Some(port) = local
+            .rsplit_once(':')
+            .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
+        else {
+            return true;
+        };
+        ports.contains(&port) && STALE_TCP_CODES.contains(&state)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stale_sockets_on_the_job_ports_are_found_in_the_kernel_table() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+   0: 00000000:07E8 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1145 1\n\
+   1: 0100007F:A1B2 0100007F:07E8 06 00000000:00000000 03:00000E5A 00000000     0        0 0 3\n";
+        // 0xA1B2 = 41394 is in TIME_WAIT; 0x07E8 = 2024 listens.
+        assert!(has_stale_socket(table, &[41394]));
+        assert!(!has_stale_socket(table, &[2024]), "a listener is not stale");
+        assert!(!has_stale_socket(table, &[5000]));
+        let v6 = "  sl  local_address                         remote_address                        st\n\
+   0: 00000000000000000000000001000000:A1B2 00000000000000000000000001000000:07E8 04 0\n";
+        assert!(has_stale_socket(v6, &[41394]), "FIN_WAIT1 over IPv6");
+        assert!(
+            has_stale_socket("header\ngarbage\n", &[1]),
+            "unreadable: ss decides"
+        );
+        assert!(!has_stale_socket("header only\n", &[1]));
+    }
 
     #[test]
     fn addresses_not_on_this_node_are_told_apart() {
