@@ -64,19 +64,17 @@ fn checkpoint_kill_restart(mpi: Mpi) {
         want,
         "restart from epoch 2 reaches the uninterrupted answer"
     );
-    // A job of one part is not held, and its few MiB of page data are verified before CRIU
-    // starts rather than behind the gate (`[criu] restore_gate_min_mb`).
+    // A job of one part is not held, and the few MiB of page data of the MPICH job are
+    // verified before CRIU starts rather than behind the gate (`[criu] restore_gate_min_mb`).
     let log = std::fs::read_to_string(d.dir.path().join("ckptd.log")).unwrap();
     let restored = log
         .lines()
         .find(|l| l.contains("job restored"))
         .expect("the agent logs the restore");
-    assert!(
-        restored.contains("held=false")
-            && restored.contains("behind_gate=false")
-            && !restored.contains("released"),
-        "{restored}"
-    );
+    assert!(restored.contains("held=false"), "{restored}");
+    if mpi == Mpi::Mpich {
+        assert!(restored.contains("behind_gate=false"), "{restored}");
+    }
 
     // Checkpointing a finished job is refused with the fix in the message.
     let done = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
@@ -157,8 +155,10 @@ fn corrupt_image_is_refused_before_restore_and_older_epoch_still_works() {
     // any restored process ran, and the restore was tried again with everything verified first.
     let log = std::fs::read_to_string(d.dir.path().join("ckptd.log")).unwrap();
     assert!(
-        log.lines()
-            .any(|l| l.contains("page data refused while restoring") && l.contains(&name)),
+        log.lines().any(
+            |l| l.contains("page data refused before any restored process ran")
+                && l.contains(&name)
+        ),
         "the gate refused the page data: {log}"
     );
     assert_eq!(

@@ -337,6 +337,8 @@ impl Coordinator {
         let mut incarnation = 0;
         let mut failure = None;
         let mut restored = Vec::new();
+        // Nodes that did not answer in time may still finish restoring their part.
+        let mut late = Vec::new();
         let mut channels = 0;
         for (source, n, r) in results {
             match r {
@@ -349,6 +351,9 @@ impl Coordinator {
                     restored.push(n);
                 }
                 Err(mut e) => {
+                    if e.kind == FailureKind::Deadline {
+                        late.push(n.clone());
+                    }
                     if e.kind == FailureKind::Unreachable && !moves.values().any(|m| *m == n) {
                         // A node lost for good: its part can run elsewhere.
                         e.message = format!(
@@ -368,13 +373,23 @@ impl Coordinator {
             }
         }
         let kill = failure.is_some();
-        // Unheld parts run already (and are killed like the others if the restart failed).
-        let to_release: &[String] = if hold || kill { &restored } else { &[] };
+        // Unheld parts run already; if the restart failed, every part restored is killed, and
+        // so is one a late node may still finish (its agent kills it once the restore is done).
+        let to_release: Vec<String> = match (hold, kill) {
+            (_, true) => restored.iter().chain(&late).cloned().collect(),
+            (true, false) => restored.clone(),
+            (false, false) => Vec::new(),
+        };
         let released = self
-            .on_all_collect(to_release, "release", self.cfg.deadlines.resume, |mut c| {
-                let req = pb::ReleaseRequest { job_id: id, kill };
-                async move { c.release(req).await }
-            })
+            .on_all_collect(
+                &to_release,
+                "release",
+                self.cfg.deadlines.resume,
+                |mut c| {
+                    let req = pb::ReleaseRequest { job_id: id, kill };
+                    async move { c.release(req).await }
+                },
+            )
             .await;
         for (_, r) in released {
             if let Err(e) = r {

@@ -111,7 +111,15 @@ pub(super) async fn clear_stale_sockets(ports: &[u16]) {
     }
     // Reading the kernel's tables costs far less than running ss, which is needed only if
     // there is something to destroy (or the tables cannot be read).
-    let tables = ["/proc/net/tcp", "/proc/net/tcp6"].map(std::fs::read_to_string);
+    // Without IPv6 there is no tcp6 table.
+    let mut tables = Vec::new();
+    for path in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        match tokio::fs::read_to_string(path).await {
+            Ok(t) => tables.push(Ok(t)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && path.ends_with('6') => {}
+            Err(e) => tables.push(Err(e)),
+        }
+    }
     if tables.iter().all(Result::is_ok)
         && !tables.iter().flatten().any(|t| has_stale_socket(t, ports))
     {

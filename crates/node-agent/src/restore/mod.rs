@@ -84,7 +84,7 @@ impl Jobs {
             Err(error) if pages_refused => {
                 // The gate killed the tree before it ran. Verifying everything first may find
                 // an intact copy elsewhere, and names what is damaged as always.
-                warn!(job = job_id, epoch, %error, "page data refused while restoring (before any restored process ran); verifying every file first");
+                warn!(job = job_id, epoch, %error, "page data refused before any restored process ran; verifying every file first");
                 self.restore_from(
                     job_id,
                     epoch,
@@ -374,17 +374,25 @@ impl Jobs {
                 pid
             }
             Ok(pid) => {
-                if let Err(e) = verify_restored(job_id, &job.cgroup, &owner) {
-                    let _ = job.cgroup.kill_all();
-                    return Err(e);
-                }
-                // The engine recreates a missing cgroup with the freezer state it had at dump
-                // time (frozen); the job must run.
-                if job.cgroup.state().map(|s| s != "THAWED").unwrap_or(false) {
-                    job.cgroup.thaw().map_err(|source| AgentError::Cgroup {
+                // Checked frozen, as a held part is, so that no restored process can act
+                // while it is checked; then it runs.
+                let checked = job
+                    .cgroup
+                    .freeze()
+                    .map_err(|source| AgentError::Cgroup {
                         job: job_id,
                         source,
-                    })?;
+                    })
+                    .and_then(|()| verify_restored(job_id, &job.cgroup, &owner))
+                    .and_then(|()| {
+                        job.cgroup.thaw().map_err(|source| AgentError::Cgroup {
+                            job: job_id,
+                            source,
+                        })
+                    });
+                if let Err(e) = checked {
+                    let _ = job.cgroup.kill_all();
+                    return Err(e);
                 }
                 pid
             }
