@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -155,17 +155,6 @@ fn pid_base(job: u64) -> u32 {
     ((job % slots) * 1000) as u32
 }
 
-/// A pipe whose ends are closed on exec (the agent lets the shim inherit the write end).
-fn ready_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 fills the two-element array it is given.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: both descriptors were just opened and are owned by nothing else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
 /// The end of a shim's log, for an error message.
 fn shim_log_tail(log: &str) -> String {
     let tail: Vec<&str> = log.lines().rev().take(3).collect();
@@ -198,7 +187,8 @@ impl Jobs {
         job.cgroup
             .create()
             .map_err(|source| AgentError::Cgroup { job: id, source })?;
-        let (ready, ready_w) = ready_pipe().map_err(io("create a pipe for", &run_dir))?;
+        let (ready, ready_w) =
+            crate::clone_into::pipe_cloexec().map_err(io("create a pipe for", &run_dir))?;
         let ready_fd = ready_w.as_raw_fd();
         let spec = ShimSpec {
             mode,

@@ -17,6 +17,7 @@
 
 mod cgroup;
 mod checkpoint;
+mod clone_into;
 pub mod config;
 mod copies;
 mod engine;

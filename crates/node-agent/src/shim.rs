@@ -584,37 +584,58 @@ fn start(spec: &ShimSpec) -> Result<i32, String> {
                 None => None,
             };
             let netns_fd = netns.as_ref().map(|f| f.as_raw_fd());
-            let mut cmd = Command::new(prog);
-            cmd.args(args)
-                .stdin(Stdio::null())
-                .stdout(stdout)
-                .stderr(stderr);
-            if let Some(gate) = gate {
-                cmd.env(crate::restore::gate::ENV, gate);
-            }
-            // SAFETY: async-signal-safe calls only, on memory allocated before the fork.
-            unsafe {
-                cmd.pre_exec(move || {
-                    join_cgroup(&procs)?;
-                    cloexec_inherited_fds()?;
-                    if let Some(fd) = netns_fd {
-                        // dup2 clears close-on-exec on the copy, but does nothing when the
-                        // descriptor already has the number.
-                        if fd == RESTORE_NETNS_FD {
-                            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                                return Err(io::Error::last_os_error());
+            let gate_env = gate
+                .as_ref()
+                .map(|g| (crate::restore::gate::ENV, g.as_os_str()));
+            // Born in the job's cgroup where the kernel can, else joining it before exec.
+            let born = match spec.cgroup_procs.parent() {
+                Some(cgroup) => crate::clone_into::spawn(
+                    cgroup,
+                    &crate::clone_into::Child {
+                        argv,
+                        env: gate_env.into_iter().collect(),
+                        stdout: &stdout,
+                        stderr: &stderr,
+                        pass: netns_fd.map(|fd| (fd, RESTORE_NETNS_FD)),
+                    },
+                )
+                .map_err(|e| format!("cannot start {prog}: {e}"))?,
+                None => None,
+            };
+            let child = match born {
+                Some(pid) => pid,
+                None => {
+                    let mut cmd = Command::new(prog);
+                    cmd.args(args)
+                        .stdin(Stdio::null())
+                        .stdout(stdout)
+                        .stderr(stderr);
+                    cmd.envs(gate_env);
+                    // SAFETY: async-signal-safe calls only, on memory allocated before the fork.
+                    unsafe {
+                        cmd.pre_exec(move || {
+                            join_cgroup(&procs)?;
+                            cloexec_inherited_fds()?;
+                            if let Some(fd) = netns_fd {
+                                // dup2 clears close-on-exec on the copy, but does nothing when
+                                // the descriptor already has the number.
+                                if fd == RESTORE_NETNS_FD {
+                                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                                        return Err(io::Error::last_os_error());
+                                    }
+                                } else if libc::dup2(fd, RESTORE_NETNS_FD) < 0 {
+                                    return Err(io::Error::last_os_error());
+                                }
                             }
-                        } else if libc::dup2(fd, RESTORE_NETNS_FD) < 0 {
-                            return Err(io::Error::last_os_error());
-                        }
+                            Ok(())
+                        });
                     }
-                    Ok(())
-                });
-            }
-            let child = cmd
-                .spawn()
-                .map_err(|e| format!("cannot start {prog}: {e}"))?;
-            let status = wait_pid(child.id() as i32);
+                    cmd.spawn()
+                        .map_err(|e| format!("cannot start {prog}: {e}"))?
+                        .id() as i32
+                }
+            };
+            let status = wait_pid(child);
             if status
                 != (Exit {
                     code: Some(0),
