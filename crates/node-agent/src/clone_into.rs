@@ -161,6 +161,8 @@ fn exec_child(
     // SAFETY: system calls on descriptor numbers and on NUL-terminated strings and
     // NULL-terminated pointer arrays that live in this copy of the parent's memory.
     unsafe {
+        // As std's spawn does: the Rust runtime ignores SIGPIPE, which exec would keep.
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         let ok = libc::dup2(null, 0) >= 0
             && libc::dup2(stdout, 1) >= 0
             && libc::dup2(stderr, 2) >= 0
@@ -246,7 +248,8 @@ mod tests {
         let argv: Vec<String> = [
             "sh",
             "-c",
-            "cat /proc/self/cgroup; echo \"env=$CKPT_CLONE_TEST\"; ls /proc/self/fd",
+            "cat /proc/self/cgroup; echo \"env=$CKPT_CLONE_TEST\"; ls /proc/self/fd; \
+             grep SigIgn /proc/self/status",
         ]
         .map(String::from)
         .to_vec();
@@ -273,6 +276,16 @@ mod tests {
             "born in {name}: {text}"
         );
         assert!(text.contains("env=yes"), "{text}");
+        let ignored = text
+            .lines()
+            .find_map(|l| l.strip_prefix("SigIgn:"))
+            .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+            .expect("SigIgn");
+        assert_eq!(
+            ignored & (1 << (libc::SIGPIPE - 1)),
+            0,
+            "SIGPIPE is not ignored"
+        );
         let fds: Vec<&str> = text.lines().filter(|l| l.parse::<u32>().is_ok()).collect();
         assert!(fds.contains(&"7"), "the passed descriptor is 7: {text}");
         assert!(
