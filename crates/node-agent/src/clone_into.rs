@@ -157,7 +157,6 @@ fn exec_child(
     (null, stdout, stderr, err): (RawFd, RawFd, RawFd, RawFd),
     pass: Option<(RawFd, RawFd)>,
 ) -> ! {
-    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
     // SAFETY: system calls on descriptor numbers and on NUL-terminated strings and
     // NULL-terminated pointer arrays that live in this copy of the parent's memory.
     unsafe {
@@ -167,14 +166,8 @@ fn exec_child(
             && libc::dup2(stdout, 1) >= 0
             && libc::dup2(stderr, 2) >= 0
             // Nothing else the shim holds reaches the program.
-            && libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) == 0
-            && match pass {
-                // dup2 clears close-on-exec on the copy, but does nothing when the descriptor
-                // already has the number.
-                Some((fd, to)) if fd == to => libc::fcntl(fd, libc::F_SETFD, 0) == 0,
-                Some((fd, to)) => libc::dup2(fd, to) >= 0,
-                None => true,
-            };
+            && cloexec_from_3().is_ok()
+            && pass.is_none_or(|(fd, to)| pass_fd(fd, to).is_ok());
         if ok {
             libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr());
         }
@@ -182,6 +175,37 @@ fn exec_child(
         libc::write(err, errno.to_ne_bytes().as_ptr().cast(), 4);
         libc::_exit(127)
     }
+}
+
+/// Marks every descriptor from 3 up close-on-exec. Async-signal-safe: for a child between
+/// fork and exec.
+pub(crate) fn cloexec_from_3() -> io::Result<()> {
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    // SAFETY: close_range with the CLOEXEC flag only changes descriptor flags.
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Gives descriptor `fd` to the program about to be executed as number `to`. Async-signal-safe:
+/// for a child between fork and exec.
+pub(crate) fn pass_fd(fd: RawFd, to: RawFd) -> io::Result<()> {
+    // dup2 clears close-on-exec on the copy, but does nothing when the descriptor already has
+    // the number.
+    // SAFETY: fcntl and dup2 on descriptor numbers.
+    let rc = unsafe {
+        if fd == to {
+            libc::fcntl(fd, libc::F_SETFD, 0)
+        } else {
+            libc::dup2(fd, to)
+        }
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// `prog` itself if it names a path, else the first executable `PATH` entry of that name.

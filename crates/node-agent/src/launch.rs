@@ -221,15 +221,12 @@ impl Jobs {
             .stdin(std::process::Stdio::null())
             .stdout(log)
             .stderr(log2);
-        // SAFETY: setsid and fcntl are async-signal-safe; the shim leaves the agent's session
+        // SAFETY: setsid and pass_fd are async-signal-safe; the shim leaves the agent's session
         // so that stopping the agent does not stop jobs, and it alone inherits the pipe.
         unsafe {
             cmd.pre_exec(move || {
                 libc::setsid();
-                if libc::fcntl(ready_fd, libc::F_SETFD, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
+                crate::clone_into::pass_fd(ready_fd, ready_fd)
             });
         }
         let mut child = cmd.spawn().map_err(|e| AgentError::Start {

@@ -344,16 +344,6 @@ fn reopen_stdio(stdout: &CString, stderr: &CString) -> io::Result<()> {
     Ok(())
 }
 
-fn cloexec_inherited_fds() -> std::io::Result<()> {
-    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
-    // SAFETY: close_range with the CLOEXEC flag only changes descriptor flags.
-    let rc = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 /// What the child does between fork and exec, in order; the one that fails is reported to the
 /// shim through a pipe, so that the error says which (std only passes the errno back).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -537,7 +527,7 @@ fn start(spec: &ShimSpec) -> Result<i32, String> {
                         return Err(failed(ChildStep::WorkingDir));
                     }
                     libc::umask(JOB_UMASK);
-                    if cloexec_inherited_fds().is_err() {
+                    if crate::clone_into::cloexec_from_3().is_err() {
                         return Err(failed(ChildStep::Descriptors));
                     }
                     Ok(())
@@ -615,19 +605,11 @@ fn start(spec: &ShimSpec) -> Result<i32, String> {
                     unsafe {
                         cmd.pre_exec(move || {
                             join_cgroup(&procs)?;
-                            cloexec_inherited_fds()?;
-                            if let Some(fd) = netns_fd {
-                                // dup2 clears close-on-exec on the copy, but does nothing when
-                                // the descriptor already has the number.
-                                if fd == RESTORE_NETNS_FD {
-                                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                                        return Err(io::Error::last_os_error());
-                                    }
-                                } else if libc::dup2(fd, RESTORE_NETNS_FD) < 0 {
-                                    return Err(io::Error::last_os_error());
-                                }
+                            crate::clone_into::cloexec_from_3()?;
+                            match netns_fd {
+                                Some(fd) => crate::clone_into::pass_fd(fd, RESTORE_NETNS_FD),
+                                None => Ok(()),
                             }
-                            Ok(())
                         });
                     }
                     cmd.spawn()

@@ -90,12 +90,13 @@ pub(super) fn address_is_local(addr: &str) -> bool {
 }
 
 /// TCP states of connections their owner has closed.
-const STALE_TCP_STATES: [&str; 5] = [
-    "time-wait",
-    "fin-wait-1",
-    "fin-wait-2",
-    "closing",
-    "last-ack",
+const STALE_TCP_STATES: [(&str, &str); 5] = [
+    // ss's name, and the number /proc/net/tcp gives it
+    ("time-wait", "06"),
+    ("fin-wait-1", "04"),
+    ("fin-wait-2", "05"),
+    ("closing", "0B"),
+    ("last-ack", "09"),
 ];
 
 /// Destroys the closing remains of the job's TCP connections on its ports. When a job is killed
@@ -132,7 +133,7 @@ pub(super) async fn clear_stale_sockets(ports: &[u16]) {
         .join(" or ");
     let r = tokio::process::Command::new("ss")
         .args(["-K", "-t", "-a", "-n"])
-        .args(STALE_TCP_STATES.iter().flat_map(|s| ["state", s]))
+        .args(STALE_TCP_STATES.iter().flat_map(|(s, _)| ["state", s]))
         .arg(format!("( {filter} )"))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -147,11 +148,8 @@ pub(super) async fn clear_stale_sockets(ports: &[u16]) {
     }
 }
 
-/// The same states as [`STALE_TCP_STATES`], as `/proc/net/tcp` numbers them.
-const STALE_TCP_CODES: [&str; 5] = ["06", "04", "05", "0B", "09"];
-
 /// Whether a `/proc/net/tcp` or `/proc/net/tcp6` table lists a socket on one of `ports` (local
-/// side) in one of the stale states. A line it cannot read counts as such a socket.
+/// side) in one of the [`STALE_TCP_STATES`]. A line it cannot read counts as such a socket.
 fn has_stale_socket(table: &str, ports: &[u16]) -> bool {
     table.lines().skip(1).any(|line| {
         let mut fields = line.split_whitespace().skip(1);
@@ -166,7 +164,7 @@ fn has_stale_socket(table: &str, ports: &[u16]) -> bool {
         else {
             return true;
         };
-        ports.contains(&port) && STALE_TCP_CODES.contains(&state)
+        ports.contains(&port) && STALE_TCP_STATES.iter().any(|(_, code)| *code == state)
     })
 }
 
