@@ -12,8 +12,8 @@
 //! application's completions for its next poll); on every connected QP, RDMA-write a marker
 //! (the quiesce count) into a slot of the peer's control region and wait both for that write's
 //! completion and for the peer's marker in our own slot. RC delivers in order, so once both are
-//! seen nothing is in flight in either direction. Receives posted but not consumed are kept.
-//! Then QPs, CQs, MRs, the PD and the device are released. Rebuild reopens the device, registers
+//! seen nothing is in flight in either direction. A last sweep of the CQs holds the completions
+//! that arrived after the last poll. Receives posted but not consumed are kept. Then QPs, CQs, MRs, the PD and the device are released. Rebuild reopens the device, registers
 //! the same memory (new keys), creates new QPs, publishes their endpoints, connects to the
 //! peers' new endpoints, reposts the kept receives and lets posts through again. It reopens
 //! the device by name, or, when that device is gone (a restart on a node whose HCA is named

@@ -178,10 +178,24 @@ fn copy(from: u64, to: u64, len: u32) {
     unsafe { std::ptr::copy(from as *const u8, to as *mut u8, len as usize) }
 }
 
+/// What a test runs after an end's poll, with what the poll returned (see
+/// [`Fabric::after_poll`]).
+pub type PollHook = Box<dyn FnMut(&[Completion]) + Send>;
+
+#[derive(Default)]
+struct Hooks(HashMap<usize, PollHook>);
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
+
 /// The shared medium.
 #[derive(Debug, Clone, Default)]
 pub struct Fabric {
     s: Arc<Mutex<State>>,
+    hooks: Arc<Mutex<Hooks>>,
 }
 
 impl Fabric {
@@ -215,6 +229,13 @@ impl Fabric {
             id,
             devices.iter().map(|(n, l)| (n.to_string(), *l)).collect(),
         );
+    }
+
+    /// Runs `hook` after every poll of end `id`, outside the fabric's lock, so that the test
+    /// can let other ends act between that poll and the caller's next step (a race made
+    /// deterministic).
+    pub fn after_poll(&self, id: usize, hook: PollHook) {
+        self.hooks.lock().expect("hooks").0.insert(id, hook);
     }
 
     /// Operations posted and not yet delivered.
@@ -469,6 +490,15 @@ impl Verbs for FakeVerbs {
         s.deliver_one();
         let (_, q) = s.cqs.get_mut(&cq).ok_or(err("ibv_poll_cq", "no such CQ"))?;
         let n = max.min(q.len());
-        Ok(q.drain(..n).collect())
+        let got: Vec<Completion> = q.drain(..n).collect();
+        drop(s);
+        // Taken out while it runs: a hook may wait for other ends, which poll too.
+        let hook = self.f.hooks.lock().expect("hooks").0.remove(&self.end);
+        if let Some(mut hook) = hook {
+            hook(&got);
+            let mut hooks = self.f.hooks.lock().expect("hooks");
+            hooks.0.entry(self.end).or_insert(hook);
+        }
+        Ok(got)
     }
 }

@@ -81,12 +81,28 @@ impl<V: Verbs> Channel<V> {
                 self.poll_into(i, &mut internal)?;
             }
         }
+        // 3. A last sweep of every CQ. The peer's marker reached our memory after everything
+        // it sent before, but a receive that completed after our last poll is still in the CQ:
+        // it must be held for the application before the CQ goes, or its message is lost while
+        // its receive is posted again. Nothing is in flight any more, so this ends.
+        for i in 0..self.cqs.len() {
+            loop {
+                let before = self.cqs[i].held.len() + internal.len();
+                self.poll_into(i, &mut internal)?;
+                if self.cqs[i].held.len() + internal.len() == before {
+                    break;
+                }
+                if begin.elapsed() > timeout {
+                    return Err(timed_out("the last sweep of the completion queues"));
+                }
+            }
+        }
         let report = QuiesceReport {
             flushed_qps: connected.len(),
             kept_receives: self.qps.iter().map(|q| q.receives.len()).sum(),
             held_completions: self.cqs.iter().map(|c| c.held.len()).sum(),
         };
-        // 3. Release everything, continuing past errors so that nothing is left open.
+        // 4. Release everything, continuing past errors so that nothing is left open.
         let mut first: Option<VerbsError> = None;
         let mut keep = |r: std::result::Result<(), VerbsError>| {
             if let Err(e) = r {

@@ -358,3 +358,65 @@ fn a_failing_release_is_reported_and_the_rest_is_still_released() {
     // The failed MR stays registered; everything else is gone.
     assert!(f.objects_of(0) + f.objects_of(1) <= 2);
 }
+
+/// The race of a quiesce under traffic: B's last poll (the one that brings its own marker's
+/// completion) returns empty of A's message, A's message completes in B's CQ just after, then
+/// A's marker lands in B's memory. B must still hold that completion for its application.
+#[test]
+fn a_receive_completing_after_the_last_poll_is_held_not_lost() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let (f, mut a, mut b) = pair();
+    let wr = RecvWr {
+        wr_id: 100,
+        sges: b.sge(1024, 64),
+    };
+    b.ch.post_recv(b.qp, &wr).unwrap();
+    let (b_waits, a_done) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let (waits, done) = (b_waits.clone(), a_done.clone());
+    f.after_poll(
+        1,
+        Box::new(move |got| {
+            if !got.iter().any(|c| c.wr_id & INTERNAL_WR != 0) || done.load(SeqCst) {
+                return;
+            }
+            waits.store(true, SeqCst);
+            let begin = Instant::now();
+            while !done.load(SeqCst) && begin.elapsed() < T {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }),
+    );
+    let tb = std::thread::spawn(move || {
+        let r = b.ch.quiesce(T);
+        (b, r)
+    });
+    let begin = Instant::now();
+    while !b_waits.load(SeqCst) {
+        assert!(
+            begin.elapsed() < T,
+            "B never polled its marker's completion"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // B's marker is delivered and B is between polls: A's message, then A's quiesce (its
+    // marker reaches B after the message).
+    a.buf[..5].copy_from_slice(b"hello");
+    let send = a.send(1, 0, 5, true);
+    a.ch.post_send(a.qp, &send).unwrap();
+    a.ch.quiesce(T).unwrap();
+    a_done.store(true, SeqCst);
+    let (mut b, rb) = tb.join().unwrap();
+    let rb = rb.unwrap();
+    assert_eq!(
+        (rb.held_completions, rb.kept_receives),
+        (1, 0),
+        "A's message is held for B, its receive is consumed"
+    );
+    let got = b.ch.poll_cq(b.cq, 8).unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].wr_id, got[0].byte_len), (100, 5));
+    assert_eq!(&b.buf[1024..1029], b"hello");
+}
