@@ -37,6 +37,7 @@ mod procfs;
 mod restore;
 mod sandbox;
 pub mod shim;
+mod sockdiag;
 mod wire;
 
 use std::future::Future;

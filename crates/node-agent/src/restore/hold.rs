@@ -1,10 +1,11 @@
 //! Restart, TCP hold: nftables drops a restored job's TCP traffic until every node is restored;
 //! closing sockets of the killed incarnation are cleared first.
 
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::error::AgentError;
 use crate::jobs::Jobs;
+use crate::sockdiag;
 
 impl Jobs {
     /// Name of the nftables table that holds a job's TCP traffic during a restart.
@@ -90,13 +91,12 @@ pub(super) fn address_is_local(addr: &str) -> bool {
 }
 
 /// TCP states of connections their owner has closed.
-const STALE_TCP_STATES: [(&str, &str); 5] = [
-    // ss's name, and the number /proc/net/tcp gives it
-    ("time-wait", "06"),
-    ("fin-wait-1", "04"),
-    ("fin-wait-2", "05"),
-    ("closing", "0B"),
-    ("last-ack", "09"),
+const STALE_TCP_STATES: [u8; 5] = [
+    sockdiag::TCP_TIME_WAIT,
+    sockdiag::TCP_FIN_WAIT1,
+    sockdiag::TCP_FIN_WAIT2,
+    sockdiag::TCP_CLOSING,
+    sockdiag::TCP_LAST_ACK,
 ];
 
 /// Destroys the closing remains of the job's TCP connections on its ports. When a job is killed
@@ -110,86 +110,48 @@ pub(super) async fn clear_stale_sockets(ports: &[u16]) {
     if ports.is_empty() {
         return;
     }
-    // Reading the kernel's tables costs far less than running ss, which is needed only if
-    // there is something to destroy (or the tables cannot be read).
-    // Without IPv6 there is no tcp6 table.
-    let mut tables = Vec::new();
-    for path in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        match tokio::fs::read_to_string(path).await {
-            Ok(t) => tables.push(Ok(t)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && path.ends_with('6') => {}
-            Err(e) => tables.push(Err(e)),
-        }
-    }
-    if tables.iter().all(Result::is_ok)
-        && !tables.iter().flatten().any(|t| has_stale_socket(t, ports))
-    {
-        return;
-    }
-    let filter = ports
-        .iter()
-        .map(|p| format!("sport = :{p}"))
-        .collect::<Vec<_>>()
-        .join(" or ");
-    let r = tokio::process::Command::new("ss")
-        .args(["-K", "-t", "-a", "-n"])
-        .args(STALE_TCP_STATES.iter().flat_map(|(s, _)| ["state", s]))
-        .arg(format!("( {filter} )"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .output()
-        .await;
+    let ports = ports.to_vec();
+    let r = tokio::task::spawn_blocking(move || destroy_stale(&ports)).await;
     match r {
-        Ok(o) if o.status.success() => {}
-        Ok(o) => {
-            warn!(stderr = %String::from_utf8_lossy(&o.stderr), "cannot clear stale TCP sockets")
+        Ok(Ok(n)) if n > 0 => debug!(sockets = n, "stale TCP sockets of the job destroyed"),
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => {
+            warn!(error = %e, "cannot clear stale TCP sockets of the job (socket diagnostics; the kernel needs CONFIG_INET_DIAG_DESTROY); a restored connection may fail to bind")
         }
-        Err(e) => warn!(error = %e, "cannot run ss (iproute2) to clear stale TCP sockets"),
+        Err(e) => warn!(error = %e, "cannot clear stale TCP sockets of the job"),
     }
 }
 
-/// Whether a `/proc/net/tcp` or `/proc/net/tcp6` table lists a socket on one of `ports` (local
-/// side) in one of the [`STALE_TCP_STATES`]. A line it cannot read counts as such a socket.
-fn has_stale_socket(table: &str, ports: &[u16]) -> bool {
-    table.lines().skip(1).any(|line| {
-        let mut fields = line.split_whitespace().skip(1);
-        let (Some(local), Some(_remote), Some(state)) =
-            (fields.next(), fields.next(), fields.next())
-        else {
-            return true;
+/// [`clear_stale_sockets`], blocking: how many sockets went.
+fn destroy_stale(ports: &[u16]) -> std::io::Result<usize> {
+    let mut diag = sockdiag::Diag::open()?;
+    let mut destroyed = 0;
+    for family in [libc::AF_INET, libc::AF_INET6] {
+        let found = match diag.tcp_sockets(family as u8, &STALE_TCP_STATES) {
+            Ok(f) => f,
+            // A kernel without IPv6 has no IPv6 sockets to list.
+            Err(e)
+                if family == libc::AF_INET6
+                    && matches!(
+                        e.raw_os_error(),
+                        Some(libc::ENOENT | libc::EAFNOSUPPORT | libc::EINVAL)
+                    ) =>
+            {
+                continue
+            }
+            Err(e) => return Err(e),
         };
-        let Some(port) = local
-            .rsplit_once(':')
-            .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
-        else {
-            return true;
-        };
-        ports.contains(&port) && STALE_TCP_STATES.iter().any(|(_, code)| *code == state)
-    })
+        for s in found.iter().filter(|s| ports.contains(&s.local_port)) {
+            diag.destroy(s)?;
+            destroyed += 1;
+        }
+    }
+    Ok(destroyed)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stale_sockets_on_the_job_ports_are_found_in_the_kernel_table() {
-        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
-   0: 00000000:07E8 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1145 1\n\
-   1: 0100007F:A1B2 0100007F:07E8 06 00000000:00000000 03:00000E5A 00000000     0        0 0 3\n";
-        // 0xA1B2 = 41394 is in TIME_WAIT; 0x07E8 = 2024 listens.
-        assert!(has_stale_socket(table, &[41394]));
-        assert!(!has_stale_socket(table, &[2024]), "a listener is not stale");
-        assert!(!has_stale_socket(table, &[5000]));
-        let v6 = "  sl  local_address                         remote_address                        st\n\
-   0: 00000000000000000000000001000000:A1B2 00000000000000000000000001000000:07E8 04 0\n";
-        assert!(has_stale_socket(v6, &[41394]), "FIN_WAIT1 over IPv6");
-        assert!(
-            has_stale_socket("header\ngarbage\n", &[1]),
-            "unreadable: ss decides"
-        );
-        assert!(!has_stale_socket("header only\n", &[1]));
-    }
 
     #[test]
     fn addresses_not_on_this_node_are_told_apart() {
