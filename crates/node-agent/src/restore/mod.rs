@@ -142,11 +142,19 @@ impl Jobs {
             .await?;
         let verify_ms = verify_begin.elapsed().as_millis() as u64;
         let page_bytes: u64 = unverified.iter().map(|e| e.size).sum();
+        let overlapped = later.is_some() && page_bytes >= self.engine.gate_min_bytes();
         let mut pages = (!unverified.is_empty()).then(|| {
             let dir = node_dir.clone();
             tokio::task::spawn_blocking(move || {
                 let begin = Instant::now();
-                ckpt_store::digest::verify_tree(&dir, &unverified).map(|()| begin.elapsed())
+                let verify = || ckpt_store::digest::verify_tree(&dir, &unverified);
+                // Behind the gate the engine restores at the same time, and needs CPUs to
+                // start and to fill the processes' memory: the check takes half of them.
+                match overlapped.then(gate_verify_pool).flatten() {
+                    Some(pool) => pool.install(verify),
+                    None => verify(),
+                }
+                .map(|()| begin.elapsed())
             })
         });
         let prepare_begin = Instant::now();
@@ -249,7 +257,7 @@ impl Jobs {
         // What must hold before a restored process runs (the page data verified, the TCP hold
         // in place) is done while the engine restores, which waits for it at the gate; without
         // a gate, before the engine starts.
-        let gate = if later.is_some() && page_bytes >= self.engine.gate_min_bytes() {
+        let gate = if overlapped {
             open_gate(&job.dir, &run_dir)
                 .map_err(|e| warn!(job = job_id, error = %e, "cannot make the restore gate; verifying and holding before the restore"))
                 .ok()
@@ -548,6 +556,18 @@ fn open_gate(job_dir: &Path, run_dir: &Path) -> std::io::Result<gate::Gate> {
 }
 
 /// The outcome of the page data verification.
+/// The threads that check page data while the engine restores: half of this machine's CPUs
+/// (at least one), so that the engine and the processes it fills keep the rest. None if no
+/// pool can be made (the check then uses every CPU).
+fn gate_verify_pool() -> Option<rayon::ThreadPool> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    rayon::ThreadPoolBuilder::new()
+        .num_threads((cpus / 2).max(1))
+        .thread_name(|i| format!("gate-verify-{i}"))
+        .build()
+        .ok()
+}
+
 async fn check_pages(
     job: u64,
     check: tokio::task::JoinHandle<ckpt_store::Result<Duration>>,
