@@ -39,7 +39,8 @@ Options: --sizes N1,N2,..  --repeats K  --quick  --out FILE  --bin-dir DIR (ckpt
 default target/release; copied to a temp dir first so a rebuild during the run does not matter)
 --criu PATH  --sleep-us US  --interval S (seconds between the job's progress lines, sets ITERS)
 --wait-idle S (first wait, bounded, until no cargo/rustc/heat.* processes run)  --keep (keep the
-temp dir with logs and images). Standard library only. Every wait is bounded; every process the
+temp dir with logs and images)  --gate-min-mb MB (ckpt's `[criu] restore_gate_min_mb`: page data
+from this size on is verified while CRIU restores). Standard library only. Every wait is bounded; every process the
 benchmark starts is killed by PID and every cgroup it creates removed, also on errors.
 """
 
@@ -198,9 +199,10 @@ def restore_helper(argv):
 # ---------------------------------------------------------------- A: ckpt
 
 class Ckpt(Ckptctl):
-    def __init__(self, tmp, bindir, cleanup, criu=None):
+    def __init__(self, tmp, bindir, cleanup, criu=None, gate_min_mb=None):
         super().__init__(bindir, os.path.join(tmp, "ckptd.sock"), tmp)
         self.criu = criu
+        self.gate_min_mb = gate_min_mb
         self.tmp = tmp
         self.prefix = f"ckpt-bench-{os.getpid()}-"
         self.state_dir = os.path.join(tmp, "state")
@@ -228,6 +230,8 @@ class Ckpt(Ckptctl):
                     f'local_dir = "{self.tmp}/local"\n'
                     f'[agent.cgroup]\n'
                     f'prefix = "{self.prefix}"\n')
+            if self.gate_min_mb is not None:
+                f.write(f'[agent.criu]\nrestore_gate_min_mb = {self.gate_min_mb}\n')
         logf = open(os.path.join(self.tmp, "ckptd.log"), "ab")
         self.proc = subprocess.Popen([os.path.join(self.bindir, "ckptd"), "--standalone", "--config", cfg],
                                      stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
@@ -598,6 +602,8 @@ def main():
     ap.add_argument("--wait-idle", type=float, default=0,
                     help="first wait up to this many seconds until no cargo/rustc/heat.* runs")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, images)")
+    ap.add_argument("--gate-min-mb", type=int, metavar="MB",
+                    help="ckpt's [criu] restore_gate_min_mb (default: the agent's)")
     args = ap.parse_args()
 
     require_root_and_freezer()
@@ -623,7 +629,7 @@ def main():
         bindir, app = stage(tmp, args.bin_dir, "heat.mpich", skip_missing=True)
         header = machine_header(cmdline, args.criu, sizes, lambda n: iters, args.sleep_us)
 
-        ckpt = Ckpt(tmp, bindir, cleanup, args.criu)
+        ckpt = Ckpt(tmp, bindir, cleanup, args.criu, args.gate_min_mb)
         ckpt.start()
         raw = Raw(tmp, args.criu, cleanup)
         line_timeout = max(120.0, 12 * args.interval)

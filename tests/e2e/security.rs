@@ -438,6 +438,11 @@ fn other_users_read_nothing_the_daemons_keep() {
         let out = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
         assert!(out.ok().contains("committed"), "{out:?}");
     }
+    // A restart too: what a restore leaves (CRIU's configuration and log, the run directory)
+    // is checked with the rest.
+    d.kill_job(root_job);
+    d.wait_state(root_job, "killed", LIMIT);
+    d.ctl(&["restart", &root_job.to_string()]).ok();
     let base = d.dir.path();
     let state_jobs = base.join("state/jobs");
     let own_dir = state_jobs.join(own.to_string());

@@ -44,8 +44,10 @@ pub struct Child<'a> {
     pub stdout: &'a File,
     /// See `stdout`.
     pub stderr: &'a File,
-    /// A descriptor the child gets as number `to` (the engine's inherited network namespace).
-    pub pass: Option<(RawFd, RawFd)>,
+    /// Descriptors the child gets, each (descriptor, as number): the engine's inherited
+    /// network namespace, its end of a socket pair. The numbers must not be among the
+    /// descriptors passed after them.
+    pub pass: &'a [(RawFd, RawFd)],
 }
 
 /// Starts `child` in the cgroup directory `cgroup` (v2) and returns its PID, once it has
@@ -100,6 +102,8 @@ pub fn spawn(cgroup: &Path, child: &Child<'_>) -> io::Result<Option<i32>> {
     let dir = File::open(cgroup)?;
     let null = File::open("/dev/null")?;
     let (err_r, err_w) = pipe_cloexec()?;
+    // Above the numbers descriptors are passed as, which would otherwise close it first.
+    let err_w = high(err_w)?;
     let args = CloneArgs {
         flags: CLONE_INTO_CGROUP,
         exit_signal: libc::SIGCHLD as u64,
@@ -147,7 +151,7 @@ pub fn spawn(cgroup: &Path, child: &Child<'_>) -> io::Result<Option<i32>> {
     Ok(Some(pid as i32))
 }
 
-/// The child's side: standard descriptors, the passed descriptor, then the program. Only
+/// The child's side: standard descriptors, the passed descriptors, then the program. Only
 /// async-signal-safe calls; a failure's errno goes back through `err`. Call it only in the
 /// child of [`spawn`]'s clone.
 fn exec_child(
@@ -155,7 +159,7 @@ fn exec_child(
     argv: &[*const libc::c_char],
     envp: &[*const libc::c_char],
     (null, stdout, stderr, err): (RawFd, RawFd, RawFd, RawFd),
-    pass: Option<(RawFd, RawFd)>,
+    pass: &[(RawFd, RawFd)],
 ) -> ! {
     // SAFETY: system calls on descriptor numbers and on NUL-terminated strings and
     // NULL-terminated pointer arrays that live in this copy of the parent's memory.
@@ -167,7 +171,7 @@ fn exec_child(
             && libc::dup2(stderr, 2) >= 0
             // Nothing else the shim holds reaches the program.
             && cloexec_from_3().is_ok()
-            && pass.is_none_or(|(fd, to)| pass_fd(fd, to).is_ok());
+            && pass.iter().all(|&(fd, to)| pass_fd(fd, to).is_ok());
         if ok {
             libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr());
         }
@@ -224,6 +228,20 @@ fn find_program(prog: &str) -> Option<PathBuf> {
 }
 
 /// A pipe whose ends are closed on exec.
+/// The descriptor moved to a number from [`HIGH_FD`] up (close-on-exec).
+pub(crate) fn high(fd: OwnedFd) -> io::Result<OwnedFd> {
+    // SAFETY: fcntl on a descriptor this function owns.
+    let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, HIGH_FD) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor fcntl just returned, owned by nothing else; `fd` closes on return.
+    Ok(unsafe { OwnedFd::from_raw_fd(n) })
+}
+
+/// Descriptors a child is given at fixed numbers stay below this.
+pub(crate) const HIGH_FD: RawFd = 100;
+
 pub(crate) fn pipe_cloexec() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: pipe2 fills the two-element array it is given.
@@ -282,7 +300,7 @@ mod tests {
             env: vec![("CKPT_CLONE_TEST", OsStr::new("yes"))],
             stdout: &out,
             stderr: &out,
-            pass: Some((passed.as_raw_fd(), 7)),
+            pass: &[(passed.as_raw_fd(), 7)],
         };
         let spawned = spawn(&cgroup, &child);
         let Ok(Some(pid)) = spawned else {
@@ -327,7 +345,7 @@ mod tests {
                 env: Vec::new(),
                 stdout: &out,
                 stderr: &out,
-                pass: None,
+                pass: &[],
             },
         );
         let _ = std::fs::remove_dir(&cgroup);

@@ -8,6 +8,7 @@ use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 
 pub mod criu;
+pub mod criu_rpc;
 
 /// What to dump.
 #[derive(Debug, Clone)]

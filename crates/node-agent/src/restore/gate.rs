@@ -4,10 +4,12 @@
 //!
 //! The agent makes a FIFO in the incarnation's run directory (root's, 0700) and holds it open
 //! for reading and writing, so that whatever it writes waits there for a reader and a reader
-//! that comes after the agent died reads end-of-file. The engine runs the agent's own binary
-//! as its action script with [`ENV`] naming the FIFO; at "post-restore" (every process rebuilt,
-//! none resumed) that reads one line and exits 0 only for `ok`. Any other outcome, the agent
-//! gone included, fails the script, and CRIU then kills the tree it restored.
+//! that comes after the agent died reads end-of-file. At "post-restore" (every process rebuilt,
+//! none resumed) one line is read from it, and only `ok` lets CRIU go on: by the job shim
+//! ([`wait_verdict`]), which answers CRIU's RPC service, or, when the shim runs `criu restore`
+//! as a command, by the agent's own binary run as CRIU's action script with [`ENV`] naming the
+//! FIFO ([`action_script`]). Any other outcome, the agent gone included, fails that stage, and
+//! CRIU then kills the tree it restored.
 use std::fs::{self, File};
 use std::io::{self, BufRead, Read, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -115,6 +117,63 @@ fn verdict(action: &std::ffi::OsStr, fifo: &Path) -> u8 {
     }
 }
 
+/// The agent's verdict for a restore that CRIU runs for the shim through its RPC service
+/// (the shim answers CRIU's post-restore notice with it): Ok only for `ok`. Waits at most
+/// [`WAIT_LIMIT_S`]. The agent gone is a refusal: at once when it removed the FIFO or closed it
+/// after this opened it; a FIFO left by an agent killed before has no writer to hang up, and
+/// is waited out.
+pub fn wait_verdict(fifo: &Path) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    // Non-blocking: opening does not wait for a writer, and end-of-file shows as a hang-up.
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(fifo)
+        .map_err(|e| format!("cannot read {}: {e}", fifo.display()))?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(WAIT_LIMIT_S.into());
+    let mut line = Vec::new();
+    let mut buf = [0u8; 32];
+    while !line.ends_with(b"\n") && line.len() < 32 {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(format!(
+                "no verdict on the page data within {WAIT_LIMIT_S} s"
+            ));
+        }
+        let mut pfd = libc::pollfd {
+            fd: f.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(60_000) as i32) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(format!("cannot wait on {}: {e}", fifo.display()));
+        }
+        if n == 0 {
+            continue;
+        }
+        match (&f).read(&mut buf) {
+            Ok(0) => break,
+            Ok(k) => line.extend_from_slice(&buf[..k]),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(format!("cannot read {}: {e}", fifo.display())),
+        }
+    }
+    if line == b"ok\n" {
+        Ok(())
+    } else {
+        Err(format!(
+            "the images' page data did not pass verification ({:?}): the restored processes are killed before they run",
+            String::from_utf8_lossy(&line)
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,5 +219,28 @@ mod tests {
             1,
             "and then refuses"
         );
+    }
+
+    #[test]
+    fn the_shims_wait_gets_the_same_verdicts() {
+        let d = tempfile::tempdir().unwrap();
+        let mut g = Gate::open(d.path()).unwrap();
+        g.decide(true);
+        assert_eq!(wait_verdict(g.path()), Ok(()));
+        let waiter = |p: &Path| {
+            let p = p.to_path_buf();
+            thread::spawn(move || wait_verdict(&p))
+        };
+        let w = waiter(g.path());
+        thread::sleep(Duration::from_millis(50));
+        assert!(!w.is_finished(), "it waits for the decision");
+        g.decide(false);
+        let refused = w.join().unwrap().unwrap_err();
+        assert!(refused.contains("did not pass verification"), "{refused}");
+        // The agent gone before deciding: end-of-file, a refusal, at once.
+        let w = waiter(g.path());
+        thread::sleep(Duration::from_millis(50));
+        drop(g);
+        assert!(w.join().unwrap().is_err());
     }
 }
