@@ -10,8 +10,7 @@
 #   benches/precopy_vs_criu.sh --no-build     one run (~15 min, boot included)
 #   benches/precopy_vs_criu.sh --no-build --out benches/results/precopy-$(date +%F).txt
 #
-# Options: --mib MIB (512)  --pcts "P ..." ("1 10 50")  --k K (3)  --sleep MS (4000: per step,
-# long enough for a pre-dump and a checkpoint between steps)  --mem MIB (6144: guest memory;
+# Options: --mib MIB (512)  --pcts "P ..." ("1 10 50")  --k K (3)  --mem MIB (6144: guest memory;
 # staging is a 4 GiB tmpfs in it)  --timeout S (2400)  --no-build  --out FILE
 # --bin DIR (ckptd, ckptctl, ckpt-agent; $REPO/target/release)
 # --apps DIR (memwrite; $REPO/target/apps): with --no-build, binaries another tree built.
@@ -20,7 +19,7 @@
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-MIB=512 PCTS="1 10 50" K=3 SLEEP=4000 MEM=6144 TIMEOUT=2400 BUILD=1 OUT=
+MIB=512 PCTS="1 10 50" K=3 MEM=6144 TIMEOUT=2400 BUILD=1 OUT=
 BIN=$REPO/target/release APPS=$REPO/target/apps
 ARGS="$*"
 while [ $# -gt 0 ]; do
@@ -28,7 +27,6 @@ while [ $# -gt 0 ]; do
         --mib) MIB=$2; shift ;;
         --pcts) PCTS=$2; shift ;;
         --k) K=$2; shift ;;
-        --sleep) SLEEP=$2; shift ;;
         --mem) MEM=$2; shift ;;
         --timeout) TIMEOUT=$2; shift ;;
         --no-build) BUILD= ;;
@@ -55,8 +53,8 @@ done
 
 TMP=$(mktemp -d /tmp/precopy_vs_criu.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
-printf 'export BIN=%q MEMWRITE=%q CRIU=%q MIB=%q PCTS=%q K=%q SLEEP=%q\nbash %q\n' \
-    "$BIN" "$APPS/memwrite" "$CRIU" "$MIB" "$PCTS" "$K" "$SLEEP" \
+printf 'export BIN=%q MEMWRITE=%q CRIU=%q MIB=%q PCTS=%q K=%q\nbash %q\n' \
+    "$BIN" "$APPS/memwrite" "$CRIU" "$MIB" "$PCTS" "$K" \
     "$REPO/benches/guest/precopy_vs_criu.sh" > "$TMP/guest.sh"
 LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
 OTHERS=$(pgrep -xc qemu-system-x86 || true)

@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # Runs inside one test guest for benches/precopy_vs_criu.sh (the guest's kernel tracks written
 # pages; the host's does not). For each rewrite percentage P: tests/apps/memwrite holding MIB MiB
-# and rewriting P % of it per step (one step every SLEEP ms), twice:
+# and rewriting P % of it per step (a step each time the bench sends it SIGUSR1), twice:
 #   criu: dumped K times by raw `criu dump` (cgroup frozen, dump, thaw: the full dump a
-#         checkpoint without pre-copy makes), each into a fresh directory;
+#         checkpoint without pre-copy makes), each into a fresh directory, one step before each;
 #   ckpt: under ckptd with pre-copy, checkpointed K times, each time after a pre-dump was ready
-#         and one step of P % ran after it, so the dump writes what one step changed.
+#         and exactly one step of P % ran after it, so the dump writes what one step changed.
 # Prints one "RUN mode=M pct=P ckpt=I frozen_ms= dump_bytes=" line per dump: for criu the time
 # from freeze to thaw, for ckpt the epoch's frozen time as ckptd measured it; dump_bytes are the
 # page bytes written while frozen.
 #
 # Environment: BIN (ckptd, ckptctl), MEMWRITE (the memwrite binary), CRIU, MIB, PCTS ("1 10 50"),
-# K, SLEEP (ms per step).
+# K.
 set -eu
-: "${BIN:?}" "${MEMWRITE:?}" "${CRIU:?}" "${MIB:?}" "${PCTS:?}" "${K:?}" "${SLEEP:?}"
+: "${BIN:?}" "${MEMWRITE:?}" "${CRIU:?}" "${MIB:?}" "${PCTS:?}" "${K:?}"
 W=$(mktemp -d /tmp/precopybench.XXXXXX)
 # Staging and raw dumps in memory of their own (the guest's root is a 1 GiB tmpfs overlay).
 mount -t tmpfs -o size="${TMPFS:-4g}" precopybench "$W"
@@ -33,17 +33,24 @@ wait_iters() {
 }
 page_bytes() { find "$1" -maxdepth 1 -name 'pages-*.img' -printf '%s\n' | awk '{s += $1} END {print s + 0}'; }
 ms() { date +%s%3N; }
+# Runs one step of memwrite $1 (writing to file $2) and waits until it printed it.
+step() {
+    local n; n=$(grep -c '^iter' "$2" || true)
+    kill -USR1 "$1"
+    wait_iters "$2" 600 "$n" > /dev/null
+}
 STEPS=100000
 
 CG=/sys/fs/cgroup/precopybench
 for pct in $PCTS; do
     # Raw CRIU: full dumps of the same tree.
     mkdir -p "$CG"
-    ( echo $BASHPID > "$CG/cgroup.procs"; exec setsid "$MEMWRITE" "$MIB" "$pct" "$STEPS" "$SLEEP" ) > "$W/raw.out" 2>&1 &
+    ( echo $BASHPID > "$CG/cgroup.procs"; exec setsid "$MEMWRITE" "$MIB" "$pct" "$STEPS" -1 ) > "$W/raw.out" 2>&1 &
     PID=$!
     wait_iters "$W/raw.out" 600 0 > /dev/null
     for i in $(seq "$K"); do
         D=$W/raw-$i; mkdir -p "$D"
+        step "$PID" "$W/raw.out"
         t0=$(ms)
         echo 1 > "$CG/cgroup.freeze"
         while ! grep -q '^frozen 1' "$CG/cgroup.events"; do sleep 0.001; done
@@ -80,11 +87,12 @@ TOML
     "$BIN/ckptd" --standalone --config "$W/ck/ckptd.toml" > "$W/ck/ckptd.log" 2>&1 &
     CKPTD=$!
     for _ in $(seq 200); do "$BIN/ckptctl" list > /dev/null 2>&1 && break; sleep 0.1; done
-    JOB=$("$BIN/ckptctl" run --json -- "$MEMWRITE" "$MIB" "$pct" "$STEPS" "$SLEEP" \
+    JOB=$("$BIN/ckptctl" run --json -- "$MEMWRITE" "$MIB" "$pct" "$STEPS" -1 \
         | sed -n 's/.*"id":\([0-9]*\).*/\1/p' | head -n 1)
     [ -n "$JOB" ] || { say "ckptctl run failed"; tail -n 20 "$W/ck/ckptd.log"; exit 6; }
     OUT=$W/ck/state/jobs/$JOB/stdout
     wait_iters "$OUT" 600 0 > /dev/null
+    MW=$(pgrep -xn memwrite) || { say "memwrite not found"; exit 6; }
     # Epoch 1 is a warm-up, not reported: its pre-dump may have caught the job still filling
     # its memory.
     for i in $(seq $((K + 1))); do
@@ -94,9 +102,8 @@ TOML
         done
         "$BIN/ckptctl" status "$JOB" | grep -q 'pre-dump ready' \
             || { say "no pre-dump"; "$BIN/ckptctl" status "$JOB"; tail -n 30 "$W/ck/ckptd.log"; exit 7; }
-        # One step after the pre-dump.
-        n=$(grep -c '^iter' "$OUT" || true)
-        wait_iters "$OUT" 600 "$n" > /dev/null
+        # Exactly one step after the pre-dump.
+        step "$MW" "$OUT"
         "$BIN/ckptctl" checkpoint "$JOB" --wait > "$W/ck/checkpoint.out" 2>&1 \
             || { say "checkpoint failed"; tail -c 2000 "$W/ck/checkpoint.out"; exit 8; }
         e=$("$BIN/ckptctl" epochs "$JOB" --json | tr '{' '\n' | grep "\"epoch\":$i," )

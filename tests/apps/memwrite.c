@@ -3,8 +3,12 @@
  * per step, rewrites PERCENT % of it (one contiguous window that moves through the buffer, as a
  * solver updating one block per sweep would), then sleeps SLEEP_MS. Prints "iter K" after each
  * step and "checksum X" at the end. Used to measure deduplication of flushed checkpoints.
+ *
+ * SLEEP_MS -1: the first step runs at once, each later one when the process gets SIGUSR1 (one
+ * step per signal), so that a benchmark decides exactly what is written between two dumps.
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +22,20 @@ static uint64_t next(uint64_t *x) {
     return *x;
 }
 
+static volatile sig_atomic_t step_asked;
+
+static void ask_step(int sig) {
+    (void)sig;
+    step_asked = 1;
+}
+
+/* Waits for SIGUSR1 (blocked outside this wait, so that none is lost between two waits). */
+static void wait_step(const sigset_t *unblocked) {
+    while (!step_asked)
+        sigsuspend(unblocked);
+    step_asked = 0;
+}
+
 int main(int argc, char **argv) {
     if (argc != 5) {
         fprintf(stderr, "usage: memwrite MIB PERCENT STEPS SLEEP_MS\n");
@@ -27,9 +45,19 @@ int main(int argc, char **argv) {
     int percent = atoi(argv[2]);
     long steps = atol(argv[3]);
     long sleep_ms = atol(argv[4]);
-    if (bytes == 0 || percent <= 0 || percent > 100 || steps < 0 || sleep_ms < 0) {
+    if (bytes == 0 || percent <= 0 || percent > 100 || steps < 0 || sleep_ms < -1) {
         fprintf(stderr, "memwrite: bad arguments\n");
         return 2;
+    }
+    sigset_t unblocked;
+    if (sleep_ms == -1) {
+        sigset_t usr1;
+        sigemptyset(&usr1);
+        sigaddset(&usr1, SIGUSR1);
+        sigprocmask(SIG_BLOCK, &usr1, &unblocked);
+        struct sigaction sa = {0};
+        sa.sa_handler = ask_step;
+        sigaction(SIGUSR1, &sa, NULL);
     }
     size_t words = bytes / 8;
     uint64_t *buf = malloc(words * 8);
@@ -44,6 +72,8 @@ int main(int argc, char **argv) {
     size_t at = 0;
     struct timespec ts = {sleep_ms / 1000, (sleep_ms % 1000) * 1000000L};
     for (long k = 0; k < steps; k++) {
+        if (sleep_ms == -1 && k > 0)
+            wait_step(&unblocked);
         for (size_t i = 0; i < window; i++)
             buf[(at + i) % words] = next(&x);
         at = (at + window) % words;
@@ -52,7 +82,7 @@ int main(int argc, char **argv) {
         /* A checkpoint interrupts the sleep (EINTR): sleep out the rest, so that exactly one
          * step happens per period whatever the checkpoints do. */
         struct timespec left = ts;
-        while (nanosleep(&left, &left) == -1 && errno == EINTR)
+        while (sleep_ms > 0 && nanosleep(&left, &left) == -1 && errno == EINTR)
             ;
     }
     uint64_t sum = 0;
