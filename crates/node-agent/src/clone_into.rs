@@ -227,7 +227,6 @@ fn find_program(prog: &str) -> Option<PathBuf> {
         })
 }
 
-/// A pipe whose ends are closed on exec.
 /// The descriptor moved to a number from [`HIGH_FD`] up (close-on-exec).
 pub(crate) fn high(fd: OwnedFd) -> io::Result<OwnedFd> {
     // SAFETY: fcntl on a descriptor this function owns.
@@ -242,6 +241,7 @@ pub(crate) fn high(fd: OwnedFd) -> io::Result<OwnedFd> {
 /// Descriptors a child is given at fixed numbers stay below this.
 pub(crate) const HIGH_FD: RawFd = 100;
 
+/// A pipe whose ends are closed on exec.
 pub(crate) fn pipe_cloexec() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: pipe2 fills the two-element array it is given.
