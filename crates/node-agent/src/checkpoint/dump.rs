@@ -168,7 +168,7 @@ pub(super) fn dump_frozen(
 
 /// Share of the resident memory written since the newest pre-dump above which a checkpoint
 /// dumps everything instead of on top of the chain.
-const FULL_DUMP_WRITTEN: f64 = 0.6;
+pub(super) const FULL_DUMP_WRITTEN: f64 = 0.6;
 
 /// Moves the job's waiting pre-dumps (if they are of this incarnation) into the epoch's node
 /// directory as its chain, and returns the dump's parent relative to its images directory.

@@ -28,6 +28,22 @@ pub(crate) use channels::channel_pids;
 /// checkpoint that fills the disk fails late.
 const ROOM_FACTOR: f64 = 1.10;
 
+/// Staging room a checkpoint needs for `resident` bytes of memory: [`ROOM_FACTOR`] times what
+/// the dump writes. With a chain of pre-dumps (`on_chain`: bytes written since the newest, and
+/// the chain's own bytes) that is only the written bytes, unless so much was written that the
+/// dump is a full one ([`dump::FULL_DUMP_WRITTEN`]), which first deletes the chain and so
+/// gets its room back.
+fn room_needed(resident: u64, on_chain: Option<(u64, u64)>) -> u64 {
+    let room = |bytes: u64| (bytes as f64 * ROOM_FACTOR) as u64;
+    match on_chain {
+        None => room(resident),
+        Some((written, _)) if (written as f64) < resident as f64 * dump::FULL_DUMP_WRITTEN => {
+            room(written)
+        }
+        Some((_, chain)) => room(resident).saturating_sub(chain),
+    }
+}
+
 /// Result of a finished local checkpoint.
 #[derive(Debug, Clone)]
 pub struct Finalized {
@@ -116,6 +132,15 @@ impl Jobs {
         for &pid in &pids {
             estimated += procfs::rss_bytes(pid);
         }
+        // On top of a chain of pre-dumps, the dump writes what was written since the newest.
+        let on_chain = chain.as_ref().and_then(|c| {
+            (c.incarnation == job.record.incarnation && !c.links.is_empty()).then(|| {
+                let dirty = pids
+                    .iter()
+                    .map(|&p| procfs::soft_dirty_bytes(p).unwrap_or(0));
+                (dirty.sum(), c.links.iter().map(|l| l.bytes).sum())
+            })
+        });
         let free = self
             .staging
             .free_bytes()
@@ -123,7 +148,7 @@ impl Jobs {
                 job: job_id,
                 source,
             })?;
-        let need = (estimated as f64 * ROOM_FACTOR) as u64;
+        let need = room_needed(estimated, on_chain);
         if free < need {
             return Err(AgentError::NoRoom {
                 job: job_id,

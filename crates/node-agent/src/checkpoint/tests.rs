@@ -438,3 +438,19 @@ fn what_a_process_holds_beyond_its_verbs_library_is_found() {
         Some(Beyond::Fd { fd: 9, .. })
     ));
 }
+
+#[test]
+fn staging_room_on_a_chain_is_what_was_written_unless_the_dump_will_be_full() {
+    const MB: u64 = 1_000_000;
+    let room = |resident, on_chain| room_needed(resident * MB, on_chain) / MB;
+    assert_eq!(
+        room(1000, None),
+        1100,
+        "a full dump: the resident memory and headroom"
+    );
+    // 10 % written since the newest pre-dump: that alone is dumped.
+    assert_eq!(room(1000, Some((100 * MB, 1000 * MB))), 110);
+    // 70 % written: a full dump, after the chain (900 MB of staging) was deleted.
+    assert_eq!(room(1000, Some((700 * MB, 900 * MB))), 200);
+    assert_eq!(room(1000, Some((700 * MB, 5000 * MB))), 0);
+}
