@@ -16,7 +16,8 @@
 # Environment:
 #   CKPT_CRIU_PREFIX     private prefix for sid's criu (default /opt/ckpt/criu)
 #   CKPT_FORCE_PRIVATE_CRIU=1   ignore a system criu and use the private one
-#   CKPT_SID_MIRROR      override the Debian mirror URL used for sid (default: derived from apt sources)
+#   CKPT_SID_MIRROR      override the Debian mirror URL used for sid (default: the system's configured
+#                        bookworm/stable source; without one, setup stops and says what to add)
 set -euo pipefail
 
 PREFIX="${CKPT_CRIU_PREFIX:-/opt/ckpt/criu}"
@@ -133,12 +134,15 @@ detect_mirror() {
               sed -e 's/#.*//' -e 's/\[[^]]*\]//' |
               awk '$1 == "deb" && ($3 == "bookworm" || $3 == "stable") { print $2; exit }')
     fi
-    echo "${uri:-http://deb.debian.org/debian}"
+    # No built-in fallback: a site without a configured Debian source (an air-gapped one with a
+    # local mirror that is not listed, say) is told what to add instead of reaching out.
+    [[ -n $uri ]] || return 1
+    echo "$uri"
 }
 
 install_private_criu() {
     local mirror state="$PREFIX/.apt" dl="$PREFIX/.debs"
-    mirror=$(detect_mirror)
+    mirror=$(detect_mirror) || die "no Debian source for bookworm (or stable) in /etc/apt/sources.list or /etc/apt/sources.list.d/: add your Debian mirror there (one-line format: 'deb MIRROR-URL bookworm main'), or set CKPT_SID_MIRROR=MIRROR-URL; CRIU >= 4.2 is taken from that mirror's suite sid"
     mirror=${mirror%/}
     log "installing criu from Debian sid ($mirror) into $PREFIX"
     [[ -f $KEYRING ]] || die "keyring $KEYRING missing (package debian-archive-keyring)"

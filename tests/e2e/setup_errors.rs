@@ -250,3 +250,47 @@ fn which(prog: &str) -> Result<std::path::PathBuf, ()> {
         })
         .ok_or(())
 }
+
+/// A machine whose apt lists no Debian source for bookworm (an air-gapped site whose local
+/// mirror is configured elsewhere, say) and that needs the private CRIU: setup stops and says
+/// which source line to add, instead of reaching a mirror of its own choosing.
+#[test]
+fn setup_without_a_configured_debian_source_says_which_line_to_add() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: needs root (a mount namespace hiding apt's sources)");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let empty = d.path().join("sources.list.d");
+    std::fs::create_dir(&empty).unwrap();
+    std::fs::write(d.path().join("sources.list"), "").unwrap();
+    // apt's sources hidden in a private mount namespace; a fresh prefix, so that the private
+    // CRIU has to be fetched.
+    let hide = format!(
+        "mount --bind {0}/sources.list.d /etc/apt/sources.list.d && \
+         {{ [ ! -e /etc/apt/sources.list ] || mount --bind {0}/sources.list /etc/apt/sources.list; }} && \
+         exec bash {1}",
+        d.path().display(),
+        workspace().join("scripts/setup.sh").display()
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &hide])
+        .env("CKPT_CRIU_PREFIX", d.path().join("criu"))
+        .env("CKPT_FORCE_PRIVATE_CRIU", "1")
+        .env_remove("CKPT_SID_MIRROR")
+        .output()
+        .expect("run setup.sh");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("no Debian source for bookworm")
+            && err.contains("deb MIRROR-URL bookworm main")
+            && err.contains("CKPT_SID_MIRROR"),
+        "{err}"
+    );
+    assert!(
+        !d.path().join("criu/bin/criu").exists(),
+        "nothing installed"
+    );
+}
