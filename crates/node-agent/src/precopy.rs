@@ -109,6 +109,17 @@ impl Chain {
         self.failed = None;
     }
 
+    /// The end of an epoch that held the chain: if its dump took the links, the clock starts
+    /// again now, so that `first_after` and each part's stagger count from the end of the
+    /// checkpoint (sealing included), not from its dump. Counted from the dump, every node's
+    /// first pre-dump falls due while the epoch is sealed, and all of them start together
+    /// when it ends.
+    pub(crate) fn epoch_ended(&mut self) {
+        if self.links.is_empty() {
+            self.since = Some(Instant::now());
+        }
+    }
+
     /// Hands the links to a checkpoint's dump, which moves them; the clock starts again.
     pub(crate) fn take(&mut self) -> Vec<Link> {
         self.since = Some(Instant::now());
@@ -416,6 +427,21 @@ mod tests {
         // Part 2 of a job, 5 s stagger.
         assert_eq!(first(11, 10), Step::Wait);
         assert_eq!(first(21, 10), Step::Full);
+    }
+
+    #[test]
+    fn after_a_checkpoint_the_first_pre_dump_counts_from_the_epoch_s_end() {
+        let c = cfg();
+        // The dump took the links 30 s ago; sealing went on until now.
+        let mut taken = chain(secs(30), 0, 100e6);
+        taken.epoch_ended();
+        assert_eq!(decide(&taken, None, &c, secs(0)), Step::Wait);
+        assert_eq!(decide(&taken, None, &c, secs(10)), Step::Wait);
+        // An epoch that ended without taking them (aborted before its dump) leaves the
+        // clock of the newest pre-dump as it was.
+        let mut kept = chain(secs(60), 1, 100e6);
+        kept.epoch_ended();
+        assert_eq!(decide(&kept, Some(60_000_000), &c, secs(0)), Step::OnTop);
     }
 
     #[test]

@@ -349,7 +349,8 @@ impl Jobs {
         let mut job = self
             .enter_phase(job_id, epoch, NodePhase::Resumed, "finalize")
             .await?;
-        let w = job.work.take().expect("checked");
+        let mut w = job.work.take().expect("checked");
+        let chain = w.chain.take();
         let node = self.node.clone();
         let engine = (
             self.engine.name().to_string(),
@@ -385,6 +386,9 @@ impl Jobs {
             })
             .await
             .expect("finalize task");
+        if let Some(mut c) = chain {
+            c.epoch_ended();
+        }
         r.map_err(|source| AgentError::Store {
             job: job_id,
             source,
@@ -399,7 +403,9 @@ impl Jobs {
         let j = self.get(job_id)?;
         let mut job = j.lock_owned().await;
         if job.work.as_ref().is_some_and(|w| w.epoch == epoch) {
-            job.work = None;
+            if let Some(mut c) = job.work.take().and_then(|w| w.chain) {
+                c.epoch_ended();
+            }
         }
         warn!(reason, "aborting epoch");
         let staging = self.staging.clone();
