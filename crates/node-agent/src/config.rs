@@ -125,8 +125,8 @@ pub struct PrecopyConfig {
     /// Pre-copy where the kernel tracks written pages (`criu check --feature
     /// mem_dirty_track`); elsewhere, and with `false`, checkpoints are full dumps.
     pub enabled: bool,
-    /// The first pre-dump of a job comes this long after it starts, is restored or is
-    /// checkpointed.
+    /// The first pre-dump of a job comes this long after it starts, is restored, or a
+    /// checkpoint of it ends on this node.
     #[serde(with = "humantime_serde")]
     pub first_after: Duration,
     /// Part k of a job (its k-th node) pre-dumps k times this much later than part 0, so that
