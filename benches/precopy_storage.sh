@@ -13,8 +13,8 @@
 #   benches/precopy_storage.sh --no-build --out benches/results/precopy_storage-$(date +%F).txt
 #
 # Options: --mib MIB (160: per node)  --pct P (2: % rewritten per step)  --k K (3)
-# --sleep MS (1000: per step)  --first-after S (10: longer than a checkpoint, whose dump
-# starts the clock)  --stagger S (3: [precopy] of the agents)
+# --sleep MS (1000: per step)  --first-after S (10)  --stagger S (3): [precopy] of the agents
+# (the first pre-dump comes first_after + k * stagger after part k's checkpoint ended)
 # --shared (also flush every epoch to a shared dir, reported apart)  --mem MIB (5120: guest
 # memory; staging is a 3 GiB tmpfs in it)  --timeout S (2400)  --no-build  --out FILE
 # --bin DIR (ckptd, ckptctl, ckpt-agent, ckpt-rsh; $REPO/target/release)
