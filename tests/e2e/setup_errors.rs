@@ -294,3 +294,53 @@ fn setup_without_a_configured_debian_source_says_which_line_to_add() {
         "nothing installed"
     );
 }
+
+/// Under systemd (`Type=notify` units), ckptd and ckpt-agent each say `READY=1` with a
+/// one-line status once their sockets are bound, ckptd says `STOPPING=1` when it is stopped,
+/// and a job never sees the daemons' `NOTIFY_SOCKET`.
+#[test]
+fn daemons_tell_systemd_when_they_serve_and_jobs_do_not_see_its_socket() {
+    ckpt_tests::skip_unless_ready!();
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("notify.sock");
+    let sock = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    sock.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    let recv = || {
+        let mut buf = [0u8; 1024];
+        let n = sock.recv(&mut buf).expect("a notification within 60 s");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let mut c = ckpt_tests::Ckptd::start(ckpt_tests::Options {
+        separate_agent: true,
+        notify_socket: Some(path.clone()),
+        ..Default::default()
+    });
+    // Both are ready before the agent registered (which `start` waited for).
+    let mut ready = [recv(), recv()];
+    ready.sort();
+    let [agent, ckptd] = &ready;
+    assert!(
+        agent.starts_with("READY=1\nSTATUS=node node0 serving on 127.0.0.1:")
+            && agent.contains("coordinator 127.0.0.1:"),
+        "{agent:?}"
+    );
+    assert!(
+        ckptd.starts_with("READY=1\nSTATUS=serving ckptctl on ")
+            && ckptd.contains("agents on ")
+            && !ckptd[8..].contains('\n'),
+        "{ckptd:?}"
+    );
+    let job = c.run_job(
+        "env",
+        &[
+            "sh".into(),
+            "-c".into(),
+            "echo NS=${NOTIFY_SOCKET:-unset}".into(),
+        ],
+    );
+    c.wait_state(job, "exited", std::time::Duration::from_secs(60));
+    assert!(c.output(job).contains("NS=unset"), "{}", c.output(job));
+    c.stop_daemon();
+    assert_eq!(recv(), "STOPPING=1\nSTATUS=stopping");
+}

@@ -294,6 +294,8 @@ pub struct Options {
     pub shared_size: Option<String>,
     /// Extra TOML for the agent's table (e.g. `"[agent.flush]\nbandwidth_mb = 5\n"`).
     pub agent_toml: String,
+    /// `NOTIFY_SOCKET` for the daemons, as systemd sets it for a `Type=notify` unit.
+    pub notify_socket: Option<PathBuf>,
     /// Extra keys of the `[agent]` table itself (e.g. `"allow_root_jobs = false\nmin_uid = 500\n"`).
     /// Without `allow_root_jobs` among them, the harness allows root jobs (the tests run as root).
     pub agent_keys: String,
@@ -456,6 +458,9 @@ impl Ckptd {
     fn apply_env(&self, cmd: &mut Command) {
         if self.opts.failpoints {
             cmd.env("CKPT_FAILPOINTS", self.failpoint_file());
+        }
+        if let Some(s) = &self.opts.notify_socket {
+            cmd.env("NOTIFY_SOCKET", s);
         }
     }
 

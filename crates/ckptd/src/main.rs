@@ -159,6 +159,8 @@ fn main() -> ExitCode {
     if let Some(Cmd::Shim { spec }) = &cli.cmd {
         return ExitCode::from(node_agent::shim::main(spec) as u8);
     }
+    // Before any thread starts: nothing ckptd starts inherits the variable.
+    let notifier = ckpt_daemon::notify::Notifier::from_env();
     ckpt_daemon::init_tracing();
     let default_path = std::path::Path::new(CoordinatorConfig::DEFAULT_PATH);
     let loaded = CkptdConfig::load_or_default(&cli.config, default_path);
@@ -234,6 +236,17 @@ fn main() -> ExitCode {
         };
         let control = coordinator::server::bind_control_socket(&cfg.socket)
             .map_err(|e| format!("cannot bind control socket {}: {e}", cfg.socket.display()))?;
+        let serving = match &agents {
+            Some((l, _)) => format!(
+                "serving ckptctl on {}, agents on {} (TLS)",
+                cfg.socket.display(),
+                l.local_addr().map(|a| a.to_string()).unwrap_or_default()
+            ),
+            None => format!(
+                "serving ckptctl on {}; this machine only (no cluster credential)",
+                cfg.socket.display()
+            ),
+        };
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         if let Some(jobs) = jobs {
             // Only this process calls the embedded agent: a socket in a directory only root
@@ -252,8 +265,11 @@ fn main() -> ExitCode {
                 }
             });
         }
+        // Every socket is bound: connections wait in their queues until served.
+        notifier.ready(&serving);
         tokio::spawn(async move {
             shutdown_signal().await;
+            notifier.stopping();
             let _ = stop_tx.send(true);
         });
         let mut rx = stop_rx;

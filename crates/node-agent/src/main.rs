@@ -74,6 +74,8 @@ fn main() -> ExitCode {
         Some(Cmd::Enroll { bundle }) => Some(bundle),
         _ => None,
     };
+    // Before any thread starts: no job, shim or engine the agent starts inherits the variable.
+    let notifier = ckpt_daemon::notify::Notifier::from_env();
     node_agent::init_tracing();
     let default_path = std::path::Path::new(AgentConfig::DEFAULT_PATH);
     let loaded = node_agent::config::load_or_default(&cli.config, default_path);
@@ -114,10 +116,25 @@ fn main() -> ExitCode {
                 path: cfg.listen.to_string().into(),
                 source,
             })?;
+        let serving = format!(
+            "node {} serving on {}; coordinator {}",
+            cfg.node_name,
+            listener
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_default(),
+            if cfg.coordinator.is_empty() {
+                "none configured"
+            } else {
+                cfg.coordinator.as_str()
+            }
+        );
         let listener = node_agent::Listener::Cluster {
             tcp: listener,
             credential,
         };
+        // The listener is bound: connections wait in its queue until served.
+        notifier.ready(&serving);
         node_agent::run(cfg, jobs, listener, async {
             let _ = tokio::signal::ctrl_c().await;
         })
