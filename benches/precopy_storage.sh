@@ -49,16 +49,7 @@ while [ $# -gt 0 ]; do
 done
 NAME=precopy_storage
 . "$REPO/benches/vmbench.sh"
-if [ -n "$BUILD" ]; then
-    log "building ckptd, ckptctl, ckpt-agent, ckpt-rsh and memwrite (release)"
-    (cd "$REPO" && cargo build --release -p ckptd -p ckptctl -p node-agent) >&2
-    make -s -C "$REPO/tests/apps" OUT="$REPO/target/apps" "$REPO/target/apps/memwrite" >&2
-fi
-CRIU=/opt/ckpt/criu/bin/criu
-[ -x "$CRIU" ] || CRIU=$(command -v criu) || die "no criu (scripts/setup.sh installs it)"
-for f in "$BIN/ckptd" "$BIN/ckptctl" "$BIN/ckpt-agent" "$BIN/ckpt-rsh" "$APPS/memwrite"; do
-    [ -f "$f" ] || die "missing $f (drop --no-build)"
-done
+prepare_memwrite_bench "$BIN/ckptd" "$BIN/ckptctl" "$BIN/ckpt-agent" "$BIN/ckpt-rsh" "$APPS/memwrite"
 
 TMP=$(mktemp -d /tmp/precopy_storage.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT

@@ -40,16 +40,7 @@ while [ $# -gt 0 ]; do
 done
 NAME=precopy_vs_criu
 . "$REPO/benches/vmbench.sh"
-if [ -n "$BUILD" ]; then
-    log "building ckptd, ckptctl, ckpt-agent and memwrite (release)"
-    (cd "$REPO" && cargo build --release -p ckptd -p ckptctl -p node-agent) >&2
-    make -s -C "$REPO/tests/apps" OUT="$REPO/target/apps" "$REPO/target/apps/memwrite" >&2
-fi
-CRIU=/opt/ckpt/criu/bin/criu
-[ -x "$CRIU" ] || CRIU=$(command -v criu) || die "no criu (scripts/setup.sh installs it)"
-for f in "$BIN/ckptd" "$BIN/ckptctl" "$BIN/ckpt-agent" "$APPS/memwrite"; do
-    [ -f "$f" ] || die "missing $f (drop --no-build)"
-done
+prepare_memwrite_bench "$BIN/ckptd" "$BIN/ckptctl" "$BIN/ckpt-agent" "$APPS/memwrite"
 
 TMP=$(mktemp -d /tmp/precopy_vs_criu.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
