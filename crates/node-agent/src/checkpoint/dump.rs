@@ -168,7 +168,13 @@ pub(super) fn dump_frozen(
 
 /// Share of the resident memory written since the newest pre-dump above which a checkpoint
 /// dumps everything instead of on top of the chain.
-pub(super) const FULL_DUMP_WRITTEN: f64 = 0.6;
+const FULL_DUMP_WRITTEN: f64 = 0.6;
+
+/// Whether a dump with `written` bytes written since the newest pre-dump, of `resident`, is a
+/// full one (the chain dropped) rather than one on top of the chain.
+pub(super) fn full_dump(written: u64, resident: u64) -> bool {
+    written as f64 >= resident as f64 * FULL_DUMP_WRITTEN
+}
 
 /// Moves the job's waiting pre-dumps (if they are of this incarnation) into the epoch's node
 /// directory as its chain, and returns the dump's parent relative to its images directory.
@@ -193,7 +199,7 @@ fn adopt_links(job: &mut NodeJob) -> Result<Option<String>, AgentError> {
     }
     w.notes
         .insert("precopy_dirty_bytes".into(), dirty.to_string());
-    if dirty as f64 >= resident as f64 * FULL_DUMP_WRITTEN {
+    if full_dump(dirty, resident) {
         for l in &links {
             let _ = fs::remove_dir_all(&l.dir);
         }

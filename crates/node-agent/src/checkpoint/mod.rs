@@ -31,15 +31,13 @@ const ROOM_FACTOR: f64 = 1.10;
 /// Staging room a checkpoint needs for `resident` bytes of memory: [`ROOM_FACTOR`] times what
 /// the dump writes. With a chain of pre-dumps (`on_chain`: bytes written since the newest, and
 /// the chain's own bytes) that is only the written bytes, unless so much was written that the
-/// dump is a full one ([`dump::FULL_DUMP_WRITTEN`]), which first deletes the chain and so
-/// gets its room back.
+/// dump is a full one ([`dump::full_dump`]), which first deletes the chain and so gets its
+/// room back.
 fn room_needed(resident: u64, on_chain: Option<(u64, u64)>) -> u64 {
     let room = |bytes: u64| (bytes as f64 * ROOM_FACTOR) as u64;
     match on_chain {
         None => room(resident),
-        Some((written, _)) if (written as f64) < resident as f64 * dump::FULL_DUMP_WRITTEN => {
-            room(written)
-        }
+        Some((written, _)) if !dump::full_dump(written, resident) => room(written),
         Some((_, chain)) => room(resident).saturating_sub(chain),
     }
 }
