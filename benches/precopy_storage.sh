@@ -56,22 +56,10 @@ trap 'rm -rf "$TMP"' EXIT
 printf 'exec python3 %q --guest-setup --bin %q --app %q --criu %q --mib %q --pct %q --k %q --sleep-ms %q --first-after %q --stagger %q %s\n' \
     "$REPO/benches/guest/precopy_storage.py" "$BIN" "$APPS/memwrite" "$CRIU" "$MIB" "$PCT" "$K" \
     "$SLEEP" "$FIRST" "$STAGGER" "$SHARED" > "$TMP/guest.sh"
-LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
-OTHERS=$(pgrep -xc qemu-system-x86 || true)
-[ "$OTHERS" = 0 ] || log "warning: $OTHERS other QEMU guest(s) running; the numbers will be noisy"
-BEGIN=$SECONDS
-log "booting the guest (3 nodes x $MIB MiB, $PCT % per step, $K checkpoints per mode)"
-rc=0
-"$REPO/scripts/testvm.sh" run "$TMP/guest.sh" name=psbench mem="$MEM" timeout="$TIMEOUT" \
-    > "$TMP/console" 2>&1 || rc=$?
-WALL=$((SECONDS - BEGIN))
-tr -d '\r' < "$TMP/console" > "$TMP/console.txt"
-[ "$rc" = 0 ] || { tail -n 80 "$TMP/console.txt" >&2; die "guest failed (status $rc)"; }
+run_guest psbench "3 nodes x $MIB MiB, $PCT % per step, $K checkpoints per mode"
 
 report() {
-    echo "# precopy_storage — $(date -u '+%F %H:%M UTC')"
-    echo "# args: ${ARGS:-(none)}; host $(nproc) cores, load before $LOAD, other guests $OTHERS; wall ${WALL} s"
-    grep '^GUEST' "$TMP/console.txt" | sed 's/^/# /'
+    report_head
     echo
     grep -E '^(RUN|PRE)' "$TMP/console.txt"
     echo

@@ -47,22 +47,10 @@ trap 'rm -rf "$TMP"' EXIT
 printf 'export BIN=%q MEMWRITE=%q CRIU=%q MIB=%q PCTS=%q K=%q\nbash %q\n' \
     "$BIN" "$APPS/memwrite" "$CRIU" "$MIB" "$PCTS" "$K" \
     "$REPO/benches/guest/precopy_vs_criu.sh" > "$TMP/guest.sh"
-LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
-OTHERS=$(pgrep -xc qemu-system-x86 || true)
-[ "$OTHERS" = 0 ] || log "warning: $OTHERS other QEMU guest(s) running; the numbers will be noisy"
-BEGIN=$SECONDS
-log "booting the guest ($MIB MiB, rewriting ${PCTS// /, } % per step, $K dumps each)"
-rc=0
-"$REPO/scripts/testvm.sh" run "$TMP/guest.sh" name=pcbench mem="$MEM" timeout="$TIMEOUT" \
-    > "$TMP/console" 2>&1 || rc=$?
-WALL=$((SECONDS - BEGIN))
-tr -d '\r' < "$TMP/console" > "$TMP/console.txt"
-[ "$rc" = 0 ] || { tail -n 60 "$TMP/console.txt" >&2; die "guest failed (status $rc)"; }
+run_guest pcbench "$MIB MiB, rewriting ${PCTS// /, } % per step, $K dumps each"
 
 report() {
-    echo "# precopy_vs_criu — $(date -u '+%F %H:%M UTC')"
-    echo "# args: ${ARGS:-(none)}; host $(nproc) cores, load before $LOAD, other guests $OTHERS; wall ${WALL} s"
-    grep '^GUEST' "$TMP/console.txt" | sed 's/^/# /'
+    report_head
     echo
     grep '^RUN' "$TMP/console.txt"
     echo
