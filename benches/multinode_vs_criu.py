@@ -260,6 +260,14 @@ class Ckpt(Ckptctl):
         self.proc = None
         self.jobs = []
 
+    def run_job(self, name, node, cmd):
+        """`ckptctl run --name NAME --node NODE -- CMD`; the job id (the job is cancelled at
+        teardown)."""
+        p, _ = self.ctl("run", "--name", name, "--node", node, "--", *cmd, timeout=60)
+        jid = p.stdout.strip().split()[-1]
+        self.jobs.append(jid)
+        return jid
+
     def write_ckptd_config(self):
         """ckptd.toml; with TLS, the cluster CA and ckptd's credential live in <tmp>/ca."""
         with open(self.cfg, "w") as f:
@@ -439,9 +447,7 @@ def bench_nodes(ckpt, cluster, n, args, iters, app, k, res):
     hosts = ",".join(nd.ip for nd in nodes)
     cmd = ["mpiexec.mpich", "-hosts", hosts, "-n", str(2 * n), app, str(args.size), str(iters),
            str(args.sleep_us)]
-    p, _ = ckpt.ctl("run", "--name", "heat", "--node", "n1", "--", *cmd, timeout=60)
-    jid = p.stdout.strip().split()[-1]
-    ckpt.jobs.append(jid)
+    jid = ckpt.run_job("heat", "n1", cmd)
     stdout = os.path.join(nodes[0].dir, "state", "jobs", jid, "stdout")
     stderr = os.path.join(nodes[0].dir, "state", "jobs", jid, "stderr")
     log(f"N={n}: job {jid}: {shlex.join(cmd)}")

@@ -240,9 +240,7 @@ def run_mode(mode, args, bindir, app, work, gap):
         hosts = ",".join(nd.ip for nd in nodes)
         cmd = ["mpiexec.mpich", "-hosts", hosts, "-n", "3", app, str(args.mib), str(args.pct),
                "1000000", str(args.sleep_ms)]
-        p, _ = ckpt.ctl("run", "--name", "memwrite", "--node", "n1", "--", *cmd, timeout=60)
-        jid = p.stdout.strip().split()[-1]
-        ckpt.jobs.append(jid)
+        jid = ckpt.run_job("memwrite", "n1", cmd)
         stdout = os.path.join(nodes[0].dir, "state", "jobs", jid, "stdout")
         stderr = os.path.join(nodes[0].dir, "state", "jobs", jid, "stderr")
         log(f"{mode}: job {jid}: {shlex.join(cmd)}")
