@@ -211,7 +211,13 @@ async fn setup(n: usize) -> Setup {
     for i in 0..n {
         let addr = lines.next().expect("agent address").expect("read");
         coord
-            .register_agent(&format!("a{i}"), &addr, Vec::new(), String::new())
+            .register_agent(
+                &format!("a{i}"),
+                &addr,
+                Vec::new(),
+                String::new(),
+                Vec::new(),
+            )
             .await
             .expect("register");
     }
@@ -231,6 +237,7 @@ async fn setup(n: usize) -> Setup {
                 node: "a0".into(),
                 part_env: Default::default(),
                 policy: Default::default(),
+                engine: String::new(),
             },
         )
         .await

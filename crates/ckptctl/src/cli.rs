@@ -166,6 +166,12 @@ pub struct RunArgs {
     /// Node to start the command on (default: the first registered).
     #[arg(long)]
     pub node: Option<String>,
+    /// Snapshot engine: `criu` (the default: any job, InfiniBand included, on any number of
+    /// nodes) or `dmtcp` (DMTCP must be installed on the node; the job runs under
+    /// `dmtcp_launch` with a DMTCP coordinator of its own, on one node, over TCP or shared
+    /// memory). Refused at once when the node lacks it; see docs/dmtcp.md.
+    #[arg(long, value_name = "ENGINE")]
+    pub engine: Option<String>,
     /// Run MPI over InfiniBand/RoCE verbs in a way ckpt can checkpoint: sets, unless your
     /// environment has them, OMPI_MCA_pml=ucx OMPI_MCA_pml_ucx_devices=any
     /// OMPI_MCA_pml_ucx_tls=any OMPI_MCA_btl=^openib,ofi OMPI_MCA_mtl=^ofi OMPI_MCA_osc=^ucx

@@ -113,6 +113,11 @@ pub async fn run(c: &mut ControlClient<Channel>, a: RunArgs, json: bool) -> Resu
         .unwrap_or_else(|_| "/".into());
     let mut env: std::collections::HashMap<String, String> = std::env::vars().collect();
     let mut part_env = Default::default();
+    if a.rdma && a.engine.as_deref().is_some_and(|e| e != "criu") {
+        return Err(invalid(
+            "--rdma needs the criu engine: DMTCP cannot checkpoint InfiniBand verbs".into(),
+        ));
+    }
     if a.rdma {
         let r = rdma::apply(&mut env);
         if !json && !r.set.is_empty() {
@@ -131,6 +136,7 @@ pub async fn run(c: &mut ControlClient<Channel>, a: RunArgs, json: bool) -> Resu
         every: a.every.unwrap_or_default(),
         resume: a.resume,
         deadline_unix_ms,
+        engine: a.engine.clone().unwrap_or_default(),
     };
     let reply = c.run(req).await?.into_inner();
     let id = reply.job.as_ref().map(|j| j.id).unwrap_or_default();

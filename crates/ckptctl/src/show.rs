@@ -18,7 +18,7 @@ pub fn job_json(j: &pb::JobInfo) -> Value {
         "argv": j.argv, "cwd": j.cwd, "created_unix_ms": j.created_unix_ms,
         "exit_code": j.exit_code, "exit_signal": j.exit_signal,
         "last_epoch": j.last_epoch, "latest_committed_epoch": j.latest_committed_epoch,
-        "job_dir": j.job_dir, "flush": j.flush,
+        "job_dir": j.job_dir, "flush": j.flush, "engine": j.engine,
         "policy": j.policy.as_ref().map(|p| json!({
             "every": p.every, "interval_s": p.interval_s, "why": p.why,
             "next_checkpoint_unix_ms": p.next_checkpoint_unix_ms,
@@ -50,7 +50,12 @@ pub fn print_job(job: Option<pb::JobInfo>, json: bool, text: impl FnOnce(&pb::Jo
 /// `ckptctl status` in words: the job, then each node and its processes.
 pub fn print_status(j: &pb::JobInfo) {
     println!("job {} ({}): {}", j.id, j.name, j.state);
-    println!("  owner uid {}, command: {}", j.owner_uid, j.argv.join(" "));
+    println!(
+        "  owner uid {}, engine {}, command: {}",
+        j.owner_uid,
+        j.engine,
+        j.argv.join(" ")
+    );
     println!(
         "  epochs: {} taken, latest committed {}",
         j.last_epoch, j.latest_committed_epoch
@@ -121,6 +126,7 @@ pub fn epoch_json(e: &pb::EpochInfo) -> Value {
         "flush_ms": e.flush_ms, "local_copy": e.local_copy, "shared_copy": e.shared_copy,
         "partner_copy": e.partner_copy, "shared_bytes": e.shared_bytes, "durable_ms": e.durable_ms,
         "trigger": if e.trigger.is_empty() { "user" } else { e.trigger.as_str() },
+        "engine": e.engine,
     })
 }
 
@@ -157,8 +163,8 @@ pub fn print_jobs(jobs: &[pb::JobInfo]) {
 /// `ckptctl epochs` in words: one line per epoch.
 pub fn print_epochs(epochs: &[pb::EpochInfo]) {
     println!(
-        "{:>5}  {:<28} {:<16} {:<20} {:>9} {:>9} {:>10} {:>6}  {:<8}  REASON",
-        "EPOCH", "STATE", "STORAGE", "COPIES", "FROZEN", "TOTAL", "SIZE", "FILES", "BY"
+        "{:>5}  {:<28} {:<16} {:<20} {:>9} {:>9} {:>10} {:>6}  {:<6} {:<8}  REASON",
+        "EPOCH", "STATE", "STORAGE", "COPIES", "FROZEN", "TOTAL", "SIZE", "FILES", "ENGINE", "BY"
     );
     for e in epochs {
         let reason = if !e.reason.is_empty() {
@@ -190,7 +196,7 @@ pub fn print_epochs(epochs: &[pb::EpochInfo]) {
             copies.join(",")
         };
         println!(
-            "{:>5}  {:<28} {:<16} {:<20} {:>7}ms {:>7}ms {:>10} {:>6}  {:<8}  {}",
+            "{:>5}  {:<28} {:<16} {:<20} {:>7}ms {:>7}ms {:>10} {:>6}  {:<6} {:<8}  {}",
             e.epoch,
             e.state,
             storage,
@@ -199,6 +205,7 @@ pub fn print_epochs(epochs: &[pb::EpochInfo]) {
             e.total_ms,
             size(e.image_bytes),
             e.image_files,
+            e.engine,
             if e.trigger.is_empty() {
                 "user"
             } else {

@@ -110,6 +110,8 @@ struct Entry {
     /// Its interfaces' addresses and its host name.
     host_addresses: Vec<String>,
     shared_dir: String,
+    /// Its snapshot engines: (name, version).
+    engines: Vec<(String, String)>,
     client: AgentClient<Channel>,
     last_seen: Instant,
     /// Which registration this is: links opened under an earlier one are not kept.
@@ -133,6 +135,7 @@ impl Agents {
         address: &str,
         host_addresses: Vec<String>,
         shared_dir: String,
+        engines: Vec<(String, String)>,
         dial: ckpt_auth::transport::Dial,
     ) -> Result<(), String> {
         let channel = ckpt_auth::transport::channel(address, dial, AGENT_CONNECT_TIMEOUT)
@@ -144,6 +147,7 @@ impl Agents {
                 address: address.to_string(),
                 host_addresses,
                 shared_dir,
+                engines,
                 client,
                 last_seen: Instant::now(),
                 generation: self
@@ -193,6 +197,27 @@ impl Agents {
     pub fn forget_job(&self, job: u64) {
         for e in self.map.write().expect("agents lock").values_mut() {
             e.idle.remove(&job);
+        }
+    }
+
+    /// The snapshot engines `node`'s agent reported: (name, version); none if it is not
+    /// registered.
+    pub fn engines(&self, node: &str) -> Vec<(String, String)> {
+        self.map
+            .read()
+            .expect("agents lock")
+            .get(node)
+            .map(|e| e.engines.clone())
+            .unwrap_or_default()
+    }
+
+    /// Whether `node` has the engine `name`. An agent that reports no engines at all is of a
+    /// version before engines were reported, and has CRIU only.
+    pub fn has_engine(&self, node: &str, name: &str) -> bool {
+        let has = self.engines(node);
+        match has.is_empty() {
+            true => name == crate::model::ENGINES[0],
+            false => has.iter().any(|(n, _)| n == name),
         }
     }
 

@@ -87,6 +87,7 @@ pub fn job_info(job: &Job, nodes: Vec<pb::NodeJobInfo>) -> pb::JobInfo {
         detail: String::new(),
         flush: String::new(),
         policy: None,
+        engine: job.engine_name().to_string(),
     }
 }
 
@@ -133,6 +134,8 @@ pub fn epoch_info(e: &Epoch, flushed: Option<(u64, u64)>) -> pb::EpochInfo {
         partner_copy: e.is_restorable() && e.has_partner_copies(),
         trigger: e.trigger.clone(),
         durable_ms: e.durable_ms().unwrap_or(0),
+        // Set by the caller, which has the job.
+        engine: String::new(),
     }
 }
 
@@ -268,6 +271,7 @@ impl pb::control_server::Control for ControlHandler {
                 every,
                 deadline_unix_ms: deadline,
             },
+            engine: r.engine,
         };
         let job = self.coord.run(who, spec).await.map_err(|e| to_status(&e))?;
         let nodes = self.coord.inspect(&job).await;
@@ -467,7 +471,7 @@ impl pb::control_server::Control for ControlHandler {
     ) -> Result<Response<pb::EpochsReply>, Status> {
         let who = caller(&req)?;
         let id = req.into_inner().job_id;
-        self.coord.job_for(&who, id).map_err(|e| to_status(&e))?;
+        let job = self.coord.job_for(&who, id).map_err(|e| to_status(&e))?;
         let epochs = self
             .coord
             .registry
@@ -476,7 +480,11 @@ impl pb::control_server::Control for ControlHandler {
         Ok(Response::new(pb::EpochsReply {
             epochs: epochs
                 .iter()
-                .map(|e| epoch_info(e, self.coord.flushes.progress(id, e.number)))
+                .map(|e| pb::EpochInfo {
+                    // A job keeps its engine: its epochs are all that engine's.
+                    engine: job.engine_name().to_string(),
+                    ..epoch_info(e, self.coord.flushes.progress(id, e.number))
+                })
                 .collect(),
         }))
     }
@@ -629,6 +637,7 @@ impl pb::registry_server::Registry for RegistryHandler {
                 &r.address,
                 names_of(r.host_addresses, r.hostname),
                 r.shared_dir,
+                r.engines.into_iter().map(|e| (e.name, e.version)).collect(),
             )
             .await
             .map_err(Status::invalid_argument)?;

@@ -46,6 +46,7 @@ async fn a_run_whose_part_env_sets_ckpts_own_variables_is_refused_before_any_lau
         node: "n1".into(),
         part_env: [("CKPT_IBQ_SOCKET".to_string(), "/tmp/mine.sock".to_string())].into(),
         policy: Default::default(),
+        engine: String::new(),
     };
     let e = c.coord.run(OWNER, spec).await.unwrap_err();
     assert!(
@@ -56,6 +57,37 @@ async fn a_run_whose_part_env_sets_ckpts_own_variables_is_refused_before_any_lau
         c.world.lock().unwrap().launches.is_empty(),
         "nothing launched"
     );
+}
+
+#[tokio::test]
+async fn a_run_asking_for_an_engine_its_node_lacks_is_refused_before_any_launch() {
+    let c = Cluster::start().await;
+    let spec = |engine: &str| coordinator::driver::RunSpec {
+        name: "dmtcp".into(),
+        argv: vec!["mpiexec".into()],
+        cwd: "/".into(),
+        env: Default::default(),
+        node: "n1".into(),
+        part_env: Default::default(),
+        policy: Default::default(),
+        engine: engine.into(),
+    };
+    let e = c.coord.run(OWNER, spec("dmtcp")).await.unwrap_err();
+    assert!(
+        matches!(&e, DriveError::Invalid(m) if m.contains("node n1 has no dmtcp engine") && m.contains("criu 4.2")),
+        "{e}"
+    );
+    let e = c.coord.run(OWNER, spec("blcr")).await.unwrap_err();
+    assert!(
+        matches!(&e, DriveError::Invalid(m) if m.contains("unknown snapshot engine")),
+        "{e}"
+    );
+    assert!(
+        c.world.lock().unwrap().launches.is_empty(),
+        "nothing launched"
+    );
+    let job = c.coord.run(OWNER, spec("criu")).await.unwrap();
+    assert_eq!(job.engine_name(), "criu");
 }
 
 #[tokio::test]
@@ -254,7 +286,7 @@ async fn a_jobs_next_epoch_reuses_its_streams_and_a_failed_one_drops_them() {
     // An agent that registers again gets new streams too.
     let addr = c.coord.agents.address("n1").unwrap();
     c.coord
-        .register_agent("n1", &addr, vec![], String::new())
+        .register_agent("n1", &addr, vec![], String::new(), vec![])
         .await
         .unwrap();
     let before = streams();
@@ -321,7 +353,13 @@ async fn an_unreachable_agent_fails_initial_sync_naming_its_node() {
     let job = c.job().await;
     // n2's agent moves away: its address now leads nowhere.
     c.coord
-        .register_agent("n2", "unix:/nonexistent/agent.sock", vec![], String::new())
+        .register_agent(
+            "n2",
+            "unix:/nonexistent/agent.sock",
+            vec![],
+            String::new(),
+            vec![],
+        )
         .await
         .unwrap();
     let e = c.checkpoint(job, false).await.unwrap_err();

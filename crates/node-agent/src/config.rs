@@ -34,6 +34,8 @@ pub struct AgentConfig {
     pub heartbeat_interval: Duration,
     /// Snapshot engine settings.
     pub criu: CriuConfig,
+    /// The other snapshot engines this node offers (`ckptctl run --engine NAME`).
+    pub engines: EnginesConfig,
     /// Pre-copy: memory copied while jobs run, so checkpoints freeze them only for what changed.
     pub precopy: PrecopyConfig,
     /// Freezer cgroup settings.
@@ -349,6 +351,27 @@ pub struct CriuConfig {
     pub restore_gate_min_mb: u64,
 }
 
+/// Snapshot engines besides CRIU (which every node has).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EnginesConfig {
+    /// DMTCP: `auto` (`dmtcp_launch` on PATH, else in /opt/dmtcp/bin or /usr/local/bin; none
+    /// found: this node has no DMTCP), `off`, or its install prefix or bin directory.
+    pub dmtcp: String,
+    /// How long a DMTCP checkpoint may take, from the request to its last image.
+    #[serde(with = "humantime_serde")]
+    pub dmtcp_checkpoint_timeout: Duration,
+}
+
+impl Default for EnginesConfig {
+    fn default() -> Self {
+        EnginesConfig {
+            dmtcp: "auto".into(),
+            dmtcp_checkpoint_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
 /// Freezer cgroup settings.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -374,6 +397,7 @@ impl Default for AgentConfig {
             flush: FlushConfig::default(),
             heartbeat_interval: Duration::from_secs(1),
             criu: CriuConfig::default(),
+            engines: EnginesConfig::default(),
             precopy: PrecopyConfig::default(),
             cgroup: CgroupConfig::default(),
             launcher: LauncherConfig::default(),

@@ -347,4 +347,15 @@ pub enum AgentError {
         /// What is wrong, and what to do.
         problem: String,
     },
+    /// The job asks for a snapshot engine this node does not have, or its engine cannot do
+    /// what was asked.
+    #[error("job {job}: node {node}: {problem}")]
+    NoEngine {
+        /// Job id.
+        job: u64,
+        /// This node.
+        node: String,
+        /// What is missing, and what to do.
+        problem: String,
+    },
 }

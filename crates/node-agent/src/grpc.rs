@@ -58,7 +58,9 @@ pub fn to_status(e: AgentError) -> Status {
         AgentError::Store { .. }
         | AgentError::ManifestMismatch { .. }
         | AgentError::NoUsableCopy { .. } => Status::data_loss(msg),
-        AgentError::NoShared { .. } => Status::failed_precondition(msg),
+        AgentError::NoShared { .. } | AgentError::NoEngine { .. } => {
+            Status::failed_precondition(msg)
+        }
         AgentError::Partner { .. } => Status::unavailable(msg),
         AgentError::Channel { .. } => Status::aborted(msg),
         AgentError::Timeout { .. } => Status::deadline_exceeded(msg),
@@ -187,6 +189,7 @@ impl Agent for AgentHandler {
             groups: r.groups,
             token: r.token,
             part: r.part,
+            engine: r.engine,
             sandbox: match r.job_address.as_str() {
                 "" => None,
                 a => Some(

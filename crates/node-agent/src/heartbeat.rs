@@ -82,6 +82,12 @@ pub async fn run(
                     .shared_dir()
                     .map(|d| d.display().to_string())
                     .unwrap_or_default(),
+                engines: jobs
+                    .engines()
+                    .list()
+                    .into_iter()
+                    .map(|(name, version)| pb::EngineInfo { name, version })
+                    .collect(),
             };
             match tokio::time::timeout(CALL_TIMEOUT, c.register(req)).await {
                 Ok(Ok(_)) => {

@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ckpt_store::copy::CopyOptions;
 use ckpt_store::layout::Staging;
@@ -30,7 +30,7 @@ use tokio::sync::Mutex;
 use tracing::warn;
 
 use crate::cgroup::{CgroupParent, JobCgroup};
-use crate::engine::SnapshotEngine;
+use crate::engine::{Engines, SnapshotEngine};
 use crate::error::AgentError;
 use crate::failpoint::{Action, Failpoints};
 use crate::ibq::Channels;
@@ -70,6 +70,9 @@ pub struct JobRecord {
     /// The part's job address, when it runs in a sandbox.
     #[serde(default)]
     pub sandbox: Option<crate::sandbox::JobAddress>,
+    /// The snapshot engine the job runs under; empty: the default (CRIU).
+    #[serde(default)]
+    pub engine: String,
 }
 
 /// Where one epoch is on this node.
@@ -115,6 +118,8 @@ pub(crate) struct EpochWork {
     pub(crate) tcp_addrs: Vec<String>,
     pub(crate) tids: Vec<i32>,
     pub(crate) notes: BTreeMap<String, String>,
+    /// How long the engine kept the job suspended, where the engine (not a freeze) does.
+    pub(crate) suspended: Option<Duration>,
     /// Held from just before the freeze to the end of the thaw: background copies wait.
     pub(crate) pause: Option<PauseGuard>,
     /// The job's pre-copy chain, held from initial synchronization to the end of the epoch
@@ -122,6 +127,18 @@ pub(crate) struct EpochWork {
     pub(crate) chain: Option<tokio::sync::OwnedMutexGuard<crate::precopy::Chain>>,
     /// The pre-dumps below this epoch's dump, as its manifest lists them.
     pub(crate) links: Vec<String>,
+}
+
+impl EpochWork {
+    /// How long the job has been kept from running in this epoch: since the freeze, or what
+    /// the engine that suspends jobs itself took.
+    pub(crate) fn frozen_so_far(&self) -> Duration {
+        match (self.suspended, self.frozen_at) {
+            (Some(d), _) => d,
+            (None, Some(t)) => t.elapsed(),
+            (None, None) => Duration::ZERO,
+        }
+    }
 }
 
 /// One frozen job's hold on the node's background copies; released on drop.
@@ -174,6 +191,13 @@ impl NodeJob {
         self.dir
             .join("run")
             .join(self.record.incarnation.to_string())
+    }
+
+    /// The session directory of `incarnation`, for engines that keep files of their own
+    /// beside the job (DMTCP's coordinator port and images): the owner's, in a directory of
+    /// root's (see [`crate::launch::make_session`]).
+    pub(crate) fn session_dir(&self, incarnation: u32) -> PathBuf {
+        self.dir.join("session").join(incarnation.to_string())
     }
 
     pub(crate) fn save(&self) -> Result<(), AgentError> {
@@ -261,6 +285,8 @@ pub struct Jobs {
     pub(crate) staging: Staging,
     cgroups: CgroupParent,
     pub(crate) engine: Arc<dyn SnapshotEngine>,
+    /// Every engine this node has, by name (the default `engine` among them).
+    pub(crate) engines: Engines,
     pub(crate) shim_exe: PathBuf,
     /// The interface job addresses go on (sandboxes); none: this node runs no sandboxes.
     pub(crate) job_link: Option<String>,
@@ -371,6 +397,7 @@ impl Jobs {
             state_dir,
             staging,
             cgroups,
+            engines: Engines::new(engine.clone(), Vec::new()),
             engine,
             shim_exe,
             job_link: None,
@@ -390,6 +417,12 @@ impl Jobs {
     /// Sets whether jobs here are pre-copied.
     pub fn with_precopy(mut self, mode: crate::precopy::Mode) -> Self {
         self.precopy = mode;
+        self
+    }
+
+    /// Adds the engines besides the default one.
+    pub fn with_engines(mut self, others: Vec<Arc<dyn SnapshotEngine>>) -> Self {
+        self.engines = Engines::new(self.engine.clone(), others);
         self
     }
 
@@ -453,9 +486,30 @@ impl Jobs {
         &self.node
     }
 
-    /// The snapshot engine.
+    /// The default snapshot engine.
     pub fn engine(&self) -> &Arc<dyn SnapshotEngine> {
         &self.engine
+    }
+
+    /// Every snapshot engine of this node.
+    pub fn engines(&self) -> &Engines {
+        &self.engines
+    }
+
+    /// The engine called `name` ("": the default), or an error naming what this node has.
+    pub(crate) fn engine_named(
+        &self,
+        job: u64,
+        name: &str,
+    ) -> Result<Arc<dyn SnapshotEngine>, AgentError> {
+        self.engines
+            .get(name)
+            .cloned()
+            .map_err(|problem| AgentError::NoEngine {
+                job,
+                node: self.node.clone(),
+                problem,
+            })
     }
 
     pub(crate) fn get(&self, job: u64) -> Result<Arc<Mutex<NodeJob>>, AgentError> {
@@ -492,6 +546,7 @@ impl Jobs {
                 part: 0,
                 owner: None,
                 sandbox: None,
+                engine: String::new(),
             },
             dir,
             cgroup: self.cgroups.job(job),

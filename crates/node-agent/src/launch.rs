@@ -56,6 +56,8 @@ pub struct LaunchSpec {
     pub part: u32,
     /// Run the part in a sandbox with this job address.
     pub sandbox: Option<crate::sandbox::JobAddress>,
+    /// The snapshot engine ("": the default).
+    pub engine: String,
 }
 
 /// What the agent adds to every job's environment so that its MPI launcher reaches other
@@ -163,6 +165,40 @@ fn shim_log_tail(log: &str) -> String {
     } else {
         tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
     }
+}
+
+/// Makes the session directory of `incarnation` of `job` ([`NodeJob::session_dir`]) afresh,
+/// and the owner's, once `fill` has put into it what the engine needs. Everything under
+/// `<job dir>/session` is root's until then, so root never works inside a directory the owner
+/// controls; the owner gets only this one, through a descriptor.
+pub(crate) fn make_session(
+    job: &NodeJob,
+    incarnation: u32,
+    owner: &Identity,
+    fill: impl FnOnce(&Path) -> std::io::Result<()>,
+) -> std::io::Result<PathBuf> {
+    let base = job.dir.join("session");
+    ensure_dir(&base, crate::modes::TRAVERSE_ONLY)?;
+    let dir = job.session_dir(incarnation);
+    match fs::remove_dir_all(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    // Sessions of incarnations before the one before are not needed again.
+    for e in fs::read_dir(&base)?.flatten() {
+        let old = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok());
+        if old.is_some_and(|n| n + 1 < incarnation) {
+            let _ = fs::remove_dir_all(e.path());
+        }
+    }
+    fs::create_dir(&dir)?;
+    fill(&dir)?;
+    let d = crate::owner::open_no_symlinks(&dir, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+    nix::unistd::fchown(&d, Some(owner.uid.into()), Some(owner.gid.into()))
+        .map_err(|e| std::io::Error::from_raw_os_error(e as i32))?;
+    d.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(PRIVATE_DIR))?;
+    Ok(dir)
 }
 
 /// Largest chunk of each stream one poll returns.
@@ -287,6 +323,17 @@ impl Jobs {
         // Checked before anything is created: a refused launch leaves nothing behind. The
         // request's gid and groups are not used.
         let owner = self.policy.authorize(spec.job, &self.node, spec.uid)?;
+        let engine = self.engine_named(spec.job, &spec.engine)?;
+        if !engine.freezes() && (spec.part > 0 || spec.sandbox.is_some()) {
+            return Err(AgentError::NoEngine {
+                job: spec.job,
+                node: self.node.clone(),
+                problem: format!(
+                    "the {} engine runs a job on one node, in the node's namespaces: its MPI launcher may not start parts on other nodes, nor may the job have a sandbox (use the criu engine for that)",
+                    engine.name()
+                ),
+            });
+        }
         let j = self.get_or_create(spec.job)?;
         let mut job = j.lock().await;
         if job.observe() == Observed::Running {
@@ -320,8 +367,16 @@ impl Jobs {
             None => None,
         };
         job.record.sandbox = spec.sandbox.clone();
+        job.record.engine = spec.engine.clone();
+        let argv = if engine.freezes() {
+            spec.argv
+        } else {
+            let session = make_session(&job, job.record.incarnation + 1, &owner, |_| Ok(()))
+                .map_err(io_err(spec.job, "create the engine session of", &job.dir))?;
+            engine.launch_argv(spec.argv, &mut env, &session)
+        };
         let mode = ShimMode::Launch {
-            argv: spec.argv,
+            argv,
             cwd: spec.cwd,
             env,
             uid: owner.uid,

@@ -142,6 +142,14 @@ pub fn open_jobs(
         }
     };
     info!(criu = criu.path(), version = %engine::SnapshotEngine::version(&criu), "snapshot engine ready");
+    let mut others: Vec<Arc<dyn engine::SnapshotEngine>> = Vec::new();
+    match engine::dmtcp::Dmtcp::detect(&cfg.engines)? {
+        Some(d) => {
+            info!(dmtcp = %d.bin().display(), version = %engine::SnapshotEngine::version(&d), "snapshot engine ready");
+            others.push(Arc::new(d));
+        }
+        None => info!("no DMTCP on this node: jobs asking for --engine dmtcp are refused here (see [engines] in agent.toml)"),
+    }
     let cgroups = cgroup::CgroupParent::resolve(&cfg.cgroup.parent, &cfg.cgroup.prefix)?;
     let staging =
         ckpt_store::layout::Staging::open(&cfg.local_dir).map_err(|e| StartError::Dir {
@@ -177,7 +185,8 @@ pub fn open_jobs(
     .with_launch_policy(owner::LaunchPolicy {
         allow_root: cfg.allow_root_jobs,
         min_uid: cfg.min_uid,
-    });
+    })
+    .with_engines(others);
     let precopy = precopy::Mode::resolve(&cfg.precopy, || jobs.engine().precopy_support());
     Ok(Arc::new(jobs.with_precopy(precopy)))
 }

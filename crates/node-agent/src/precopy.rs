@@ -222,6 +222,10 @@ impl Jobs {
             }
             return;
         }
+        // Only the default engine pre-dumps (DMTCP has no pre-dumps).
+        if !job.record.engine.is_empty() && job.record.engine != crate::engine::DEFAULT {
+            return;
+        }
         // A part held frozen after a restore waits for its release; the engine would thaw it.
         if chain.failed.is_some() || job.cgroup.state().ok().as_deref() != Some("THAWED") {
             return;
@@ -346,6 +350,8 @@ fn precopy_step(
         external_netns: t.external_netns,
         parent: parent.as_deref(),
         track_mem: true,
+        session: None,
+        owner: None,
     });
     let took = begin.elapsed();
     match r {
@@ -484,6 +490,7 @@ mod tests {
                     // CRIU leaves a partial image behind.
                     fs::write(spec.images_dir.join("pages-1.img"), [0u8; 10]).unwrap();
                     Err(crate::engine::EngineError::Failed {
+                        engine: "criu",
                         op: "pre-dump",
                         status: "exit status: 1".into(),
                         summary: summary.into(),
@@ -501,6 +508,7 @@ mod tests {
             log: &std::path::Path,
         ) -> crate::engine::EngineError {
             crate::engine::EngineError::Failed {
+                engine: "criu",
                 op: "restore",
                 status,
                 summary: String::new(),

@@ -87,6 +87,12 @@ impl Coordinator {
                     )))
                 }
             }
+            if job.engine_name() != crate::model::ENGINES[0] {
+                return Err(DriveError::Invalid(format!(
+                    "job {id} runs under {}, which ckpt runs on one node in this version: its MPI launcher may not start processes on node {node}; run the job on one node, or with --engine criu",
+                    job.engine_name()
+                )));
+            }
             if node == job.node {
                 return Err(DriveError::Invalid(format!(
                     "node {node} runs job {id}'s launcher, which starts its processes there itself; name each host once in mpiexec's host list"
@@ -131,6 +137,7 @@ impl Coordinator {
             groups: vec![],
             token: job.token.clone(),
             part,
+            engine: job.engine.clone(),
             job_address: job.addresses.get(&node).cloned().unwrap_or_default(),
             job_gateway: if job.addresses.contains_key(&node) {
                 self.job_gateway()

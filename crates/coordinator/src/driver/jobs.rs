@@ -17,6 +17,7 @@ impl Coordinator {
         address: &str,
         host_addresses: Vec<String>,
         shared_dir: String,
+        engines: Vec<(String, String)>,
     ) -> Result<(), String> {
         let dial = match (&self.credential, address.starts_with("unix:")) {
             (_, true) | (None, false) => ckpt_auth::transport::Dial::LocalOnly,
@@ -26,7 +27,7 @@ impl Coordinator {
             ),
         };
         self.agents
-            .register(node, address, host_addresses, shared_dir, dial)?;
+            .register(node, address, host_addresses, shared_dir, engines, dial)?;
         info!(node, address, "agent registered");
         self.resume_waiting_flushes();
         let pending: Vec<(String, u64, u32)> = {
@@ -128,17 +129,37 @@ impl Coordinator {
             ));
         }
         check_part_env(&spec.part_env)?;
+        let engine = match spec.engine.as_str() {
+            "" => crate::model::ENGINES[0],
+            e if crate::model::ENGINES.contains(&e) => e,
+            e => {
+                return Err(DriveError::Invalid(format!(
+                    "unknown snapshot engine {e:?}: use {}",
+                    crate::model::ENGINES.join(" or ")
+                )))
+            }
+        };
         let node = if spec.node.is_empty() {
-            self.agents
-                .list()
-                .into_iter()
-                .next()
-                .map(|(n, _, _)| n)
+            // The first node that has the engine.
+            let nodes = self.agents.list();
+            nodes
+                .iter()
+                .map(|(n, _, _)| n.clone())
+                .find(|n| self.agents.has_engine(n, engine))
+                .or_else(|| nodes.first().map(|(n, _, _)| n.clone()))
                 .ok_or(DriveError::NoAgents)?
         } else {
             spec.node.clone()
         };
         let mut client = self.agents.client(&node)?;
+        if !self.agents.has_engine(&node, engine) {
+            let has = self.agents.engines(&node);
+            return Err(DriveError::Invalid(format!(
+                "node {node} has no {engine} engine (its agent reported {}): install {} there and restart its ckpt-agent (see docs/dmtcp.md), run on a node that has it with --node, or choose another engine with --engine",
+                if has.is_empty() { "none".to_string() } else { has.iter().map(|(n, v)| format!("{n} {v}")).collect::<Vec<_>>().join(", ") },
+                engine.to_uppercase(),
+            )));
+        }
         let (id, name, token, job_address) = {
             let _g = self.state.lock().await;
             let id = self.registry.next_job_id()?;
@@ -171,6 +192,7 @@ impl Coordinator {
                 moved: Default::default(),
                 policy: spec.policy.clone(),
                 running_since_unix_ms: 0,
+                engine: spec.engine.clone(),
             };
             let mut job = job;
             self.take_address(&mut job, &node)?;
@@ -190,6 +212,7 @@ impl Coordinator {
             groups: Vec::new(),
             token,
             part: 0,
+            engine: spec.engine.clone(),
             job_gateway: if job_address.is_empty() {
                 String::new()
             } else {

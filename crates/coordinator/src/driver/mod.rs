@@ -205,6 +205,8 @@ pub struct RunSpec {
     pub part_env: std::collections::HashMap<String, String>,
     /// When ckptd checkpoints it by itself.
     pub policy: crate::model::Policy,
+    /// Snapshot engine ("" or "criu", "dmtcp").
+    pub engine: String,
 }
 
 /// Milliseconds since the Unix epoch.

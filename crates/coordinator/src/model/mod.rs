@@ -427,9 +427,23 @@ pub struct Job {
     /// last restart. Periodic checkpoints count from the later of this and the last epoch.
     #[serde(default)]
     pub running_since_unix_ms: u64,
+    /// The snapshot engine its nodes use; empty: the default (CRIU).
+    #[serde(default)]
+    pub engine: String,
 }
 
+/// Snapshot engines a job may ask for.
+pub const ENGINES: [&str; 2] = ["criu", "dmtcp"];
+
 impl Job {
+    /// The job's snapshot engine ("criu" where none was named).
+    pub fn engine_name(&self) -> &str {
+        match self.engine.as_str() {
+            "" => ENGINES[0],
+            e => e,
+        }
+    }
+
     /// Whether the job's processes run (or are being started, checkpointed or restored): its
     /// nodes are not free for another job's parts.
     pub fn is_live(&self) -> bool {
@@ -617,6 +631,7 @@ pub(crate) mod fixtures {
             token: String::new(),
             policy: Policy::default(),
             running_since_unix_ms: 0,
+            engine: String::new(),
         }
     }
 

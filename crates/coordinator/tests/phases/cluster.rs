@@ -446,6 +446,7 @@ impl Cluster {
                     &format!("unix:{}", sock.display()),
                     vec![],
                     shared_dir.to_string(),
+                    vec![("criu".into(), "4.2".into())],
                 )
                 .await
                 .unwrap();
@@ -462,6 +463,7 @@ impl Cluster {
             node: "n1".into(),
             part_env: HashMap::from([("UCX_TLS".into(), "rc_verbs,ud_verbs,self".into())]),
             policy: Default::default(),
+            engine: String::new(),
         };
         let job = self.coord.run(OWNER, spec).await.unwrap();
         for host in &NODES[1..] {
@@ -500,6 +502,7 @@ impl Cluster {
             node: node.into(),
             part_env: HashMap::new(),
             policy: Default::default(),
+            engine: String::new(),
         };
         self.coord.run(OWNER, spec).await.unwrap().id
     }

@@ -24,13 +24,11 @@ use crate::sandbox;
 /// /dev/shm and its session directory in /tmp/ompi.*): the agent saves the ones the job uses.
 const PRESERVE_PREFIXES: [&str; 2] = ["/dev/shm/", "/tmp/ompi."];
 
-pub(super) fn dump_frozen(
-    job: &mut NodeJob,
-    engine: &dyn SnapshotEngine,
-) -> Result<(), AgentError> {
+/// The job's owner, recorded in the epoch's notes. An older agent's record has no owner: the
+/// job's root process says who it is.
+fn note_owner(job: &mut NodeJob) -> Result<u32, AgentError> {
     let id = job.record.id;
     let root = job.work.as_ref().map(|w| w.root_pid).unwrap_or(0);
-    // An older agent's record has no owner: the job's root process says who it is.
     let owner = job
         .record
         .owner
@@ -42,6 +40,52 @@ pub(super) fn dump_frozen(
     job.record.owner = Some(owner);
     let w = job.work.as_mut().expect("checked by caller");
     w.notes.insert(OWNER_NOTE.into(), owner.to_string());
+    Ok(owner)
+}
+
+/// The local checkpoint with an engine that suspends the running job itself and lets it run
+/// on (DMTCP): it finds the processes, their files and connections on its own, and writes the
+/// images into the epoch's staging; the time it took is the time the job was suspended.
+pub(super) fn dump_running(
+    job: &mut NodeJob,
+    engine: &dyn SnapshotEngine,
+) -> Result<(), AgentError> {
+    let id = job.record.id;
+    let owner = note_owner(job)?;
+    let session = job.session_dir(job.record.incarnation);
+    let w = job.work.as_mut().expect("checked by caller");
+    let images = w.node_dir.join(chain::IMAGES_DIR);
+    fs::create_dir_all(&images).map_err(io_err(id, "create", &images))?;
+    let log = job.dir.join("logs").join(format!("dump-{}.log", w.epoch));
+    let begin = Instant::now();
+    let r = engine.dump(&DumpSpec {
+        root_pid: w.root_pid,
+        images_dir: &images,
+        cgroup: job.cgroup.path(),
+        log_file: &log,
+        external_netns: None,
+        parent: None,
+        track_mem: false,
+        session: Some(&session),
+        owner: Some(owner),
+    });
+    let took = begin.elapsed();
+    w.suspended = Some(took);
+    r.map_err(|source| AgentError::Engine { job: id, source })?;
+    info!(engine_dump_ms = took.as_millis() as u64, "dumped");
+    w.notes
+        .insert("engine_dump_ms".into(), took.as_millis().to_string());
+    Ok(())
+}
+
+pub(super) fn dump_frozen(
+    job: &mut NodeJob,
+    engine: &dyn SnapshotEngine,
+) -> Result<(), AgentError> {
+    let id = job.record.id;
+    let root = job.work.as_ref().map(|w| w.root_pid).unwrap_or(0);
+    let owner = note_owner(job)?;
+    let w = job.work.as_mut().expect("checked by caller");
     // A sandbox's network namespace is not in the images: its address is, so that a restore
     // anywhere makes the same one.
     let external_netns = match &job.record.sandbox {
@@ -137,6 +181,8 @@ pub(super) fn dump_frozen(
                 external_netns,
                 parent: parent.as_deref(),
                 track_mem: parent.is_some(),
+                session: None,
+                owner: Some(owner),
             })
             .map_err(|source| AgentError::Engine { job: id, source })
             .map(|()| t.elapsed());

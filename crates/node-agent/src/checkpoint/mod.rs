@@ -20,7 +20,7 @@ use crate::launch::exit_text;
 use crate::modes::{set_mode, PRIVATE_DIR};
 use crate::procfs;
 use channels::{refuse_rdma_cm, refuse_verbs_without_channel};
-use dump::dump_frozen;
+use dump::{dump_frozen, dump_running};
 
 pub(crate) use channels::channel_pids;
 
@@ -85,12 +85,16 @@ impl Jobs {
             });
         }
         self.failpoint(job_id, "initial-sync").await?;
+        let engine = self.engine_named(job_id, &job.record.engine)?;
         let root = job.record.root_pid.unwrap_or(0);
         let live = job.cgroup.pids().unwrap_or_default();
-        if let Some(p) = procfs::outside_tree(root, &live)
-            .into_iter()
-            .min_by_key(|p| p.pid)
-        {
+        // An engine that is not given the tree's root finds the processes itself (DMTCP's
+        // coordinator, which its launcher started outside the tree, among them).
+        let outside = match engine.freezes() {
+            true => procfs::outside_tree(root, &live),
+            false => Vec::new(),
+        };
+        if let Some(p) = outside.into_iter().min_by_key(|p| p.pid) {
             return Err(AgentError::OutsideTree {
                 job: job_id,
                 pid: p.pid,
@@ -117,6 +121,15 @@ impl Jobs {
             job: job_id,
             source,
         })?;
+        if !engine.freezes() {
+            let session = job.session_dir(job.record.incarnation);
+            let owner = job.record.owner.unwrap_or(u32::MAX);
+            let e = engine.clone();
+            tokio::task::spawn_blocking(move || e.running(&session, owner))
+                .await
+                .expect("engine status task")
+                .map_err(|state| AgentError::NotRunning { job: job_id, state })?;
+        }
         let mut estimated = 0u64;
         // A process with a channel releases the device before the freeze; checked again then.
         let channeled = self.channels.up(&pids).await;
@@ -179,6 +192,7 @@ impl Jobs {
             tcp_addrs: Vec::new(),
             tids: Vec::new(),
             notes: BTreeMap::new(),
+            suspended: None,
             pause: None,
             chain,
             links: Vec::new(),
@@ -238,6 +252,11 @@ impl Jobs {
             Some(NodePhase::Quiesced) => return Ok((Duration::ZERO, 0)),
             _ => return Err(job.wrong_phase(epoch, "quiesce")),
         }
+        // An engine that suspends the job itself needs it running.
+        if !self.engine_named(job_id, &job.record.engine)?.freezes() {
+            job.work.as_mut().expect("checked").phase = NodePhase::Quiesced;
+            return Ok((Duration::ZERO, 0));
+        }
         let (mut job, took) = self.freeze(job_id, job).await?;
         job.work.as_mut().expect("checked").phase = NodePhase::Quiesced;
         Ok((took, 0))
@@ -288,9 +307,12 @@ impl Jobs {
             .enter_phase(job_id, epoch, NodePhase::Quiesced, "local-checkpoint")
             .await?;
         let begin = Instant::now();
-        let engine = self.engine.clone();
+        let engine = self.engine_named(job_id, &job.record.engine)?;
         let (mut job, r) = tokio::task::spawn_blocking(move || {
-            let r = dump_frozen(&mut job, engine.as_ref());
+            let r = match engine.freezes() {
+                true => dump_frozen(&mut job, engine.as_ref()),
+                false => dump_running(&mut job, engine.as_ref()),
+            };
             (job, r)
         })
         .await
@@ -298,8 +320,7 @@ impl Jobs {
         r?;
         let w = job.work.as_mut().expect("checked");
         w.phase = NodePhase::Checkpointed;
-        let frozen = w.frozen_at.map(|t| t.elapsed()).unwrap_or_default();
-        Ok((begin.elapsed(), frozen))
+        Ok((begin.elapsed(), w.frozen_so_far()))
     }
 
     /// Phase 4, post-checkpoint coordination: thaw the job (or kill it for `--kill`). Returns
@@ -315,11 +336,15 @@ impl Jobs {
             .enter_phase(job_id, epoch, NodePhase::Checkpointed, "resume")
             .await?;
         let begin = Instant::now();
+        // The engine that suspended the job itself has let it run on already.
+        let thaw = self.engine_named(job_id, &job.record.engine)?.freezes();
         let (mut job, r) = tokio::task::spawn_blocking(move || {
             let r = if kill {
                 job.cgroup.kill_all()
-            } else {
+            } else if thaw {
                 job.cgroup.thaw()
+            } else {
+                Ok(())
             };
             (job, r)
         })
@@ -336,8 +361,7 @@ impl Jobs {
         let w = job.work.as_mut().expect("checked");
         w.phase = NodePhase::Resumed;
         w.pause = None;
-        let frozen = w.frozen_at.map(|t| t.elapsed()).unwrap_or_default();
-        Ok((begin.elapsed(), frozen))
+        Ok((begin.elapsed(), w.frozen_so_far()))
     }
 
     /// Seals the epoch on this node: digest and fsync every image, write the node manifest.
@@ -347,13 +371,11 @@ impl Jobs {
         let mut job = self
             .enter_phase(job_id, epoch, NodePhase::Resumed, "finalize")
             .await?;
+        let engine = self.engine_named(job_id, &job.record.engine)?;
+        let engine = (engine.name().to_string(), engine.version().to_string());
         let mut w = job.work.take().expect("checked");
         let chain = w.chain.take();
         let node = self.node.clone();
-        let engine = (
-            self.engine.name().to_string(),
-            self.engine.version().to_string(),
-        );
         let r =
             tokio::task::spawn_blocking(move || -> Result<Finalized, ckpt_store::StoreError> {
                 let files = ckpt_store::digest::seal_tree(&w.node_dir, &[manifest::FILE_NAME])?;

@@ -49,6 +49,7 @@ impl SnapshotEngine for CountingEngine {
     }
     fn restore_failed(&self, status: String, log: &Path) -> EngineError {
         EngineError::Failed {
+            engine: "criu",
             op: "restore",
             status,
             summary: "the counting engine does not restore".into(),

@@ -46,8 +46,9 @@ impl Criu {
             .map_err(|source| match source.kind() {
                 std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
                     EngineError::NotFound {
+                        engine: "criu",
                         path: path.clone(),
-                        min: MIN_VERSION_TEXT,
+                        hint: "install CRIU >= 4.2 (scripts/setup.sh installs it into /opt/ckpt/criu) or set [criu] path in the agent config",
                     }
                 }
                 _ => EngineError::Spawn {
@@ -160,6 +161,7 @@ impl Criu {
             (true, true) => "criu printed nothing and wrote no log".to_string(),
         };
         Err(EngineError::Failed {
+            engine: "criu",
             op,
             status: out.status.to_string(),
             summary,
@@ -343,6 +345,7 @@ impl SnapshotEngine for Criu {
 
     fn restore_failed(&self, status: String, log: &Path) -> EngineError {
         EngineError::Failed {
+            engine: "criu",
             op: "restore",
             status,
             summary: log_summary(log),

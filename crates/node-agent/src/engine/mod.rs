@@ -1,14 +1,21 @@
-//! Snapshot engines: what turns a frozen process tree into image files and back.
+//! Snapshot engines: what turns a job's process tree into image files and back.
 //!
 //! The agent speaks to an engine only through [`SnapshotEngine`]; [`criu::Criu`] drives the
-//! `criu` binary. Dumps run in the agent (blocking; call from `spawn_blocking`); restores are
-//! run by the job's shim, which must be the restored tree's ancestor to reap it, so the engine
-//! only supplies the command line.
+//! `criu` binary on a tree the agent froze, [`dmtcp::Dmtcp`] the job's own DMTCP coordinator
+//! (DMTCP suspends the processes itself). Dumps run in the agent (blocking; call from
+//! `spawn_blocking`); restores are run by the job's shim, which must be the restored tree's
+//! ancestor to reap it, so the engine only supplies the command line.
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub mod criu;
 pub mod criu_rpc;
+pub mod dmtcp;
+
+/// The engine a job gets when it names none.
+pub const DEFAULT: &str = "criu";
 
 /// What to dump.
 #[derive(Debug, Clone)]
@@ -30,6 +37,11 @@ pub struct DumpSpec<'a> {
     /// Reset the kernel's dirty-page tracking after the dump, so that the next pre-dump or
     /// dump on top of this one finds the pages written since.
     pub track_mem: bool,
+    /// The job's session directory on this node (engines that need one, see
+    /// [`SnapshotEngine::launch_argv`]): its owner's, never followed through a link.
+    pub session: Option<&'a Path>,
+    /// The uid the job runs as.
+    pub owner: Option<u32>,
 }
 
 /// What to restore.
@@ -53,18 +65,22 @@ pub struct RestoreSpec<'a> {
     /// ([`crate::restore::gate`]): it waits for the verification of the files the engine reads
     /// while the restore runs ([`SnapshotEngine::memory_only`]).
     pub gate: Option<&'a Path>,
+    /// The restored job's session directory (engines that restore as the job's owner).
+    pub session: Option<&'a Path>,
 }
 
 /// Engine failures, each naming the binary or the log to read.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     /// The engine binary is missing.
-    #[error("criu not found at {path}: install CRIU >= {min} (scripts/setup.sh installs it into /opt/ckpt/criu) or set [criu] path in the agent config")]
+    #[error("{engine} not found at {path}: {hint}")]
     NotFound {
+        /// Engine.
+        engine: &'static str,
         /// Path tried.
         path: String,
-        /// Minimum version.
-        min: &'static str,
+        /// What to do.
+        hint: &'static str,
     },
     /// The engine is older than supported.
     #[error("criu at {path} is version {version}, ckpt needs >= {min} (older versions fail on this kernel): run scripts/setup.sh or set [criu] path to a newer criu")]
@@ -94,9 +110,11 @@ pub enum EngineError {
         source: std::io::Error,
     },
     /// A dump, pre-dump or restore failed.
-    #[error("criu {op} failed ({status}): {summary} (full log: {})", log.display())]
+    #[error("{engine} {op} failed ({status}): {summary} (full log: {})", log.display())]
     Failed {
-        /// "dump", "pre-dump" or "restore".
+        /// "criu" or "dmtcp".
+        engine: &'static str,
+        /// "dump", "pre-dump", "restore" (CRIU); "checkpoint", "restart" (DMTCP).
         op: &'static str,
         /// Exit status text.
         status: String,
@@ -109,11 +127,35 @@ pub enum EngineError {
 
 /// A snapshot engine.
 pub trait SnapshotEngine: Send + Sync + Debug {
-    /// Engine name recorded in manifests ("criu").
+    /// Engine name recorded in manifests ("criu", "dmtcp").
     fn name(&self) -> &str;
     /// Engine version recorded in manifests.
     fn version(&self) -> &str;
-    /// Dumps a frozen tree, leaving it frozen. Blocking.
+    /// Whether the agent freezes the job's cgroup for the dump (true), or the engine suspends
+    /// the processes itself and lets them run on when it is done (false).
+    fn freezes(&self) -> bool {
+        true
+    }
+    /// The command line that starts `argv` as a job under this engine, with `session` (a
+    /// directory of the job's owner's on this node) for its own files; may add to `env`.
+    /// Engines that snapshot any tree leave it as it is.
+    fn launch_argv(
+        &self,
+        argv: Vec<String>,
+        env: &mut BTreeMap<String, String>,
+        session: &Path,
+    ) -> Vec<String> {
+        let _ = (env, session);
+        argv
+    }
+    /// Whether this engine's job with `session` can be snapshot now (every process running
+    /// under it); the reason if not. Blocking.
+    fn running(&self, session: &Path, owner: u32) -> Result<(), String> {
+        let _ = (session, owner);
+        Ok(())
+    }
+    /// Dumps the tree: frozen by the agent, and left frozen, if [`SnapshotEngine::freezes`];
+    /// else the engine suspends and resumes it. Blocking.
     fn dump(&self, spec: &DumpSpec<'_>) -> Result<(), EngineError>;
     /// Why this engine cannot pre-copy on this node (no pre-dumps, or the kernel does not
     /// track which pages were written); `Ok` if it can. Runs the engine: call once, at start.
@@ -125,6 +167,7 @@ pub trait SnapshotEngine: Send + Sync + Debug {
     /// later pre-dump or dump with this one as its parent writes only what changed. Blocking.
     fn pre_dump(&self, spec: &DumpSpec<'_>) -> Result<(), EngineError> {
         Err(EngineError::Failed {
+            engine: "criu",
             op: "pre-dump",
             status: "not run".into(),
             summary: self.precopy_support().err().unwrap_or_default(),
@@ -144,8 +187,52 @@ pub trait SnapshotEngine: Send + Sync + Debug {
     fn gate_min_bytes(&self) -> u64 {
         0
     }
-    /// The command line that restores a tree, detached, and writes the root PID to `pid_file`.
+    /// Whether the restore command runs as the job's owner, in the foreground, and becomes
+    /// the job's root (true), or as root, detached, writing the root's PID (false).
+    fn restores_as_owner(&self) -> bool {
+        false
+    }
+    /// The command line that restores a tree (see [`SnapshotEngine::restores_as_owner`]).
     fn restore_argv(&self, spec: &RestoreSpec<'_>) -> Vec<String>;
     /// Turns a failed restore's exit status and log into an error.
     fn restore_failed(&self, status: String, log: &Path) -> EngineError;
+}
+
+/// The engines a node has, by name.
+#[derive(Debug, Clone)]
+pub struct Engines {
+    default: Arc<dyn SnapshotEngine>,
+    by_name: BTreeMap<String, Arc<dyn SnapshotEngine>>,
+}
+
+impl Engines {
+    /// The node's engines: the default (CRIU), and the others it found.
+    pub fn new(default: Arc<dyn SnapshotEngine>, others: Vec<Arc<dyn SnapshotEngine>>) -> Self {
+        let mut by_name = BTreeMap::new();
+        for e in std::iter::once(default.clone()).chain(others) {
+            by_name.insert(e.name().to_string(), e);
+        }
+        Engines { default, by_name }
+    }
+
+    /// The engine called `name` ("" is the default), or what this node has instead.
+    pub fn get(&self, name: &str) -> Result<&Arc<dyn SnapshotEngine>, String> {
+        if name.is_empty() {
+            return Ok(&self.default);
+        }
+        self.by_name.get(name).ok_or_else(|| {
+            format!(
+                "this node has no {name} engine (it has {})",
+                self.by_name.keys().cloned().collect::<Vec<_>>().join(", ")
+            )
+        })
+    }
+
+    /// (name, version) of every engine.
+    pub fn list(&self) -> Vec<(String, String)> {
+        self.by_name
+            .values()
+            .map(|e| (e.name().to_string(), e.version().to_string()))
+            .collect()
+    }
 }

@@ -4,6 +4,7 @@
 
 pub(crate) mod gate;
 mod hold;
+mod owned;
 
 use std::fs;
 use std::path::Path;
@@ -157,6 +158,22 @@ impl Jobs {
                 .map(|()| begin.elapsed())
             })
         });
+        let engine = self.engine_named(job_id, &m.engine)?;
+        if engine.restores_as_owner() {
+            let images = node_dir.join(ckpt_store::chain::IMAGES_DIR);
+            let v = owned::Verified {
+                job_id,
+                epoch,
+                manifest: &m,
+                images: &images,
+                pages: pages.take(),
+                hold,
+                token,
+                source,
+                note,
+            };
+            return self.restore_as_owner(job, engine, v).await;
+        }
         let prepare_begin = Instant::now();
         // The engine finds a pre-copy chain's links through `parent` links, which copies do not
         // carry: made again from the (verified) manifest.
@@ -290,6 +307,7 @@ impl Jobs {
             job_dir: netns.is_some().then_some(own_dir.as_path()),
             cgroup_root,
             gate: gate.as_ref().map(|_| self.shim_exe.as_path()),
+            session: None,
         });
         let prepare_ms = prepare_begin.elapsed().as_millis() as u64;
         let behind_gate = gate.is_some();

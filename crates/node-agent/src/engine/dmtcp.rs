@@ -1,0 +1,484 @@
+//! The DMTCP engine: a job runs under `dmtcp_launch` with a DMTCP coordinator of its own, which
+//! `dmtcp_launch --new-coordinator` starts as the job's owner inside the job's cgroup (so it
+//! ends with the job, and a cancel or kill takes it too). DMTCP needs no root: its processes
+//! write their own images, as the job's owner, into the job's session directory on this node.
+//!
+//! * Checkpoint: `dmtcp_command -c` to the job's coordinator. DMTCP suspends the job's threads
+//!   itself (a frozen cgroup could not checkpoint itself), writes one `ckpt_*.dmtcp` per
+//!   process, then the coordinator writes `dmtcp_restart_script*.sh` and the job runs on. That
+//!   script's appearance is the end of the checkpoint: DMTCP 4.2's `dmtcp_command -bc` returns
+//!   before the checkpoint ends. The images then move, without being copied, from the session
+//!   directory (the owner's) into the epoch's staging (root's): each is opened without
+//!   following links, must be a regular file of the owner's with one link, is renamed by
+//!   descriptor, is checked to be the same file after the move, and becomes root's (0644: the
+//!   restore reads it as the owner, through a link in a directory only the owner reaches).
+//! * Restart: `dmtcp_restart --new-coordinator` on the images, started by the shim as the job's
+//!   owner; that process becomes the job's root again (DMTCP virtualizes PIDs, so the old ones
+//!   need not be free).
+//! * Settings a job did not set itself (each needed by MPICH 4.0 over UCX under DMTCP 4.2 on
+//!   this platform): `UCX_TLS=^sysv,cma` (UCX's SysV segments fail in DMTCP's SysV plugin; CMA
+//!   reaches peers by real PID, which a restart changes), `UCX_MEM_EVENTS=no`,
+//!   `HWLOC_COMPONENTS=-linuxio`.
+//!
+//! What it cannot do: pre-copy (no pre-dumps), InfiniBand verbs (DMTCP's plugin was removed
+//! upstream; such a job is refused at checkpoint as with CRIU), and, in this version, a job
+//! whose parts run on several nodes (refused at the second node's launch).
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::fs;
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{DumpSpec, EngineError, RestoreSpec, SnapshotEngine};
+use crate::config::EnginesConfig;
+
+/// File in the session directory where `dmtcp_launch` and `dmtcp_restart` write the port of
+/// the coordinator they start.
+pub const PORT_FILE: &str = "coordinator.port";
+/// What the images of a DMTCP checkpoint are called (`ckpt_<program>_<id>.dmtcp`).
+const IMAGE_PREFIX: &str = "ckpt_";
+const IMAGE_SUFFIX: &str = ".dmtcp";
+/// The coordinator writes this once every image of a checkpoint is written.
+const RESTART_SCRIPT_PREFIX: &str = "dmtcp_restart_script";
+/// Environment a job gets unless it set the variable itself; see the module text.
+const JOB_ENV: [(&str, &str); 3] = [
+    ("UCX_TLS", "^sysv,cma"),
+    ("UCX_MEM_EVENTS", "no"),
+    ("HWLOC_COMPONENTS", "-linuxio"),
+];
+
+/// A checked DMTCP installation.
+#[derive(Debug, Clone)]
+pub struct Dmtcp {
+    bin: PathBuf,
+    version: String,
+    timeout: Duration,
+}
+
+/// Whether `name` is a DMTCP image file name.
+pub fn is_image(name: &str) -> bool {
+    name.starts_with(IMAGE_PREFIX) && name.ends_with(IMAGE_SUFFIX) && !name.contains('/')
+}
+
+impl Dmtcp {
+    /// Finds DMTCP as `[engines] dmtcp` says (`auto`: `dmtcp_launch` on PATH, else under
+    /// /opt/dmtcp or /usr/local) and reads its version. None: not installed (or `off`); an
+    /// error: installed where configured but unusable.
+    pub fn detect(cfg: &EnginesConfig) -> Result<Option<Self>, EngineError> {
+        let bin = match cfg.dmtcp.as_str() {
+            "off" => return Ok(None),
+            "auto" => match find_auto() {
+                Some(b) => b,
+                None => return Ok(None),
+            },
+            p => {
+                let p = Path::new(p);
+                // A prefix (its bin/) or the directory of the binaries.
+                if p.join("bin").join("dmtcp_launch").exists() {
+                    p.join("bin")
+                } else {
+                    p.to_path_buf()
+                }
+            }
+        };
+        let launch = bin.join("dmtcp_launch");
+        let out = Command::new(&launch)
+            .arg("--version")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|source| match source.kind() {
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
+                    EngineError::NotFound {
+                        engine: "dmtcp",
+                        path: launch.display().to_string(),
+                        hint: "install DMTCP (see docs/dmtcp.md) or set [engines] dmtcp in the agent config (\"off\": no DMTCP)",
+                    }
+                }
+                _ => EngineError::Spawn {
+                    path: launch.display().to_string(),
+                    source,
+                },
+            })?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let version = parse_version(&text).ok_or_else(|| EngineError::CheckFailed {
+            path: launch.display().to_string(),
+            output: format!("unrecognised `--version` output: {:?}", text.trim()),
+        })?;
+        for tool in ["dmtcp_command", "dmtcp_restart", "dmtcp_coordinator"] {
+            if !bin.join(tool).exists() {
+                return Err(EngineError::CheckFailed {
+                    path: bin.display().to_string(),
+                    output: format!("{tool} is missing beside dmtcp_launch"),
+                });
+            }
+        }
+        Ok(Some(Dmtcp {
+            bin,
+            version,
+            timeout: cfg.dmtcp_checkpoint_timeout,
+        }))
+    }
+
+    /// Directory of the DMTCP binaries.
+    pub fn bin(&self) -> &Path {
+        &self.bin
+    }
+
+    fn tool(&self, name: &str) -> String {
+        self.bin.join(name).display().to_string()
+    }
+
+    /// Runs `dmtcp_command -p PORT ARG` as `owner`; its output, or why it failed.
+    fn command(&self, port: u16, arg: &str, owner: u32) -> Result<String, String> {
+        let gid = crate::owner::Identity::of_uid(owner)
+            .ok()
+            .flatten()
+            .map_or(owner, |i| i.gid);
+        let out = Command::new(self.tool("dmtcp_command"))
+            .args(["--coord-host", "127.0.0.1", "--coord-port"])
+            .arg(port.to_string())
+            .arg(arg)
+            .uid(owner)
+            .gid(gid)
+            .env_remove("DMTCP_COORD_HOST")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", self.tool("dmtcp_command")))?;
+        let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.push_str(&String::from_utf8_lossy(&out.stderr));
+        if out.status.success() {
+            Ok(text)
+        } else {
+            Err(one_line(&text))
+        }
+    }
+}
+
+fn find_auto() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([
+            PathBuf::from("/opt/dmtcp/bin"),
+            PathBuf::from("/usr/local/bin"),
+        ])
+        .find(|d| d.join("dmtcp_launch").is_file())
+}
+
+/// "4.2.0" from `dmtcp_launch --version` ("dmtcp_launch (DMTCP) 4.2.0").
+pub fn parse_version(text: &str) -> Option<String> {
+    text.lines()
+        .find(|l| l.contains("DMTCP"))
+        .and_then(|l| l.split_whitespace().last())
+        .filter(|v| v.chars().next().is_some_and(|c| c.is_ascii_digit()))
+        .map(str::to_string)
+}
+
+fn one_line(text: &str) -> String {
+    let t: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    if t.is_empty() {
+        "it printed nothing".into()
+    } else {
+        t.join(" ")
+    }
+}
+
+/// A directory opened without following a link anywhere on its path.
+fn open_dir(path: &Path) -> std::io::Result<fs::File> {
+    crate::owner::open_no_symlinks(path, libc::O_RDONLY | libc::O_DIRECTORY, 0)
+}
+
+/// `name` in the directory open on `dir`, opened for reading without following a link and
+/// without blocking (a FIFO planted there does not hang the agent).
+fn open_in(dir: &fs::File, name: &str) -> std::io::Result<fs::File> {
+    let c = CString::new(name).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: openat on a live directory descriptor and a NUL-terminated name.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just opened and owned by nobody else.
+    Ok(fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
+/// Entry names of the directory open on `dir`.
+fn names(dir: &fs::File) -> std::io::Result<Vec<String>> {
+    let mut v: Vec<String> = fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd()))?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
+fn unlink_in(dir: &fs::File, name: &str) {
+    if let Ok(c) = CString::new(name) {
+        // SAFETY: unlinkat on a live directory descriptor and a NUL-terminated name.
+        unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), 0) };
+    }
+}
+
+fn rename_between(from: &fs::File, to: &fs::File, name: &str) -> std::io::Result<()> {
+    let c = CString::new(name).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: renameat on live directory descriptors and a NUL-terminated name.
+    let r = unsafe { libc::renameat(from.as_raw_fd(), c.as_ptr(), to.as_raw_fd(), c.as_ptr()) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The coordinator port the session's `dmtcp_launch` or `dmtcp_restart` wrote.
+fn read_port(session: &fs::File, owner: u32) -> Result<u16, String> {
+    let mut f = open_in(session, PORT_FILE).map_err(|e| {
+        format!("no {PORT_FILE} in the job's DMTCP session ({e}): did the job start under dmtcp_launch?")
+    })?;
+    let m = f.metadata().map_err(|e| e.to_string())?;
+    if !m.is_file() || m.uid() != owner || m.len() > 64 {
+        return Err(format!(
+            "{PORT_FILE} in the job's DMTCP session is not a small file of the job's owner"
+        ));
+    }
+    let mut s = String::new();
+    f.read_to_string(&mut s).map_err(|e| e.to_string())?;
+    s.trim()
+        .parse()
+        .map_err(|_| format!("{PORT_FILE} holds {:?}, not a port", s.trim()))
+}
+
+/// Moves one image from the owner's session into root's staging (see the module text).
+fn adopt_image(
+    session: &fs::File,
+    images: &fs::File,
+    name: &str,
+    owner: u32,
+) -> Result<u64, String> {
+    let f = open_in(session, name).map_err(|e| format!("{name}: {e}"))?;
+    let before = f.metadata().map_err(|e| format!("{name}: {e}"))?;
+    if !before.is_file() || before.uid() != owner || before.nlink() != 1 {
+        return Err(format!(
+            "{name} is not a regular file of the job's owner with one link (uid {}, {} links): refused",
+            before.uid(),
+            before.nlink()
+        ));
+    }
+    rename_between(session, images, name).map_err(|e| format!("move {name}: {e}"))?;
+    let after = open_in(images, name)
+        .and_then(|g| g.metadata())
+        .map_err(|e| format!("{name}: {e}"))?;
+    if (after.dev(), after.ino()) != (before.dev(), before.ino()) {
+        unlink_in(images, name);
+        return Err(format!("{name} was replaced while it was moved: refused"));
+    }
+    // Root's from now on; readable, for the owner's restore through a private link.
+    nix::unistd::fchown(&f, Some(0.into()), Some(0.into())).map_err(|e| format!("{name}: {e}"))?;
+    f.set_permissions(fs::Permissions::from_mode(0o644))
+        .map_err(|e| format!("{name}: {e}"))?;
+    Ok(before.len())
+}
+
+impl Dmtcp {
+    fn checkpoint(&self, spec: &DumpSpec<'_>, log: &mut String) -> Result<(), String> {
+        let (Some(session), Some(owner)) = (spec.session, spec.owner) else {
+            return Err(
+                "the job has no DMTCP session on this node: it was not started with --engine dmtcp"
+                    .into(),
+            );
+        };
+        let dir = open_dir(session).map_err(|e| format!("{}: {e}", session.display()))?;
+        if dir.metadata().map(|m| m.uid()).ok() != Some(owner) {
+            return Err(format!("{} is not the job owner's", session.display()));
+        }
+        let images =
+            open_dir(spec.images_dir).map_err(|e| format!("{}: {e}", spec.images_dir.display()))?;
+        // What an earlier, abandoned checkpoint left.
+        for n in names(&dir).map_err(|e| e.to_string())? {
+            if is_image(&n) || n.starts_with(RESTART_SCRIPT_PREFIX) {
+                unlink_in(&dir, &n);
+            }
+        }
+        let port = read_port(&dir, owner)?;
+        let begin = Instant::now();
+        let said = self.command(port, "--checkpoint", owner).map_err(|e| {
+            format!("dmtcp_command --checkpoint to the job's coordinator (port {port}) failed: {e}")
+        })?;
+        log.push_str(&format!(
+            "dmtcp_command --checkpoint (port {port}): {}\n",
+            one_line(&said)
+        ));
+        loop {
+            let done = names(&dir)
+                .map_err(|e| e.to_string())?
+                .iter()
+                .any(|n| n.starts_with(RESTART_SCRIPT_PREFIX));
+            if done {
+                break;
+            }
+            if begin.elapsed() > self.timeout {
+                return Err(format!(
+                    "DMTCP wrote no restart script within {:?} of the checkpoint request ([engines] dmtcp_checkpoint_timeout); its processes may have died, see the job's stderr",
+                    self.timeout
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        log.push_str(&format!(
+            "checkpoint written in {} ms\n",
+            begin.elapsed().as_millis()
+        ));
+        let mut moved = 0;
+        for n in names(&dir).map_err(|e| e.to_string())? {
+            if is_image(&n) {
+                let bytes = adopt_image(&dir, &images, &n, owner)?;
+                log.push_str(&format!("{n}: {bytes} bytes\n"));
+                moved += 1;
+            } else if n.starts_with(RESTART_SCRIPT_PREFIX) {
+                unlink_in(&dir, &n);
+            }
+        }
+        if moved == 0 {
+            return Err("DMTCP finished the checkpoint but wrote no image here".into());
+        }
+        Ok(())
+    }
+}
+
+impl SnapshotEngine for Dmtcp {
+    fn name(&self) -> &str {
+        "dmtcp"
+    }
+
+    fn version(&self) -> &str {
+        &self.version
+    }
+
+    fn freezes(&self) -> bool {
+        false
+    }
+
+    fn launch_argv(
+        &self,
+        argv: Vec<String>,
+        env: &mut BTreeMap<String, String>,
+        session: &Path,
+    ) -> Vec<String> {
+        for (k, v) in JOB_ENV {
+            env.entry(k.into()).or_insert_with(|| v.into());
+        }
+        let mut v = vec![
+            self.tool("dmtcp_launch"),
+            "--new-coordinator".into(),
+            "--coord-port".into(),
+            "0".into(),
+            "--port-file".into(),
+            session.join(PORT_FILE).display().to_string(),
+            "--no-gzip".into(),
+            "--ckptdir".into(),
+            session.display().to_string(),
+            "--quiet".into(),
+        ];
+        v.extend(argv);
+        v
+    }
+
+    fn running(&self, session: &Path, owner: u32) -> Result<(), String> {
+        let dir = open_dir(session).map_err(|e| format!("{}: {e}", session.display()))?;
+        let port = read_port(&dir, owner)?;
+        let status = self.command(port, "--status", owner).map_err(|e| {
+            format!("the job's DMTCP coordinator (port {port}) does not answer: {e}")
+        })?;
+        if status.lines().any(|l| l.trim() == "RUNNING=yes") {
+            Ok(())
+        } else {
+            Err("not every process of the job runs under DMTCP yet (it is starting, or a checkpoint is under way): try again in a few seconds".into())
+        }
+    }
+
+    fn dump(&self, spec: &DumpSpec<'_>) -> Result<(), EngineError> {
+        let mut log = String::new();
+        let r = self.checkpoint(spec, &mut log);
+        if let Err(e) = &r {
+            log.push_str(&format!("error: {e}\n"));
+        }
+        let _ = fs::write(spec.log_file, &log);
+        r.map_err(|summary| EngineError::Failed {
+            engine: "dmtcp",
+            op: "checkpoint",
+            status: "dmtcp".into(),
+            summary,
+            log: spec.log_file.to_path_buf(),
+        })
+    }
+
+    fn restores_as_owner(&self) -> bool {
+        true
+    }
+
+    fn restore_argv(&self, spec: &RestoreSpec<'_>) -> Vec<String> {
+        let session = spec.session.unwrap_or(spec.images_dir);
+        let mut v = vec![
+            self.tool("dmtcp_restart"),
+            "--new-coordinator".into(),
+            "--coord-port".into(),
+            "0".into(),
+            "--port-file".into(),
+            session.join(PORT_FILE).display().to_string(),
+            "--ckptdir".into(),
+            session.display().to_string(),
+            "--quiet".into(),
+        ];
+        let mut images: Vec<String> = fs::read_dir(spec.images_dir)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| is_image(n))
+                    .map(|n| spec.images_dir.join(n).display().to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        images.sort();
+        v.extend(images);
+        v
+    }
+
+    fn restore_failed(&self, status: String, log: &Path) -> EngineError {
+        EngineError::Failed {
+            engine: "dmtcp",
+            op: "restart",
+            status,
+            summary: "dmtcp_restart failed: see the job's stderr".into(),
+            log: log.to_path_buf(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_and_image_names() {
+        assert_eq!(
+            parse_version("dmtcp_launch (DMTCP) 4.2.0\nLicense LGPLv3+\n").as_deref(),
+            Some("4.2.0")
+        );
+        assert_eq!(parse_version("something else"), None);
+        assert!(is_image("ckpt_heat.mpich_98ff-42000-b5ae4a4a20b.dmtcp"));
+        assert!(!is_image("dmtcp_restart_script.sh"));
+        assert!(!is_image("ckpt_x.dmtcp.temp"));
+    }
+}

@@ -1,0 +1,234 @@
+//! End-to-end tests of the DMTCP engine (`ckptctl run --engine dmtcp`): a real 4-rank MPI heat
+//! job under real DMTCP, checkpointed through ckpt's phases, killed and restarted; an abort in
+//! each phase; and the refusal on a node without DMTCP, which runs everywhere. The others skip
+//! with a printed reason where DMTCP is not installed (no registry these machines reach packages
+//! it: see docs/dmtcp.md for building it).
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ckpt_tests::{skip_unless_ready, Ckptd, Mpi, Options};
+
+const RANKS: u32 = 4;
+const N: u32 = 256;
+const ITERS: u32 = 3000;
+const SLEEP_US: u32 = 2000;
+const LIMIT: Duration = Duration::from_secs(180);
+
+/// Where DMTCP is, as the agent's `[engines] dmtcp = "auto"` finds it.
+fn dmtcp() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([
+            PathBuf::from("/opt/dmtcp/bin"),
+            PathBuf::from("/usr/local/bin"),
+        ])
+        .find(|d| d.join("dmtcp_launch").is_file())
+}
+
+macro_rules! skip_without_dmtcp {
+    () => {
+        if dmtcp().is_none() {
+            eprintln!(
+                "SKIPPED: needs DMTCP (dmtcp_launch on PATH or in /opt/dmtcp/bin; see docs/dmtcp.md)"
+            );
+            return;
+        }
+    };
+}
+
+/// `ckptctl run --engine dmtcp` of the heat job; its job id.
+fn run_under_dmtcp(d: &Ckptd, mpi: Mpi) -> u64 {
+    let argv = mpi.heat_argv(RANKS, N, ITERS, SLEEP_US);
+    let mut args = vec!["run", "--engine", "dmtcp", "--name", "heat", "--"];
+    args.extend(argv.iter().map(String::as_str));
+    let out = d.ctl(&args);
+    out.ok()
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("run printed no job id: {out:?}"))
+}
+
+/// Checkpoints until DMTCP has every process (it refuses while the job starts), then `n-1`
+/// more times; every one committed.
+fn checkpoint_times(d: &Ckptd, job: u64, n: u32) {
+    let begin = std::time::Instant::now();
+    loop {
+        let out = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
+        if out.code == 0 {
+            break;
+        }
+        assert!(
+            out.stderr
+                .contains("not every process of the job runs under DMTCP yet"),
+            "only a job still starting is refused: {out:?}"
+        );
+        assert!(begin.elapsed() < LIMIT, "DMTCP never had the job: {out:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    for _ in 1..n {
+        let out = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
+        assert!(out.ok().contains("committed"), "{out:?}");
+    }
+}
+
+fn checkpoint_kill_restart(mpi: Mpi) {
+    let want = mpi.reference_checksum(RANKS, N, ITERS);
+    let d = Ckptd::start(Options::default());
+    let job = run_under_dmtcp(&d, mpi);
+    d.wait_progress(job, 1, LIMIT);
+    assert_eq!(d.status(job)["engine"], "dmtcp");
+    checkpoint_times(&d, job, 2);
+    let epochs: Vec<_> = d
+        .epochs(job)
+        .into_iter()
+        .filter(|e| e["state"] == "committed")
+        .collect();
+    assert!(epochs.len() >= 2, "{epochs:?}");
+    for e in &epochs {
+        assert_eq!(e["engine"], "dmtcp", "{e}");
+        assert!(e["image_bytes"].as_u64() > Some(1 << 20), "{e}");
+        assert!(e["image_files"].as_u64() >= Some(RANKS as u64 + 1), "{e}");
+    }
+    let listed = d.ctl(&["epochs", &job.to_string()]);
+    assert!(listed.ok().contains("dmtcp"), "{listed:?}");
+    assert_eq!(d.status(job)["state"], "running");
+    assert!(
+        !d.output(job).contains("checksum"),
+        "job must still be running when killed; make it longer"
+    );
+    // The images are root's in staging, away from the job's owner.
+    let latest = epochs.last().unwrap()["epoch"].as_u64().unwrap() as u32;
+    let images = d.images(job, latest).join("images");
+    let names: Vec<String> = std::fs::read_dir(&images)
+        .unwrap_or_else(|e| panic!("{}: {e}", images.display()))
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names
+            .iter()
+            .filter(|n| n.starts_with("ckpt_") && n.ends_with(".dmtcp"))
+            .count()
+            > RANKS as usize,
+        "{names:?}"
+    );
+
+    d.kill_job(job);
+    d.wait_state(job, "killed", LIMIT);
+    let out = d.ctl(&["restart", &job.to_string()]);
+    assert!(
+        out.ok().contains(&format!("from epoch {latest}")),
+        "{out:?}"
+    );
+    assert_eq!(
+        d.wait_checksum(job, LIMIT),
+        want,
+        "the restart under DMTCP reaches the uninterrupted answer"
+    );
+}
+
+#[test]
+fn mpich_heat_under_dmtcp_is_checkpointed_killed_and_restarted() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich");
+    skip_without_dmtcp!();
+    checkpoint_kill_restart(Mpi::Mpich);
+}
+
+#[test]
+fn a_node_without_dmtcp_refuses_the_job_at_run_naming_itself() {
+    skip_unless_ready!();
+    let d = Ckptd::start(Options {
+        agent_toml: "[agent.engines]\ndmtcp = \"off\"\n".into(),
+        ..Options::default()
+    });
+    let out = d.ctl(&[
+        "run",
+        "--engine",
+        "dmtcp",
+        "--name",
+        "nope",
+        "--",
+        "/bin/sleep",
+        "30",
+    ]);
+    assert_ne!(out.code, 0, "{out:?}");
+    assert!(
+        out.stderr.contains("node node0 has no dmtcp engine")
+            && out.stderr.contains("criu")
+            && out.stderr.contains("docs/dmtcp.md"),
+        "the refusal names the node, what it has and what to do: {out:?}"
+    );
+    let list = d.ctl(&["list", "--json"]);
+    assert!(
+        !list.ok().contains("\"nope\""),
+        "a refused run leaves no job behind: {list:?}"
+    );
+    let bad = d.ctl(&["run", "--engine", "blcr", "--", "/bin/true"]);
+    assert_ne!(bad.code, 0, "{bad:?}");
+    assert!(bad.stderr.contains("unknown snapshot engine"), "{bad:?}");
+    let rdma = d.ctl(&["run", "--engine", "dmtcp", "--rdma", "--", "/bin/true"]);
+    assert!(
+        rdma.stderr.contains("--rdma needs the criu engine"),
+        "{rdma:?}"
+    );
+}
+
+#[test]
+fn abort_in_every_phase_keeps_a_dmtcp_job_running() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich");
+    skip_without_dmtcp!();
+    let want = Mpi::Mpich.reference_checksum(RANKS, N, ITERS);
+    let d = Ckptd::start(Options {
+        failpoints: true,
+        ..Options::default()
+    });
+    let job = run_under_dmtcp(&d, Mpi::Mpich);
+    d.wait_progress(job, 1, LIMIT);
+    checkpoint_times(&d, job, 1);
+    let committed = d.epochs(job).len();
+    for (i, phase) in [
+        "initial-sync",
+        "quiesce",
+        "local-checkpoint",
+        "resume",
+        "finalize",
+    ]
+    .iter()
+    .enumerate()
+    {
+        d.set_failpoints(&format!("{phase}=error"));
+        let out = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
+        assert_eq!(out.code, 6, "{phase}: {out:?}");
+        assert!(
+            out.stderr
+                .contains(&format!("failure injected in phase {phase}")),
+            "{out:?}"
+        );
+        let epochs = d.epochs(job);
+        let e = &epochs[committed + i];
+        assert_eq!(
+            (e["state"].as_str(), e["failed_phase"].as_str()),
+            (Some("failed"), Some(*phase)),
+            "{e}"
+        );
+        assert_eq!(d.status(job)["state"], "running", "{phase}");
+        let epoch = e["epoch"].as_u64().unwrap() as u32;
+        assert!(
+            !d.images(job, epoch).exists(),
+            "{phase}: partial images deleted"
+        );
+    }
+    d.set_failpoints("");
+    assert!(
+        !d.output(job).contains("checksum"),
+        "the job was still running through every abort"
+    );
+    // DMTCP still answers: a checkpoint after five aborted ones commits.
+    let out = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
+    assert!(out.ok().contains("committed"), "{out:?}");
+    assert_eq!(
+        d.wait_checksum(job, LIMIT),
+        want,
+        "the job finished right after five aborted epochs"
+    );
+}
