@@ -12,6 +12,10 @@
 # Options:
 #   --vm    also set up the soft-RoCE test VM (scripts/testvm.sh): QEMU, busybox, rdma-core tools,
 #           and Debian's kernel package unpacked under /var/cache/ckpt-vm (not installed)
+#   --dmtcp PREFIX   where DMTCP is installed (PREFIX/bin/dmtcp_launch), for the summary and
+#           /etc/ckpt/dmtcp-path. Without it: dmtcp_launch on PATH, else /opt/dmtcp. DMTCP is
+#           optional (`ckptctl run --engine dmtcp`); no registry packages it, so this script
+#           never installs it: docs/dmtcp.md says how a site builds it.
 #
 # Environment:
 #   CKPT_CRIU_PREFIX     private prefix for sid's criu (default /opt/ckpt/criu)
@@ -32,11 +36,19 @@ log() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
 WITH_VM=0
-for arg in "$@"; do
-    case "$arg" in
+DMTCP_PREFIX=""
+while (($#)); do
+    case "$1" in
         --vm) WITH_VM=1 ;;
-        *) die "unknown option $arg (see the head of $0)" ;;
+        --dmtcp)
+            (($# >= 2)) || die "--dmtcp needs the DMTCP install prefix (e.g. --dmtcp /opt/dmtcp)"
+            DMTCP_PREFIX="$2"
+            shift
+            ;;
+        --dmtcp=*) DMTCP_PREFIX="${1#--dmtcp=}" ;;
+        *) die "unknown option $1 (see the head of $0)" ;;
     esac
+    shift
 done
 
 [[ $(id -u) -eq 0 ]] || die "must run as root"
@@ -256,7 +268,30 @@ if [[ "$(cat "$CONF_DIR/criu-path" 2>/dev/null || true)" != "$CRIU" ]]; then
 fi
 
 # ---------------------------------------------------------------------------------------------
-# 3. Summary
+# 3. DMTCP (optional; detected, never installed)
+# ---------------------------------------------------------------------------------------------
+DMTCP_LAUNCH=""
+if [[ -n $DMTCP_PREFIX ]]; then
+    [[ -x $DMTCP_PREFIX/bin/dmtcp_launch ]] ||
+        die "--dmtcp $DMTCP_PREFIX: no $DMTCP_PREFIX/bin/dmtcp_launch (give the prefix DMTCP was installed to with 'make install')"
+    DMTCP_LAUNCH="$DMTCP_PREFIX/bin/dmtcp_launch"
+elif command -v dmtcp_launch >/dev/null 2>&1; then
+    DMTCP_LAUNCH=$(command -v dmtcp_launch)
+elif [[ -x /opt/dmtcp/bin/dmtcp_launch ]]; then
+    DMTCP_LAUNCH=/opt/dmtcp/bin/dmtcp_launch
+fi
+if [[ -n $DMTCP_LAUNCH ]]; then
+    DMTCP_VER=$("$DMTCP_LAUNCH" --version 2>/dev/null | awk '/DMTCP/ {print $NF; exit}')
+    mkdir -p "$CONF_DIR"
+    dirname "$(dirname "$DMTCP_LAUNCH")" > "$CONF_DIR/dmtcp-path"
+    DMTCP_SUMMARY="$DMTCP_VER  ($(dirname "$DMTCP_LAUNCH"); set [engines] dmtcp to $(dirname "$(dirname "$DMTCP_LAUNCH")") if not on PATH)"
+else
+    rm -f "$CONF_DIR/dmtcp-path"
+    DMTCP_SUMMARY="not installed  (optional: --engine dmtcp is refused on this node; see docs/dmtcp.md)"
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 4. Summary
 # ---------------------------------------------------------------------------------------------
 pkgver() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo "?"; }
 OMPI_VER=$(ompi_info --version 2>/dev/null | sed -n 's/.*Open MPI v\([0-9.]*\).*/\1/p' | head -n1 || true)
@@ -268,4 +303,5 @@ printf '  openmpi   %s  (mpicc.openmpi, mpirun.openmpi)\n' "${OMPI_VER:-$(pkgver
 printf '  protoc    %s\n' "$(protoc --version 2>/dev/null | awk '{print $2}')"
 printf '  nft       %s\n' "$(nft --version 2>/dev/null | awk '{print $2}')"
 printf '  rust      %s\n' "$RUSTC_VER"
+printf '  dmtcp     %s\n' "$DMTCP_SUMMARY"
 log "done in $(( $(date +%s) - START_TS ))s"

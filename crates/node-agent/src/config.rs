@@ -355,8 +355,9 @@ pub struct CriuConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EnginesConfig {
-    /// DMTCP: `auto` (`dmtcp_launch` on PATH, else in /opt/dmtcp/bin or /usr/local/bin; none
-    /// found: this node has no DMTCP), `off`, or its install prefix or bin directory.
+    /// DMTCP: `auto` (the prefix in /etc/ckpt/dmtcp-path that `scripts/setup.sh` writes, else
+    /// `dmtcp_launch` on PATH, else in /opt/dmtcp/bin or /usr/local/bin; none found: this node
+    /// has no DMTCP), `off`, or its install prefix or bin directory.
     pub dmtcp: String,
     /// How long a DMTCP checkpoint may take, from the request to its last image.
     #[serde(with = "humantime_serde")]

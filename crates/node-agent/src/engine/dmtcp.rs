@@ -66,8 +66,8 @@ pub fn is_image(name: &str) -> bool {
 }
 
 impl Dmtcp {
-    /// Finds DMTCP as `[engines] dmtcp` says (`auto`: `dmtcp_launch` on PATH, else under
-    /// /opt/dmtcp or /usr/local) and reads its version. None: not installed (or `off`); an
+    /// Finds DMTCP as `[engines] dmtcp` says (`auto`: the prefix `scripts/setup.sh` recorded,
+    /// else `dmtcp_launch` on PATH, else under /opt/dmtcp or /usr/local) and reads its version. None: not installed (or `off`); an
     /// error: installed where configured but unusable.
     pub fn detect(cfg: &EnginesConfig) -> Result<Option<Self>, EngineError> {
         let bin = match cfg.dmtcp.as_str() {
@@ -159,9 +159,17 @@ impl Dmtcp {
     }
 }
 
+/// Where `scripts/setup.sh --dmtcp PREFIX` records the prefix it was given or found.
+const SETUP_RECORD: &str = "/etc/ckpt/dmtcp-path";
+
 fn find_auto() -> Option<PathBuf> {
+    let recorded = fs::read_to_string(SETUP_RECORD)
+        .ok()
+        .map(|p| Path::new(p.trim()).join("bin"));
     let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
+    recorded
+        .into_iter()
+        .chain(std::env::split_paths(&path))
         .chain([
             PathBuf::from("/opt/dmtcp/bin"),
             PathBuf::from("/usr/local/bin"),
