@@ -489,4 +489,44 @@ mod tests {
         assert!(!is_image("dmtcp_restart_script.sh"));
         assert!(!is_image("ckpt_x.dmtcp.temp"));
     }
+
+    /// What the job's owner leaves in the session is moved into staging only if it is a
+    /// regular file of the owner's with one link: links, FIFOs and other users' files are
+    /// refused, without root following or blocking on them, and what they point to is untouched.
+    #[test]
+    fn only_the_owners_regular_images_move_into_staging() {
+        let t = tempfile::tempdir().unwrap();
+        let (session, images) = (t.path().join("session"), t.path().join("images"));
+        fs::create_dir(&session).unwrap();
+        fs::create_dir(&images).unwrap();
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        let secret = t.path().join("secret");
+        fs::write(&secret, "root's").unwrap();
+        std::os::unix::fs::symlink(&secret, session.join("ckpt_link.dmtcp")).unwrap();
+        fs::hard_link(&secret, session.join("ckpt_hard.dmtcp")).unwrap();
+        nix::unistd::mkfifo(
+            &session.join("ckpt_fifo.dmtcp"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        fs::write(session.join("ckpt_good.dmtcp"), "image").unwrap();
+        std::os::unix::fs::symlink(&secret, session.join(PORT_FILE)).unwrap();
+        let s = open_dir(&session).unwrap();
+        let i = open_dir(&images).unwrap();
+        for bad in ["ckpt_link.dmtcp", "ckpt_hard.dmtcp", "ckpt_fifo.dmtcp"] {
+            assert!(adopt_image(&s, &i, bad, me).is_err(), "{bad} refused");
+            assert!(!images.join(bad).exists(), "{bad} not moved");
+        }
+        assert!(read_port(&s, me).is_err(), "a linked port file is refused");
+        assert_eq!(fs::read_to_string(&secret).unwrap(), "root's");
+        // Someone else's file, though regular and alone.
+        assert!(adopt_image(&s, &i, "ckpt_good.dmtcp", me + 1).is_err());
+        if me == 0 {
+            assert_eq!(adopt_image(&s, &i, "ckpt_good.dmtcp", 0).unwrap(), 5);
+            assert!(!session.join("ckpt_good.dmtcp").exists());
+            let m = fs::metadata(images.join("ckpt_good.dmtcp")).unwrap();
+            assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o644));
+        }
+    }
 }
