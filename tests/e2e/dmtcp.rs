@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ckpt_tests::netns::Cluster;
 use ckpt_tests::{skip_unless_ready, Ckptd, Mpi, Options};
 
 const RANKS: u32 = 4;
@@ -231,4 +232,68 @@ fn abort_in_every_phase_keeps_a_dmtcp_job_running() {
         want,
         "the job finished right after five aborted epochs"
     );
+}
+
+/// A DMTCP job of one test host is checkpointed to shared storage, its host's processes are
+/// killed, and it restarts on another test host (DMTCP needs neither its old PIDs nor a job
+/// network for that) to the uninterrupted answer. A node that lacks DMTCP is refused as a
+/// target.
+#[test]
+fn a_dmtcp_job_restarts_on_another_test_host() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich");
+    skip_without_dmtcp!();
+    if let Some(why) = Cluster::unavailable() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let want = Mpi::Mpich.reference_checksum(RANKS, N, ITERS);
+    let cluster = Cluster::create(3).expect("create test hosts");
+    let mut d = Ckptd::start(Options {
+        no_agent: true,
+        shared_size: Some("2G".into()),
+        ..Options::default()
+    });
+    for n in ["n1", "n2"] {
+        d.start_agent_in(&cluster, n);
+    }
+    d.start_agent_in_with(&cluster, "n3", "[engines]\ndmtcp = \"off\"\n");
+    d.wait_agents(&["n1", "n2", "n3"]);
+    let argv = Mpi::Mpich.heat_argv(RANKS, N, ITERS, SLEEP_US);
+    let mut args = vec!["run", "--engine", "dmtcp", "--node", "n1", "--name", "heat", "--"];
+    args.extend(argv.iter().map(String::as_str));
+    let job: u64 = d.ctl(&args).ok().trim().parse().unwrap();
+    let out = |node: &str| {
+        std::fs::read_to_string(d.job_dir_on(node, job).join("stdout")).unwrap_or_default()
+    };
+    let begin = std::time::Instant::now();
+    while !out("n1").contains("iter ") {
+        assert!(begin.elapsed() < LIMIT, "no progress: {}", d.job_output_on("n1", job));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    checkpoint_times(&d, job, 1);
+    let begin = std::time::Instant::now();
+    while d.epochs(job)[0]["storage"] != "durable" {
+        assert!(begin.elapsed() < LIMIT, "not flushed: {}", d.epochs(job)[0]);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    d.kill_job_on(&["n1"], job);
+    d.wait_state(job, "killed", LIMIT);
+    let refused = d.ctl(&["restart", &job.to_string(), "--nodes", "n3"]);
+    assert_eq!(refused.code, 4, "{refused:?}");
+    assert!(refused.stderr.contains("runs under dmtcp"), "{refused:?}");
+    let moved = d.ctl(&["restart", &job.to_string(), "--nodes", "n2"]);
+    assert_eq!(moved.code, 0, "{moved:?}");
+    let begin = std::time::Instant::now();
+    let got = loop {
+        if let Some(c) = ckpt_tests::checksum_in(&out("n2")) {
+            break c;
+        }
+        assert!(
+            begin.elapsed() < LIMIT,
+            "no result on n2: {}",
+            d.job_output_on("n2", job)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(got, want, "restarted on n2, the job reaches the uninterrupted answer");
 }

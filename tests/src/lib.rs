@@ -515,6 +515,12 @@ impl Ckptd {
     /// Starts an agent for `node` inside its network namespace, with its own directories and
     /// cgroup prefix, pointed at this coordinator through the bridge.
     pub fn start_agent_in(&mut self, cluster: &netns::Cluster, node: &str) {
+        self.start_agent_in_with(cluster, node, "");
+    }
+
+    /// [`Ckptd::start_agent_in`] with `tables` (TOML tables, e.g. `"[engines]\ndmtcp = \"off\"\n"`)
+    /// appended to its agent.toml.
+    pub fn start_agent_in_with(&mut self, cluster: &netns::Cluster, node: &str, tables: &str) {
         let n = cluster.node(node);
         let d = self.dir.path().join(node);
         std::fs::create_dir_all(&d).unwrap();
@@ -525,7 +531,7 @@ impl Ckptd {
                 "node_name = \"{node}\"\nlisten = \"{ip}:7601\"\ncoordinator = \"{host}:{port}\"\n\
                  state_dir = \"{d}/state\"\nlocal_dir = \"{d}/local\"\nheartbeat_interval = \"200ms\"\n\
                  tls_dir = \"{d}/tls\"\nallow_root_jobs = true\n{shared}\
-                 [cgroup]\nprefix = \"{prefix}{node}-\"\n",
+                 [cgroup]\nprefix = \"{prefix}{node}-\"\n{tables}",
                 ip = n.mgmt_ip,
                 host = cluster.host_ip,
                 port = self.coord_port,

@@ -92,7 +92,9 @@ impl Coordinator {
                 }
             }
         }
-        if !moves.is_empty() && job.addresses.is_empty() {
+        // DMTCP virtualizes PIDs and reconnects sockets itself: its jobs move without one.
+        let engine = job.engine_name();
+        if !moves.is_empty() && job.addresses.is_empty() && engine == crate::model::ENGINES[0] {
             return Err(DriveError::NodeNotFree {
                 node: moves.values().next().cloned().unwrap_or_default(),
                 reason: format!(
@@ -116,6 +118,14 @@ impl Coordinator {
                 return Err(DriveError::UnknownNode {
                     node: target.clone(),
                     hint,
+                });
+            }
+            if !self.agents.has_engine(target, engine) {
+                return Err(DriveError::NodeNotFree {
+                    node: target.clone(),
+                    reason: format!(
+                        "job {id} runs under {engine}, which its agent did not report; install it there (docs/dmtcp.md) or name another node"
+                    ),
                 });
             }
             if !taken.insert(target.clone()) {
