@@ -259,7 +259,9 @@ fn a_dmtcp_job_restarts_on_another_test_host() {
     d.start_agent_in_with(&cluster, "n3", "[engines]\ndmtcp = \"off\"\n");
     d.wait_agents(&["n1", "n2", "n3"]);
     let argv = Mpi::Mpich.heat_argv(RANKS, N, ITERS, SLEEP_US);
-    let mut args = vec!["run", "--engine", "dmtcp", "--node", "n1", "--name", "heat", "--"];
+    let mut args = vec![
+        "run", "--engine", "dmtcp", "--node", "n1", "--name", "heat", "--",
+    ];
     args.extend(argv.iter().map(String::as_str));
     let job: u64 = d.ctl(&args).ok().trim().parse().unwrap();
     let out = |node: &str| {
@@ -267,7 +269,11 @@ fn a_dmtcp_job_restarts_on_another_test_host() {
     };
     let begin = std::time::Instant::now();
     while !out("n1").contains("iter ") {
-        assert!(begin.elapsed() < LIMIT, "no progress: {}", d.job_output_on("n1", job));
+        assert!(
+            begin.elapsed() < LIMIT,
+            "no progress: {}",
+            d.job_output_on("n1", job)
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     checkpoint_times(&d, job, 1);
@@ -295,5 +301,8 @@ fn a_dmtcp_job_restarts_on_another_test_host() {
         );
         std::thread::sleep(Duration::from_millis(200));
     };
-    assert_eq!(got, want, "restarted on n2, the job reaches the uninterrupted answer");
+    assert_eq!(
+        got, want,
+        "restarted on n2, the job reaches the uninterrupted answer"
+    );
 }

@@ -39,24 +39,11 @@ impl Criu {
     /// Finds the binary, checks its version and runs `criu check`.
     pub fn detect(cfg: &CriuConfig) -> Result<Self, EngineError> {
         let path = resolve_path(&cfg.path);
-        let out = Command::new(&path)
-            .arg("--version")
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|source| match source.kind() {
-                std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
-                    EngineError::NotFound {
-                        engine: "criu",
-                        path: path.clone(),
-                        hint: "install CRIU >= 4.2 (scripts/setup.sh installs it into /opt/ckpt/criu) or set [criu] path in the agent config",
-                    }
-                }
-                _ => EngineError::Spawn {
-                    path: path.clone(),
-                    source,
-                },
-            })?;
-        let text = String::from_utf8_lossy(&out.stdout);
+        let text = super::version_text(
+            "criu",
+            &path,
+            "install CRIU >= 4.2 (scripts/setup.sh installs it into /opt/ckpt/criu) or set [criu] path in the agent config",
+        )?;
         let version = parse_version(&text).ok_or_else(|| EngineError::CheckFailed {
             path: path.clone(),
             output: format!("unrecognised `--version` output: {:?}", text.trim()),

@@ -87,24 +87,11 @@ impl Dmtcp {
             }
         };
         let launch = bin.join("dmtcp_launch");
-        let out = Command::new(&launch)
-            .arg("--version")
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|source| match source.kind() {
-                std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
-                    EngineError::NotFound {
-                        engine: "dmtcp",
-                        path: launch.display().to_string(),
-                        hint: "install DMTCP (see docs/dmtcp.md) or set [engines] dmtcp in the agent config (\"off\": no DMTCP)",
-                    }
-                }
-                _ => EngineError::Spawn {
-                    path: launch.display().to_string(),
-                    source,
-                },
-            })?;
-        let text = String::from_utf8_lossy(&out.stdout);
+        let text = super::version_text(
+            "dmtcp",
+            &launch.display().to_string(),
+            "install DMTCP (see docs/dmtcp.md) or set [engines] dmtcp in the agent config (\"off\": no DMTCP)",
+        )?;
         let version = parse_version(&text).ok_or_else(|| EngineError::CheckFailed {
             path: launch.display().to_string(),
             output: format!("unrecognised `--version` output: {:?}", text.trim()),

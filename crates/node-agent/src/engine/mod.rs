@@ -69,6 +69,33 @@ pub struct RestoreSpec<'a> {
     pub session: Option<&'a Path>,
 }
 
+/// The standard output of `<path> --version`; a missing binary is [`EngineError::NotFound`]
+/// with `hint` (what to install or configure).
+fn version_text(
+    engine: &'static str,
+    path: &str,
+    hint: &'static str,
+) -> Result<String, EngineError> {
+    let out = std::process::Command::new(path)
+        .arg("--version")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|source| match source.kind() {
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
+                EngineError::NotFound {
+                    engine,
+                    path: path.to_string(),
+                    hint,
+                }
+            }
+            _ => EngineError::Spawn {
+                path: path.to_string(),
+                source,
+            },
+        })?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// Engine failures, each naming the binary or the log to read.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {

@@ -402,24 +402,7 @@ impl Jobs {
             Ok(pid) => {
                 // Checked frozen, as a held part is, so that no restored process can act
                 // while it is checked; then it runs.
-                let checked = job
-                    .cgroup
-                    .freeze()
-                    .map_err(|source| AgentError::Cgroup {
-                        job: job_id,
-                        source,
-                    })
-                    .and_then(|()| verify_restored(job_id, &job.cgroup, &owner))
-                    .and_then(|()| {
-                        job.cgroup.thaw().map_err(|source| AgentError::Cgroup {
-                            job: job_id,
-                            source,
-                        })
-                    });
-                if let Err(e) = checked {
-                    let _ = job.cgroup.kill_all();
-                    return Err(e);
-                }
+                check_restored(&job, &owner, false)?;
                 pid
             }
             Err(e) => {
@@ -565,6 +548,27 @@ impl Jobs {
 /// re-creates deleted files under temporary names derived from the image: two restores at once
 /// would collide on them. With one agent per machine the lock is never contended.
 const RESTORE_LOCK: &str = "/run/lock/ckpt-restore.lock";
+
+/// Checks a restored tree frozen, so that no restored process can act while it is checked
+/// (every process the owner's, [`verify_restored`]), then lets it run unless it is `held`
+/// for the release; kills it if the check fails.
+fn check_restored(job: &NodeJob, owner: &Identity, held: bool) -> Result<(), AgentError> {
+    let id = job.record.id;
+    let cg = |source| AgentError::Cgroup { job: id, source };
+    let checked = job
+        .cgroup
+        .freeze()
+        .map_err(cg)
+        .and_then(|()| verify_restored(id, &job.cgroup, owner))
+        .and_then(|()| match held {
+            true => Ok(()),
+            false => job.cgroup.thaw().map_err(cg),
+        });
+    if checked.is_err() {
+        let _ = job.cgroup.kill_all();
+    }
+    checked
+}
 
 /// Makes the run directory of the coming incarnation (as the shim will) and the gate in it.
 fn open_gate(job_dir: &Path, run_dir: &Path) -> std::io::Result<gate::Gate> {

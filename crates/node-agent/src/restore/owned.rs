@@ -13,13 +13,12 @@ use ckpt_store::manifest::NodeManifest;
 use tokio::sync::MutexGuard;
 use tracing::info;
 
-use super::{check_pages, Restored, RESTORE_TIMEOUT};
+use super::{check_pages, check_restored, Restored, RESTORE_TIMEOUT};
 use crate::copies::Location;
 use crate::engine::{RestoreSpec, SnapshotEngine};
 use crate::error::AgentError;
 use crate::jobs::{io_err, Jobs, NodeJob, OWNER_NOTE};
 use crate::launch::make_session;
-use crate::owner::verify_restored;
 use crate::shim::ShimMode;
 
 /// The directory of a session the restart reads its images from.
@@ -141,27 +140,8 @@ impl Jobs {
             }
             Err(e) => return Err(e),
         };
-        // Checked frozen, so that no restored process acts while it is; held frozen until
-        // the release where the coordinator asked.
-        let checked = job
-            .cgroup
-            .freeze()
-            .map_err(|source| AgentError::Cgroup {
-                job: job_id,
-                source,
-            })
-            .and_then(|()| verify_restored(job_id, &job.cgroup, &owner))
-            .and_then(|()| match v.hold {
-                true => Ok(()),
-                false => job.cgroup.thaw().map_err(|source| AgentError::Cgroup {
-                    job: job_id,
-                    source,
-                }),
-            });
-        if let Err(e) = checked {
-            let _ = job.cgroup.kill_all();
-            return Err(e);
-        }
+        // Held frozen until the release where the coordinator asked.
+        check_restored(&job, &owner, v.hold)?;
         info!(
             pid,
             engine = engine.name(),
