@@ -533,10 +533,12 @@ def render(results, k, header):
         ("N", "ckptctl restart CRIU", "ckptctl restart DMTCP", "raw dmtcp_restart → RUNNING=yes",
          "est. ckpt+CRIU", "est. ckpt+DMTCP", "est. raw DMTCP", "est. raw ÷ ckpt+CRIU",
          "est. ckpt+DMTCP ÷ raw"),
-        intro=("ckptctl restart: its wall time. Raw: `dmtcp_restart` started until `dmtcp_command -s` on "
-               "its new coordinator said `RUNNING=yes` (polled every 0.1 s). est.: the time to the new "
-               "progress line less the compute the restored job still needed for it (progress interval "
-               "− time from the line to the checkpoint request); approximate (± the interval's jitter).",))
+        intro=("ckptctl restart: its wall time (with DMTCP it returns once `dmtcp_restart` is started, "
+               "before the processes are restored, so only the other columns compare). Raw: "
+               "`dmtcp_restart` started until `dmtcp_command -s` on its new coordinator said "
+               "`RUNNING=yes` (polled every 0.1 s). est.: the time to the new progress line less the "
+               "compute the restored job still needed for it (progress interval − time from the line to "
+               "the checkpoint request); approximate (± the interval's jitter).",))
     for n, r in results:
         a, b, c = r["criu"], r["dmtcp"], r["raw"]
         out.append(f"| {n} | {mm(a['restart_cmd'])} | {mm(b['restart_cmd'])} | {mm(c['restart_cmd'])} "
