@@ -69,6 +69,7 @@ traffic stays on this machine (DMTCP's coordinators are asked on 127.0.0.1).
 """
 
 import argparse
+import glob
 import datetime
 import json
 import math
@@ -650,8 +651,15 @@ def main():
                     else:
                         bench_ckpt(d, side, label, n, iters, args.sleep_us, app, k, r[side], line_timeout, cleanup)
                 except BenchError as e:
-                    r[side]["error"] = str(e)
-                    log(f"{label} N={n} FAILED: {e}")
+                    err = str(e)
+                    if side != "raw":
+                        # What the job said, for a restart that made no progress.
+                        tails = [read_text(f)[-400:] for f in sorted(
+                            glob.glob(os.path.join(d.dir, "state", "jobs", "*", "stderr")),
+                            key=os.path.getmtime)[-1:]]
+                        err += f" (newest job stderr: {tails[0]!r})" if tails else ""
+                    r[side]["error"] = err
+                    log(f"{label} N={n} FAILED: {err}")
             results.append((n, r))
             log(f"N={n} done after {mono() - t_start:.0f} s")
         took = mono() - t_start
