@@ -5,9 +5,12 @@
 //!
 //! * Checkpoint: `dmtcp_command -c` to the job's coordinator. DMTCP suspends the job's threads
 //!   itself (a frozen cgroup could not checkpoint itself), writes one `ckpt_*.dmtcp` per
-//!   process, then the coordinator writes `dmtcp_restart_script*.sh` and the job runs on. That
-//!   script's appearance is the end of the checkpoint: DMTCP 4.2's `dmtcp_command -bc` returns
-//!   before the checkpoint ends. The images then move, without being copied, from the session
+//!   process, then the coordinator writes `dmtcp_restart_script_<id>.sh`, makes it executable,
+//!   links `dmtcp_restart_script.sh` to it, and the job runs on. That link's appearance is the
+//!   end of the checkpoint: DMTCP 4.2's `dmtcp_command -bc` returns before the checkpoint ends,
+//!   and the script itself appears before the coordinator is done with it (it dies if the
+//!   script is gone before its `chmod`, and the job then hangs): the scripts are left until the
+//!   next checkpoint. The images then move, without being copied, from the session
 //!   directory (the owner's) into the epoch's staging (root's): each is opened without
 //!   following links, must be a regular file of the owner's with one link, is renamed by
 //!   descriptor, is checked to be the same file after the move, and becomes root's (0644: the
@@ -43,7 +46,10 @@ pub const PORT_FILE: &str = "coordinator.port";
 /// What the images of a DMTCP checkpoint are called (`ckpt_<program>_<id>.dmtcp`).
 const IMAGE_PREFIX: &str = "ckpt_";
 const IMAGE_SUFFIX: &str = ".dmtcp";
-/// The coordinator writes this once every image of a checkpoint is written.
+/// The coordinator writes `dmtcp_restart_script_<id>.sh` once every image of a checkpoint is
+/// written, and this link to it last.
+const RESTART_SCRIPT_LINK: &str = "dmtcp_restart_script.sh";
+/// What the scripts' names start with.
 const RESTART_SCRIPT_PREFIX: &str = "dmtcp_restart_script";
 /// Environment a job gets unless it set the variable itself; see the module text.
 const JOB_ENV: [(&str, &str); 3] = [
@@ -300,7 +306,7 @@ impl Dmtcp {
         }
         let images =
             open_dir(spec.images_dir).map_err(|e| format!("{}: {e}", spec.images_dir.display()))?;
-        // What an earlier, abandoned checkpoint left.
+        // The scripts of the checkpoint before, and what an abandoned one left.
         for n in names(&dir).map_err(|e| e.to_string())? {
             if is_image(&n) || n.starts_with(RESTART_SCRIPT_PREFIX) {
                 unlink_in(&dir, &n);
@@ -319,7 +325,7 @@ impl Dmtcp {
             let done = names(&dir)
                 .map_err(|e| e.to_string())?
                 .iter()
-                .any(|n| n.starts_with(RESTART_SCRIPT_PREFIX));
+                .any(|n| n == RESTART_SCRIPT_LINK);
             if done {
                 break;
             }
@@ -341,8 +347,6 @@ impl Dmtcp {
                 let bytes = adopt_image(&dir, &images, &n, owner)?;
                 log.push_str(&format!("{n}: {bytes} bytes\n"));
                 moved += 1;
-            } else if n.starts_with(RESTART_SCRIPT_PREFIX) {
-                unlink_in(&dir, &n);
             }
         }
         if moved == 0 {
