@@ -121,6 +121,10 @@ fn checkpoint_kill_restart(mpi: Mpi) {
         out.ok().contains(&format!("from epoch {latest}")),
         "{out:?}"
     );
+    // The restored job is DMTCP's again: it is checkpointed as before.
+    let lines = d.output(job).matches("iter ").count();
+    d.wait_progress(job, lines + 1, LIMIT);
+    checkpoint_times(&d, job, 1);
     assert_eq!(
         d.wait_checksum(job, LIMIT),
         want,
