@@ -423,6 +423,36 @@ def keep_or_remove(tmp, keep):
 
 # ---------------------------------------------------------------- other heavy processes
 
+def job_pss_bytes(pids):
+    """Proportional set size of the processes `pids`, in bytes."""
+    total = 0
+    for pid in pids:
+        for line in read_text(f"/proc/{pid}/smaps_rollup").splitlines():
+            if line.startswith("Pss:"):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+def foreign_busy(our_pids, tmp=None, our_cgroups=()):
+    """Heavy processes not started by this run (`ps -eo pid,comm`): builds and other MPI tests.
+    Ours: a PID in `our_pids`, a command line naming the run's `tmp`, or a cgroup path holding
+    one of `our_cgroups` (a job mid-restore, whose command line is not restored yet)."""
+    names = {"cargo", "rustc", "heat.mpich", "heat.openmpi"}
+    p, _ = run(["ps", "-eo", "pid,comm"], timeout=20)
+    busy = []
+    for line in p.stdout.splitlines()[1:]:
+        parts = line.split(None, 1)
+        if len(parts) != 2 or parts[1].strip() not in names:
+            continue
+        if int(parts[0]) in our_pids or (tmp and tmp in read_text(f"/proc/{parts[0]}/cmdline")):
+            continue
+        cgs = read_text(f"/proc/{parts[0]}/cgroup")
+        if any(c and c in cgs for c in our_cgroups):
+            continue
+        busy.append(f"{parts[0]} {parts[1].strip()}")
+    return busy
+
+
 def wait_idle(busy_processes, limit, poll):
     """Waits, at most `limit` seconds and checking every `poll` seconds, until busy_processes()
     returns an empty list; then (or when the time is up) returns."""

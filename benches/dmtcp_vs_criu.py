@@ -85,6 +85,7 @@ import time
 # the shared helpers live next to this script (benches/benchutil.py)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchutil import (  # noqa: E402
+    foreign_busy, job_pss_bytes,
     FREEZER, REPO, BenchError, BusySampler, Daemon, cg_pids, emit, finished, fmt, keep_or_remove,
     kill_cgroup, log, machine_info, med, mm, mono, notes_section, progress_lines, ratio, read_text,
     record_checkpoint, remove_cgroup, require_root_and_freezer, run, stop_proc, table_section,
@@ -111,15 +112,6 @@ def job_env():
 
 def job_cmd(app, n, iters, sleep_us):
     return ["mpiexec.mpich", "-n", "4", app, str(n), str(iters), str(sleep_us)]
-
-
-def job_pss_bytes(pids):
-    total = 0
-    for pid in pids:
-        for line in read_text(f"/proc/{pid}/smaps_rollup").splitlines():
-            if line.startswith("Pss:"):
-                total += int(line.split()[1]) * 1024
-    return total
 
 
 def new_result():
@@ -563,21 +555,8 @@ def machine_header(args_cmd, criu, dmtcp_bin, sizes, iters, sleep_us):
 
 
 def busy_processes(tmp=None, prefix=None):
-    """Heavy processes not started by this run (`ps -eo pid,comm`): builds and other MPI tests."""
-    names = {"cargo", "rustc", "heat.mpich", "heat.openmpi"}
-    p, _ = run(["ps", "-eo", "pid,comm"], timeout=20)
-    busy = []
-    for line in p.stdout.splitlines()[1:]:
-        parts = line.split(None, 1)
-        if len(parts) != 2 or parts[1].strip() not in names:
-            continue
-        if int(parts[0]) in OUR_PIDS or (tmp and tmp in read_text(f"/proc/{parts[0]}/cmdline")):
-            continue  # one of our own jobs
-        cgs = read_text(f"/proc/{parts[0]}/cgroup")
-        if (prefix and prefix in cgs) or os.path.basename(RAW_CG) in cgs:
-            continue  # ours, restored (its cmdline is DMTCP's or not yet restored)
-        busy.append(f"{parts[0]} {parts[1].strip()}")
-    return busy
+    """Heavy processes not started by this run: builds and other MPI tests."""
+    return foreign_busy(OUR_PIDS, tmp, (prefix, os.path.basename(RAW_CG)))
 
 
 def main():

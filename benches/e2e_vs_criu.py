@@ -61,6 +61,7 @@ import time
 # the shared helpers live next to this script (benches/benchutil.py)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchutil import (  # noqa: E402
+    foreign_busy, job_pss_bytes,
     FREEZER, REPO, BenchError, BusySampler, Ckptctl, cg_pids, comm, dir_bytes, emit, finished, fmt,
     keep_or_remove, kill_cgroup, log, machine_info, med, mm, mono, notes_section, pid_exists,
     progress_lines, ratio, read_text,
@@ -80,15 +81,6 @@ def pid_alive(pid):
     if not st:
         return False
     return st.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def job_pss_bytes(pids):
-    total = 0
-    for pid in pids:
-        for line in read_text(f"/proc/{pid}/smaps_rollup").splitlines():
-            if line.startswith("Pss:"):
-                total += int(line.split()[1]) * 1024
-    return total
 
 
 def tcp_ports(pids):
@@ -568,21 +560,8 @@ def machine_header(args_cmd, criu, sizes, iters_of, sleep_us):
 
 
 def busy_processes(tmp=None):
-    """Heavy processes not started by this run (`ps -eo pid,comm`): builds and other MPI tests."""
-    names = {"cargo", "rustc", "heat.mpich", "heat.openmpi"}
-    p, _ = run(["ps", "-eo", "pid,comm"], timeout=20)
-    busy = []
-    for line in p.stdout.splitlines()[1:]:
-        parts = line.split(None, 1)
-        if len(parts) != 2 or parts[1].strip() not in names:
-            continue
-        if int(parts[0]) in OUR_PIDS or (tmp and tmp in read_text(f"/proc/{parts[0]}/cmdline")):
-            continue  # one of our own jobs
-        cgs = read_text(f"/proc/{parts[0]}/cgroup")
-        if f"ckpt-bench-{os.getpid()}-" in cgs or f"ckpt-bench-raw-{os.getpid()}" in cgs:
-            continue  # ours, mid-restore (its cmdline is not restored yet)
-        busy.append(f"{parts[0]} {parts[1].strip()}")
-    return busy
+    """Heavy processes not started by this run: builds and other MPI tests."""
+    return foreign_busy(OUR_PIDS, tmp, (f"ckpt-bench-{os.getpid()}-", f"ckpt-bench-raw-{os.getpid()}"))
 
 
 def main():
