@@ -28,9 +28,19 @@ pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
             // Nor is its sandbox's network namespace, whose job address would otherwise stay
             // on the network (a restore elsewhere needs it). Only a part in a sandbox has one:
             // the path is a machine-wide name another agent may use.
+            // The removal runs later, under the job's lock, and only if the part is still
+            // this incarnation and still not running: a restore that took the lock first has
+            // made a namespace of the same name for its new incarnation.
             let netns = jobs.netns(job.id());
             if netns.exists() {
-                tokio::spawn(async move { crate::sandbox::remove(&netns).await });
+                let incarnation = job.incarnation();
+                let j = Arc::clone(&j);
+                tokio::spawn(async move {
+                    let job = j.lock().await;
+                    if job.incarnation() == incarnation && job.observe() != Observed::Running {
+                        crate::sandbox::remove(&netns).await;
+                    }
+                });
             }
         }
         let (state, end) = observed.to_wire();
