@@ -213,10 +213,10 @@ async fn setup(n: usize) -> Setup {
         coord
             .register_agent(
                 &format!("a{i}"),
-                &addr,
-                Vec::new(),
-                String::new(),
-                Vec::new(),
+                coordinator::agents::Registration {
+                    address: addr,
+                    ..Default::default()
+                },
             )
             .await
             .expect("register");

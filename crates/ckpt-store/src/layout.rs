@@ -100,10 +100,20 @@ impl Staging {
     pub fn free_bytes(&self) -> Result<u64> {
         free_bytes(&self.root)
     }
+
+    /// The staging file system's (available, total) bytes.
+    pub fn space(&self) -> Result<(u64, u64)> {
+        space(&self.root)
+    }
 }
 
 /// Bytes available to an unprivileged writer on the file system holding `path`.
 pub fn free_bytes(path: &Path) -> Result<u64> {
+    space(path).map(|(free, _)| free)
+}
+
+/// Bytes available to an unprivileged writer on the file system holding `path`, and its size.
+pub fn space(path: &Path) -> Result<(u64, u64)> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|e| StoreError::io("statvfs", path, std::io::Error::other(e)))?;
@@ -120,7 +130,7 @@ pub fn free_bytes(path: &Path) -> Result<u64> {
     }
     // SAFETY: statvfs returned 0, so the struct is initialised.
     let st = unsafe { st.assume_init() };
-    Ok(st.f_bavail * st.f_frsize)
+    Ok((st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize))
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ Examples:
   ckptctl run --every 30m -- mpiexec …  # a checkpoint every 30 minutes (or --every auto)
   ckptctl policy $JOB --every off       # stop periodic checkpoints
   ckptctl status $JOB · ckptctl epochs $JOB · ckptctl list
+  ckptctl status · ckptctl nodes         # the cluster: nodes up and down, spares, jobs
 
 Exit codes:
   0 success            1 internal error          2 bad arguments
@@ -125,11 +126,18 @@ pub enum Cmd {
         /// Job id.
         job: u64,
     },
-    /// Show a job, its nodes and processes.
+    /// Show a job, its nodes and processes; without a job, the cluster in a few lines: nodes
+    /// up, down and absent, spares free, your live and ended jobs (root: everyone's).
     Status {
         /// Job id.
-        job: u64,
+        job: Option<u64>,
     },
+    /// List every node ckptd knows: state (up; down since its last heartbeat, after ckptd.toml
+    /// `node_timeout`; absent: a spare or a job's node whose agent has not registered), spare
+    /// and free, heartbeat age, agent version, snapshot engines, RDMA devices, free staging
+    /// space, the live jobs with a part there (yours by id, others' counted; root sees all),
+    /// and the agent's address. Any user may list nodes.
+    Nodes,
     /// List jobs (yours; root sees all).
     List,
     /// Show a job's checkpoint epochs: state, storage (local, flushing with progress,

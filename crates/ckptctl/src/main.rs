@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 mod cli;
 mod client;
+mod nodes;
 mod rdma;
 mod run;
 mod show;
@@ -164,9 +165,32 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 print_estimate(&r);
             }
         }
-        Cmd::Status { job } => {
+        Cmd::Status { job: Some(job) } => {
             let reply = c.status(pb::StatusRequest { job_id: job }).await?;
             print_job(reply.into_inner().job, json, print_status);
+        }
+        Cmd::Status { job: None } => {
+            let r = c.nodes(pb::NodesRequest {}).await?.into_inner();
+            let jobs = c
+                .list(pb::ListRequest { all_users: true })
+                .await?
+                .into_inner()
+                .jobs;
+            if json {
+                println!("{}", nodes::cluster_json(&r, &jobs));
+            } else {
+                // SAFETY: getuid cannot fail.
+                let root = unsafe { libc::getuid() } == 0;
+                nodes::print_cluster(&r, &jobs, root);
+            }
+        }
+        Cmd::Nodes => {
+            let r = c.nodes(pb::NodesRequest {}).await?.into_inner();
+            if json {
+                println!("{}", nodes::nodes_json(&r));
+            } else {
+                nodes::print_nodes(&r);
+            }
         }
         Cmd::List => {
             let reply = c.list(pb::ListRequest { all_users: true }).await?;

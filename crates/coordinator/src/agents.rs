@@ -104,20 +104,51 @@ fn not_registered(node: &str) -> NodeFailure {
     }
 }
 
+/// What an agent says of its node when it registers.
+#[derive(Debug, Clone, Default)]
+pub struct Registration {
+    /// host:port where it serves (or `unix:PATH` for a standalone ckptd's own agent).
+    pub address: String,
+    /// Its interfaces' addresses and its host name.
+    pub host_addresses: Vec<String>,
+    /// The shared storage mount it flushes to; empty if none.
+    pub shared_dir: String,
+    /// Its snapshot engines: (name, version).
+    pub engines: Vec<(String, String)>,
+    /// The agent's version.
+    pub version: String,
+    /// The node's RDMA devices.
+    pub rdma_devices: Vec<String>,
+}
+
 #[derive(Debug)]
 struct Entry {
-    address: String,
-    /// Its interfaces' addresses and its host name.
-    host_addresses: Vec<String>,
-    shared_dir: String,
-    /// Its snapshot engines: (name, version).
-    engines: Vec<(String, String)>,
+    info: Registration,
     client: AgentClient<Channel>,
     last_seen: Instant,
+    /// The same moment on the wall clock (ms since the Unix epoch).
+    last_seen_unix_ms: u64,
+    /// Node-local staging as of the last heartbeat that reported it: (free, total) bytes.
+    staging: Option<(u64, u64)>,
     /// Which registration this is: links opened under an earlier one are not kept.
     generation: u64,
     /// Epoch streams left open by a job's last committed epoch, by job.
     idle: BTreeMap<u64, std::sync::Mutex<Box<dyn EpochLink>>>,
+}
+
+/// A registered agent as `ckptctl nodes` shows it.
+#[derive(Debug, Clone)]
+pub struct AgentView {
+    /// Node name.
+    pub node: String,
+    /// What it registered with.
+    pub info: Registration,
+    /// Since its last heartbeat (or registration).
+    pub since_seen: Duration,
+    /// Its last heartbeat (ms since the Unix epoch).
+    pub last_seen_unix_ms: u64,
+    /// Staging (free, total) bytes, if reported.
+    pub staging: Option<(u64, u64)>,
 }
 
 /// Registered agents by node name.
@@ -132,24 +163,21 @@ impl Agents {
     pub fn register(
         &self,
         node: &str,
-        address: &str,
-        host_addresses: Vec<String>,
-        shared_dir: String,
-        engines: Vec<(String, String)>,
+        info: Registration,
         dial: ckpt_auth::transport::Dial,
     ) -> Result<(), String> {
+        let address = &info.address;
         let channel = ckpt_auth::transport::channel(address, dial, AGENT_CONNECT_TIMEOUT)
             .map_err(|e| format!("bad agent address {address:?}: {e}"))?;
         let client = AgentClient::new(channel);
         self.map.write().expect("agents lock").insert(
             node.to_string(),
             Entry {
-                address: address.to_string(),
-                host_addresses,
-                shared_dir,
-                engines,
+                info,
                 client,
                 last_seen: Instant::now(),
+                last_seen_unix_ms: crate::driver::now_ms(),
+                staging: None,
                 generation: self
                     .registrations
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -157,6 +185,22 @@ impl Agents {
             },
         );
         Ok(())
+    }
+
+    /// Every registered agent, by node name.
+    pub fn views(&self) -> Vec<AgentView> {
+        self.map
+            .read()
+            .expect("agents lock")
+            .iter()
+            .map(|(n, e)| AgentView {
+                node: n.clone(),
+                info: e.info.clone(),
+                since_seen: e.last_seen.elapsed(),
+                last_seen_unix_ms: e.last_seen_unix_ms,
+                staging: e.staging,
+            })
+            .collect()
     }
 
     /// A link for one epoch of `job` on `node`: the stream its last epoch left open if it is
@@ -207,7 +251,7 @@ impl Agents {
             .read()
             .expect("agents lock")
             .get(node)
-            .map(|e| e.engines.clone())
+            .map(|e| e.info.engines.clone())
             .unwrap_or_default()
     }
 
@@ -221,11 +265,16 @@ impl Agents {
         }
     }
 
-    /// Records a heartbeat; false if the node is not registered.
-    pub fn seen(&self, node: &str) -> bool {
+    /// Records a heartbeat, with the staging space it reported (free, total bytes) if any;
+    /// false if the node is not registered.
+    pub fn seen(&self, node: &str, staging: Option<(u64, u64)>) -> bool {
         match self.map.write().expect("agents lock").get_mut(node) {
             Some(e) => {
                 e.last_seen = Instant::now();
+                e.last_seen_unix_ms = crate::driver::now_ms();
+                if staging.is_some() {
+                    e.staging = staging;
+                }
                 true
             }
             None => false,
@@ -270,7 +319,9 @@ impl Agents {
             .read()
             .expect("agents lock")
             .iter()
-            .find(|(_, e)| agent_ip(&e.address) == ip || e.host_addresses.iter().any(|a| a == ip))
+            .find(|(_, e)| {
+                agent_ip(&e.info.address) == ip || e.info.host_addresses.iter().any(|a| a == ip)
+            })
             .map(|(n, _)| n.clone())
     }
 
@@ -280,7 +331,7 @@ impl Agents {
             .read()
             .expect("agents lock")
             .get(node)
-            .map(|e| e.shared_dir.clone())
+            .map(|e| e.info.shared_dir.clone())
             .filter(|d| !d.is_empty())
     }
 
@@ -305,7 +356,7 @@ impl Agents {
             .read()
             .expect("agents lock")
             .get(node)
-            .map(|e| e.address.clone())
+            .map(|e| e.info.address.clone())
     }
 
     /// Registered nodes with their address and seconds since the last heartbeat.
@@ -317,7 +368,7 @@ impl Agents {
             .map(|(n, e)| {
                 (
                     n.clone(),
-                    e.address.clone(),
+                    e.info.address.clone(),
                     e.last_seen.elapsed().as_secs(),
                 )
             })

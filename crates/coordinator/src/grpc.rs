@@ -445,6 +445,19 @@ impl pb::control_server::Control for ControlHandler {
         Ok(Response::new(pb::StatusReply { job: Some(info) }))
     }
 
+    async fn nodes(
+        &self,
+        req: Request<pb::NodesRequest>,
+    ) -> Result<Response<pb::NodesReply>, Status> {
+        let who = caller(&req)?;
+        let nodes = self.coord.nodes(&who).map_err(|e| to_status(&e))?;
+        Ok(Response::new(pb::NodesReply {
+            nodes,
+            node_timeout_ms: self.coord.cfg.node_timeout.as_millis() as u64,
+            version: env!("CARGO_PKG_VERSION").into(),
+        }))
+    }
+
     async fn list(&self, req: Request<pb::ListRequest>) -> Result<Response<pb::ListReply>, Status> {
         let who = caller(&req)?;
         // Users see their own jobs; root sees every job.
@@ -634,10 +647,14 @@ impl pb::registry_server::Registry for RegistryHandler {
         self.coord
             .register_agent(
                 &r.node,
-                &r.address,
-                names_of(r.host_addresses, r.hostname),
-                r.shared_dir,
-                r.engines.into_iter().map(|e| (e.name, e.version)).collect(),
+                crate::agents::Registration {
+                    address: r.address,
+                    host_addresses: names_of(r.host_addresses, r.hostname),
+                    shared_dir: r.shared_dir,
+                    engines: r.engines.into_iter().map(|e| (e.name, e.version)).collect(),
+                    version: r.version,
+                    rdma_devices: r.rdma_devices,
+                },
             )
             .await
             .map_err(Status::invalid_argument)?;
@@ -655,7 +672,11 @@ impl pb::registry_server::Registry for RegistryHandler {
             return Err(ckpt_auth::refuse(&req, "Registry.Heartbeat", &allowed));
         }
         let r = req.into_inner();
-        if self.coord.heartbeat(&r.node, r.jobs).await {
+        let staging = (r.staging_total_bytes > 0).then_some((
+            r.staging_free_bytes.min(r.staging_total_bytes),
+            r.staging_total_bytes,
+        ));
+        if self.coord.heartbeat(&r.node, r.jobs, staging).await {
             Ok(Response::new(pb::HeartbeatReply {}))
         } else {
             Err(Status::not_found(format!(

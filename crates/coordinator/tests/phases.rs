@@ -286,7 +286,13 @@ async fn a_jobs_next_epoch_reuses_its_streams_and_a_failed_one_drops_them() {
     // An agent that registers again gets new streams too.
     let addr = c.coord.agents.address("n1").unwrap();
     c.coord
-        .register_agent("n1", &addr, vec![], String::new(), vec![])
+        .register_agent(
+            "n1",
+            Registration {
+                address: addr,
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     let before = streams();
@@ -355,10 +361,10 @@ async fn an_unreachable_agent_fails_initial_sync_naming_its_node() {
     c.coord
         .register_agent(
             "n2",
-            "unix:/nonexistent/agent.sock",
-            vec![],
-            String::new(),
-            vec![],
+            Registration {
+                address: "unix:/nonexistent/agent.sock".into(),
+                ..Default::default()
+            },
         )
         .await
         .unwrap();

@@ -177,7 +177,7 @@ async fn only_up(c: &Cluster, up: &[&str]) {
 /// Heartbeats from `nodes` now.
 async fn beat(c: &Cluster, nodes: &[&str]) {
     for n in nodes {
-        assert!(c.coord.heartbeat(n, vec![]).await, "{n} registered");
+        assert!(c.coord.heartbeat(n, vec![], None).await, "{n} registered");
     }
 }
 
@@ -409,4 +409,70 @@ async fn drain_migrate_that_cannot_move_every_job_stops_nothing() {
     only_up(&c, &["n1", "n3", "n4", "n5"]).await;
     let e = c.coord.begin_drain(&ROOT, "n2", false).unwrap_err();
     assert!(e.to_string().contains("--on-spares"), "{e}");
+}
+
+/// What `ckptctl nodes` shows: n3, silent past `node_timeout`, is down since its last
+/// heartbeat; spare n4 runs a job (in use), spare n5 is free; staging space comes with
+/// heartbeats; the owner and root see job ids, another user only counts them.
+#[tokio::test]
+async fn nodes_show_states_spares_staging_and_jobs_by_who_asks() {
+    use ckpt_proto::v1 as pb;
+    use coordinator::driver::Caller;
+    let c = with_spares().await;
+    let job = c.job().await;
+    let other = c.job_on("n4").await;
+    only_up(&c, &["n1", "n2", "n4", "n5"]).await;
+    assert!(c.coord.heartbeat("n1", vec![], Some((5, 10))).await);
+    let by_name = |who: Caller| -> BTreeMap<String, pb::NodeInfo> {
+        c.coord
+            .nodes(&who)
+            .unwrap()
+            .into_iter()
+            .map(|n| (n.name.clone(), n))
+            .collect()
+    };
+    let mine = by_name(OWNER);
+    let states: Vec<(&str, &str)> = mine
+        .values()
+        .map(|n| (n.name.as_str(), n.state.as_str()))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ("n1", "up"),
+            ("n2", "up"),
+            ("n3", "down"),
+            ("n4", "up"),
+            ("n5", "up")
+        ]
+    );
+    assert!(mine["n3"].down_since_unix_ms > 0, "{:?}", mine["n3"]);
+    assert!(
+        mine["n3"].heartbeat_age_ms >= Some(1000),
+        "{:?}",
+        mine["n3"]
+    );
+    assert_eq!(mine["n1"].down_since_unix_ms, 0);
+    assert_eq!(mine["n1"].jobs, [job]);
+    assert_eq!(mine["n3"].jobs, [job], "a down node still lists its jobs");
+    assert_eq!(mine["n4"].jobs, [other]);
+    assert!(mine["n4"].spare && !mine["n4"].free, "{:?}", mine["n4"]);
+    assert!(mine["n5"].spare && mine["n5"].free, "{:?}", mine["n5"]);
+    assert!(!mine["n1"].spare);
+    assert_eq!(
+        (
+            mine["n1"].staging_free_bytes,
+            mine["n1"].staging_total_bytes
+        ),
+        (5, 10)
+    );
+    assert_eq!(mine["n1"].engines[0].name, "criu");
+    assert_eq!(by_name(ROOT)["n1"].jobs, [job]);
+    let theirs = by_name(Caller {
+        uid: 1001,
+        gid: 1001,
+        pid: None,
+    });
+    assert!(theirs["n1"].jobs.is_empty() && theirs["n4"].jobs.is_empty());
+    assert_eq!((theirs["n1"].other_jobs, theirs["n4"].other_jobs), (1, 1));
 }

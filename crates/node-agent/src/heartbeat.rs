@@ -98,6 +98,9 @@ pub async fn run(
                     .into_iter()
                     .map(|(name, version)| pb::EngineInfo { name, version })
                     .collect(),
+                rdma_devices: crate::config::rdma_devices(std::path::Path::new(
+                    crate::config::RDMA_CLASS,
+                )),
             };
             match tokio::time::timeout(CALL_TIMEOUT, c.register(req)).await {
                 Ok(Ok(_)) => {
@@ -116,9 +119,12 @@ pub async fn run(
                 Err(_) => debug!("registration timed out; retrying"),
             }
         } else {
+            let (staging_free_bytes, staging_total_bytes) = jobs.staging.space().unwrap_or((0, 0));
             let req = pb::HeartbeatRequest {
                 node: cfg.node_name.clone(),
                 jobs: reports(&jobs),
+                staging_free_bytes,
+                staging_total_bytes,
             };
             match tokio::time::timeout(CALL_TIMEOUT, c.heartbeat(req)).await {
                 Ok(Ok(_)) => {}

@@ -14,11 +14,9 @@ impl Coordinator {
     pub async fn register_agent(
         self: &Arc<Self>,
         node: &str,
-        address: &str,
-        host_addresses: Vec<String>,
-        shared_dir: String,
-        engines: Vec<(String, String)>,
+        info: crate::agents::Registration,
     ) -> Result<(), String> {
+        let address = info.address.clone();
         let dial = match (&self.credential, address.starts_with("unix:")) {
             (_, true) | (None, false) => ckpt_auth::transport::Dial::LocalOnly,
             (Some(c), false) => ckpt_auth::transport::Dial::Tls(
@@ -26,8 +24,7 @@ impl Coordinator {
                     .map_err(|e| e.to_string())?,
             ),
         };
-        self.agents
-            .register(node, address, host_addresses, shared_dir, engines, dial)?;
+        self.agents.register(node, info, dial)?;
         info!(node, address, "agent registered");
         self.resume_waiting_flushes();
         let pending: Vec<(String, u64, u32)> = {
@@ -49,9 +46,14 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Applies an agent's report about its jobs.
-    pub async fn heartbeat(&self, node: &str, reports: Vec<pb::JobReport>) -> bool {
-        if !self.agents.seen(node) {
+    /// Applies an agent's report about its jobs (and its staging space: free, total bytes).
+    pub async fn heartbeat(
+        &self,
+        node: &str,
+        reports: Vec<pb::JobReport>,
+        staging: Option<(u64, u64)>,
+    ) -> bool {
+        if !self.agents.seen(node, staging) {
             return false;
         }
         for r in reports {

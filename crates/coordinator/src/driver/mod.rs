@@ -11,7 +11,7 @@
 //! with a deadline. The protocol steps live beside it: `checkpoint.rs` (one epoch, phase by
 //! phase), `endpoints.rs` (the InfiniBand rebuild after a resume or a restore), `restart.rs`,
 //! `attach.rs` (parts of a job started on other nodes through ckpt-rsh), `jobs.rs` (run, cancel,
-//! agents' reports), `schedule.rs` (periodic checkpoints), `deadline.rs` (estimates and deadlines), `resume.rs`
+//! agents' reports), `nodes.rs` (what `ckptctl nodes` shows), `schedule.rs` (periodic checkpoints), `deadline.rs` (estimates and deadlines), `resume.rs`
 //! (`run --resume`) and [`flush`] (partner copies, the
 //! flush to shared storage, retention).
 mod addresses;
@@ -22,6 +22,7 @@ mod drain;
 mod endpoints;
 pub mod flush;
 mod jobs;
+mod nodes;
 mod placement;
 mod restart;
 mod resume;

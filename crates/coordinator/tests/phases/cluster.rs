@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use ckpt_proto::v1 as pb;
 use ckpt_proto::v1::agent_server::{Agent, AgentServer};
+pub(crate) use coordinator::agents::Registration;
 use coordinator::config::CoordinatorConfig;
 use coordinator::driver::{Caller, Coordinator, DriveError, RunSpec};
 use coordinator::model::{EpochState, JobState, Phase};
@@ -443,10 +444,12 @@ impl Cluster {
             coord
                 .register_agent(
                     node,
-                    &format!("unix:{}", sock.display()),
-                    vec![],
-                    shared_dir.to_string(),
-                    vec![("criu".into(), "4.2".into())],
+                    Registration {
+                        address: format!("unix:{}", sock.display()),
+                        shared_dir: shared_dir.to_string(),
+                        engines: vec![("criu".into(), "4.2".into())],
+                        ..Default::default()
+                    },
                 )
                 .await
                 .unwrap();

@@ -1,0 +1,281 @@
+//! `ckptctl nodes` and `ckptctl status` without a job: the cluster as ckptd sees it.
+use std::collections::BTreeMap;
+
+use ckpt_proto::v1 as pb;
+use serde_json::{json, Value};
+
+use crate::show::size;
+use crate::when::local;
+
+pub fn node_json(n: &pb::NodeInfo) -> Value {
+    json!({
+        "name": n.name, "state": n.state, "spare": n.spare,
+        "spare_free": n.spare.then_some(n.free),
+        "address": n.address, "version": n.version,
+        "heartbeat_age_ms": n.heartbeat_age_ms,
+        "down_since_unix_ms": (n.down_since_unix_ms > 0).then_some(n.down_since_unix_ms),
+        "engines": n.engines.iter().map(|e| json!({"name": e.name, "version": e.version})).collect::<Vec<_>>(),
+        "rdma_devices": n.rdma_devices,
+        "staging_free_bytes": (n.staging_total_bytes > 0).then_some(n.staging_free_bytes),
+        "staging_total_bytes": (n.staging_total_bytes > 0).then_some(n.staging_total_bytes),
+        "jobs": n.jobs, "other_users_jobs": n.other_jobs,
+    })
+}
+
+pub fn nodes_json(r: &pb::NodesReply) -> Value {
+    json!({
+        "ckptd_version": r.version,
+        "node_timeout_ms": r.node_timeout_ms,
+        "nodes": r.nodes.iter().map(node_json).collect::<Vec<_>>(),
+    })
+}
+
+/// "up", "down since 12:03:04", "absent"; with ", spare (free)" or ", spare (in use)" (", spare"
+/// when not up).
+fn state_text(n: &pb::NodeInfo) -> String {
+    let mut s = match n.state.as_str() {
+        "down" if n.down_since_unix_ms > 0 => format!("down since {}", clock(n.down_since_unix_ms)),
+        s => s.to_string(),
+    };
+    if n.spare {
+        s.push_str(match (n.state.as_str(), n.free) {
+            ("up", true) => ", spare (free)",
+            ("up", false) => ", spare (in use)",
+            _ => ", spare",
+        });
+    }
+    s
+}
+
+/// A time of today as `12:03:04`, an older one as `2026-11-25 12:03`.
+fn clock(ms: u64) -> String {
+    let today = local(crate::when::now_ms());
+    let t = local(ms);
+    match (t.split_once(' '), today.split_once(' ')) {
+        (Some((d, time)), Some((d2, _))) if d == d2 => time.to_string(),
+        _ => t,
+    }
+}
+
+fn age(ms: Option<u64>) -> String {
+    match ms {
+        None => "never".into(),
+        Some(ms) if ms < 10_000 => format!("{:.1}s ago", ms as f64 / 1000.0),
+        Some(ms) if ms < 60_000 => format!("{}s ago", ms / 1000),
+        Some(ms) if ms < 7_200_000 => format!("{}m {}s ago", ms / 60_000, ms / 1000 % 60),
+        Some(ms) => format!("{}h ago", ms / 3_600_000),
+    }
+}
+
+fn dash(s: String) -> String {
+    if s.is_empty() {
+        "-".into()
+    } else {
+        s
+    }
+}
+
+fn jobs_text(n: &pb::NodeInfo) -> String {
+    let mut parts: Vec<String> = n.jobs.iter().map(u64::to_string).collect();
+    if n.other_jobs > 0 {
+        parts.push(format!("+{} other users'", n.other_jobs));
+    }
+    dash(parts.join(","))
+}
+
+/// `ckptctl nodes` in words: a line per node, then what is wrong and what to do.
+pub fn print_nodes(r: &pb::NodesReply) {
+    let rows: Vec<[String; 9]> = r
+        .nodes
+        .iter()
+        .map(|n| {
+            [
+                n.name.clone(),
+                state_text(n),
+                age(n.heartbeat_age_ms),
+                dash(n.version.clone()),
+                dash(
+                    n.engines
+                        .iter()
+                        .map(|e| format!("{} {}", e.name, e.version))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                ),
+                dash(n.rdma_devices.join(",")),
+                if n.staging_total_bytes > 0 {
+                    format!(
+                        "{} of {}",
+                        size(n.staging_free_bytes),
+                        size(n.staging_total_bytes)
+                    )
+                } else {
+                    "-".into()
+                },
+                jobs_text(n),
+                dash(n.address.clone()),
+            ]
+        })
+        .collect();
+    let head = [
+        "NODE",
+        "STATE",
+        "HEARTBEAT",
+        "VERSION",
+        "ENGINES",
+        "RDMA",
+        "STAGING FREE",
+        "JOBS",
+        "ADDRESS",
+    ];
+    let mut width: Vec<usize> = head.iter().map(|h| h.len()).collect();
+    for row in &rows {
+        for (w, c) in width.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let text: Vec<String> = cells
+            .iter()
+            .zip(&width)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        println!("{}", text.join("  ").trim_end());
+    };
+    line(head.to_vec());
+    for row in &rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+    let c = Counts::of(&r.nodes);
+    println!("{}", c.summary(r.node_timeout_ms));
+    for n in &r.nodes {
+        match n.state.as_str() {
+            "down" => println!(
+                "  {}: no heartbeat for {}: check ckpt-agent there (`systemctl status ckpt-agent`, `journalctl -u ckpt-agent`); a restart of its jobs puts their parts on spares (`ckptctl restart JOB --on-spares`)",
+                n.name,
+                age(n.heartbeat_age_ms).trim_end_matches(" ago")
+            ),
+            "absent" => println!(
+                "  {}: no agent has registered since ckptd started: start ckpt-agent there, or check its `coordinator` and node name in agent.toml",
+                n.name
+            ),
+            _ => {}
+        }
+    }
+}
+
+/// Nodes by state.
+#[derive(Default)]
+struct Counts {
+    total: usize,
+    by_state: BTreeMap<String, usize>,
+    spares: usize,
+    spares_free: usize,
+}
+
+impl Counts {
+    fn of(nodes: &[pb::NodeInfo]) -> Self {
+        let mut c = Counts::default();
+        for n in nodes {
+            c.total += 1;
+            *c.by_state.entry(n.state.clone()).or_default() += 1;
+            if n.spare {
+                c.spares += 1;
+                if n.free && n.state == "up" {
+                    c.spares_free += 1;
+                }
+            }
+        }
+        c
+    }
+
+    fn get(&self, state: &str) -> usize {
+        self.by_state.get(state).copied().unwrap_or(0)
+    }
+
+    /// "3 nodes: 2 up, 1 down (no heartbeat for 3s); spares: 1 of 1 up and free".
+    fn summary(&self, timeout_ms: u64) -> String {
+        let mut s = format!(
+            "{} node{}: {} up",
+            self.total,
+            if self.total == 1 { "" } else { "s" },
+            self.get("up")
+        );
+        if self.get("down") > 0 {
+            s.push_str(&format!(
+                ", {} down (no heartbeat for {:.0}s)",
+                self.get("down"),
+                timeout_ms as f64 / 1000.0
+            ));
+        }
+        if self.get("absent") > 0 {
+            s.push_str(&format!(", {} absent", self.get("absent")));
+        }
+        if self.spares > 0 {
+            s.push_str(&format!(
+                "; spares: {} of {} up and free",
+                self.spares_free, self.spares
+            ));
+        }
+        s
+    }
+}
+
+/// Live jobs (those whose processes run or are being checkpointed, started or restored) and
+/// ended ones, by state.
+fn job_counts(jobs: &[pb::JobInfo]) -> (BTreeMap<&str, usize>, usize) {
+    let mut live = BTreeMap::new();
+    let mut ended = 0;
+    for j in jobs {
+        match j.state.as_str() {
+            s @ ("running" | "checkpointing" | "restarting" | "starting") => {
+                *live.entry(s).or_default() += 1
+            }
+            _ => ended += 1,
+        }
+    }
+    (live, ended)
+}
+
+pub fn cluster_json(r: &pb::NodesReply, jobs: &[pb::JobInfo]) -> Value {
+    let c = Counts::of(&r.nodes);
+    let (live, ended) = job_counts(jobs);
+    json!({
+        "ckptd_version": r.version,
+        "nodes": {
+            "total": c.total, "up": c.get("up"), "down": c.get("down"), "absent": c.get("absent"),
+            "spares": c.spares, "spares_free": c.spares_free,
+        },
+        "down": r.nodes.iter().filter(|n| n.state != "up").map(|n| json!({
+            "name": n.name, "state": n.state,
+            "down_since_unix_ms": (n.down_since_unix_ms > 0).then_some(n.down_since_unix_ms),
+        })).collect::<Vec<_>>(),
+        "jobs": { "live": live, "ended": ended },
+    })
+}
+
+/// `ckptctl status` without a job: nodes and jobs in three lines, and the nodes that are not up.
+pub fn print_cluster(r: &pb::NodesReply, jobs: &[pb::JobInfo], all_users: bool) {
+    let c = Counts::of(&r.nodes);
+    println!("ckptd {}: {}", r.version, c.summary(r.node_timeout_ms));
+    for n in r.nodes.iter().filter(|n| n.state != "up") {
+        println!("  {} {}", n.name, state_text(n));
+    }
+    let (live, ended) = job_counts(jobs);
+    let live_total: usize = live.values().sum();
+    let detail = if live.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " ({})",
+            live.iter()
+                .map(|(s, n)| format!("{n} {s}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    println!(
+        "{} jobs: {live_total} live{detail}, {ended} ended",
+        if all_users { "all users'" } else { "your" },
+    );
+    println!("details: `ckptctl nodes`, `ckptctl list`, `ckptctl status JOB`");
+}

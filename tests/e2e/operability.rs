@@ -1,0 +1,227 @@
+//! End-to-end tests of what an admin sees of the cluster: `ckptctl nodes` and `ckptctl status`
+//! without a job, over agents on network-namespace test hosts, one of them taken down. Skips
+//! with a printed reason where namespaces are unavailable.
+use std::time::{Duration, Instant};
+
+use ckpt_tests::netns::Cluster;
+use ckpt_tests::{skip_unless_ready, Ckptd, Options};
+use serde_json::Value;
+
+const NOBODY: u32 = 65534;
+const LIMIT: Duration = Duration::from_secs(30);
+
+fn nodes_json(d: &Ckptd, uid: Option<u32>) -> Value {
+    let args = ["nodes", "--json"];
+    let out = match uid {
+        Some(u) => d.ctl_as(u, &args),
+        None => d.ctl(&args),
+    };
+    serde_json::from_str(out.ok().trim()).expect("nodes --json is JSON")
+}
+
+fn node<'a>(r: &'a Value, name: &str) -> &'a Value {
+    r["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .find(|n| n["name"] == name)
+        .unwrap_or_else(|| panic!("{name} listed: {r}"))
+}
+
+/// Waits (bounded) until `nodes --json` satisfies `cond`; returns that reply.
+fn nodes_when(d: &Ckptd, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+    let begin = Instant::now();
+    loop {
+        let r = nodes_json(d, None);
+        if cond(&r) {
+            return r;
+        }
+        assert!(begin.elapsed() < LIMIT, "{what}: {r}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64
+}
+
+#[test]
+fn nodes_shows_every_agent_a_down_one_since_its_last_heartbeat_spares_and_jobs() {
+    skip_unless_ready!("nsenter", "sleep");
+    if let Some(why) = Cluster::unavailable() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let cluster = Cluster::create(3).expect("create test hosts");
+    // n3 is a spare, and so is n9, which has no agent at all.
+    let mut d = Ckptd::start(Options {
+        no_agent: true,
+        extra_toml: "node_timeout = \"2s\"\n[spares]\nnodes = [\"n3\", \"n9\"]\n".into(),
+        ..Options::default()
+    });
+    for n in ["n1", "n2", "n3"] {
+        d.start_agent_in(&cluster, n);
+    }
+    d.wait_agents(&["n1", "n2", "n3"]);
+    let job: u64 = d
+        .ctl(&[
+            "run", "--node", "n1", "--name", "idle", "--", "sleep", "300",
+        ])
+        .ok()
+        .trim()
+        .parse()
+        .expect("job id");
+
+    // Every agent up, with what it reported: the first heartbeats bring the staging space.
+    let r = nodes_when(&d, "every agent up with its staging space", |r| {
+        ["n1", "n2", "n3"].iter().all(|n| {
+            node(r, n)["state"] == "up" && node(r, n)["staging_total_bytes"].as_u64().is_some()
+        })
+    });
+    assert_eq!(r["ckptd_version"], env!("CARGO_PKG_VERSION"), "{r}");
+    assert_eq!(r["node_timeout_ms"], 2000, "{r}");
+    let names: Vec<&str> = r["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["name"].as_str().unwrap())
+        .collect();
+    // node0: the standalone ckptd's own agent.
+    assert_eq!(
+        names,
+        ["n1", "n2", "n3", "n9", "node0"],
+        "sorted by name: {r}"
+    );
+    let local_rdma: Vec<String> = std::fs::read_dir("/sys/class/infiniband")
+        .map(|d| {
+            let mut v: Vec<String> = d
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        })
+        .unwrap_or_default();
+    for n in ["n1", "n2", "n3"] {
+        let i = node(&r, n);
+        assert_eq!(i["version"], env!("CARGO_PKG_VERSION"), "{i}");
+        let ip = &cluster.nodes.iter().find(|h| h.name == n).unwrap().mgmt_ip;
+        assert!(
+            i["address"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{ip}:")),
+            "{n}'s agent serves on its test host's management address {ip}: {i}"
+        );
+        let engines = i["engines"].as_array().unwrap();
+        assert!(
+            engines
+                .iter()
+                .any(|e| e["name"] == "criu" && !e["version"].as_str().unwrap().is_empty()),
+            "{i}"
+        );
+        let (free, total) = (
+            i["staging_free_bytes"].as_u64().unwrap(),
+            i["staging_total_bytes"].as_u64().unwrap(),
+        );
+        assert!(free > 0 && free <= total, "{i}");
+        assert!(i["heartbeat_age_ms"].as_u64().unwrap() < 2000, "{i}");
+        assert_eq!(i["down_since_unix_ms"], Value::Null, "{i}");
+        let rdma: Vec<String> = serde_json::from_value(i["rdma_devices"].clone()).unwrap();
+        assert_eq!(rdma, local_rdma, "the kernel's RDMA devices: {i}");
+    }
+    assert_eq!(node(&r, "n1")["jobs"], serde_json::json!([job]), "{r}");
+    assert_eq!(node(&r, "n2")["jobs"], serde_json::json!([]), "{r}");
+    let n3 = node(&r, "n3");
+    assert_eq!(
+        (&n3["spare"], &n3["spare_free"]),
+        (&Value::Bool(true), &Value::Bool(true)),
+        "{n3}"
+    );
+    let n9 = node(&r, "n9");
+    assert_eq!(n9["state"], "absent", "{n9}");
+    assert_eq!(n9["spare"], true, "{n9}");
+    assert_eq!(n9["heartbeat_age_ms"], Value::Null, "{n9}");
+
+    // n2's agent dies: after node_timeout it is down, since its last heartbeat.
+    let killed_at = now_ms();
+    d.kill_agent_on("n2");
+    let r = nodes_when(&d, "n2 down", |r| node(r, "n2")["state"] == "down");
+    let n2 = node(&r, "n2");
+    let since = n2["down_since_unix_ms"].as_u64().expect("down since");
+    assert!(
+        since <= killed_at + 1000 && since + 3000 >= killed_at,
+        "down since its last heartbeat, about when its agent was killed ({killed_at}): {n2}"
+    );
+    assert!(n2["heartbeat_age_ms"].as_u64().unwrap() >= 2000, "{n2}");
+    assert_eq!(
+        n2["version"],
+        env!("CARGO_PKG_VERSION"),
+        "what it last said stays: {n2}"
+    );
+    for n in ["n1", "n3"] {
+        assert_eq!(node(&r, n)["state"], "up", "{r}");
+    }
+
+    // In words: a line per node, the down one with its time and what to do, and a summary.
+    let text = d.ctl(&["nodes"]).ok().to_string();
+    println!("ckptctl nodes:\n{text}");
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("a line for {name}: {text}"))
+            .to_string()
+    };
+    assert!(
+        line("n1").contains(" up ") && line("n1").contains(&format!(" {job} ")),
+        "{text}"
+    );
+    assert!(line("n2").contains("down since "), "{text}");
+    assert!(line("n3").contains("spare (free)"), "{text}");
+    assert!(line("n9").contains("absent"), "{text}");
+    assert!(
+        text.contains(
+            "5 nodes: 3 up, 1 down (no heartbeat for 2s), 1 absent; spares: 1 of 2 up and free"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("n2: no heartbeat for") && text.contains("ckpt-agent"),
+        "{text}"
+    );
+
+    // Another user sees the nodes, and root's job only as a count.
+    let r = nodes_json(&d, Some(NOBODY));
+    let n1 = node(&r, "n1");
+    assert_eq!(
+        (&n1["jobs"], &n1["other_users_jobs"]),
+        (&serde_json::json!([]), &serde_json::json!(1)),
+        "{n1}"
+    );
+
+    // `status` without a job: the cluster in a few lines.
+    let s: Value = serde_json::from_str(d.ctl(&["status", "--json"]).ok().trim()).unwrap();
+    assert_eq!(
+        s["nodes"],
+        serde_json::json!({"total": 5, "up": 3, "down": 1, "absent": 1, "spares": 2, "spares_free": 1}),
+        "{s}"
+    );
+    assert_eq!(s["jobs"]["live"]["running"], 1, "{s}");
+    let text = d.ctl(&["status"]).ok().to_string();
+    println!("ckptctl status:\n{text}");
+    assert!(text.contains("n2 down since "), "{text}");
+    assert!(
+        text.contains("all users' jobs: 1 live (1 running)"),
+        "{text}"
+    );
+    let text = d.ctl_as(NOBODY, &["status"]).ok().to_string();
+    assert!(text.contains("your jobs: 0 live, 0 ended"), "{text}");
+
+    // An agent that comes back is up again.
+    d.start_agent_in(&cluster, "n2");
+    nodes_when(&d, "n2 up again", |r| node(r, "n2")["state"] == "up");
+    d.ctl(&["cancel", &job.to_string()]).ok();
+}
