@@ -66,6 +66,9 @@ PKGS=(build-essential pkg-config mpich libmpich-dev openmpi-bin libopenmpi-dev
       protobuf-compiler libprotobuf-dev nftables iptables iproute2 util-linux procps e2fsprogs
       debian-archive-keyring libibverbs-dev ibverbs-providers libclang-dev cmake
       slurmctld slurmd slurm-client munge)
+# prometheus (the server and promtool): the metrics test scrapes the daemons with its own
+# Prometheus on loopback; the packaged service is stopped and disabled right after install.
+PKGS+=(prometheus)
 command -v systemd-analyze >/dev/null 2>&1 || PKGS+=(systemd)
 ((WITH_VM)) && PKGS+=(qemu-system-x86 busybox-static cpio rdma-core ibverbs-utils ibverbs-providers)
 
@@ -79,11 +82,18 @@ if ((${#missing[@]})); then
     log "installing system packages: ${missing[*]}"
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    if [[ " ${missing[*]} " == *" prometheus "* ]]; then
+        if [[ -d /run/systemd/system ]]; then
+            systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+        else
+            deb-systemd-helper disable prometheus.service >/dev/null 2>&1 || true
+        fi
+    fi
 else
     log "system packages already installed"
 fi
 
-for b in mpicc.mpich mpiexec.mpich mpicc.openmpi mpirun.openmpi protoc nft; do
+for b in mpicc.mpich mpiexec.mpich mpicc.openmpi mpirun.openmpi protoc nft promtool; do
     command -v "$b" >/dev/null 2>&1 || die "expected program '$b' not found after install"
 done
 

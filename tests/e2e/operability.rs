@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use ckpt_tests::netns::Cluster;
+use ckpt_tests::prometheus::{http_get, Prometheus};
 use ckpt_tests::{skip_unless_ready, Ckptd, Options};
 use serde_json::Value;
 
@@ -223,5 +224,176 @@ fn nodes_shows_every_agent_a_down_one_since_its_last_heartbeat_spares_and_jobs()
     // An agent that comes back is up again.
     d.start_agent_in(&cluster, "n2");
     nodes_when(&d, "n2 up again", |r| node(r, "n2")["state"] == "up");
+    d.ctl(&["cancel", &job.to_string()]).ok();
+}
+
+/// The token Prometheus presents, in a root-only file.
+fn token_file(dir: &std::path::Path) -> (std::path::PathBuf, String) {
+    use std::os::unix::fs::PermissionsExt;
+    let token = "ckpt-test-metrics-token-5f3a9c0e".to_string();
+    let p = dir.join("metrics.token");
+    std::fs::write(&p, format!("{token}\n")).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    (p, token)
+}
+
+/// `promtool check metrics` on a scrape's text.
+fn promtool_passes(text: &str) {
+    use std::io::Write;
+    let mut c = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    c.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = c.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn prometheus_scrapes_ckptd_and_an_agent_during_checkpoints() {
+    skip_unless_ready!("nsenter", "sleep");
+    if let Some(why) = Cluster::unavailable().or_else(Prometheus::unavailable) {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let cluster = Cluster::create(1).expect("create test host");
+    let secrets = tempfile::tempdir().unwrap();
+    let (tok, token) = token_file(secrets.path());
+    let ckptd_addr = format!("127.0.0.1:{}", ckpt_tests::free_port());
+    let mut d = Ckptd::start(Options {
+        no_agent: true,
+        extra_toml: format!(
+            "[metrics]\nlisten = \"{ckptd_addr}\"\ntoken_file = \"{}\"\n",
+            tok.display()
+        ),
+        ..Options::default()
+    });
+    let agent_addr = format!("{}:9464", cluster.node("n1").mgmt_ip);
+    d.start_agent_in_with(
+        &cluster,
+        "n1",
+        &format!(
+            "[metrics]\nlisten = \"{agent_addr}\"\ntoken_file = \"{}\"\n",
+            tok.display()
+        ),
+    );
+    d.wait_agents(&["n1"]);
+    let job: u64 = d
+        .ctl(&[
+            "run", "--node", "n1", "--name", "idle", "--", "sleep", "300",
+        ])
+        .ok()
+        .trim()
+        .parse()
+        .expect("job id");
+    let prom = Prometheus::start(&[("ckptd", &ckptd_addr), ("agent", &agent_addr)], &tok);
+    prom.wait_for("sum(up)", |v| v == 2.0);
+    for _ in 0..3 {
+        d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
+    }
+
+    // Through Prometheus' HTTP API: the epoch count, a phase latency quantile, the agent's
+    // dumps, the agents up.
+    prom.wait_for(
+        r#"sum(ckpt_epochs_total{job="ckptd",outcome="committed"})"#,
+        |v| v == 3.0,
+    );
+    let p90 = prom.wait_for(
+        r#"histogram_quantile(0.9, sum by (le) (ckpt_phase_duration_seconds_bucket{phase="local-checkpoint"}))"#,
+        |v| v.is_finite() && v > 0.0,
+    );
+    println!("local-checkpoint p90 through Prometheus: {p90} s");
+    prom.wait_for(
+        r#"sum(ckpt_agent_dump_duration_seconds_count{job="agent",engine="criu"})"#,
+        |v| v == 3.0,
+    );
+    prom.wait_for(r#"ckpt_agents{state="up"}"#, |v| v == 2.0);
+    prom.wait_for(r#"ckpt_jobs{state="running"}"#, |v| v == 1.0);
+    prom.wait_for(r#"ckpt_agent_staging_free_bytes{job="agent"}"#, |v| v > 0.0);
+
+    // Each endpoint's text passes promtool; ckptd's covers its embedded agent.
+    let bearer = format!("Bearer {token}");
+    let auth = [("Authorization", bearer.as_str())];
+    let mut scraped = String::new();
+    for (addr, has) in [
+        (
+            &ckptd_addr,
+            ["ckpt_epochs_total", "ckpt_agent_staging_free_bytes"],
+        ),
+        (
+            &agent_addr,
+            [
+                "ckpt_agent_dump_duration_seconds_bucket",
+                "ckpt_agent_restores_total",
+            ],
+        ),
+    ] {
+        let (status, body) = http_get(addr, "/metrics", &auth).expect("scrape");
+        scraped.push_str(&body);
+        assert_eq!(status, 200, "{addr}: {body}");
+        for name in has {
+            assert!(body.contains(name), "{addr} has {name}: {body}");
+        }
+        promtool_passes(&body);
+        // Without the token, with a wrong one, or elsewhere: nothing.
+        let (status, body) = http_get(addr, "/metrics", &[]).unwrap();
+        assert_eq!(status, 401, "{addr} without a token: {body}");
+        assert!(!body.contains("ckpt_"), "{body}");
+        let (status, _) = http_get(
+            addr,
+            "/metrics",
+            &[("Authorization", "Bearer ckpt-test-metrics-token-5f3a9c0f")],
+        )
+        .unwrap();
+        assert_eq!(status, 401, "{addr} with a wrong token");
+        let (status, _) = http_get(addr, "/", &auth).unwrap();
+        assert_eq!(status, 404, "{addr}/");
+    }
+    // The sample Grafana dashboard asks Prometheus only valid queries of metrics that exist.
+    let dash: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            ckpt_tests::workspace().join("packaging/grafana/ckpt-dashboard.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let mut exprs = 0;
+    for panel in dash["panels"].as_array().unwrap() {
+        for t in panel["targets"].as_array().unwrap() {
+            let e = t["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$__rate_interval", "1m");
+            prom.query(&e);
+            for name in e
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("ckpt_"))
+            {
+                assert!(
+                    scraped.contains(&format!("\n{name}")),
+                    "dashboard query {e}: no metric {name}"
+                );
+            }
+            exprs += 1;
+        }
+    }
+    assert!(exprs >= 10, "{exprs} dashboard queries");
+
+    // A local user cannot read the token.
+    let mut cat = std::process::Command::new("cat");
+    cat.arg(&tok);
+    ckpt_tests::as_user(&mut cat, NOBODY);
+    assert!(
+        !cat.output().unwrap().status.success(),
+        "the token file is root's"
+    );
     d.ctl(&["cancel", &job.to_string()]).ok();
 }

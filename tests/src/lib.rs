@@ -14,6 +14,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 pub mod netns;
+pub mod prometheus;
 pub mod slurm;
 pub mod sockets;
 pub mod vm;
@@ -333,7 +334,8 @@ fn wait_child(c: &mut Child, limit: Duration) -> bool {
     false
 }
 
-fn free_port() -> u16 {
+/// A TCP port free on loopback now.
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

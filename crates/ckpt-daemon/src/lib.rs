@@ -1,11 +1,12 @@
 //! What the two daemons, ckptd and ckpt-agent, share as daemons: reading a TOML config whose
 //! errors name the file, the key and the line ([`config`]), the steps of start-up that turn a
 //! config or a failure into messages and exit codes ([`startup`]), logging to stderr for
-//! journald ([`init_tracing`]), readiness and status for systemd ([`notify`]), and the umask
+//! journald ([`init_tracing`]), readiness and status for systemd ([`notify`]), the Prometheus endpoint ([`metrics`]), and the umask
 //! that keeps what they create private ([`set_private_umask`]).
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod metrics;
 pub mod notify;
 pub mod startup;
 

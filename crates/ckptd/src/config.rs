@@ -47,6 +47,12 @@ fn embedded_agent(path: &Path, table: &toml::Table) -> Result<AgentConfig, Confi
     if !table.contains_key("listen") {
         agent.listen = "127.0.0.1:0".parse().expect("valid address");
     }
+    if table.contains_key("metrics") {
+        return Err(ConfigError::Invalid {
+            key: "agent.metrics",
+            problem: "is not used: ckptd's own [metrics] endpoint covers its embedded agent".into(),
+        });
+    }
     Ok(agent)
 }
 
@@ -82,6 +88,29 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("state_dir"), "{e}");
+    }
+
+    #[test]
+    fn metrics_go_in_ckptds_table_not_the_embedded_agents() {
+        let e = parse("[agent.metrics]\nlisten = \"127.0.0.1:9464\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("agent.metrics") && e.contains("ckptd's own"),
+            "{e}"
+        );
+        let e = parse("[metrics]\nlisten = \"127.0.0.1:9464\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("metrics.token_file"), "{e}");
+        let c = parse(
+            "[metrics]\nlisten = \"127.0.0.1:9464\"\ntoken_file = \"/etc/ckpt/metrics.token\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.coordinator.metrics.listen,
+            Some("127.0.0.1:9464".parse().unwrap())
+        );
     }
 
     #[test]

@@ -236,7 +236,8 @@ fn main() -> ExitCode {
         };
         let control = coordinator::server::bind_control_socket(&cfg.socket)
             .map_err(|e| format!("cannot bind control socket {}: {e}", cfg.socket.display()))?;
-        let serving = match &agents {
+        let metrics = ckpt_daemon::metrics::Endpoint::bind(&cfg.metrics).await?;
+        let mut serving = match &agents {
             Some((l, _)) => format!(
                 "serving ckptctl on {}, agents on {} (TLS)",
                 cfg.socket.display(),
@@ -247,6 +248,23 @@ fn main() -> ExitCode {
                 cfg.socket.display()
             ),
         };
+        if let Some(m) = metrics {
+            serving.push_str(&format!(
+                ", metrics on {}",
+                m.local_addr().map(|a| a.to_string()).unwrap_or_default()
+            ));
+            // The embedded agent's metrics are in the same registry: one endpoint covers both.
+            let (coord, jobs) = (coord.clone(), jobs.clone());
+            if jobs.is_some() {
+                node_agent::metrics::metrics();
+            }
+            tokio::spawn(m.serve(Arc::new(move || {
+                coord.refresh_metrics();
+                if let Some(j) = &jobs {
+                    j.refresh_metrics();
+                }
+            })));
+        }
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         if let Some(jobs) = jobs {
             // Only this process calls the embedded agent: a socket in a directory only root

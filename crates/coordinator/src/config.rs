@@ -39,6 +39,9 @@ pub struct CoordinatorConfig {
     /// Agents and ckptd authenticate each other with it on every connection. A standalone
     /// ckptd without one opens no TCP port at all.
     pub tls_dir: PathBuf,
+    /// The Prometheus endpoint (`[metrics] listen`, `token_file`); off by default. With
+    /// `--standalone` it covers the embedded agent too.
+    pub metrics: ckpt_daemon::metrics::MetricsConfig,
     /// The `[agent]` table: the embedded agent's settings, used with `--standalone`. The ckptd
     /// binary reads and validates it; the coordinator does not look inside.
     pub agent: toml::Table,
@@ -266,6 +269,7 @@ impl Default for CoordinatorConfig {
             policy: PolicyConfig::default(),
             node_timeout: Duration::from_secs(10),
             tls_dir: ckpt_auth::ca::DEFAULT_DIR.into(),
+            metrics: Default::default(),
             agent: toml::Table::new(),
         }
     }
@@ -278,6 +282,7 @@ impl CoordinatorConfig {
 
 impl TomlConfig for CoordinatorConfig {
     fn validate(&self) -> Result<(), ConfigError> {
+        self.metrics.validate()?;
         let d = &self.deadlines;
         for (key, v) in [
             ("deadlines.sync", d.sync),

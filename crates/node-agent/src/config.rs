@@ -13,6 +13,9 @@ use serde::Deserialize;
 pub struct AgentConfig {
     /// Name of this node as jobs and operators see it. Default: the host name.
     pub node_name: String,
+    /// The Prometheus endpoint (`[metrics] listen`, `token_file`); off by default. An agent
+    /// embedded in a standalone ckptd has none: ckptd's covers it.
+    pub metrics: ckpt_daemon::metrics::MetricsConfig,
     /// Address the Agent gRPC service listens on.
     pub listen: SocketAddr,
     /// Address the coordinator uses to reach this agent. Default: `listen` (with the real port
@@ -389,6 +392,7 @@ impl Default for AgentConfig {
     fn default() -> Self {
         AgentConfig {
             node_name: hostname(),
+            metrics: Default::default(),
             listen: "0.0.0.0:7601".parse().expect("valid"),
             advertise: None,
             coordinator: "127.0.0.1:7600".into(),
@@ -440,6 +444,7 @@ impl AgentConfig {
 
 impl TomlConfig for AgentConfig {
     fn validate(&self) -> Result<(), ConfigError> {
+        self.metrics.validate()?;
         if let Err(e) = ckpt_store::validate::node_name(&self.node_name) {
             return Err(ConfigError::Invalid {
                 key: "node_name",

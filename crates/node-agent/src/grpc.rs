@@ -442,6 +442,10 @@ impl Agent for AgentHandler {
             .or(copies.first())
             .cloned()
             .unwrap_or_default();
+        let elapsed = begin.elapsed();
+        crate::metrics::metrics()
+            .verify_seconds
+            .observe(elapsed.as_secs_f64());
         Ok(Response::new(pb::NodeVerify {
             node,
             ok: best.ok,
@@ -453,7 +457,7 @@ impl Agent for AgentHandler {
                 .map(|c| format!("{} copy: {}", c.location().name(), c.error))
                 .collect::<Vec<_>>()
                 .join("; "),
-            elapsed_ms: begin.elapsed().as_millis() as u64,
+            elapsed_ms: elapsed.as_millis() as u64,
             copies,
         }))
     }

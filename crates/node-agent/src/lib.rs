@@ -29,6 +29,7 @@ mod heartbeat;
 mod ibq;
 mod jobs;
 mod launch;
+pub mod metrics;
 mod modes;
 mod owner;
 mod partner;
@@ -88,6 +89,9 @@ pub enum StartError {
     /// `[verbs_layer] preload = "always"` and the layer is missing or unsafe to preload.
     #[error("verbs_layer: {0}")]
     VerbsLayer(String),
+    /// The Prometheus endpoint cannot start (its token file, its address).
+    #[error("{0}")]
+    Metrics(String),
     /// Serving failed.
     #[error("agent gRPC server: {0}")]
     Serve(#[from] tonic::transport::Error),

@@ -116,7 +116,10 @@ fn main() -> ExitCode {
                 path: cfg.listen.to_string().into(),
                 source,
             })?;
-        let serving = format!(
+        let metrics = ckpt_daemon::metrics::Endpoint::bind(&cfg.metrics)
+            .await
+            .map_err(node_agent::StartError::Metrics)?;
+        let mut serving = format!(
             "node {} serving on {}; coordinator {}",
             cfg.node_name,
             listener
@@ -129,6 +132,15 @@ fn main() -> ExitCode {
                 cfg.coordinator.as_str()
             }
         );
+        if let Some(m) = metrics {
+            serving.push_str(&format!(
+                "; metrics on {}",
+                m.local_addr().map(|a| a.to_string()).unwrap_or_default()
+            ));
+            node_agent::metrics::metrics();
+            let jobs = jobs.clone();
+            tokio::spawn(m.serve(std::sync::Arc::new(move || jobs.refresh_metrics())));
+        }
         let listener = node_agent::Listener::Cluster {
             tcp: listener,
             credential,

@@ -17,6 +17,7 @@ use super::{now_ms, Caller, Coordinator, DriveError, Step};
 use crate::agents::{FailureKind, NodeFailure};
 use crate::config::Deadlines;
 use crate::link::{barrier, send_all, wire_phase, EpochLink};
+use crate::metrics::metrics;
 use crate::model::{Epoch, FlushState, Job, JobState, Phase, TransitionError};
 
 impl Coordinator {
@@ -69,6 +70,8 @@ impl Coordinator {
             epoch,
             progress,
             begin: Instant::now(),
+            phase_began: Instant::now(),
+            timings: Vec::new(),
             channels: 0,
             links: Vec::new(),
             generations: Vec::new(),
@@ -93,6 +96,10 @@ struct EpochRun<'c> {
     deadlines: Deadlines,
     progress: mpsc::UnboundedSender<Step>,
     begin: Instant,
+    /// When the current phase began.
+    phase_began: Instant,
+    /// How long each phase done so far took.
+    timings: Vec<(Phase, Duration)>,
     /// ib-quiesce channels in the job: once any may be down, they must be rebuilt, also when
     /// the epoch fails.
     channels: u32,
@@ -139,6 +146,16 @@ impl EpochRun<'_> {
         self.gather(phase, deadline).await
     }
 
+    /// Ends the current phase (its duration goes to the phase histogram once the epoch
+    /// commits) and enters `next`.
+    fn enter(&mut self, next: Phase) {
+        if let Some(done) = self.epoch.phase() {
+            self.timings.push((done, self.phase_began.elapsed()));
+        }
+        self.phase_began = Instant::now();
+        self.coord.advance(&mut self.epoch, next);
+    }
+
     fn say(&self, phase: Phase, message: String) {
         let _ = self.progress.send(Step {
             job: self.id,
@@ -177,7 +194,7 @@ impl EpochRun<'_> {
     /// every node freezes. So all nodes are frozen before any dumps, as without layers.
     #[instrument(skip_all, fields(phase = "quiesce"))]
     async fn quiesce(&mut self, synced: &pb::EpochEvent) -> StepResult<()> {
-        self.coord.advance(&mut self.epoch, Phase::Quiesce);
+        self.enter(Phase::Quiesce);
         self.say(
             Phase::Quiesce,
             format!(
@@ -203,7 +220,7 @@ impl EpochRun<'_> {
     /// Local checkpoint: every node snapshots its frozen processes into its staging.
     #[instrument(skip_all, fields(phase = "local-checkpoint"))]
     async fn dump(&mut self) -> StepResult<()> {
-        self.coord.advance(&mut self.epoch, Phase::LocalCheckpoint);
+        self.enter(Phase::LocalCheckpoint);
         self.say(Phase::LocalCheckpoint, "all nodes frozen; dumping".into());
         self.step(Phase::LocalCheckpoint, self.deadlines.dump)
             .await?;
@@ -215,7 +232,7 @@ impl EpochRun<'_> {
     /// the thaw: without channels to rebuild, finalize follows resume on every stream at once.
     #[instrument(skip_all, fields(phase = "resume"))]
     async fn resume(&mut self) -> StepResult<()> {
-        self.coord.advance(&mut self.epoch, Phase::Resume);
+        self.enter(Phase::Resume);
         let kill = self.epoch.kill;
         self.say(
             Phase::Resume,
@@ -252,7 +269,7 @@ impl EpochRun<'_> {
     /// Returns each node's manifest digest.
     #[instrument(skip_all, fields(phase = "finalize"))]
     async fn finalize(&mut self) -> StepResult<BTreeMap<String, String>> {
-        self.coord.advance(&mut self.epoch, Phase::Finalize);
+        self.enter(Phase::Finalize);
         self.say(
             Phase::Finalize,
             format!(
@@ -273,7 +290,7 @@ impl EpochRun<'_> {
             .await?;
         self.epoch.image_bytes = sealed.image_bytes;
         self.epoch.image_files = sealed.image_files;
-        self.coord.advance(&mut self.epoch, Phase::Commit);
+        self.enter(Phase::Commit);
         Ok(sealed.manifests.into_iter().collect())
     }
 
@@ -324,6 +341,19 @@ impl EpochRun<'_> {
             bytes = e.image_bytes,
             "epoch committed"
         );
+        let m = metrics();
+        m.epochs.with_label_values(&["committed", ""]).inc();
+        for (phase, took) in &self.timings {
+            m.phase_seconds
+                .with_label_values(&[phase.name()])
+                .observe(took.as_secs_f64());
+        }
+        m.phase_seconds
+            .with_label_values(&[Phase::Commit.name()])
+            .observe(self.phase_began.elapsed().as_secs_f64());
+        m.frozen_seconds.observe(e.frozen_ms as f64 / 1000.0);
+        m.epoch_seconds.observe(self.begin.elapsed().as_secs_f64());
+        m.image_bytes.inc_by(e.image_bytes);
         Ok(self.epoch)
     }
 
@@ -384,6 +414,10 @@ impl EpochRun<'_> {
         // A kill that happened before the failure leaves the job stopped.
         job.end_checkpoint(None, killed)?;
         coord.registry.put_job_and_epoch(&job, &self.epoch)?;
+        metrics()
+            .epochs
+            .with_label_values(&["failed", phase.name()])
+            .inc();
         Err(DriveError::EpochFailed {
             job: id,
             epoch: number,

@@ -159,6 +159,7 @@ impl Coordinator {
     }
 
     async fn flush_epoch(self: Arc<Self>, id: u64, number: u32) {
+        let _backlog = crate::metrics::Backlog::enter();
         let lock = self.flushes.job_lock(id);
         let _one_at_a_time = lock.lock().await;
         let mut epoch = match self.registry.epoch(id, number) {
@@ -204,6 +205,10 @@ impl Coordinator {
                         written_bytes,
                         "epoch durable"
                     );
+                    let m = crate::metrics::metrics();
+                    m.flushes.with_label_values(&["durable"]).inc();
+                    m.flush_bytes.inc_by(*written_bytes);
+                    m.flush_seconds.observe(flush_ms as f64 / 1000.0);
                     e.flush = FlushState::Durable {
                         flush_ms,
                         written_bytes: *written_bytes,
@@ -212,6 +217,10 @@ impl Coordinator {
                 }
                 Err(f) => {
                     warn!(job = id, epoch = number, error = %f, "flush failed; the epoch stays restorable from its local copies");
+                    crate::metrics::metrics()
+                        .flushes
+                        .with_label_values(&["failed"])
+                        .inc();
                     e.flush = FlushState::Failed {
                         reason: f.to_string(),
                     };
@@ -263,6 +272,10 @@ impl Coordinator {
         });
         let mut out = BTreeMap::new();
         for (n, holder, r) in join_all(calls).await {
+            crate::metrics::metrics()
+                .partner_copies
+                .with_label_values(&[if r.is_ok() { "done" } else { "failed" }])
+                .inc();
             match r {
                 Ok(_) => {
                     out.insert(n, holder);

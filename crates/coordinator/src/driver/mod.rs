@@ -246,6 +246,8 @@ impl Coordinator {
         cfg: CoordinatorConfig,
         credential: Option<ckpt_auth::tls::Credential>,
     ) -> Result<Arc<Self>, DriveError> {
+        // Registered now, so that a scrape sees them before the first epoch.
+        crate::metrics::metrics();
         let mut orphaned = Vec::new();
         let flushes = flush::Flushes::default();
         for mut job in registry.jobs()? {

@@ -118,6 +118,7 @@ impl Coordinator {
         progress: mpsc::UnboundedSender<Step>,
     ) -> Result<(Job, Epoch), DriveError> {
         let id = job.id;
+        let begin = std::time::Instant::now();
         let mut epoch = epoch;
         let mut skipped: Vec<String> = Vec::new();
         if !moves.is_empty() {
@@ -159,6 +160,9 @@ impl Coordinator {
                         phase: "restore",
                         message: "running again".into(),
                     });
+                    let m = crate::metrics::metrics();
+                    m.restarts.with_label_values(&["done"]).inc();
+                    m.restart_seconds.observe(begin.elapsed().as_secs_f64());
                     return Ok((job, epoch));
                 }
                 Err(f) => {
@@ -175,6 +179,10 @@ impl Coordinator {
                         None
                     };
                     let Some(older) = older else {
+                        crate::metrics::metrics()
+                            .restarts
+                            .with_label_values(&["failed"])
+                            .inc();
                         self.update_job(id, |j| j.end_restart(Err(previous)))
                             .await?;
                         let mut failure = f;

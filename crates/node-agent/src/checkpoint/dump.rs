@@ -73,6 +73,10 @@ pub(super) fn dump_running(
     w.suspended = Some(took);
     r.map_err(|source| AgentError::Engine { job: id, source })?;
     info!(engine_dump_ms = took.as_millis() as u64, "dumped");
+    crate::metrics::metrics()
+        .dump_seconds
+        .with_label_values(&[engine.name()])
+        .observe(took.as_secs_f64());
     w.notes
         .insert("engine_dump_ms".into(), took.as_millis().to_string());
     Ok(())
@@ -189,6 +193,10 @@ pub(super) fn dump_frozen(
         (dumped, copier.join().expect("copy thread panicked"))
     });
     let engine_time = dumped?;
+    crate::metrics::metrics()
+        .dump_seconds
+        .with_label_values(&[engine.name()])
+        .observe(engine_time.as_secs_f64());
     let (preserved, copied_bytes, copy_time) = copied?;
     let w = job.work.as_mut().expect("checked by caller");
     w.preserved = preserved;

@@ -70,6 +70,7 @@ impl Jobs {
         token: &str,
         sources: &Sources,
     ) -> Result<Restored, AgentError> {
+        let begin = std::time::Instant::now();
         let mut pages_refused = false;
         let gated = self
             .restore_from(
@@ -81,7 +82,7 @@ impl Jobs {
                 Some(&mut pages_refused),
             )
             .await;
-        match gated {
+        let r = match gated {
             Err(error) if pages_refused => {
                 // The gate killed the tree before it ran. Verifying everything first may find
                 // an intact copy elsewhere, and names what is damaged as always.
@@ -97,7 +98,15 @@ impl Jobs {
                 .await
             }
             r => r,
+        };
+        let m = crate::metrics::metrics();
+        m.restores
+            .with_label_values(&[if r.is_ok() { "done" } else { "failed" }])
+            .inc();
+        if r.is_ok() {
+            m.restore_seconds.observe(begin.elapsed().as_secs_f64());
         }
+        r
     }
 
     /// One attempt of [`Jobs::restore`]; with `gated`, the local page data is verified while
