@@ -295,9 +295,10 @@ fn setup_without_a_configured_debian_source_says_which_line_to_add() {
     );
 }
 
-/// Under systemd (`Type=notify` units), ckptd and ckpt-agent each say `READY=1` with a
-/// one-line status once their sockets are bound, ckptd says `STOPPING=1` when it is stopped,
-/// and a job never sees the daemons' `NOTIFY_SOCKET`.
+/// Under systemd (`Type=notify` units with `WatchdogSec=`), ckptd and ckpt-agent each say
+/// `READY=1` with a one-line status once their sockets are bound, ping the watchdog, ckptd
+/// says `STOPPING=1` when it is stopped, and a job never sees the daemons' `NOTIFY_SOCKET` or
+/// `WATCHDOG_USEC`.
 #[test]
 fn daemons_tell_systemd_when_they_serve_and_jobs_do_not_see_its_socket() {
     ckpt_tests::skip_unless_ready!();
@@ -306,14 +307,23 @@ fn daemons_tell_systemd_when_they_serve_and_jobs_do_not_see_its_socket() {
     let sock = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
     sock.set_read_timeout(Some(std::time::Duration::from_secs(60)))
         .unwrap();
-    let recv = || {
+    // Watchdog pings are counted apart; the other notifications come in order.
+    let pings = std::cell::Cell::new(0);
+    let recv = || loop {
         let mut buf = [0u8; 1024];
         let n = sock.recv(&mut buf).expect("a notification within 60 s");
-        String::from_utf8_lossy(&buf[..n]).into_owned()
+        let m = String::from_utf8_lossy(&buf[..n]).into_owned();
+        if m == "WATCHDOG=1" {
+            pings.set(pings.get() + 1);
+        } else {
+            return m;
+        }
     };
     let mut c = ckpt_tests::Ckptd::start(ckpt_tests::Options {
         separate_agent: true,
         notify_socket: Some(path.clone()),
+        // 400 ms: a ping every 200 ms from each daemon.
+        watchdog_usec: Some(400_000),
         ..Default::default()
     });
     // Both are ready before the agent registered (which `start` waited for).
@@ -336,11 +346,16 @@ fn daemons_tell_systemd_when_they_serve_and_jobs_do_not_see_its_socket() {
         &[
             "sh".into(),
             "-c".into(),
-            "echo NS=${NOTIFY_SOCKET:-unset}".into(),
+            "echo NS=${NOTIFY_SOCKET:-unset} WD=${WATCHDOG_USEC:-unset}".into(),
         ],
     );
     c.wait_state(job, "exited", std::time::Duration::from_secs(60));
-    assert!(c.output(job).contains("NS=unset"), "{}", c.output(job));
+    assert!(
+        c.output(job).contains("NS=unset WD=unset"),
+        "{}",
+        c.output(job)
+    );
     c.stop_daemon();
     assert_eq!(recv(), "STOPPING=1\nSTATUS=stopping");
+    assert!(pings.get() >= 2, "watchdog pings: {}", pings.get());
 }

@@ -297,6 +297,8 @@ pub struct Options {
     pub agent_toml: String,
     /// `NOTIFY_SOCKET` for the daemons, as systemd sets it for a `Type=notify` unit.
     pub notify_socket: Option<PathBuf>,
+    /// `WATCHDOG_USEC` for the daemons, as systemd sets it for a unit with `WatchdogSec=`.
+    pub watchdog_usec: Option<u64>,
     /// Extra keys of the `[agent]` table itself (e.g. `"allow_root_jobs = false\nmin_uid = 500\n"`).
     /// Without `allow_root_jobs` among them, the harness allows root jobs (the tests run as root).
     pub agent_keys: String,
@@ -463,6 +465,9 @@ impl Ckptd {
         }
         if let Some(s) = &self.opts.notify_socket {
             cmd.env("NOTIFY_SOCKET", s);
+        }
+        if let Some(u) = self.opts.watchdog_usec {
+            cmd.env("WATCHDOG_USEC", u.to_string());
         }
     }
 

@@ -1,22 +1,46 @@
 //! What the two daemons, ckptd and ckpt-agent, share as daemons: reading a TOML config whose
 //! errors name the file, the key and the line ([`config`]), the steps of start-up that turn a
-//! config or a failure into messages and exit codes ([`startup`]), logging to stderr for
-//! journald ([`init_tracing`]), readiness and status for systemd ([`notify`]), the Prometheus endpoint ([`metrics`]), and the umask
+//! config or a failure into messages and exit codes ([`startup`]), logging to stderr or, under
+//! systemd, to the journal with structured fields ([`init_tracing`], [`journal`]), readiness
+//! and status for systemd ([`notify`]), the Prometheus endpoint ([`metrics`]), and the umask
 //! that keeps what they create private ([`set_private_umask`]).
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod journal;
 pub mod metrics;
 pub mod notify;
 pub mod startup;
 
-/// Logs to stderr (journald under systemd) at the level `CKPT_LOG` sets, `info` by default.
+/// Logs at the level `CKPT_LOG` sets, `info` by default: to the journal with structured fields
+/// when stderr is the journal (under systemd, see [`journal`]), else as text to stderr.
 pub fn init_tracing() {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_env("CKPT_LOG").unwrap_or_else(|_| "info".into())
+    };
+    if journal::stderr_is_journal() {
+        let name = std::env::args()
+            .next()
+            .and_then(|a| {
+                std::path::Path::new(&a)
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+            })
+            .unwrap_or_else(|| "ckpt".into());
+        if let Ok(layer) =
+            journal::JournalLayer::connect(std::path::Path::new(journal::SOCKET), &name)
+        {
+            tracing_subscriber::registry()
+                .with(filter())
+                .with(layer)
+                .init();
+            return;
+        }
+    }
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CKPT_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(filter())
         // Colours only on a terminal: journald and log files get plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();

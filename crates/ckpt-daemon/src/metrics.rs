@@ -29,10 +29,16 @@ pub struct MetricsConfig {
 
 /// The shortest token accepted: a guessable one protects nothing.
 const MIN_TOKEN: usize = 16;
-/// Scrapes served at once; more wait for a slot.
+/// Connections served at once; one more is closed at once.
 const MAX_CONNECTIONS: usize = 16;
+/// Connections from one address at once (Prometheus keeps one per target).
+const MAX_PER_CLIENT: usize = 4;
 /// How long a client may take to send its request's head.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+const HEADER_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a connection may stay open.
+const CONNECTION_LIMIT: Duration = Duration::from_secs(60);
+/// The longest token accepted.
+const MAX_TOKEN: usize = 4096;
 
 impl MetricsConfig {
     /// Checks that an endpoint has a token file; the error names the key.
@@ -41,7 +47,7 @@ impl MetricsConfig {
             return Err(ConfigError::Invalid {
                 key: "metrics.token_file",
                 problem: "is needed with metrics.listen: scrapes must present its token \
-                          (make one: `head -c 32 /dev/urandom | base64 > /etc/ckpt/metrics.token; chmod 600 /etc/ckpt/metrics.token`)"
+                          (make one: `(umask 077; head -c 32 /dev/urandom | base64 > /etc/ckpt/metrics.token)`)"
                     .into(),
             });
         }
@@ -53,29 +59,50 @@ impl MetricsConfig {
 /// others may neither read nor write, holding at least 16 characters (surrounding whitespace
 /// is not part of it).
 pub fn read_token(path: &Path) -> Result<String, String> {
+    use nix::fcntl::OFlag;
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let bad = |e: &dyn std::fmt::Display| format!("metrics token file {}: {e}", path.display());
+    let me = nix::unistd::geteuid().as_raw();
+    let trusted = |m: &std::fs::Metadata| m.uid() == 0 || m.uid() == me;
+    // Its directory is root's and nobody else's to change: no one swaps the file under us.
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let dm = std::fs::metadata(dir).map_err(|e| bad(&e))?;
+    if !trusted(&dm) || dm.mode() & 0o022 != 0 {
+        return Err(format!(
+            "metrics token file {}: its directory {} must be root's and writable by root only",
+            path.display(),
+            dir.display()
+        ));
+    }
+    // Not a link, and never blocking on a FIFO.
     let f = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY).bits())
         .open(path)
-        .map_err(|e| format!("metrics token file {}: {e}", path.display()))?;
-    let m = f
-        .metadata()
-        .map_err(|e| format!("metrics token file {}: {e}", path.display()))?;
-    let me = nix::unistd::geteuid().as_raw();
-    if !m.is_file() || (m.uid() != 0 && m.uid() != me) || m.mode() & 0o077 != 0 {
+        .map_err(|e| bad(&e))?;
+    let m = f.metadata().map_err(|e| bad(&e))?;
+    if !m.is_file() || !trusted(&m) || m.mode() & 0o077 != 0 {
         return Err(format!(
             "metrics token file {} must be a regular file of root's that only root may read (chown root {0}; chmod 600 {0})",
             path.display()
         ));
     }
     let mut text = String::new();
-    std::io::Read::read_to_string(&mut std::io::Read::take(&f, 4096), &mut text)
-        .map_err(|e| format!("metrics token file {}: {e}", path.display()))?;
+    std::io::Read::read_to_string(
+        &mut std::io::Read::take(&f, MAX_TOKEN as u64 + 2),
+        &mut text,
+    )
+    .map_err(|e| bad(&e))?;
     let token = text.trim().to_string();
-    if token.len() < MIN_TOKEN || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+    // A bearer token is visible ASCII: anything else could never match a header.
+    if !(MIN_TOKEN..=MAX_TOKEN).contains(&token.len())
+        || !token.bytes().all(|b| b.is_ascii_graphic())
+    {
         return Err(format!(
-            "metrics token file {} must hold one token of at least {MIN_TOKEN} characters without spaces",
+            "metrics token file {} must hold one token of {MIN_TOKEN} to {MAX_TOKEN} visible ASCII characters",
             path.display()
         ));
     }
@@ -95,9 +122,11 @@ fn authorized(header: Option<&hyper::header::HeaderValue>, token: &str) -> bool 
 }
 
 /// The process's metrics in the text format, after `refresh` updated the ones computed on
-/// demand (agents up, jobs by state, ...).
+/// demand (agents up, jobs by state, ...). One scrape at a time: refreshes do not interleave.
 pub fn render(refresh: &(dyn Fn() + Send + Sync)) -> String {
     use prometheus::Encoder;
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
     refresh();
     let mut out = Vec::new();
     prometheus::TextEncoder::new()
@@ -112,19 +141,29 @@ fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
     r
 }
 
-fn answer(
-    req: &Request<hyper::body::Incoming>,
-    token: &str,
-    refresh: &(dyn Fn() + Send + Sync),
+/// The answer to a request: 200 with the metrics for an authorized scrape; else 404, 405 or
+/// 401, each closing the connection.
+async fn answer(
+    req: Request<hyper::body::Incoming>,
+    token: Arc<str>,
+    refresh: Arc<dyn Fn() + Send + Sync>,
 ) -> Response<Full<Bytes>> {
+    let refused = |status, text: &'static str| {
+        let mut r = reply(status, text);
+        r.headers_mut().insert(
+            hyper::header::CONNECTION,
+            hyper::header::HeaderValue::from_static("close"),
+        );
+        r
+    };
     if req.uri().path() != "/metrics" {
-        return reply(StatusCode::NOT_FOUND, "only /metrics is served here\n");
+        return refused(StatusCode::NOT_FOUND, "only /metrics is served here\n");
     }
     if req.method() != hyper::Method::GET && req.method() != hyper::Method::HEAD {
-        return reply(StatusCode::METHOD_NOT_ALLOWED, "GET /metrics\n");
+        return refused(StatusCode::METHOD_NOT_ALLOWED, "GET /metrics\n");
     }
-    if !authorized(req.headers().get(hyper::header::AUTHORIZATION), token) {
-        let mut r = reply(
+    if !authorized(req.headers().get(hyper::header::AUTHORIZATION), &token) {
+        let mut r = refused(
             StatusCode::UNAUTHORIZED,
             "a scrape needs `Authorization: Bearer <token>` with the token of [metrics] token_file\n",
         );
@@ -134,7 +173,11 @@ fn answer(
         );
         return r;
     }
-    let mut r = reply(StatusCode::OK, render(refresh));
+    // The refresh reads the daemon's state (a database, statvfs): off the async workers.
+    let text = tokio::task::spawn_blocking(move || render(refresh.as_ref()))
+        .await
+        .unwrap_or_default();
+    let mut r = reply(StatusCode::OK, text);
     r.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
         hyper::header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -143,10 +186,56 @@ fn answer(
 }
 
 /// A bound endpoint, ready to [`serve`](Endpoint::serve).
-#[derive(Debug)]
 pub struct Endpoint {
     listener: tokio::net::TcpListener,
     token: String,
+}
+
+impl std::fmt::Debug for Endpoint {
+    // Never the token.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("listener", &self.listener)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Connections open per client address.
+#[derive(Debug, Default)]
+struct Clients(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+/// One of a client's connections, counted while it lives.
+struct Slot {
+    clients: Arc<Clients>,
+    ip: std::net::IpAddr,
+}
+
+impl Clients {
+    /// A slot for a new connection from `ip`, unless it has [`MAX_PER_CLIENT`] already.
+    fn take(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<Slot> {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = m.entry(ip).or_default();
+        if *n >= MAX_PER_CLIENT {
+            return None;
+        }
+        *n += 1;
+        Some(Slot {
+            clients: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut m = self.clients.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = m.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.ip);
+            }
+        }
+    }
 }
 
 impl Endpoint {
@@ -172,15 +261,14 @@ impl Endpoint {
         self.listener.local_addr().ok()
     }
 
-    /// Serves scrapes until the process ends; `refresh` runs before each one.
+    /// Serves scrapes until the process ends; `refresh` runs before each one. Connections
+    /// beyond [`MAX_CONNECTIONS`], or [`MAX_PER_CLIENT`] from one address, are closed at once.
     pub async fn serve(self, refresh: Arc<dyn Fn() + Send + Sync>) {
         let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+        let clients = Arc::new(Clients::default());
         let token: Arc<str> = self.token.into();
         loop {
-            let Ok(permit) = slots.clone().acquire_owned().await else {
-                return;
-            };
-            let (stream, _) = match self.listener.accept().await {
+            let (stream, peer) = match self.listener.accept().await {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::warn!(error = %e, "metrics endpoint: accept failed");
@@ -188,19 +276,24 @@ impl Endpoint {
                     continue;
                 }
             };
+            let (Ok(permit), Some(slot)) =
+                (slots.clone().try_acquire_owned(), clients.take(peer.ip()))
+            else {
+                continue;
+            };
             let (token, refresh) = (token.clone(), refresh.clone());
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |req| {
-                    let r = answer(&req, &token, refresh.as_ref());
-                    async move { Ok::<_, Infallible>(r) }
+                    let (token, refresh) = (token.clone(), refresh.clone());
+                    async move { Ok::<_, Infallible>(answer(req, token, refresh).await) }
                 });
                 let conn = hyper::server::conn::http1::Builder::new()
                     .timer(hyper_util::rt::TokioTimer::new())
                     .header_read_timeout(HEADER_TIMEOUT)
                     .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
                 // A client that stalls mid-body or keeps the connection forever loses it.
-                let _ = tokio::time::timeout(Duration::from_secs(60), conn).await;
-                drop(permit);
+                let _ = tokio::time::timeout(CONNECTION_LIMIT, conn).await;
+                drop((permit, slot));
             });
         }
     }
@@ -237,9 +330,27 @@ mod tests {
             e.contains("only root may read") && e.contains("chmod 600"),
             "{e}"
         );
-        std::fs::write(&p, "short").unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert!(read_token(&p).unwrap_err().contains("at least 16"));
+        for bad in [
+            "short",
+            "sixteen-chars-and-\u{e9}",
+            "two tokens-of-16-characters",
+        ] {
+            std::fs::write(&p, bad).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+            assert!(
+                read_token(&p).unwrap_err().contains("visible ASCII"),
+                "{bad}"
+            );
+        }
+        // A FIFO does not hang the daemon, and a directory others may write is refused.
+        let fifo = d.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(read_token(&fifo).is_err());
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        std::fs::write(&p, "s3cr3t-t0ken-0f-20ch").unwrap();
+        let e = read_token(&p).unwrap_err();
+        assert!(e.contains("writable by root only"), "{e}");
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
         let link = d.path().join("link");
         std::os::unix::fs::symlink(&p, &link).unwrap();
         assert!(read_token(&link).is_err(), "a link is not followed");

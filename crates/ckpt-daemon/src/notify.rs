@@ -4,38 +4,87 @@
 //! `systemctl status`, and `STOPPING=1` when it shuts down. Without `$NOTIFY_SOCKET` (started
 //! by hand, or by a unit of another type) nothing is sent.
 //!
-//! The variable is taken out of the environment when read, before the daemon starts anything:
-//! no process it starts (a job's shim, CRIU) inherits it.
+//! With `WatchdogSec=` in the unit, systemd also sets `$WATCHDOG_USEC`: the daemon then sends
+//! `WATCHDOG=1` at half that interval from a task of its runtime, and systemd restarts it when
+//! the pings stop (a runtime that no longer runs tasks).
+//!
+//! The variables are taken out of the environment when read, before the daemon starts anything:
+//! no process it starts (a job's shim, CRIU) inherits them.
 use std::io;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 
 /// The environment variable systemd sets for a `Type=notify` service.
 pub const ENV: &str = "NOTIFY_SOCKET";
 
-/// Where notifications go, if anywhere.
-#[derive(Debug)]
+/// Where notifications go, if anywhere, and how often the watchdog wants to hear from us.
+#[derive(Debug, Clone)]
 pub struct Notifier {
     addr: Option<SocketAddr>,
+    watchdog: Option<std::time::Duration>,
 }
 
 impl Notifier {
-    /// Takes `$NOTIFY_SOCKET` out of the environment. Call it in `main` before any thread
-    /// starts. A value that is no socket address is ignored (a warning on stderr).
+    /// Takes `$NOTIFY_SOCKET` (and the watchdog's `$WATCHDOG_USEC`, `$WATCHDOG_PID`) out of
+    /// the environment. Call it in `main` before any thread starts. A value that is no socket
+    /// address is ignored (a warning on stderr).
     pub fn from_env() -> Notifier {
+        let usec = std::env::var("WATCHDOG_USEC").ok();
+        let pid = std::env::var("WATCHDOG_PID").ok();
+        std::env::remove_var("WATCHDOG_USEC");
+        std::env::remove_var("WATCHDOG_PID");
         let Some(value) = std::env::var_os(ENV) else {
-            return Notifier { addr: None };
+            return Notifier::none();
         };
         std::env::remove_var(ENV);
         let addr = address(&value.to_string_lossy());
         if let Err(e) = &addr {
             eprintln!("ignoring {ENV}={}: {e}", value.to_string_lossy());
         }
-        Notifier { addr: addr.ok() }
+        // The watchdog is ours unless it names another process (systemd sets the main PID).
+        let ours = pid.is_none_or(|p| p.parse() == Ok(std::process::id()));
+        let watchdog = usec
+            .and_then(|u| u.parse::<u64>().ok())
+            .filter(|&u| u > 0 && ours)
+            .map(std::time::Duration::from_micros);
+        Notifier {
+            addr: addr.ok(),
+            watchdog,
+        }
     }
 
     /// Nothing is sent (no service manager is listening).
     pub fn none() -> Notifier {
-        Notifier { addr: None }
+        Notifier {
+            addr: None,
+            watchdog: None,
+        }
+    }
+
+    /// How often to [`Notifier::watchdog`]: half the unit's `WatchdogSec=`, if it has one.
+    pub fn watchdog_interval(&self) -> Option<std::time::Duration> {
+        self.addr.as_ref()?;
+        self.watchdog.map(|w| w / 2)
+    }
+
+    /// `WATCHDOG=1`: the daemon is alive (its runtime still runs tasks).
+    pub fn watchdog(&self) {
+        self.send("WATCHDOG=1");
+    }
+
+    /// Sends `WATCHDOG=1` every [`Notifier::watchdog_interval`] from a task of the current
+    /// tokio runtime, if the unit has a watchdog: a daemon whose runtime stops running tasks is
+    /// restarted by systemd.
+    pub fn spawn_watchdog(&self) {
+        if let Some(every) = self.watchdog_interval() {
+            let n = self.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                loop {
+                    tick.tick().await;
+                    n.watchdog();
+                }
+            });
+        }
     }
 
     /// The daemon serves: `READY=1` with `status`.
@@ -95,6 +144,7 @@ mod tests {
         sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let n = Notifier {
             addr: Some(address(path.to_str().unwrap()).unwrap()),
+            watchdog: None,
         };
         (sock, n)
     }
@@ -118,6 +168,41 @@ mod tests {
         assert_eq!(recv(&sock), "STATUS=2 agents READY=1", "one line only");
         n.stopping();
         assert_eq!(recv(&sock), "STOPPING=1\nSTATUS=stopping");
+    }
+
+    #[test]
+    fn the_watchdog_pings_at_half_its_interval_and_only_for_its_process() {
+        let d = tempfile::tempdir().unwrap();
+        let (sock, n) = listen(d.path());
+        assert_eq!(n.watchdog_interval(), None, "no WatchdogSec: no pings");
+        let n = Notifier {
+            watchdog: Some(Duration::from_secs(30)),
+            ..n
+        };
+        assert_eq!(n.watchdog_interval(), Some(Duration::from_secs(15)));
+        n.watchdog();
+        assert_eq!(recv(&sock), "WATCHDOG=1");
+        // From the environment, as systemd sets it; another process's watchdog is not ours.
+        let path = d.path().join("notify.sock");
+        for (pid, want) in [
+            (
+                std::process::id().to_string(),
+                Some(Duration::from_millis(200)),
+            ),
+            ("1".to_string(), None),
+        ] {
+            std::env::set_var(ENV, &path);
+            std::env::set_var("WATCHDOG_USEC", "400000");
+            std::env::set_var("WATCHDOG_PID", &pid);
+            let n = Notifier::from_env();
+            assert_eq!(n.watchdog_interval(), want, "WATCHDOG_PID={pid}");
+            for v in [ENV, "WATCHDOG_USEC", "WATCHDOG_PID"] {
+                assert!(
+                    std::env::var_os(v).is_none(),
+                    "{v} taken out of the environment"
+                );
+            }
+        }
     }
 
     #[test]

@@ -285,6 +285,7 @@ fn main() -> ExitCode {
         }
         // Every socket is bound: connections wait in their queues until served.
         notifier.ready(&serving);
+        notifier.spawn_watchdog();
         tokio::spawn(async move {
             shutdown_signal().await;
             notifier.stopping();

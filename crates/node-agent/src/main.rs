@@ -147,6 +147,7 @@ fn main() -> ExitCode {
         };
         // The listener is bound: connections wait in its queue until served.
         notifier.ready(&serving);
+        notifier.spawn_watchdog();
         node_agent::run(cfg, jobs, listener, async {
             let _ = tokio::signal::ctrl_c().await;
         })
