@@ -79,7 +79,10 @@ pub fn from_status(node: &str, what: &str, s: &tonic::Status) -> NodeFailure {
         _ => FailureKind::Internal,
     };
     let message = if kind == FailureKind::Unreachable {
-        format!("agent unreachable during {what} ({})", s.message())
+        format!(
+            "agent unreachable during {what} ({}); {UNREACHABLE_FIX}",
+            s.message()
+        )
     } else {
         s.message().to_string()
     };
@@ -93,6 +96,10 @@ pub fn from_status(node: &str, what: &str, s: &tonic::Status) -> NodeFailure {
 /// Jobs whose epoch streams a node keeps open between epochs, at most: a job checkpointed
 /// again reuses its stream and saves the call's setup (a third of a phase round at 1,024 nodes).
 const IDLE_EPOCH_LINKS: usize = 256;
+
+/// What to do about an agent that cannot be reached, after the error.
+pub const UNREACHABLE_FIX: &str =
+    "is ckpt-agent running there? `ckptctl nodes` shows when it was last heard from";
 
 /// The failure of a call to a node without an agent.
 fn not_registered(node: &str) -> NodeFailure {

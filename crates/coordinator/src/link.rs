@@ -209,8 +209,9 @@ impl EpochLink for GrpcLink {
             node: self.node.clone(),
             kind: FailureKind::Unreachable,
             message: format!(
-                "agent unreachable during {} (the epoch stream is closed)",
-                phase_name(phase)
+                "agent unreachable during {} (the epoch stream is closed); {}",
+                phase_name(phase),
+                crate::agents::UNREACHABLE_FIX
             ),
         })?;
         self.pending.push_back(phase);

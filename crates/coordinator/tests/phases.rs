@@ -378,6 +378,10 @@ async fn an_unreachable_agent_fails_initial_sync_naming_its_node() {
         ("n2", FailureKind::Unreachable),
         "{e}"
     );
+    assert!(
+        e.to_string().contains("node n2") && e.to_string().contains("`ckptctl nodes`"),
+        "the message names the node and what to look at: {e}"
+    );
     assert_eq!(c.nodes_called("abort")[..2], ["n1", "n3"]);
     assert_eq!(c.job_state(job), JobState::Running);
 }
