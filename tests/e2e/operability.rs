@@ -42,6 +42,17 @@ fn nodes_when(d: &Ckptd, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
     }
 }
 
+/// A job that sleeps on `node` (nothing to compute: these tests watch the cluster).
+fn idle_job_on(d: &Ckptd, node: &str) -> u64 {
+    d.ctl(&[
+        "run", "--node", node, "--name", "idle", "--", "sleep", "300",
+    ])
+    .ok()
+    .trim()
+    .parse()
+    .expect("job id")
+}
+
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -67,14 +78,7 @@ fn nodes_shows_every_agent_a_down_one_since_its_last_heartbeat_spares_and_jobs()
         d.start_agent_in(&cluster, n);
     }
     d.wait_agents(&["n1", "n2", "n3"]);
-    let job: u64 = d
-        .ctl(&[
-            "run", "--node", "n1", "--name", "idle", "--", "sleep", "300",
-        ])
-        .ok()
-        .trim()
-        .parse()
-        .expect("job id");
+    let job = idle_job_on(&d, "n1");
 
     // Every agent up, with what it reported: the first heartbeats bring the staging space.
     let r = nodes_when(&d, "every agent up with its staging space", |r| {
@@ -286,14 +290,7 @@ fn prometheus_scrapes_ckptd_and_an_agent_during_checkpoints() {
         ),
     );
     d.wait_agents(&["n1"]);
-    let job: u64 = d
-        .ctl(&[
-            "run", "--node", "n1", "--name", "idle", "--", "sleep", "300",
-        ])
-        .ok()
-        .trim()
-        .parse()
-        .expect("job id");
+    let job = idle_job_on(&d, "n1");
     let prom = Prometheus::start(&[("ckptd", &ckptd_addr), ("agent", &agent_addr)], &tok);
     prom.wait_for("sum(up)", |v| v == 2.0);
     for _ in 0..3 {

@@ -121,6 +121,16 @@ fn authorized(header: Option<&hyper::header::HeaderValue>, token: &str) -> bool 
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
 
+/// Registers `collectors` in the process's default registry, which the endpoint serves; once
+/// per process (a second registration of a name is a bug).
+pub fn register(collectors: Vec<Box<dyn prometheus::core::Collector>>) {
+    for c in collectors {
+        prometheus::default_registry()
+            .register(c)
+            .expect("each metric registered once");
+    }
+}
+
 /// The process's metrics in the text format, after `refresh` updated the ones computed on
 /// demand (agents up, jobs by state, ...). One scrape at a time: refreshes do not interleave.
 pub fn render(refresh: &(dyn Fn() + Send + Sync)) -> String {

@@ -144,8 +144,7 @@ impl Metrics {
     }
 
     fn register(&self) {
-        let r = prometheus::default_registry();
-        let all: [Box<dyn prometheus::core::Collector>; 15] = [
+        ckpt_daemon::metrics::register(vec![
             Box::new(self.epochs.clone()),
             Box::new(self.phase_seconds.clone()),
             Box::new(self.frozen_seconds.clone()),
@@ -171,10 +170,7 @@ impl Metrics {
                 .inspect(|g| g.set(1))
                 .expect("valid"),
             ),
-        ];
-        for c in all {
-            r.register(c).expect("coordinator metrics registered once");
-        }
+        ]);
         // Outcomes every dashboard expects, present (at 0) before the first one happens.
         self.epochs.with_label_values(&["committed", ""]);
         for o in ["durable", "failed"] {

@@ -80,8 +80,7 @@ impl Metrics {
     }
 
     fn register(&self) {
-        let r = prometheus::default_registry();
-        let all: [Box<dyn prometheus::core::Collector>; 7] = [
+        ckpt_daemon::metrics::register(vec![
             Box::new(self.dump_seconds.clone()),
             Box::new(self.restores.clone()),
             Box::new(self.restore_seconds.clone()),
@@ -89,10 +88,7 @@ impl Metrics {
             Box::new(self.staging_free.clone()),
             Box::new(self.staging_size.clone()),
             Box::new(self.jobs.clone()),
-        ];
-        for c in all {
-            r.register(c).expect("agent metrics registered once");
-        }
+        ]);
         for o in ["done", "failed"] {
             self.restores.with_label_values(&[o]);
         }
