@@ -156,7 +156,12 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
     let begin = Instant::now();
     let mut asked = Instant::now();
     while checksum_in(&read(&progress)).is_none() {
-        assert!(begin.elapsed() < LIMIT, "no result: {}", read(&out));
+        assert!(
+            begin.elapsed() < LIMIT,
+            "no result: {}\n{}",
+            read(&out),
+            slurm.explain(id)
+        );
         // slurmctld may set the requeue's begin time only after the update (once the job's
         // epilog ended): ask again while it is still pending.
         if asked.elapsed() > Duration::from_secs(5) && slurm.job_field(id, "JobState") == "PENDING"

@@ -179,6 +179,26 @@ impl Slurm {
         c
     }
 
+    /// What Slurm says of job `id` and its nodes, and the end of slurmctld's log: for the
+    /// message of a test that waited for it in vain.
+    pub fn explain(&self, id: u64) -> String {
+        let run = |program: &str, args: &[&str]| {
+            self.command(program)
+                .args(args)
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_else(|e| format!("{program}: {e}"))
+        };
+        let log = std::fs::read_to_string(self.dir.join("log/slurmctld.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(30).collect();
+        format!(
+            "scontrol show job {id}:\n{}\nsinfo:\n{}\nslurmctld.log (end):\n{}",
+            run("scontrol", &["show", "job", &id.to_string()]),
+            run("sinfo", &["-N", "-o", "%N %T %E"]),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        )
+    }
+
     /// `sbatch ARGS`; the job id.
     pub fn sbatch(&self, args: &[&str]) -> Result<u64, String> {
         let out = self
