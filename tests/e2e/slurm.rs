@@ -152,6 +152,11 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
             .unwrap();
         assert!(st.success());
     };
+    // Not in the second the first run's credential was revoked: slurmd compares the new
+    // credential's creation time with the revocation time in whole seconds, and a job started
+    // within the same second is killed at once ("Job credential revoked"), failed for good.
+    // Slurm's own two-minute hold is there for this; a 2 s wait is enough.
+    std::thread::sleep(Duration::from_secs(2));
     start_now();
     let begin = Instant::now();
     let mut asked = Instant::now();
