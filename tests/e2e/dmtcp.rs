@@ -139,6 +139,16 @@ fn mpich_heat_under_dmtcp_is_checkpointed_killed_and_restarted() {
     checkpoint_kill_restart(Mpi::Mpich);
 }
 
+/// Open MPI under DMTCP: the engine points its session directory into the job's session and
+/// keeps it to TCP between ranks; the restart gets back the session files and the shared
+/// segments DMTCP saved beside its images.
+#[test]
+fn openmpi_heat_under_dmtcp_is_checkpointed_killed_and_restarted() {
+    skip_unless_ready!("mpirun.openmpi", "mpicc.openmpi");
+    skip_without_dmtcp!();
+    checkpoint_kill_restart(Mpi::OpenMpi);
+}
+
 #[test]
 fn a_node_without_dmtcp_refuses_the_job_at_run_naming_itself() {
     skip_unless_ready!();

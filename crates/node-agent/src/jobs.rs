@@ -46,6 +46,9 @@ use crate::shim::{self, Exit};
 /// and checks that the node still lets it run jobs.
 pub(crate) const OWNER_NOTE: &str = "owner_uid";
 
+/// Name of the session directory under `<job dir>/session` ([`NodeJob::session_dir`]).
+pub(crate) const SESSION: &str = "current";
+
 /// The persisted record of a job on this node.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobRecord {
@@ -193,11 +196,13 @@ impl NodeJob {
             .join(self.record.incarnation.to_string())
     }
 
-    /// The session directory of `incarnation`, for engines that keep files of their own
-    /// beside the job (DMTCP's coordinator port and images): the owner's, in a directory of
-    /// root's (see [`crate::launch::make_session`]).
-    pub(crate) fn session_dir(&self, incarnation: u32) -> PathBuf {
-        self.dir.join("session").join(incarnation.to_string())
+    /// The session directory, for engines that keep files of their own beside the job
+    /// (DMTCP's coordinator port, images and saved files): the owner's, in a directory of
+    /// root's (see [`crate::launch::make_session`]). The same path for every incarnation, and
+    /// on every node with the same state directory: the engine records absolute paths in it
+    /// at checkpoint time that a restart reads again.
+    pub(crate) fn session_dir(&self) -> PathBuf {
+        self.dir.join("session").join(SESSION)
     }
 
     pub(crate) fn save(&self) -> Result<(), AgentError> {

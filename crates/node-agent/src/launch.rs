@@ -167,37 +167,42 @@ fn shim_log_tail(log: &str) -> String {
     }
 }
 
-/// Makes the session directory of `incarnation` of `job` ([`NodeJob::session_dir`]) afresh,
-/// and the owner's, once `fill` has put into it what the engine needs. Everything under
-/// `<job dir>/session` is root's until then, so root never works inside a directory the owner
-/// controls; the owner gets only this one, through a descriptor.
+/// Makes the session directory of `job` ([`NodeJob::session_dir`]) afresh, with the owner's
+/// subdirectories `subdirs` in it, and the owner's, once `fill` has put into it what the
+/// engine needs. Everything under `<job dir>/session` is root's until then, so root never
+/// works inside a directory the owner controls; the owner gets only these, through
+/// descriptors. What an earlier incarnation left there is gone: its processes are.
 pub(crate) fn make_session(
     job: &NodeJob,
-    incarnation: u32,
     owner: &Identity,
+    subdirs: &[&str],
     fill: impl FnOnce(&Path) -> std::io::Result<()>,
 ) -> std::io::Result<PathBuf> {
     let base = job.dir.join("session");
     ensure_dir(&base, crate::modes::TRAVERSE_ONLY)?;
-    let dir = job.session_dir(incarnation);
-    match fs::remove_dir_all(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    // Sessions of incarnations before the one before are not needed again.
+    // This one, and the per-incarnation sessions of older agents.
     for e in fs::read_dir(&base)?.flatten() {
-        let old = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok());
-        if old.is_some_and(|n| n + 1 < incarnation) {
-            let _ = fs::remove_dir_all(e.path());
+        if e.file_type()?.is_dir() {
+            fs::remove_dir_all(e.path())?;
+        } else {
+            fs::remove_file(e.path())?;
         }
     }
+    let dir = job.session_dir();
     fs::create_dir(&dir)?;
     fill(&dir)?;
-    let d = crate::owner::open_no_symlinks(&dir, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-    nix::unistd::fchown(&d, Some(owner.uid.into()), Some(owner.gid.into()))
-        .map_err(|e| std::io::Error::from_raw_os_error(e as i32))?;
-    d.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(PRIVATE_DIR))?;
+    let give = |path: &Path| -> std::io::Result<()> {
+        let d = crate::owner::open_no_symlinks(path, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+        nix::unistd::fchown(&d, Some(owner.uid.into()), Some(owner.gid.into()))
+            .map_err(|e| std::io::Error::from_raw_os_error(e as i32))?;
+        d.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(PRIVATE_DIR))
+    };
+    for s in subdirs {
+        let sub = dir.join(s);
+        fs::create_dir(&sub)?;
+        give(&sub)?;
+    }
+    give(&dir)?;
     Ok(dir)
 }
 
@@ -371,7 +376,7 @@ impl Jobs {
         let argv = if engine.freezes() {
             spec.argv
         } else {
-            let session = make_session(&job, job.record.incarnation + 1, &owner, |_| Ok(()))
+            let session = make_session(&job, &owner, engine.session_subdirs(), |_| Ok(()))
                 .map_err(io_err(spec.job, "create the engine session of", &job.dir))?;
             engine.launch_argv(spec.argv, &mut env, &session)
         };

@@ -52,7 +52,7 @@ pub(super) fn dump_running(
 ) -> Result<(), AgentError> {
     let id = job.record.id;
     let owner = note_owner(job)?;
-    let session = job.session_dir(job.record.incarnation);
+    let session = job.session_dir();
     let w = job.work.as_mut().expect("checked by caller");
     let images = w.node_dir.join(chain::IMAGES_DIR);
     fs::create_dir_all(&images).map_err(io_err(id, "create", &images))?;
@@ -72,13 +72,58 @@ pub(super) fn dump_running(
     let took = begin.elapsed();
     w.suspended = Some(took);
     r.map_err(|source| AgentError::Engine { job: id, source })?;
-    info!(engine_dump_ms = took.as_millis() as u64, "dumped");
     crate::metrics::metrics()
         .dump_seconds
         .with_label_values(&[engine.name()])
         .observe(took.as_secs_f64());
-    w.notes
-        .insert("engine_dump_ms".into(), took.as_millis().to_string());
+    // The ports of the job's TCP sockets: the engine's restart binds them again, which the
+    // closing remains of a killed incarnation's connections would prevent.
+    w.tcp_ports = procfs::tcp_endpoints(&w.pids).ports;
+    // What the engine's restart needs beside its images, saved while the job runs on.
+    let beside = engine.beside(&images, &session);
+    let mut files = Vec::new();
+    for t in &beside.trees {
+        // Never through a link: the owner's link elsewhere is not the job's tree.
+        if fs::symlink_metadata(t).is_ok_and(|m| m.is_dir()) {
+            collect_files(t, &mut files);
+        }
+    }
+    files.retain(|f| !beside.skip.contains(f));
+    files.sort();
+    let (mut preserved, copied_bytes, copy_time) = copy_preserved(id, owner, &w.node_dir, &files)?;
+    let gid = crate::owner::Identity::of_uid(owner)
+        .ok()
+        .flatten()
+        .map_or(owner, |i| i.gid);
+    preserved.extend(
+        beside
+            .put_back
+            .into_iter()
+            .map(|(rel, path)| PreservedFile {
+                path: path.display().to_string(),
+                saved_as: format!("{}/{rel}", chain::IMAGES_DIR),
+                mode: 0o600,
+                uid: owner,
+                gid,
+                fifo: false,
+            }),
+    );
+    w.preserved = preserved;
+    info!(
+        engine_dump_ms = took.as_millis() as u64,
+        preserve_copy_ms = copy_time.as_millis() as u64,
+        preserved_bytes = copied_bytes,
+        "dumped"
+    );
+    w.notes.extend(
+        [
+            ("engine_dump_ms", took.as_millis()),
+            ("preserve_copy_ms", copy_time.as_millis()),
+            ("preserved_bytes", copied_bytes as u128),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
     Ok(())
 }
 

@@ -122,7 +122,7 @@ impl Jobs {
             source,
         })?;
         if !engine.freezes() {
-            let session = job.session_dir(job.record.incarnation);
+            let session = job.session_dir();
             let owner = job.record.owner.unwrap_or(u32::MAX);
             let e = engine.clone();
             tokio::task::spawn_blocking(move || e.running(&session, owner))

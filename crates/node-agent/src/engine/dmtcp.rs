@@ -18,10 +18,15 @@
 //! * Restart: `dmtcp_restart --new-coordinator` on the images, started by the shim as the job's
 //!   owner; that process becomes the job's root again (DMTCP virtualizes PIDs, so the old ones
 //!   need not be free).
-//! * Settings a job did not set itself (each needed by MPICH 4.0 over UCX under DMTCP 4.2 on
-//!   this platform): `UCX_TLS=^sysv,cma` (UCX's SysV segments fail in DMTCP's SysV plugin; CMA
-//!   reaches peers by real PID, which a restart changes), `UCX_MEM_EVENTS=no`,
-//!   `HWLOC_COMPONENTS=-linuxio`.
+//!   Each process's saved files (`ckpt_*_files/`, copies of the shared files it mapped) move
+//!   into staging the same way; the restore puts them back, as the owner, at the path the
+//!   process recorded, which is why the session's path is the same in every incarnation.
+//! * Settings a job did not set itself (each needed under DMTCP 4.2 on this platform): for
+//!   MPICH 4.0 over UCX, `UCX_TLS=^sysv,cma` (UCX's SysV segments fail in DMTCP's SysV plugin;
+//!   CMA reaches peers by real PID, which a restart changes), `UCX_MEM_EVENTS=no`,
+//!   `HWLOC_COMPONENTS=-linuxio`; for Open MPI 4.1, TCP on the loopback between ranks (its
+//!   shared-memory transport hangs after a restart), `mmap` shared memory (its SysV probe
+//!   crashes DMTCP's SysV plugin), and its session directory in the job's session.
 //!
 //! What it cannot do: pre-copy (no pre-dumps), InfiniBand verbs (DMTCP's plugin was removed
 //! upstream; such a job is refused at checkpoint as with CRIU), and, in this version, a job
@@ -37,7 +42,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{DumpSpec, EngineError, RestoreSpec, SnapshotEngine};
+use super::{Beside, DumpSpec, EngineError, RestoreSpec, SnapshotEngine, SESSION_IMAGES};
 use crate::config::EnginesConfig;
 
 /// File in the session directory where `dmtcp_launch` and `dmtcp_restart` write the port of
@@ -51,11 +56,24 @@ const IMAGE_SUFFIX: &str = ".dmtcp";
 const RESTART_SCRIPT_LINK: &str = "dmtcp_restart_script.sh";
 /// What the scripts' names start with.
 const RESTART_SCRIPT_PREFIX: &str = "dmtcp_restart_script";
+/// What DMTCP calls the directory where a process saves the files it checkpoints
+/// (`ckpt_<program>_<id>_files`), beside its image.
+const FILES_SUFFIX: &str = "_files";
+/// The file in such a directory that maps each saved copy to the file it is of
+/// (`<copy>:<path>` lines).
+const FD_INFO: &str = "fd-info.txt";
+/// The session's directory for the job's temporary session files (Open MPI's session
+/// directory tree), the owner's.
+const TMP: &str = "tmp";
 /// Environment a job gets unless it set the variable itself; see the module text.
-const JOB_ENV: [(&str, &str); 3] = [
+const JOB_ENV: [(&str, &str); 7] = [
     ("UCX_TLS", "^sysv,cma"),
     ("UCX_MEM_EVENTS", "no"),
     ("HWLOC_COMPONENTS", "-linuxio"),
+    ("OMPI_MCA_btl", "self,tcp"),
+    ("OMPI_MCA_btl_tcp_if_include", "lo"),
+    ("OMPI_MCA_pml", "ob1"),
+    ("OMPI_MCA_shmem", "mmap"),
 ];
 
 /// A checked DMTCP installation.
@@ -69,6 +87,11 @@ pub struct Dmtcp {
 /// Whether `name` is a DMTCP image file name.
 pub fn is_image(name: &str) -> bool {
     name.starts_with(IMAGE_PREFIX) && name.ends_with(IMAGE_SUFFIX) && !name.contains('/')
+}
+
+/// Whether `name` is the name of the directory of a process's saved files.
+fn is_files_dir(name: &str) -> bool {
+    name.starts_with(IMAGE_PREFIX) && name.ends_with(FILES_SUFFIX) && !name.contains('/')
 }
 
 impl Dmtcp {
@@ -233,6 +256,83 @@ fn unlink_in(dir: &fs::File, name: &str) {
     }
 }
 
+/// The directory `name` in the directory open on `dir`, opened without following a link.
+fn open_dir_in(dir: &fs::File, name: &str) -> std::io::Result<fs::File> {
+    let c = CString::new(name).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: openat on a live directory descriptor and a NUL-terminated name.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just opened and owned by nobody else.
+    Ok(fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
+/// Removes the directory `name` of the directory open on `dir` with the files in it (one
+/// level: what DMTCP and the restore make), through descriptors only: whatever the owner
+/// put there, nothing outside it is touched.
+fn remove_flat_dir(dir: &fs::File, name: &str) {
+    if let Ok(d) = open_dir_in(dir, name) {
+        for n in names(&d).unwrap_or_default() {
+            unlink_in(&d, &n);
+        }
+    }
+    if let Ok(c) = CString::new(name) {
+        // SAFETY: unlinkat on a live directory descriptor and a NUL-terminated name.
+        unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) };
+    }
+}
+
+/// Moves a process's saved files (the directory `name` of the session, the owner's) into a
+/// directory of the same name in staging, each as [`adopt_image`] moves an image; the bytes.
+fn adopt_files_dir(
+    session: &fs::File,
+    images: &fs::File,
+    name: &str,
+    owner: u32,
+) -> Result<u64, String> {
+    let from = open_dir_in(session, name).map_err(|e| format!("{name}: {e}"))?;
+    let m = from.metadata().map_err(|e| format!("{name}: {e}"))?;
+    if m.uid() != owner {
+        return Err(format!(
+            "{name} is not a directory of the job's owner (uid {}): refused",
+            m.uid()
+        ));
+    }
+    let c = CString::new(name).map_err(|e| e.to_string())?;
+    // SAFETY: mkdirat on a live directory descriptor and a NUL-terminated name.
+    if unsafe { libc::mkdirat(images.as_raw_fd(), c.as_ptr(), 0o755) } != 0 {
+        return Err(format!(
+            "create {name} in staging: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let to = open_dir_in(images, name).map_err(|e| format!("{name}: {e}"))?;
+    let mut bytes = 0;
+    for n in names(&from).map_err(|e| format!("{name}: {e}"))? {
+        bytes += adopt_image(&from, &to, &n, owner).map_err(|e| format!("{name}/{e}"))?;
+    }
+    remove_flat_dir(session, name);
+    Ok(bytes)
+}
+
+/// The files a process's saved-files directory in staging holds copies of, from its
+/// `fd-info.txt`.
+fn saved_originals(files_dir: &Path) -> Vec<PathBuf> {
+    let text = fs::read_to_string(files_dir.join(FD_INFO)).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(_, path)| PathBuf::from(path))
+        .filter(|p| p.is_absolute())
+        .collect()
+}
+
 fn rename_between(from: &fs::File, to: &fs::File, name: &str) -> std::io::Result<()> {
     let c = CString::new(name).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: renameat on live directory descriptors and a NUL-terminated name.
@@ -306,10 +406,13 @@ impl Dmtcp {
         }
         let images =
             open_dir(spec.images_dir).map_err(|e| format!("{}: {e}", spec.images_dir.display()))?;
-        // The scripts of the checkpoint before, and what an abandoned one left.
+        // The scripts of the checkpoint before, what an abandoned one left, and the images
+        // and saved files the last restore read (the saved files are rewritten in place).
         for n in names(&dir).map_err(|e| e.to_string())? {
             if is_image(&n) || n.starts_with(RESTART_SCRIPT_PREFIX) {
                 unlink_in(&dir, &n);
+            } else if is_files_dir(&n) || n == SESSION_IMAGES {
+                remove_flat_dir(&dir, &n);
             }
         }
         let port = read_port(&dir, owner)?;
@@ -352,6 +455,12 @@ impl Dmtcp {
         if moved == 0 {
             return Err("DMTCP finished the checkpoint but wrote no image here".into());
         }
+        for n in names(&dir).map_err(|e| e.to_string())? {
+            if is_files_dir(&n) {
+                let bytes = adopt_files_dir(&dir, &images, &n, owner)?;
+                log.push_str(&format!("{n}/: {bytes} bytes\n"));
+            }
+        }
         Ok(())
     }
 }
@@ -378,6 +487,11 @@ impl SnapshotEngine for Dmtcp {
         for (k, v) in JOB_ENV {
             env.entry(k.into()).or_insert_with(|| v.into());
         }
+        // Open MPI's session directory in the job's session, rather than /tmp: a restart
+        // needs its files, and every DMTCP job's launcher has the same virtual PID (40000),
+        // after which Open MPI names it.
+        env.entry("OMPI_MCA_orte_tmpdir_base".into())
+            .or_insert_with(|| session.join(TMP).display().to_string());
         let mut v = vec![
             self.tool("dmtcp_launch"),
             "--new-coordinator".into(),
@@ -392,6 +506,49 @@ impl SnapshotEngine for Dmtcp {
         ];
         v.extend(argv);
         v
+    }
+
+    fn session_subdirs(&self) -> &'static [&'static str] {
+        &[TMP]
+    }
+
+    /// DMTCP's restart reads each process's saved files (copies of the shared files it
+    /// mapped, such as Open MPI's PMIx segments) at the path they had in the session at
+    /// checkpoint time, and expects the files the job had open (Open MPI's session tree) where
+    /// they were, but for those it saved itself.
+    fn beside(&self, images_dir: &Path, session: &Path) -> Beside {
+        let mut b = Beside {
+            trees: vec![session.join(TMP)],
+            ..Beside::default()
+        };
+        let mut dirs: Vec<String> = fs::read_dir(images_dir)
+            .map(|rd| {
+                rd.flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| is_files_dir(n))
+                    .collect()
+            })
+            .unwrap_or_default();
+        dirs.sort();
+        for d in dirs {
+            let dir = images_dir.join(&d);
+            b.skip.extend(saved_originals(&dir));
+            let mut files: Vec<String> = fs::read_dir(&dir)
+                .map(|rd| {
+                    rd.flatten()
+                        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .collect()
+                })
+                .unwrap_or_default();
+            files.sort();
+            for f in files {
+                b.put_back
+                    .push((format!("{d}/{f}"), session.join(&d).join(&f)));
+            }
+        }
+        b
     }
 
     fn running(&self, session: &Path, owner: u32) -> Result<(), String> {
@@ -469,6 +626,83 @@ impl SnapshotEngine for Dmtcp {
 mod tests {
     use super::*;
 
+    /// A process's saved files move into staging under their directory's name, and the restore
+    /// is told to put each back where the process will read it; the files DMTCP saved itself
+    /// are not saved again from the job's tree; a job's own Open MPI settings stay.
+    #[test]
+    fn saved_files_move_into_staging_and_are_put_back_at_their_session_path() {
+        let t = tempfile::tempdir().unwrap();
+        let (session, images) = (t.path().join("session"), t.path().join("images"));
+        fs::create_dir(&session).unwrap();
+        fs::create_dir(&images).unwrap();
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        let files = session.join("ckpt_heat_98ff-41000-1_files");
+        fs::create_dir(&files).unwrap();
+        let seg = session.join("tmp/ompi.n1.0/pid.40000/smseg-1");
+        fs::write(files.join("smseg-1_99"), "segment").unwrap();
+        fs::write(
+            files.join(FD_INFO),
+            format!("smseg-1_99:{}\n", seg.display()),
+        )
+        .unwrap();
+        let s = open_dir(&session).unwrap();
+        let i = open_dir(&images).unwrap();
+        if me == 0 {
+            let bytes = adopt_files_dir(&s, &i, "ckpt_heat_98ff-41000-1_files", 0).unwrap();
+            assert!(bytes > 7);
+            assert!(
+                !files.exists(),
+                "the owner's directory is gone from the session"
+            );
+            let moved = images.join("ckpt_heat_98ff-41000-1_files/smseg-1_99");
+            assert_eq!(fs::read_to_string(&moved).unwrap(), "segment");
+        } else {
+            // Without root the move is refused at the chown; the rest does not need it.
+            fs::create_dir(images.join("ckpt_heat_98ff-41000-1_files")).unwrap();
+            for f in ["smseg-1_99", FD_INFO] {
+                fs::rename(
+                    files.join(f),
+                    images.join("ckpt_heat_98ff-41000-1_files").join(f),
+                )
+                .unwrap();
+            }
+        }
+        let engine = Dmtcp {
+            bin: PathBuf::from("/nonexistent"),
+            version: "4.2.0".into(),
+            timeout: Duration::from_secs(1),
+        };
+        let b = engine.beside(&images, &session);
+        assert_eq!(b.trees, vec![session.join(TMP)]);
+        assert!(b.skip.contains(&seg), "{b:?}");
+        let back: Vec<(String, PathBuf)> = ["smseg-1_99", FD_INFO]
+            .iter()
+            .map(|f| {
+                (
+                    format!("ckpt_heat_98ff-41000-1_files/{f}"),
+                    session.join("ckpt_heat_98ff-41000-1_files").join(f),
+                )
+            })
+            .collect();
+        let mut got = b.put_back.clone();
+        got.sort();
+        let mut want = back;
+        want.sort();
+        assert_eq!(got, want);
+        let env = &mut BTreeMap::new();
+        env.insert("OMPI_MCA_btl".to_string(), "self,vader".to_string());
+        engine.launch_argv(vec!["/bin/true".into()], env, &session);
+        assert_eq!(
+            env["OMPI_MCA_btl"], "self,vader",
+            "a job's own setting stays"
+        );
+        assert_eq!(
+            Path::new(&env["OMPI_MCA_orte_tmpdir_base"]),
+            session.join(TMP)
+        );
+    }
+
     #[test]
     fn versions_and_image_names() {
         assert_eq!(
@@ -513,6 +747,19 @@ mod tests {
         assert_eq!(fs::read_to_string(&secret).unwrap(), "root's");
         // Someone else's file, though regular and alone.
         assert!(adopt_image(&s, &i, "ckpt_good.dmtcp", me + 1).is_err());
+        // A saved-files directory that is a link is not followed, and one holding a link is
+        // refused at that file.
+        std::os::unix::fs::symlink(t.path(), session.join("ckpt_a_files")).unwrap();
+        assert!(adopt_files_dir(&s, &i, "ckpt_a_files", me).is_err());
+        assert!(!images.join("ckpt_a_files").exists());
+        fs::create_dir(session.join("ckpt_b_files")).unwrap();
+        std::os::unix::fs::symlink(&secret, session.join("ckpt_b_files/x_1")).unwrap();
+        assert!(adopt_files_dir(&s, &i, "ckpt_b_files", me).is_err());
+        assert_eq!(fs::read_to_string(&secret).unwrap(), "root's");
+        // Removing what a restore or checkpoint left never follows a link out of the session.
+        remove_flat_dir(&s, "ckpt_a_files");
+        remove_flat_dir(&s, "ckpt_b_files");
+        assert!(secret.exists() && !session.join("ckpt_b_files").exists());
         if me == 0 {
             assert_eq!(adopt_image(&s, &i, "ckpt_good.dmtcp", 0).unwrap(), 5);
             assert!(!session.join("ckpt_good.dmtcp").exists());

@@ -5,7 +5,7 @@
 //! (DMTCP suspends the processes itself). Dumps run in the agent (blocking; call from
 //! `spawn_blocking`); restores are run by the job's shim, which must be the restored tree's
 //! ancestor to reap it, so the engine only supplies the command line.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -152,6 +152,23 @@ pub enum EngineError {
     },
 }
 
+/// The directory of an engine's session that a restore links the images into, for an
+/// engine that restores as the job's owner.
+pub const SESSION_IMAGES: &str = "images";
+
+/// What the agent saves beside the images of an engine that lets the job run on
+/// ([`SnapshotEngine::beside`]); every file is put back as the job's owner.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Beside {
+    /// Image files (relative to the images directory) that the engine's restart reads at the
+    /// absolute path given, where the job's processes recorded them.
+    pub put_back: Vec<(String, PathBuf)>,
+    /// Directories of the job's own files (the owner's) to save as they are after the dump.
+    pub trees: Vec<PathBuf>,
+    /// Files in those directories that the engine saved itself, at the dump: not saved again.
+    pub skip: BTreeSet<PathBuf>,
+}
+
 /// A snapshot engine.
 pub trait SnapshotEngine: Send + Sync + Debug {
     /// Engine name recorded in manifests ("criu", "dmtcp").
@@ -174,6 +191,18 @@ pub trait SnapshotEngine: Send + Sync + Debug {
     ) -> Vec<String> {
         let _ = (env, session);
         argv
+    }
+    /// Subdirectories of the session that the job's owner gets at launch and at restore, for
+    /// the job's own files beside the engine's.
+    fn session_subdirs(&self) -> &'static [&'static str] {
+        &[]
+    }
+    /// After a dump that let the job run on: what the agent saves beside the images it
+    /// wrote into `images_dir`, and what a restore puts back into `session` before the
+    /// engine starts. Blocking.
+    fn beside(&self, images_dir: &Path, session: &Path) -> Beside {
+        let _ = (images_dir, session);
+        Beside::default()
     }
     /// Whether this engine's job with `session` can be snapshot now (every process running
     /// under it); the reason if not. Blocking.

@@ -1,8 +1,9 @@
-//! Restore with an engine that restores as the job's owner (DMTCP): no PIDs, addresses or
-//! files to put back, since the engine virtualizes PIDs, reconnects sockets and truncates files
-//! itself. The verified images are linked (not copied, where staging and the job directory share
-//! a file system) into a fresh session of the new incarnation, which becomes the owner's, and
-//! the shim starts the engine's restart as the owner, as it starts a job.
+//! Restore with an engine that restores as the job's owner (DMTCP): no PIDs or addresses to
+//! put back, since the engine virtualizes PIDs, reconnects sockets and truncates files itself.
+//! The verified images are linked (not copied, where staging and the job directory share a file
+//! system) into a fresh session, which becomes the owner's; the files saved beside them
+//! ([`crate::engine::Beside`]) are put back as the owner, and the shim starts the engine's
+//! restart as the owner, as it starts a job.
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -15,14 +16,11 @@ use tracing::info;
 
 use super::{check_pages, check_restored, Restored, RESTORE_TIMEOUT};
 use crate::copies::Location;
-use crate::engine::{RestoreSpec, SnapshotEngine};
+use crate::engine::{RestoreSpec, SnapshotEngine, SESSION_IMAGES as IMAGES};
 use crate::error::AgentError;
 use crate::jobs::{io_err, Jobs, NodeJob, OWNER_NOTE};
 use crate::launch::make_session;
 use crate::shim::ShimMode;
-
-/// The directory of a session the restart reads its images from.
-const IMAGES: &str = "images";
 
 /// What [`Jobs::restore_as_owner`] needs of the restore so far.
 pub(super) struct Verified<'a> {
@@ -92,7 +90,7 @@ impl Jobs {
         }
         job.remove_empty_cgroup();
         let inc = job.record.incarnation + 1;
-        let session = make_session(&job, inc, &owner, |dir| {
+        let session = make_session(&job, &owner, engine.session_subdirs(), |dir| {
             link_images(v.images, &dir.join(IMAGES))
         })
         .map_err(io_err(
@@ -100,6 +98,11 @@ impl Jobs {
             "link the images into the session of",
             &job.dir,
         ))?;
+        let node_dir = v.images.parent().unwrap_or(v.images);
+        self.put_back_files(&job, &owner, v.manifest, node_dir)
+            .await?;
+        // The engine binds the sockets' ports again; every process of the job is gone.
+        super::clear_stale_sockets(&v.manifest.tcp_ports).await;
         let log = job
             .dir
             .join("logs")
