@@ -320,3 +320,88 @@ fn a_dmtcp_job_restarts_on_another_test_host() {
         "restarted on n2, the job reaches the uninterrupted answer"
     );
 }
+
+/// `checkpoint --kill` (preemption) of an Open MPI job under DMTCP: the epoch commits, every
+/// process is gone (DMTCP's coordinator too), `verify` passes over the images and the saved
+/// files beside them, and the restart finishes right.
+#[test]
+fn a_dmtcp_job_checkpointed_with_kill_stops_verifies_and_restarts_right() {
+    skip_unless_ready!("mpirun.openmpi", "mpicc.openmpi");
+    skip_without_dmtcp!();
+    let want = Mpi::OpenMpi.reference_checksum(RANKS, N, ITERS);
+    let d = Ckptd::start(Options::default());
+    let job = run_under_dmtcp(&d, Mpi::OpenMpi);
+    let id = job.to_string();
+    d.wait_progress(job, 1, LIMIT);
+    checkpoint_times(&d, job, 1);
+    let out = d.ctl(&["checkpoint", &id, "--kill"]);
+    assert!(out.ok().contains("committed"), "{out:?}");
+    d.wait_state(job, "stopped", LIMIT);
+    assert!(d.job_pids(job).is_empty(), "--kill stops every process");
+    let latest = d.epochs(job).last().unwrap()["epoch"].as_u64().unwrap() as u32;
+    let images = d.images(job, latest).join("images");
+    let saved: Vec<String> = std::fs::read_dir(&images)
+        .unwrap_or_else(|e| panic!("{}: {e}", images.display()))
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        saved.iter().any(|n| n.ends_with("_files")),
+        "Open MPI's shared segments, saved by DMTCP, are in staging: {saved:?}"
+    );
+    let v = d.ctl(&["verify", &id]);
+    assert!(v.ok().contains("node node0 local copy: ok"), "{v:?}");
+    d.ctl(&["restart", &id]).ok();
+    assert_eq!(
+        d.wait_checksum(job, LIMIT),
+        want,
+        "restarted after a preemption, the job reaches the uninterrupted answer"
+    );
+}
+
+/// A DMTCP checkpoint that does not end within `[engines] dmtcp_checkpoint_timeout` aborts the
+/// epoch with that reason, deletes its images, and the job runs on to the right answer.
+#[test]
+fn a_dmtcp_checkpoint_past_its_timeout_aborts_and_the_job_runs_on() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich");
+    skip_without_dmtcp!();
+    let want = Mpi::Mpich.reference_checksum(RANKS, N, ITERS);
+    let d = Ckptd::start(Options {
+        agent_toml: "[agent.engines]\ndmtcp_checkpoint_timeout = \"1ms\"\n".into(),
+        ..Options::default()
+    });
+    let job = run_under_dmtcp(&d, Mpi::Mpich);
+    d.wait_progress(job, 1, LIMIT);
+    let begin = std::time::Instant::now();
+    let out = loop {
+        let out = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
+        if !out
+            .stderr
+            .contains("not every process of the job runs under DMTCP yet")
+        {
+            break out;
+        }
+        assert!(begin.elapsed() < LIMIT, "DMTCP never had the job: {out:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_ne!(out.code, 0, "{out:?}");
+    assert!(
+        out.stderr.contains("dmtcp_checkpoint_timeout"),
+        "the abort names the setting: {out:?}"
+    );
+    let e = d.epochs(job).last().unwrap().clone();
+    assert_eq!(
+        (e["state"].as_str(), e["failed_phase"].as_str()),
+        (Some("failed"), Some("local-checkpoint")),
+        "{e}"
+    );
+    let epoch = e["epoch"].as_u64().unwrap() as u32;
+    assert!(!d.images(job, epoch).exists(), "its images are deleted");
+    assert_eq!(d.status(job)["state"], "running");
+    assert_eq!(
+        d.wait_checksum(job, LIMIT),
+        want,
+        "the job finished right after the abandoned checkpoint"
+    );
+}
