@@ -113,10 +113,33 @@ fn an_rdma_job_is_checkpointed_killed_and_restarted_in_a_guest() {
         eprintln!("SKIPPED: {why}");
         return;
     }
+    rdma_job_in_a_guest("criu");
+}
+
+/// The same job under the DMTCP engine: the channels are quiesced before DMTCP's checkpoint and
+/// rebuilt after it as with CRIU, and after DMTCP's restart, whose processes have new PIDs (the
+/// channels find their rebuild flags by the kernel's PID, not DMTCP's virtual one).
+#[test]
+fn an_rdma_job_under_dmtcp_is_checkpointed_killed_and_restarted_in_a_guest() {
+    if let Some(why) = vm::unavailable() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let dmtcp = ["/opt/dmtcp/bin", "/usr/local/bin"]
+        .iter()
+        .any(|d| std::path::Path::new(d).join("dmtcp_launch").is_file());
+    if !dmtcp {
+        eprintln!("SKIPPED: needs DMTCP in /opt/dmtcp or /usr/local (see docs/dmtcp.md)");
+        return;
+    }
+    rdma_job_in_a_guest("dmtcp");
+}
+
+fn rdma_job_in_a_guest(engine: &str) {
     let apps = ckpt_tests::apps();
     let bin = ckpt_tests::bin_dir();
     let env = format!(
-        "BIN={} APP={} ITERS=30000 WORDS=512 CHECKPOINTS=2 ABORT=1",
+        "BIN={} APP={} ITERS=30000 WORDS=512 CHECKPOINTS=2 ABORT=1 ENGINE={engine}",
         bin.display(),
         apps.join("rdma_halo").display(),
     );
@@ -129,6 +152,12 @@ fn an_rdma_job_is_checkpointed_killed_and_restarted_in_a_guest() {
             .cloned()
             .collect::<Vec<_>>()
     };
+    assert_eq!(
+        find("engine "),
+        [format!("engine \"engine\":\"{engine}\"")],
+        "{}",
+        r.console
+    );
     assert_eq!(find("checkpoint ").len(), 2, "{}", r.console);
     let aborted = find("aborted checkpoint: ");
     assert!(

@@ -6,10 +6,11 @@
 # Environment: BIN (release binaries), APP (rdma_halo), ITERS, WORDS,
 # CHECKPOINTS (continue-checkpoints before the kill, default 1),
 # ABORT (1: then one more checkpoint whose dump fails after the quiesce, through a failpoint;
-# the epoch aborts, the channels are rebuilt and the job must go on).
+# the epoch aborts, the channels are rebuilt and the job must go on),
+# ENGINE (the snapshot engine, `ckptctl run --engine`; default criu).
 set -eu
 : "${BIN:?}" "${APP:?}" "${ITERS:?}" "${WORDS:?}"
-CHECKPOINTS=${CHECKPOINTS:-1} ABORT=${ABORT:-0}
+CHECKPOINTS=${CHECKPOINTS:-1} ABORT=${ABORT:-0} ENGINE=${ENGINE:-criu}
 W=$(mktemp -d /tmp/ibjob.XXXXXX)
 say() { echo "[guest] $*"; }
 
@@ -24,10 +25,11 @@ done
 
 . "$(dirname "$0")/standalone.sh"
 
-JOB=$("$BIN/ckptctl" run --name halo -- bash -c \
+JOB=$("$BIN/ckptctl" run --engine "$ENGINE" --name halo -- bash -c \
     "$APP 0 127.0.0.1 7102 $ITERS $WORDS & $APP 1 127.0.0.1 7102 $ITERS $WORDS; wait")
 OUT=$W/state/jobs/$JOB/stdout
 say "job $JOB started"
+echo "RESULT engine $("$BIN/ckptctl" status "$JOB" --json | tr -d ' \n' | grep -o '"engine":"[a-z]*"')"
 progress() { grep -c ' iter ' "$OUT" 2>/dev/null || true; }
 wait_progress() { # at least N more progress lines than now, within 60 s
     local want=$(( $(progress) + $1 ))
@@ -37,8 +39,16 @@ wait_progress() { # at least N more progress lines than now, within 60 s
     exit 4
 }
 wait_progress 2
+checkpoint() { # one committed checkpoint; DMTCP refuses one until every process runs under it
+    for _ in $(seq 120); do
+        "$BIN/ckptctl" checkpoint "$JOB" --wait > "$W/ckpt.out" 2>&1 && { cat "$W/ckpt.out"; return 0; }
+        grep -q "not every process of the job runs under DMTCP yet" "$W/ckpt.out" || break
+        sleep 0.5
+    done
+    cat "$W/ckpt.out"; return 1
+}
 for i in $(seq "$CHECKPOINTS"); do
-    "$BIN/ckptctl" checkpoint "$JOB" --wait
+    checkpoint
     echo "RESULT checkpoint $i ok"
     wait_progress 2
 done

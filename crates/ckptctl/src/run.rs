@@ -115,7 +115,7 @@ pub async fn run(c: &mut ControlClient<Channel>, a: RunArgs, json: bool) -> Resu
     let mut part_env = Default::default();
     if a.rdma && a.engine.as_deref().is_some_and(|e| e != "criu") {
         return Err(invalid(
-            "--rdma needs the criu engine: DMTCP cannot checkpoint InfiniBand verbs".into(),
+            "--rdma needs the criu engine: the verbs layer for unmodified programs is not tested under DMTCP (programs that use ib-quiesce's API are: run them without --rdma)".into(),
         ));
     }
     if a.rdma {

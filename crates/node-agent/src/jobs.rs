@@ -181,6 +181,9 @@ pub struct NodeJob {
     pub(crate) work: Option<EpochWork>,
     /// Processes whose ib-quiesce channels are down (quiesced, or restored), to rebuild.
     pub(crate) ibq_down: Vec<i32>,
+    /// How many channels a tree restored with new PIDs (DMTCP) holds: their processes are
+    /// found among the job's at the rebuild, by the hellos they send once flagged.
+    pub(crate) ibq_restored: usize,
     /// Processes whose verbs layers drained in this epoch's quiesce and still hold their
     /// objects (and map the device): released in local-checkpoint, before the job freezes,
     /// or resumed by an abort.
@@ -388,6 +391,7 @@ impl Jobs {
                 record,
                 work: None,
                 ibq_down: Vec::new(),
+                ibq_restored: 0,
                 layer_drained: Vec::new(),
                 precopy: Arc::default(),
             };
@@ -557,6 +561,7 @@ impl Jobs {
             cgroup: self.cgroups.job(job),
             work: None,
             ibq_down: Vec::new(),
+            ibq_restored: 0,
             layer_drained: Vec::new(),
             precopy: Arc::default(),
         }));

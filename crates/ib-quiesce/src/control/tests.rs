@@ -513,3 +513,8 @@ proptest::proptest! {
         proptest::prop_assert_eq!((got, ended_long), (want, too_long));
     }
 }
+
+#[test]
+fn the_kernels_pid_is_the_processs_own_without_a_checkpointer() {
+    assert_eq!(super::kernel_pid(), std::process::id() as i32);
+}

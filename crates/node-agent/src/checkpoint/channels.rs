@@ -298,7 +298,15 @@ impl Jobs {
     /// peer QPs whose endpoints they need back.
     pub async fn rebuild_channels(&self, job_id: u64) -> Result<Rebuilt, AgentError> {
         let j = self.get(job_id)?;
-        let job = j.lock().await;
+        let mut job = j.lock().await;
+        if job.ibq_restored > 0 {
+            let found = self
+                .find_restored_channels(&job, job.ibq_restored)
+                .await
+                .map_err(channel_error(job_id, "rebuild"))?;
+            job.ibq_down = found;
+            job.ibq_restored = 0;
+        }
         if job.ibq_down.is_empty() {
             return Ok((Vec::new(), Some(Vec::new())));
         }
@@ -306,6 +314,38 @@ impl Jobs {
             .rebuild(&job.ibq_down, CHANNEL_REBUILD_TIMEOUT)
             .await
             .map_err(channel_error(job_id, "rebuild"))
+    }
+
+    /// The processes of a tree restored with new PIDs that hold its `expected` channels: every
+    /// process of the job is flagged, and those whose channel says hello (down) within the
+    /// rebuild timeout are the ones; the others' flags are lowered.
+    async fn find_restored_channels(
+        &self,
+        job: &NodeJob,
+        expected: usize,
+    ) -> Result<Vec<i32>, ChannelFailure> {
+        let begin = std::time::Instant::now();
+        loop {
+            let pids = job.cgroup.pids().unwrap_or_default();
+            self.channels.raise_flags(&pids);
+            let down = self.channels.down_among(&pids).await;
+            if down.len() >= expected {
+                let others: Vec<i32> = pids.into_iter().filter(|p| !down.contains(p)).collect();
+                self.channels.lower_flags(&others);
+                return Ok(down);
+            }
+            if begin.elapsed() > CHANNEL_REBUILD_TIMEOUT {
+                self.channels.lower_flags(&pids);
+                return Err(ChannelFailure {
+                    pid: pids.first().copied().unwrap_or(0),
+                    message: format!(
+                        "{} of the {expected} channels of the restored processes came back within {CHANNEL_REBUILD_TIMEOUT:?}",
+                        down.len()
+                    ),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Connects the rebuilt channels to the job's endpoints (all nodes) and lets them run.

@@ -346,6 +346,37 @@ impl Channels {
         Ok(())
     }
 
+    /// Raises the rebuild flags of `pids` (a process without a channel pays no attention).
+    pub fn raise_flags(&self, pids: &[i32]) {
+        for &pid in pids {
+            let flag = flag_path(&self.socket, pid);
+            if !flag.exists() {
+                let _ = std::fs::write(&flag, b"");
+            }
+        }
+    }
+
+    /// Lowers the rebuild flags of `pids`.
+    pub fn lower_flags(&self, pids: &[i32]) {
+        for &pid in pids {
+            let _ = std::fs::remove_file(flag_path(&self.socket, pid));
+        }
+    }
+
+    /// Which of `pids` have a channel that said hello down (quiesced, or restored).
+    pub async fn down_among(&self, pids: &[i32]) -> Vec<i32> {
+        let conns = self.conns.lock().await;
+        let mut down = Vec::new();
+        for p in pids {
+            if let Some(c) = conns.get(p) {
+                if c.lock().await.down {
+                    down.push(*p);
+                }
+            }
+        }
+        down
+    }
+
     /// Which of `pids` have a channel that is up (drained verbs layers included: they are
     /// connected and not down).
     pub async fn up(&self, pids: &[i32]) -> Vec<i32> {

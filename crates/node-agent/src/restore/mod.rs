@@ -444,6 +444,7 @@ impl Jobs {
             }
         );
         job.ibq_down = channels.clone();
+        job.ibq_restored = 0;
         // Layers drained in an epoch of the old incarnation are gone with it: the restored ones
         // come back released (down), in `channels`.
         job.layer_drained.clear();

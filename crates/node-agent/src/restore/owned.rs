@@ -15,6 +15,7 @@ use tokio::sync::MutexGuard;
 use tracing::info;
 
 use super::{check_pages, check_restored, Restored, RESTORE_TIMEOUT};
+use crate::checkpoint::channel_pids;
 use crate::copies::Location;
 use crate::engine::{RestoreSpec, SnapshotEngine, SESSION_IMAGES as IMAGES};
 use crate::error::AgentError;
@@ -154,14 +155,18 @@ impl Jobs {
             engine_ms = begin.elapsed().as_millis() as u64,
             "job restored"
         );
+        // The restored processes' channels come back down, waiting for a rebuild flag named
+        // by their new PIDs: found at the rebuild.
+        let channels = channel_pids(&v.manifest.notes).len();
         job.ibq_down.clear();
+        job.ibq_restored = channels;
         job.layer_drained.clear();
         Ok(Restored {
             pid,
             incarnation: job.record.incarnation,
             source: v.source,
             note: v.note,
-            channels: 0,
+            channels: channels as u32,
         })
     }
 }
