@@ -76,7 +76,7 @@ pub enum AgentError {
         device: String,
     },
     /// A process has the verbs layer, which did not reach this node's agent.
-    #[error("job {job}: process {pid} ({comm}) has {device} open or mapped through the verbs layer, but the layer is not connected to this node's agent: its CKPT_IBQ_SOCKET is {found}, this agent's socket is {socket}. MPI launchers that copy the environment to other nodes (MPICH's Hydra does) need every agent to use the same state_dir (the default, /var/lib/ckpt/agent)")]
+    #[error("job {job}: process {pid} ({comm}) has {device} open or mapped through the verbs layer, but the layer is not connected to this node's agent: its CKPT_IBQ_SOCKET is {found}, this agent's socket is {socket}. {hint}")]
     LayerNotConnected {
         /// Job id.
         job: u64,
@@ -90,6 +90,8 @@ pub enum AgentError {
         found: String,
         /// The agent's control socket.
         socket: PathBuf,
+        /// What to do about it.
+        hint: String,
     },
     /// A process holds the RDMA connection manager, which nothing rebuilds after a snapshot.
     #[error("job {job}: process {pid} ({comm}) holds {device} as fd {fd}: connections of the RDMA connection manager cannot be taken through a checkpoint (neither ib-quiesce nor the verbs layer rebuilds them). For UCX set UCX_MODULES=^rdmacm (ckpt's RDMA settings in docs/infiniband.md do); the job runs on")]

@@ -115,14 +115,13 @@ pub(super) fn dump_running(
         preserved_bytes = copied_bytes,
         "dumped"
     );
-    w.notes.extend(
-        [
+    note_times(
+        w,
+        &[
             ("engine_dump_ms", took.as_millis()),
             ("preserve_copy_ms", copy_time.as_millis()),
             ("preserved_bytes", copied_bytes as u128),
-        ]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string())),
+        ],
     );
     Ok(())
 }
@@ -252,17 +251,22 @@ pub(super) fn dump_frozen(
         preserved_bytes = copied_bytes,
         "dumped"
     );
-    w.notes.extend(
-        [
+    note_times(
+        w,
+        &[
             ("scan_ms", scanned.as_millis()),
             ("engine_dump_ms", engine_time.as_millis()),
             ("preserve_copy_ms", copy_time.as_millis()),
             ("preserved_bytes", copied_bytes as u128),
-        ]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string())),
+        ],
     );
     Ok(())
+}
+
+/// Records what the dump took (times, bytes) in the epoch's notes.
+fn note_times(w: &mut crate::jobs::EpochWork, values: &[(&str, u128)]) {
+    w.notes
+        .extend(values.iter().map(|(k, v)| (k.to_string(), v.to_string())));
 }
 
 /// Share of the resident memory written since the newest pre-dump above which a checkpoint

@@ -220,16 +220,15 @@ fn open_dir(path: &Path) -> std::io::Result<fs::File> {
     crate::owner::open_no_symlinks(path, libc::O_RDONLY | libc::O_DIRECTORY, 0)
 }
 
-/// `name` in the directory open on `dir`, opened for reading without following a link and
-/// without blocking (a FIFO planted there does not hang the agent).
-fn open_in(dir: &fs::File, name: &str) -> std::io::Result<fs::File> {
+/// `name` in the directory open on `dir`, opened with `flags` (and `O_NOFOLLOW`, `O_CLOEXEC`).
+fn openat_in(dir: &fs::File, name: &str, flags: libc::c_int) -> std::io::Result<fs::File> {
     let c = CString::new(name).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: openat on a live directory descriptor and a NUL-terminated name.
     let fd = unsafe {
         libc::openat(
             dir.as_raw_fd(),
             c.as_ptr(),
-            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+            flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
         )
     };
     if fd < 0 {
@@ -237,6 +236,12 @@ fn open_in(dir: &fs::File, name: &str) -> std::io::Result<fs::File> {
     }
     // SAFETY: a descriptor just opened and owned by nobody else.
     Ok(fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
+/// `name` in the directory open on `dir`, opened for reading without following a link and
+/// without blocking (a FIFO planted there does not hang the agent).
+fn open_in(dir: &fs::File, name: &str) -> std::io::Result<fs::File> {
+    openat_in(dir, name, libc::O_RDONLY | libc::O_NONBLOCK)
 }
 
 /// Entry names of the directory open on `dir`.
@@ -258,20 +263,7 @@ fn unlink_in(dir: &fs::File, name: &str) {
 
 /// The directory `name` in the directory open on `dir`, opened without following a link.
 fn open_dir_in(dir: &fs::File, name: &str) -> std::io::Result<fs::File> {
-    let c = CString::new(name).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: openat on a live directory descriptor and a NUL-terminated name.
-    let fd = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a descriptor just opened and owned by nobody else.
-    Ok(fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+    openat_in(dir, name, libc::O_RDONLY | libc::O_DIRECTORY)
 }
 
 /// Removes the directory `name` of the directory open on `dir` with the files in it (one
