@@ -319,6 +319,33 @@ fn a_dmtcp_job_restarts_on_another_test_host() {
         got, want,
         "restarted on n2, the job reaches the uninterrupted answer"
     );
+
+    // A DMTCP job whose launcher starts processes on a second node: ckptd refuses that part,
+    // and the launcher says why in the job's stderr.
+    let hosts: Vec<&str> = cluster.nodes[..2].iter().map(|n| n.ip.as_str()).collect();
+    let argv = Mpi::Mpich.heat_argv_on(&hosts, RANKS, N, ITERS, SLEEP_US);
+    let mut args = vec![
+        "run", "--engine", "dmtcp", "--node", "n1", "--name", "wide", "--",
+    ];
+    args.extend(argv.iter().map(String::as_str));
+    let wide: u64 = d.ctl(&args).ok().trim().parse().unwrap();
+    let err = |node: &str| {
+        std::fs::read_to_string(d.job_dir_on(node, wide).join("stderr")).unwrap_or_default()
+    };
+    let begin = std::time::Instant::now();
+    while !err("n1").contains("which ckpt runs on one node in this version") {
+        assert!(
+            begin.elapsed() < LIMIT,
+            "no refusal of the second node: {}",
+            d.job_output_on("n1", wide)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        !d.job_dir_on("n2", wide).join("stdout").exists(),
+        "nothing of the job started on n2"
+    );
+    d.ctl(&["cancel", &wide.to_string()]);
 }
 
 /// `checkpoint --kill` (preemption) of an Open MPI job under DMTCP: the epoch commits, every
