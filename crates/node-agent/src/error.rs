@@ -76,7 +76,7 @@ pub enum AgentError {
         device: String,
     },
     /// A process has the verbs layer, which did not reach this node's agent.
-    #[error("job {job}: process {pid} ({comm}) has {device} open or mapped through the verbs layer, but the layer is not connected to this node's agent: its CKPT_IBQ_SOCKET is {found}, this agent's socket is {socket}. {hint}")]
+    #[error("job {job}: process {pid} ({comm}) has {device} open or mapped through the verbs layer, but the layer is not connected to this node's agent: its CKPT_IBQ_SOCKET is {found}, this agent's socket is {}. {}", .socket.display(), layer_hint(.found, .socket))]
     LayerNotConnected {
         /// Job id.
         job: u64,
@@ -90,8 +90,6 @@ pub enum AgentError {
         found: String,
         /// The agent's control socket.
         socket: PathBuf,
-        /// What to do about it.
-        hint: String,
     },
     /// A process holds the RDMA connection manager, which nothing rebuilds after a snapshot.
     #[error("job {job}: process {pid} ({comm}) holds {device} as fd {fd}: connections of the RDMA connection manager cannot be taken through a checkpoint (neither ib-quiesce nor the verbs layer rebuilds them). For UCX set UCX_MODULES=^rdmacm (ckpt's RDMA settings in docs/infiniband.md do); the job runs on")]
@@ -360,4 +358,40 @@ pub enum AgentError {
         /// What is missing, and what to do.
         problem: String,
     },
+}
+
+/// What to do about a verbs layer that is not connected: where it has this agent's socket, the
+/// agent refused it (or it has not connected yet); else it was given another node's.
+fn layer_hint(found: &str, socket: &std::path::Path) -> &'static str {
+    if std::path::Path::new(found) == socket {
+        "The agent refused its connection (its log says why, at \"ib-quiesce channel refused\"), or the process has not connected yet: if the job just started, try again in a few seconds"
+    } else {
+        "MPI launchers that copy the environment to other nodes (MPICH's Hydra does) need every agent to use the same state_dir (the default, /var/lib/ckpt/agent)"
+    }
+}
+
+#[cfg(test)]
+mod layer_tests {
+    use super::*;
+
+    /// The refusal of a verbs layer that is not connected says what to check: the agent's
+    /// log when the layer has this agent's socket, the state_dir when it has another.
+    #[test]
+    fn a_layer_not_connected_is_told_what_to_check() {
+        let e = |found: &str| {
+            AgentError::LayerNotConnected {
+                job: 1,
+                pid: 2,
+                comm: "a.out".into(),
+                device: "/dev/infiniband/uverbs0".into(),
+                found: found.into(),
+                socket: PathBuf::from("/var/lib/ckpt/agent/ibq/control.sock"),
+            }
+            .to_string()
+        };
+        let same = e("/var/lib/ckpt/agent/ibq/control.sock");
+        assert!(same.contains("ib-quiesce channel refused") && !same.contains("state_dir"));
+        let other = e("/srv/ckpt/ibq/control.sock");
+        assert!(other.contains("same state_dir") && !other.contains("refused"));
+    }
 }

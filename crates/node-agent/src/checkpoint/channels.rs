@@ -47,21 +47,14 @@ pub(super) fn refuse_verbs_without_channel<'a>(
         if let Some(device) = procfs::verbs_device(pid) {
             let comm = procfs::stat(pid).map(|s| s.comm).unwrap_or_default();
             if procfs::maps_file(pid, crate::config::VERBS_LAYER_FILE) {
-                let found = procfs::environ_var(pid, ib_quiesce::control::SOCKET_ENV)
-                    .unwrap_or_else(|| "unset".into());
-                let hint = if Path::new(&found) == socket {
-                    "The agent refused its connection (its log says why, at \"ib-quiesce channel refused\"), or the process has not connected yet: if the job just started, try again in a few seconds"
-                } else {
-                    "MPI launchers that copy the environment to other nodes (MPICH's Hydra does) need every agent to use the same state_dir (the default, /var/lib/ckpt/agent)"
-                };
                 return Err(AgentError::LayerNotConnected {
                     job,
                     pid,
                     comm,
                     device,
-                    found,
+                    found: procfs::environ_var(pid, ib_quiesce::control::SOCKET_ENV)
+                        .unwrap_or_else(|| "unset".into()),
                     socket: socket.to_path_buf(),
-                    hint: hint.into(),
                 });
             }
             return Err(AgentError::VerbsWithoutChannel {
