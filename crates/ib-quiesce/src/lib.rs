@@ -20,6 +20,7 @@ pub mod capi;
 pub mod channel;
 pub mod control;
 pub mod fake;
+mod kernel;
 pub mod rdma;
 pub mod verbs;
 

@@ -516,5 +516,5 @@ proptest::proptest! {
 
 #[test]
 fn the_kernels_pid_is_the_processs_own_without_a_checkpointer() {
-    assert_eq!(super::kernel_pid(), std::process::id() as i32);
+    assert_eq!(crate::kernel::pid(), std::process::id() as i32);
 }
