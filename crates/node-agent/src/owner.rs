@@ -39,6 +39,15 @@ pub struct Identity {
 }
 
 impl Identity {
+    /// The primary group of `uid` in this node's passwd database; the uid itself when it has
+    /// no entry there (as a user private group would be).
+    pub fn primary_gid(uid: u32) -> u32 {
+        nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+            .ok()
+            .flatten()
+            .map_or(uid, |u| u.gid.as_raw())
+    }
+
     /// Looks `uid` up in this node's passwd and group databases; `Ok(None)` when the uid has
     /// no passwd entry.
     pub fn of_uid(uid: u32) -> io::Result<Option<Identity>> {

@@ -325,9 +325,14 @@ impl Jobs {
         expected: usize,
     ) -> Result<Vec<i32>, ChannelFailure> {
         let begin = std::time::Instant::now();
+        let mut flagged = std::collections::HashSet::new();
         loop {
             let pids = job.cgroup.pids().unwrap_or_default();
-            self.channels.raise_flags(&pids);
+            for &p in &pids {
+                if flagged.insert(p) {
+                    self.channels.raise_flag(p)?;
+                }
+            }
             let down = self.channels.down_among(&pids).await;
             if down.len() >= expected {
                 let others: Vec<i32> = pids.into_iter().filter(|p| !down.contains(p)).collect();

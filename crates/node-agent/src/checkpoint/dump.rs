@@ -91,10 +91,7 @@ pub(super) fn dump_running(
     files.retain(|f| !beside.skip.contains(f));
     files.sort();
     let (mut preserved, copied_bytes, copy_time) = copy_preserved(id, owner, &w.node_dir, &files)?;
-    let gid = crate::owner::Identity::of_uid(owner)
-        .ok()
-        .flatten()
-        .map_or(owner, |i| i.gid);
+    let gid = crate::owner::Identity::primary_gid(owner);
     preserved.extend(
         beside
             .put_back

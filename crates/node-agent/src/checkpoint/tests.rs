@@ -455,3 +455,43 @@ fn staging_room_on_a_chain_is_what_was_written_unless_the_dump_will_be_full() {
     assert_eq!(room(1000, Some((700 * MB, 900 * MB))), 200);
     assert_eq!(room(1000, Some((700 * MB, 5000 * MB))), 0);
 }
+
+/// The engine session is made afresh at each launch and restore: what the owner left in the
+/// one before (a link to a file of root's included) goes without the link being followed, and
+/// the session and its subdirectories are the owner's and private.
+#[test]
+fn a_session_is_made_afresh_without_following_what_the_owner_left() {
+    use std::os::unix::fs::MetadataExt;
+    let engine = Arc::new(CountingEngine::default());
+    let Some((dir, jobs, rt)) = layer_node("ckpt-sessiontest", engine) else {
+        return;
+    };
+    let secret = dir.path().join("secret");
+    fs::write(&secret, "root's").unwrap();
+    rt.block_on(async {
+        let j = jobs.get_or_create(JOB).unwrap();
+        let job = j.lock().await;
+        let owner = crate::owner::Identity::of_uid(0).unwrap().unwrap();
+        let first = crate::launch::make_session(&job, &owner, &["tmp"], |_| Ok(())).unwrap();
+        assert_eq!(first, job.session_dir());
+        std::os::unix::fs::symlink(&secret, first.join("tmp/link")).unwrap();
+        std::os::unix::fs::symlink(dir.path(), first.join("dirlink")).unwrap();
+        let again = crate::launch::make_session(&job, &owner, &["tmp"], |d| {
+            fs::write(d.join("filled"), "x")
+        })
+        .unwrap();
+        assert_eq!(again, first, "the same path in every incarnation");
+        assert_eq!(fs::read_to_string(&secret).unwrap(), "root's");
+        assert!(!again.join("tmp/link").exists() && !again.join("dirlink").exists());
+        assert!(again.join("filled").exists());
+        for d in [again.clone(), again.join("tmp")] {
+            let m = fs::metadata(&d).unwrap();
+            assert_eq!(
+                (m.uid(), m.mode() & 0o777),
+                (owner.uid, 0o700),
+                "{}",
+                d.display()
+            );
+        }
+    });
+}

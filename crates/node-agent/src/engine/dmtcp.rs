@@ -151,10 +151,7 @@ impl Dmtcp {
 
     /// Runs `dmtcp_command -p PORT ARG` as `owner`; its output, or why it failed.
     fn command(&self, port: u16, arg: &str, owner: u32) -> Result<String, String> {
-        let gid = crate::owner::Identity::of_uid(owner)
-            .ok()
-            .flatten()
-            .map_or(owner, |i| i.gid);
+        let gid = crate::owner::Identity::primary_gid(owner);
         let out = Command::new(self.tool("dmtcp_command"))
             .args(["--coord-host", "127.0.0.1", "--coord-port"])
             .arg(port.to_string())

@@ -346,14 +346,13 @@ impl Channels {
         Ok(())
     }
 
-    /// Raises the rebuild flags of `pids` (a process without a channel pays no attention).
-    pub fn raise_flags(&self, pids: &[i32]) {
-        for &pid in pids {
-            let flag = flag_path(&self.socket, pid);
-            if !flag.exists() {
-                let _ = std::fs::write(&flag, b"");
-            }
-        }
+    /// Raises the rebuild flag of `pid` (a process without a channel pays no attention).
+    pub fn raise_flag(&self, pid: i32) -> Result<(), ChannelFailure> {
+        let flag = flag_path(&self.socket, pid);
+        std::fs::write(&flag, b"").map_err(|e| ChannelFailure {
+            pid,
+            message: format!("cannot raise the rebuild flag {}: {e}", flag.display()),
+        })
     }
 
     /// Lowers the rebuild flags of `pids`.
@@ -365,31 +364,27 @@ impl Channels {
 
     /// Which of `pids` have a channel that said hello down (quiesced, or restored).
     pub async fn down_among(&self, pids: &[i32]) -> Vec<i32> {
-        let conns = self.conns.lock().await;
-        let mut down = Vec::new();
-        for p in pids {
-            if let Some(c) = conns.get(p) {
-                if c.lock().await.down {
-                    down.push(*p);
-                }
-            }
-        }
-        down
+        self.with_channel(pids, true).await
     }
 
     /// Which of `pids` have a channel that is up (drained verbs layers included: they are
     /// connected and not down).
     pub async fn up(&self, pids: &[i32]) -> Vec<i32> {
+        self.with_channel(pids, false).await
+    }
+
+    /// Which of `pids` have a channel, down or up as `down` says.
+    async fn with_channel(&self, pids: &[i32], down: bool) -> Vec<i32> {
         let conns = self.conns.lock().await;
-        let mut up = Vec::new();
+        let mut found = Vec::new();
         for p in pids {
             if let Some(c) = conns.get(p) {
-                if !c.lock().await.down {
-                    up.push(*p);
+                if c.lock().await.down == down {
+                    found.push(*p);
                 }
             }
         }
-        up
+        found
     }
 
     /// Asks the channels of `pids` (those up), all at once, what they hold ([`Holdings`]);
@@ -504,11 +499,7 @@ impl Channels {
     ) -> Result<Rebuilt, ChannelFailure> {
         let begin = Instant::now();
         for &pid in pids {
-            let flag = flag_path(&self.socket, pid);
-            std::fs::write(&flag, b"").map_err(|e| ChannelFailure {
-                pid,
-                message: format!("cannot raise the rebuild flag {}: {e}", flag.display()),
-            })?;
+            self.raise_flag(pid)?;
         }
         let mut endpoints = Vec::new();
         let mut waiting: Vec<i32> = pids.to_vec();
