@@ -250,8 +250,9 @@ fn abort_in_every_phase_keeps_a_dmtcp_job_running() {
 
 /// A DMTCP job of one test host is checkpointed to shared storage, its host's processes are
 /// killed, and it restarts on another test host (DMTCP needs neither its old PIDs nor a job
-/// network for that) to the uninterrupted answer. A node that lacks DMTCP is refused as a
-/// target.
+/// network for that) to the uninterrupted answer; ckptd has a job network, which DMTCP jobs
+/// do without. A node that lacks DMTCP is refused as a target, and so is a part the job's
+/// launcher starts on a second node.
 #[test]
 fn a_dmtcp_job_restarts_on_another_test_host() {
     skip_unless_ready!("mpiexec.mpich", "mpicc.mpich");
@@ -262,9 +263,15 @@ fn a_dmtcp_job_restarts_on_another_test_host() {
     }
     let want = Mpi::Mpich.reference_checksum(RANKS, N, ITERS);
     let cluster = Cluster::create(3).expect("create test hosts");
+    // With a job network: a DMTCP job gets no job address (it runs in the node's
+    // namespaces), rather than being refused for one.
+    let subnet = cluster.host_ip.rsplit_once('.').unwrap().0.to_string();
     let mut d = Ckptd::start(Options {
         no_agent: true,
         shared_size: Some("2G".into()),
+        extra_toml: format!(
+            "[job_network]\naddresses = \"{subnet}.150-{subnet}.199\"\nprefix = 24\n"
+        ),
         ..Options::default()
     });
     for n in ["n1", "n2"] {
@@ -290,6 +297,15 @@ fn a_dmtcp_job_restarts_on_another_test_host() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    let st = d.status(job);
+    assert!(
+        st["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n["address"].as_str().unwrap_or_default().is_empty()),
+        "a DMTCP job has no job address: {st}"
+    );
     checkpoint_times(&d, job, 1);
     let begin = std::time::Instant::now();
     while d.epochs(job)[0]["storage"] != "durable" {
@@ -333,7 +349,7 @@ fn a_dmtcp_job_restarts_on_another_test_host() {
         std::fs::read_to_string(d.job_dir_on(node, wide).join("stderr")).unwrap_or_default()
     };
     let begin = std::time::Instant::now();
-    while !err("n1").contains("which ckpt runs on one node in this version") {
+    while !err("n1").contains("cannot reconnect TCP between nodes") {
         assert!(
             begin.elapsed() < LIMIT,
             "no refusal of the second node: {}",

@@ -11,7 +11,9 @@ use crate::model::Job;
 
 impl Coordinator {
     /// Gives `job`'s part on `node` a free job address (kept if it has one); nothing without a
-    /// job network. Call with the state lock held, and store the job afterwards.
+    /// job network, nor to a job whose engine virtualizes the network itself
+    /// ([`Job::engine_virtualizes`]). Call with the state lock held, and store the job
+    /// afterwards.
     pub(super) fn take_address(&self, job: &mut Job, node: &str) -> Result<(), DriveError> {
         let Some((first, last)) = self
             .cfg
@@ -21,7 +23,7 @@ impl Coordinator {
         else {
             return Ok(());
         };
-        if job.addresses.contains_key(node) {
+        if job.addresses.contains_key(node) || job.engine_virtualizes() {
             return Ok(());
         }
         let used = self.addresses_in_use(job.id)?;

@@ -87,9 +87,9 @@ impl Coordinator {
                     )))
                 }
             }
-            if job.engine_name() != crate::model::ENGINES[0] {
+            if job.engine_virtualizes() {
                 return Err(DriveError::Invalid(format!(
-                    "job {id} runs under {}, which ckpt runs on one node in this version: its MPI launcher may not start processes on node {node}; run the job on one node, or with --engine criu",
+                    "job {id} runs under {}, which ckpt runs on one node: its MPI launcher may not start processes on node {node} (DMTCP 4.2's restart cannot reconnect TCP between nodes, so the job could be checkpointed but not restarted; docs/dmtcp.md); run the job on one node, or with --engine criu",
                     job.engine_name()
                 )));
             }

@@ -94,7 +94,7 @@ impl Coordinator {
         }
         // DMTCP virtualizes PIDs and reconnects sockets itself: its jobs move without one.
         let engine = job.engine_name();
-        if !moves.is_empty() && job.addresses.is_empty() && engine == crate::model::ENGINES[0] {
+        if !moves.is_empty() && job.addresses.is_empty() && !job.engine_virtualizes() {
             return Err(DriveError::NodeNotFree {
                 node: moves.values().next().cloned().unwrap_or_default(),
                 reason: format!(

@@ -444,6 +444,13 @@ impl Job {
         }
     }
 
+    /// Whether the job's engine virtualizes PIDs and reconnects sockets itself (DMTCP): such
+    /// a job runs in the node's namespaces, without a job network address, and moves to other
+    /// nodes without one.
+    pub fn engine_virtualizes(&self) -> bool {
+        self.engine_name() != ENGINES[0]
+    }
+
     /// Whether the job's processes run (or are being started, checkpointed or restored): its
     /// nodes are not free for another job's parts.
     pub fn is_live(&self) -> bool {
