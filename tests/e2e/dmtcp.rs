@@ -280,23 +280,10 @@ fn a_dmtcp_job_restarts_on_another_test_host() {
     d.start_agent_in_with(&cluster, "n3", "[engines]\ndmtcp = \"off\"\n");
     d.wait_agents(&["n1", "n2", "n3"]);
     let argv = Mpi::Mpich.heat_argv(RANKS, N, ITERS, SLEEP_US);
-    let mut args = vec![
-        "run", "--engine", "dmtcp", "--node", "n1", "--name", "heat", "--",
-    ];
-    args.extend(argv.iter().map(String::as_str));
-    let job: u64 = d.ctl(&args).ok().trim().parse().unwrap();
-    let out = |node: &str| {
-        std::fs::read_to_string(d.job_dir_on(node, job).join("stdout")).unwrap_or_default()
-    };
-    let begin = std::time::Instant::now();
-    while !out("n1").contains("iter ") {
-        assert!(
-            begin.elapsed() < LIMIT,
-            "no progress: {}",
-            d.job_output_on("n1", job)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let job = run_on_n1(&d, "heat", &argv);
+    wait_output_on(&d, "n1", job, "stdout", "no progress", |t| {
+        t.contains("iter ")
+    });
     let st = d.status(job);
     assert!(
         st["nodes"]
@@ -319,18 +306,10 @@ fn a_dmtcp_job_restarts_on_another_test_host() {
     assert!(refused.stderr.contains("runs under dmtcp"), "{refused:?}");
     let moved = d.ctl(&["restart", &job.to_string(), "--nodes", "n2"]);
     assert_eq!(moved.code, 0, "{moved:?}");
-    let begin = std::time::Instant::now();
-    let got = loop {
-        if let Some(c) = ckpt_tests::checksum_in(&out("n2")) {
-            break c;
-        }
-        assert!(
-            begin.elapsed() < LIMIT,
-            "no result on n2: {}",
-            d.job_output_on("n2", job)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let out = wait_output_on(&d, "n2", job, "stdout", "no result on n2", |t| {
+        ckpt_tests::checksum_in(t).is_some()
+    });
+    let got = ckpt_tests::checksum_in(&out).unwrap();
     assert_eq!(
         got, want,
         "restarted on n2, the job reaches the uninterrupted answer"
@@ -340,28 +319,50 @@ fn a_dmtcp_job_restarts_on_another_test_host() {
     // and the launcher says why in the job's stderr.
     let hosts: Vec<&str> = cluster.nodes[..2].iter().map(|n| n.ip.as_str()).collect();
     let argv = Mpi::Mpich.heat_argv_on(&hosts, RANKS, N, ITERS, SLEEP_US);
-    let mut args = vec![
-        "run", "--engine", "dmtcp", "--node", "n1", "--name", "wide", "--",
-    ];
-    args.extend(argv.iter().map(String::as_str));
-    let wide: u64 = d.ctl(&args).ok().trim().parse().unwrap();
-    let err = |node: &str| {
-        std::fs::read_to_string(d.job_dir_on(node, wide).join("stderr")).unwrap_or_default()
-    };
-    let begin = std::time::Instant::now();
-    while !err("n1").contains("cannot reconnect TCP between nodes") {
-        assert!(
-            begin.elapsed() < LIMIT,
-            "no refusal of the second node: {}",
-            d.job_output_on("n1", wide)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let wide = run_on_n1(&d, "wide", &argv);
+    let refusal = "no refusal of the second node";
+    wait_output_on(&d, "n1", wide, "stderr", refusal, |t| {
+        t.contains("cannot reconnect TCP between nodes")
+    });
     assert!(
         !d.job_dir_on("n2", wide).join("stdout").exists(),
         "nothing of the job started on n2"
     );
     d.ctl(&["cancel", &wide.to_string()]);
+}
+
+/// Starts `argv` on test host n1 under DMTCP as job `name`; its id.
+fn run_on_n1(d: &Ckptd, name: &str, argv: &[String]) -> u64 {
+    let mut args = vec![
+        "run", "--engine", "dmtcp", "--node", "n1", "--name", name, "--",
+    ];
+    args.extend(argv.iter().map(String::as_str));
+    d.ctl(&args).ok().trim().parse().unwrap()
+}
+
+/// Waits (bounded) until the job's `file` (`stdout`, `stderr`) on test host `node` is `done`,
+/// failing with `what` and the job's output there if it is not; the file's text.
+fn wait_output_on(
+    d: &Ckptd,
+    node: &str,
+    job: u64,
+    file: &str,
+    what: &str,
+    done: impl Fn(&str) -> bool,
+) -> String {
+    let begin = std::time::Instant::now();
+    loop {
+        let text = std::fs::read_to_string(d.job_dir_on(node, job).join(file)).unwrap_or_default();
+        if done(&text) {
+            return text;
+        }
+        assert!(
+            begin.elapsed() < LIMIT,
+            "{what}: {}",
+            d.job_output_on(node, job)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// `checkpoint --kill` (preemption) of an Open MPI job under DMTCP: the epoch commits, every

@@ -335,12 +335,13 @@ impl Jobs {
             }
             let down = self.channels.down_among(&pids).await;
             if down.len() >= expected {
-                let others: Vec<i32> = pids.into_iter().filter(|p| !down.contains(p)).collect();
-                self.channels.lower_flags(&others);
+                // Every flag raised but the channels' own, those of processes gone since too.
+                self.channels
+                    .lower_flags(flagged.into_iter().filter(|p| !down.contains(p)));
                 return Ok(down);
             }
             if begin.elapsed() > CHANNEL_REBUILD_TIMEOUT {
-                self.channels.lower_flags(&pids);
+                self.channels.lower_flags(flagged);
                 return Err(ChannelFailure {
                     pid: pids.first().copied().unwrap_or(0),
                     message: format!(

@@ -356,8 +356,8 @@ impl Channels {
     }
 
     /// Lowers the rebuild flags of `pids`.
-    pub fn lower_flags(&self, pids: &[i32]) {
-        for &pid in pids {
+    pub fn lower_flags(&self, pids: impl IntoIterator<Item = i32>) {
+        for pid in pids {
             let _ = std::fs::remove_file(flag_path(&self.socket, pid));
         }
     }
