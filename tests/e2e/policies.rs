@@ -132,8 +132,9 @@ fn a_zero_or_unreadable_interval_is_refused() {
 /// A batch script's pattern: `run --name heat --resume --checkpoint-on USR1,TERM` starts the
 /// job and waits; USR1 (Slurm's warning before the time limit) checkpoints and stops the job
 /// and exits 75; the requeued script's same command resumes the job from that checkpoint
-/// and, with `--wait`, ends with the job's status and the uninterrupted answer. Another user
-/// cannot resume it; once it finished, `--resume` starts afresh.
+/// and, with `--wait`, ends with the job's status and the uninterrupted answer. Another user's
+/// job of the same name, newer and running, neither resumes it nor stops it from resuming;
+/// once it finished, `--resume` starts afresh.
 #[test]
 fn a_signal_stops_the_job_after_a_checkpoint_and_resume_finishes_it() {
     skip_unless_ready!("mpiexec.mpich", "mpicc.mpich");
@@ -173,13 +174,28 @@ fn a_signal_stops_the_job_after_a_checkpoint_and_resume_finishes_it() {
     assert_eq!(d.status(job)["state"], "stopped");
     assert!(d.job_pids(job).is_empty(), "the job is stopped");
 
-    // Nobody else resumes it, nor takes its name.
+    // Names are per owner: another user's `--resume` of the same name neither resumes this
+    // job nor blocks it. It starts a job of its own, still running when the requeued script
+    // comes back (the newest job of that name).
     let out = d.ctl_as(
         NOBODY,
-        &["run", "--name", "heat", "--resume", "--", "/bin/true"],
+        &[
+            "run",
+            "--name",
+            "heat",
+            "--resume",
+            "--",
+            "/bin/sleep",
+            "120",
+        ],
     );
-    assert_eq!(out.code, 5, "{out:?}");
-    assert!(out.stderr.contains("belongs to uid 0"), "{out:?}");
+    assert_eq!(out.code, 0, "{out:?}");
+    let squatter: u64 = out.stdout.trim().parse().expect("a job id");
+    assert!(squatter > job, "{out:?}");
+    assert!(out.stderr.contains("starting it fresh"), "{out:?}");
+    assert!(!out.stderr.contains(&format!("job {job}")), "{out:?}");
+    assert_eq!(d.status(squatter)["owner_uid"], NOBODY);
+    assert_eq!(d.status(job)["state"], "stopped", "untouched");
 
     // The requeued script: the same command, now with --wait for the end.
     let again = run(&["--wait", "--checkpoint-on", "USR1,TERM"]);
@@ -197,6 +213,9 @@ fn a_signal_stops_the_job_after_a_checkpoint_and_resume_finishes_it() {
         "it did not start over: {}",
         d.output(job)
     );
+
+    let out = d.ctl(&["cancel", &squatter.to_string()]);
+    assert_eq!(out.code, 0, "{out:?}");
 
     // Finished: a further --resume runs it afresh, as a new job.
     let out = d.ctl(&[

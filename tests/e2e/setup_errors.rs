@@ -359,3 +359,138 @@ fn daemons_tell_systemd_when_they_serve_and_jobs_do_not_see_its_socket() {
     assert_eq!(recv(), "STOPPING=1\nSTATUS=stopping");
     assert!(pings.get() >= 2, "watchdog pings: {}", pings.get());
 }
+
+/// A user who makes the agent's directories first (`/dev/shm/ckpt` after a reboot), or who may
+/// write where root keeps images, could plant links that root writes through. The user plants
+/// them; `ckptd --standalone` refuses to start on each such directory, naming it, its owner or
+/// its mode, and what to do, and nothing is written through the links.
+#[test]
+fn a_staging_or_state_directory_a_user_made_or_may_write_is_refused_at_start() {
+    if !have_bins() {
+        return;
+    }
+    let Some(criu) = ckpt_tests::criu_path() else {
+        eprintln!("SKIPPED: needs CRIU (scripts/setup.sh)");
+        return;
+    };
+    use std::os::unix::fs::PermissionsExt;
+    const NOBODY: u32 = 65534;
+    let d = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let p = d.path().display().to_string();
+    // What the links point at: root's, in a directory only root may enter.
+    let victim = d.path().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o700)).unwrap();
+    // A sticky directory every user may write, as /dev/shm and /tmp are.
+    let shm = d.path().join("shm");
+    std::fs::create_dir(&shm).unwrap();
+    std::fs::set_permissions(&shm, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let as_nobody = |script: &str| {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", script]).current_dir("/");
+        ckpt_tests::as_user(&mut cmd, NOBODY);
+        let st = cmd.status().expect("run sh as nobody");
+        assert!(st.success(), "as nobody: {script}");
+    };
+    // The user makes the staging directory first and plants job and epoch links in it.
+    as_nobody(&format!(
+        "mkdir -m 0755 {p}/shm/ckpt && ln -s {p}/victim {p}/shm/ckpt/1 && ln -s {p}/victim {p}/shm/ckpt/extra"
+    ));
+    // A state directory the user made, and a shared directory every user may write.
+    as_nobody(&format!(
+        "mkdir -m 0755 {p}/shm/state && ln -s {p}/victim {p}/shm/state/jobs"
+    ));
+    let open_shared = d.path().join("shared");
+    std::fs::create_dir(&open_shared).unwrap();
+    std::fs::set_permissions(&open_shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let roots = d.path().join("roots");
+    std::fs::create_dir(&roots).unwrap();
+    let cases = [
+        (
+            format!("state_dir = \"{p}/roots/s\"\nlocal_dir = \"{p}/shm/ckpt\"\n"),
+            "local_dir",
+            "belongs to uid 65534",
+        ),
+        (
+            format!("state_dir = \"{p}/roots/s\"\nlocal_dir = \"{p}/shm\"\n"),
+            "local_dir",
+            "may be written by users other than root",
+        ),
+        (
+            format!("state_dir = \"{p}/shm/state\"\nlocal_dir = \"{p}/roots/l\"\n"),
+            "state_dir",
+            "belongs to uid 65534",
+        ),
+        (
+            format!(
+                "state_dir = \"{p}/roots/s\"\nlocal_dir = \"{p}/roots/l\"\nshared_dir = \"{p}/shared\"\n"
+            ),
+            "shared_dir",
+            "may be written by users other than root",
+        ),
+    ];
+    for (dirs, what, why) in cases {
+        let cfg = d.path().join("ckptd.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "socket = \"{p}/ckptd.sock\"\ndatabase = \"{p}/db\"\ntls_dir = \"{p}/tls\"\n[agent]\n{dirs}[agent.criu]\npath = \"{}\"\n",
+                criu.display()
+            ),
+        )
+        .unwrap();
+        let (code, err) = run("ckptd", &cfg, &["--standalone"]);
+        assert_eq!(code, 4, "{what}: started or failed otherwise: {err}");
+        assert!(
+            err.contains(what) && err.contains(why) && err.contains("agent.toml"),
+            "{what}: the message names the directory, why and what to do: {err}"
+        );
+        assert_eq!(
+            std::fs::read_dir(&victim).unwrap().count(),
+            0,
+            "{what}: nothing was written through the user's links"
+        );
+    }
+    // The same directories, root's and private, are accepted: the daemon starts.
+    let cfg = d.path().join("ckptd.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "socket = \"{p}/ckptd.sock\"\ndatabase = \"{p}/db\"\ntls_dir = \"{p}/tls\"\n[agent]\nstate_dir = \"{p}/roots/s\"\nlocal_dir = \"{p}/shm/root-ckpt\"\n[agent.criu]\npath = \"{}\"\n",
+            criu.display()
+        ),
+    )
+    .unwrap();
+    let mut daemon = Command::new(bin_dir().join("ckptd"))
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--standalone")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start ckptd");
+    let begin = std::time::Instant::now();
+    while !d.path().join("ckptd.sock").exists() {
+        if let Some(st) = daemon.try_wait().unwrap() {
+            let mut err = String::new();
+            use std::io::Read;
+            daemon
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            panic!("ckptd exited ({st}) on root's own directories: {err}");
+        }
+        assert!(
+            begin.elapsed() < std::time::Duration::from_secs(30),
+            "ckptd did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let local = std::fs::metadata(d.path().join("shm/root-ckpt")).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!((local.uid(), local.mode() & 0o7777), (0, 0o700));
+}

@@ -408,7 +408,13 @@ impl Ckptd {
             let local = dir.path().join("local");
             std::fs::create_dir_all(&local).expect("local dir");
             let st = Command::new("mount")
-                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "ckpt-test"])
+                .args([
+                    "-t",
+                    "tmpfs",
+                    "-o",
+                    &format!("size={size},mode=0700"),
+                    "ckpt-test",
+                ])
                 .arg(&local)
                 .status()
                 .expect("run mount");

@@ -23,6 +23,7 @@ pub mod manifest;
 pub mod stream;
 #[doc(hidden)]
 pub mod testdata;
+pub mod trust;
 pub mod validate;
 
 #[cfg(test)]

@@ -3,6 +3,9 @@
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
+#[macro_use]
+mod term;
+
 mod cli;
 mod client;
 mod nodes;
@@ -65,7 +68,7 @@ fn main() -> ExitCode {
     match rt.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
-            eprintln!("ckptctl: {}", f.message);
+            say_err!("ckptctl: {}", f.message);
             ExitCode::from(f.code)
         }
     }
@@ -150,8 +153,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 }
             };
             print_job(reply, json, |j| match &j.policy {
-                Some(p) => println!("job {}: {}", j.id, policy_text(p)),
-                None => println!("job {}: checkpoints only when asked (no policy)", j.id),
+                Some(p) => say!("job {}: {}", j.id, policy_text(p)),
+                None => say!("job {}: checkpoints only when asked (no policy)", j.id),
             });
         }
         Cmd::Estimate { job } => {
@@ -203,7 +206,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Cmd::Cancel { job } => {
             let reply = c.cancel(pb::CancelRequest { job_id: job }).await?;
             print_job(reply.into_inner().job, json, |j| {
-                println!("job {} {}", j.id, j.state)
+                say!("job {} {}", j.id, j.state)
             });
         }
         Cmd::Verify { job, epoch } => {
@@ -234,11 +237,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 for n in &r.nodes {
                     if n.copies.is_empty() {
                         // The node could not be asked.
-                        println!("node {}: NOT VERIFIED: {}", n.node, n.error);
+                        say!("node {}: NOT VERIFIED: {}", n.node, n.error);
                     }
                     for c in &n.copies {
                         if c.ok {
-                            println!(
+                            say!(
                                 "node {} {} copy: ok, {} files, {:.1} MiB verified",
                                 n.node,
                                 c.location().name(),
@@ -246,7 +249,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                                 c.bytes as f64 / (1 << 20) as f64,
                             );
                         } else {
-                            println!(
+                            say!(
                                 "node {} {} copy: DAMAGED: {}",
                                 n.node,
                                 c.location().name(),
@@ -325,8 +328,8 @@ pub(crate) async fn follow_to(
             match &bar {
                 // Each step stays on screen: a fallback or a fetch from shared storage is
                 // worth reading after the fact.
-                Some(b) => b.println(line),
-                None if !json => eprintln!("{line}"),
+                Some(b) => b.println(term::clean(&line)),
+                None if !json => say_err!("{line}"),
                 None => {}
             }
             if !wait {
@@ -339,9 +342,11 @@ pub(crate) async fn follow_to(
                         json!({"job_id": msg.job_id, "epoch": msg.epoch, "state": "in-progress"})
                     );
                 } else {
-                    println!(
+                    say!(
                         "job {}: epoch {} started (follow it with `ckptctl epochs {}`)",
-                        msg.job_id, msg.epoch, msg.job_id
+                        msg.job_id,
+                        msg.epoch,
+                        msg.job_id
                     );
                 }
                 return Ok(());
@@ -385,12 +390,12 @@ pub(crate) async fn follow_to(
                 )
             };
             if result_to_stderr {
-                eprintln!("{line}");
+                say_err!("{line}");
             } else {
-                println!("{line}");
+                say!("{line}");
             }
         } else {
-            println!("{}", msg.message);
+            say!("{}", msg.message);
         }
         return Ok(());
     }

@@ -139,22 +139,22 @@ pub fn print_nodes(r: &pb::NodesReply) {
             .zip(&width)
             .map(|(c, w)| format!("{c:<w$}"))
             .collect();
-        println!("{}", text.join("  ").trim_end());
+        say!("{}", text.join("  ").trim_end());
     };
     line(head.to_vec());
     for row in &rows {
         line(row.iter().map(String::as_str).collect());
     }
     let c = Counts::of(&r.nodes);
-    println!("{}", c.summary(r.node_timeout_ms));
+    say!("{}", c.summary(r.node_timeout_ms));
     for n in &r.nodes {
         match n.state.as_str() {
-            "down" => println!(
+            "down" => say!(
                 "  {}: no heartbeat for {}: check ckpt-agent there (`systemctl status ckpt-agent`, `journalctl -u ckpt-agent`); a restart of its jobs puts their parts on spares (`ckptctl restart JOB --on-spares`)",
                 n.name,
                 age(n.heartbeat_age_ms).trim_end_matches(" ago")
             ),
-            "absent" => println!(
+            "absent" => say!(
                 "  {}: no agent has registered since ckptd started: start ckpt-agent there, or check its `coordinator` and node name in agent.toml",
                 n.name
             ),
@@ -256,9 +256,9 @@ pub fn cluster_json(r: &pb::NodesReply, jobs: &[pb::JobInfo]) -> Value {
 /// `ckptctl status` without a job: nodes and jobs in three lines, and the nodes that are not up.
 pub fn print_cluster(r: &pb::NodesReply, jobs: &[pb::JobInfo], all_users: bool) {
     let c = Counts::of(&r.nodes);
-    println!("ckptd {}: {}", r.version, c.summary(r.node_timeout_ms));
+    say!("ckptd {}: {}", r.version, c.summary(r.node_timeout_ms));
     for n in r.nodes.iter().filter(|n| n.state != "up") {
-        println!("  {} {}", n.name, state_text(n));
+        say!("  {} {}", n.name, state_text(n));
     }
     let (live, ended) = job_counts(jobs);
     let live_total: usize = live.values().sum();
@@ -273,9 +273,9 @@ pub fn print_cluster(r: &pb::NodesReply, jobs: &[pb::JobInfo], all_users: bool) 
                 .join(", ")
         )
     };
-    println!(
+    say!(
         "{} jobs: {live_total} live{detail}, {ended} ended",
         if all_users { "all users'" } else { "your" },
     );
-    println!("details: `ckptctl nodes`, `ckptctl list`, `ckptctl status JOB`");
+    say!("details: `ckptctl nodes`, `ckptctl list`, `ckptctl status JOB`");
 }

@@ -49,7 +49,7 @@ pub fn parse_signal(name: &str) -> Result<(String, i32), String> {
 /// How a job that is over ends `run --wait`: its own status, or [`STOPPED`].
 pub fn end_status(j: &pb::JobInfo) -> Option<(u8, String)> {
     let state = j.state.as_str();
-    let name = format!("job {} ({})", j.id, j.name);
+    let name = format!("job {} ({})", j.id, crate::term::field(&j.name));
     if let Some(s) = j.exit_signal {
         return Some((
             (128 + s).clamp(0, 255) as u8,
@@ -65,7 +65,7 @@ pub fn end_status(j: &pb::JobInfo) -> Option<(u8, String)> {
     }
     let resume = format!(
         "resume it with `ckptctl run --name {} --resume ...`",
-        j.name
+        crate::term::field(&j.name)
     );
     match state {
         "stopped" => Some((
@@ -122,7 +122,7 @@ pub async fn run(c: &mut ControlClient<Channel>, a: RunArgs, json: bool) -> Resu
         let r = rdma::apply(&mut env);
         if !json && !r.set.is_empty() {
             let set: Vec<String> = r.set.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            eprintln!("--rdma set {}", set.join(" "));
+            say_err!("--rdma set {}", set.join(" "));
         }
         part_env = r.part_env;
     }
@@ -143,9 +143,11 @@ pub async fn run(c: &mut ControlClient<Channel>, a: RunArgs, json: bool) -> Resu
     if reply.resume_epoch > 0 {
         if !json {
             let j = reply.job.clone().unwrap_or_default();
-            eprintln!(
+            say_err!(
                 "job {} ({}): resuming from epoch {}",
-                j.id, j.name, reply.resume_epoch
+                j.id,
+                crate::term::field(&j.name),
+                reply.resume_epoch
             );
         }
         let stream = c
@@ -163,27 +165,29 @@ pub async fn run(c: &mut ControlClient<Channel>, a: RunArgs, json: bool) -> Resu
             .await?
             .into_inner();
         print_job(st.job, json, |j| {
-            println!("{}", j.id);
+            say!("{}", j.id);
             if let Some(p) = &j.policy {
-                eprintln!("job {}: {}", j.id, policy_text(p));
+                say_err!("job {}: {}", j.id, policy_text(p));
             }
         });
     } else {
         if a.resume && !json {
-            eprintln!(
+            say_err!(
                 "no unfinished job called {:?} with a checkpoint: starting it fresh",
                 a.name.as_deref().unwrap_or_default()
             );
         }
         print_job(reply.job, json, |job| {
-            println!("{}", job.id);
+            say!("{}", job.id);
             let node = job.nodes.first().map(|n| n.node.as_str()).unwrap_or("?");
-            eprintln!(
+            say_err!(
                 "job {} ({}) started on node {node}; output in {}/stdout",
-                job.id, job.name, job.job_dir
+                job.id,
+                job.name,
+                job.job_dir
             );
             if let Some(p) = &job.policy {
-                eprintln!("job {}: {}", job.id, policy_text(p));
+                say_err!("job {}: {}", job.id, policy_text(p));
             }
         });
     }
@@ -225,7 +229,7 @@ async fn wait_for_end(
             Err(s) if s.code() == tonic::Code::Unavailable => {
                 // ckptd restarting: the job runs on without it.
                 if !unreachable_said {
-                    eprintln!(
+                    say_err!(
                         "ckptctl: ckptd unreachable ({}); still waiting for job {id}",
                         s.message()
                     );
@@ -257,7 +261,7 @@ async fn checkpoint_and_stop(
     signal: &str,
     json: bool,
 ) -> Result<(), Failure> {
-    eprintln!("ckptctl: got {signal}: checkpointing job {id} and stopping it");
+    say_err!("ckptctl: got {signal}: checkpointing job {id} and stopping it");
     let begin = std::time::Instant::now();
     loop {
         let r = match c

@@ -2,6 +2,8 @@
 use ckpt_proto::v1 as pb;
 use serde_json::{json, Value};
 
+use crate::term::{command, field};
+
 /// A job's part on a node in words: "running", "exited with code 0", "killed by signal 9",
 /// "absent", or "unknown (why)" when ckptd could not ask the node.
 pub fn node_state(n: &pb::NodeJobInfo) -> String {
@@ -49,23 +51,24 @@ pub fn print_job(job: Option<pb::JobInfo>, json: bool, text: impl FnOnce(&pb::Jo
 
 /// `ckptctl status` in words: the job, then each node and its processes.
 pub fn print_status(j: &pb::JobInfo) {
-    println!("job {} ({}): {}", j.id, j.name, j.state);
-    println!(
+    say!("job {} ({}): {}", j.id, field(&j.name), j.state);
+    say!(
         "  owner uid {}, engine {}, command: {}",
         j.owner_uid,
         j.engine,
-        j.argv.join(" ")
+        command(&j.argv)
     );
-    println!(
+    say!(
         "  epochs: {} taken, latest committed {}",
-        j.last_epoch, j.latest_committed_epoch
+        j.last_epoch,
+        j.latest_committed_epoch
     );
-    println!("  output: {}/stdout", j.job_dir);
+    say!("  output: {}/stdout", field(&j.job_dir));
     if !j.flush.is_empty() {
-        println!("  flushing: {}", j.flush);
+        say!("  flushing: {}", j.flush);
     }
     if let Some(p) = &j.policy {
-        println!("  {}", policy_text(p));
+        say!("  {}", policy_text(p));
     }
     for n in &j.nodes {
         let mut ranks: Vec<i32> = n.processes.iter().filter_map(|p| p.rank).collect();
@@ -92,7 +95,7 @@ pub fn print_status(j: &pb::JobInfo) {
         } else {
             format!(", moved here from {}", n.moved_from)
         };
-        println!(
+        say!(
             "  node {} ({}): {}, {} processes{ranks}{address}{moved}",
             n.node,
             n.role,
@@ -100,16 +103,16 @@ pub fn print_status(j: &pb::JobInfo) {
             n.processes.len()
         );
         if !n.snapshot_mode.is_empty() {
-            println!("    checkpoints: {}", n.snapshot_mode);
+            say!("    checkpoints: {}", n.snapshot_mode);
         }
-        println!("    {:>8} {:>5} {:<16} STATE", "PID", "RANK", "COMMAND");
+        say!("    {:>8} {:>5} {:<16} STATE", "PID", "RANK", "COMMAND");
         for p in &n.processes {
             let rank = p.rank.map(|r| r.to_string()).unwrap_or_else(|| "-".into());
-            println!(
+            say!(
                 "    {:>8} {:>5} {:<16} {}",
                 p.pid,
                 rank,
-                p.comm,
+                field(&p.comm),
                 p.state().name()
             );
         }
@@ -142,29 +145,43 @@ pub fn print_list<T>(items: &[T], json: bool, to_json: fn(&T) -> Value, table: f
 
 /// `ckptctl list` in words: one line per job.
 pub fn print_jobs(jobs: &[pb::JobInfo]) {
-    println!(
+    say!(
         "{:>6}  {:<16} {:<18} {:>6} {:>6} {:>9}  COMMAND",
-        "JOBID", "NAME", "STATE", "OWNER", "EPOCHS", "COMMITTED"
+        "JOBID",
+        "NAME",
+        "STATE",
+        "OWNER",
+        "EPOCHS",
+        "COMMITTED"
     );
     for j in jobs {
-        println!(
+        say!(
             "{:>6}  {:<16} {:<18} {:>6} {:>6} {:>9}  {}",
             j.id,
-            j.name,
+            field(&j.name),
             j.state,
             j.owner_uid,
             j.last_epoch,
             j.latest_committed_epoch,
-            j.argv.join(" ")
+            command(&j.argv)
         );
     }
 }
 
 /// `ckptctl epochs` in words: one line per epoch.
 pub fn print_epochs(epochs: &[pb::EpochInfo]) {
-    println!(
+    say!(
         "{:>5}  {:<28} {:<16} {:<20} {:>9} {:>9} {:>10} {:>6}  {:<6} {:<8}  REASON",
-        "EPOCH", "STATE", "STORAGE", "COPIES", "FROZEN", "TOTAL", "SIZE", "FILES", "ENGINE", "BY"
+        "EPOCH",
+        "STATE",
+        "STORAGE",
+        "COPIES",
+        "FROZEN",
+        "TOTAL",
+        "SIZE",
+        "FILES",
+        "ENGINE",
+        "BY"
     );
     for e in epochs {
         let reason = if !e.reason.is_empty() {
@@ -195,7 +212,7 @@ pub fn print_epochs(epochs: &[pb::EpochInfo]) {
         } else {
             copies.join(",")
         };
-        println!(
+        say!(
             "{:>5}  {:<28} {:<16} {:<20} {:>7}ms {:>7}ms {:>10} {:>6}  {:<6} {:<8}  {}",
             e.epoch,
             e.state,
@@ -273,33 +290,36 @@ pub fn estimate_json(r: &pb::EstimateReply) -> Value {
 pub fn print_estimate(r: &pb::EstimateReply) {
     let j = r.job.clone().unwrap_or_default();
     if !r.known {
-        println!(
+        say!(
             "job {} ({}): nothing to estimate from yet: no checkpoint of any job was measured. Take one (`ckptctl checkpoint {} --wait`) and ask again.",
-            j.id, j.name, j.id
+            j.id, field(&j.name), j.id
         );
         return;
     }
     let p = r.predicted.unwrap_or_default();
     let s = |ms: u64| format!("{:.2} s", ms as f64 / 1000.0);
-    println!(
+    say!(
         "job {} ({}): a checkpoint now, with {} resident per node:",
         j.id,
-        j.name,
+        field(&j.name),
         size(r.resident_per_node_bytes)
     );
-    println!("  frozen     ~{}", s(p.frozen_ms));
-    println!("  committed  ~{} after it starts", s(p.commit_ms));
+    say!("  frozen     ~{}", s(p.frozen_ms));
+    say!("  committed  ~{} after it starts", s(p.commit_ms));
     if p.durable_ms > 0 {
-        println!("  durable    ~{} after it starts", s(p.durable_ms));
+        say!("  durable    ~{} after it starts", s(p.durable_ms));
     } else {
-        println!("  durable    - (no epoch was copied to shared storage yet)");
+        say!("  durable    - (no epoch was copied to shared storage yet)");
     }
-    println!("  from {}", r.basis);
+    say!("  from {}", r.basis);
     if !r.checks.is_empty() {
-        println!("  the same estimate for the last epochs, from the others:");
-        println!(
+        say!("  the same estimate for the last epochs, from the others:");
+        say!(
             "  {:>6}  {:>22}  {:>22}  {:>22}",
-            "EPOCH", "FROZEN", "COMMITTED", "DURABLE"
+            "EPOCH",
+            "FROZEN",
+            "COMMITTED",
+            "DURABLE"
         );
         let cell = |pred: u64, act: u64| {
             if act == 0 {
@@ -318,7 +338,7 @@ pub fn print_estimate(r: &pb::EstimateReply) {
                 c.predicted.unwrap_or_default(),
                 c.actual.unwrap_or_default(),
             );
-            println!(
+            say!(
                 "  {:>6}  {:>22}  {:>22}  {:>22}",
                 c.epoch,
                 cell(pr.frozen_ms, ac.frozen_ms),
@@ -327,7 +347,7 @@ pub fn print_estimate(r: &pb::EstimateReply) {
             );
         }
     }
-    println!(
+    say!(
         "  a deadline's final checkpoint starts {} before it: {}",
         s(r.deadline_lead_ms),
         r.deadline_why

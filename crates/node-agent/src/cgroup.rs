@@ -405,14 +405,55 @@ impl JobCgroup {
         self.wait_for("THAWED")
     }
 
-    /// Sends `sig` to every process in the cgroup.
+    /// Sends `sig` to every process in the cgroup. A PID read from `cgroup.procs` may belong
+    /// to another process by the time it is signalled (its process exited and the PID was
+    /// reused, possibly by another user's): SIGKILL on cgroup v2 goes through `cgroup.kill`,
+    /// which the kernel applies to the cgroup's members only; any other signal goes through a
+    /// pidfd, opened first and used only if that PID is still in the cgroup once it is held.
     pub fn signal_all(&self, sig: i32) -> Result<usize, CgroupError> {
         let pids = self.pids()?;
-        for &p in &pids {
-            // SAFETY: kill(2) has no memory-safety preconditions.
-            unsafe { libc::kill(p, sig) };
+        if sig == libc::SIGKILL && self.flavor == Flavor::V2 {
+            let kill = self.path.join("cgroup.kill");
+            match fs::OpenOptions::new().write(true).open(&kill) {
+                Ok(mut f) => {
+                    f.write_all(b"1").map_err(self.io("write", kill))?;
+                    return Ok(pids.len());
+                }
+                // Before Linux 5.14: by pidfd as for other signals.
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(self.io("open", kill)(e)),
+            }
         }
-        Ok(pids.len())
+        let mut sent = 0;
+        for &p in &pids {
+            // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, p, 0) };
+            if fd < 0 {
+                continue; // exited meanwhile
+            }
+            // SAFETY: the descriptor just returned, owned by nothing else.
+            let pidfd =
+                unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
+            // Held: the PID is this process's for as long as it lives. Still a member?
+            if !self.pids()?.contains(&p) {
+                continue;
+            }
+            use std::os::fd::AsRawFd;
+            // SAFETY: pidfd_send_signal on a pidfd of ours, without siginfo.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    pidfd.as_raw_fd(),
+                    sig,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                )
+            };
+            if rc == 0 {
+                sent += 1;
+            }
+        }
+        Ok(sent)
     }
 
     /// SIGKILLs every process (thawing first, so the kill is delivered) and waits, bounded by
@@ -534,6 +575,57 @@ mod tests {
         cg.kill_all().unwrap();
         let _ = child.wait();
         assert_eq!(cg.describe_tasks(), "none");
+        cg.remove().unwrap();
+    }
+
+    /// Signals reach the cgroup's members and no other process: a term signal by pidfd, a
+    /// kill through `cgroup.kill` (v2); a process outside it lives on.
+    #[test]
+    fn signals_reach_members_only() {
+        if !nix_is_root() {
+            eprintln!("SKIPPED: needs root to make a cgroup");
+            return;
+        }
+        let parent = match CgroupParent::resolve(
+            "auto",
+            &format!("ckpt-unit-sig-{}-", std::process::id()),
+        ) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("SKIPPED: {e}");
+                return;
+            }
+        };
+        let cg = parent.job(2);
+        cg.create().unwrap();
+        let sleep = || {
+            std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .unwrap()
+        };
+        let (mut inside, mut outside) = (sleep(), sleep());
+        fs::write(cg.procs_file(), inside.id().to_string()).unwrap();
+        assert_eq!(cg.signal_all(libc::SIGTERM).unwrap(), 1);
+        let st = inside.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&st),
+            Some(libc::SIGTERM)
+        );
+        let mut again = sleep();
+        fs::write(cg.procs_file(), again.id().to_string()).unwrap();
+        cg.kill_all().unwrap();
+        let st = again.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&st),
+            Some(libc::SIGKILL)
+        );
+        assert!(
+            outside.try_wait().unwrap().is_none(),
+            "not a member: untouched"
+        );
+        let _ = outside.kill();
+        let _ = outside.wait();
         cg.remove().unwrap();
     }
 

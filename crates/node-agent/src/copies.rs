@@ -75,6 +75,28 @@ pub struct CopyCheck {
     pub result: Result<NodeManifest, AgentError>,
 }
 
+/// Checks that shared storage is root's alone (`ckpt_store::trust`), on every use: a user who
+/// may write there could plant links that a flush or a fetch would write through, or point a
+/// removal at another user's checkpoint. On a file system that squashes root (NFS's default),
+/// root's files belong to the squash uid, which is then accepted as the owner on that file
+/// system only.
+pub(crate) fn trusted_shared(root: &Path) -> Result<(), ckpt_store::trust::Untrusted> {
+    use ckpt_store::trust::{check_root, squash_uid, Owners, Untrusted};
+    match check_root(root, &Owners::ROOT) {
+        Err(Untrusted::NotRoots { .. }) => match squash_uid(root) {
+            Ok((uid, dev)) if uid != 0 => check_root(
+                root,
+                &Owners {
+                    squash: Some((uid, dev)),
+                },
+            )
+            .map(|_| ()),
+            _ => check_root(root, &Owners::ROOT).map(|_| ()),
+        },
+        r => r.map(|_| ()),
+    }
+}
+
 impl Jobs {
     /// The shared storage mount, if configured.
     pub fn shared_dir(&self) -> Option<&Path> {
@@ -93,6 +115,15 @@ impl Jobs {
                 problem: format!(
                     "shared_dir {} does not exist on node {} (is the file system mounted?)",
                     s.root().display(),
+                    self.node
+                ),
+            });
+        }
+        if let Err(e) = trusted_shared(s.root()) {
+            return Err(AgentError::NoShared {
+                job,
+                problem: format!(
+                    "shared_dir on node {}: {e}; make it root's (or, on NFS with root squashed, the squash user's) and not writable by other users",
                     self.node
                 ),
             });

@@ -285,6 +285,19 @@ pub enum AgentError {
         /// The job's root on this node.
         root: i32,
     },
+    /// A process of a user's job holds more than its user's rights: dumped, it would be
+    /// restored with them.
+    #[error("job {job}: process {pid} ({comm}) {why}; a checkpoint would restore those privileges, so it is refused: end that process before checkpointing (or run it outside the job)")]
+    Privileged {
+        /// Job id.
+        job: u64,
+        /// The process.
+        pid: i32,
+        /// Its command name.
+        comm: String,
+        /// What it holds.
+        why: String,
+    },
     /// A caller presented the wrong job secret.
     #[error("job {job}: wrong job token")]
     BadToken {

@@ -47,7 +47,8 @@ pub fn to_status(e: AgentError) -> Status {
         | AgentError::VerbsMappedOutsideLayer { .. }
         | AgentError::UnsupportedVerbsFeature { .. }
         | AgentError::AddressMissing { .. }
-        | AgentError::OutsideTree { .. } => Status::failed_precondition(msg),
+        | AgentError::OutsideTree { .. }
+        | AgentError::Privileged { .. } => Status::failed_precondition(msg),
         AgentError::BadToken { .. } => Status::permission_denied(msg),
         AgentError::RootRefused { .. }
         | AgentError::UidBelowMinimum { .. }

@@ -642,21 +642,12 @@ mod tests {
     }
 
     #[test]
-    fn staging_is_made_private_unless_it_is_a_shared_directory() {
+    fn staging_is_made_private() {
         let d = tempfile::tempdir().unwrap();
         let own = d.path().join("local");
         fs::create_dir(&own).unwrap();
         fs::set_permissions(&own, fs::Permissions::from_mode(0o755)).unwrap();
         protect_staging(&own);
         assert_eq!(fs::metadata(&own).unwrap().mode() & 0o7777, 0o700);
-        let shared = d.path().join("shm");
-        fs::create_dir(&shared).unwrap();
-        fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).unwrap();
-        protect_staging(&shared);
-        assert_eq!(
-            fs::metadata(&shared).unwrap().mode() & 0o7777,
-            0o1777,
-            "a shared directory keeps its mode"
-        );
     }
 }

@@ -83,6 +83,15 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    /// A directory root writes into is not root's alone (see `ckpt_store::trust`).
+    #[error("{what}: {source}; make it root's and not writable by other users (e.g. `chown root: DIR && chmod 0700 DIR`), or remove it so the agent makes it, or choose another {what} in agent.toml")]
+    Untrusted {
+        /// Which setting.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: ckpt_store::trust::Untrusted,
+    },
     /// The node's credential is missing or unusable.
     #[error(transparent)]
     Auth(#[from] ckpt_auth::AuthError),
@@ -105,6 +114,14 @@ impl StartError {
             _ => 4,
         }
     }
+}
+
+/// Refuses a directory root writes into (`what` names its setting) unless it and the way to
+/// it are root's alone.
+fn trusted(dir: &std::path::Path, what: &'static str) -> Result<(), StartError> {
+    ckpt_store::trust::check_root(dir, &ckpt_store::trust::Owners::ROOT)
+        .map(|_| ())
+        .map_err(|source| StartError::Untrusted { what, source })
 }
 
 /// This node's cluster credential from `tls_dir`, checked to name `node_name`.
@@ -155,12 +172,34 @@ pub fn open_jobs(
         None => info!("no DMTCP on this node: jobs asking for --engine dmtcp are refused here (see [engines] in agent.toml)"),
     }
     let cgroups = cgroup::CgroupParent::resolve(&cfg.cgroup.parent, &cfg.cgroup.prefix)?;
+    // Checked before anything is made or fixed in them, and again once they exist.
+    for (dir, what) in [(&cfg.local_dir, "local_dir"), (&cfg.state_dir, "state_dir")] {
+        if dir.exists() {
+            trusted(dir, what)?;
+        }
+    }
     let staging =
         ckpt_store::layout::Staging::open(&cfg.local_dir).map_err(|e| StartError::Dir {
             what: "local_dir",
             path: cfg.local_dir.clone(),
             source: std::io::Error::other(e.to_string()),
         })?;
+    trusted(&cfg.local_dir, "local_dir")?;
+    if cfg
+        .shared_dir
+        .as_deref()
+        .is_some_and(std::path::Path::is_dir)
+    {
+        // Where it is mounted now; checked again before every use (it may be mounted later).
+        let shared = cfg
+            .shared_dir
+            .as_deref()
+            .unwrap_or(std::path::Path::new("/"));
+        copies::trusted_shared(shared).map_err(|source| StartError::Untrusted {
+            what: "shared_dir",
+            source,
+        })?;
+    }
     let jobs = jobs::Jobs::open(
         cfg.node_name.clone(),
         cfg.state_dir.clone(),
@@ -173,24 +212,26 @@ pub fn open_jobs(
         what: "state_dir",
         path: cfg.state_dir.clone(),
         source,
-    })?
-    .with_launch_env(launch::LaunchEnv {
-        coordinator: cfg.coordinator.clone(),
-        launcher: cfg.launcher.resolve(),
-        set_mpi_env: cfg.launcher.set_mpi_env,
-        verbs_layer,
-        ca: credential
-            .as_ref()
-            .map(|_| cfg.tls_dir.join(ckpt_auth::ca::CA_CERT)),
-    })
-    .with_job_link(cfg.job_network.resolve(cfg.listen.ip()))
-    .with_credential(credential)
-    .with_shared(cfg.shared_dir.clone(), cfg.flush.copy_options())
-    .with_launch_policy(owner::LaunchPolicy {
-        allow_root: cfg.allow_root_jobs,
-        min_uid: cfg.min_uid,
-    })
-    .with_engines(others);
+    })?;
+    trusted(&cfg.state_dir, "state_dir")?;
+    let jobs = jobs
+        .with_launch_env(launch::LaunchEnv {
+            coordinator: cfg.coordinator.clone(),
+            launcher: cfg.launcher.resolve(),
+            set_mpi_env: cfg.launcher.set_mpi_env,
+            verbs_layer,
+            ca: credential
+                .as_ref()
+                .map(|_| cfg.tls_dir.join(ckpt_auth::ca::CA_CERT)),
+        })
+        .with_job_link(cfg.job_network.resolve(cfg.listen.ip()))
+        .with_credential(credential)
+        .with_shared(cfg.shared_dir.clone(), cfg.flush.copy_options())
+        .with_launch_policy(owner::LaunchPolicy {
+            allow_root: cfg.allow_root_jobs,
+            min_uid: cfg.min_uid,
+        })
+        .with_engines(others);
     let precopy = precopy::Mode::resolve(&cfg.precopy, || jobs.engine().precopy_support());
     Ok(Arc::new(jobs.with_precopy(precopy)))
 }

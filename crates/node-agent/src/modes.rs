@@ -99,30 +99,11 @@ pub(crate) fn give_output(path: &Path, owner: Option<u32>) -> std::io::Result<()
     Ok(())
 }
 
-/// Keeps node-local staging root's alone: its root 0700, unless it is a shared directory
-/// (sticky or writable by others, e.g. `/dev/shm`), where only the job directories are made
-/// 0700 and a warning says to give staging a directory of its own.
+/// Keeps node-local staging root's alone: its root 0700. The agent refuses to start on a root
+/// that is not root's or that others may write (`ckpt_store::trust`), so this only narrows a
+/// root's own 0755.
 pub(crate) fn protect_staging(root: &Path) {
-    let Ok(meta) = fs::symlink_metadata(root) else {
-        return;
-    };
-    if meta.mode() & 0o1002 == 0 {
-        if let Err(e) = set_mode(root, PRIVATE_DIR) {
-            warn!(local_dir = %root.display(), error = %e, "cannot make staging private");
-        }
-        return;
-    }
-    warn!(local_dir = %root.display(), "local_dir is shared with other users; give staging a directory of its own (e.g. /dev/shm/ckpt)");
-    for e in fs::read_dir(root).into_iter().flatten().flatten() {
-        let is_job = e
-            .file_name()
-            .to_str()
-            .is_some_and(|n| n.parse::<u64>().is_ok());
-        if is_job
-            && e.file_type().is_ok_and(|t| t.is_dir())
-            && e.metadata().is_ok_and(|m| m.uid() == 0)
-        {
-            let _ = set_mode(&e.path(), PRIVATE_DIR);
-        }
+    if let Err(e) = set_mode(root, PRIVATE_DIR) {
+        warn!(local_dir = %root.display(), error = %e, "cannot make staging private");
     }
 }

@@ -516,10 +516,84 @@ pub fn uid_of(pid: i32) -> Option<u32> {
         .ok()
 }
 
+/// Why a process of a job that `owner` (not root) runs holds more than that user's rights, from
+/// the text of its `/proc/<pid>/status`: uids other than the owner's (a set-user-ID program),
+/// group ids that differ among themselves (a set-group-ID one), or capabilities permitted,
+/// effective or ambient (a file-capability program, or one given them). None: it holds only
+/// the owner's rights. Such a process would be dumped and restored with its privileges.
+pub fn privilege_in_status(status: &str, owner: u32) -> Option<String> {
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+    };
+    let ids = |name: &str| -> Vec<u32> {
+        field(name)
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|v| v.parse().ok())
+            .collect()
+    };
+    let uids = ids("Uid:");
+    if uids.is_empty() || uids.iter().any(|&u| u != owner) {
+        return Some(format!(
+            "runs with uids {uids:?}, not only the owner's {owner} (a set-user-ID program)"
+        ));
+    }
+    let gids = ids("Gid:");
+    if gids.windows(2).any(|w| w[0] != w[1]) {
+        return Some(format!(
+            "runs with group ids {gids:?} (a set-group-ID program)"
+        ));
+    }
+    for cap in ["CapPrm:", "CapEff:", "CapAmb:"] {
+        let v = field(cap).and_then(|v| u64::from_str_radix(v, 16).ok());
+        match v {
+            Some(0) => {}
+            Some(bits) => {
+                return Some(format!(
+                    "holds capabilities ({} {bits:016x})",
+                    cap.trim_end_matches(':')
+                ))
+            }
+            None => return Some(format!("its {cap} cannot be read")),
+        }
+    }
+    None
+}
+
+/// [`privilege_in_status`] of a live process; None also when it is gone.
+pub fn privilege_of(pid: i32, owner: u32) -> Option<String> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    privilege_in_status(&status, owner)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn privileged_processes_are_told_apart_from_the_owners() {
+        let plain = "Name:\tsleep\nUid:\t1000\t1000\t1000\t1000\nGid:\t1000\t1000\t1000\t1000\n\
+                     CapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n\
+                     CapBnd:\t000001ffffffffff\nCapAmb:\t0000000000000000\n";
+        assert_eq!(privilege_in_status(plain, 1000), None);
+        let setuid = plain.replace("Uid:\t1000\t1000\t1000\t1000", "Uid:\t1000\t0\t0\t0");
+        assert!(privilege_in_status(&setuid, 1000)
+            .unwrap()
+            .contains("set-user-ID"));
+        let setgid = plain.replace("Gid:\t1000\t1000\t1000\t1000", "Gid:\t1000\t42\t42\t42");
+        assert!(privilege_in_status(&setgid, 1000)
+            .unwrap()
+            .contains("set-group-ID"));
+        let caps = plain.replace("CapPrm:\t0000000000000000", "CapPrm:\t0000000000003000");
+        assert!(privilege_in_status(&caps, 1000).unwrap().contains("CapPrm"));
+        let amb = plain.replace("CapAmb:\t0000000000000000", "CapAmb:\t0000000000000400");
+        assert!(privilege_in_status(&amb, 1000).unwrap().contains("CapAmb"));
+        assert!(privilege_in_status(plain, 1001).is_some(), "another user's");
+    }
 
     #[test]
     fn reads_a_childs_environment_and_mapped_libraries() {

@@ -1,5 +1,5 @@
-//! `ckptctl run --resume`: what a requeued batch script calls. The caller's latest job of a
-//! name restarts from its latest committed epoch when it has one and its processes are gone
+//! `ckptctl run --resume`: what a requeued batch script calls. The caller's own latest job of
+//! a name restarts from its latest committed epoch when it has one and its processes are gone
 //! without it having finished (stopped after a checkpoint, lost, killed by a signal,
 //! cancelled); otherwise the job starts fresh.
 use super::{Caller, Coordinator, DriveError};
@@ -15,10 +15,11 @@ pub enum Resume {
 }
 
 impl Coordinator {
-    /// Finds the job `run --resume --name NAME` resumes. The latest job of that name decides:
-    /// another user's is refused (names are how batch scripts find their jobs again), a live
-    /// one is refused (two copies of a job would write the same files), one without a
-    /// committed epoch starts over. A policy `change` given with the run applies to the job.
+    /// Finds the job `run --resume --name NAME` resumes: the caller's latest job of that name.
+    /// Names are per owner: another user's job of the same name is never considered (nor
+    /// named), so no one can take the name a batch script resumes by. A live job is refused
+    /// (two copies of a job would write the same files), one without a committed epoch starts
+    /// over. A policy `change` given with the run applies to the job.
     pub async fn resolve_resume(
         &self,
         caller: &Caller,
@@ -34,17 +35,11 @@ impl Coordinator {
             .registry
             .jobs()?
             .into_iter()
-            .filter(|j| j.name == name)
+            .filter(|j| j.name == name && j.owner_uid == caller.uid)
             .max_by_key(|j| j.id)
         else {
             return Ok(Resume::Fresh);
         };
-        if caller.uid != 0 && caller.uid != latest.owner_uid {
-            return Err(DriveError::Denied(format!(
-                "the name {name:?} is job {}'s, which belongs to uid {}: choose another --name",
-                latest.id, latest.owner_uid
-            )));
-        }
         let latest = self.refresh(latest.id).await?;
         if latest.is_live() {
             return Err(DriveError::State(crate::model::TransitionError {

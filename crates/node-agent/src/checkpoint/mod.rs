@@ -66,6 +66,27 @@ pub struct Synced {
     pub channels: u32,
 }
 
+/// Refuses a user's job (not root's: `owner` 0 or unknown) holding a process with more than its
+/// owner's rights ([`procfs::privilege_of`]): a set-user-ID or set-group-ID program or one with
+/// capabilities would be dumped and restored privileged, so the checkpoint is refused at initial
+/// sync, naming the process.
+fn refuse_privileged(job: u64, pids: &[i32], owner: Option<u32>) -> Result<(), AgentError> {
+    let Some(owner) = owner.filter(|&o| o != 0) else {
+        return Ok(());
+    };
+    for &pid in pids {
+        if let Some(why) = procfs::privilege_of(pid, owner) {
+            return Err(AgentError::Privileged {
+                job,
+                pid,
+                comm: procfs::stat(pid).map(|s| s.comm).unwrap_or_default(),
+                why,
+            });
+        }
+    }
+    Ok(())
+}
+
 impl Jobs {
     /// Phase 1, initial synchronization: the job runs, no process holds verbs resources without
     /// a channel, no process with one holds on verbs devices more than its channel (or verbs
@@ -139,6 +160,7 @@ impl Jobs {
             self.channels.socket(),
         )?;
         refuse_rdma_cm(job_id, &pids)?;
+        refuse_privileged(job_id, &pids, job.record.owner)?;
         self.check_channels(job_id, &channeled).await?;
         for &pid in &pids {
             estimated += procfs::rss_bytes(pid);

@@ -42,9 +42,11 @@ use tracing::{info, warn};
 
 mod conn;
 mod peer;
+mod process;
 use conn::*;
 pub use conn::{Limits, Rebuilt};
 pub use peer::*;
+use process::{boot_ticks, PeerProcess};
 
 /// How long a new connection has to say hello.
 const HELLO: Duration = Duration::from_secs(5);
@@ -95,10 +97,19 @@ impl Quiesced {
     }
 }
 
-/// The channels of this node's job processes, by pid.
+/// A registered channel: its connection, the process that made it (by pidfd) and its job.
+#[derive(Clone)]
+struct Registered {
+    conn: Arc<Mutex<Conn>>,
+    process: Arc<PeerProcess>,
+    job: u64,
+}
+
+/// The channels of this node's job processes, by pid. An entry is used only while the process
+/// that registered it lives ([`PeerProcess`]): a PID that went to another process finds none.
 pub struct Channels {
     socket: PathBuf,
-    conns: Mutex<HashMap<i32, Arc<Mutex<Conn>>>>,
+    conns: Mutex<HashMap<i32, Registered>>,
     jobs: Box<dyn JobLookup>,
     cgroups: Box<dyn PeerCgroups>,
     limits: Limits,
@@ -179,8 +190,8 @@ impl Channels {
     pub async fn serve(self: Arc<Self>, listener: UnixListener) {
         info!(socket = %self.socket.display(), "ib-quiesce control socket listening");
         loop {
-            let stream = match listener.accept().await {
-                Ok((s, _)) => s,
+            let (stream, accepted) = match listener.accept().await {
+                Ok((s, _)) => (s, boot_ticks()),
                 Err(e) => {
                     warn!(error = %e, "ib-quiesce control socket accept failed");
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -188,12 +199,14 @@ impl Channels {
                 }
             };
             let me = self.clone();
-            tokio::spawn(async move { me.admit(stream).await });
+            tokio::spawn(async move { me.admit(stream, accepted).await });
         }
     }
 
-    /// Identifies a new connection and takes its hello; a refusal closes it with a warning.
-    async fn admit(&self, stream: UnixStream) {
+    /// Identifies a new connection (accepted at `accepted`, [`boot_ticks`]) and takes its
+    /// hello; a refusal closes it with a warning. A registered channel is dropped when its
+    /// process exits.
+    async fn admit(self: &Arc<Self>, stream: UnixStream, accepted: u64) {
         let peer = match stream.peer_cred() {
             Ok(c) => match c.pid() {
                 Some(pid) => Peer {
@@ -214,7 +227,19 @@ impl Channels {
                 return;
             }
         };
-        let (_permit, owner, slot) = match self.identify(peer).await {
+        let process = match PeerProcess::of(&stream, peer.pid, accepted) {
+            Ok(p) => Arc::new(p),
+            Err(e) => {
+                warn!(
+                    pid = peer.pid,
+                    uid = peer.uid,
+                    reason = %e,
+                    "ib-quiesce connection refused: cannot hold the connecting process"
+                );
+                return;
+            }
+        };
+        let (_permit, owner, slot) = match self.identify(peer, &process).await {
             Ok(admitted) => admitted,
             Err(why) => {
                 warn!(
@@ -227,14 +252,53 @@ impl Channels {
                 return;
             }
         };
-        if let Err(e) = self.hello(stream, peer.pid, owner.job, slot).await {
-            warn!(
-                pid = peer.pid,
-                uid = peer.uid,
-                job = owner.job,
-                reason = %e,
-                "ib-quiesce channel refused"
-            );
+        let registered = match self
+            .hello(stream, peer.pid, owner.job, slot, &process)
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(
+                    pid = peer.pid,
+                    uid = peer.uid,
+                    job = owner.job,
+                    reason = %e,
+                    "ib-quiesce channel refused"
+                );
+                return;
+            }
+        };
+        // Its process gone, the channel goes: nothing meant for the PID's next process
+        // reaches whoever holds the connection now.
+        let me = self.clone();
+        tokio::spawn(async move {
+            process.exited().await;
+            let mut map = me.conns.lock().await;
+            if map
+                .get(&peer.pid)
+                .is_some_and(|r| Arc::ptr_eq(&r.conn, &registered))
+            {
+                map.remove(&peer.pid);
+                info!(
+                    pid = peer.pid,
+                    job = owner.job,
+                    "ib-quiesce channel dropped: its process exited"
+                );
+            }
+        });
+    }
+
+    /// The channel of `pid`, if the process that registered it still runs (else the entry is
+    /// dropped).
+    async fn live(&self, pid: i32) -> Option<Arc<Mutex<Conn>>> {
+        let mut map = self.conns.lock().await;
+        match map.get(&pid) {
+            Some(r) if r.process.alive() => Some(r.conn.clone()),
+            Some(_) => {
+                map.remove(&pid);
+                None
+            }
+            None => None,
         }
     }
 
@@ -243,6 +307,7 @@ impl Channels {
     async fn identify(
         &self,
         peer: Peer,
+        process: &PeerProcess,
     ) -> Result<(OwnedSemaphorePermit, JobOwner, JobSlot), Refused> {
         let permit = self
             .unidentified
@@ -259,6 +324,13 @@ impl Channels {
                 peer,
                 error: e.to_string(),
             })?;
+        // Read by PID: only if the process that connected still runs were they its cgroups.
+        if !process.alive() {
+            return Err(Refused::Cgroups {
+                peer,
+                error: "the process exited".into(),
+            });
+        }
         let owner = authorize(peer, &cgroups, self.jobs.as_ref())?;
         let full = || Refused::JobFull {
             peer,
@@ -269,10 +341,7 @@ impl Channels {
             Some(s) => s,
             None => {
                 // Channels of processes that exited hold places until dropped.
-                self.conns
-                    .lock()
-                    .await
-                    .retain(|&pid, _| crate::procfs::pid_taken(pid));
+                self.conns.lock().await.retain(|_, r| r.process.alive());
                 self.slots
                     .take(owner.job, self.limits.per_job)
                     .ok_or_else(full)?
@@ -287,7 +356,8 @@ impl Channels {
         pid: i32,
         job: u64,
         slot: JobSlot,
-    ) -> Result<(), String> {
+        process: &Arc<PeerProcess>,
+    ) -> Result<Arc<Mutex<Conn>>, String> {
         let (r, writer) = stream.into_split();
         let mut lines = CappedLines::new(BufReader::new(r));
         let first = match tokio::time::timeout(HELLO, lines.next_line(MAX_LINE)).await {
@@ -339,11 +409,25 @@ impl Channels {
             io: Some((lines, writer)),
             _slot: slot,
         };
-        self.conns
-            .lock()
-            .await
-            .insert(pid, Arc::new(Mutex::new(conn)));
-        Ok(())
+        let conn = Arc::new(Mutex::new(conn));
+        let mut map = self.conns.lock().await;
+        // One live process has one PID: a live entry of another job for it cannot be this
+        // process's, and is not replaced.
+        if let Some(other) = map.get(&pid).filter(|r| r.job != job && r.process.alive()) {
+            return Err(format!(
+                "pid {pid} of job {job} has a channel of job {} already",
+                other.job
+            ));
+        }
+        map.insert(
+            pid,
+            Registered {
+                conn: conn.clone(),
+                process: process.clone(),
+                job,
+            },
+        );
+        Ok(conn)
     }
 
     /// Raises the rebuild flag of `pid` (a process without a channel pays no attention).
@@ -375,10 +459,9 @@ impl Channels {
 
     /// Which of `pids` have a channel, down or up as `down` says.
     async fn with_channel(&self, pids: &[i32], down: bool) -> Vec<i32> {
-        let conns = self.conns.lock().await;
         let mut found = Vec::new();
         for p in pids {
-            if let Some(c) = conns.get(p) {
+            if let Some(c) = self.live(*p).await {
                 if c.lock().await.down == down {
                     found.push(*p);
                 }
@@ -397,7 +480,7 @@ impl Channels {
         timeout: Duration,
     ) -> Result<Vec<(i32, Holdings)>, ChannelFailure> {
         let calls = pids.iter().map(|&pid| async move {
-            let Some(conn) = self.conns.lock().await.get(&pid).cloned() else {
+            let Some(conn) = self.live(pid).await else {
                 return (pid, Err("its channel is gone (did the process exit?)".into()));
             };
             let mut c = conn.lock().await;
@@ -423,7 +506,7 @@ impl Channels {
     }
 
     async fn take(&self, pid: i32) -> Option<Arc<Mutex<Conn>>> {
-        self.conns.lock().await.remove(&pid)
+        self.conns.lock().await.remove(&pid).map(|r| r.conn)
     }
 
     /// Quiesces the channels of `pids`, all at once. Channels answer `quiesced` (everything
@@ -464,7 +547,7 @@ impl Channels {
         wait: Duration,
     ) -> (Quiesced, Vec<ChannelFailure>) {
         let calls = pids.iter().map(|&pid| async move {
-            let Some(conn) = self.conns.lock().await.get(&pid).cloned() else {
+            let Some(conn) = self.live(pid).await else {
                 return (pid, Err("no channel".to_string()));
             };
             let r = conn.lock().await.quiesce_stage(cmd, wait).await;
@@ -508,10 +591,11 @@ impl Channels {
             {
                 let map = self.conns.lock().await;
                 // Only a hello from the quiesced (or restored) process counts: an entry that is
-                // up belongs to a connection from before (e.g. of a killed incarnation).
+                // up belongs to a connection from before (e.g. of a killed incarnation), and
+                // one whose process exited to no one the PID may now name.
                 waiting.retain(|p| match map.get(p) {
-                    Some(c) if c.try_lock().is_ok_and(|c| c.down) => {
-                        conns.push((*p, c.clone()));
+                    Some(r) if r.process.alive() && r.conn.try_lock().is_ok_and(|c| c.down) => {
+                        conns.push((*p, r.conn.clone()));
                         false
                     }
                     _ => true,
@@ -588,7 +672,7 @@ impl Channels {
         timeout: Duration,
     ) -> Result<(), ChannelFailure> {
         let calls = pids.iter().map(|&pid| async move {
-            let Some(conn) = self.conns.lock().await.get(&pid).cloned() else {
+            let Some(conn) = self.live(pid).await else {
                 return (
                     pid,
                     Err("its channel is gone (did the process exit?)".to_string()),
@@ -629,7 +713,7 @@ impl Channels {
     /// answer). A channel that does not is logged and left as it is.
     pub async fn resume(&self, pids: &[i32]) {
         let calls = pids.iter().map(|&pid| async move {
-            let Some(conn) = self.conns.lock().await.get(&pid).cloned() else {
+            let Some(conn) = self.live(pid).await else {
                 return;
             };
             let mut c = conn.lock().await;

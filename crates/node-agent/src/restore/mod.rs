@@ -556,8 +556,11 @@ impl Jobs {
 /// Lock that serializes restores on one machine. Agents sharing a machine (test hosts, or
 /// several agents with their own cgroup prefixes) share `/dev/shm` and `/tmp`, where the engine
 /// re-creates deleted files under temporary names derived from the image: two restores at once
-/// would collide on them. With one agent per machine the lock is never contended.
-const RESTORE_LOCK: &str = "/run/lock/ckpt-restore.lock";
+/// would collide on them. With one agent per machine the lock is never contended. It lives in
+/// a directory of root's alone: in a directory every user may write (`/run/lock`), a user could
+/// make the file first and hold the lock, and so hang every restore on the machine.
+const RESTORE_LOCK_DIR: &str = "/run/ckpt";
+const RESTORE_LOCK: &str = "restore.lock";
 
 /// Checks a restored tree frozen, so that no restored process can act while it is checked
 /// (every process the owner's, [`verify_restored`]), then lets it run unless it is `held`
@@ -611,22 +614,50 @@ async fn check_pages(
 }
 
 async fn machine_restore_lock() -> Option<fs::File> {
-    tokio::task::spawn_blocking(|| {
-        let _ = fs::create_dir_all("/run/lock");
-        let f = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(RESTORE_LOCK)
-            .ok()?;
-        use std::os::fd::AsRawFd;
-        // SAFETY: flock on a file descriptor we own; released when the file is closed.
-        let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
-        (rc == 0).then_some(f)
+    tokio::task::spawn_blocking(|| match open_restore_lock(Path::new(RESTORE_LOCK_DIR)) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            warn!(dir = RESTORE_LOCK_DIR, error = %e, "cannot take the machine's restore lock; restoring without it");
+            None
+        }
     })
     .await
     .ok()
     .flatten()
+}
+
+/// Opens and takes the restore lock in `dir`, made root's 0755 if missing; a directory that is
+/// not root's or that others may write, and a lock that is not a regular file of root's (a
+/// link, a FIFO), are refused.
+fn open_restore_lock(dir: &Path) -> std::io::Result<fs::File> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+    match fs::DirBuilder::new().mode(0o755).create(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    ckpt_store::trust::check_root(dir, &ckpt_store::trust::Owners::ROOT)
+        .map_err(std::io::Error::other)?;
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(dir.join(RESTORE_LOCK))?;
+    let m = f.metadata()?;
+    if !m.is_file() || m.uid() != 0 {
+        return Err(std::io::Error::other(format!(
+            "{} is not a regular file of root's",
+            dir.join(RESTORE_LOCK).display()
+        )));
+    }
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a file descriptor we own; released when the file is closed.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(f)
 }
 
 async fn wait_pids_free(job: u64, pids: &[i32]) -> Result<(), AgentError> {
@@ -651,6 +682,35 @@ async fn wait_pids_free(job: u64, pids: &[i32]) -> Result<(), AgentError> {
 mod tests {
     use super::*;
     use crate::owner::{has_acl, owner_may};
+
+    #[test]
+    fn the_restore_lock_is_taken_only_in_a_directory_of_roots() {
+        use std::os::unix::fs::PermissionsExt;
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED: needs root (directories owned by root and by others)");
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let dir = t.path().join("ckpt");
+        let held = open_restore_lock(&dir).unwrap();
+        assert!(held.metadata().unwrap().is_file());
+        drop(held);
+        // A directory every user may write, as /run/lock is: refused.
+        let open = t.path().join("lock");
+        fs::create_dir(&open).unwrap();
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(open_restore_lock(&open).is_err());
+        // A lock a user made first, or a link in its place: refused (the link not followed).
+        let users = t.path().join("users");
+        fs::create_dir(&users).unwrap();
+        std::os::unix::fs::chown(&users, Some(65534), Some(65534)).unwrap();
+        assert!(open_restore_lock(&users).is_err());
+        fs::write(dir.join("target"), b"").unwrap();
+        fs::remove_file(dir.join(RESTORE_LOCK)).unwrap();
+        std::os::unix::fs::symlink(dir.join("target"), dir.join(RESTORE_LOCK)).unwrap();
+        assert!(open_restore_lock(&dir).is_err());
+    }
     use std::os::unix::fs::PermissionsExt;
 
     #[test]
