@@ -691,3 +691,197 @@ fn launches_as_root_system_accounts_and_unknown_users_are_refused() {
     d.wait_state(job, "running", LIMIT);
     d.ctl(&["cancel", &job.to_string()]).ok();
 }
+
+/// A job name and command holding terminal escape sequences (a window title, a screen clear,
+/// a line that fakes ckptctl's own) reach root's terminal as visible escapes, not as control
+/// characters: `list`, `status` and the JSON view, which keeps the name as it is.
+#[test]
+fn a_users_job_name_cannot_drive_roots_terminal() {
+    skip_unless_ready!("sh");
+    let d = ckptd();
+    let name = "heat\x1b]0;pwned\x07\x1b[2J\nckptctl: all jobs verified";
+    let out = d.ctl_as(
+        NOBODY,
+        &[
+            "run",
+            "--name",
+            name,
+            "--",
+            "/bin/sh",
+            "-c",
+            "sleep 30",
+            "arg0\x1b[31m",
+        ],
+    );
+    let job: u64 = out.ok().trim().parse().expect("a job id");
+    for args in [vec!["list"], vec!["status", &job.to_string()]] {
+        let out = d.ctl(&args);
+        let text = out.ok();
+        assert!(
+            !text.contains('\x1b') && !text.contains('\x07'),
+            "{args:?}: raw control characters reached the terminal: {text:?}"
+        );
+        assert!(
+            text.contains("heat\\x1b]0;pwned\\x07\\x1b[2J\\nckptctl: all jobs verified"),
+            "{args:?}: the name is shown, escaped, on one line: {text}"
+        );
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with("ckptctl: all jobs verified")),
+            "{args:?}: no line of the user's making: {text}"
+        );
+        assert!(text.contains("arg0\\x1b[31m"), "{args:?}: {text}");
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(d.ctl(&["status", &job.to_string(), "--json"]).ok()).unwrap();
+    assert_eq!(json["name"], name, "JSON keeps the name exactly");
+    assert_eq!(d.ctl(&["cancel", &job.to_string()]).code, 0);
+}
+
+/// A user's job running a set-user-ID program would be dumped and restored with root's
+/// rights: the checkpoint is refused at initial sync, naming the process and why, and the job
+/// runs on untouched.
+#[test]
+fn a_users_job_holding_a_set_user_id_process_is_not_checkpointed() {
+    skip_unless_ready!("sh");
+    let d = ckptd();
+    let dir = users_dir(0);
+    let suid = dir.path().join("sleep-suid");
+    fs::copy("/bin/sleep", &suid).unwrap();
+    fs::set_permissions(&suid, fs::Permissions::from_mode(0o4755)).unwrap();
+    let job = run_as(&d, NOBODY, Path::new("/"), &[suid.to_str().unwrap(), "60"]);
+    wait_for("the job runs", || !d.job_pids(job).is_empty());
+    let pid = d.job_pids(job)[0];
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    if !status
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.contains("\t0\t"))
+    {
+        eprintln!("SKIPPED: the set-user-ID bit had no effect here (a nosuid mount?)");
+        return;
+    }
+    let out = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
+    assert_eq!(out.code, 6, "refused, the epoch aborted: {out:?}");
+    assert!(
+        out.stderr.contains(&format!("process {pid}")) && out.stderr.contains("set-user-ID"),
+        "the message names the process and why: {out:?}"
+    );
+    assert_eq!(d.job_pids(job), vec![pid], "the job runs on");
+    let epochs = d.epochs(job);
+    assert_eq!(epochs[0]["failed_phase"], "initial-sync", "{epochs:?}");
+    assert_eq!(d.ctl(&["cancel", &job.to_string()]).code, 0);
+}
+
+/// How many restores the socket race below tries (`CKPT_RACE_RESTORES`; the proof
+/// runs 1000, CI fewer).
+fn race_restores() -> usize {
+    std::env::var("CKPT_RACE_RESTORES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60)
+}
+
+/// CRIU's restore binds a job's named Unix socket again and then changes its owner and mode by
+/// path, following links. A user who controls the socket's directory renames a link to a root
+/// file over the new socket the moment it appears (inotify), restore after restore, for root's
+/// job (allowed here): the root file must never change owner, mode or content, whether a
+/// restore went through or failed on the link. Between tries the user removes the socket, as
+/// the attack does; a restore without the racer then runs, and the restored job is
+/// checkpointed and restored again.
+#[test]
+fn a_link_raced_over_a_restored_socket_never_reaches_roots_file() {
+    skip_unless_ready!("sh", "cc", "make");
+    let d = ckptd();
+    let (_root_dir, victim, content) = root_file();
+    let meta = |p: &Path| {
+        let m = fs::metadata(p).unwrap();
+        (m.uid(), m.gid(), m.mode() & 0o7777)
+    };
+    let before = meta(&victim);
+    let place = users_dir(0);
+    let dir = place.path().join("d");
+    fs::create_dir(&dir).unwrap();
+    std::os::unix::fs::chown(&dir, Some(NOBODY), Some(NOBODY)).unwrap();
+    let socket = dir.join("s");
+    let apps = ckpt_tests::apps();
+    let listener = apps.join("unix_listener");
+    let job = d.run_job(
+        "sock",
+        &[listener.display().to_string(), socket.display().to_string()],
+    );
+    wait_for("the socket is bound", || {
+        d.output(job).contains("listening")
+    });
+    checkpoint_and_kill(&d, job);
+    let mut racer = command_as(
+        NOBODY,
+        Path::new("/"),
+        &apps.join("link_racer"),
+        &[dir.to_str().unwrap(), "s", victim.to_str().unwrap()],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .expect("start the racer");
+    let (mut restored, mut refused) = (0, 0);
+    for i in 0..race_restores() {
+        // The user's `rm ~/d/s` (of the socket or of a link left by the last try).
+        let _ = fs::remove_file(&socket);
+        let out = d.ctl(&["restart", &job.to_string(), "--epoch", "1"]);
+        if out.code == 0 {
+            restored += 1;
+            d.kill_job(job);
+            d.wait_state(job, "killed", LIMIT);
+        } else {
+            refused += 1;
+        }
+        assert_eq!(
+            meta(&victim),
+            before,
+            "try {i}: root's file changed: {out:?}"
+        );
+        assert_eq!(fs::read(&victim).unwrap(), content, "try {i}: {out:?}");
+    }
+    let _ = racer.kill();
+    let _ = racer.wait();
+    let mut swaps = String::new();
+    use std::io::Read;
+    racer
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut swaps)
+        .unwrap();
+    let swapped = swaps.lines().filter(|l| l.starts_with("swapped")).count();
+    eprintln!(
+        "socket race: {} restores, {restored} went through, {refused} failed on the link, {swapped} links swapped in; root's file unchanged",
+        race_restores()
+    );
+    assert!(swapped > 0, "the racer never swapped a link in: {swaps}");
+    // Without the racer: restored, checkpointed again (from the restore's own mount namespace)
+    // and that checkpoint restored.
+    let _ = fs::remove_file(&socket);
+    let out = d.ctl(&["restart", &job.to_string(), "--epoch", "1"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    let pid = d.job_pids(job)[0];
+    let ours = fs::read_link("/proc/self/ns/mnt").unwrap();
+    let theirs = fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap();
+    let guarded = ours != theirs;
+    let text = d.ctl(&["checkpoint", &job.to_string(), "--kill"]);
+    assert!(text.ok().contains("committed"), "{text:?}");
+    d.wait_state(job, "stopped", LIMIT);
+    let _ = fs::remove_file(&socket);
+    let out = d.ctl(&["restart", &job.to_string()]);
+    assert_eq!(
+        out.code, 0,
+        "the checkpoint of a guarded restore restores: {out:?}"
+    );
+    let st = fs::symlink_metadata(&socket).unwrap();
+    assert!(
+        std::os::unix::fs::FileTypeExt::is_socket(&st.file_type()),
+        "the job's socket is back"
+    );
+    assert!(guarded, "the restore ran in a mount namespace of its own");
+    assert_eq!(meta(&victim), before);
+    assert_eq!(d.ctl(&["cancel", &job.to_string()]).code, 0);
+}

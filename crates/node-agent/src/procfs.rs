@@ -173,6 +173,30 @@ pub fn fd_paths(pid: i32) -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
+/// The named (not abstract) Unix sockets of the network namespace `pid` is in, by inode:
+/// what `/proc/<pid>/net/unix` lists with a path.
+pub fn unix_socket_names(pid: i32) -> std::collections::HashMap<u64, PathBuf> {
+    let text = fs::read_to_string(format!("/proc/{pid}/net/unix")).unwrap_or_default();
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let inode = f.nth(6)?.parse().ok()?;
+            let path = f.next()?;
+            (!path.starts_with('@')).then(|| (inode, PathBuf::from(path)))
+        })
+        .collect()
+}
+
+/// The inode of a socket descriptor's link text (`socket:[12345]`).
+pub fn socket_inode(link: &Path) -> Option<u64> {
+    link.to_str()?
+        .strip_prefix("socket:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
+}
+
 /// The RDMA connection manager's device file.
 pub const RDMA_CM: &str = "/dev/infiniband/rdma_cm";
 
@@ -573,6 +597,22 @@ pub fn privilege_of(pid: i32, owner: u32) -> Option<String> {
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn named_unix_sockets_of_this_process_are_found_by_inode() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("s");
+        let _l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let me = std::process::id() as i32;
+        let names = unix_socket_names(me);
+        let ino = fd_paths(me)
+            .iter()
+            .filter_map(|l| socket_inode(l))
+            .find(|i| names.get(i) == Some(&path));
+        assert!(ino.is_some(), "{names:?}");
+        assert_eq!(socket_inode(Path::new("socket:[42]")), Some(42));
+        assert_eq!(socket_inode(Path::new("/tmp/socket:[42]")), None);
+    }
 
     #[test]
     fn privileged_processes_are_told_apart_from_the_owners() {

@@ -29,6 +29,7 @@ use std::process::{Command, Stdio};
 
 use serde::{Deserialize, Serialize};
 
+mod guard;
 mod restore;
 
 /// What the shim starts.
@@ -65,6 +66,10 @@ pub enum ShimMode {
         /// The restore gate's FIFO, given to the engine's action script in its environment.
         #[serde(default)]
         gate: Option<PathBuf>,
+        /// Directories users control in which the engine acts by path: bound without
+        /// following links while it restores (see `shim/guard.rs`).
+        #[serde(default)]
+        guard: Vec<PathBuf>,
     },
 }
 
@@ -564,6 +569,7 @@ fn start(spec: &ShimSpec) -> Result<i32, String> {
             pid_file,
             netns,
             gate,
+            guard,
         } => {
             let engine = restore::Engine {
                 cgroup_procs: &spec.cgroup_procs,
@@ -578,6 +584,7 @@ fn start(spec: &ShimSpec) -> Result<i32, String> {
                 pid_file,
                 netns.as_deref(),
                 gate.as_deref(),
+                guard,
             )
         }
     }

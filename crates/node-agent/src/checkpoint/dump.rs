@@ -153,6 +153,8 @@ pub(super) fn dump_frozen(
     // Sizes of files open for writing: restore truncates them back.
     let mut open: BTreeMap<String, u64> = BTreeMap::new();
     let mut preserve: Vec<PathBuf> = Vec::new();
+    let mut guard: std::collections::BTreeSet<PathBuf> = std::collections::BTreeSet::new();
+    let mut sockets: Vec<u64> = Vec::new();
     for &pid in &w.pids {
         for (path, size) in procfs::files_open_for_write(pid) {
             open.insert(path.display().to_string(), size);
@@ -163,6 +165,24 @@ pub(super) fn dump_frozen(
                 .into_iter()
                 .map(|p| p.display().to_string()),
         );
+        // The directories the engine's restore creates in (see `GUARD_NOTE`).
+        for p in &used {
+            if let Some(ino) = procfs::socket_inode(Path::new(p)) {
+                sockets.push(ino);
+            } else if let Some(dir) = p
+                .strip_suffix(" (deleted)")
+                .unwrap_or(p)
+                .strip_prefix('/')
+                .map(|rest| Path::new("/").join(rest))
+                .and_then(|f| f.parent().map(Path::to_path_buf))
+            {
+                guard.insert(dir);
+            }
+        }
+        if let Ok(cwd) = fs::read_link(format!("/proc/{pid}/cwd")) {
+            // Where a socket bound by a relative name is.
+            guard.insert(cwd);
+        }
         for p in used {
             // A sandbox's /dev/shm is its own, saved by the engine with its mounts.
             let in_own_shm = external_netns.is_some() && p.starts_with("/dev/shm/");
@@ -195,6 +215,24 @@ pub(super) fn dump_frozen(
     }
     preserve.sort();
     preserve.dedup();
+    if !sockets.is_empty() {
+        let names = procfs::unix_socket_names(w.pids[0]);
+        for ino in sockets {
+            if let Some(dir) = names.get(&ino).and_then(|p| p.parent()) {
+                if dir.is_absolute() {
+                    guard.insert(dir.to_path_buf());
+                }
+            }
+        }
+    }
+    let guard: Vec<String> = guard
+        .iter()
+        .filter_map(|d| d.to_str())
+        .filter(|d| !d.contains('\n'))
+        .map(String::from)
+        .collect();
+    w.notes
+        .insert(crate::restore::GUARD_NOTE.into(), guard.join("\n"));
     w.open_files = open
         .into_iter()
         .map(|(path, size)| OpenFile { path, size })

@@ -124,10 +124,56 @@ impl Criu {
         args
     }
 
-    /// Runs `criu <args>` for `op`; on failure, the reasons from its log (or its stderr when it
-    /// failed before opening the log).
-    fn run(&self, op: &'static str, args: &[String], log: &Path) -> Result<(), EngineError> {
-        let out = Command::new(&self.path)
+    /// The mount namespace to dump `spec`'s tree from: a tree outside a sandbox that lives in
+    /// a mount namespace of its own is one a guarded restore made (`shim/guard.rs`, a slave
+    /// copy of the node's with a user's directories bound onto themselves). Dumped from the
+    /// node's namespace, CRIU would record that namespace and its restore would have to make it
+    /// again (which fails); dumped from inside it, the tree shares CRIU's namespace, as a tree
+    /// never restored does. None: the node's.
+    fn tree_mount_ns(spec: &DumpSpec<'_>) -> Option<std::fs::File> {
+        if spec.external_netns.is_some() {
+            return None;
+        }
+        let ino = |p: &str| {
+            std::fs::metadata(p).ok().map(|m| {
+                use std::os::unix::fs::MetadataExt;
+                (m.dev(), m.ino())
+            })
+        };
+        let theirs = format!("/proc/{}/ns/mnt", spec.root_pid);
+        match (ino("/proc/self/ns/mnt"), ino(&theirs)) {
+            (Some(a), Some(b)) if a != b => std::fs::File::open(&theirs).ok(),
+            _ => None,
+        }
+    }
+
+    /// Runs `criu <args>` for `op` (in the mount namespace `ns`, if given); on failure, the
+    /// reasons from its log (or its stderr when it failed before opening the log).
+    fn run(
+        &self,
+        op: &'static str,
+        args: &[String],
+        log: &Path,
+        ns: Option<std::fs::File>,
+    ) -> Result<(), EngineError> {
+        let mut cmd = Command::new(&self.path);
+        if let Some(ns) = ns {
+            use std::os::fd::AsRawFd;
+            use std::os::unix::process::CommandExt;
+            let fd = ns.as_raw_fd();
+            // SAFETY: setns is async-signal-safe; `ns` stays open until the command has
+            // started (it is moved into the closure).
+            unsafe {
+                cmd.pre_exec(move || {
+                    let _keep = &ns;
+                    if libc::setns(fd, libc::CLONE_NEWNS) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let out = cmd
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -249,7 +295,7 @@ impl SnapshotEngine for Criu {
         args.extend(self.tree_args(spec));
         args.extend(self.common_args());
         args.extend(self.cfg.extra_dump_args.iter().cloned());
-        self.run("dump", &args, spec.log_file)
+        self.run("dump", &args, spec.log_file, Self::tree_mount_ns(spec))
     }
 
     fn precopy_support(&self) -> Result<(), String> {
@@ -273,7 +319,7 @@ impl SnapshotEngine for Criu {
     fn pre_dump(&self, spec: &DumpSpec<'_>) -> Result<(), EngineError> {
         let mut args: Vec<String> = vec!["pre-dump".into()];
         args.extend(self.tree_args(spec));
-        self.run("pre-dump", &args, spec.log_file)
+        self.run("pre-dump", &args, spec.log_file, Self::tree_mount_ns(spec))
     }
 
     fn restore_argv(&self, spec: &RestoreSpec<'_>) -> Vec<String> {

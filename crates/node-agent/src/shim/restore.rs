@@ -23,6 +23,25 @@ pub(super) fn start(
     pid_file: &Path,
     netns: Option<&Path>,
     gate: Option<&Path>,
+    guard: &[std::path::PathBuf],
+) -> Result<i32, String> {
+    super::guard::guard(guard)?;
+    let pid = run(engine, run_dir, argv, pid_file, netns, gate)?;
+    if let Err(e) = super::guard::lift(guard, pid) {
+        kill_cgroup(engine.cgroup_procs);
+        return Err(e);
+    }
+    Ok(pid)
+}
+
+/// [`start`] once the guard is in place.
+fn run(
+    engine: &Engine<'_>,
+    run_dir: &Path,
+    argv: &[String],
+    pid_file: &Path,
+    netns: Option<&Path>,
+    gate: Option<&Path>,
 ) -> Result<i32, String> {
     let netns = match netns {
         Some(p) => Some(fs::File::open(p).map_err(|e| {

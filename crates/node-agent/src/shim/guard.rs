@@ -1,0 +1,166 @@
+//! The restore's guard against links a user races in. CRIU's restore runs as root and acts on
+//! paths in the job owner's directories: it binds the job's named Unix sockets again and then
+//! changes their owner and mode by path (`fchownat`/`fchmodat` without `AT_SYMLINK_NOFOLLOW`),
+//! and makes ghost and link-remap files beside the files the job held. A user who renames a
+//! link over the new socket in the microseconds between the two calls has root give them any
+//! file on the machine (shown with CRIU 4.2: 12-72 % of tries won; see docs/security.md).
+//!
+//! So the shim restores in a mount namespace of its own (a slave copy of the node's) in which
+//! every directory a user controls on the way to such a path ([`crate::restore::guards`]) is
+//! bound onto itself with `nosymfollow`: no link there is followed, the calls fail and the
+//! restore with them, and nothing outside is touched. The restored processes live in that
+//! namespace; once the engine is done, and before they run, the flag is cleared on those same
+//! mounts, so the job follows its links as before.
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// `MOUNT_ATTR_NOSYMFOLLOW` (include/uapi/linux/mount.h).
+const MOUNT_ATTR_NOSYMFOLLOW: u64 = 0x0020_0000;
+/// `AT_RECURSIVE` (include/uapi/linux/fcntl.h).
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+
+/// `struct mount_attr` (include/uapi/linux/mount.h).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+fn c_path(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes()).map_err(io::Error::other)
+}
+
+/// Sets (or clears) `nosymfollow` on the mounts at and below `dir`.
+fn set_nosymfollow(dir: &CString, on: bool) -> io::Result<()> {
+    let attr = MountAttr {
+        attr_set: if on { MOUNT_ATTR_NOSYMFOLLOW } else { 0 },
+        attr_clr: if on { 0 } else { MOUNT_ATTR_NOSYMFOLLOW },
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: mount_setattr reads `size` bytes of `attr`, which lives on this stack, and a
+    // NUL-terminated path.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            dir.as_ptr(),
+            AT_RECURSIVE | libc::AT_SYMLINK_NOFOLLOW as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Guards `dirs` for the engine about to start from this thread: a mount namespace of its
+/// own (node's mounts as slaves), each directory bound onto itself, recursively, without
+/// following links. Nothing to do for none.
+pub(super) fn guard(dirs: &[PathBuf]) -> Result<(), String> {
+    if dirs.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: unshare and mount with NUL-terminated strings; affects this process alone.
+    unsafe {
+        if libc::unshare(libc::CLONE_NEWNS) != 0 {
+            return Err(format!(
+                "cannot make the restore's mount namespace: {}",
+                io::Error::last_os_error()
+            ));
+        }
+        if libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_SLAVE,
+            std::ptr::null(),
+        ) != 0
+        {
+            return Err(format!(
+                "cannot make the restore's mounts slaves: {}",
+                io::Error::last_os_error()
+            ));
+        }
+    }
+    for d in dirs {
+        let c = c_path(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        // SAFETY: mount with NUL-terminated strings.
+        let rc = unsafe {
+            libc::mount(
+                c.as_ptr(),
+                c.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND | libc::MS_REC,
+                std::ptr::null(),
+            )
+        };
+        if rc != 0 {
+            return Err(format!(
+                "cannot bind {} for the restore: {}",
+                d.display(),
+                io::Error::last_os_error()
+            ));
+        }
+        set_nosymfollow(&c, true)
+            .map_err(|e| format!("cannot guard {} against links: {e}", d.display()))?;
+    }
+    Ok(())
+}
+
+/// Lifts the guard of `dirs` for the processes restored under it (the restored root is
+/// `root`): their mounts follow links again. In this namespace where the root shares it,
+/// else (a sandbox's namespace the engine made) by a child that enters the root's.
+pub(super) fn lift(dirs: &[PathBuf], root: i32) -> Result<(), String> {
+    if dirs.is_empty() {
+        return Ok(());
+    }
+    let paths: Vec<CString> = dirs
+        .iter()
+        .map(|d| c_path(d))
+        .collect::<io::Result<_>>()
+        .map_err(|e| e.to_string())?;
+    let ns = |p: &str| std::fs::metadata(p).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+    let theirs = format!("/proc/{root}/ns/mnt");
+    if ns("/proc/self/ns/mnt").ok() == ns(&theirs).ok() {
+        for p in &paths {
+            set_nosymfollow(p, false).map_err(|e| format!("{p:?}: {e}"))?;
+        }
+        return Ok(());
+    }
+    let target = std::fs::File::open(&theirs).map_err(|e| format!("{theirs}: {e}"))?;
+    use std::os::fd::AsRawFd;
+    let fd = target.as_raw_fd();
+    // SAFETY: the child makes only system calls (setns, mount_setattr, _exit) on memory made
+    // before the fork.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        return Err(format!("fork: {}", io::Error::last_os_error()));
+    }
+    if child == 0 {
+        // SAFETY: see above.
+        unsafe {
+            if libc::setns(fd, libc::CLONE_NEWNS) != 0 {
+                libc::_exit(2);
+            }
+            for p in &paths {
+                // Where the engine made no such mount in its namespace, nothing is guarded.
+                let _ = set_nosymfollow(p, false);
+            }
+            libc::_exit(0);
+        }
+    }
+    match super::wait_pid(child) {
+        super::Exit {
+            code: Some(0),
+            signal: None,
+        } => Ok(()),
+        e => Err(format!("lifting the guard in {theirs} failed: {e:?}")),
+    }
+}
