@@ -45,18 +45,19 @@ fn assert_refused(who: &str, target: &str, out: &Output) -> Vec<(String, String,
             f.next().unwrap_or_default().to_string(),
             f.next().unwrap_or_default().to_string(),
         );
-        let ok = if daemon_only(&rpc) {
-            matches!(
-                code.as_str(),
-                "Unauthenticated" | "PermissionDenied" | "Unimplemented" | "InvalidArgument"
-            )
-        } else {
-            // Calls a job token authorizes: a wrong or missing token, an unknown job.
-            matches!(
-                code.as_str(),
-                "Unauthenticated" | "PermissionDenied" | "Unimplemented" | "NotFound"
-            )
-        };
+        // A caller without a credential is refused before anything is looked at: it learns
+        // neither what was wrong in its request nor which jobs exist (an unknown job is
+        // answered as a wrong token). A node with its own credential may be told more.
+        let anonymous = who != "node n2";
+        let ok = matches!(
+            code.as_str(),
+            "Unauthenticated" | "PermissionDenied" | "Unimplemented"
+        ) || (!anonymous
+            && if daemon_only(&rpc) {
+                code == "InvalidArgument"
+            } else {
+                code == "NotFound"
+            });
         assert!(
             ok,
             "{who} -> {target}: {rpc} was not refused: {code} {msg}\n{text}"
@@ -200,6 +201,11 @@ fn every_daemon_port_refuses_users_foreign_hosts_and_other_nodes() {
         let addr = dial_addr(l, &cluster.host_ip);
         let with_ca = attack_args(name, vec![addr.clone(), "--ca".into(), ca.clone()]);
         assert_refused("nobody", &addr, &attack_as(NOBODY, &with_ca));
+        // The same for a job that does not exist: answered as the wrong token was.
+        let mut unknown = vec![addr.clone(), "--ca".into(), ca.clone()];
+        unknown.extend(identity(name));
+        unknown.extend(["--job".to_string(), (job + 1000).to_string()]);
+        assert_refused("nobody", &addr, &attack_as(NOBODY, &unknown));
         if matches!(l, Listening::Tcp(_)) {
             // Plain HTTP/2 on a TLS port: the server never completes a handshake, so every
             // call fails in the transport.

@@ -885,3 +885,53 @@ fn a_link_raced_over_a_restored_socket_never_reaches_roots_file() {
     assert_eq!(meta(&victim), before);
     assert_eq!(d.ctl(&["cancel", &job.to_string()]).code, 0);
 }
+
+/// A user who opens connection after connection to ckptd's control socket and holds them gets
+/// at most its share (256); root and other users are still answered.
+#[test]
+fn a_user_holding_control_connections_does_not_lock_others_out() {
+    skip_unless_ready!("python3");
+    let d = ckptd();
+    let hold = format!(
+        "import socket, time\n\
+         held = []\n\
+         for _ in range(1100):\n\
+         \x20   s = socket.socket(socket.AF_UNIX)\n\
+         \x20   s.connect({:?})\n\
+         \x20   held.append(s)\n\
+         time.sleep(2)\n\
+         alive = 0\n\
+         for s in held:\n\
+         \x20   s.setblocking(False)\n\
+         \x20   try:\n\
+         \x20       alive += s.recv(1) != b''\n\
+         \x20   except BlockingIOError:\n\
+         \x20       alive += 1\n\
+         print(alive, flush=True)\n\
+         time.sleep(30)\n",
+        d.socket.display().to_string()
+    );
+    let mut holder = command_as(
+        NOBODY,
+        Path::new("/"),
+        Path::new("/usr/bin/python3"),
+        &["-c", &hold],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .expect("start python3 as nobody");
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let alive: usize = line.trim().parse().unwrap_or_else(|_| panic!("{line:?}"));
+    assert!(alive <= 256, "nobody holds {alive} connections");
+    assert!(alive >= 200, "nobody's own share is served: {alive}");
+    let out = d.ctl(&["list"]);
+    assert_eq!(out.code, 0, "root is answered: {out:?}");
+    let other = d.ctl_as(NOBODY - 1, &["list"]);
+    assert_eq!(other.code, 0, "another user is answered: {other:?}");
+    let _ = holder.kill();
+    let _ = holder.wait();
+}

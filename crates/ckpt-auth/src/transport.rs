@@ -88,15 +88,214 @@ impl AsyncWrite for TlsConn {
     }
 }
 
+/// Connections one daemon listener keeps open at once, and from one peer (an address over
+/// TCP, a uid on a Unix socket; root is not counted there). A connection costs a descriptor and
+/// a task: without a bound, one user holding connections open runs the daemon out of
+/// descriptors and nobody else is answered. A job's launcher node may hold one connection per
+/// remote part (its `ckpt-rsh`), so the bound per address stays far above a job's node count;
+/// the daemons raise their open-file limit well above the total
+/// (`ckpt_daemon::raise_open_files`).
+#[derive(Debug, Clone, Copy)]
+pub struct ConnLimits {
+    /// At once on the listener.
+    pub total: usize,
+    /// At once from one peer.
+    pub per_peer: usize,
+}
+
+impl ConnLimits {
+    /// A daemon's TCP (TLS) listener.
+    pub const TCP: ConnLimits = ConnLimits {
+        total: 16_384,
+        per_peer: 4_096,
+    };
+    /// ckptd's control socket (users' ckptctl, jobs' ckpt-rsh of a standalone ckptd).
+    pub const LOCAL: ConnLimits = ConnLimits {
+        total: 4_096,
+        per_peer: 256,
+    };
+}
+
+/// The open connections of one listener, by peer.
+#[derive(Debug)]
+struct Counts {
+    limits: ConnLimits,
+    by_peer: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+    total: std::sync::atomic::AtomicUsize,
+}
+
+impl Counts {
+    fn new(limits: ConnLimits) -> Arc<Self> {
+        Arc::new(Counts {
+            limits,
+            by_peer: std::sync::Mutex::default(),
+            total: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+
+    /// A place for one more connection of `peer` (None: not counted per peer), if there is one.
+    fn admit(self: &Arc<Self>, peer: Option<String>) -> Option<Place> {
+        use std::sync::atomic::Ordering;
+        let mut map = self.by_peer.lock().expect("connection counts");
+        if self.total.load(Ordering::Relaxed) >= self.limits.total {
+            return None;
+        }
+        if let Some(p) = &peer {
+            let n = map.entry(p.clone()).or_insert(0);
+            if *n >= self.limits.per_peer {
+                return None;
+            }
+            *n += 1;
+        }
+        self.total.fetch_add(1, Ordering::Relaxed);
+        Some(Place {
+            counts: self.clone(),
+            peer,
+        })
+    }
+}
+
+/// One connection's place in its listener's counts, given back when the connection closes.
+#[derive(Debug)]
+pub struct Place {
+    counts: Arc<Counts>,
+    peer: Option<String>,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut map = self.counts.by_peer.lock().expect("connection counts");
+        if let Some(p) = &self.peer {
+            if let Some(n) = map.get_mut(p) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(p);
+                }
+            }
+        }
+        self.counts
+            .total
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A connection holding its [`Place`]: what tonic serves, as the connection itself.
+#[derive(Debug)]
+pub struct Counted<S> {
+    stream: S,
+    _place: Place,
+}
+
+impl<S: Connected> Connected for Counted<S> {
+    type ConnectInfo = S::ConnectInfo;
+
+    fn connect_info(&self) -> S::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+/// The connections of a Unix socket `listener`, for `Server::serve_with_incoming*`, within
+/// [`ConnLimits::LOCAL`] (per uid, from `SO_PEERCRED`; root's are counted in the total only).
+/// A connection beyond a bound is closed at once, with a warning naming the uid.
+pub fn unix_incoming(
+    listener: tokio::net::UnixListener,
+) -> tokio_stream::wrappers::ReceiverStream<io::Result<Counted<tokio::net::UnixStream>>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let counts = Counts::new(ConnLimits::LOCAL);
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                _ = tx.closed() => return,
+                a = listener.accept() => a,
+            };
+            let stream = match accepted {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let uid = stream.peer_cred().map(|c| c.uid()).ok();
+            let key = match uid {
+                Some(0) => None,
+                Some(u) => Some(u.to_string()),
+                None => Some("unknown".to_string()),
+            };
+            let Some(place) = counts.admit(key) else {
+                tracing::warn!(
+                    uid,
+                    total = ConnLimits::LOCAL.total,
+                    per_user = ConnLimits::LOCAL.per_peer,
+                    "too many connections on the local socket: connection closed"
+                );
+                continue;
+            };
+            if tx
+                .send(Ok(Counted {
+                    stream,
+                    _place: place,
+                }))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
 /// The authenticated connections of `listener`, for `Server::serve_with_incoming*`. Accepting
 /// stops when the stream is dropped (the server shut down), which closes the listener.
 pub fn tls_incoming(
     listener: TcpListener,
     config: Arc<ServerConfig>,
-) -> tokio_stream::wrappers::ReceiverStream<io::Result<TlsConn>> {
+) -> tokio_stream::wrappers::ReceiverStream<io::Result<Counted<TlsConn>>> {
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_HANDSHAKES));
+    let counts = Counts::new(ConnLimits::TCP);
     tokio::spawn(async move {
         loop {
             let accepted = tokio::select! {
@@ -112,12 +311,18 @@ pub fn tls_incoming(
                     continue;
                 }
             };
+            // Counted from accept to close, handshake included, per address.
+            let Some(place) = counts.admit(Some(addr.ip().to_string())) else {
+                tracing::warn!(%addr, total = ConnLimits::TCP.total, per_address = ConnLimits::TCP.per_peer, "too many connections: connection closed");
+                continue;
+            };
             let Ok(slot) = slots.clone().try_acquire_owned() else {
                 tracing::warn!(%addr, limit = MAX_PENDING_HANDSHAKES, "too many TLS handshakes in progress: connection dropped");
                 continue;
             };
             let _ = tcp.set_nodelay(true);
             let (acceptor, tx) = (acceptor.clone(), tx.clone());
+            let place = place;
             tokio::spawn(async move {
                 let _slot = slot;
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
@@ -133,7 +338,11 @@ pub fn tls_incoming(
                             peer,
                             addr: Some(addr),
                         };
-                        let _ = tx.send(Ok(TlsConn { stream, info })).await;
+                        let conn = Counted {
+                            stream: TlsConn { stream, info },
+                            _place: place,
+                        };
+                        let _ = tx.send(Ok(conn)).await;
                     }
                     Ok(Err(e)) => {
                         tracing::warn!(%addr, error = %e, "TLS handshake refused");
@@ -281,7 +490,7 @@ mod tests {
             use tokio_stream::StreamExt;
             // Keeps the listener open for the whole test.
             while let Some(Ok(c)) = incoming.next().await {
-                let _ = peers_tx.send(c.info.peer.clone());
+                let _ = peers_tx.send(c.stream.info.peer.clone());
             }
         });
         let t = Duration::from_secs(5);

@@ -52,3 +52,66 @@ pub fn init_tracing() {
 pub fn set_private_umask() {
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
 }
+
+/// The soft limit on open files the daemon was started with, before [`raise_open_files`]:
+/// what processes it starts for jobs get back ([`restore_open_files`]).
+static STARTED_WITH: std::sync::OnceLock<libc::rlimit> = std::sync::OnceLock::new();
+
+/// Raises the soft limit on open files to the hard one (at most 1,048,576); call first thing
+/// in a daemon's `main`. A daemon holds a descriptor per connection (ckptctl, agents, job
+/// channels, partner streams): at the usual soft limit of 1,024, a user holding a thousand
+/// connections would stop it answering anyone. Returns (soft before, soft now).
+pub fn raise_open_files() -> std::io::Result<(u64, u64)> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit, which lives on this stack.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let _ = STARTED_WITH.set(lim);
+    let want = lim.rlim_max.min(1 << 20);
+    if want > lim.rlim_cur {
+        let raised = libc::rlimit {
+            rlim_cur: want,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads one rlimit, which lives on this stack.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        return Ok((lim.rlim_cur, want));
+    }
+    Ok((lim.rlim_cur, lim.rlim_cur))
+}
+
+/// Puts the soft limit on open files back to what the daemon started with, in a process it
+/// starts for a job (call between fork and exec: one async-signal-safe system call). Jobs see
+/// the limit they would see without ckpt.
+pub fn restore_open_files() {
+    if let Some(lim) = STARTED_WITH.get() {
+        // SAFETY: setrlimit reads one rlimit, which lives in a static.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, lim) };
+    }
+}
+
+#[cfg(test)]
+mod open_files_tests {
+    #[test]
+    fn the_soft_limit_is_raised_and_given_back() {
+        let (before, now) = super::raise_open_files().unwrap();
+        assert!(now >= before);
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit into a local.
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+        assert_eq!(lim.rlim_cur, now);
+        super::restore_open_files();
+        // SAFETY: as above.
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+        assert_eq!(lim.rlim_cur, before);
+    }
+}

@@ -159,6 +159,9 @@ fn main() -> ExitCode {
     if let Some(Cmd::Shim { spec }) = &cli.cmd {
         return ExitCode::from(node_agent::shim::main(spec) as u8);
     }
+    if let Err(e) = ckpt_daemon::raise_open_files() {
+        eprintln!("ckptd: cannot raise the open-file limit: {e}");
+    }
     // Before any thread starts: nothing ckptd starts inherits the variable.
     let notifier = ckpt_daemon::notify::Notifier::from_env();
     ckpt_daemon::init_tracing();

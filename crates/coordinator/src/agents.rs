@@ -174,6 +174,19 @@ impl Agents {
         dial: ckpt_auth::transport::Dial,
     ) -> Result<(), String> {
         let address = &info.address;
+        // One agent address per node: a node cannot take another's (the address is what ckptd
+        // dials, and where jobs' hosts are found by address).
+        if let Some((other, _)) = self
+            .map
+            .read()
+            .expect("agents lock")
+            .iter()
+            .find(|(n, e)| n.as_str() != node && e.info.address == *address)
+        {
+            return Err(format!(
+                "agent address {address:?} is node {other}'s: a node registers only its own address (if {other} moved, stop its agent first)"
+            ));
+        }
         let channel = ckpt_auth::transport::channel(address, dial, AGENT_CONNECT_TIMEOUT)
             .map_err(|e| format!("bad agent address {address:?}: {e}"))?;
         let client = AgentClient::new(channel);
@@ -314,22 +327,33 @@ impl Agents {
         call(node, what, deadline, f(client)).await
     }
 
-    /// The node whose agent listens on `ip`, or that has `ip` among its interface addresses (or
-    /// as its host name).
+    /// The node whose agent listens on `ip`, else the one node that has `ip` among the
+    /// interface addresses (or as the host name) it reported. The agent's address comes first:
+    /// ckptd dials it and checks the node's credential there on every call, where the other
+    /// names are only what the node said. A name two nodes report is nobody's: a node that
+    /// reports another's addresses must not receive that node's parts.
     pub fn node_with_address(&self, ip: &str) -> Option<String> {
         let agent_ip = |a: &str| {
             a.parse::<std::net::SocketAddr>()
                 .map(|s| s.ip().to_string())
                 .unwrap_or_else(|_| a.rsplit_once(':').map_or(a, |(h, _)| h).to_string())
         };
-        self.map
-            .read()
-            .expect("agents lock")
-            .iter()
-            .find(|(_, e)| {
-                agent_ip(&e.info.address) == ip || e.info.host_addresses.iter().any(|a| a == ip)
-            })
-            .map(|(n, _)| n.clone())
+        let map = self.map.read().expect("agents lock");
+        let only = |found: Vec<&String>| (found.len() == 1).then(|| found[0].clone());
+        only(
+            map.iter()
+                .filter(|(_, e)| agent_ip(&e.info.address) == ip)
+                .map(|(n, _)| n)
+                .collect(),
+        )
+        .or_else(|| {
+            only(
+                map.iter()
+                    .filter(|(_, e)| e.info.host_addresses.iter().any(|a| a == ip))
+                    .map(|(n, _)| n)
+                    .collect(),
+            )
+        })
     }
 
     /// The shared storage mount a node flushes to, if it has one and is registered.
@@ -380,5 +404,54 @@ impl Agents {
                 )
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registration(address: &str, names: &[&str]) -> Registration {
+        Registration {
+            address: address.into(),
+            host_addresses: names.iter().map(|n| n.to_string()).collect(),
+            ..Registration::default()
+        }
+    }
+
+    /// A compromised node claims n1's interface address and host name in its registration:
+    /// n1's jobs' hosts still resolve to n1 (its agent listens there), a name both claim
+    /// resolves to no one, and n1's own agent address cannot be taken.
+    #[tokio::test]
+    async fn a_node_cannot_take_another_nodes_addresses() {
+        let a = Agents::default();
+        let dial = || ckpt_auth::transport::Dial::LocalOnly;
+        a.register(
+            "n1",
+            registration("10.0.0.1:7001", &["10.0.0.1", "node-one", "10.9.0.1"]),
+            dial(),
+        )
+        .unwrap();
+        a.register(
+            "evil",
+            registration("10.0.0.9:7001", &["10.0.0.9", "10.0.0.1", "node-one"]),
+            dial(),
+        )
+        .unwrap();
+        assert_eq!(a.node_with_address("10.0.0.1").as_deref(), Some("n1"));
+        assert_eq!(
+            a.node_with_address("node-one"),
+            None,
+            "claimed twice: nobody's"
+        );
+        assert_eq!(a.node_with_address("10.9.0.1").as_deref(), Some("n1"));
+        assert_eq!(a.node_with_address("10.0.0.9").as_deref(), Some("evil"));
+        let e = a
+            .register("evil", registration("10.0.0.1:7001", &[]), dial())
+            .unwrap_err();
+        assert!(e.contains("node n1's"), "{e}");
+        // n1 registering again (a restart of its agent) keeps its address.
+        a.register("n1", registration("10.0.0.1:7001", &["10.0.0.1"]), dial())
+            .unwrap();
     }
 }

@@ -626,15 +626,16 @@ impl pb::registry_server::Registry for RegistryHandler {
         // root on this machine (the standalone daemon's own agent) on a local socket address.
         let peer = ckpt_auth::peer_of(&req);
         let r = req.get_ref();
+        // Who calls first: a caller without the node's credential learns nothing more.
+        if !peer.is_node(&r.node) {
+            let allowed = format!("the agent holding node {}'s credential", r.node);
+            return Err(ckpt_auth::refuse(&req, "Registry.Register", &allowed));
+        }
         if !ckpt_auth::valid_node_name(&r.node) {
             return Err(Status::invalid_argument(format!(
                 "{:?} is not a valid node name: use letters, digits, '.', '_' and '-' (at most 64)",
                 r.node
             )));
-        }
-        if !peer.is_node(&r.node) {
-            let allowed = format!("the agent holding node {}'s credential", r.node);
-            return Err(ckpt_auth::refuse(&req, "Registry.Register", &allowed));
         }
         if r.address.starts_with("unix:") && peer != ckpt_auth::Peer::LocalRoot {
             return Err(ckpt_auth::refuse(

@@ -67,12 +67,9 @@ pub async fn run(
     let ctl = tonic::transport::Server::builder()
         .add_service(ControlServer::new(ControlHandler::new(coord.clone())))
         .add_service(RegistryServer::new(RegistryHandler::new(coord)))
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::UnixListenerStream::new(control),
-            async move {
-                let _ = rx2.wait_for(|v| *v).await;
-            },
-        );
+        .serve_with_incoming_shutdown(ckpt_auth::transport::unix_incoming(control), async move {
+            let _ = rx2.wait_for(|v| *v).await;
+        });
     let (a, b) = tokio::join!(reg, ctl);
     a.and(b)
 }

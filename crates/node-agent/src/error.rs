@@ -299,7 +299,7 @@ pub enum AgentError {
         why: String,
     },
     /// A caller presented the wrong job secret.
-    #[error("job {job}: wrong job token")]
+    #[error("job {job}: wrong job token, or no such job on this node")]
     BadToken {
         /// Job id.
         job: u64,

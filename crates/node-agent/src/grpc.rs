@@ -645,6 +645,14 @@ impl Agent for AgentHandler {
         use tokio_stream::StreamExt;
         let peer = ckpt_auth::peer_of(&req);
         let r = req.get_ref();
+        // Who calls first: an anonymous caller learns nothing, not even what it got wrong.
+        if matches!(peer, ckpt_auth::Peer::Anonymous) {
+            return Err(ckpt_auth::refuse(
+                &req,
+                "Agent.Send",
+                "a node of this cluster or the coordinator",
+            ));
+        }
         if !ckpt_auth::valid_node_name(&r.node) {
             return Err(Status::invalid_argument(format!(
                 "{:?} is not a node name",

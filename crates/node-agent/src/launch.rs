@@ -262,11 +262,13 @@ impl Jobs {
             .stdin(std::process::Stdio::null())
             .stdout(log)
             .stderr(log2);
-        // SAFETY: setsid and pass_fd are async-signal-safe; the shim leaves the agent's session
+        // SAFETY: setsid, setrlimit and pass_fd are async-signal-safe; the shim leaves the agent's session
         // so that stopping the agent does not stop jobs, and it alone inherits the pipe.
         unsafe {
             cmd.pre_exec(move || {
                 libc::setsid();
+                // The shim, and the job it starts, get the open-file limit the agent had.
+                ckpt_daemon::restore_open_files();
                 crate::clone_into::pass_fd(ready_fd, ready_fd)
             });
         }
@@ -456,7 +458,10 @@ impl Jobs {
         stdout_offset: u64,
         stderr_offset: u64,
     ) -> Result<PollResult, AgentError> {
-        let j = self.get(job_id)?;
+        // An unknown job is answered as a wrong token: no one learns which jobs exist here.
+        let j = self
+            .get(job_id)
+            .map_err(|_| AgentError::BadToken { job: job_id })?;
         let Ok(job) = j.try_lock() else {
             return Ok(PollResult {
                 stdout: Vec::new(),
@@ -499,7 +504,10 @@ impl Jobs {
 
     /// Whether `token` is the job's (constant time; an empty token never is).
     pub async fn check_token(&self, job_id: u64, token: &str) -> Result<(), AgentError> {
-        let j = self.get(job_id)?;
+        // An unknown job is answered as a wrong token (see `poll`).
+        let j = self
+            .get(job_id)
+            .map_err(|_| AgentError::BadToken { job: job_id })?;
         let job = j.lock().await;
         if ckpt_auth::token_eq(&job.record.token, token) {
             Ok(())

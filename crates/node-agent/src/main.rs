@@ -70,6 +70,9 @@ fn main() -> ExitCode {
     if let Some(Cmd::Shim { spec }) = &cli.cmd {
         return ExitCode::from(node_agent::shim::main(spec) as u8);
     }
+    if let Err(e) = ckpt_daemon::raise_open_files() {
+        eprintln!("ckpt-agent: cannot raise the open-file limit: {e}");
+    }
     let enroll = match cli.cmd {
         Some(Cmd::Enroll { bundle }) => Some(bundle),
         _ => None,

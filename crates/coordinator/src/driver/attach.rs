@@ -41,14 +41,15 @@ impl Coordinator {
         )))
     }
 
-    fn check_token(job: &Job, token: &str) -> Result<(), DriveError> {
-        if !ckpt_auth::token_eq(&job.token, token) {
-            return Err(DriveError::Denied(format!(
-                "wrong secret for job {}: ckpt-rsh must run inside the job (CKPT_JOB_TOKEN)",
-                job.id
-            )));
+    /// The job `id` if `token` is its secret. An unknown job is answered as a wrong secret,
+    /// so that a caller without the secret cannot tell which jobs exist.
+    fn job_by_token(&self, id: u64, token: &str) -> Result<Job, DriveError> {
+        match self.registry.job(id)? {
+            Some(job) if ckpt_auth::token_eq(&job.token, token) => Ok(job),
+            _ => Err(DriveError::Denied(format!(
+                "wrong secret for job {id}, or no such job: ckpt-rsh must run inside the job (CKPT_JOB_TOKEN)"
+            ))),
         }
-        Ok(())
     }
 
     /// Starts a part of a running job on another node, for `ckpt-rsh`: the command runs there
@@ -58,19 +59,11 @@ impl Coordinator {
     pub async fn attach(&self, req: pb::AttachRequest) -> Result<pb::AttachReply, DriveError> {
         let id = req.job_id;
         // The token first: a caller without it learns nothing of the cluster's nodes.
-        let job = self
-            .registry
-            .job(id)?
-            .ok_or(DriveError::UnknownJob { job: id })?;
-        Self::check_token(&job, &req.token)?;
+        self.job_by_token(id, &req.token)?;
         let node = self.resolve_host(&req.host).await?;
         let (job, part) = {
             let _g = self.state.lock().await;
-            let mut job = self
-                .registry
-                .job(id)?
-                .ok_or(DriveError::UnknownJob { job: id })?;
-            Self::check_token(&job, &req.token)?;
+            let mut job = self.job_by_token(id, &req.token)?;
             // The launcher may call here before the launch reply is in (`Starting`).
             match job.state {
                 JobState::Running | JobState::Starting => {}
@@ -179,11 +172,7 @@ impl Coordinator {
 
     /// The current address of a node's agent, for `ckpt-rsh` of a job with a part there.
     pub async fn locate(&self, req: pb::LocateRequest) -> Result<pb::LocateReply, DriveError> {
-        let job = self
-            .registry
-            .job(req.job_id)?
-            .ok_or(DriveError::UnknownJob { job: req.job_id })?;
-        Self::check_token(&job, &req.token)?;
+        let job = self.job_by_token(req.job_id, &req.token)?;
         // A part a restart moved is found where it runs now.
         let node = job.moved.get(&req.node).unwrap_or(&req.node);
         let agent = self
