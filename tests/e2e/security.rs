@@ -935,3 +935,69 @@ fn a_user_holding_control_connections_does_not_lock_others_out() {
     let _ = holder.kill();
     let _ = holder.wait();
 }
+
+/// A job holding a sparse file in /dev/shm: the checkpoint saves only its data and the restart
+/// puts it back as sparse (neither staging nor /dev/shm fills with zeros); one longer than a
+/// checkpoint saves (16 GiB) is refused, naming it, and the job runs on.
+#[test]
+fn sparse_shared_memory_files_are_saved_sparse_and_huge_ones_refused() {
+    skip_unless_ready!("sh", "truncate");
+    let d = ckptd();
+    let tag = std::process::id();
+    let small = PathBuf::from(format!("/dev/shm/ckpt-sparse-{tag}"));
+    let huge = PathBuf::from(format!("/dev/shm/ckpt-huge-{tag}"));
+    let _cleanup = (RemoveOnDrop(small.clone()), RemoveOnDrop(huge.clone()));
+    let hold = |path: &Path, size: &str| {
+        format!(
+            "truncate -s {size} {p} && printf data >> {p} && exec 3<{p} && exec sleep 600",
+            p = path.display()
+        )
+    };
+    let job = d.run_job("huge", &["sh".into(), "-c".into(), hold(&huge, "20G")]);
+    wait_for("the job holds its file", || {
+        !d.job_pids(job).is_empty() && huge.exists()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let out = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
+    assert_ne!(out.code, 0, "{out:?}");
+    assert!(
+        out.stderr.contains(&huge.display().to_string()) && out.stderr.contains("bytes long"),
+        "the message names the file and why: {out:?}"
+    );
+    assert!(!d.job_pids(job).is_empty(), "the job runs on");
+    assert_eq!(d.ctl(&["cancel", &job.to_string()]).code, 0);
+
+    let job = d.run_job("sparse", &["sh".into(), "-c".into(), hold(&small, "2G")]);
+    wait_for("the job holds its file", || {
+        !d.job_pids(job).is_empty() && small.exists()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    checkpoint_and_kill(&d, job);
+    let blocks = |p: &Path| {
+        fs::metadata(p)
+            .map(|m| m.blocks() * 512)
+            .unwrap_or(u64::MAX)
+    };
+    let extra = d.dir.path().join(format!("local/{job}/1/node0/extra"));
+    let saved: Vec<PathBuf> = fs::read_dir(&extra)
+        .unwrap_or_else(|e| panic!("{}: {e}", extra.display()))
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(!saved.is_empty(), "the file was saved");
+    let used: u64 = saved.iter().map(|p| blocks(p)).sum();
+    assert!(
+        used < 16 << 20,
+        "staging holds its data only: {used} bytes used"
+    );
+    fs::remove_file(&small).unwrap();
+    let out = d.ctl(&["restart", &job.to_string()]);
+    assert_eq!(out.code, 0, "{out:?}");
+    let m = fs::metadata(&small).unwrap();
+    assert_eq!(m.len(), (2u64 << 30) + 4, "put back at its length");
+    assert!(
+        blocks(&small) < 16 << 20,
+        "and sparse: {} bytes used",
+        blocks(&small)
+    );
+    assert_eq!(d.ctl(&["cancel", &job.to_string()]).code, 0);
+}

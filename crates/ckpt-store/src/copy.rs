@@ -91,6 +91,55 @@ impl Throttle {
     }
 }
 
+/// Copies `src` to `dst` (empty) with its holes: only the ranges that hold data are read and
+/// written (`SEEK_DATA`/`SEEK_HOLE`), and `dst` gets `src`'s length. Returns the bytes copied.
+/// A file system that cannot tell its holes gets a plain copy.
+pub fn copy_sparse(src: &mut std::fs::File, dst: &mut std::fs::File) -> std::io::Result<u64> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    use std::os::fd::AsRawFd;
+    let len = src.metadata()?.len();
+    let fd = src.as_raw_fd();
+    let mut copied = 0u64;
+    let mut at: i64 = 0;
+    let mut buf = vec![0u8; 1 << 20];
+    while (at as u64) < len {
+        // SAFETY: lseek on a descriptor of ours.
+        let data = unsafe { libc::lseek(fd, at, libc::SEEK_DATA) };
+        if data < 0 {
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::ENXIO) => break, // only a hole is left
+                Some(libc::EINVAL) if at == 0 => {
+                    src.seek(SeekFrom::Start(0))?;
+                    return std::io::copy(src, dst);
+                }
+                _ => return Err(e),
+            }
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        src.seek(SeekFrom::Start(data as u64))?;
+        dst.seek(SeekFrom::Start(data as u64))?;
+        let mut left = (hole - data) as u64;
+        while left > 0 {
+            let want = left.min(buf.len() as u64) as usize;
+            let n = src.read(&mut buf[..want])?;
+            if n == 0 {
+                break;
+            }
+            dst.write_all(&buf[..n])?;
+            left -= n as u64;
+            copied += n as u64;
+        }
+        at = hole;
+    }
+    dst.set_len(len)?;
+    Ok(copied)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,5 +178,38 @@ mod tests {
             "{:?}",
             begin.elapsed()
         );
+    }
+
+    #[test]
+    fn a_sparse_file_is_copied_with_its_holes() {
+        use std::io::{Seek, SeekFrom, Write};
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = (d.path().join("a"), d.path().join("b"));
+        let mut f = std::fs::File::create(&a).unwrap();
+        f.write_all(b"head").unwrap();
+        f.seek(SeekFrom::Start(1 << 30)).unwrap();
+        f.write_all(b"middle").unwrap();
+        f.set_len(4 << 30).unwrap();
+        drop(f);
+        let mut src = std::fs::File::open(&a).unwrap();
+        let mut dst = std::fs::File::create(&b).unwrap();
+        let copied = copy_sparse(&mut src, &mut dst).unwrap();
+        assert!(copied < 64 << 20, "only the data is copied: {copied}");
+        let m = std::fs::metadata(&b).unwrap();
+        assert_eq!(m.len(), 4 << 30);
+        assert!(m.blocks() * 512 < 64 << 20, "the copy is sparse too");
+        let read_at = |off: u64, n: usize| {
+            use std::os::unix::fs::FileExt;
+            let mut v = vec![0u8; n];
+            std::fs::File::open(&b)
+                .unwrap()
+                .read_exact_at(&mut v, off)
+                .unwrap();
+            v
+        };
+        assert_eq!(read_at(0, 4), b"head");
+        assert_eq!(read_at(1 << 30, 6), b"middle");
+        assert_eq!(read_at(2 << 30, 4), [0; 4]);
     }
 }

@@ -348,7 +348,7 @@ fn put_back_preserved(pf: &PreservedFile, copy: Option<fs::File>) -> Result<(), 
         ));
     }
     file.set_len(0).map_err(plain)?;
-    io::copy(&mut copy, &mut file).map_err(plain)?;
+    ckpt_store::copy::copy_sparse(&mut copy, &mut file).map_err(plain)?;
     file.set_permissions(fs::Permissions::from_mode(mode))
         .map_err(plain)?;
     if meta.gid() != pf.gid {

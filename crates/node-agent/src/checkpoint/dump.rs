@@ -364,6 +364,11 @@ fn adopt_links(job: &mut NodeJob) -> Result<Option<String>, AgentError> {
     Ok(w.links.last().map(|l| format!("../{l}")))
 }
 
+/// The longest file outside the images a checkpoint saves (`extra/`): shared-memory segments
+/// of MPI libraries are megabytes to a few GiB per node; a longer one (a user's sparse file of
+/// terabytes) is refused, naming it, rather than read whole.
+const PRESERVE_MAX_BYTES: u64 = 16 << 30;
+
 /// Copies the files the engine does not save into `extra/` of the node directory (named pipes
 /// are only recorded); returns what was saved, the bytes copied and the time taken. These files
 /// are in directories users control (`/dev/shm`, `/tmp`): each is opened without following a
@@ -430,7 +435,16 @@ fn copy_preserved(
                 .mode(PRIVATE_FILE)
                 .open(&dst_path)
                 .map_err(io("create", &dst_path))?;
-            bytes += std::io::copy(&mut src, &mut dst).map_err(io("copy", p))?;
+            if meta.len() > PRESERVE_MAX_BYTES {
+                return Err(refused(
+                    p,
+                    format!(
+                        "it is {} bytes long, more than the {PRESERVE_MAX_BYTES} a checkpoint saves of a file outside the images (a sparse file of that length would still be read whole to check it)",
+                        meta.len()
+                    ),
+                ));
+            }
+            bytes += ckpt_store::copy::copy_sparse(&mut src, &mut dst).map_err(io("copy", p))?;
             saved
         };
         out.push(PreservedFile {
