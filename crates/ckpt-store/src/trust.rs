@@ -243,6 +243,18 @@ mod tests {
         unsafe { libc::geteuid() == 0 }
     }
 
+    /// A directory of root's (0755) under /tmp, or None (with the reason printed) if this is
+    /// not root, who alone can make directories of root's and of others.
+    fn root_scratch() -> Option<tempfile::TempDir> {
+        if !is_root() {
+            eprintln!("SKIPPED: needs root (directories owned by root and by others)");
+            return None;
+        }
+        let t = tempfile::tempdir().unwrap();
+        fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        Some(t)
+    }
+
     fn dir_with(parent: &Path, name: &str, mode: u32) -> PathBuf {
         let p = parent.join(name);
         fs::create_dir(&p).unwrap();
@@ -252,12 +264,7 @@ mod tests {
 
     #[test]
     fn roots_private_directory_under_a_sticky_one_is_trusted() {
-        if !is_root() {
-            eprintln!("SKIPPED: needs root (directories owned by root and by others)");
-            return;
-        }
-        let t = tempfile::tempdir().unwrap();
-        fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let Some(t) = root_scratch() else { return };
         let sticky = dir_with(t.path(), "shm", 0o1777);
         let local = dir_with(&sticky, "ckpt", 0o700);
         let canonical = check_root(&local, &Owners::ROOT).unwrap();
@@ -273,12 +280,7 @@ mod tests {
 
     #[test]
     fn a_root_a_user_owns_or_others_may_write_is_refused() {
-        if !is_root() {
-            eprintln!("SKIPPED: needs root (directories owned by root and by others)");
-            return;
-        }
-        let t = tempfile::tempdir().unwrap();
-        fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let Some(t) = root_scratch() else { return };
         let sticky = dir_with(t.path(), "shm", 0o1777);
         // A user made it first.
         let users = dir_with(&sticky, "ckpt", 0o700);
@@ -348,12 +350,7 @@ mod tests {
 
     #[test]
     fn a_squash_uid_is_accepted_on_its_own_file_system_only() {
-        if !is_root() {
-            eprintln!("SKIPPED: needs root (directories owned by root and by others)");
-            return;
-        }
-        let t = tempfile::tempdir().unwrap();
-        fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let Some(t) = root_scratch() else { return };
         let shared = dir_with(t.path(), "shared", 0o700);
         std::os::unix::fs::chown(&shared, Some(65534), Some(65534)).unwrap();
         let dev = fs::metadata(&shared).unwrap().dev();
