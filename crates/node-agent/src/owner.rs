@@ -459,8 +459,11 @@ pub(crate) fn put_back_own_output(
 /// Checks, while the restored processes are still frozen, that each holds only files its owner
 /// may use as it does. The engine reopens the job's files by path, as root, and follows links:
 /// a file the user swapped for a link (to root's secrets, or a file only root may write) since
-/// the put-back would otherwise stay open in the user's process. Judged by the mode bits; a
-/// file with an ACL is left alone (only its owner can set one). Root's jobs are not checked.
+/// the put-back would otherwise stay open in the user's process. Judged by the mode bits, and
+/// where a file has an ACL by the kernel itself: a child process with the owner's identity
+/// reopens it ([`owner_opens`]). Devices and named pipes are judged as files are (a link to
+/// `/dev/mem` or a disk is refused unless the owner may open it anyway). Root's jobs are not
+/// checked.
 pub(crate) fn verify_restored(
     job: u64,
     cgroup: &JobCgroup,
@@ -469,30 +472,144 @@ pub(crate) fn verify_restored(
     if owner.uid == 0 {
         return Ok(());
     }
-    for pid in cgroup.pids().unwrap_or_default() {
-        for h in procfs::held_files(pid) {
-            if owner_may(owner, &h.meta, h.access) || has_acl(&h.handle) {
-                continue;
-            }
-            let how = match (h.access.write, h.access.read) {
+    let refuse = |pid: i32, h: &procfs::Held, why: String| {
+        AgentError::FileRefused {
+        job,
+        action: "restore",
+        path: h.path.display().to_string(),
+        uid: owner.uid,
+        problem: format!(
+            "the restored process {pid} would hold it {}, {why}; it was replaced, e.g. by a link, after the checkpoint; the restored processes were killed",
+            match (h.access.write, h.access.read) {
                 _ if h.access.search => "as its working directory",
                 (true, _) => "open for writing",
                 _ => "open for reading",
-            };
-            return Err(AgentError::FileRefused {
-                job,
-                action: "restore",
-                path: h.path.display().to_string(),
-                uid: owner.uid,
-                problem: format!(
-                    "the restored process {pid} would hold it {how}, which its owner may not (it belongs to uid {}, mode 0{:o}); it was replaced, e.g. by a link, after the checkpoint; the restored processes were killed",
+            }
+        ),
+    }
+    };
+    for pid in cgroup.pids().unwrap_or_default() {
+        let mut by_kernel = Vec::new();
+        for h in procfs::held_files(pid) {
+            let by_mode = owner_may(owner, &h.meta, h.access);
+            if has_acl(&h.handle) {
+                by_kernel.push(h);
+            } else if !by_mode {
+                let why = format!(
+                    "which its owner may not (it belongs to uid {}, mode 0{:o})",
                     h.meta.uid(),
                     h.meta.mode() & 0o7777
-                ),
-            });
+                );
+                return Err(refuse(pid, &h, why));
+            }
+        }
+        let verdicts = owner_opens(owner, &by_kernel).map_err(|e| AgentError::Start {
+            job,
+            message: format!(
+                "cannot check the restored files' access as uid {}: {e}",
+                owner.uid
+            ),
+        })?;
+        if let Some((h, _)) = by_kernel.iter().zip(verdicts).find(|(_, ok)| !ok) {
+            return Err(refuse(
+                pid,
+                h,
+                "which its owner may not (the file's ACL does not let them)".into(),
+            ));
         }
     }
     Ok(())
+}
+
+/// Whether the owner may open each of `held` as it is held, by the kernel's own judgement
+/// (ACLs, groups and all): each is opened here as root by its `/proc` handle without any
+/// access (`O_PATH`), then a child process that has become the owner (uid, gid, groups)
+/// reopens it through its own descriptor with the access the job has (a working directory:
+/// enters it). Nothing is read or written; a pipe is opened without waiting.
+pub(crate) fn owner_opens(owner: &Identity, held: &[procfs::Held]) -> std::io::Result<Vec<bool>> {
+    use std::ffi::CString;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    if held.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut handles: Vec<OwnedFd> = Vec::new();
+    let mut asks: Vec<(CString, libc::c_int, bool)> = Vec::new();
+    for h in held {
+        let c =
+            CString::new(h.handle.as_os_str().as_encoded_bytes()).map_err(std::io::Error::other)?;
+        // SAFETY: open with a NUL-terminated path.
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor just opened, owned by nothing else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let flags = match (h.access.read, h.access.write) {
+            (_, false) => libc::O_RDONLY,
+            (false, true) => libc::O_WRONLY,
+            (true, true) => libc::O_RDWR,
+        } | libc::O_NONBLOCK
+            | libc::O_NOCTTY
+            | libc::O_CLOEXEC;
+        let path = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .map_err(std::io::Error::other)?;
+        asks.push((path, flags, h.access.search));
+        handles.push(fd);
+    }
+    let (r, w) = nix::unistd::pipe().map_err(std::io::Error::from)?;
+    let groups: Vec<libc::gid_t> = owner.groups.clone();
+    let (uid, gid) = (owner.uid, owner.gid);
+    let wfd = w.as_raw_fd();
+    // SAFETY: the child makes only system calls (setgroups, setgid, setuid, open, close,
+    // chdir, write, _exit) on memory prepared before the fork.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if child == 0 {
+        // SAFETY: see above.
+        unsafe {
+            if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                || libc::setgid(gid) != 0
+                || libc::setuid(uid) != 0
+            {
+                libc::_exit(2);
+            }
+            for (path, flags, search) in &asks {
+                let ok = if *search {
+                    libc::chdir(path.as_ptr()) == 0
+                } else {
+                    let fd = libc::open(path.as_ptr(), *flags);
+                    if fd >= 0 {
+                        libc::close(fd);
+                        true
+                    } else {
+                        // A pipe without a reader: the permission check passed first.
+                        *libc::__errno_location() == libc::ENXIO
+                    }
+                };
+                let b: u8 = if ok { b'1' } else { b'0' };
+                libc::write(wfd, (&b as *const u8).cast(), 1);
+            }
+            libc::_exit(0);
+        }
+    }
+    drop(w);
+    let mut answers = Vec::new();
+    use std::io::Read;
+    std::fs::File::from(r).read_to_end(&mut answers)?;
+    let mut status = 0;
+    // SAFETY: waitpid on our own child, into a local int.
+    unsafe { libc::waitpid(child, &mut status, 0) };
+    drop(handles);
+    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 || answers.len() != asks.len() {
+        return Err(std::io::Error::other(format!(
+            "the checking process ended with status {status} after {} of {} answers",
+            answers.len(),
+            asks.len()
+        )));
+    }
+    Ok(answers.iter().map(|&b| b == b'1').collect())
 }
 
 /// Whether `owner` may use a file as `access` says, by its mode bits (the owner's class, else

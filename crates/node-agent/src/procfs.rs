@@ -3,6 +3,7 @@
 //! checkpoint and restored before a restore), shared-memory files the engine does not save, and
 //! verbs device mappings (which need an ib-quiesce channel).
 use std::fs;
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 /// One process as `/proc/<pid>/stat` shows it.
@@ -443,7 +444,7 @@ pub struct Access {
     pub search: bool,
 }
 
-/// A regular file or directory a process holds.
+/// A file a process holds by a path.
 #[derive(Debug, Clone)]
 pub struct Held {
     /// Its path as the kernel shows it.
@@ -456,15 +457,19 @@ pub struct Held {
     pub access: Access,
 }
 
-/// The regular files and directories a process holds, and how: its open descriptors (not
-/// `O_PATH` ones), its file mappings and its working directory.
+/// The files a process holds by a path (regular files, directories, devices, named pipes),
+/// and how: its open descriptors (not `O_PATH` ones), its file mappings and its
+/// working directory.
 pub fn held_files(pid: i32) -> Vec<Held> {
     let mut out = Vec::new();
     let mut hold = |handle: PathBuf, access: Access| {
         let (Ok(meta), Ok(path)) = (fs::metadata(&handle), fs::read_link(&handle)) else {
             return;
         };
-        if meta.is_file() || meta.is_dir() {
+        // What a path reaches (files, directories, devices, named pipes); not sockets, pipes
+        // or anonymous inodes (`socket:[…]`, `pipe:[…]`, `anon_inode:…`), which no one can
+        // reopen by a path.
+        if path.is_absolute() && !meta.file_type().is_socket() {
             out.push(Held {
                 path,
                 handle,
