@@ -151,10 +151,11 @@ fn users_jobs_unsupported() -> Option<&'static str> {
 const IN_A_GUEST: &str = "run in a soft-RoCE test guest by users_jobs_are_checkpointed_in_a_guest";
 
 /// The tests that checkpoint a job of NOBODY's.
-const USERS_JOB_TESTS: [&str; 4] = [
+const USERS_JOB_TESTS: [&str; 5] = [
     "restart_of_a_users_job_does_not_follow_a_link_put_in_place_of_an_output_file",
     "restart_of_a_users_job_does_not_follow_a_link_put_in_place_of_a_shm_file",
     "restart_of_a_users_job_does_not_hand_it_a_file_it_may_not_read",
+    "restart_of_a_users_job_does_not_hand_it_a_file_whose_acl_grants_another",
     "other_users_read_nothing_the_daemons_keep",
 ];
 
@@ -317,6 +318,48 @@ fn restart_of_roots_job_does_not_follow_a_link_put_in_place_of_a_shm_file() {
 /// file its owner may not read, kills it before it ever runs, and says so.
 #[test]
 fn restart_of_a_users_job_does_not_hand_it_a_file_it_may_not_read() {
+    file_it_may_not_read(false);
+}
+
+/// The same with root's file carrying an ACL (as the system journal does on most
+/// distributions), which grants another user: the kernel, asked as the job's owner, refuses.
+#[test]
+fn restart_of_a_users_job_does_not_hand_it_a_file_whose_acl_grants_another() {
+    file_it_may_not_read(true);
+}
+
+/// Sets a POSIX access ACL on `path`: its owner rw, `user` read, nobody else.
+fn grant_read_by_acl(path: &Path, user: u32) -> std::io::Result<()> {
+    let mut blob = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in [
+        (0x01u16, 6u16, u32::MAX),
+        (0x02, 4, user),
+        (0x04, 0, u32::MAX),
+        (0x10, 4, u32::MAX),
+        (0x20, 0, u32::MAX),
+    ] {
+        blob.extend(tag.to_le_bytes());
+        blob.extend(perm.to_le_bytes());
+        blob.extend(id.to_le_bytes());
+    }
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: setxattr with NUL-terminated strings and a buffer of its stated length.
+    let rc = unsafe {
+        libc::setxattr(
+            c.as_ptr(),
+            c"system.posix_acl_access".as_ptr(),
+            blob.as_ptr().cast(),
+            blob.len(),
+            0,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn file_it_may_not_read(acl: bool) {
     skip_unless_ready!("sh");
     if let Some(why) = users_jobs_unsupported() {
         eprintln!("SKIPPED: {why}; {IN_A_GUEST}");
@@ -326,6 +369,12 @@ fn restart_of_a_users_job_does_not_hand_it_a_file_it_may_not_read() {
     let work = users_dir(NOBODY);
     let (_root_dir, victim, content) = root_file();
     fs::set_permissions(&victim, fs::Permissions::from_mode(0o600)).unwrap();
+    if acl {
+        if let Err(e) = grant_read_by_acl(&victim, 1234) {
+            eprintln!("SKIPPED: this file system takes no ACL: {e}");
+            return;
+        }
+    }
     let input = work.path().join("input.dat");
     fs::write(&input, vec![b'a'; content.len()]).unwrap();
     std::os::unix::fs::chown(&input, Some(NOBODY), Some(NOBODY)).unwrap();
