@@ -289,7 +289,7 @@ impl NodeJob {
 #[derive(Debug)]
 pub struct Jobs {
     pub(crate) node: String,
-    state_dir: PathBuf,
+    pub(crate) state_dir: PathBuf,
     pub(crate) staging: Staging,
     cgroups: CgroupParent,
     pub(crate) engine: Arc<dyn SnapshotEngine>,

@@ -70,6 +70,10 @@ pub enum ShimMode {
         /// following links while it restores (see `shim/guard.rs`).
         #[serde(default)]
         guard: Vec<PathBuf>,
+        /// Directories of root's alone below a guarded one (staging, the agent's state): the
+        /// engine follows its own links there (a pre-copy chain's `parent`).
+        #[serde(default)]
+        exempt: Vec<PathBuf>,
     },
 }
 
@@ -570,6 +574,7 @@ fn start(spec: &ShimSpec) -> Result<i32, String> {
             netns,
             gate,
             guard,
+            exempt,
         } => {
             let engine = restore::Engine {
                 cgroup_procs: &spec.cgroup_procs,
@@ -584,7 +589,7 @@ fn start(spec: &ShimSpec) -> Result<i32, String> {
                 pid_file,
                 netns.as_deref(),
                 gate.as_deref(),
-                guard,
+                (guard, exempt),
             )
         }
     }

@@ -325,6 +325,12 @@ impl Jobs {
         } else {
             guards(&m.notes)
         };
+        // Root's own trees (the trust check at start holds them root's alone), where the
+        // engine follows its own links (a pre-copy chain's `parent`), even below a guard.
+        let exempt: Vec<std::path::PathBuf> = [self.staging.root(), self.state_dir.as_path()]
+            .iter()
+            .filter_map(|p| fs::canonicalize(p).ok())
+            .collect();
         let prepare_ms = prepare_begin.elapsed().as_millis() as u64;
         let behind_gate = gate.is_some();
         let gate_path = gate.as_ref().map(|g| g.path().to_path_buf());
@@ -340,6 +346,7 @@ impl Jobs {
                         netns,
                         gate: gate_path,
                         guard,
+                        exempt,
                     },
                     &owner,
                     RESTORE_TIMEOUT,

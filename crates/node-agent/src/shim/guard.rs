@@ -62,8 +62,10 @@ fn set_nosymfollow(dir: &CString, on: bool) -> io::Result<()> {
 
 /// Guards `dirs` for the engine about to start from this thread: a mount namespace of its
 /// own (node's mounts as slaves), each directory bound onto itself, recursively, without
-/// following links. Nothing to do for none.
-pub(super) fn guard(dirs: &[PathBuf]) -> Result<(), String> {
+/// following links; then each of `exempt` below one of them (directories of root's alone, such
+/// as staging under `/tmp` or `/dev/shm`) bound onto itself following links again. Nothing to
+/// do for none.
+pub(super) fn guard(dirs: &[PathBuf], exempt: &[PathBuf]) -> Result<(), String> {
     if dirs.is_empty() {
         return Ok(());
     }
@@ -110,6 +112,27 @@ pub(super) fn guard(dirs: &[PathBuf]) -> Result<(), String> {
         }
         set_nosymfollow(&c, true)
             .map_err(|e| format!("cannot guard {} against links: {e}", d.display()))?;
+    }
+    for e in exempt.iter().filter(|e| dirs.iter().any(|d| e.starts_with(d))) {
+        let c = c_path(e).map_err(|err| format!("{}: {err}", e.display()))?;
+        // SAFETY: mount with NUL-terminated strings.
+        let rc = unsafe {
+            libc::mount(
+                c.as_ptr(),
+                c.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND | libc::MS_REC,
+                std::ptr::null(),
+            )
+        };
+        if rc != 0 {
+            return Err(format!(
+                "cannot bind {} for the restore: {}",
+                e.display(),
+                io::Error::last_os_error()
+            ));
+        }
+        set_nosymfollow(&c, false).map_err(|err| format!("{}: {err}", e.display()))?;
     }
     Ok(())
 }

@@ -23,9 +23,9 @@ pub(super) fn start(
     pid_file: &Path,
     netns: Option<&Path>,
     gate: Option<&Path>,
-    guard: &[std::path::PathBuf],
+    (guard, exempt): (&[std::path::PathBuf], &[std::path::PathBuf]),
 ) -> Result<i32, String> {
-    super::guard::guard(guard)?;
+    super::guard::guard(guard, exempt)?;
     let pid = run(engine, run_dir, argv, pid_file, netns, gate)?;
     if let Err(e) = super::guard::lift(guard, pid) {
         kill_cgroup(engine.cgroup_procs);
