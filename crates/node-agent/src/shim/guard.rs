@@ -113,7 +113,10 @@ pub(super) fn guard(dirs: &[PathBuf], exempt: &[PathBuf]) -> Result<(), String> 
         set_nosymfollow(&c, true)
             .map_err(|e| format!("cannot guard {} against links: {e}", d.display()))?;
     }
-    for e in exempt.iter().filter(|e| dirs.iter().any(|d| e.starts_with(d))) {
+    for e in exempt
+        .iter()
+        .filter(|e| dirs.iter().any(|d| e.starts_with(d)))
+    {
         let c = c_path(e).map_err(|err| format!("{}: {err}", e.display()))?;
         // SAFETY: mount with NUL-terminated strings.
         let rc = unsafe {
