@@ -377,11 +377,18 @@ impl SnapshotEngine for Criu {
     }
 
     fn restore_failed(&self, status: String, log: &Path) -> EngineError {
+        let mut summary = log_summary(log);
+        if summary.contains("Too many levels of symbolic links") {
+            // The restore's guard (`shim/guard.rs`) at work, or a link left in place.
+            summary = format!(
+                "a path of the job's, in a directory users control, is a symbolic link now (replaced since the checkpoint?); the restore does not follow links there: remove the link and restart. CRIU: {summary}"
+            );
+        }
         EngineError::Failed {
             engine: "criu",
             op: "restore",
             status,
-            summary: log_summary(log),
+            summary,
             log: PathBuf::from(log),
         }
     }
