@@ -970,15 +970,10 @@ fn a_user_holding_control_connections_does_not_lock_others_out() {
          time.sleep(30)\n",
         d.socket.display().to_string()
     );
-    let mut holder = command_as(
-        NOBODY,
-        Path::new("/"),
-        python,
-        &["-c", &hold],
-    )
-    .stdout(Stdio::piped())
-    .spawn()
-    .expect("start python3 as nobody");
+    let mut holder = command_as(NOBODY, Path::new("/"), python, &["-c", &hold])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start python3 as nobody");
     let mut line = String::new();
     use std::io::BufRead;
     std::io::BufReader::new(holder.stdout.take().unwrap())
