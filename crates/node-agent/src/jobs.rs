@@ -76,6 +76,10 @@ pub struct JobRecord {
     /// The snapshot engine the job runs under; empty: the default (CRIU).
     #[serde(default)]
     pub engine: String,
+    /// The mount namespace (device, inode) the agent's last guarded restore made for the part
+    /// (`shim/guard.rs`): its dumps run CRIU there. None: the node's.
+    #[serde(default)]
+    pub guarded_ns: Option<(u64, u64)>,
 }
 
 /// Where one epoch is on this node.
@@ -556,6 +560,7 @@ impl Jobs {
                 owner: None,
                 sandbox: None,
                 engine: String::new(),
+                guarded_ns: None,
             },
             dir,
             cgroup: self.cgroups.job(job),

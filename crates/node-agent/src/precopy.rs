@@ -137,6 +137,8 @@ struct Target {
     /// The job's log directory.
     logs: PathBuf,
     external_netns: Option<u64>,
+    /// See [`crate::engine::DumpSpec::guarded_ns`].
+    guarded_ns: Option<(u64, u64)>,
     delay: Duration,
 }
 
@@ -244,6 +246,7 @@ impl Jobs {
             cgroup: job.cgroup.path().to_path_buf(),
             logs: job.dir.join("logs"),
             external_netns,
+            guarded_ns: job.record.guarded_ns,
             delay: cfg.stagger * job.record.part,
         };
         drop(job);
@@ -352,6 +355,7 @@ fn precopy_step(
         track_mem: true,
         session: None,
         owner: None,
+        guarded_ns: t.guarded_ns,
     });
     let took = begin.elapsed();
     match r {
@@ -529,6 +533,7 @@ mod tests {
             cgroup: d.path().join("cg"),
             logs: d.path().to_path_buf(),
             external_netns: None,
+            guarded_ns: None,
             delay: Duration::ZERO,
         };
         precopy_step(7, &cfg(), &engine, &mut c, &t, &waiting);

@@ -68,6 +68,7 @@ pub(super) fn dump_running(
         track_mem: false,
         session: Some(&session),
         owner: Some(owner),
+        guarded_ns: None,
     });
     let took = begin.elapsed();
     w.suspended = Some(took);
@@ -245,6 +246,7 @@ pub(super) fn dump_frozen(
     let images = w.node_dir.join(chain::IMAGES_DIR);
     fs::create_dir_all(&images).map_err(io("create", &images))?;
     let parent = adopt_links(job)?;
+    let guarded_ns = job.record.guarded_ns;
     let w = job.work.as_mut().expect("checked by caller");
     let log = job.dir.join("logs").join(format!("dump-{}.log", w.epoch));
     // Copying the preserved files and the engine's dump both only read the frozen job and write
@@ -266,6 +268,7 @@ pub(super) fn dump_frozen(
                 track_mem: parent.is_some(),
                 session: None,
                 owner: Some(owner),
+                guarded_ns,
             })
             .map_err(|source| AgentError::Engine { job: id, source })
             .map(|()| t.elapsed());

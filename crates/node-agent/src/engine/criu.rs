@@ -130,21 +130,19 @@ impl Criu {
     /// node's namespace, CRIU would record that namespace and its restore would have to make it
     /// again (which fails); dumped from inside it, the tree shares CRIU's namespace, as a tree
     /// never restored does. None: the node's.
+    ///
+    /// Only the namespace the agent's own guarded restore made ([`DumpSpec::guarded_ns`]) is
+    /// entered: in a mount namespace a user made (with a user namespace), the user could mount
+    /// over the engine's binary or staging, and root would run or write what they put there.
     fn tree_mount_ns(spec: &DumpSpec<'_>) -> Option<std::fs::File> {
         if spec.external_netns.is_some() {
             return None;
         }
-        let ino = |p: &str| {
-            std::fs::metadata(p).ok().map(|m| {
-                use std::os::unix::fs::MetadataExt;
-                (m.dev(), m.ino())
-            })
-        };
-        let theirs = format!("/proc/{}/ns/mnt", spec.root_pid);
-        match (ino("/proc/self/ns/mnt"), ino(&theirs)) {
-            (Some(a), Some(b)) if a != b => std::fs::File::open(&theirs).ok(),
-            _ => None,
-        }
+        let want = spec.guarded_ns?;
+        let f = std::fs::File::open(format!("/proc/{}/ns/mnt", spec.root_pid)).ok()?;
+        let m = f.metadata().ok()?;
+        use std::os::unix::fs::MetadataExt;
+        ((m.dev(), m.ino()) == want).then_some(f)
     }
 
     /// Runs `criu <args>` for `op` (in the mount namespace `ns`, if given); on failure, the
@@ -418,6 +416,48 @@ pub fn is_page_data(rel: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tree in a mount namespace of its own is dumped from inside it only when it is the one
+    /// the agent's guarded restore recorded; one a user made (or any other) is never entered.
+    #[test]
+    fn only_the_recorded_guarded_namespace_is_entered() {
+        if !nix::unistd::geteuid().is_root() || !Path::new("/usr/bin/unshare").exists() {
+            eprintln!("SKIPPED: needs root and unshare(1)");
+            return;
+        }
+        let mut child = Command::new("/usr/bin/unshare")
+            .args(["--mount", "--propagation", "slave", "sleep", "30"])
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let ns = |p: i32| loop {
+            let own = std::fs::metadata("/proc/self/ns/mnt").unwrap();
+            let theirs = std::fs::metadata(format!("/proc/{p}/ns/mnt")).unwrap();
+            use std::os::unix::fs::MetadataExt;
+            if theirs.ino() != own.ino() {
+                break (theirs.dev(), theirs.ino());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        let theirs = ns(pid);
+        let spec = |guarded_ns| DumpSpec {
+            root_pid: pid,
+            images_dir: Path::new("/nonexistent"),
+            cgroup: Path::new("/nonexistent"),
+            log_file: Path::new("/nonexistent"),
+            external_netns: None,
+            parent: None,
+            track_mem: false,
+            session: None,
+            owner: None,
+            guarded_ns,
+        };
+        assert!(Criu::tree_mount_ns(&spec(None)).is_none(), "not recorded");
+        assert!(Criu::tree_mount_ns(&spec(Some((theirs.0, theirs.1 + 1)))).is_none());
+        assert!(Criu::tree_mount_ns(&spec(Some(theirs))).is_some());
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 
     #[test]
     fn only_page_data_files_count_as_memory_contents() {

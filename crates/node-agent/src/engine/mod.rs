@@ -42,6 +42,10 @@ pub struct DumpSpec<'a> {
     pub session: Option<&'a Path>,
     /// The uid the job runs as.
     pub owner: Option<u32>,
+    /// The mount namespace (device, inode) a guarded restore made for the tree
+    /// (`shim/guard.rs`), which the engine enters to dump it; a namespace the tree is in that is
+    /// not this one (one a user made) is never entered.
+    pub guarded_ns: Option<(u64, u64)>,
 }
 
 /// What to restore.

@@ -331,6 +331,7 @@ impl Jobs {
             .iter()
             .filter_map(|p| fs::canonicalize(p).ok())
             .collect();
+        let guarded = !guard.is_empty();
         let prepare_ms = prepare_begin.elapsed().as_millis() as u64;
         let behind_gate = gate.is_some();
         let gate_path = gate.as_ref().map(|g| g.path().to_path_buf());
@@ -399,6 +400,21 @@ impl Jobs {
                     self.release_tcp(job_id, sandboxed).await;
                 }
                 return Err(error);
+            }
+        }
+        // The namespace a guarded restore made: later dumps run the engine there, and only
+        // there (see `DumpSpec::guarded_ns`).
+        job.record.guarded_ns = match (&started, guarded) {
+            (Ok(pid), true) => fs::metadata(format!("/proc/{pid}/ns/mnt")).ok().map(|m| {
+                use std::os::unix::fs::MetadataExt;
+                (m.dev(), m.ino())
+            }),
+            _ => None,
+        };
+        if guarded {
+            // Kept across an agent restart: the next dump must still run there.
+            if let Err(e) = job.save() {
+                warn!(job = job_id, error = %e, "cannot record the restored part's mount namespace");
             }
         }
         let pid = match started {
