@@ -328,37 +328,6 @@ fn restart_of_a_users_job_does_not_hand_it_a_file_whose_acl_grants_another() {
     file_it_may_not_read(true);
 }
 
-/// Sets a POSIX access ACL on `path`: its owner rw, `user` read, nobody else.
-fn grant_read_by_acl(path: &Path, user: u32) -> std::io::Result<()> {
-    let mut blob = 2u32.to_le_bytes().to_vec();
-    for (tag, perm, id) in [
-        (0x01u16, 6u16, u32::MAX),
-        (0x02, 4, user),
-        (0x04, 0, u32::MAX),
-        (0x10, 4, u32::MAX),
-        (0x20, 0, u32::MAX),
-    ] {
-        blob.extend(tag.to_le_bytes());
-        blob.extend(perm.to_le_bytes());
-        blob.extend(id.to_le_bytes());
-    }
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: setxattr with NUL-terminated strings and a buffer of its stated length.
-    let rc = unsafe {
-        libc::setxattr(
-            c.as_ptr(),
-            c"system.posix_acl_access".as_ptr(),
-            blob.as_ptr().cast(),
-            blob.len(),
-            0,
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 fn file_it_may_not_read(acl: bool) {
     skip_unless_ready!("sh");
     if let Some(why) = users_jobs_unsupported() {
@@ -370,7 +339,7 @@ fn file_it_may_not_read(acl: bool) {
     let (_root_dir, victim, content) = root_file();
     fs::set_permissions(&victim, fs::Permissions::from_mode(0o600)).unwrap();
     if acl {
-        if let Err(e) = grant_read_by_acl(&victim, 1234) {
+        if let Err(e) = ckpt_store::testdata::set_access_acl(&victim, 1234, 4) {
             eprintln!("SKIPPED: this file system takes no ACL: {e}");
             return;
         }

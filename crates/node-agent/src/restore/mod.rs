@@ -744,37 +744,6 @@ mod tests {
 
     const NOBODY: u32 = 65534;
 
-    /// Sets a POSIX access ACL on `path`: the owner rw, `user` with `perm`, nobody else.
-    fn set_acl(path: &Path, user: u32, perm: u16) -> std::io::Result<()> {
-        let mut blob = 2u32.to_le_bytes().to_vec();
-        for (tag, perm, id) in [
-            (0x01u16, 6u16, u32::MAX),
-            (0x02, perm, user),
-            (0x04, 0, u32::MAX),
-            (0x10, perm, u32::MAX),
-            (0x20, 0, u32::MAX),
-        ] {
-            blob.extend(tag.to_le_bytes());
-            blob.extend(perm.to_le_bytes());
-            blob.extend(id.to_le_bytes());
-        }
-        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: setxattr with NUL-terminated strings and a buffer of its stated length.
-        let rc = unsafe {
-            libc::setxattr(
-                c.as_ptr(),
-                c"system.posix_acl_access".as_ptr(),
-                blob.as_ptr().cast(),
-                blob.len(),
-                0,
-            )
-        };
-        if rc != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
-    }
-
     /// A root file with an ACL (as the system journal has on most distributions) is no longer
     /// let through: the kernel, asked by a process that is the owner, decides. One whose ACL
     /// names the owner passes; one whose ACL names someone else is refused, for reading and
@@ -794,11 +763,11 @@ mod tests {
             fs::write(f, b"root's").unwrap();
             fs::set_permissions(f, fs::Permissions::from_mode(0o600)).unwrap();
         }
-        if let Err(e) = set_acl(&granted, NOBODY, 4) {
+        if let Err(e) = ckpt_store::testdata::set_access_acl(&granted, NOBODY, 4) {
             eprintln!("SKIPPED: this file system takes no ACL: {e}");
             return;
         }
-        set_acl(&other, 1234, 4).unwrap();
+        ckpt_store::testdata::set_access_acl(&other, 1234, 4).unwrap();
         assert!(has_acl(&granted) && has_acl(&other));
         let nobody = Identity {
             uid: NOBODY,

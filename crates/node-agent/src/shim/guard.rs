@@ -92,24 +92,7 @@ pub(super) fn guard(dirs: &[PathBuf], exempt: &[PathBuf]) -> Result<(), String> 
         }
     }
     for d in dirs {
-        let c = c_path(d).map_err(|e| format!("{}: {e}", d.display()))?;
-        // SAFETY: mount with NUL-terminated strings.
-        let rc = unsafe {
-            libc::mount(
-                c.as_ptr(),
-                c.as_ptr(),
-                std::ptr::null(),
-                libc::MS_BIND | libc::MS_REC,
-                std::ptr::null(),
-            )
-        };
-        if rc != 0 {
-            return Err(format!(
-                "cannot bind {} for the restore: {}",
-                d.display(),
-                io::Error::last_os_error()
-            ));
-        }
+        let c = bind_onto_itself(d)?;
         set_nosymfollow(&c, true)
             .map_err(|e| format!("cannot guard {} against links: {e}", d.display()))?;
     }
@@ -117,27 +100,33 @@ pub(super) fn guard(dirs: &[PathBuf], exempt: &[PathBuf]) -> Result<(), String> 
         .iter()
         .filter(|e| dirs.iter().any(|d| e.starts_with(d)))
     {
-        let c = c_path(e).map_err(|err| format!("{}: {err}", e.display()))?;
-        // SAFETY: mount with NUL-terminated strings.
-        let rc = unsafe {
-            libc::mount(
-                c.as_ptr(),
-                c.as_ptr(),
-                std::ptr::null(),
-                libc::MS_BIND | libc::MS_REC,
-                std::ptr::null(),
-            )
-        };
-        if rc != 0 {
-            return Err(format!(
-                "cannot bind {} for the restore: {}",
-                e.display(),
-                io::Error::last_os_error()
-            ));
-        }
+        let c = bind_onto_itself(e)?;
         set_nosymfollow(&c, false).map_err(|err| format!("{}: {err}", e.display()))?;
     }
     Ok(())
+}
+
+/// Binds `dir` onto itself (with what is mounted below it) in this mount namespace.
+fn bind_onto_itself(dir: &Path) -> Result<CString, String> {
+    let c = c_path(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    // SAFETY: mount with NUL-terminated strings.
+    let rc = unsafe {
+        libc::mount(
+            c.as_ptr(),
+            c.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND | libc::MS_REC,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(format!(
+            "cannot bind {} for the restore: {}",
+            dir.display(),
+            io::Error::last_os_error()
+        ));
+    }
+    Ok(c)
 }
 
 /// Lifts the guard of `dirs` for the processes restored under it (the restored root is
