@@ -39,7 +39,9 @@ impl PeerProcess {
             // SAFETY: a descriptor the kernel just returned, owned by nothing else.
             pidfd: unsafe { OwnedFd::from_raw_fd(fd as i32) },
         };
-        let started = start_ticks(pid)?;
+        let started = crate::procfs::stat(pid)
+            .ok_or_else(|| io::Error::other(format!("pid {pid} is gone")))?
+            .start_ticks;
         if started > accepted {
             return Err(io::Error::other(format!(
                 "pid {pid} started after its connection was accepted: the process that connected exited and its PID was reused"
@@ -128,20 +130,6 @@ fn clock_ticks() -> u64 {
     }
 }
 
-/// When `pid` started, in ticks since boot (field 22 of `/proc/<pid>/stat`).
-fn start_ticks(pid: i32) -> io::Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // The command name (field 2) may hold spaces and parentheses: fields follow the last ')'.
-    let rest = stat
-        .rsplit_once(')')
-        .map(|(_, r)| r)
-        .ok_or_else(|| io::Error::other(format!("/proc/{pid}/stat: unreadable")))?;
-    rest.split_whitespace()
-        .nth(19)
-        .and_then(|f| f.parse().ok())
-        .ok_or_else(|| io::Error::other(format!("/proc/{pid}/stat: no start time")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,7 +137,7 @@ mod tests {
     #[test]
     fn this_process_started_before_now_and_is_alive() {
         let me = std::process::id() as i32;
-        assert!(start_ticks(me).unwrap() <= boot_ticks());
+        assert!(crate::procfs::stat(me).unwrap().start_ticks <= boot_ticks());
         let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
         let p = PeerProcess::of(&a, me, boot_ticks()).unwrap();
         assert!(p.alive());
