@@ -170,14 +170,11 @@ pub(super) fn dump_frozen(
         for p in &used {
             if let Some(ino) = procfs::socket_inode(Path::new(p)) {
                 sockets.push(ino);
-            } else if let Some(dir) = p
-                .strip_suffix(" (deleted)")
-                .unwrap_or(p)
-                .strip_prefix('/')
-                .map(|rest| Path::new("/").join(rest))
-                .and_then(|f| f.parent().map(Path::to_path_buf))
-            {
-                guard.insert(dir);
+            } else {
+                let file = Path::new(p.strip_suffix(" (deleted)").unwrap_or(p));
+                if let Some(dir) = file.parent().filter(|_| file.is_absolute()) {
+                    guard.insert(dir.to_path_buf());
+                }
             }
         }
         if let Ok(cwd) = fs::read_link(format!("/proc/{pid}/cwd")) {
