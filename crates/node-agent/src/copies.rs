@@ -82,18 +82,19 @@ pub struct CopyCheck {
 /// system only.
 pub(crate) fn trusted_shared(root: &Path) -> Result<(), ckpt_store::trust::Untrusted> {
     use ckpt_store::trust::{check_root, squash_uid, Owners, Untrusted};
-    match check_root(root, &Owners::ROOT) {
-        Err(Untrusted::NotRoots { .. }) => match squash_uid(root) {
-            Ok((uid, dev)) if uid != 0 => check_root(
-                root,
-                &Owners {
-                    squash: Some((uid, dev)),
-                },
-            )
-            .map(|_| ()),
-            _ => check_root(root, &Owners::ROOT).map(|_| ()),
-        },
-        r => r.map(|_| ()),
+    let as_root = check_root(root, &Owners::ROOT).map(|_| ());
+    if !matches!(as_root, Err(Untrusted::NotRoots { .. })) {
+        return as_root;
+    }
+    match squash_uid(root) {
+        Ok((uid, dev)) if uid != 0 => check_root(
+            root,
+            &Owners {
+                squash: Some((uid, dev)),
+            },
+        )
+        .map(|_| ()),
+        _ => as_root,
     }
 }
 

@@ -185,16 +185,8 @@ pub fn open_jobs(
             source: std::io::Error::other(e.to_string()),
         })?;
     trusted(&cfg.local_dir, "local_dir")?;
-    if cfg
-        .shared_dir
-        .as_deref()
-        .is_some_and(std::path::Path::is_dir)
-    {
-        // Where it is mounted now; checked again before every use (it may be mounted later).
-        let shared = cfg
-            .shared_dir
-            .as_deref()
-            .unwrap_or(std::path::Path::new("/"));
+    // Where it is mounted now; checked again before every use (it may be mounted later).
+    if let Some(shared) = cfg.shared_dir.as_deref().filter(|d| d.is_dir()) {
         copies::trusted_shared(shared).map_err(|source| StartError::Untrusted {
             what: "shared_dir",
             source,
