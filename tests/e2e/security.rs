@@ -959,6 +959,39 @@ fn a_user_holding_control_connections_does_not_lock_others_out() {
     let _ = holder.wait();
 }
 
+/// `[limits]`: a user (nobody) past their live jobs and hourly checkpoints is refused with
+/// exit 10, naming the limit, while root is not; a checkpoint with `--kill` is never refused
+/// by the limit.
+#[test]
+fn a_user_past_their_limits_is_refused_and_root_is_not() {
+    let d = Ckptd::start(Options {
+        extra_toml: "[limits]\njobs = 1\ncheckpoints_per_hour = 1\n".into(),
+        ..Default::default()
+    });
+    open_up(&d);
+    let sleep = ["/bin/sleep", "600"];
+    let job = run_as(&d, NOBODY, Path::new("/"), &sleep);
+    let refused = d.ctl_as(NOBODY, &["run", "--", "/bin/sleep", "600"]);
+    assert_eq!(refused.code, 10, "{refused:?}");
+    assert!(refused.stderr.contains("[limits] jobs"), "{refused:?}");
+    let root_job = run_as(&d, 0, Path::new("/"), &sleep);
+    let j = job.to_string();
+    // The first checkpoint counts whatever its outcome (a user's dump may fail on this
+    // kernel: see users_jobs_are_checkpointed_in_a_guest); the second is over the limit.
+    d.ctl_as(NOBODY, &["checkpoint", "--wait", &j]);
+    let again = d.ctl_as(NOBODY, &["checkpoint", "--wait", &j]);
+    assert_eq!(again.code, 10, "{again:?}");
+    assert!(
+        again.stderr.contains("[limits] checkpoints_per_hour"),
+        "{again:?}"
+    );
+    let last = d.ctl_as(NOBODY, &["checkpoint", "--kill", &j]);
+    assert!(!last.stderr.contains("[limits]"), "{last:?}");
+    for id in [job, root_job] {
+        d.ctl(&["cancel", &id.to_string()]);
+    }
+}
+
 /// A job holding a sparse file in /dev/shm: the checkpoint saves only its data and the restart
 /// puts it back as sparse (neither staging nor /dev/shm fills with zeros); one longer than a
 /// checkpoint saves (16 GiB) is refused, naming it, and the job runs on.

@@ -31,6 +31,8 @@ pub struct CoordinatorConfig {
     pub spares: Spares,
     /// Periodic checkpoints (`ckptctl run --every`, `ckptctl policy`).
     pub policy: PolicyConfig,
+    /// What one user may hold and ask for.
+    pub limits: Limits,
     /// A node whose agent has not sent a heartbeat for this long is down (agents beat every
     /// second by default): a restart replaces it with a spare.
     #[serde(with = "humantime_serde")]
@@ -45,6 +47,36 @@ pub struct CoordinatorConfig {
     /// The `[agent]` table: the embedded agent's settings, used with `--standalone`. The ckptd
     /// binary reads and validates it; the coordinator does not look inside.
     pub agent: toml::Table,
+}
+
+/// What one user other than root may hold and ask for, so that no user can take the cluster's
+/// job addresses, the coordinator's time or the nodes' disks from the others. 0: no limit.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Live jobs (starting, running, checkpointing or restarting) per user: `run` and
+    /// `restart` beyond it are refused.
+    pub jobs: u32,
+    /// Job addresses the jobs of one user may hold (running or restartable jobs keep theirs).
+    pub addresses: u32,
+    /// Checkpoints of one user's jobs started in any hour, asked for or periodic. A
+    /// checkpoint with `--kill` (the last one before a preemption or a time limit) and one
+    /// root takes (drain, deadline) are never refused, nor counted.
+    pub checkpoints_per_hour: u32,
+    /// `ckptctl verify` runs of one user in progress at once (each reads every image of an
+    /// epoch on every node).
+    pub verifies: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            jobs: 256,
+            addresses: 1024,
+            checkpoints_per_hour: 360,
+            verifies: 2,
+        }
+    }
 }
 
 /// How many committed checkpoints of each job keep their images.
@@ -267,6 +299,7 @@ impl Default for CoordinatorConfig {
             job_network: JobNetwork::default(),
             spares: Spares::default(),
             policy: PolicyConfig::default(),
+            limits: Limits::default(),
             node_timeout: Duration::from_secs(10),
             tls_dir: ckpt_auth::ca::DEFAULT_DIR.into(),
             metrics: Default::default(),

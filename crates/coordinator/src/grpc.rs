@@ -25,6 +25,7 @@ pub fn to_status(e: &DriveError) -> Status {
         DriveError::Invalid(_) => Code::InvalidArgument,
         DriveError::Denied(_) => Code::PermissionDenied,
         DriveError::Busy(_) => Code::Unavailable,
+        DriveError::Quota(_) => Code::ResourceExhausted,
         DriveError::NoAgents => Code::Unavailable,
         DriveError::UnknownNode { .. } => Code::NotFound,
         DriveError::NodeNotFree { .. } => Code::FailedPrecondition,

@@ -26,6 +26,7 @@ impl Coordinator {
         if job.addresses.contains_key(node) || job.engine_virtualizes() {
             return Ok(());
         }
+        self.check_address_quota(job)?;
         let used = self.addresses_in_use(job.id)?;
         let mine: BTreeSet<Ipv4Addr> = job.addresses.values().filter_map(|a| host(a)).collect();
         let free = (u32::from(first)..=u32::from(last))

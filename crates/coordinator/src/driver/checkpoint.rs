@@ -47,6 +47,7 @@ impl Coordinator {
             }
             Err(e) => return Err(e.into()),
         };
+        self.count_checkpoint(caller, kill)?;
         let mut epoch = Epoch::begin(id, number, kill, job.nodes(), now_ms());
         epoch.trigger = trigger.to_string();
         self.registry.put_job_and_epoch(&job, &epoch)?;

@@ -197,6 +197,7 @@ impl Coordinator {
                 engine: spec.engine.clone(),
             };
             let mut job = job;
+            self.check_live_jobs(&job)?;
             self.take_address(&mut job, &node)?;
             self.registry.put_job(&job)?;
             let address = job.addresses.get(&node).cloned().unwrap_or_default();

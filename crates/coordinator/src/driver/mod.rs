@@ -24,6 +24,7 @@ pub mod flush;
 mod jobs;
 mod nodes;
 mod placement;
+mod quota;
 mod restart;
 mod resume;
 mod schedule;
@@ -89,6 +90,9 @@ pub enum DriveError {
     /// The caller may not do this (wrong job secret).
     #[error("{0}")]
     Denied(String),
+    /// The caller's `[limits]` in ckptd.toml would be exceeded.
+    #[error("{0}")]
+    Quota(String),
     /// Not now: try again shortly (a checkpoint or restart of the job is in progress).
     #[error("{0}")]
     Busy(String),
@@ -233,6 +237,8 @@ pub struct Coordinator {
     /// Epochs to abort on a node when its agent registers: found in progress at start-up, or
     /// whose abort could not reach the node.
     orphaned: std::sync::Mutex<Vec<(String, u64, u32)>>,
+    /// What `[limits]` counts in memory.
+    usage: quota::Usage,
     /// The coordinator's cluster credential: agents are called over TLS with it. None for a
     /// standalone ckptd without one, which reaches only its embedded agent (local socket).
     credential: Option<ckpt_auth::tls::Credential>,
@@ -295,13 +301,14 @@ impl Coordinator {
             orphaned: std::sync::Mutex::new(orphaned),
             credential,
             flushes,
+            usage: Default::default(),
         }))
     }
 
     async fn update_job(
         &self,
         id: u64,
-        f: impl FnOnce(&mut Job) -> Result<(), TransitionError>,
+        f: impl FnOnce(&mut Job) -> Result<(), DriveError>,
     ) -> Result<Job, DriveError> {
         let _g = self.state.lock().await;
         let mut job = self

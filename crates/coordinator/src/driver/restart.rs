@@ -48,6 +48,7 @@ impl Coordinator {
     ) -> Result<pb::VerifyReply, DriveError> {
         let job = self.job_for(caller, id)?;
         let e = self.restorable_epoch(&job, epoch)?;
+        let _slot = self.usage.verify(&self.cfg.limits, caller.uid)?;
         let d = self.cfg.deadlines.restore;
         let calls = e.nodes.iter().map(|n| {
             let req = pb::VerifyNodeRequest {
@@ -95,7 +96,10 @@ impl Coordinator {
         let job = self
             .update_job(id, |j| {
                 previous = j.state.clone();
-                j.begin_restart()
+                if !j.state.is_active() {
+                    self.check_live_jobs(j)?;
+                }
+                Ok(j.begin_restart()?)
             })
             .await?;
         // A restored job's next epoch opens new streams.
@@ -183,7 +187,7 @@ impl Coordinator {
                             .restarts
                             .with_label_values(&["failed"])
                             .inc();
-                        self.update_job(id, |j| j.end_restart(Err(previous)))
+                        self.update_job(id, |j| Ok(j.end_restart(Err(previous))?))
                             .await?;
                         let mut failure = f;
                         for s in skipped.iter().rev() {

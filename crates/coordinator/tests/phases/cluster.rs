@@ -272,9 +272,15 @@ impl Agent for FakeAgent {
     }
     async fn verify(
         &self,
-        _: Request<pb::VerifyNodeRequest>,
+        req: Request<pb::VerifyNodeRequest>,
     ) -> Result<Response<pb::NodeVerify>, Status> {
-        Err(Status::unimplemented("verify"))
+        self.enter("verify", req.get_ref().epoch.to_string())
+            .await?;
+        Ok(Response::new(pb::NodeVerify {
+            node: self.node.clone(),
+            ok: true,
+            ..Default::default()
+        }))
     }
     async fn prune(
         &self,
