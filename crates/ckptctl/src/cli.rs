@@ -22,7 +22,7 @@ Exit codes:
   3 job not found      4 not allowed in the job's current state
   5 permission denied  6 checkpoint or restart failed (epoch aborted; job unharmed)
   7 ckptd or an agent unreachable                 8 image corrupt or missing
-  9 a deadline passed  10 staging storage full";
+  9 a deadline passed  10 out of room: staging full, no spare free, or a [limits] reached";
 
 /// Checkpoint and restart MPI jobs with ckpt.
 ///
