@@ -11,7 +11,7 @@ use ckpt_tests::netns::Cluster;
 use ckpt_tests::sockets::{listening, Listening};
 use ckpt_tests::{as_user, bin_dir, skip_unless_ready, Ckptd, Options};
 
-const NOBODY: u32 = 65534;
+use ckpt_tests::NOBODY;
 const PWNED: &str = "/tmp/ckpt-attack-pwned";
 
 /// Calls only the coordinator may make: a daemon must refuse them outright.

@@ -294,6 +294,7 @@ fn a_dmtcp_job_restarts_on_another_test_host() {
         "a DMTCP job has no job address: {st}"
     );
     checkpoint_times(&d, job, 1);
+    coordinator_reached_by_its_owner_only(&cluster, &d, job);
     let begin = std::time::Instant::now();
     while d.epochs(job)[0]["storage"] != "durable" {
         assert!(begin.elapsed() < LIMIT, "not flushed: {}", d.epochs(job)[0]);
@@ -329,6 +330,71 @@ fn a_dmtcp_job_restarts_on_another_test_host() {
         "nothing of the job started on n2"
     );
     d.ctl(&["cancel", &wide.to_string()]);
+}
+
+/// The DMTCP coordinator of `job` on n1 answers its owner (root in these tests) on n1, and
+/// neither another user there nor a process on another host (n2): the agent's fence. The job
+/// runs on after their tries.
+fn coordinator_reached_by_its_owner_only(cluster: &Cluster, d: &Ckptd, job: u64) {
+    let record = d.job_dir_on("n1", job).join("job.json");
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    let port = record["coordinator_port"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no fenced port in job.json: {record}"));
+    let command = dmtcp().unwrap().join("dmtcp_command");
+    // Entered as root, then the user: `timeout` bounds a try whose packets are dropped.
+    let status = |node: &str, host: &str, uid: u32| {
+        let mut c = cluster.command_in(node, &PathBuf::from("setpriv"));
+        c.args([
+            format!("--reuid={uid}"),
+            format!("--regid={uid}"),
+            "--clear-groups".into(),
+            "timeout".into(),
+            "10".into(),
+        ])
+        .arg(&command)
+        .args([
+            "--coord-host",
+            host,
+            "--coord-port",
+            &port.to_string(),
+            "--status",
+        ])
+        .stdin(std::process::Stdio::null());
+        let out = c.output().expect("run dmtcp_command");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), said)
+    };
+    let n1 = cluster.node("n1").ip.clone();
+    let (ok, said) = status("n1", "127.0.0.1", 0);
+    assert!(
+        ok && said.contains("RUNNING=yes"),
+        "the owner reaches its coordinator: {said}"
+    );
+    // Reset at once: DMTCP finds no coordinator.
+    let refused = "Coordinator not found";
+    let (ok, said) = status("n1", "127.0.0.1", ckpt_tests::NOBODY);
+    assert!(
+        !ok && said.contains(refused),
+        "another user on n1 is refused: {said}"
+    );
+    let (ok, said) = status("n1", &n1, ckpt_tests::NOBODY);
+    assert!(
+        !ok && said.contains(refused),
+        "another user on n1, by the node's address, is refused: {said}"
+    );
+    // Dropped: the try times out (exit 124) or DMTCP gives up.
+    let (ok, said) = status("n2", &n1, 0);
+    assert!(
+        !ok && !said.contains("RUNNING"),
+        "a process on n2 is refused: {said}"
+    );
+    assert_eq!(d.status(job)["state"], "running");
 }
 
 /// Starts `argv` on test host n1 under DMTCP as job `name`; its id.

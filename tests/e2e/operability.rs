@@ -8,7 +8,7 @@ use ckpt_tests::prometheus::{http_get, Prometheus};
 use ckpt_tests::{skip_unless_ready, Ckptd, Options};
 use serde_json::Value;
 
-const NOBODY: u32 = 65534;
+use ckpt_tests::NOBODY;
 const LIMIT: Duration = Duration::from_secs(30);
 
 fn nodes_json(d: &Ckptd, uid: Option<u32>) -> Value {

@@ -138,7 +138,7 @@ fn a_zero_or_unreadable_interval_is_refused() {
 #[test]
 fn a_signal_stops_the_job_after_a_checkpoint_and_resume_finishes_it() {
     skip_unless_ready!("mpiexec.mpich", "mpicc.mpich");
-    const NOBODY: u32 = 65534;
+    use ckpt_tests::NOBODY;
     let want = Mpi::Mpich.reference_checksum(RANKS, N, ITERS);
     let d = Ckptd::start(Options::default());
     use std::os::unix::fs::PermissionsExt;

@@ -373,8 +373,8 @@ fn a_staging_or_state_directory_a_user_made_or_may_write_is_refused_at_start() {
         eprintln!("SKIPPED: needs CRIU (scripts/setup.sh)");
         return;
     };
+    use ckpt_tests::NOBODY;
     use std::os::unix::fs::PermissionsExt;
-    const NOBODY: u32 = 65534;
     let d = tempfile::tempdir().unwrap();
     std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let p = d.path().display().to_string();

@@ -491,7 +491,7 @@ fn abort_in_every_phase_keeps_the_job_running() {
 #[test]
 fn users_act_only_on_their_own_jobs() {
     skip_unless_ready!();
-    const NOBODY: u32 = 65534;
+    use ckpt_tests::NOBODY;
     let d = Ckptd::start(Options::default());
     // Let an unprivileged user reach the socket (its directory is private to the test).
     use std::os::unix::fs::PermissionsExt;

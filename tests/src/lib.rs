@@ -102,6 +102,9 @@ macro_rules! skip_unless_ready {
     };
 }
 
+/// The unprivileged user tests act as.
+pub const NOBODY: u32 = 65534;
+
 /// Makes `cmd` run as `uid` (gid `uid`, no supplementary groups), as `setpriv` would; the
 /// switch happens after std entered the command's working directory as root.
 pub fn as_user(cmd: &mut Command, uid: u32) -> &mut Command {

@@ -365,6 +365,10 @@ pub struct EnginesConfig {
     /// How long a DMTCP checkpoint may take, from the request to its last image.
     #[serde(with = "humantime_serde")]
     pub dmtcp_checkpoint_timeout: Duration,
+    /// Fence each DMTCP job's coordinator with nftables, so that only the job's owner on this
+    /// node reaches it (DMTCP's coordinator has no authentication and listens on every
+    /// address). Without nftables, DMTCP jobs are then refused; `false` lets them run unfenced.
+    pub dmtcp_fence: bool,
 }
 
 impl Default for EnginesConfig {
@@ -372,6 +376,7 @@ impl Default for EnginesConfig {
         EnginesConfig {
             dmtcp: "auto".into(),
             dmtcp_checkpoint_timeout: Duration::from_secs(600),
+            dmtcp_fence: true,
         }
     }
 }

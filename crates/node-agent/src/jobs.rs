@@ -80,6 +80,9 @@ pub struct JobRecord {
     /// (`shim/guard.rs`): its dumps run CRIU there. None: the node's.
     #[serde(default)]
     pub guarded_ns: Option<(u64, u64)>,
+    /// The fenced port of the part's DMTCP coordinator ([`crate::fence`]), if it has one.
+    #[serde(default)]
+    pub coordinator_port: Option<u16>,
 }
 
 /// Where one epoch is on this node.
@@ -318,6 +321,8 @@ pub struct Jobs {
     pub(crate) policy: LaunchPolicy,
     /// Whether jobs here are pre-copied.
     pub(crate) precopy: crate::precopy::Mode,
+    /// The fence around the jobs' DMTCP coordinators.
+    pub(crate) fence: crate::fence::Fence,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -424,7 +429,24 @@ impl Jobs {
             channels,
             policy: LaunchPolicy::default(),
             precopy: crate::precopy::Mode::Off("pre-copy is not set up".into()),
+            fence: crate::fence::Fence::off(),
         })
+    }
+
+    /// Fences the DMTCP coordinators of jobs here ([`crate::fence`]), those of the running
+    /// jobs found at start again; `prefix` names the table (the cgroup prefix).
+    pub fn with_fence(mut self, prefix: &str) -> Self {
+        let keep: Vec<(u16, u32)> = self
+            .snapshot()
+            .iter()
+            .filter_map(|j| {
+                let j = j.try_lock().ok()?;
+                let port = j.record.coordinator_port?;
+                (j.observe() == Observed::Running).then_some((port, j.record.owner?))
+            })
+            .collect();
+        self.fence = crate::fence::Fence::start(prefix, &keep);
+        self
     }
 
     /// Sets whether jobs here are pre-copied.
@@ -561,6 +583,7 @@ impl Jobs {
                 sandbox: None,
                 engine: String::new(),
                 guarded_ns: None,
+                coordinator_port: None,
             },
             dir,
             cgroup: self.cgroups.job(job),

@@ -380,7 +380,8 @@ impl Jobs {
         } else {
             let session = make_session(&job, &owner, engine.session_subdirs(), |_| Ok(()))
                 .map_err(io_err(spec.job, "create the engine session of", &job.dir))?;
-            engine.launch_argv(spec.argv, &mut env, &session)
+            let port = self.coordinator_port(&mut job, engine.as_ref(), owner.uid)?;
+            engine.launch_argv(spec.argv, &mut env, &session, port)
         };
         let mode = ShimMode::Launch {
             argv,
@@ -408,6 +409,28 @@ impl Jobs {
             None => info!(pid, "job started"),
         }
         Ok((pid, job.record.incarnation))
+    }
+
+    /// A fenced port for the coordinator of `job`'s next incarnation, if `engine` runs one
+    /// ([`crate::fence`]), recorded in the job's record.
+    pub(crate) fn coordinator_port(
+        &self,
+        job: &mut NodeJob,
+        engine: &dyn crate::engine::SnapshotEngine,
+        owner: u32,
+    ) -> Result<Option<u16>, AgentError> {
+        if !engine.has_coordinator() {
+            return Ok(None);
+        }
+        let port = self
+            .fence
+            .reserve(owner)
+            .map_err(|message| AgentError::Start {
+                job: job.record.id,
+                message,
+            })?;
+        job.record.coordinator_port = port;
+        Ok(port)
     }
 
     /// Makes the network namespace of a part's sandbox with its job address; the shim makes

@@ -23,6 +23,7 @@ mod copies;
 mod engine;
 mod error;
 mod failpoint;
+mod fence;
 mod grants;
 mod grpc;
 mod heartbeat;
@@ -224,6 +225,11 @@ pub fn open_jobs(
             min_uid: cfg.min_uid,
         })
         .with_engines(others);
+    let jobs = if cfg.engines.dmtcp_fence && jobs.engines().get("dmtcp").is_ok() {
+        jobs.with_fence(&cfg.cgroup.prefix)
+    } else {
+        jobs
+    };
     let precopy = precopy::Mode::resolve(&cfg.precopy, || jobs.engine().precopy_support());
     Ok(Arc::new(jobs.with_precopy(precopy)))
 }

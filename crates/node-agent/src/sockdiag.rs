@@ -81,6 +81,8 @@ pub struct TcpSocket {
     pub local_port: u16,
     /// Remote port.
     pub remote_port: u16,
+    /// Owner of the socket.
+    pub uid: u32,
     id: SockId,
 }
 
@@ -147,6 +149,7 @@ impl Diag {
                 state: a.state,
                 local_port: u16::from_be_bytes(a.id.sport),
                 remote_port: u16::from_be_bytes(a.id.dport),
+                uid: a.uid,
                 id: a.id,
             });
             Ok(())

@@ -467,11 +467,16 @@ impl SnapshotEngine for Dmtcp {
         false
     }
 
+    fn has_coordinator(&self) -> bool {
+        true
+    }
+
     fn launch_argv(
         &self,
         argv: Vec<String>,
         env: &mut BTreeMap<String, String>,
         session: &Path,
+        port: Option<u16>,
     ) -> Vec<String> {
         for (k, v) in JOB_ENV {
             env.entry(k.into()).or_insert_with(|| v.into());
@@ -485,7 +490,7 @@ impl SnapshotEngine for Dmtcp {
             self.tool("dmtcp_launch"),
             "--new-coordinator".into(),
             "--coord-port".into(),
-            "0".into(),
+            port.unwrap_or(0).to_string(),
             "--port-file".into(),
             session.join(PORT_FILE).display().to_string(),
             "--no-gzip".into(),
@@ -579,7 +584,7 @@ impl SnapshotEngine for Dmtcp {
             self.tool("dmtcp_restart"),
             "--new-coordinator".into(),
             "--coord-port".into(),
-            "0".into(),
+            spec.coordinator_port.unwrap_or(0).to_string(),
             "--port-file".into(),
             session.join(PORT_FILE).display().to_string(),
             "--ckptdir".into(),
@@ -681,7 +686,7 @@ mod tests {
         assert_eq!(got, want);
         let env = &mut BTreeMap::new();
         env.insert("OMPI_MCA_btl".to_string(), "self,vader".to_string());
-        engine.launch_argv(vec!["/bin/true".into()], env, &session);
+        engine.launch_argv(vec!["/bin/true".into()], env, &session, None);
         assert_eq!(
             env["OMPI_MCA_btl"], "self,vader",
             "a job's own setting stays"

@@ -71,6 +71,8 @@ pub struct RestoreSpec<'a> {
     pub gate: Option<&'a Path>,
     /// The restored job's session directory (engines that restore as the job's owner).
     pub session: Option<&'a Path>,
+    /// The port of the engine's own coordinator (engines that have one; None: any).
+    pub coordinator_port: Option<u16>,
 }
 
 /// The standard output of `<path> --version`; a missing binary is [`EngineError::NotFound`]
@@ -185,16 +187,22 @@ pub trait SnapshotEngine: Send + Sync + Debug {
         true
     }
     /// The command line that starts `argv` as a job under this engine, with `session` (a
-    /// directory of the job's owner's on this node) for its own files; may add to `env`.
-    /// Engines that snapshot any tree leave it as it is.
+    /// directory of the job's owner's on this node) for its own files and `port` for its own
+    /// coordinator, if it has one (None: any); may add to `env`. Engines that snapshot any
+    /// tree leave it as it is.
     fn launch_argv(
         &self,
         argv: Vec<String>,
         env: &mut BTreeMap<String, String>,
         session: &Path,
+        port: Option<u16>,
     ) -> Vec<String> {
-        let _ = (env, session);
+        let _ = (env, session, port);
         argv
+    }
+    /// Whether the engine runs a coordinator of its own for each job, on a TCP port.
+    fn has_coordinator(&self) -> bool {
+        false
     }
     /// Subdirectories of the session that the job's owner gets at launch and at restore, for
     /// the job's own files beside the engine's.

@@ -117,6 +117,7 @@ impl Jobs {
             cgroup_root: None,
             gate: None,
             session: Some(&session),
+            coordinator_port: self.coordinator_port(&mut job, engine.as_ref(), owner.uid)?,
         });
         let env = [("PATH", "/usr/local/bin:/usr/bin:/bin")]
             .into_iter()
