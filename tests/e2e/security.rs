@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use ckpt_tests::{bin_dir, skip_unless_ready, Ckptd, Ctl, Options};
 
 /// The unprivileged user the tests act as.
-const NOBODY: u32 = 65534;
+use ckpt_tests::NOBODY;
 const LIMIT: Duration = Duration::from_secs(60);
 
 /// Lets other users reach the control socket (the test's directory is private).
@@ -805,6 +805,52 @@ fn race_restores() -> usize {
         .unwrap_or(60)
 }
 
+/// A job of the embedded agent, or of the agent of a test host (whose part runs in a sandbox).
+struct Part<'a> {
+    d: &'a Ckptd,
+    node: Option<&'a str>,
+}
+
+impl Part<'_> {
+    fn run(&self, name: &str, argv: &[String]) -> u64 {
+        let mut args = vec!["run", "--name", name];
+        if let Some(n) = self.node {
+            args.extend(["--node", n]);
+        }
+        args.push("--");
+        args.extend(argv.iter().map(String::as_str));
+        let out = self.d.ctl(&args);
+        out.ok()
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("run printed no job id: {out:?}"))
+    }
+
+    fn output(&self, job: u64) -> String {
+        match self.node {
+            Some(n) => {
+                fs::read_to_string(self.d.job_dir_on(n, job).join("stdout")).unwrap_or_default()
+            }
+            None => self.d.output(job),
+        }
+    }
+
+    fn pids(&self, job: u64) -> Vec<i32> {
+        match self.node {
+            Some(n) => self.d.job_pids_on(n, job),
+            None => self.d.job_pids(job),
+        }
+    }
+
+    fn kill(&self, job: u64) {
+        match self.node {
+            Some(n) => self.d.kill_job_on(&[n], job),
+            None => self.d.kill_job(job),
+        }
+        self.d.wait_state(job, "killed", LIMIT);
+    }
+}
+
 /// CRIU's restore binds a job's named Unix socket again and then changes its owner and mode by
 /// path, following links. A user who controls the socket's directory renames a link to a root
 /// file over the new socket the moment it appears (inotify), restore after restore, for root's
@@ -816,7 +862,39 @@ fn race_restores() -> usize {
 fn a_link_raced_over_a_restored_socket_never_reaches_roots_file() {
     skip_unless_ready!("sh", "cc", "make");
     let d = ckptd();
-    let (_root_dir, victim, content) = root_file();
+    socket_race(&Part { d: &d, node: None });
+}
+
+/// The same race for a part in a sandbox (its mounts made again by CRIU from the node's), on a
+/// test host with a job network.
+#[test]
+fn a_link_raced_over_a_sandboxed_parts_socket_never_reaches_roots_file() {
+    skip_unless_ready!("sh", "cc", "make", "nsenter", "nft");
+    if let Some(why) = ckpt_tests::netns::Cluster::unavailable() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let cluster = ckpt_tests::netns::Cluster::create(1).expect("create a test host");
+    let subnet = cluster.host_ip.rsplit_once('.').unwrap().0.to_string();
+    let mut d = Ckptd::start(Options {
+        no_agent: true,
+        extra_toml: format!(
+            "[job_network]\naddresses = \"{subnet}.150-{subnet}.199\"\nprefix = 24\n"
+        ),
+        ..Options::default()
+    });
+    open_up(&d);
+    d.start_agent_in(&cluster, "n1");
+    d.wait_agents(&["n1"]);
+    socket_race(&Part {
+        d: &d,
+        node: Some("n1"),
+    });
+}
+
+fn socket_race(part: &Part<'_>) {
+    let d = part.d;
+    let (root_dir, victim, content) = root_file();
     let meta = |p: &Path| {
         let m = fs::metadata(p).unwrap();
         (m.uid(), m.gid(), m.mode() & 0o7777)
@@ -829,14 +907,17 @@ fn a_link_raced_over_a_restored_socket_never_reaches_roots_file() {
     let socket = dir.join("s");
     let apps = ckpt_tests::apps();
     let listener = apps.join("unix_listener");
-    let job = d.run_job(
+    let job = part.run(
         "sock",
         &[listener.display().to_string(), socket.display().to_string()],
     );
     wait_for("the socket is bound", || {
-        d.output(job).contains("listening")
+        part.output(job).contains("listening")
     });
-    checkpoint_and_kill(&d, job);
+    let out = d.ctl(&["checkpoint", &job.to_string(), "--kill"]);
+    assert!(out.ok().contains("committed"), "{out:?}");
+    d.wait_state(job, "stopped", LIMIT);
+    assert!(part.pids(job).is_empty(), "--kill stops every process");
     let mut racer = command_as(
         NOBODY,
         Path::new("/"),
@@ -853,8 +934,7 @@ fn a_link_raced_over_a_restored_socket_never_reaches_roots_file() {
         let out = d.ctl(&["restart", &job.to_string(), "--epoch", "1"]);
         if out.code == 0 {
             restored += 1;
-            d.kill_job(job);
-            d.wait_state(job, "killed", LIMIT);
+            part.kill(job);
         } else {
             refused += 1;
         }
@@ -881,15 +961,36 @@ fn a_link_raced_over_a_restored_socket_never_reaches_roots_file() {
         race_restores()
     );
     assert!(swapped > 0, "the racer never swapped a link in: {swaps}");
+    // No race: the socket's directory replaced by a link to root's directory, as a user who
+    // owned its parent could. The restore must not follow it (without the guard it binds the
+    // socket in root's directory and gives it to the job's owner).
+    let _ = fs::remove_file(&socket);
+    let real = place.path().join("d.real");
+    fs::rename(&dir, &real).unwrap();
+    std::os::unix::fs::symlink(root_dir.path(), &dir).unwrap();
+    let out = d.ctl(&["restart", &job.to_string(), "--epoch", "1"]);
+    let planted = root_dir.path().join("s");
+    assert!(
+        !planted.exists(),
+        "the restore made a socket in root's directory: {out:?}"
+    );
+    assert_ne!(out.code, 0, "a restore through the link: {out:?}");
+    fs::remove_file(&dir).unwrap();
+    fs::rename(&real, &dir).unwrap();
     // Without the racer: restored, checkpointed again (from the restore's own mount namespace)
     // and that checkpoint restored.
     let _ = fs::remove_file(&socket);
     let out = d.ctl(&["restart", &job.to_string(), "--epoch", "1"]);
     assert_eq!(out.code, 0, "{out:?}");
-    let pid = d.job_pids(job)[0];
+    let pid = part.pids(job)[0];
     let ours = fs::read_link("/proc/self/ns/mnt").unwrap();
     let theirs = fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap();
     let guarded = ours != theirs;
+    // The job follows links in the socket's directory again (the guard is lifted).
+    assert!(
+        !nosymfollow_at(pid, &dir),
+        "the restored job's mounts still refuse links"
+    );
     let text = d.ctl(&["checkpoint", &job.to_string(), "--kill"]);
     assert!(text.ok().contains("committed"), "{text:?}");
     d.wait_state(job, "stopped", LIMIT);
@@ -907,6 +1008,21 @@ fn a_link_raced_over_a_restored_socket_never_reaches_roots_file() {
     assert!(guarded, "the restore ran in a mount namespace of its own");
     assert_eq!(meta(&victim), before);
     assert_eq!(d.ctl(&["cancel", &job.to_string()]).code, 0);
+}
+
+/// Whether the mount that holds `dir`, as process `pid` sees it, has `nosymfollow`.
+fn nosymfollow_at(pid: i32, dir: &Path) -> bool {
+    let info = fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    // The longest mount point that is a prefix of `dir`; its per-mount options (field 6).
+    info.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let (point, options) = (Path::new(f.get(4)?), f.get(5)?);
+            dir.starts_with(point)
+                .then(|| (point.as_os_str().len(), options.contains("nosymfollow")))
+        })
+        .max_by_key(|(len, _)| *len)
+        .is_some_and(|(_, on)| on)
 }
 
 /// A user who opens connection after connection to ckptd's control socket and holds them gets

@@ -29,7 +29,7 @@ use std::process::{Command, Stdio};
 
 use serde::{Deserialize, Serialize};
 
-mod guard;
+pub(crate) mod guard;
 mod restore;
 
 /// What the shim starts.

@@ -231,6 +231,19 @@ pub(super) fn dump_frozen(
         .collect();
     w.notes
         .insert(crate::restore::GUARD_NOTE.into(), guard.join("\n"));
+    if external_netns.is_some() {
+        // A sandbox's own /dev/shm is restored as the engine made it, not from the node's.
+        let dirs: Vec<PathBuf> = crate::restore::guards(&w.notes)
+            .into_iter()
+            .filter(|d| !d.starts_with("/dev/shm"))
+            .collect();
+        crate::sandbox::make_mount_points(w.root_pid, &dirs).map_err(|e| AgentError::Io {
+            job: id,
+            what: "make the restore's guard mounts in the sandbox at",
+            path: dirs.first().cloned().unwrap_or_default(),
+            source: std::io::Error::other(e),
+        })?;
+    }
     w.open_files = open
         .into_iter()
         .map(|(path, size)| OpenFile { path, size })

@@ -317,14 +317,10 @@ impl Jobs {
             cgroup_root,
             gate: gate.as_ref().map(|_| self.shim_exe.as_path()),
             session: None,
+            coordinator_port: None,
         });
-        // A sandbox's mounts are made again by the engine from the node's; its guard is not
-        // built yet (docs/security.md).
-        let guard = if sandboxed {
-            Vec::new()
-        } else {
-            guards(&m.notes)
-        };
+        // A sandbox's mounts are made again by the engine from the guarded ones it sees.
+        let guard = guards(&m.notes);
         // Root's own trees (the trust check at start holds them root's alone), where the
         // engine follows its own links (a pre-copy chain's `parent`), even below a guard.
         let exempt: Vec<std::path::PathBuf> = [self.staging.root(), self.state_dir.as_path()]

@@ -10,7 +10,9 @@
 //! bound onto itself with `nosymfollow`: no link there is followed, the calls fail and the
 //! restore with them, and nothing outside is touched. The restored processes live in that
 //! namespace; once the engine is done, and before they run, the flag is cleared on those same
-//! mounts, so the job follows its links as before.
+//! mounts, so the job follows its links as before. A sandbox's mounts are clones the engine
+//! makes of the mounts at the same paths here, so its dump makes each guarded directory one of
+//! them ([`crate::sandbox::make_mount_points`]) and the clone carries the flag.
 use std::ffi::CString;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
@@ -109,17 +111,7 @@ pub(super) fn guard(dirs: &[PathBuf], exempt: &[PathBuf]) -> Result<(), String> 
 /// Binds `dir` onto itself (with what is mounted below it) in this mount namespace.
 fn bind_onto_itself(dir: &Path) -> Result<CString, String> {
     let c = c_path(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    // SAFETY: mount with NUL-terminated strings.
-    let rc = unsafe {
-        libc::mount(
-            c.as_ptr(),
-            c.as_ptr(),
-            std::ptr::null(),
-            libc::MS_BIND | libc::MS_REC,
-            std::ptr::null(),
-        )
-    };
-    if rc != 0 {
+    if bind_raw(&c) != 0 {
         return Err(format!(
             "cannot bind {} for the restore: {}",
             dir.display(),
@@ -127,6 +119,62 @@ fn bind_onto_itself(dir: &Path) -> Result<CString, String> {
         ));
     }
     Ok(c)
+}
+
+/// The mount points process `pid` sees.
+pub(crate) fn mount_points(pid: i32) -> std::collections::HashSet<PathBuf> {
+    std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(PathBuf::from)
+        .collect()
+}
+
+/// Binds `dir` onto itself, recursively; mount(2)'s result. Makes no allocation.
+pub(crate) fn bind_raw(dir: &CString) -> libc::c_int {
+    // SAFETY: mount with NUL-terminated strings.
+    unsafe {
+        libc::mount(
+            dir.as_ptr(),
+            dir.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND | libc::MS_REC,
+            std::ptr::null(),
+        )
+    }
+}
+
+/// Runs `work` in a child that entered the mount namespace of process `pid`; `work` must make
+/// system calls only (the child of a threaded process may not allocate). `what` names it in
+/// the error.
+pub(crate) fn in_namespace_of(pid: i32, what: &str, work: impl Fn() -> bool) -> Result<(), String> {
+    let theirs = format!("/proc/{pid}/ns/mnt");
+    let target = std::fs::File::open(&theirs).map_err(|e| format!("{theirs}: {e}"))?;
+    use std::os::fd::AsRawFd;
+    let fd = target.as_raw_fd();
+    // SAFETY: the child makes only system calls (setns, what `work` makes, _exit) on memory
+    // made before the fork.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        return Err(format!("fork: {}", io::Error::last_os_error()));
+    }
+    if child == 0 {
+        // SAFETY: see above.
+        unsafe {
+            if libc::setns(fd, libc::CLONE_NEWNS) != 0 {
+                libc::_exit(2);
+            }
+            libc::_exit(if work() { 0 } else { 1 });
+        }
+    }
+    match super::wait_pid(child) {
+        super::Exit {
+            code: Some(0),
+            signal: None,
+        } => Ok(()),
+        e => Err(format!("{what} in {theirs} failed: {e:?}")),
+    }
 }
 
 /// Lifts the guard of `dirs` for the processes restored under it (the restored root is
@@ -149,33 +197,11 @@ pub(super) fn lift(dirs: &[PathBuf], root: i32) -> Result<(), String> {
         }
         return Ok(());
     }
-    let target = std::fs::File::open(&theirs).map_err(|e| format!("{theirs}: {e}"))?;
-    use std::os::fd::AsRawFd;
-    let fd = target.as_raw_fd();
-    // SAFETY: the child makes only system calls (setns, mount_setattr, _exit) on memory made
-    // before the fork.
-    let child = unsafe { libc::fork() };
-    if child < 0 {
-        return Err(format!("fork: {}", io::Error::last_os_error()));
-    }
-    if child == 0 {
-        // SAFETY: see above.
-        unsafe {
-            if libc::setns(fd, libc::CLONE_NEWNS) != 0 {
-                libc::_exit(2);
-            }
-            for p in &paths {
-                // Where the engine made no such mount in its namespace, nothing is guarded.
-                let _ = set_nosymfollow(p, false);
-            }
-            libc::_exit(0);
+    in_namespace_of(root, "lifting the guard", || {
+        for p in &paths {
+            // Where no guard was made in that namespace, there is nothing to lift.
+            let _ = set_nosymfollow(p, false);
         }
-    }
-    match super::wait_pid(child) {
-        super::Exit {
-            code: Some(0),
-            signal: None,
-        } => Ok(()),
-        e => Err(format!("lifting the guard in {theirs} failed: {e:?}")),
-    }
+        true
+    })
 }
