@@ -4,25 +4,11 @@
 #[path = "phases/cluster.rs"]
 mod cluster;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use cluster::*;
-use coordinator::driver::{DriveError, RunSpec};
+use coordinator::driver::DriveError;
 use tonic::Code;
-
-fn spec(node: &str) -> RunSpec {
-    RunSpec {
-        name: "sleeper".into(),
-        argv: vec!["sleep".into()],
-        cwd: "/".into(),
-        env: HashMap::new(),
-        node: node.into(),
-        part_env: HashMap::new(),
-        policy: Default::default(),
-        engine: String::new(),
-    }
-}
 
 fn quota(r: Result<impl std::fmt::Debug, DriveError>, key: &str) {
     match r {
@@ -43,17 +29,17 @@ fn quota(r: Result<impl std::fmt::Debug, DriveError>, key: &str) {
 #[tokio::test]
 async fn a_user_beyond_the_live_jobs_limit_is_refused_at_run_and_restart_and_root_is_not() {
     let c = Cluster::start_with(|cfg| cfg.limits.jobs = 2).await;
-    let first = c.coord.run(OWNER, spec("n1")).await.unwrap().id;
-    c.coord.run(OWNER, spec("n2")).await.unwrap();
-    quota(c.coord.run(OWNER, spec("n3")).await, "jobs");
+    let first = c.coord.run(OWNER, sleep_on("n1")).await.unwrap().id;
+    c.coord.run(OWNER, sleep_on("n2")).await.unwrap();
+    quota(c.coord.run(OWNER, sleep_on("n3")).await, "jobs");
     let other = coordinator::driver::Caller { uid: 1001, ..OWNER };
-    c.coord.run(other, spec("n3")).await.unwrap();
+    c.coord.run(other, sleep_on("n3")).await.unwrap();
     for _ in 0..3 {
-        c.coord.run(ROOT, spec("n3")).await.unwrap();
+        c.coord.run(ROOT, sleep_on("n3")).await.unwrap();
     }
     // A stopped job is not live: one more may run; its restart would make three.
     c.checkpoint(first, true).await.unwrap();
-    c.coord.run(OWNER, spec("n3")).await.unwrap();
+    c.coord.run(OWNER, sleep_on("n3")).await.unwrap();
     quota(c.restart(first, 0).await, "jobs");
     // A refused restart leaves the job as it was: still stopped, still restartable.
     assert_eq!(c.job_state(first), coordinator::model::JobState::Stopped);
@@ -69,8 +55,8 @@ async fn a_user_beyond_the_job_address_limit_is_refused_at_run_and_attach() {
     .await;
     // Three parts, three addresses; one more job of one node makes four.
     let job = c.job().await;
-    let second = c.coord.run(OWNER, spec("n1")).await.unwrap();
-    quota(c.coord.run(OWNER, spec("n2")).await, "addresses");
+    let second = c.coord.run(OWNER, sleep_on("n1")).await.unwrap();
+    quota(c.coord.run(OWNER, sleep_on("n2")).await, "addresses");
     let token = second.token.clone();
     quota(
         c.coord
@@ -84,10 +70,10 @@ async fn a_user_beyond_the_job_address_limit_is_refused_at_run_and_attach() {
             .await,
         "addresses",
     );
-    c.coord.run(ROOT, spec("n2")).await.unwrap();
+    c.coord.run(ROOT, sleep_on("n2")).await.unwrap();
     // A cancelled job gives its addresses back.
     c.coord.cancel(&OWNER, job).await.unwrap();
-    c.coord.run(OWNER, spec("n2")).await.unwrap();
+    c.coord.run(OWNER, sleep_on("n2")).await.unwrap();
 }
 
 #[tokio::test]

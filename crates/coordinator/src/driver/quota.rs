@@ -112,15 +112,10 @@ impl Coordinator {
     /// `[limits] jobs`. Call with the state lock held.
     pub(super) fn check_live_jobs(&self, job: &Job) -> Result<(), DriveError> {
         let max = self.cfg.limits.jobs;
-        if job.owner_uid == 0 || max == 0 {
+        let Some(others) = self.others_of_owner(job, max)? else {
             return Ok(());
-        }
-        let live = self
-            .registry
-            .jobs()?
-            .iter()
-            .filter(|j| j.id != job.id && j.owner_uid == job.owner_uid && j.is_live())
-            .count();
+        };
+        let live = others.iter().filter(|j| j.is_live()).count();
         if live >= max as usize {
             return Err(refused(
                 job.owner_uid,
@@ -136,14 +131,12 @@ impl Coordinator {
     /// Call with the state lock held.
     pub(super) fn check_address_quota(&self, job: &Job) -> Result<(), DriveError> {
         let max = self.cfg.limits.addresses;
-        if job.owner_uid == 0 || max == 0 {
+        let Some(others) = self.others_of_owner(job, max)? else {
             return Ok(());
-        }
-        let held: usize = self
-            .registry
-            .jobs()?
+        };
+        let held: usize = others
             .iter()
-            .filter(|j| j.id != job.id && j.owner_uid == job.owner_uid && j.holds_addresses())
+            .filter(|j| j.holds_addresses())
             .map(|j| j.addresses.len())
             .sum::<usize>()
             + job.addresses.len();
@@ -156,6 +149,17 @@ impl Coordinator {
             ));
         }
         Ok(())
+    }
+
+    /// The other jobs of `job`'s owner, or None when a limit of `max` does not apply to them
+    /// (root, or no limit).
+    fn others_of_owner(&self, job: &Job, max: u32) -> Result<Option<Vec<Job>>, DriveError> {
+        if job.owner_uid == 0 || max == 0 {
+            return Ok(None);
+        }
+        let mut all = self.registry.jobs()?;
+        all.retain(|j| j.id != job.id && j.owner_uid == job.owner_uid);
+        Ok(Some(all))
     }
 
     /// Counts a checkpoint `caller` starts, unless root starts it or it stops the job.

@@ -503,17 +503,7 @@ impl Cluster {
 
     /// A running job of one node.
     pub(crate) async fn job_on(&self, node: &str) -> u64 {
-        let spec = RunSpec {
-            name: "other".into(),
-            argv: vec!["sleep".into()],
-            cwd: "/".into(),
-            env: HashMap::new(),
-            node: node.into(),
-            part_env: HashMap::new(),
-            policy: Default::default(),
-            engine: String::new(),
-        };
-        self.coord.run(OWNER, spec).await.unwrap().id
+        self.coord.run(OWNER, sleep_on(node)).await.unwrap().id
     }
 
     pub(crate) fn script(&self, node: &str, call: &'static str, act: Act) {
@@ -614,4 +604,18 @@ pub(crate) const PHASES: [(&str, Phase); 5] = [
 
 pub(crate) fn all_nodes() -> Vec<String> {
     NODES.iter().map(|n| n.to_string()).collect()
+}
+
+/// What `run` gets for a job of one node (`sleep`).
+pub(crate) fn sleep_on(node: &str) -> RunSpec {
+    RunSpec {
+        name: "other".into(),
+        argv: vec!["sleep".into()],
+        cwd: "/".into(),
+        env: HashMap::new(),
+        node: node.into(),
+        part_env: HashMap::new(),
+        policy: Default::default(),
+        engine: String::new(),
+    }
 }
