@@ -753,7 +753,18 @@ fn openmpi_lost_nodes_part_restarts_on_another_node_from_a_third_nodes_partner_c
 #[test]
 fn drain_migrates_a_nodes_part_to_the_spare_and_the_job_finishes_right() {
     skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "nsenter", "nft");
-    let mpi = Mpi::Mpich;
+    drain_migrates(Mpi::Mpich);
+}
+
+#[test]
+fn openmpi_drain_migrates_a_nodes_part_to_the_spare_and_the_job_finishes_right() {
+    skip_unless_ready!("mpiexec.openmpi", "mpicc.openmpi", "nsenter", "nft");
+    drain_migrates(Mpi::OpenMpi);
+}
+
+/// `drain n2 --migrate` of a job across n1..n3: checkpointed, its n2 part running again on the
+/// spare n4 with its job address, nothing left on n2, and the job's answer right.
+fn drain_migrates(mpi: Mpi) {
     let want = mpi.reference_checksum(RANKS, N, ITERS);
     let Some((_cluster, d, job)) = three_and_a_spare(mpi, true) else {
         return;

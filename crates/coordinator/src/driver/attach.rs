@@ -179,7 +179,10 @@ impl Coordinator {
             .agents
             .address(node)
             .ok_or_else(|| DriveError::Invalid(format!("node {node} has no registered agent")))?;
-        Ok(pb::LocateReply { agent })
+        Ok(pb::LocateReply {
+            agent,
+            node: node.clone(),
+        })
     }
 }
 

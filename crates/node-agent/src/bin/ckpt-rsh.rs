@@ -141,8 +141,9 @@ async fn attach(job: &Job, host: &str, command: &str) -> Result<pb::AttachReply,
     }
 }
 
-/// Where the node's agent is now, from the coordinator.
-async fn locate(job: &Job, node: &str) -> Option<String> {
+/// Where the part first started on `node` runs now, from the coordinator: its node (another
+/// one if a restart moved it) and that node's agent.
+async fn locate(job: &Job, node: &str) -> Option<(String, String)> {
     let ch = connect(&job.coordinator, ckpt_auth::Identity::Coordinator)
         .await
         .ok()?;
@@ -151,10 +152,17 @@ async fn locate(job: &Job, node: &str) -> Option<String> {
         token: job.token.clone(),
         node: node.into(),
     };
-    with_timeout(RegistryClient::new(ch).locate(req))
+    let r = with_timeout(RegistryClient::new(ch).locate(req))
         .await
-        .ok()
-        .map(|r| r.into_inner().agent)
+        .ok()?
+        .into_inner();
+    // A coordinator that does not name the node has not moved the part.
+    let now = if r.node.is_empty() {
+        node.into()
+    } else {
+        r.node
+    };
+    Some((now, r.agent))
 }
 
 /// A call bounded by [`CALL_TIMEOUT`].
@@ -198,7 +206,9 @@ fn write_all(fd: &mut impl Write, data: &[u8]) {
 
 async fn follow(job: &Job, reply: pb::AttachReply) -> u8 {
     use tokio::signal::unix::{signal, SignalKind};
-    let node = reply.node;
+    // The node the part was started on, as the coordinator knows it wherever it runs now.
+    let first = reply.node;
+    let mut node = first.clone();
     let mut agent = reply.agent;
     let mut term = signal(SignalKind::terminate()).ok();
     let mut int = signal(SignalKind::interrupt()).ok();
@@ -217,6 +227,20 @@ async fn follow(job: &Job, reply: pb::AttachReply) -> u8 {
         match poll_once(&agent, &node, req).await {
             Ok(r) => {
                 failing_since = None;
+                let ended = matches!(r.state(), pb::PartState::Exited | pb::PartState::Absent);
+                if ended {
+                    // A restart may have moved the part while this node's agent lives on and
+                    // still reports the incarnation that ran here (and what it wrote after the checkpoint):
+                    // follow it there, without that output.
+                    if let Some((now, a)) = locate(job, &first).await {
+                        if now != node {
+                            (node, agent) = (now, a);
+                            absent_since = None;
+                            interval = POLL_MIN;
+                            continue;
+                        }
+                    }
+                }
                 let got = !r.stdout.is_empty() || !r.stderr.is_empty();
                 out_off += r.stdout.len() as u64;
                 err_off += r.stderr.len() as u64;
@@ -267,8 +291,8 @@ async fn follow(job: &Job, reply: pb::AttachReply) -> u8 {
                 }
                 // The agent may have restarted elsewhere: ask the coordinator where it is.
                 if since.elapsed() > Duration::from_secs(2) {
-                    if let Some(a) = locate(job, &node).await {
-                        agent = a;
+                    if let Some((now, a)) = locate(job, &first).await {
+                        (node, agent) = (now, a);
                     }
                 }
                 interval = POLL_MAX;

@@ -379,6 +379,12 @@ impl Jobs {
         if kill {
             job.ibq_down.clear();
             job.layer_drained.clear();
+            if job.record.sandbox.is_some() {
+                // Its job address (and the MAC derived from it) leaves the network now, not at
+                // the next heartbeat: a restart may put the part on another node at once (drain
+                // --migrate), and two interfaces with one address would split its traffic.
+                crate::sandbox::remove(&self.netns(job_id)).await;
+            }
         }
         let w = job.work.as_mut().expect("checked");
         w.phase = NodePhase::Resumed;
