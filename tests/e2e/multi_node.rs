@@ -173,7 +173,12 @@ fn run_across(d: &Ckptd, cluster: &Cluster, mpi: Mpi) -> u64 {
 /// 8738): a job still running 20 s after its result is cancelled, which must end it on every
 /// node.
 fn result_on_n1(d: &Ckptd, job: u64) -> String {
-    let out = d.job_dir_on("n1", job).join("stdout");
+    result_on(d, "n1", job)
+}
+
+/// [`result_on_n1`] for a launcher on `node`.
+fn result_on(d: &Ckptd, node: &str, job: u64) -> String {
+    let out = d.job_dir_on(node, job).join("stdout");
     let begin = Instant::now();
     let sum = loop {
         if let Some(c) = checksum_in(&std::fs::read_to_string(&out).unwrap_or_default()) {
@@ -183,7 +188,7 @@ fn result_on_n1(d: &Ckptd, job: u64) -> String {
             begin.elapsed() < LIMIT,
             "no result after {LIMIT:?}: {}\n{}",
             d.status(job),
-            d.job_output_on("n1", job)
+            d.job_output_on(node, job)
         );
         std::thread::sleep(Duration::from_millis(100));
     };
@@ -792,4 +797,56 @@ fn drain_migrates(mpi: Mpi) {
         .collect();
     assert!(left.is_empty(), "nothing of the job left on n2: {left:?}");
     assert_eq!(result_on_n1(&d, job), want, "finished on n1, n4, n3");
+}
+
+/// The launcher's node is lost with its disks after a checkpoint that stopped the job: its
+/// agent killed, its sandbox, job directory (with the job's output) and staging gone. `restart
+/// --map n1=n4` restores the launcher's part on the spare from the partner copy n2 keeps; its
+/// output there begins with what the job had printed by the checkpoint (carried by the epoch),
+/// not with zeros, and the job finishes right.
+#[test]
+fn the_launchers_node_lost_with_its_disks_restarts_on_a_spare_with_its_output() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "nsenter", "nft");
+    let mpi = Mpi::Mpich;
+    let want = mpi.reference_checksum(RANKS, N, ITERS);
+    let Some((_cluster, mut d, job)) = three_and_a_spare(mpi, false) else {
+        return;
+    };
+    let out = d.ctl(&["checkpoint", "--kill", &job.to_string()]);
+    assert!(out.ok().contains("committed"), "{out:?}");
+    let begin = Instant::now();
+    while d.epochs(job)[0]["partner_copy"] != serde_json::json!(true) {
+        assert!(
+            begin.elapsed() < LIMIT,
+            "no partner copy: {}",
+            d.epochs(job)[0]
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let printed = std::fs::read_to_string(d.job_dir_on("n1", job).join("stdout")).unwrap();
+    assert!(printed.contains("iter "), "{printed:?}");
+    d.kill_agent_on("n1");
+    let _ = std::process::Command::new("ip")
+        .args(["netns", "del", &format!("ckpt-n1-{job}")])
+        .status();
+    for gone in ["local", "state"] {
+        std::fs::remove_dir_all(d.dir.path().join("n1").join(gone)).unwrap();
+    }
+    let r = d.ctl(&["restart", &job.to_string(), "--map", "n1=n4"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stderr.contains("moving n1's part to n4"), "{r:?}");
+    assert_eq!(
+        result_on(&d, "n4", job),
+        want,
+        "restarted with the launcher on n4"
+    );
+    let text = std::fs::read_to_string(d.job_dir_on("n4", job).join("stdout")).unwrap();
+    assert!(
+        !text.contains('\0'),
+        "the output before the checkpoint is back, not zeros"
+    );
+    assert!(
+        text.starts_with(&printed),
+        "n4's output begins as n1's did: {text:?}"
+    );
 }

@@ -415,6 +415,7 @@ pub(crate) fn put_back_own_output(
     job: u64,
     f: &OpenFile,
     owner: &Identity,
+    saved: Option<&Path>,
 ) -> Result<(), AgentError> {
     let p = Path::new(&f.path);
     let io = |what, path: &Path| io_err(job, what, path);
@@ -448,8 +449,17 @@ pub(crate) fn put_back_own_output(
             ),
         });
     }
-    // Longer: truncated back. Recreated: content was written by the job; the engine only needs
-    // the file and its size to match.
+    // Recreated: what the job had written, from the epoch's copy of it where it has one (the
+    // part moved, or its node lost its disks); else zeros, as the engine needs only the size.
+    if created {
+        if let Some(copy) = saved.and_then(|s| fs::File::open(s).ok()) {
+            if copy.metadata().is_ok_and(|m| m.len() == f.size) {
+                let mut file = &file;
+                std::io::copy(&mut &copy, &mut file).map_err(io("write", p))?;
+            }
+        }
+    }
+    // Longer: truncated back.
     if meta.len() != f.size {
         file.set_len(f.size).map_err(io("truncate", p))?;
     }

@@ -244,6 +244,19 @@ pub(super) fn dump_frozen(
             source: std::io::Error::other(e),
         })?;
     }
+    // The part's own stdout and stderr travel with the images (see `OUTPUTS_DIR`).
+    let own_dir = fs::canonicalize(&job.dir).unwrap_or_else(|_| job.dir.clone());
+    let outputs: Vec<(String, u64)> = open
+        .iter()
+        .filter_map(|(path, size)| {
+            let p = Path::new(path);
+            let parent = p.parent()?;
+            let name = p.file_name()?.to_str()?;
+            ((parent == own_dir || parent == Path::new(sandbox::JOB_DIR))
+                && (name == "stdout" || name == "stderr"))
+                .then(|| (name.to_string(), *size))
+        })
+        .collect();
     w.open_files = open
         .into_iter()
         .map(|(path, size)| OpenFile { path, size })
@@ -264,8 +277,13 @@ pub(super) fn dump_frozen(
     // of the two rather than their sum.
     let node_dir = w.node_dir.clone();
     let root_pid = w.root_pid;
+    let job_dir = own_dir.clone();
     let (dumped, copied) = std::thread::scope(|scope| {
-        let copier = scope.spawn(|| copy_preserved(id, owner, &node_dir, &preserve));
+        let copier = scope.spawn(|| {
+            let (preserved, bytes, took) = copy_preserved(id, owner, &node_dir, &preserve)?;
+            let out_bytes = copy_outputs(id, &job_dir, &node_dir, &outputs)?;
+            Ok::<_, AgentError>((preserved, bytes + out_bytes, took))
+        });
         let t = Instant::now();
         let dumped = engine
             .dump(&DumpSpec {
@@ -387,6 +405,50 @@ const PRESERVE_MAX_BYTES: u64 = 16 << 30;
 /// are in directories users control (`/dev/shm`, `/tmp`): each is opened without following a
 /// symbolic link anywhere on its path, and must belong to the job's owner `owner`; what the
 /// open file is (type, owner, mode) is read from the open file.
+/// Where an epoch's node directory keeps the part's own stdout and stderr as they were at the
+/// checkpoint: a restore on a node whose job directory has none (the part moved, or its node's
+/// disks were lost) puts them back from there, rather than as zeros of the same length.
+pub const OUTPUTS_DIR: &str = "outputs";
+
+/// Copies the first `size` bytes of each of the part's outputs (`stdout`, `stderr` in
+/// `job_dir`, a directory of root's) into [`OUTPUTS_DIR`]; the bytes copied.
+fn copy_outputs(
+    job: u64,
+    job_dir: &Path,
+    node_dir: &Path,
+    outputs: &[(String, u64)],
+) -> Result<u64, AgentError> {
+    use std::io::Read;
+    if outputs.is_empty() {
+        return Ok(0);
+    }
+    let dir = node_dir.join(OUTPUTS_DIR);
+    fs::create_dir_all(&dir).map_err(io_err(job, "create", &dir))?;
+    let mut bytes = 0;
+    for (name, size) in outputs {
+        let from = job_dir.join(name);
+        let src = crate::owner::open_no_symlinks(&from, libc::O_RDONLY | libc::O_NONBLOCK, 0)
+            .map_err(io_err(job, "open", &from))?;
+        if !src
+            .metadata()
+            .map_err(io_err(job, "stat", &from))?
+            .is_file()
+        {
+            continue;
+        }
+        let to = dir.join(name);
+        let mut dst = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&to)
+            .map_err(io_err(job, "create", &to))?;
+        bytes += std::io::copy(&mut src.take(*size), &mut dst).map_err(io_err(job, "copy", &to))?;
+    }
+    Ok(bytes)
+}
+
 fn copy_preserved(
     job: u64,
     owner: u32,

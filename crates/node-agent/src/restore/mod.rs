@@ -563,7 +563,11 @@ impl Jobs {
             });
         }
         for f in &ours {
-            put_back_own_output(job_id, f, owner)?;
+            // As the checkpoint saw it, if the epoch carries it (see `OUTPUTS_DIR`).
+            let saved = Path::new(&f.path)
+                .file_name()
+                .map(|n| node_dir.join(crate::checkpoint::OUTPUTS_DIR).join(n));
+            put_back_own_output(job_id, f, owner, saved.as_deref())?;
         }
         if theirs.is_empty() && m.preserved.is_empty() {
             return Ok(());
