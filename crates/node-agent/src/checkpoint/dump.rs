@@ -427,8 +427,13 @@ fn copy_outputs(
     let mut bytes = 0;
     for (name, size) in outputs {
         let from = job_dir.join(name);
-        let src = crate::owner::open_no_symlinks(&from, libc::O_RDONLY | libc::O_NONBLOCK, 0)
-            .map_err(io_err(job, "open", &from))?;
+        let src = match crate::owner::open_no_symlinks(&from, libc::O_RDONLY | libc::O_NONBLOCK, 0)
+        {
+            Ok(f) => f,
+            // Removed by hand since the scan: a restore recreates it as zeros, as before.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io_err(job, "open", &from)(e)),
+        };
         if !src
             .metadata()
             .map_err(io_err(job, "stat", &from))?
@@ -543,5 +548,38 @@ fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) {
             Ok(t) if t.is_file() || t.is_fifo() => out.push(p),
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each output is saved as it was at the checkpoint (its first `size` bytes, whatever came
+    /// after), root's alone; one that is gone is skipped, and a link is never followed.
+    #[test]
+    fn outputs_are_saved_at_their_checkpoint_size() {
+        let job_dir = tempfile::tempdir().unwrap();
+        let node_dir = tempfile::tempdir().unwrap();
+        fs::write(job_dir.path().join("stdout"), b"iter 1\niter 2\n").unwrap();
+        let outputs = [("stdout".to_string(), 7), ("stderr".to_string(), 4)];
+        let bytes = copy_outputs(1, job_dir.path(), node_dir.path(), &outputs).unwrap();
+        assert_eq!(bytes, 7);
+        let saved = node_dir.path().join(OUTPUTS_DIR);
+        assert_eq!(fs::read(saved.join("stdout")).unwrap(), b"iter 1\n");
+        assert!(
+            !saved.join("stderr").exists(),
+            "a missing output is skipped"
+        );
+        let mode = fs::metadata(saved.join("stdout")).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+
+        let other = tempfile::tempdir().unwrap();
+        fs::write(other.path().join("secret"), b"not the job's").unwrap();
+        std::os::unix::fs::symlink(other.path().join("secret"), job_dir.path().join("stderr"))
+            .unwrap();
+        let node2 = tempfile::tempdir().unwrap();
+        let e = copy_outputs(1, job_dir.path(), node2.path(), &outputs).unwrap_err();
+        assert!(e.to_string().contains("stderr"), "{e}");
     }
 }
