@@ -408,6 +408,16 @@ impl LaunchPolicy {
     }
 }
 
+/// The name (`stdout`, `stderr`) of the part's own output at `path`: in its job directory
+/// `own_dir`, or where a sandbox sees that directory ([`crate::sandbox::JOB_DIR`]).
+pub(crate) fn own_output<'a>(path: &'a Path, own_dir: &Path) -> Option<&'a str> {
+    let parent = path.parent()?;
+    let name = path.file_name()?.to_str()?;
+    ((parent == own_dir || parent == Path::new(crate::sandbox::JOB_DIR))
+        && (name == "stdout" || name == "stderr"))
+        .then_some(name)
+}
+
 /// Brings the job's own stdout or stderr (in the job directory, which root controls) back to
 /// its checkpoint size, recreating it if it is gone; 0600 and the owner's, through the open
 /// file.

@@ -249,12 +249,7 @@ pub(super) fn dump_frozen(
     let outputs: Vec<(String, u64)> = open
         .iter()
         .filter_map(|(path, size)| {
-            let p = Path::new(path);
-            let parent = p.parent()?;
-            let name = p.file_name()?.to_str()?;
-            ((parent == own_dir || parent == Path::new(sandbox::JOB_DIR))
-                && (name == "stdout" || name == "stderr"))
-                .then(|| (name.to_string(), *size))
+            crate::owner::own_output(Path::new(path), &own_dir).map(|n| (n.to_string(), *size))
         })
         .collect();
     w.open_files = open
@@ -400,11 +395,6 @@ fn adopt_links(job: &mut NodeJob) -> Result<Option<String>, AgentError> {
 /// terabytes) is refused, naming it, rather than read whole.
 const PRESERVE_MAX_BYTES: u64 = 16 << 30;
 
-/// Copies the files the engine does not save into `extra/` of the node directory (named pipes
-/// are only recorded); returns what was saved, the bytes copied and the time taken. These files
-/// are in directories users control (`/dev/shm`, `/tmp`): each is opened without following a
-/// symbolic link anywhere on its path, and must belong to the job's owner `owner`; what the
-/// open file is (type, owner, mode) is read from the open file.
 /// Where an epoch's node directory keeps the part's own stdout and stderr as they were at the
 /// checkpoint: a restore on a node whose job directory has none (the part moved, or its node's
 /// disks were lost) puts them back from there, rather than as zeros of the same length.
@@ -454,6 +444,11 @@ fn copy_outputs(
     Ok(bytes)
 }
 
+/// Copies the files the engine does not save into `extra/` of the node directory (named pipes
+/// are only recorded); returns what was saved, the bytes copied and the time taken. These files
+/// are in directories users control (`/dev/shm`, `/tmp`): each is opened without following a
+/// symbolic link anywhere on its path, and must belong to the job's owner `owner`; what the
+/// open file is (type, owner, mode) is read from the open file.
 fn copy_preserved(
     job: u64,
     owner: u32,

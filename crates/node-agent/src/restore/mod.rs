@@ -544,12 +544,8 @@ impl Jobs {
             }
             f
         });
-        let (ours, theirs): (Vec<OpenFile>, Vec<OpenFile>) = files.partition(|f| {
-            let p = Path::new(&f.path);
-            p.parent() == Some(own_dir.as_path())
-                && p.file_name()
-                    .is_some_and(|n| n == "stdout" || n == "stderr")
-        });
+        let (ours, theirs): (Vec<OpenFile>, Vec<OpenFile>) =
+            files.partition(|f| crate::owner::own_output(Path::new(&f.path), &own_dir).is_some());
         if let Some(pf) = m.preserved.iter().find(|pf| pf.uid != owner.uid) {
             return Err(AgentError::FileRefused {
                 job: job_id,
