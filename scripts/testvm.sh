@@ -128,6 +128,14 @@ hostname "$VM_NAME"
 ip link set lo up; ip link set eth0 up; ip addr add "$VM_IP" dev eth0
 [ -z "$VM_GW" ] || ip route add default via "$VM_GW"
 rdma link add rxe0 type rxe netdev eth0 || echo "testvm: rdma link add rxe0 failed"
+# rxe's GIDs are RoCE v2: a connect routes even a link-local GID through eth0's IPv6 link-local
+# address, which comes only once the link reports carrier. A test that connects before it meets
+# ENETUNREACH in modify_qp(RTR), so wait for it (5 s at most) before the test runs.
+for _ in $(seq 50); do
+    ip -6 -o addr show dev eth0 scope link | grep -v tentative | grep -q 'inet6 fe80' && break
+    sleep 0.1
+done
+ip -6 -o addr show dev eth0 scope link | grep -q 'inet6 fe80' || echo "testvm: eth0 has no IPv6 link-local address"
 # CRIU opens /dev/net/tun, which loads no module by itself here.
 /run/testvm/modprobe tun || echo "testvm: modprobe tun failed"
 cd /share
