@@ -238,6 +238,7 @@ async fn setup(n: usize) -> Setup {
                 part_env: Default::default(),
                 policy: Default::default(),
                 engine: String::new(),
+                on_failure: String::new(),
             },
         )
         .await

@@ -18,7 +18,9 @@ fn agents_in_namespaces_checkpoint_a_job_and_an_unreachable_node_aborts_initial_
     let cluster = Cluster::create(3).expect("create test hosts");
     let mut d = Ckptd::start(Options {
         no_agent: true,
-        extra_toml: "[deadlines]\nsync = \"3s\"\n".into(),
+        // A node timeout well past the cut below: n2 stays a node of the job (its lease, half
+        // of it, does not run out), only the epoch aborts.
+        extra_toml: "node_timeout = \"30s\"\n[deadlines]\nsync = \"3s\"\n".into(),
         ..Options::default()
     });
     for n in ["n1", "n2", "n3"] {
@@ -586,13 +588,22 @@ enum Replace {
 /// Four test hosts (n4 a spare in ckptd.toml, nodes down after 2 s without heartbeat),
 /// sandboxes, shared storage if `shared`; a job across n1..n3.
 fn three_and_a_spare(mpi: Mpi, shared: bool) -> Option<(Cluster, Ckptd, u64)> {
+    three_and_a_spare_with(mpi, shared, "")
+}
+
+/// [`three_and_a_spare`] with more ckptd.toml tables.
+fn three_and_a_spare_with(
+    mpi: Mpi,
+    shared: bool,
+    more_toml: &str,
+) -> Option<(Cluster, Ckptd, u64)> {
     let all = ["n1", "n2", "n3", "n4"];
     let (cluster, d) = hosts_with(
         &all,
         false,
         true,
         shared.then_some("512M"),
-        "node_timeout = \"2s\"\n[spares]\nnodes = [\"n4\"]\n",
+        &format!("node_timeout = \"2s\"\n{more_toml}[spares]\nnodes = [\"n4\"]\n"),
     )?;
     let hosts: Vec<&str> = cluster.nodes[..3]
         .iter()
@@ -662,9 +673,9 @@ fn lost_node_restarts_on_n4(mpi: Mpi, how: Replace) {
             .join("1/n3");
         std::fs::remove_dir_all(&copy).unwrap_or_else(|e| panic!("{}: {e}", copy.display()));
     }
-    d.wait_state(job, "killed", LIMIT);
-    // n3 is down once it has sent no heartbeat for the node timeout (2 s here).
-    std::thread::sleep(Duration::from_secs(3));
+    // The launcher's end (killed) waits for n3 to be heard from again; n3 stays silent, so
+    // the job is lost with it once the node timeout (2 s) has passed.
+    d.wait_state(job, "lost", LIMIT);
     // Bad placements are refused with their own exit codes, and nothing runs anywhere.
     let id = job.to_string();
     let nothing_restored = |what: &str| {
@@ -799,21 +810,35 @@ fn drain_migrates(mpi: Mpi) {
     assert_eq!(result_on_n1(&d, job), want, "finished on n1, n4, n3");
 }
 
-/// The launcher's node is lost with its disks after a checkpoint that stopped the job: its
-/// agent killed, its sandbox, job directory (with the job's output) and staging gone. `restart
-/// --map n1=n4` restores the launcher's part on the spare from the partner copy n2 keeps; its
-/// output there begins with what the job had printed by the checkpoint (carried by the epoch),
-/// not with zeros, and the job finishes right.
+/// The launcher's node is destroyed while the job runs, after a checkpoint: its agent and the
+/// job's processes killed, its sandbox, job directory (with the job's output) and staging gone.
+/// The job, run with `[recovery] on_failure = "restart:2"`, is lost once n1 has been silent
+/// for the node timeout and comes back by itself: the launcher's part on the spare n4 from the
+/// partner copy n2 keeps, the others in place. n4's output begins with what the job had
+/// printed by the checkpoint (carried by the epoch), the job finishes right, and its status
+/// names the restart. Bad `--on-failure` values are refused first, each with its reason.
 #[test]
-fn the_launchers_node_lost_with_its_disks_restarts_on_a_spare_with_its_output() {
+fn the_launchers_node_destroyed_comes_back_on_the_spare_by_itself_with_its_output() {
     skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "nsenter", "nft");
     let mpi = Mpi::Mpich;
     let want = mpi.reference_checksum(RANKS, N, ITERS);
-    let Some((_cluster, mut d, job)) = three_and_a_spare(mpi, false) else {
+    let Some((_cluster, mut d, job)) =
+        three_and_a_spare_with(mpi, false, "[recovery]\non_failure = \"restart:2\"\n")
+    else {
         return;
     };
-    let out = d.ctl(&["checkpoint", "--kill", &job.to_string()]);
-    assert!(out.ok().contains("committed"), "{out:?}");
+    for (policy, says) in [
+        ("restart:0", "never restarts"),
+        ("restart:-1", "cannot be negative"),
+        ("restart:1000", "more than 100"),
+        ("sometimes", "expected"),
+    ] {
+        let out = d.ctl(&["run", "--on-failure", policy, "--", "/bin/true"]);
+        assert_eq!(out.code, 2, "{policy}: {out:?}");
+        assert!(out.stderr.contains(says), "{policy}: {out:?}");
+    }
+    assert_eq!(d.status(job)["on_failure"], "restart:2");
+    d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
     let begin = Instant::now();
     while d.epochs(job)[0]["partner_copy"] != serde_json::json!(true) {
         assert!(
@@ -826,27 +851,399 @@ fn the_launchers_node_lost_with_its_disks_restarts_on_a_spare_with_its_output() 
     let printed = std::fs::read_to_string(d.job_dir_on("n1", job).join("stdout")).unwrap();
     assert!(printed.contains("iter "), "{printed:?}");
     d.kill_agent_on("n1");
+    d.kill_job_on(&["n1"], job);
     let _ = std::process::Command::new("ip")
         .args(["netns", "del", &format!("ckpt-n1-{job}")])
         .status();
     for gone in ["local", "state"] {
         std::fs::remove_dir_all(d.dir.path().join("n1").join(gone)).unwrap();
     }
-    let r = d.ctl(&["restart", &job.to_string(), "--map", "n1=n4"]);
-    assert_eq!(r.code, 0, "{r:?}");
-    assert!(r.stderr.contains("moving n1's part to n4"), "{r:?}");
     assert_eq!(
         result_on(&d, "n4", job),
         want,
-        "restarted with the launcher on n4"
+        "restarted by itself with the launcher on n4"
     );
+    let st = d.status(job);
+    let r = &st["recoveries"][0];
+    assert_eq!(r["trigger"], "node n1 lost", "{st}");
+    assert_eq!(r["moves"], serde_json::json!(["n1=n4"]), "{st}");
+    assert_eq!(r["epoch"], 1, "{st}");
     let text = std::fs::read_to_string(d.job_dir_on("n4", job).join("stdout")).unwrap();
     assert!(
         !text.contains('\0'),
         "the output before the checkpoint is back, not zeros"
     );
+    let first = printed.lines().next().unwrap();
     assert!(
-        text.starts_with(&printed),
-        "n4's output begins as n1's did: {text:?}"
+        text.starts_with(first),
+        "n4's output begins as n1's did ({first:?}): {text:?}"
+    );
+}
+
+/// Fencing. n3's link is cut after a checkpoint (its host-side veth down: neither ckptd nor the
+/// other nodes reach it), its agent and the job's processes alive. n3's shims kill its part
+/// once its lease (half of the 2 s node timeout) runs out: its processes are gone, with
+/// `fenced.json` saying why, before ckptd declares the job lost (compared on the clock: the
+/// last of them seen gone, every 5 ms, against the `noticed_unix_ms` ckptd records). The job is
+/// restarted with the link still cut, n3's part on the spare, and ends right. Once the link is
+/// back, n3's agent starts nothing: each rank of n3 ran in one copy at any time, the original
+/// up to its fence, the restored one only after the job was declared lost.
+#[test]
+fn a_node_cut_off_kills_its_parts_before_the_job_restarts_elsewhere() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "nsenter", "nft");
+    let mpi = Mpi::Mpich;
+    let want = mpi.reference_checksum(RANKS, N, ITERS);
+    let Some((cluster, d, job)) = three_and_a_spare(mpi, false) else {
+        return;
+    };
+    d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
+    let begin = Instant::now();
+    while d.epochs(job)[0]["partner_copy"] != serde_json::json!(true) {
+        assert!(
+            begin.elapsed() < LIMIT,
+            "no partner copy: {}",
+            d.epochs(job)[0]
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let on_n3 = d.job_pids_on("n3", job);
+    assert!(!on_n3.is_empty(), "a part on n3");
+    let alive = |pids: &[i32]| {
+        pids.iter()
+            .filter(|&&p| std::path::Path::new(&format!("/proc/{p}")).exists())
+            .count()
+    };
+    cluster.set_link("n3", false);
+    let cut = Instant::now();
+    // When the last of n3's processes is gone (ms since the Unix epoch), looked at every 5 ms.
+    let watched = on_n3.clone();
+    let watcher = std::thread::spawn(move || {
+        while alive(&watched) > 0 && cut.elapsed() < LIMIT {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        (alive(&watched) == 0).then(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as u64
+        })
+    });
+    let lost_at = loop {
+        assert!(
+            cut.elapsed() < LIMIT,
+            "not lost: {}\n{}",
+            d.status(job),
+            d.job_output_on("n3", job)
+        );
+        let st = d.status(job);
+        if st["state"] == "lost" {
+            let detail = st["detail"].as_str().unwrap_or_default().to_string();
+            assert!(detail.contains("node n3"), "{st}");
+            break cut.elapsed();
+        }
+        assert_eq!(st["state"], "running", "{st}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let dead_ms = watcher.join().unwrap().expect("n3's part killed");
+    let lost = d.status(job)["lost"].clone();
+    assert_eq!(lost["node"], "n3", "{lost}");
+    let (since, noticed) = (
+        lost["since_unix_ms"].as_u64().unwrap(),
+        lost["noticed_unix_ms"].as_u64().unwrap(),
+    );
+    eprintln!(
+        "link cut: n3 last heard from at +0 ms, its part dead at +{} ms, declared lost at +{} ms (seen after {lost_at:?})",
+        dead_ms as i64 - since as i64,
+        noticed - since
+    );
+    // The order that matters: the part was dead before ckptd declared the node lost, so before
+    // anything of it could be restored elsewhere.
+    assert!(
+        dead_ms < noticed,
+        "n3's part died at {dead_ms}, after ckptd declared it lost at {noticed}"
+    );
+    let run = d.job_dir_on("n3", job).join("run");
+    let fenced: Vec<_> = std::fs::read_dir(&run)
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.unwrap().path().join("fenced.json")).ok())
+        .collect();
+    assert_eq!(fenced.len(), 1, "one part fenced: {fenced:?}");
+    let r = d.ctl(&["restart", &job.to_string()]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stderr.contains("moving n3's part to n4"), "{r:?}");
+    assert_eq!(
+        result_on_n1(&d, job),
+        want,
+        "restarted with n3's part on n4"
+    );
+    // The link comes back: n3's agent reports the fenced part and starts nothing.
+    cluster.set_link("n3", true);
+    let begin = Instant::now();
+    while d.ctl(&["nodes", "--json"]).ok().contains("\"down\"") {
+        assert!(begin.elapsed() < LIMIT, "n3 is not back");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(d.job_pids_on("n3", job).is_empty(), "n3 runs nothing of it");
+    assert_eq!(alive(&on_n3), 0);
+}
+
+/// What the matrix loses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// n1, where mpiexec runs.
+    Launcher,
+    /// n3, a node with ranks only.
+    Attached,
+}
+
+/// How the matrix loses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// Agent and processes killed, sandbox, job directory and staging deleted.
+    Destroyed,
+    /// Agent killed; the processes live on until the node's lease runs out.
+    AgentKilled,
+    /// Host-side link down: nobody reaches the node, which runs on.
+    LinkCut,
+    /// `drain NODE --migrate`.
+    Drain,
+    /// `checkpoint --kill`, then `restart --map NODE=n4`.
+    RestartMap,
+}
+
+/// One cell of the recovery matrix.
+#[derive(Debug, Clone, Copy)]
+struct Cell {
+    mpi: Mpi,
+    role: Role,
+    fault: Fault,
+    shared: bool,
+}
+
+impl Cell {
+    fn name(&self) -> String {
+        format!(
+            "{}/{:?}/{:?}/{}",
+            match self.mpi {
+                Mpi::Mpich => "mpich",
+                Mpi::OpenMpi => "openmpi",
+            },
+            self.role,
+            self.fault,
+            if self.shared { "shared" } else { "partner" }
+        )
+    }
+
+    /// Every combination, in a fixed order.
+    fn all() -> Vec<Cell> {
+        let mut cells = Vec::new();
+        for mpi in [Mpi::Mpich, Mpi::OpenMpi] {
+            for role in [Role::Launcher, Role::Attached] {
+                for fault in [
+                    Fault::Destroyed,
+                    Fault::AgentKilled,
+                    Fault::LinkCut,
+                    Fault::Drain,
+                    Fault::RestartMap,
+                ] {
+                    for shared in [false, true] {
+                        cells.push(Cell {
+                            mpi,
+                            role,
+                            fault,
+                            shared,
+                        });
+                    }
+                }
+            }
+        }
+        cells
+    }
+}
+
+/// The cells CI runs: the ones no other test of this file covers, one of each fault the
+/// others leave out with each MPI; `CKPT_MATRIX=full` runs all 40, `CKPT_MATRIX=NAME,NAME`
+/// the named ones.
+const SLICE: [&str; 2] = [
+    "openmpi/Launcher/AgentKilled/shared",
+    "mpich/Attached/Destroyed/shared",
+];
+
+/// Runs one cell: a 6-rank job across n1..n3 launched from n1, `[recovery] on_failure =
+/// "restart:2"`, n4 the spare. After a committed checkpoint whose copy is safe elsewhere (the
+/// partner copy, or the shared one), the node is lost as the cell says; the job must end with
+/// the answer of an uninterrupted run, nothing of it left running on the lost node, and every
+/// epoch committed before still committed. Returns what happened, for the table.
+fn run_cell(cell: Cell) -> String {
+    let mpi = cell.mpi;
+    let want = mpi.reference_checksum(RANKS, N, ITERS);
+    let Some((cluster, mut d, job)) =
+        three_and_a_spare_with(mpi, cell.shared, "[recovery]\non_failure = \"restart:2\"\n")
+    else {
+        return "skipped".into();
+    };
+    let node = match cell.role {
+        Role::Launcher => "n1",
+        Role::Attached => "n3",
+    };
+    let id = job.to_string();
+    let copied = |d: &Ckptd| {
+        let begin = Instant::now();
+        let (key, want) = if cell.shared {
+            ("storage", serde_json::json!("durable"))
+        } else {
+            ("partner_copy", serde_json::json!(true))
+        };
+        while d.epochs(job)[0][key] != want {
+            assert!(begin.elapsed() < LIMIT, "no {key}: {}", d.epochs(job)[0]);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let on_node = d.job_pids_on(node, job);
+    assert!(!on_node.is_empty(), "a part on {node}");
+    match cell.fault {
+        Fault::Drain => {
+            let r = d.ctl(&["drain", node, "--migrate"]);
+            assert_eq!(r.code, 0, "{r:?}");
+        }
+        Fault::RestartMap => {
+            let out = d.ctl(&["checkpoint", "--kill", &id]);
+            assert!(out.ok().contains("committed"), "{out:?}");
+            copied(&d);
+            let r = d.ctl(&["restart", &id, "--map", &format!("{node}=n4")]);
+            assert_eq!(r.code, 0, "{r:?}");
+        }
+        fault => {
+            d.ctl(&["checkpoint", &id, "--wait"]).ok();
+            copied(&d);
+            match fault {
+                Fault::Destroyed => {
+                    d.kill_agent_on(node);
+                    d.kill_job_on(&[node], job);
+                    let _ = std::process::Command::new("ip")
+                        .args(["netns", "del", &format!("ckpt-{node}-{job}")])
+                        .status();
+                    for gone in ["local", "state"] {
+                        std::fs::remove_dir_all(d.dir.path().join(node).join(gone)).unwrap();
+                    }
+                }
+                Fault::AgentKilled => d.kill_agent_on(node),
+                Fault::LinkCut => cluster.set_link(node, false),
+                _ => unreachable!(),
+            }
+        }
+    }
+    let committed: Vec<u64> = d
+        .epochs(job)
+        .iter()
+        .filter(|e| e["state"] == "committed")
+        .map(|e| e["epoch"].as_u64().unwrap())
+        .collect();
+    assert!(!committed.is_empty(), "a committed epoch");
+    let launcher = if cell.role == Role::Launcher {
+        "n4"
+    } else {
+        "n1"
+    };
+    assert_eq!(result_on(&d, launcher, job), want, "the answer");
+    let st = d.status(job);
+    let how = if matches!(
+        cell.fault,
+        Fault::Destroyed | Fault::AgentKilled | Fault::LinkCut
+    ) {
+        let r = &st["recoveries"][0];
+        assert_eq!(r["trigger"], format!("node {node} lost"), "{st}");
+        assert_eq!(
+            r["moves"],
+            serde_json::json!([format!("{node}=n4")]),
+            "{st}"
+        );
+        "restarted by itself"
+    } else {
+        "restarted by hand"
+    };
+    if cell.fault == Fault::LinkCut {
+        cluster.set_link(node, true);
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    let left: Vec<i32> = on_node
+        .iter()
+        .copied()
+        .filter(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
+        .collect();
+    assert!(left.is_empty(), "{node} still runs {left:?}");
+    assert!(d.job_pids_on(node, job).is_empty(), "{node} runs a part");
+    for e in d.epochs(job) {
+        let n = e["epoch"].as_u64().unwrap();
+        if committed.contains(&n) {
+            assert_eq!(e["state"], "committed", "epoch {n} lost: {e}");
+        }
+    }
+    format!(
+        "right answer, {how}, {} committed epochs kept",
+        committed.len()
+    )
+}
+
+/// {MPICH, Open MPI} × {launcher's node, attached node} × {destroyed, agent killed, link cut,
+/// drain --migrate, restart --map} × {partner copy, shared storage}. Prints a table of every
+/// cell run; fails if any failed.
+#[test]
+fn recovery_matrix() {
+    skip_unless_ready!(
+        "mpiexec.mpich",
+        "mpicc.mpich",
+        "mpiexec.openmpi",
+        "mpicc.openmpi",
+        "nsenter",
+        "nft"
+    );
+    let asked = std::env::var("CKPT_MATRIX").unwrap_or_default();
+    let cells: Vec<Cell> = Cell::all()
+        .into_iter()
+        .filter(|c| match asked.as_str() {
+            "full" => true,
+            "" => SLICE.contains(&c.name().as_str()),
+            names => names.split(',').any(|n| n == c.name()),
+        })
+        .collect();
+    let mut rows = Vec::new();
+    for cell in cells {
+        let begin = Instant::now();
+        let r = std::panic::catch_unwind(|| run_cell(cell));
+        let what = match r {
+            Ok(s) => format!("ok: {s}"),
+            Err(e) => format!(
+                "FAILED: {}",
+                e.downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default()
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .chars()
+                    .take(200)
+                    .collect::<String>()
+            ),
+        };
+        let row = format!(
+            "| {} | {} | {:.0} s |",
+            cell.name(),
+            what,
+            begin.elapsed().as_secs_f64()
+        );
+        eprintln!("{row}");
+        rows.push(row);
+    }
+    println!(
+        "| cell | outcome | took |\n|---|---|---|\n{}",
+        rows.join("\n")
+    );
+    assert!(
+        rows.iter().all(|r| !r.contains("FAILED")),
+        "{}",
+        rows.join("\n")
     );
 }

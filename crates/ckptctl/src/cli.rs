@@ -200,6 +200,14 @@ pub struct RunArgs {
     /// with `--resume`.
     #[arg(long, value_name = "TIME")]
     pub deadline: Option<String>,
+    /// When the job fails (a node of it lost, a process of it killed by a signal ckpt did not
+    /// send): `stop` (it waits for you to `ckptctl restart` it), `restart` or `restart:N` (ckptd
+    /// restarts it from its latest committed checkpoint by itself, the parts of lost nodes on
+    /// free spares, at most N times, 3 by default, waiting longer before each; never again once
+    /// it fails before a checkpoint commits after such a restart). Needs job sandboxes
+    /// (ckptd.toml `[job_network]`). Default: ckptd.toml `[recovery] on_failure`.
+    #[arg(long, value_name = "POLICY")]
+    pub on_failure: Option<String>,
     /// Follow the job to its end and exit with its status: its exit code, 128+N when signal
     /// N killed it, 75 (EX_TEMPFAIL: try again later) when ckpt stopped it after a checkpoint
     /// (`checkpoint --kill`, `drain`, `--checkpoint-on`) or its node was lost, so that a

@@ -48,7 +48,7 @@ fn state_text(n: &pb::NodeInfo) -> String {
 }
 
 /// A time of today as `12:03:04`, an older one as `2026-11-25 12:03`.
-fn clock(ms: u64) -> String {
+pub(crate) fn clock(ms: u64) -> String {
     let today = local(crate::when::now_ms());
     let t = local(ms);
     match (t.split_once(' '), today.split_once(' ')) {

@@ -48,6 +48,10 @@ pub fn parse_signal(name: &str) -> Result<(String, i32), String> {
 
 /// How a job that is over ends `run --wait`: its own status, or [`STOPPED`].
 pub fn end_status(j: &pb::JobInfo) -> Option<(u8, String)> {
+    if j.recovering {
+        // ckptd restarts it by itself (`--on-failure restart`): not its end.
+        return None;
+    }
     let state = j.state.as_str();
     let name = format!("job {} ({})", j.id, crate::term::field(&j.name));
     if let Some(s) = j.exit_signal {
@@ -134,6 +138,7 @@ pub async fn run(c: &mut ControlClient<Channel>, a: RunArgs, json: bool) -> Resu
         node: a.node.unwrap_or_default(),
         part_env,
         every: a.every.unwrap_or_default(),
+        on_failure: a.on_failure.clone().unwrap_or_default(),
         resume: a.resume,
         deadline_unix_ms,
         engine: a.engine.clone().unwrap_or_default(),
@@ -348,6 +353,11 @@ mod tests {
         assert_eq!(code(job("killed (signal 9)", None, Some(9))), Some(137));
         assert_eq!(code(job("cancelled", None, None)), Some(143));
         assert_eq!(code(job("lost", None, None)), Some(STOPPED));
+        let recovering = pb::JobInfo {
+            recovering: true,
+            ..job("lost", None, None)
+        };
+        assert_eq!(end_status(&recovering), None, "ckptd restarts it by itself");
         let (c, m) = end_status(&job("stopped", None, None)).unwrap();
         assert_eq!(c, STOPPED);
         assert!(

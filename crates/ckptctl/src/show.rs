@@ -20,7 +20,15 @@ pub fn job_json(j: &pb::JobInfo) -> Value {
         "argv": j.argv, "cwd": j.cwd, "created_unix_ms": j.created_unix_ms,
         "exit_code": j.exit_code, "exit_signal": j.exit_signal,
         "last_epoch": j.last_epoch, "latest_committed_epoch": j.latest_committed_epoch,
-        "job_dir": j.job_dir, "flush": j.flush, "engine": j.engine,
+        "job_dir": j.job_dir, "flush": j.flush, "engine": j.engine, "detail": j.detail,
+        "on_failure": j.on_failure, "recovery_note": j.recovery_note,
+        "recoveries": j.recoveries.iter().map(|r| json!({
+            "at_unix_ms": r.at_unix_ms, "trigger": r.trigger, "epoch": r.epoch,
+            "moves": r.moves, "outcome": r.outcome,
+        })).collect::<Vec<_>>(),
+        "lost": j.lost.as_ref().map(|l| json!({
+            "node": l.node, "since_unix_ms": l.since_unix_ms, "noticed_unix_ms": l.noticed_unix_ms,
+        })),
         "policy": j.policy.as_ref().map(|p| json!({
             "every": p.every, "interval_s": p.interval_s, "why": p.why,
             "next_checkpoint_unix_ms": p.next_checkpoint_unix_ms,
@@ -63,12 +71,39 @@ pub fn print_status(j: &pb::JobInfo) {
         j.last_epoch,
         j.latest_committed_epoch
     );
+    if !j.detail.is_empty() {
+        say!("  {}", j.detail);
+    }
     say!("  output: {}/stdout", field(&j.job_dir));
     if !j.flush.is_empty() {
         say!("  flushing: {}", j.flush);
     }
     if let Some(p) = &j.policy {
         say!("  {}", policy_text(p));
+    }
+    if j.on_failure.starts_with("restart") {
+        say!(
+            "  on failure: {} ({} automatic restarts so far)",
+            j.on_failure,
+            j.recoveries.len()
+        );
+    }
+    for r in &j.recoveries {
+        let moves = if r.moves.is_empty() {
+            "in place".to_string()
+        } else {
+            format!("moving {}", r.moves.join(", "))
+        };
+        say!(
+            "  restarted by itself at {} ({}): epoch {}, {moves}: {}",
+            crate::nodes::clock(r.at_unix_ms),
+            r.trigger,
+            r.epoch,
+            r.outcome
+        );
+    }
+    if !j.recovery_note.is_empty() {
+        say!("  {}", j.recovery_note);
     }
     for n in &j.nodes {
         let mut ranks: Vec<i32> = n.processes.iter().filter_map(|p| p.rank).collect();

@@ -33,10 +33,18 @@ pub struct CoordinatorConfig {
     pub policy: PolicyConfig,
     /// What one user may hold and ask for.
     pub limits: Limits,
+    /// What ckptd does by itself when a job fails.
+    pub recovery: RecoveryConfig,
     /// A node whose agent has not sent a heartbeat for this long is down (agents beat every
     /// second by default): a restart replaces it with a spare.
     #[serde(with = "humantime_serde")]
     pub node_timeout: Duration,
+    /// The lease ckptd grants each agent with every answer: an agent that ckptd has not
+    /// answered for this long kills its parts (its shims do, even with the agent dead), so that
+    /// a node cut off from ckptd never runs a part ckptd restarts elsewhere. Shorter than
+    /// `node_timeout` by at least [`LEASE_MARGIN`]; unset: half of it.
+    #[serde(default, with = "humantime_serde")]
+    pub fence_lease: Option<Duration>,
     /// The cluster credential (`ca.pem`, `ckptd.pem`, `ckptd.key`) made by `ckptd ca init`.
     /// Agents and ckptd authenticate each other with it on every connection. A standalone
     /// ckptd without one opens no TCP port at all.
@@ -47,6 +55,29 @@ pub struct CoordinatorConfig {
     /// The `[agent]` table: the embedded agent's settings, used with `--standalone`. The ckptd
     /// binary reads and validates it; the coordinator does not look inside.
     pub agent: toml::Table,
+}
+
+/// The `[recovery]` table: what ckptd does when a job fails (a node of it lost, a process of it
+/// killed by a signal ckpt did not send).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RecoveryConfig {
+    /// For jobs run without `--on-failure`: `stop` (a person restarts them), `restart` or
+    /// `restart:N` (ckptd does, at most N times). Applies to jobs that can move (sandboxes).
+    pub on_failure: String,
+    /// The wait before a job's second automatic restart; each later one waits twice as long
+    /// as the one before. The first comes at once.
+    #[serde(with = "humantime_serde")]
+    pub backoff: Duration,
+}
+
+impl Default for RecoveryConfig {
+    fn default() -> Self {
+        RecoveryConfig {
+            on_failure: "stop".into(),
+            backoff: Duration::from_secs(10),
+        }
+    }
 }
 
 /// What one user other than root may hold and ask for, so that no user can take the cluster's
@@ -300,7 +331,9 @@ impl Default for CoordinatorConfig {
             spares: Spares::default(),
             policy: PolicyConfig::default(),
             limits: Limits::default(),
+            recovery: RecoveryConfig::default(),
             node_timeout: Duration::from_secs(10),
+            fence_lease: None,
             tls_dir: ckpt_auth::ca::DEFAULT_DIR.into(),
             metrics: Default::default(),
             agent: toml::Table::new(),
@@ -308,9 +341,18 @@ impl Default for CoordinatorConfig {
     }
 }
 
+/// How much shorter than `node_timeout` the lease must be: the time a node's shims take to
+/// notice the lease ran out (a tenth of a second) and to kill their parts, with room to spare.
+pub const LEASE_MARGIN: Duration = Duration::from_millis(500);
+
 impl CoordinatorConfig {
     /// Default location of the config file.
     pub const DEFAULT_PATH: &'static str = "/etc/ckpt/ckptd.toml";
+
+    /// The lease agents get: `fence_lease`, or half of `node_timeout`.
+    pub fn lease(&self) -> Duration {
+        self.fence_lease.unwrap_or(self.node_timeout / 2)
+    }
 }
 
 impl TomlConfig for CoordinatorConfig {
@@ -337,6 +379,23 @@ impl TomlConfig for CoordinatorConfig {
                     problem: "must be greater than zero".into(),
                 });
             }
+        }
+        crate::model::OnFailure::parse(&self.recovery.on_failure).map_err(|problem| {
+            ConfigError::Invalid {
+                key: "recovery.on_failure",
+                problem: problem.replace("--on-failure ", ""),
+            }
+        })?;
+        let lease = self.lease();
+        if lease.is_zero() || lease + LEASE_MARGIN > self.node_timeout {
+            return Err(ConfigError::Invalid {
+                key: "fence_lease",
+                problem: format!(
+                    "must be above zero and at least {} shorter than node_timeout ({}): a node's parts must be dead before ckptd may declare it lost and restart them elsewhere",
+                    humantime::format_duration(LEASE_MARGIN),
+                    humantime::format_duration(self.node_timeout)
+                ),
+            });
         }
         self.job_network
             .range()
@@ -396,6 +455,32 @@ mod tests {
         assert_eq!(c.deadlines.dump, Duration::from_secs(120));
         assert_eq!(c.deadlines.sync, Duration::from_secs(30));
         assert_eq!(c.agent["node_name"].as_str(), Some("head"));
+    }
+
+    #[test]
+    fn the_lease_is_shorter_than_node_timeout() {
+        let c = |t: &str| CoordinatorConfig::from_toml(Path::new("c.toml"), t);
+        assert_eq!(c("").unwrap().lease(), Duration::from_secs(5));
+        assert_eq!(
+            c("node_timeout = \"2s\"\n").unwrap().lease(),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            c("fence_lease = \"7s\"\n").unwrap().lease(),
+            Duration::from_secs(7)
+        );
+        for bad in [
+            "fence_lease = \"10s\"\n",
+            "fence_lease = \"9600ms\"\n",
+            "fence_lease = \"0s\"\n",
+            "node_timeout = \"600ms\"\n",
+        ] {
+            let e = c(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("fence_lease") && e.contains("node_timeout"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

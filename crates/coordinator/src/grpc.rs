@@ -65,6 +65,23 @@ fn caller<T>(req: &Request<T>) -> Result<Caller, Status> {
     })
 }
 
+/// Whether the job failed and ckptd restarts it by itself, or waits to.
+fn recovering(job: &Job) -> bool {
+    matches!(job.on_failure, crate::model::OnFailure::Restart { .. })
+        && job.failure().is_some()
+        && job.gave_up != Some(job.incarnation)
+}
+
+/// The lease an agent gets with each answer (see `driver/lost.rs`): none for the agent on
+/// ckptd's own machine (a standalone ckptd's), which loses ckptd only with ckptd itself and
+/// whose parts nobody restarts elsewhere.
+fn lease_for(peer: &ckpt_auth::Peer, cfg: &crate::config::CoordinatorConfig) -> u64 {
+    match peer {
+        ckpt_auth::Peer::LocalRoot => 0,
+        _ => cfg.lease().as_millis() as u64,
+    }
+}
+
 /// Wire form of a job.
 pub fn job_info(job: &Job, nodes: Vec<pb::NodeJobInfo>) -> pb::JobInfo {
     let (exit_code, exit_signal) = match &job.state {
@@ -85,10 +102,53 @@ pub fn job_info(job: &Job, nodes: Vec<pb::NodeJobInfo>) -> pb::JobInfo {
         latest_committed_epoch: job.latest_committed,
         nodes,
         job_dir: job.job_dir.clone(),
-        detail: String::new(),
+        detail: match (&job.state, &job.lost) {
+            (JobState::Lost, Some(l)) => format!(
+                "lost: node {} was last heard from {} and declared lost {} later; {}",
+                l.node,
+                humantime::format_rfc3339_seconds(
+                    std::time::UNIX_EPOCH + std::time::Duration::from_millis(l.since_unix_ms)
+                ),
+                humantime::format_duration(std::time::Duration::from_secs(
+                    l.noticed_unix_ms.saturating_sub(l.since_unix_ms) / 1000
+                )),
+                if recovering(job) {
+                    format!(
+                        "ckptd restarts it by itself (--on-failure {})",
+                        job.on_failure.text()
+                    )
+                } else {
+                    format!("restart it with `ckptctl restart {}`", job.id)
+                }
+            ),
+            _ => String::new(),
+        },
         flush: String::new(),
         policy: None,
         engine: job.engine_name().to_string(),
+        lost: job
+            .lost
+            .as_ref()
+            .filter(|_| job.state == JobState::Lost)
+            .map(|l| pb::LostInfo {
+                node: l.node.clone(),
+                since_unix_ms: l.since_unix_ms,
+                noticed_unix_ms: l.noticed_unix_ms,
+            }),
+        on_failure: job.on_failure.text(),
+        recoveries: job
+            .recoveries
+            .iter()
+            .map(|r| pb::RecoveryInfo {
+                at_unix_ms: r.at_unix_ms,
+                trigger: r.trigger.clone(),
+                epoch: r.epoch,
+                moves: r.moves.clone(),
+                outcome: r.outcome.clone(),
+            })
+            .collect(),
+        recovery_note: job.recovery_note.clone(),
+        recovering: recovering(job),
     }
 }
 
@@ -273,6 +333,7 @@ impl pb::control_server::Control for ControlHandler {
                 deadline_unix_ms: deadline,
             },
             engine: r.engine,
+            on_failure: r.on_failure,
         };
         let job = self.coord.run(who, spec).await.map_err(|e| to_status(&e))?;
         let nodes = self.coord.inspect(&job).await;
@@ -662,6 +723,7 @@ impl pb::registry_server::Registry for RegistryHandler {
             .map_err(Status::invalid_argument)?;
         Ok(Response::new(pb::RegisterReply {
             coordinator_id: self.id.clone(),
+            lease_ms: lease_for(&peer, &self.coord.cfg),
         }))
     }
 
@@ -669,7 +731,8 @@ impl pb::registry_server::Registry for RegistryHandler {
         &self,
         req: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatReply>, Status> {
-        if !ckpt_auth::peer_of(&req).is_node(&req.get_ref().node) {
+        let peer = ckpt_auth::peer_of(&req);
+        if !peer.is_node(&req.get_ref().node) {
             let allowed = format!("the agent holding node {}'s credential", req.get_ref().node);
             return Err(ckpt_auth::refuse(&req, "Registry.Heartbeat", &allowed));
         }
@@ -679,7 +742,9 @@ impl pb::registry_server::Registry for RegistryHandler {
             r.staging_total_bytes,
         ));
         if self.coord.heartbeat(&r.node, r.jobs, staging).await {
-            Ok(Response::new(pb::HeartbeatReply {}))
+            Ok(Response::new(pb::HeartbeatReply {
+                lease_ms: lease_for(&peer, &self.coord.cfg),
+            }))
         } else {
             Err(Status::not_found(format!(
                 "node {} is not registered; register first",

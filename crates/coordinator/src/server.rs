@@ -47,6 +47,7 @@ pub async fn run(
         let _ = tx.send(true);
     });
     tokio::spawn(coord.clone().schedule(rx2.clone()));
+    tokio::spawn(coord.clone().watch_nodes(rx2.clone()));
     let reg_coord = coord.clone();
     let reg = async move {
         let Some((agents, tls)) = agents else {

@@ -47,6 +47,7 @@ async fn a_run_whose_part_env_sets_ckpts_own_variables_is_refused_before_any_lau
         part_env: [("CKPT_IBQ_SOCKET".to_string(), "/tmp/mine.sock".to_string())].into(),
         policy: Default::default(),
         engine: String::new(),
+        on_failure: String::new(),
     };
     let e = c.coord.run(OWNER, spec).await.unwrap_err();
     assert!(
@@ -71,6 +72,7 @@ async fn a_run_asking_for_an_engine_its_node_lacks_is_refused_before_any_launch(
         part_env: Default::default(),
         policy: Default::default(),
         engine: engine.into(),
+        on_failure: String::new(),
     };
     let e = c.coord.run(OWNER, spec("dmtcp")).await.unwrap_err();
     assert!(

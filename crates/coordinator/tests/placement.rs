@@ -476,3 +476,243 @@ async fn nodes_show_states_spares_staging_and_jobs_by_who_asks() {
     assert!(theirs["n1"].jobs.is_empty() && theirs["n4"].jobs.is_empty());
     assert_eq!((theirs["n1"].other_jobs, theirs["n4"].other_jobs), (1, 1));
 }
+
+/// The launcher's node (n1) goes silent while the job runs: the job becomes lost, naming n1,
+/// what is left of it on n2 and n3 is killed, and a plain restart puts n1's part (the
+/// launcher) on the free spare; the job then runs again and is no longer lost.
+#[tokio::test]
+async fn a_job_whose_launcher_node_goes_down_is_lost_and_restarts_on_a_spare() {
+    let c = with_spares().await;
+    let job = c.job().await;
+    c.checkpoint(job, false).await.unwrap();
+    assert!(
+        c.coord.mark_lost().await.unwrap().is_empty(),
+        "every node is up"
+    );
+    only_up(&c, &["n2", "n3", "n4", "n5"]).await;
+    c.world.lock().unwrap().log.clear();
+    assert_eq!(c.coord.mark_lost().await.unwrap(), [job]);
+    let lost = c.coord.registry.job(job).unwrap().unwrap();
+    assert_eq!(lost.state, JobState::Lost);
+    let why = lost.lost.clone().expect("the lost node is recorded");
+    assert_eq!(why.node, "n1");
+    assert!(why.since_unix_ms <= why.noticed_unix_ms, "{why:?}");
+    assert_eq!(c.nodes_called("signal"), ["n2", "n3"], "the rest is killed");
+    let info = coordinator::grpc::job_info(&lost, vec![]);
+    assert!(
+        info.detail.contains("node n1") && info.detail.contains(&format!("ckptctl restart {job}")),
+        "{}",
+        info.detail
+    );
+    assert!(c.coord.mark_lost().await.unwrap().is_empty(), "lost once");
+    beat(&c, &["n2", "n3", "n4", "n5"]).await;
+    assert_eq!(c.restart(job, 0).await.unwrap(), 1);
+    let after = c.coord.registry.job(job).unwrap().unwrap();
+    assert_eq!(after.state, JobState::Running);
+    assert_eq!(after.node, "n5", "the launcher's part runs on the spare");
+    assert_eq!(after.lost, None);
+}
+
+/// An attached part's node goes down: the job is lost naming that node, the launcher and the
+/// other part are killed; a job that is not running (stopped after a checkpoint) is left as it
+/// is.
+#[tokio::test]
+async fn a_job_whose_attached_node_goes_down_is_lost_and_a_stopped_one_is_not() {
+    let c = with_spares().await;
+    let running = c.job().await;
+    let stopped = c.stopped_job().await;
+    only_up(&c, &["n1", "n2", "n4", "n5"]).await;
+    c.world.lock().unwrap().log.clear();
+    assert_eq!(c.coord.mark_lost().await.unwrap(), [running]);
+    let lost = c.coord.registry.job(running).unwrap().unwrap();
+    assert_eq!(lost.lost.map(|l| l.node).as_deref(), Some("n3"));
+    assert_eq!(c.nodes_called("signal"), ["n1", "n2"]);
+    assert_eq!(c.job_state(stopped), JobState::Stopped);
+}
+
+/// Gives the job a policy on failure, as `ckptctl run --on-failure` would have.
+fn set_policy(c: &Cluster, job: u64, policy: &str) {
+    let mut j = c.coord.registry.job(job).unwrap().unwrap();
+    j.on_failure = coordinator::model::OnFailure::parse(policy).unwrap();
+    c.coord.registry.put_job(&j).unwrap();
+}
+
+/// Waits (bounded) until the job is in `state`.
+async fn wait_state(c: &Cluster, job: u64, state: JobState) {
+    for _ in 0..100 {
+        if c.job_state(job) == state {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("job {job} is {:?}, not {state:?}", c.job_state(job));
+}
+
+/// `--on-failure restart:2`: n1, the launcher's node, goes down; ckptd restarts the job by
+/// itself from its latest committed epoch with n1's part on the free spare, and records the
+/// restart (trigger, epoch, moves, outcome). The job fails again before a new checkpoint: it
+/// is not restarted in a loop, and says why.
+#[tokio::test]
+async fn a_job_with_a_restart_policy_comes_back_by_itself_once_and_not_in_a_loop() {
+    let c = with_spares().await;
+    let job = c.job().await;
+    set_policy(&c, job, "restart:2");
+    c.coord.recover().await.unwrap();
+    assert_eq!(c.job_state(job), JobState::Running, "nothing failed");
+    c.checkpoint(job, false).await.unwrap();
+    only_up(&c, &["n2", "n3", "n4", "n5"]).await;
+    assert_eq!(c.coord.mark_lost().await.unwrap(), [job]);
+    c.coord.recover().await.unwrap();
+    wait_state(&c, job, JobState::Running).await;
+    let j = c.coord.registry.job(job).unwrap().unwrap();
+    assert_eq!(j.node, "n5", "the launcher's part on the first spare");
+    assert_eq!(j.recoveries.len(), 1, "{:?}", j.recoveries);
+    let r = &j.recoveries[0];
+    assert_eq!(
+        (r.trigger.as_str(), r.epoch, r.moves.clone()),
+        ("node n1 lost", 1, vec!["n1=n5".to_string()])
+    );
+    let info = coordinator::grpc::job_info(&j, vec![]);
+    assert_eq!(info.on_failure, "restart:2");
+    assert_eq!(info.recoveries[0].outcome, "running again from epoch 1");
+
+    // n5 goes down too, before the job's next checkpoint: given up on, with the reason.
+    only_up(&c, &["n2", "n3", "n4"]).await;
+    assert_eq!(c.coord.mark_lost().await.unwrap(), [job]);
+    c.world.lock().unwrap().log.clear();
+    c.coord.recover().await.unwrap();
+    c.coord.recover().await.unwrap();
+    let j = c.coord.registry.job(job).unwrap().unwrap();
+    assert_eq!(j.state, JobState::Lost);
+    assert_eq!(j.recoveries.len(), 1, "no second restart");
+    assert!(
+        j.recovery_note.contains("failed again") && j.recovery_note.contains("epoch 1"),
+        "{}",
+        j.recovery_note
+    );
+    assert!(c.nodes_called("restore").is_empty(), "nothing restored");
+}
+
+/// A lost job with a restart policy but no free spare waits, saying why, without using up a
+/// try; it is restarted once a spare is free.
+#[tokio::test]
+async fn a_lost_job_waits_for_a_free_spare_without_using_a_try() {
+    let c = with_spares().await;
+    let job = c.job().await;
+    set_policy(&c, job, "restart");
+    c.checkpoint(job, false).await.unwrap();
+    only_up(&c, &["n1", "n2"]).await;
+    assert_eq!(c.coord.mark_lost().await.unwrap(), [job]);
+    c.coord.recover().await.unwrap();
+    let j = c.coord.registry.job(job).unwrap().unwrap();
+    assert_eq!(j.state, JobState::Lost);
+    assert!(j.recoveries.is_empty());
+    assert!(
+        j.recovery_note
+            .contains("node n3 lost: waiting to restart by itself")
+            && j.recovery_note.contains("spare"),
+        "{}",
+        j.recovery_note
+    );
+    beat(&c, &["n1", "n2", "n4"]).await;
+    c.coord.recover().await.unwrap();
+    wait_state(&c, job, JobState::Running).await;
+    let j = c.coord.registry.job(job).unwrap().unwrap();
+    assert_eq!(j.recoveries[0].moves, ["n3=n4"]);
+}
+
+/// `--on-failure` that makes no sense, or a restart policy for a job that cannot move, is
+/// refused before anything starts, with a message that says what to do.
+#[tokio::test]
+async fn bad_restart_policies_are_refused_with_the_reason() {
+    let spec = |policy: &str| coordinator::driver::RunSpec {
+        on_failure: policy.into(),
+        ..sleep_on("n1")
+    };
+    let c = with_spares().await;
+    for (policy, says) in [
+        ("restart:0", "never restarts"),
+        ("restart:-3", "cannot be negative"),
+        ("restart:5000", "more than 100"),
+        ("twice", "expected"),
+    ] {
+        let e = c.coord.run(OWNER, spec(policy)).await.unwrap_err();
+        assert!(
+            matches!(&e, coordinator::driver::DriveError::Invalid(m) if m.contains(says)),
+            "{policy}: {e}"
+        );
+    }
+    let ok = c.coord.run(OWNER, spec("restart:4")).await.unwrap();
+    assert_eq!(ok.on_failure.text(), "restart:4");
+    let plain = Cluster::start().await;
+    let e = plain.coord.run(OWNER, spec("restart")).await.unwrap_err();
+    assert!(e.to_string().contains("without a sandbox"), "{e}");
+    assert!(plain.calls("launch").is_empty(), "nothing launched");
+    let stop = plain.coord.run(OWNER, spec("stop")).await.unwrap();
+    assert_eq!(stop.on_failure.text(), "stop");
+}
+
+/// The launcher's exit (code 1), as its heartbeat reports it.
+fn launcher_failed(incarnation: u32, job: u64) -> Vec<ckpt_proto::v1::JobReport> {
+    vec![ckpt_proto::v1::JobReport {
+        job_id: job,
+        incarnation,
+        state: ckpt_proto::v1::PartState::Exited.into(),
+        end: Some(ckpt_proto::v1::JobEnd {
+            how: Some(ckpt_proto::v1::job_end::How::ExitCode(1)),
+        }),
+        fenced_after_ms: 0,
+    }]
+}
+
+/// An MPI launcher ends with an error when a node of its job dies. That end waits until the
+/// job's other nodes have been heard from since: n3 silent, the job stays running and is lost
+/// with n3 at the node timeout, restartable; with every node alive, the same end is the job's.
+#[tokio::test]
+async fn a_launchers_failed_end_while_a_node_is_silent_is_the_nodes_loss() {
+    let c = with_spares().await;
+    let job = c.job().await;
+    let inc = c.coord.registry.job(job).unwrap().unwrap().incarnation;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    beat(&c, &["n2"]).await;
+    assert!(
+        c.coord
+            .heartbeat("n1", launcher_failed(inc, job), None)
+            .await
+    );
+    assert_eq!(
+        c.job_state(job),
+        JobState::Running,
+        "held: n3 not heard from since"
+    );
+    only_up(&c, &["n1", "n2"]).await;
+    assert!(
+        c.coord
+            .heartbeat("n1", launcher_failed(inc, job), None)
+            .await
+    );
+    assert_eq!(c.job_state(job), JobState::Running, "still held");
+    assert_eq!(c.coord.mark_lost().await.unwrap(), [job]);
+    let lost = c.coord.registry.job(job).unwrap().unwrap();
+    assert_eq!(lost.lost.map(|l| l.node).as_deref(), Some("n3"));
+
+    let c = with_spares().await;
+    let job = c.job().await;
+    assert!(
+        c.coord
+            .heartbeat("n1", launcher_failed(inc, job), None)
+            .await
+    );
+    assert_eq!(c.job_state(job), JobState::Running);
+    beat(&c, &["n2", "n3"]).await;
+    assert!(
+        c.coord
+            .heartbeat("n1", launcher_failed(inc, job), None)
+            .await
+    );
+    assert!(
+        matches!(c.job_state(job), JobState::Exited { code: Some(1), .. }),
+        "{:?}",
+        c.job_state(job)
+    );
+}

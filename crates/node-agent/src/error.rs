@@ -190,6 +190,19 @@ pub enum AgentError {
         /// What is missing.
         problem: String,
     },
+    /// The node has not reached ckptd for longer than its lease: it starts no part (ckptd may
+    /// be restarting its parts elsewhere) until it does.
+    #[error("job {job}: node {node} has not reached ckptd for {}, past its lease of {} (ckptd.toml fence_lease): it starts no part until it does; see that it reaches ckptd", humantime::format_duration(*.since), humantime::format_duration(*.lease))]
+    Fenced {
+        /// Job id.
+        job: u64,
+        /// This node.
+        node: String,
+        /// Since ckptd last answered.
+        since: std::time::Duration,
+        /// The lease.
+        lease: std::time::Duration,
+    },
     /// Copying images to or from a partner node failed.
     #[error("job {job}: partner copy with node {node} failed: {message}")]
     Partner {

@@ -62,7 +62,7 @@ pub fn to_status(e: AgentError) -> Status {
         AgentError::NoShared { .. } | AgentError::NoEngine { .. } => {
             Status::failed_precondition(msg)
         }
-        AgentError::Partner { .. } => Status::unavailable(msg),
+        AgentError::Partner { .. } | AgentError::Fenced { .. } => Status::unavailable(msg),
         AgentError::Channel { .. } => Status::aborted(msg),
         AgentError::Timeout { .. } => Status::deadline_exceeded(msg),
         AgentError::Engine { .. }

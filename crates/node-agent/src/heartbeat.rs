@@ -44,11 +44,19 @@ pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
             }
         }
         let (state, end) = observed.to_wire();
+        let fenced = (observed != Observed::Running)
+            .then(|| {
+                crate::shim::read_json::<crate::lease::Fenced>(
+                    &job.run_dir().join(crate::lease::FENCED),
+                )
+            })
+            .flatten();
         out.push(pb::JobReport {
             job_id: job.id(),
             state: state.into(),
             end,
             incarnation: job.incarnation(),
+            fenced_after_ms: fenced.map_or(0, |f| f.after_ms.max(1)),
         });
     }
     out
@@ -102,9 +110,11 @@ pub async fn run(
                     crate::config::RDMA_CLASS,
                 )),
             };
+            let sent = crate::lease::boottime_ms();
             match tokio::time::timeout(CALL_TIMEOUT, c.register(req)).await {
-                Ok(Ok(_)) => {
+                Ok(Ok(r)) => {
                     info!(coordinator = %cfg.coordinator, "registered");
+                    jobs.lease.renew(sent, r.get_ref().lease_ms);
                     registered = true;
                 }
                 Ok(Err(e))
@@ -126,8 +136,9 @@ pub async fn run(
                 staging_free_bytes,
                 staging_total_bytes,
             };
+            let sent = crate::lease::boottime_ms();
             match tokio::time::timeout(CALL_TIMEOUT, c.heartbeat(req)).await {
-                Ok(Ok(_)) => {}
+                Ok(Ok(r)) => jobs.lease.renew(sent, r.get_ref().lease_ms),
                 Ok(Err(e)) => {
                     warn!(error = %e, "heartbeat failed; registering again");
                     registered = false;
@@ -138,6 +149,32 @@ pub async fn run(
                 }
             }
         }
-        tokio::time::sleep(cfg.heartbeat_interval).await;
+        tokio::time::sleep(interval(cfg.heartbeat_interval, jobs.lease.granted())).await;
+    }
+}
+
+/// How long to wait between heartbeats: the configured interval, or less, so that at least
+/// three heartbeats fit in the lease (one lost or slow call must not fence the node).
+fn interval(configured: Duration, lease: Option<Duration>) -> Duration {
+    match lease {
+        Some(l) => configured.min(l / 4).max(Duration::from_millis(20)),
+        None => configured,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heartbeats_fit_several_times_in_the_lease() {
+        let s = Duration::from_secs;
+        assert_eq!(interval(s(1), None), s(1));
+        assert_eq!(interval(s(1), Some(s(5))), s(1));
+        assert_eq!(interval(s(1), Some(s(2))), Duration::from_millis(500));
+        assert_eq!(
+            interval(s(1), Some(Duration::ZERO)),
+            Duration::from_millis(20)
+        );
     }
 }

@@ -323,6 +323,8 @@ pub struct Jobs {
     pub(crate) precopy: crate::precopy::Mode,
     /// The fence around the jobs' DMTCP coordinators.
     pub(crate) fence: crate::fence::Fence,
+    /// The node's lease from ckptd: parts are fenced once it runs out.
+    pub(crate) lease: crate::lease::Keeper,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -410,6 +412,7 @@ impl Jobs {
             state_dir.join("ibq").join("control.sock"),
             ibq_job_owner(state_dir.clone(), cgroups.clone()),
         );
+        let lease = crate::lease::Keeper::open(&state_dir);
         Ok(Jobs {
             node,
             state_dir,
@@ -430,6 +433,7 @@ impl Jobs {
             policy: LaunchPolicy::default(),
             precopy: crate::precopy::Mode::Off("pre-copy is not set up".into()),
             fence: crate::fence::Fence::off(),
+            lease,
         })
     }
 

@@ -218,6 +218,14 @@ impl Jobs {
         timeout: Duration,
     ) -> Result<i32, AgentError> {
         let id = job.record.id;
+        if let Some((since, lease)) = self.lease.overdue() {
+            return Err(AgentError::Fenced {
+                job: id,
+                node: self.node.clone(),
+                since,
+                lease,
+            });
+        }
         job.record.incarnation += 1;
         job.record.root_pid = None;
         let run_dir = job.run_dir();
@@ -239,6 +247,7 @@ impl Jobs {
             run_dir: run_dir.clone(),
             output_owner: Some((owner.uid, owner.gid)),
             ready_fd: Some(ready_fd),
+            lease: Some(self.lease.path().to_path_buf()),
         };
         let spec_path = run_dir.join(shim::SPEC);
         // It holds the job's secret and whole environment.

@@ -30,6 +30,7 @@ mod heartbeat;
 mod ibq;
 mod jobs;
 mod launch;
+mod lease;
 pub mod metrics;
 mod modes;
 mod owner;

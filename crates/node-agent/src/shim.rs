@@ -117,6 +117,10 @@ pub struct ShimSpec {
     /// byte tells the agent the shim died first. Kept from the job and the engine.
     #[serde(default)]
     pub ready_fd: Option<i32>,
+    /// The node's lease file ([`crate::lease`]): the shim kills the part once it runs out.
+    /// None: never fenced.
+    #[serde(default)]
+    pub lease: Option<PathBuf>,
 }
 
 /// Written once the job's root process runs (or could not be started).
@@ -214,6 +218,13 @@ pub fn main(spec_path: &Path) -> i32 {
             libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
         }
     }
+    if let Some(lease) = &spec.lease {
+        fence_on_expiry(
+            crate::lease::Expiry::new(lease.clone()),
+            spec.cgroup_procs.clone(),
+            spec.run_dir.join(crate::lease::FENCED),
+        );
+    }
     let started = spec.run_dir.join(STARTED);
     let root = match start(&spec) {
         Ok(pid) => pid,
@@ -227,6 +238,41 @@ pub fn main(spec_path: &Path) -> i32 {
     tell_ready(spec.ready_fd);
     reap_until_empty(root, &spec.run_dir.join(EXIT));
     0
+}
+
+/// Watches the node's lease from a thread of its own for as long as the shim lives; once it has
+/// run out, records why in `fenced` and kills every process of the part's cgroup, and goes on
+/// killing whatever a restore still puts there.
+fn fence_on_expiry(expiry: crate::lease::Expiry, procs: PathBuf, fenced: PathBuf) {
+    std::thread::spawn(move || loop {
+        std::thread::sleep(crate::lease::SHIM_TICK);
+        let Some(why) = expiry.check() else { continue };
+        if !fenced.exists() {
+            write_json(&fenced, &why);
+            eprintln!(
+                "ckpt shim: the node has not reached ckptd for {} ms, past its lease of {} ms: the part is killed",
+                why.after_ms, why.lease_ms
+            );
+        }
+        kill_cgroup(&procs);
+    });
+}
+
+/// SIGKILLs every member of the cgroup whose `cgroup.procs` is `procs`: through `cgroup.kill`
+/// where the kernel has it, else one by one.
+fn kill_cgroup(procs: &Path) {
+    let dir = procs.parent().unwrap_or(Path::new("/"));
+    if fs::write(dir.join("cgroup.kill"), b"1").is_ok() {
+        return;
+    }
+    for pid in fs::read_to_string(procs)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse::<i32>().ok())
+    {
+        // SAFETY: kill takes integers only.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
 }
 
 /// Writes the byte that tells the agent `started.json` is there, and closes the pipe.

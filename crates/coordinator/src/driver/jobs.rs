@@ -56,18 +56,71 @@ impl Coordinator {
         if !self.agents.seen(node, staging) {
             return false;
         }
+        let fenced: Vec<(u64, u64)> = reports
+            .iter()
+            .filter(|r| r.fenced_after_ms > 0)
+            .map(|r| (r.job_id, r.fenced_after_ms))
+            .collect();
+        if !fenced.is_empty() {
+            // Before the launcher's exit, which the fence caused, is taken for the job's end.
+            self.fenced(node, fenced).await;
+        }
         for r in reports {
             let Some(observed) = ended(r.state(), r.end.as_ref()) else {
                 continue;
             };
             let _g = self.state.lock().await;
             if let Ok(Some(mut job)) = self.registry.job(r.job_id) {
-                if job.node == node && job.observe(r.incarnation, observed) {
+                if job.node != node || self.hold_end(&job, r.incarnation, &observed) {
+                    continue;
+                }
+                if job.observe(r.incarnation, observed) {
                     info!(job = job.id, state = %job.state.name(), "job ended");
                     let _ = self.registry.put_job(&job);
                     self.agents.forget_job(job.id);
                 }
             }
+        }
+        true
+    }
+
+    /// Whether to hold back the failed end a job's launcher reported: an MPI launcher ends
+    /// with an error when a node of its job dies, and then the job was lost with that node, not
+    /// ended, which only `node_timeout` tells (`lost.rs`). So a failed end (a signal, an exit
+    /// code other than 0) of a job with parts on other nodes counts once each of them has sent
+    /// a heartbeat after it was first reported: they live, and the end is the job's own. Until
+    /// then the job stays running, and becomes lost if one of them goes down.
+    pub(super) fn hold_end(&self, job: &Job, incarnation: u32, observed: &JobState) -> bool {
+        let failed = matches!(
+            observed,
+            JobState::Exited {
+                signal: Some(_),
+                ..
+            } | JobState::Exited {
+                code: Some(1..),
+                ..
+            }
+        ) || matches!(observed, JobState::Exited { code: Some(c), .. } if *c < 0);
+        if job.parts.is_empty()
+            || !failed
+            || job.state != JobState::Running
+            || incarnation != job.incarnation
+        {
+            return false;
+        }
+        let mut held = self.held_ends.lock().expect("held ends");
+        let since = *held
+            .entry((job.id, incarnation))
+            .or_insert_with(std::time::Instant::now);
+        let views = self.agents.views();
+        let alive_since = |n: &String| {
+            views
+                .iter()
+                .any(|v| &v.node == n && v.since_seen < since.elapsed())
+        };
+        if job.parts.iter().all(alive_since) {
+            held.remove(&(job.id, incarnation));
+            return false;
         }
         true
     }
@@ -115,6 +168,9 @@ impl Coordinator {
             .job(id)?
             .ok_or(DriveError::UnknownJob { job: id })?;
         let inc = job.incarnation;
+        if self.hold_end(&job, inc, &observed) {
+            return Ok(job);
+        }
         if job.observe(inc, observed) {
             self.registry.put_job(&job)?;
             self.agents.forget_job(id);
@@ -141,6 +197,7 @@ impl Coordinator {
                 )))
             }
         };
+        let on_failure = self.on_failure(&spec.on_failure, engine)?;
         let node = if spec.node.is_empty() {
             // The first node that has the engine.
             let nodes = self.agents.list();
@@ -195,6 +252,11 @@ impl Coordinator {
                 policy: spec.policy.clone(),
                 running_since_unix_ms: 0,
                 engine: spec.engine.clone(),
+                lost: None,
+                on_failure,
+                recoveries: Vec::new(),
+                recovery_note: String::new(),
+                gave_up: None,
             };
             let mut job = job;
             self.check_live_jobs(&job)?;
@@ -308,49 +370,68 @@ impl Coordinator {
     }
 
     /// The job's processes per node, as the agents see them now (asked in parallel).
+    /// A node that is down is not asked: its part says so. The others have `node_timeout` to
+    /// answer (an agent answers from memory; one that does not is about to be down).
     pub async fn inspect(&self, job: &Job) -> Vec<pb::NodeJobInfo> {
         let id = job.id;
-        self.on_all_collect(
-            &job.nodes(),
-            "inspect",
-            self.cfg.deadlines.sync,
-            |mut c| async move { c.inspect(pb::InspectRequest { job_id: id }).await },
-        )
-        .await
-        .into_iter()
-        .map(|(n, r)| {
-            let address = job.addresses.get(&n).cloned().unwrap_or_default();
-            let mut info = r.unwrap_or_else(|e| pb::NodeJobInfo {
-                role: if n == job.node {
+        let timeout = self.cfg.node_timeout;
+        let deadline = timeout.min(self.cfg.deadlines.sync);
+        let (up, down): (Vec<String>, Vec<String>) = job
+            .nodes()
+            .into_iter()
+            .partition(|n| self.agents.up(n, timeout));
+        let mut answers = self
+            .on_all_collect(&up, "inspect", deadline, |mut c| async move {
+                c.inspect(pb::InspectRequest { job_id: id }).await
+            })
+            .await;
+        answers.extend(down.into_iter().map(|n| {
+            let why = format!(
+                "node down: its agent has sent no heartbeat for {} (ckptd.toml node_timeout)",
+                humantime::format_duration(timeout)
+            );
+            let failure = crate::agents::NodeFailure {
+                node: n.clone(),
+                kind: crate::agents::FailureKind::Unreachable,
+                message: why,
+            };
+            (n, Err(failure))
+        }));
+        answers
+            .into_iter()
+            .map(|(n, r)| {
+                let address = job.addresses.get(&n).cloned().unwrap_or_default();
+                let mut info = r.unwrap_or_else(|e| pb::NodeJobInfo {
+                    role: if n == job.node {
+                        "launcher"
+                    } else {
+                        "attached"
+                    }
+                    .into(),
+                    node: n,
+                    state: pb::PartState::Unspecified.into(),
+                    end: None,
+                    detail: e.message,
+                    processes: vec![],
+                    ..Default::default()
+                });
+                info.address = address;
+                // The agent of a part restored elsewhere cannot tell which part it is.
+                info.role = if info.node == job.node {
                     "launcher"
                 } else {
                     "attached"
                 }
-                .into(),
-                node: n,
-                state: pb::PartState::Unspecified.into(),
-                end: None,
-                detail: e.message,
-                processes: vec![],
-                ..Default::default()
-            });
-            info.address = address;
-            // The agent of a part restored elsewhere cannot tell which part it is.
-            info.role = if info.node == job.node {
-                "launcher"
-            } else {
-                "attached"
-            }
-            .into();
-            info.moved_from = job
-                .moved
-                .iter()
-                .find(|(_, now)| **now == info.node)
-                .map(|(old, _)| old.clone())
-                .unwrap_or_default();
-            info
-        })
-        .collect()
+                .into();
+                info.moved_from = job
+                    .moved
+                    .iter()
+                    .find(|(_, now)| **now == info.node)
+                    .map(|(old, _)| old.clone())
+                    .unwrap_or_default();
+                info
+            })
+            .collect()
     }
 }
 

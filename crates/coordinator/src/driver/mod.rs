@@ -22,9 +22,11 @@ mod drain;
 mod endpoints;
 pub mod flush;
 mod jobs;
+mod lost;
 mod nodes;
 mod placement;
 mod quota;
+mod recover;
 mod restart;
 mod resume;
 mod schedule;
@@ -212,6 +214,8 @@ pub struct RunSpec {
     pub policy: crate::model::Policy,
     /// Snapshot engine ("" or "criu", "dmtcp").
     pub engine: String,
+    /// `--on-failure`: "stop", "restart", "restart:N"; empty: ckptd.toml `[recovery]`.
+    pub on_failure: String,
 }
 
 /// Milliseconds since the Unix epoch.
@@ -237,8 +241,15 @@ pub struct Coordinator {
     /// Epochs to abort on a node when its agent registers: found in progress at start-up, or
     /// whose abort could not reach the node.
     orphaned: std::sync::Mutex<Vec<(String, u64, u32)>>,
+    /// Failed ends of multi-node jobs' launchers, by job and incarnation, held since when
+    /// (see `Coordinator::hold_end`).
+    held_ends: std::sync::Mutex<std::collections::HashMap<(u64, u32), std::time::Instant>>,
     /// What `[limits]` counts in memory.
     usage: quota::Usage,
+    /// When this coordinator started: a node that has not registered `node_timeout` after it
+    /// is down.
+    started: std::time::Instant,
+    started_unix_ms: u64,
     /// The coordinator's cluster credential: agents are called over TLS with it. None for a
     /// standalone ckptd without one, which reaches only its embedded agent (local socket).
     credential: Option<ckpt_auth::tls::Credential>,
@@ -299,9 +310,12 @@ impl Coordinator {
             cfg,
             state: Mutex::new(()),
             orphaned: std::sync::Mutex::new(orphaned),
+            held_ends: Default::default(),
             credential,
             flushes,
             usage: Default::default(),
+            started: std::time::Instant::now(),
+            started_unix_ms: now_ms(),
         }))
     }
 

@@ -145,6 +145,7 @@ impl Coordinator {
                         .update_job(id, |j| {
                             j.end_restart(Ok(incarnation))?;
                             j.running_since_unix_ms = now_ms();
+                            j.lost = None;
                             j.place_from(&epoch.nodes, &moves);
                             Ok(())
                         })

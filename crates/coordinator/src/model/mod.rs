@@ -8,7 +8,9 @@ use serde::{Deserialize, Serialize};
 
 pub mod estimate;
 pub mod policy;
+pub mod recovery;
 pub use policy::{Every, Policy, PolicyChange};
+pub use recovery::{OnFailure, Recovery};
 
 /// The protocol phases of one checkpoint epoch, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -430,6 +432,32 @@ pub struct Job {
     /// The snapshot engine its nodes use; empty: the default (CRIU).
     #[serde(default)]
     pub engine: String,
+    /// Why the job is `lost`, when a node of it went down (see `driver/lost.rs`).
+    #[serde(default)]
+    pub lost: Option<LostNode>,
+    /// What ckptd does when the job fails.
+    #[serde(default)]
+    pub on_failure: OnFailure,
+    /// The automatic restarts ckptd did, oldest first.
+    #[serde(default)]
+    pub recoveries: Vec<Recovery>,
+    /// While the job is failed: why ckptd has not restarted it (yet), or why it will not.
+    #[serde(default)]
+    pub recovery_note: String,
+    /// The incarnation whose failure ckptd gave up on: it is not restarted by itself again.
+    #[serde(default)]
+    pub gave_up: Option<u32>,
+}
+
+/// The node whose loss made a job `lost`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LostNode {
+    /// The node.
+    pub node: String,
+    /// When it was last heard from (ms since the Unix epoch).
+    pub since_unix_ms: u64,
+    /// When ckptd declared it lost.
+    pub noticed_unix_ms: u64,
 }
 
 /// Snapshot engines a job may ask for.
@@ -585,14 +613,17 @@ impl Job {
     }
 
     /// Records what the agent reports about the current incarnation: an end of a running job,
-    /// or the definitive exit of a job whose end was unknown (`Lost`). Reports about another
+    /// or the definitive exit of a job whose end was unknown (`Lost` without a lost node). Reports about another
     /// incarnation, or while a checkpoint or restart is in progress, are ignored.
     pub fn observe(&mut self, incarnation: u32, report: JobState) -> bool {
         if incarnation != self.incarnation || report == JobState::Running {
             return false;
         }
         let exited = matches!(report, JobState::Exited { .. });
-        let applies = self.state == JobState::Running || (self.state == JobState::Lost && exited);
+        // A job lost with a node keeps saying so: the exits of its other parts, killed then,
+        // are not its end.
+        let applies = self.state == JobState::Running
+            || (self.state == JobState::Lost && self.lost.is_none() && exited);
         if !applies {
             return false;
         }
@@ -639,6 +670,11 @@ pub(crate) mod fixtures {
             policy: Policy::default(),
             running_since_unix_ms: 0,
             engine: String::new(),
+            lost: None,
+            on_failure: OnFailure::Stop,
+            recoveries: Vec::new(),
+            recovery_note: String::new(),
+            gave_up: None,
         }
     }
 

@@ -246,4 +246,19 @@ fn reports_about_other_incarnations_are_ignored() {
     );
     assert!(!j.observe(1, JobState::Lost), "and is not replaced by lost");
     assert_eq!(j.state, exited);
+    let mut j = job(JobState::Lost);
+    j.lost = Some(LostNode {
+        node: "n3".into(),
+        since_unix_ms: 1,
+        noticed_unix_ms: 2,
+    });
+    let killed = JobState::Exited {
+        code: None,
+        signal: Some(9),
+    };
+    assert!(
+        !j.observe(1, killed),
+        "the launcher killed after its job was lost with a node does not end it"
+    );
+    assert_eq!(j.state, JobState::Lost);
 }

@@ -473,6 +473,7 @@ impl Cluster {
             part_env: HashMap::from([("UCX_TLS".into(), "rc_verbs,ud_verbs,self".into())]),
             policy: Default::default(),
             engine: String::new(),
+            on_failure: String::new(),
         };
         let job = self.coord.run(OWNER, spec).await.unwrap();
         for host in &NODES[1..] {
@@ -617,5 +618,6 @@ pub(crate) fn sleep_on(node: &str) -> RunSpec {
         part_env: HashMap::new(),
         policy: Default::default(),
         engine: String::new(),
+        on_failure: String::new(),
     }
 }

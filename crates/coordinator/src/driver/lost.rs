@@ -1,0 +1,170 @@
+//! Lost nodes. A node whose agent has sent no heartbeat for `node_timeout` (or that has not
+//! registered within `node_timeout` of ckptd's start) takes every running job with a part
+//! there to `lost`, whichever part it ran (the launcher's or an attached one), naming the node
+//! and since when; so does a node that reports parts its shims fenced. What is left of the job
+//! on its other nodes is killed: an MPI job missing a rank cannot go on, and a restart needs its
+//! parts gone. The job's committed epochs stay restorable, and `ckptctl restart` takes it from
+//! there.
+//!
+//! A node cut off from ckptd but alive has killed its parts by then: every answer of ckptd
+//! grants a lease (`fence_lease`) shorter than `node_timeout`, and a node's shims kill its
+//! parts once the lease runs out (the node agent's `lease.rs` has the arithmetic). So a part
+//! restarted elsewhere never runs twice.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ckpt_proto::v1 as pb;
+use tokio::sync::watch;
+use tracing::warn;
+
+use super::{now_ms, Coordinator, DriveError};
+use crate::model::{Job, JobState, LostNode};
+
+/// How often nodes are looked at.
+const TICK: Duration = Duration::from_millis(500);
+
+impl Coordinator {
+    /// The nodes down now, with the time each was last heard from (ms since the Unix epoch):
+    /// registered agents silent past `node_timeout`, and, once ckptd has run that long, nodes
+    /// of `wanted` that never registered (with ckptd's start as their time).
+    fn down_nodes(&self, wanted: &[String]) -> HashMap<String, u64> {
+        let timeout = self.cfg.node_timeout;
+        let mut down = HashMap::new();
+        let views = self.agents.views();
+        for v in &views {
+            if v.since_seen > timeout {
+                down.insert(v.node.clone(), v.last_seen_unix_ms);
+            }
+        }
+        if self.started.elapsed() > timeout {
+            for n in wanted {
+                if !views.iter().any(|v| &v.node == n) {
+                    down.insert(n.clone(), self.started_unix_ms);
+                }
+            }
+        }
+        down
+    }
+
+    /// Marks every running job with a part on a node that is down as lost, and kills what is
+    /// left of it on its other nodes. Returns the jobs marked.
+    pub async fn mark_lost(&self) -> Result<Vec<u64>, DriveError> {
+        let jobs: Vec<_> = self
+            .registry
+            .jobs()?
+            .into_iter()
+            .filter(|j| j.state == JobState::Running)
+            .collect();
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let wanted: Vec<String> = jobs.iter().flat_map(|j| j.nodes()).collect();
+        let down = self.down_nodes(&wanted);
+        let mut marked = Vec::new();
+        for job in jobs {
+            let Some((node, since)) = job
+                .nodes()
+                .into_iter()
+                .find_map(|n| down.get(&n).map(|s| (n, *s)))
+            else {
+                continue;
+            };
+            let alive: Vec<String> = job
+                .nodes()
+                .into_iter()
+                .filter(|n| !down.contains_key(n))
+                .collect();
+            if self.lose(&job, node, since, alive).await? {
+                marked.push(job.id);
+            }
+        }
+        Ok(marked)
+    }
+
+    /// Takes `job`, as read, to `lost` because of `node` (last heard from at `since`, ms since
+    /// the Unix epoch), and kills what is left of it on `alive`. False when the job ended or was
+    /// restarted since it was read.
+    async fn lose(
+        &self,
+        job: &Job,
+        node: String,
+        since: u64,
+        alive: Vec<String>,
+    ) -> Result<bool, DriveError> {
+        let lost = LostNode {
+            node,
+            since_unix_ms: since,
+            noticed_unix_ms: now_ms(),
+        };
+        let incarnation = job.incarnation;
+        let updated = self
+            .update_job(job.id, |j| {
+                if j.state == JobState::Running && j.incarnation == incarnation {
+                    j.state = JobState::Lost;
+                    j.lost = Some(lost.clone());
+                }
+                Ok(())
+            })
+            .await?;
+        if updated.lost.as_ref() != Some(&lost) || updated.state != JobState::Lost {
+            return Ok(false);
+        }
+        warn!(
+            job = job.id,
+            node = %lost.node,
+            "job lost: a node of it is down or fenced; what is left of it elsewhere is killed (restart it with `ckptctl restart {}`)",
+            job.id
+        );
+        self.agents.forget_job(job.id);
+        let id = job.id;
+        let _ = self
+            .on_all_collect(&alive, "kill", self.cfg.deadlines.resume, |mut c| {
+                let req = pb::SignalRequest {
+                    job_id: id,
+                    signal: libc::SIGKILL,
+                    ..Default::default()
+                };
+                async move { c.signal(req).await }
+            })
+            .await;
+        Ok(true)
+    }
+
+    /// A node reported parts its shims fenced (it had not reached ckptd for its lease): each
+    /// running job of which the node is one is lost, as if the node had been declared down.
+    pub(super) async fn fenced(&self, node: &str, fenced: Vec<(u64, u64)>) {
+        for (id, after_ms) in fenced {
+            let Ok(Some(job)) = self.registry.job(id) else {
+                continue;
+            };
+            let nodes = job.nodes();
+            // A report of a part that has moved, or of a job no longer running, is stale.
+            if job.state != JobState::Running || !nodes.iter().any(|n| n == node) {
+                continue;
+            }
+            let alive = nodes.into_iter().filter(|n| n != node).collect();
+            let since = now_ms().saturating_sub(after_ms);
+            if let Err(e) = self.lose(&job, node.to_string(), since, alive).await {
+                warn!(job = id, error = %e, "cannot record a fenced job as lost");
+            }
+        }
+    }
+
+    /// Marks jobs lost as their nodes go down, until `stop` turns true.
+    pub async fn watch_nodes(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        loop {
+            if let Err(e) = self.mark_lost().await {
+                warn!(error = %e, "cannot look for lost jobs");
+            }
+            if let Err(e) = self.recover().await {
+                warn!(error = %e, "cannot restart failed jobs");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(TICK) => {}
+                _ = stop.wait_for(|v| *v) => return,
+            }
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! What ckptd does by itself when a job fails (`ckptctl run --on-failure`, ckptd.toml
+//! `[recovery]`), and the record of what it did.
+use serde::{Deserialize, Serialize};
+
+use super::{Job, JobState};
+
+/// The most automatic restarts a job may ask for.
+pub const MAX_RESTARTS: u32 = 100;
+/// `--on-failure restart` without a count.
+pub const DEFAULT_RESTARTS: u32 = 3;
+
+/// A job's policy on failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum OnFailure {
+    /// It stays failed (`lost`, `killed`) until a person restarts it.
+    #[default]
+    Stop,
+    /// ckptd restarts it from its latest committed epoch, at most `max` times.
+    Restart {
+        /// Automatic restarts allowed over the job's life.
+        max: u32,
+    },
+}
+
+impl OnFailure {
+    /// Parses `stop`, `restart` or `restart:N` (1 ≤ N ≤ [`MAX_RESTARTS`]).
+    pub fn parse(text: &str) -> Result<OnFailure, String> {
+        let t = text.trim();
+        let usage = "`stop`, `restart` (at most 3 times) or `restart:N` (N from 1 to 100)";
+        if t == "stop" {
+            return Ok(OnFailure::Stop);
+        }
+        if t == "restart" {
+            return Ok(OnFailure::Restart {
+                max: DEFAULT_RESTARTS,
+            });
+        }
+        let Some(n) = t.strip_prefix("restart:") else {
+            return Err(format!("--on-failure {text:?}: expected {usage}"));
+        };
+        match n.parse::<i64>() {
+            Ok(0) => Err(format!(
+                "--on-failure {text:?}: restart:0 never restarts; say `stop` for that, or {usage}"
+            )),
+            Ok(n) if n < 0 => Err(format!(
+                "--on-failure {text:?}: a count of restarts cannot be negative; expected {usage}"
+            )),
+            Ok(n) if n > MAX_RESTARTS as i64 => Err(format!(
+                "--on-failure {text:?}: {n} restarts is more than {MAX_RESTARTS}: a job that fails that often needs a person; expected {usage}"
+            )),
+            Ok(n) => Ok(OnFailure::Restart { max: n as u32 }),
+            Err(_) => Err(format!(
+                "--on-failure {text:?}: {n:?} is not a number; expected {usage}"
+            )),
+        }
+    }
+
+    /// As `parse` reads it.
+    pub fn text(&self) -> String {
+        match self {
+            OnFailure::Stop => "stop".into(),
+            OnFailure::Restart { max } => format!("restart:{max}"),
+        }
+    }
+}
+
+/// One automatic restart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recovery {
+    /// When it began (ms since the Unix epoch).
+    pub at_unix_ms: u64,
+    /// What failed: "node n3 lost", "killed by signal 9".
+    pub trigger: String,
+    /// The epoch restored.
+    pub epoch: u32,
+    /// Parts that went to other nodes, `OLD=NEW`.
+    pub moves: Vec<String>,
+    /// "restoring", "running again", or why the restore failed.
+    pub outcome: String,
+}
+
+/// Signals whose death, reported by an MPI launcher as its exit status 128+N, means a process
+/// was killed, not that the program chose to stop.
+const KILLED_BY: [i32; 6] = [
+    libc::SIGKILL,
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGABRT,
+    libc::SIGILL,
+    libc::SIGFPE,
+];
+
+impl Job {
+    /// Why the job failed in a way `--on-failure restart` acts on: a node lost, or a process
+    /// killed by a signal ckpt did not send (a cancel, a `--kill` checkpoint and a drain leave
+    /// other states). None otherwise.
+    pub fn failure(&self) -> Option<String> {
+        match &self.state {
+            JobState::Lost => self.lost.as_ref().map(|l| format!("node {} lost", l.node)),
+            JobState::Exited {
+                signal: Some(s), ..
+            } => Some(format!("killed by signal {s}")),
+            JobState::Exited { code: Some(c), .. } if KILLED_BY.iter().any(|s| 128 + s == *c) => {
+                Some(format!(
+                    "exited {c}: a process of it was killed by signal {}",
+                    c - 128
+                ))
+            }
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::fixtures::job;
+
+    #[test]
+    fn on_failure_reads_stop_and_restart_counts_and_names_what_is_wrong() {
+        assert_eq!(OnFailure::parse("stop"), Ok(OnFailure::Stop));
+        assert_eq!(
+            OnFailure::parse("restart"),
+            Ok(OnFailure::Restart { max: 3 })
+        );
+        assert_eq!(
+            OnFailure::parse("restart:7"),
+            Ok(OnFailure::Restart { max: 7 })
+        );
+        assert_eq!(OnFailure::parse("restart:7").unwrap().text(), "restart:7");
+        for (bad, says) in [
+            ("restart:0", "never restarts"),
+            ("restart:-2", "cannot be negative"),
+            ("restart:101", "more than 100"),
+            ("restart:99999999999999999999", "not a number"),
+            ("restart:x", "not a number"),
+            ("again", "expected"),
+        ] {
+            let e = OnFailure::parse(bad).unwrap_err();
+            assert!(e.contains(says) && e.contains(bad), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_lost_node_and_a_kill_are_failures_a_cancel_or_a_clean_exit_are_not() {
+        let mut j = job(1, JobState::Lost);
+        assert_eq!(j.failure(), None, "lost track of, no node lost");
+        j.lost = Some(super::super::LostNode {
+            node: "n3".into(),
+            since_unix_ms: 0,
+            noticed_unix_ms: 0,
+        });
+        assert_eq!(j.failure().as_deref(), Some("node n3 lost"));
+        let exited = |code, signal| job(1, JobState::Exited { code, signal });
+        assert_eq!(
+            exited(None, Some(9)).failure().as_deref(),
+            Some("killed by signal 9")
+        );
+        assert!(exited(Some(137), None)
+            .failure()
+            .unwrap()
+            .contains("signal 9"));
+        assert!(exited(Some(139), None)
+            .failure()
+            .unwrap()
+            .contains("signal 11"));
+        for fine in [Some(0), Some(1), Some(143), Some(130)] {
+            assert_eq!(exited(fine, None).failure(), None, "{fine:?}");
+        }
+        for state in [JobState::Cancelled, JobState::Stopped, JobState::Running] {
+            assert_eq!(job(1, state).failure(), None);
+        }
+    }
+}
