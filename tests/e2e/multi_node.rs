@@ -659,9 +659,7 @@ fn lost_node_restarts_on_n4(mpi: Mpi, how: Replace) {
     // n3 is gone: agent, processes, sandbox, local images.
     d.kill_agent_on("n3");
     d.kill_job_on(&NODES, job);
-    let _ = std::process::Command::new("ip")
-        .args(["netns", "del", &format!("ckpt-n3-{job}")])
-        .status();
+    destroy_sandbox("n3", job);
     std::fs::remove_dir_all(d.dir.path().join("n3").join("local")).unwrap();
     if shared {
         // The partner copy n1 keeps of n3's images is lost too: only the shared copy is left.
@@ -852,9 +850,7 @@ fn the_launchers_node_destroyed_comes_back_on_the_spare_by_itself_with_its_outpu
     assert!(printed.contains("iter "), "{printed:?}");
     d.kill_agent_on("n1");
     d.kill_job_on(&["n1"], job);
-    let _ = std::process::Command::new("ip")
-        .args(["netns", "del", &format!("ckpt-n1-{job}")])
-        .status();
+    destroy_sandbox("n1", job);
     for gone in ["local", "state"] {
         std::fs::remove_dir_all(d.dir.path().join("n1").join(gone)).unwrap();
     }
@@ -986,6 +982,18 @@ fn a_node_cut_off_kills_its_parts_before_the_job_restarts_elsewhere() {
     std::thread::sleep(Duration::from_secs(1));
     assert!(d.job_pids_on("n3", job).is_empty(), "n3 runs nothing of it");
     assert_eq!(alive(&on_n3), 0);
+}
+
+/// A node's sandbox of the job gone as with the node: its job interface (which sockets of
+/// the killed processes would otherwise keep on the network) and its namespace.
+fn destroy_sandbox(node: &str, job: u64) {
+    let name = format!("ckpt-{node}-{job}");
+    for args in [
+        vec!["-n", name.as_str(), "link", "del", "eth0"],
+        vec!["netns", "del", name.as_str()],
+    ] {
+        let _ = std::process::Command::new("ip").args(&args).status();
+    }
 }
 
 /// What the matrix loses.
@@ -1121,9 +1129,7 @@ fn run_cell(cell: Cell) -> String {
                 Fault::Destroyed => {
                     d.kill_agent_on(node);
                     d.kill_job_on(&[node], job);
-                    let _ = std::process::Command::new("ip")
-                        .args(["netns", "del", &format!("ckpt-{node}-{job}")])
-                        .status();
+                    destroy_sandbox(node, job);
                     for gone in ["local", "state"] {
                         std::fs::remove_dir_all(d.dir.path().join(node).join(gone)).unwrap();
                     }
