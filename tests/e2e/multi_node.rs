@@ -1070,9 +1070,11 @@ impl Cell {
     }
 }
 
-/// The cells CI runs: the ones no other test of this file covers, one of each fault the
-/// others leave out with each MPI; `CKPT_MATRIX=full` runs all 40, `CKPT_MATRIX=NAME,NAME`
-/// the named ones.
+/// The cells CI runs, beside the tests above that are cells of their own (drain, restart
+/// --map, the launcher's node destroyed, a link cut): an Open MPI launcher moved after its
+/// node's agent died (its parts fenced with nobody to clean up after them), and an attached
+/// node destroyed, with shared storage. `CKPT_MATRIX=full` runs all 40,
+/// `CKPT_MATRIX=NAME,NAME` the named ones.
 const SLICE: [&str; 2] = [
     "openmpi/Launcher/AgentKilled/shared",
     "mpich/Attached/Destroyed/shared",
