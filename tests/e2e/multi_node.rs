@@ -646,16 +646,8 @@ fn lost_node_restarts_on_n4(mpi: Mpi, how: Replace) {
     };
     let (before, _) = part_of(&d.status(job), "n3").expect("a part on n3");
     d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
-    let (key, want_copy, from) = if shared {
-        ("storage", serde_json::json!("durable"), "shared")
-    } else {
-        ("partner_copy", serde_json::json!(true), "partner")
-    };
-    let begin = Instant::now();
-    while d.epochs(job)[0][key] != want_copy {
-        assert!(begin.elapsed() < LIMIT, "no {key}: {}", d.epochs(job)[0]);
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let from = if shared { "shared" } else { "partner" };
+    wait_copied(&d, job, shared);
     // n3 is gone: agent, processes, sandbox, local images.
     d.kill_agent_on("n3");
     d.kill_job_on(&NODES, job);
@@ -837,15 +829,7 @@ fn the_launchers_node_destroyed_comes_back_on_the_spare_by_itself_with_its_outpu
     }
     assert_eq!(d.status(job)["on_failure"], "restart:2");
     d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
-    let begin = Instant::now();
-    while d.epochs(job)[0]["partner_copy"] != serde_json::json!(true) {
-        assert!(
-            begin.elapsed() < LIMIT,
-            "no partner copy: {}",
-            d.epochs(job)[0]
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_copied(&d, job, false);
     let printed = std::fs::read_to_string(d.job_dir_on("n1", job).join("stdout")).unwrap();
     assert!(printed.contains("iter "), "{printed:?}");
     d.kill_agent_on("n1");
@@ -893,15 +877,7 @@ fn a_node_cut_off_kills_its_parts_before_the_job_restarts_elsewhere() {
         return;
     };
     d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
-    let begin = Instant::now();
-    while d.epochs(job)[0]["partner_copy"] != serde_json::json!(true) {
-        assert!(
-            begin.elapsed() < LIMIT,
-            "no partner copy: {}",
-            d.epochs(job)[0]
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_copied(&d, job, false);
     let on_n3 = d.job_pids_on("n3", job);
     assert!(!on_n3.is_empty(), "a part on n3");
     let alive = |pids: &[i32]| {
@@ -982,6 +958,21 @@ fn a_node_cut_off_kills_its_parts_before_the_job_restarts_elsewhere() {
     std::thread::sleep(Duration::from_secs(1));
     assert!(d.job_pids_on("n3", job).is_empty(), "n3 runs nothing of it");
     assert_eq!(alive(&on_n3), 0);
+}
+
+/// Waits (bounded) until the job's first epoch has a copy on another node than each of its
+/// own: in shared storage (`shared`), else its partner copies.
+fn wait_copied(d: &Ckptd, job: u64, shared: bool) {
+    let begin = Instant::now();
+    let (key, want) = if shared {
+        ("storage", serde_json::json!("durable"))
+    } else {
+        ("partner_copy", serde_json::json!(true))
+    };
+    while d.epochs(job)[0][key] != want {
+        assert!(begin.elapsed() < LIMIT, "no {key}: {}", d.epochs(job)[0]);
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// A node's sandbox of the job gone as with the node: its job interface (which sockets of
@@ -1098,18 +1089,6 @@ fn run_cell(cell: Cell) -> String {
         Role::Attached => "n3",
     };
     let id = job.to_string();
-    let copied = |d: &Ckptd| {
-        let begin = Instant::now();
-        let (key, want) = if cell.shared {
-            ("storage", serde_json::json!("durable"))
-        } else {
-            ("partner_copy", serde_json::json!(true))
-        };
-        while d.epochs(job)[0][key] != want {
-            assert!(begin.elapsed() < LIMIT, "no {key}: {}", d.epochs(job)[0]);
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
     let on_node = d.job_pids_on(node, job);
     assert!(!on_node.is_empty(), "a part on {node}");
     match cell.fault {
@@ -1120,13 +1099,13 @@ fn run_cell(cell: Cell) -> String {
         Fault::RestartMap => {
             let out = d.ctl(&["checkpoint", "--kill", &id]);
             assert!(out.ok().contains("committed"), "{out:?}");
-            copied(&d);
+            wait_copied(&d, job, cell.shared);
             let r = d.ctl(&["restart", &id, "--map", &format!("{node}=n4")]);
             assert_eq!(r.code, 0, "{r:?}");
         }
         fault => {
             d.ctl(&["checkpoint", &id, "--wait"]).ok();
-            copied(&d);
+            wait_copied(&d, job, cell.shared);
             match fault {
                 Fault::Destroyed => {
                     d.kill_agent_on(node);

@@ -125,6 +125,22 @@ impl Coordinator {
         true
     }
 
+    /// SIGKILLs what is left of a job on `nodes`, each within `deadlines.resume`; `what`
+    /// names the step in errors, which are not returned (a node that cannot be reached is
+    /// down, or kills its parts itself when its lease runs out).
+    pub(super) async fn kill_parts(&self, job: u64, nodes: &[String], what: &str) {
+        let _ = self
+            .on_all_collect(nodes, what, self.cfg.deadlines.resume, |mut c| {
+                let req = pb::SignalRequest {
+                    job_id: job,
+                    signal: libc::SIGKILL,
+                    ..Default::default()
+                };
+                async move { c.signal(req).await }
+            })
+            .await;
+    }
+
     /// A job the caller may act on.
     pub fn job_for(&self, caller: &Caller, id: u64) -> Result<Job, DriveError> {
         let job = self
@@ -347,16 +363,7 @@ impl Coordinator {
         }
         let _ = signal(libc::SIGKILL).await;
         // Parts on other nodes normally end with the launcher; kill what is left of them.
-        let _ = self
-            .on_all_collect(&job.parts, "cancel", d.resume, |mut c| {
-                let req = pb::SignalRequest {
-                    job_id: id,
-                    signal: libc::SIGKILL,
-                    ..Default::default()
-                };
-                async move { c.signal(req).await }
-            })
-            .await;
+        self.kill_parts(id, &job.parts, "cancel").await;
         self.agents.forget_job(id);
         // The job was running when the cancel began; an end seen since (its exit on SIGTERM,
         // reported by a heartbeat) is the cancel's doing.

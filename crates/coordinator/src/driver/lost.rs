@@ -15,7 +15,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ckpt_proto::v1 as pb;
 use tokio::sync::watch;
 use tracing::warn;
 
@@ -118,17 +117,7 @@ impl Coordinator {
             job.id
         );
         self.agents.forget_job(job.id);
-        let id = job.id;
-        let _ = self
-            .on_all_collect(&alive, "kill", self.cfg.deadlines.resume, |mut c| {
-                let req = pb::SignalRequest {
-                    job_id: id,
-                    signal: libc::SIGKILL,
-                    ..Default::default()
-                };
-                async move { c.signal(req).await }
-            })
-            .await;
+        self.kill_parts(job.id, &alive, "kill").await;
         Ok(true)
     }
 
