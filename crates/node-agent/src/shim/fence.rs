@@ -1,0 +1,132 @@
+//! The shim's side of fencing ([`crate::lease`]): a part whose node lost ckptd for longer than
+//! its lease is taken off the network and killed, by its shim, whatever the agent does.
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use super::write_json;
+
+/// Watches the node's lease from a thread of its own for as long as the shim lives; once it has
+/// run out, records why in `fenced`, takes the sandbox's job address off the network (in
+/// `netns`, if the part has one: ckptd gives it to the part's next incarnation, wherever that
+/// runs, and the sockets of killed processes would go on answering for it), kills every
+/// process of the part's cgroup, and goes on killing whatever a restore still puts there.
+pub(super) fn fence_on_expiry(
+    expiry: crate::lease::Expiry,
+    procs: PathBuf,
+    netns: Option<PathBuf>,
+    fenced: PathBuf,
+) {
+    std::thread::spawn(move || loop {
+        std::thread::sleep(crate::lease::SHIM_TICK);
+        let Some(why) = expiry.check() else { continue };
+        if !fenced.exists() {
+            if let Some(name) = netns.as_deref().and_then(Path::file_name) {
+                let _ = Command::new("ip")
+                    .arg("-n")
+                    .arg(name)
+                    .args(["link", "del", crate::sandbox::JOB_INTERFACE])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status();
+            }
+            write_json(&fenced, &why);
+            eprintln!(
+                "ckpt shim: the node has not reached ckptd for {} ms, past its lease of {} ms: the part is killed",
+                why.after_ms, why.lease_ms
+            );
+        }
+        kill_cgroup(&procs);
+    });
+}
+
+/// SIGKILLs every member of the cgroup whose `cgroup.procs` is `procs`: through `cgroup.kill`
+/// where the kernel has it, else one by one.
+fn kill_cgroup(procs: &Path) {
+    let dir = procs.parent().unwrap_or(Path::new("/"));
+    if fs::write(dir.join("cgroup.kill"), b"1").is_ok() {
+        return;
+    }
+    for pid in fs::read_to_string(procs)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse::<i32>().ok())
+    {
+        // SAFETY: kill takes integers only.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shim whose node's lease ran out kills its part, says why, and keeps the part dead;
+    /// a process outside the part's cgroup lives on.
+    #[test]
+    fn a_part_is_fenced_once_the_lease_runs_out() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIPPED: needs root to make a cgroup");
+            return;
+        }
+        let parent = match crate::cgroup::CgroupParent::resolve(
+            "auto",
+            &format!("ckpt-unit-fence-{}-", std::process::id()),
+        ) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("SKIPPED: {e}");
+                return;
+            }
+        };
+        let cg = parent.job(3);
+        cg.create().unwrap();
+        let d = tempfile::tempdir().unwrap();
+        let lease = crate::lease::Keeper::open(d.path());
+        lease.renew(crate::lease::boottime_ms(), 60_000);
+        let sleep = || Command::new("sleep").arg("30").spawn().unwrap();
+        let (mut part, mut other) = (sleep(), sleep());
+        fs::write(cg.procs_file(), part.id().to_string()).unwrap();
+        let fenced = d.path().join(crate::lease::FENCED);
+        fence_on_expiry(
+            crate::lease::Expiry::new(lease.path().to_path_buf()),
+            cg.procs_file(),
+            None,
+            fenced.clone(),
+        );
+        std::thread::sleep(crate::lease::SHIM_TICK * 3);
+        assert!(part.try_wait().unwrap().is_none(), "the lease holds");
+        assert!(!fenced.exists());
+        // As a restarted agent would find it: ckptd answered last a minute and a bit ago.
+        write_json(
+            lease.path(),
+            &crate::lease::Lease {
+                boot: crate::lease::boot(),
+                contact_ms: crate::lease::boottime_ms().saturating_sub(61_000),
+                lease_ms: 60_000,
+            },
+        );
+        let st = part.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&st),
+            Some(libc::SIGKILL)
+        );
+        let why: crate::lease::Fenced = crate::shim::read_json(&fenced).expect("fenced.json");
+        assert_eq!(why.lease_ms, 60_000);
+        assert!(why.after_ms > 60_000, "{why:?}");
+        let mut late = sleep();
+        fs::write(cg.procs_file(), late.id().to_string()).unwrap();
+        let st = late.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&st),
+            Some(libc::SIGKILL),
+            "what a restore puts there later dies too"
+        );
+        assert!(other.try_wait().unwrap().is_none(), "outside: untouched");
+        let _ = other.kill();
+        let _ = other.wait();
+        let _ = cg.remove();
+    }
+}
