@@ -22,10 +22,7 @@ pub fn job_json(j: &pb::JobInfo) -> Value {
         "last_epoch": j.last_epoch, "latest_committed_epoch": j.latest_committed_epoch,
         "job_dir": j.job_dir, "flush": j.flush, "engine": j.engine, "detail": j.detail,
         "on_failure": j.on_failure, "recovery_note": j.recovery_note,
-        "recoveries": j.recoveries.iter().map(|r| json!({
-            "at_unix_ms": r.at_unix_ms, "trigger": r.trigger, "epoch": r.epoch,
-            "moves": r.moves, "outcome": r.outcome,
-        })).collect::<Vec<_>>(),
+        "recoveries": j.recoveries.iter().map(restart_json).collect::<Vec<_>>(),
         "lost": j.lost.as_ref().map(|l| json!({
             "node": l.node, "since_unix_ms": l.since_unix_ms, "noticed_unix_ms": l.noticed_unix_ms,
         })),
@@ -89,18 +86,7 @@ pub fn print_status(j: &pb::JobInfo) {
         );
     }
     for r in &j.recoveries {
-        let moves = if r.moves.is_empty() {
-            "in place".to_string()
-        } else {
-            format!("moving {}", r.moves.join(", "))
-        };
-        say!(
-            "  restarted by itself at {} ({}): epoch {}, {moves}: {}",
-            crate::nodes::clock(r.at_unix_ms),
-            r.trigger,
-            r.epoch,
-            r.outcome
-        );
+        say!("  restarted by itself {}", restart_text(r));
     }
     if !j.recovery_note.is_empty() {
         say!("  {}", j.recovery_note);
@@ -154,6 +140,41 @@ pub fn print_status(j: &pb::JobInfo) {
     }
 }
 
+/// A restart's record as JSON (times in ms; 0 where not reached).
+fn restart_json(r: &pb::RecoveryInfo) -> Value {
+    json!({
+        "at_unix_ms": r.at_unix_ms, "trigger": r.trigger, "epoch": r.epoch,
+        "moves": r.moves, "outcome": r.outcome, "failed_unix_ms": r.failed_unix_ms,
+        "noticed_unix_ms": r.noticed_unix_ms, "restored_unix_ms": r.restored_unix_ms,
+        "running_unix_ms": r.running_unix_ms, "fetch_ms": r.fetch_ms, "restore_ms": r.restore_ms,
+    })
+}
+
+/// A restart in words: "at 03:12:09 (node n3 lost): epoch 2, moving n3=n4: running again from
+/// epoch 2, 4.1 s after the node was last heard from".
+fn restart_text(r: &pb::RecoveryInfo) -> String {
+    let moves = if r.moves.is_empty() {
+        "in place".to_string()
+    } else {
+        format!("moving {}", r.moves.join(", "))
+    };
+    let since = match (r.running_unix_ms, r.failed_unix_ms) {
+        (0, _) => String::new(),
+        (run, 0) => format!(", in {:.1} s", run.saturating_sub(r.at_unix_ms) as f64 / 1e3),
+        (run, failed) => format!(
+            ", {:.1} s after the node was last heard from",
+            run.saturating_sub(failed) as f64 / 1e3
+        ),
+    };
+    format!(
+        "at {} ({}): epoch {}, {moves}: {}{since}",
+        crate::nodes::clock(r.at_unix_ms),
+        r.trigger,
+        r.epoch,
+        r.outcome
+    )
+}
+
 pub fn epoch_json(e: &pb::EpochInfo) -> Value {
     json!({
         "job_id": e.job_id, "epoch": e.epoch, "state": e.state, "failed_phase": e.failed_phase,
@@ -165,6 +186,7 @@ pub fn epoch_json(e: &pb::EpochInfo) -> Value {
         "partner_copy": e.partner_copy, "shared_bytes": e.shared_bytes, "durable_ms": e.durable_ms,
         "trigger": if e.trigger.is_empty() { "user" } else { e.trigger.as_str() },
         "engine": e.engine,
+        "restarts": e.restarts.iter().map(restart_json).collect::<Vec<_>>(),
     })
 }
 
@@ -265,6 +287,9 @@ pub fn print_epochs(epochs: &[pb::EpochInfo]) {
             },
             reason
         );
+        for r in &e.restarts {
+            say!("{:>5}  restored {}", "", restart_text(r));
+        }
     }
 }
 

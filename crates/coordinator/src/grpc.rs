@@ -11,7 +11,9 @@ use tonic::{Code, Request, Response, Status};
 
 use crate::agents::FailureKind;
 use crate::driver::{Caller, Coordinator, DriveError, RunSpec, Step};
-use crate::model::{Epoch, EpochState, Every, FlushState, Job, JobState, Policy, PolicyChange};
+use crate::model::{
+    Epoch, EpochState, Every, FlushState, Job, JobState, Policy, PolicyChange, Recovery,
+};
 
 /// Maps a coordinator error to a status.
 pub fn to_status(e: &DriveError) -> Status {
@@ -136,19 +138,26 @@ pub fn job_info(job: &Job, nodes: Vec<pb::NodeJobInfo>) -> pb::JobInfo {
                 noticed_unix_ms: l.noticed_unix_ms,
             }),
         on_failure: job.on_failure.text(),
-        recoveries: job
-            .recoveries
-            .iter()
-            .map(|r| pb::RecoveryInfo {
-                at_unix_ms: r.at_unix_ms,
-                trigger: r.trigger.clone(),
-                epoch: r.epoch,
-                moves: r.moves.clone(),
-                outcome: r.outcome.clone(),
-            })
-            .collect(),
+        recoveries: job.recoveries.iter().map(recovery_info).collect(),
         recovery_note: job.recovery_note.clone(),
         recovering: recovering(job),
+    }
+}
+
+/// Wire form of a restart's record.
+fn recovery_info(r: &Recovery) -> pb::RecoveryInfo {
+    pb::RecoveryInfo {
+        at_unix_ms: r.at_unix_ms,
+        trigger: r.trigger.clone(),
+        epoch: r.epoch,
+        moves: r.moves.clone(),
+        outcome: r.outcome.clone(),
+        failed_unix_ms: r.failed_unix_ms,
+        noticed_unix_ms: r.noticed_unix_ms,
+        restored_unix_ms: r.restored_unix_ms,
+        running_unix_ms: r.running_unix_ms,
+        fetch_ms: r.fetch_ms,
+        restore_ms: r.restore_ms,
     }
 }
 
@@ -197,6 +206,7 @@ pub fn epoch_info(e: &Epoch, flushed: Option<(u64, u64)>) -> pb::EpochInfo {
         durable_ms: e.durable_ms().unwrap_or(0),
         // Set by the caller, which has the job.
         engine: String::new(),
+        restarts: e.restarts.iter().map(recovery_info).collect(),
     }
 }
 
@@ -389,23 +399,24 @@ impl pb::control_server::Control for ControlHandler {
             on_spares: r.on_spares,
             vacate: Vec::new(),
         };
-        let (job, epoch, previous, moves) = self
+        let begun = self
             .coord
             .begin_restart(&who, r.job_id, r.epoch, &placement)
             .await
             .map_err(|e| to_status(&e))?;
+        let record = begun.record(format!("ckptctl restart by uid {}", who.uid));
         let coord = self.coord.clone();
         // Only "the latest checkpoint" may fall back to an older one; an epoch asked for by
         // number is that epoch or nothing.
         let fallback = r.epoch == 0;
         let stream = progress_stream(move |tx| {
             Box::pin(async move {
-                let id = job.id;
-                let asked = epoch.number;
+                let id = begun.job.id;
+                let asked = begun.epoch.number;
                 let r = coord
-                    .drive_restart(job, epoch, previous, moves, fallback, tx)
+                    .drive_restart(begun, fallback, record, tx)
                     .await
-                    .map(|(_, e)| {
+                    .map(|(_, e, _)| {
                         (
                             format!("job {id} restarted from epoch {}", e.number),
                             Some(epoch_info(&e, None)),

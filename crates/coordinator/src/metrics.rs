@@ -49,6 +49,11 @@ pub struct Metrics {
     /// `ckpt_restart_duration_seconds`: successful restarts, from the request until the job
     /// runs again.
     pub restart_seconds: Histogram,
+    /// `ckpt_recoveries_total{outcome}`: restarts ckptd made by itself (`--on-failure`).
+    pub recoveries: IntCounterVec,
+    /// `ckpt_recovery_duration_seconds`: from a lost node's last contact until its job runs
+    /// again elsewhere.
+    pub recovery_seconds: Histogram,
     /// `ckpt_agents{state}`: registered agents up and down.
     pub agents: IntGaugeVec,
     /// `ckpt_jobs{state}`: jobs by state.
@@ -130,6 +135,16 @@ impl Metrics {
                 "Duration of successful restarts, until the job runs again on every node.",
                 LATENCY,
             ),
+            recoveries: counters(
+                "ckpt_recoveries_total",
+                "Restarts of failed jobs ckptd made by itself (--on-failure), by outcome (done, failed, gave_up).",
+                &["outcome"],
+            ),
+            recovery_seconds: histogram(
+                "ckpt_recovery_duration_seconds",
+                "From a lost node's last contact with ckptd until its job runs again by itself.",
+                LATENCY,
+            ),
             agents: IntGaugeVec::new(
                 Opts::new(
                     "ckpt_agents",
@@ -157,6 +172,8 @@ impl Metrics {
             Box::new(self.partner_copies.clone()),
             Box::new(self.restarts.clone()),
             Box::new(self.restart_seconds.clone()),
+            Box::new(self.recoveries.clone()),
+            Box::new(self.recovery_seconds.clone()),
             Box::new(self.agents.clone()),
             Box::new(self.jobs.clone()),
             Box::new(
@@ -179,6 +196,9 @@ impl Metrics {
         for o in ["done", "failed"] {
             self.partner_copies.with_label_values(&[o]);
             self.restarts.with_label_values(&[o]);
+        }
+        for o in ["done", "failed", "gave_up"] {
+            self.recoveries.with_label_values(&[o]);
         }
     }
 }

@@ -564,7 +564,14 @@ async fn a_job_with_a_restart_policy_comes_back_by_itself_once_and_not_in_a_loop
     assert_eq!(c.coord.mark_lost().await.unwrap(), [job]);
     c.coord.recover().await.unwrap();
     wait_state(&c, job, JobState::Running).await;
-    let j = c.coord.registry.job(job).unwrap().unwrap();
+    let mut j = c.coord.registry.job(job).unwrap().unwrap();
+    for _ in 0..100 {
+        if j.recoveries.iter().all(|r| r.outcome != "restoring") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        j = c.coord.registry.job(job).unwrap().unwrap();
+    }
     assert_eq!(j.node, "n5", "the launcher's part on the first spare");
     assert_eq!(j.recoveries.len(), 1, "{:?}", j.recoveries);
     let r = &j.recoveries[0];
@@ -572,9 +579,24 @@ async fn a_job_with_a_restart_policy_comes_back_by_itself_once_and_not_in_a_loop
         (r.trigger.as_str(), r.epoch, r.moves.clone()),
         ("node n1 lost", 1, vec!["n1=n5".to_string()])
     );
+    // Its times, in order: the node's last contact, declared lost, placed, restored, running.
+    let times = [
+        r.failed_unix_ms,
+        r.noticed_unix_ms,
+        r.at_unix_ms,
+        r.restored_unix_ms,
+        r.running_unix_ms,
+    ];
+    assert!(
+        times[0] > 0 && times.windows(2).all(|w| w[0] <= w[1]),
+        "{r:?}"
+    );
     let info = coordinator::grpc::job_info(&j, vec![]);
     assert_eq!(info.on_failure, "restart:2");
     assert_eq!(info.recoveries[0].outcome, "running again from epoch 1");
+    // The epoch restored keeps the restart too, as `ckptctl epochs` shows it.
+    let e = c.coord.registry.epoch(job, 1).unwrap().unwrap();
+    assert_eq!(e.restarts, j.recoveries, "the epoch's record of its restarts");
 
     // n5 goes down too, before the job's next checkpoint: given up on, with the reason.
     only_up(&c, &["n2", "n3", "n4"]).await;

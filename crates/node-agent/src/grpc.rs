@@ -284,6 +284,7 @@ impl Agent for AgentHandler {
             source: pb::CopyLocation::from(done.source).into(),
             note: done.note,
             channels: done.channels,
+            fetch_us: done.fetch_ms * 1000,
         }))
     }
 

@@ -196,9 +196,10 @@ impl Coordinator {
             vacate: vec![node.to_string()],
             ..Placement::default()
         };
-        let (job, e, previous, moves) = self.begin_restart(root, id, epoch, &placement).await?;
-        let to = moves.get(node).cloned();
-        self.drive_restart(job, e, previous, moves, false, progress.clone())
+        let begun = self.begin_restart(root, id, epoch, &placement).await?;
+        let to = begun.moves.get(node).cloned();
+        let record = begun.record(format!("drain {node}"));
+        self.drive_restart(begun, false, record, progress.clone())
             .await?;
         Ok(to)
     }

@@ -33,6 +33,7 @@ mod schedule;
 
 pub use drain::Drained;
 pub use placement::{Moves, Placement};
+pub use restart::Begun;
 pub use resume::Resume;
 
 use std::sync::Arc;

@@ -58,6 +58,10 @@ impl Coordinator {
             }
             if let Some(why) = give_up(&job, max) {
                 warn!(job = job.id, %trigger, "not restarting by itself: {why}");
+                crate::metrics::metrics()
+                    .recoveries
+                    .with_label_values(&["gave_up"])
+                    .inc();
                 self.note(&job, format!("not restarted by itself: {why}"), true)
                     .await?;
                 continue;
@@ -96,8 +100,8 @@ impl Coordinator {
             on_spares: true,
             ..Placement::default()
         };
-        let (job, epoch, previous, moves) = match self.begin_restart(&ROOT, id, 0, &placement).await
-        {
+        let lost = job.lost.clone();
+        let begun = match self.begin_restart(&ROOT, id, 0, &placement).await {
             Ok(begun) => begun,
             // Nothing was restored: not a try. The job waits and says why.
             Err(e) => {
@@ -105,17 +109,15 @@ impl Coordinator {
                 return self.note(&job, note, false).await;
             }
         };
-        let recovery = Recovery {
-            at_unix_ms: now_ms(),
-            trigger: trigger.clone(),
-            epoch: epoch.number,
-            moves: moves.iter().map(|(o, n)| format!("{o}={n}")).collect(),
-            outcome: "restoring".into(),
-        };
+        let mut recovery = begun.record(trigger.clone());
+        if let Some(l) = lost {
+            recovery.failed_unix_ms = l.since_unix_ms;
+            recovery.noticed_unix_ms = l.noticed_unix_ms;
+        }
         info!(
             job = id,
             %trigger,
-            epoch = epoch.number,
+            epoch = recovery.epoch,
             moves = ?recovery.moves,
             "restarting by itself (try {attempt} of {max})"
         );
@@ -129,20 +131,30 @@ impl Coordinator {
         tokio::spawn(async move {
             // Nobody follows the steps: the outcome goes to the job's record and the log.
             let (tx, _rx) = mpsc::unbounded_channel();
-            let r = me
-                .drive_restart(job, epoch, previous, moves, true, tx)
-                .await;
-            let outcome = match &r {
-                Ok((_, e)) => format!("running again from epoch {}", e.number),
+            let r = me.drive_restart(begun, true, recovery.clone(), tx).await;
+            let m = crate::metrics::metrics();
+            let done = match r {
+                Ok((_, _, done)) => {
+                    m.recoveries.with_label_values(&["done"]).inc();
+                    if done.failed_unix_ms > 0 {
+                        let s = done.running_unix_ms.saturating_sub(done.failed_unix_ms);
+                        m.recovery_seconds.observe(s as f64 / 1e3);
+                    }
+                    done
+                }
                 Err(e) => {
+                    m.recoveries.with_label_values(&["failed"]).inc();
                     warn!(job = id, error = %e, "the automatic restart failed");
-                    format!("failed: {e}")
+                    Recovery {
+                        outcome: format!("failed: {e}"),
+                        ..recovery
+                    }
                 }
             };
             let _ = me
                 .update_job(id, |j| {
                     if let Some(last) = j.recoveries.last_mut() {
-                        last.outcome = outcome.clone();
+                        *last = done.clone();
                     }
                     Ok(())
                 })
@@ -211,11 +223,8 @@ mod tests {
 
     fn recovery(epoch: u32, outcome: &str) -> Recovery {
         Recovery {
-            at_unix_ms: 1,
-            trigger: "node n3 lost".into(),
-            epoch,
-            moves: vec![],
             outcome: outcome.into(),
+            ..Recovery::begun("node n3 lost".into(), epoch, vec![], 1)
         }
     }
 

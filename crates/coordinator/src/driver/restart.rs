@@ -9,7 +9,44 @@ use tracing::{instrument, warn};
 use super::placement::{Moves, Placement};
 use super::{now_ms, Caller, Coordinator, DriveError, Step};
 use crate::agents::{FailureKind, NodeFailure};
-use crate::model::{Epoch, Job, JobState};
+use crate::model::{Epoch, Job, JobState, Recovery, MAX_RESTARTS_KEPT};
+
+/// A restart validated and begun by [`Coordinator::begin_restart`], for
+/// [`Coordinator::drive_restart`] to carry out.
+#[derive(Debug)]
+pub struct Begun {
+    /// The job, now restarting.
+    pub job: Job,
+    /// The epoch to restore.
+    pub epoch: Epoch,
+    /// The state the job goes back to if the restart fails.
+    pub previous: JobState,
+    /// The parts that move to other nodes.
+    pub moves: Moves,
+}
+
+impl Begun {
+    /// The record of this restart, asked for by `trigger`, as it begins.
+    pub fn record(&self, trigger: String) -> Recovery {
+        Recovery::begun(
+            trigger,
+            self.epoch.number,
+            self.moves.iter().map(|(o, n)| format!("{o}={n}")).collect(),
+            now_ms(),
+        )
+    }
+}
+
+/// What the agents' answers tell of one epoch's restore.
+struct Restored {
+    /// The launcher node's incarnation.
+    incarnation: u32,
+    /// When the last node answered, every part restored (held).
+    at_unix_ms: u64,
+    /// The longest any node took to find and verify its images, and to restore.
+    fetch_ms: u64,
+    restore_ms: u64,
+}
 
 impl Coordinator {
     /// A committed epoch of the job: `epoch`, or the latest committed one for 0.
@@ -78,15 +115,14 @@ impl Coordinator {
         })
     }
 
-    /// Validates a restart request; returns the job, the epoch to restore, the state to go
-    /// back to if the restart fails, and the parts that move to other nodes.
+    /// Validates a restart request and marks the job restarting.
     pub async fn begin_restart(
         &self,
         caller: &Caller,
         id: u64,
         epoch: u32,
         placement: &Placement,
-    ) -> Result<(Job, Epoch, JobState, Moves), DriveError> {
+    ) -> Result<Begun, DriveError> {
         self.job_for(caller, id)?;
         let job = self.refresh(id).await?;
         let e = self.restorable_epoch(&job, epoch)?;
@@ -104,23 +140,34 @@ impl Coordinator {
             .await?;
         // A restored job's next epoch opens new streams.
         self.agents.forget_job(id);
-        Ok((job, e, previous, moves))
+        Ok(Begun {
+            job,
+            epoch: e,
+            previous,
+            moves,
+        })
     }
 
     /// Restores every node of an epoch begun by [`Coordinator::begin_restart`]. With
     /// `fallback` (the caller asked for the latest checkpoint), an epoch whose images are
     /// unusable on some node is skipped for the next older restorable one, each step reported.
-    /// Returns the job and the epoch it runs from.
-    #[instrument(skip_all, fields(job = job.id, epoch = epoch.number))]
+    /// `record` (from [`Begun::record`]) gets the outcome and times, and is kept with the epoch
+    /// restored (or the last one tried). Returns the job, the epoch it runs from and the
+    /// record.
+    #[instrument(skip_all, fields(job = begun.job.id, epoch = begun.epoch.number))]
     pub async fn drive_restart(
         &self,
-        job: Job,
-        epoch: Epoch,
-        previous: JobState,
-        moves: Moves,
+        begun: Begun,
         fallback: bool,
+        mut record: Recovery,
         progress: mpsc::UnboundedSender<Step>,
-    ) -> Result<(Job, Epoch), DriveError> {
+    ) -> Result<(Job, Epoch, Recovery), DriveError> {
+        let Begun {
+            job,
+            epoch,
+            previous,
+            moves,
+        } = begun;
         let id = job.id;
         let begin = std::time::Instant::now();
         let mut epoch = epoch;
@@ -140,7 +187,8 @@ impl Coordinator {
         loop {
             let number = epoch.number;
             match self.restore_epoch(&job, &epoch, &moves, &progress).await {
-                Ok(incarnation) => {
+                Ok(done) => {
+                    let incarnation = done.incarnation;
                     let job = self
                         .update_job(id, |j| {
                             j.end_restart(Ok(incarnation))?;
@@ -150,15 +198,15 @@ impl Coordinator {
                             Ok(())
                         })
                         .await?;
-                    if !epoch.local_copy {
-                        // Every node fetched its images back into local staging: record it,
-                        // so that retention deletes them again in time.
-                        let _g = self.state.lock().await;
-                        if let Some(mut e) = self.registry.epoch(id, number)? {
-                            e.local_copy = true;
-                            self.registry.put_epoch(&e)?;
-                        }
-                    }
+                    record.epoch = number;
+                    record.outcome = format!("running again from epoch {number}");
+                    record.restored_unix_ms = done.at_unix_ms;
+                    record.running_unix_ms = now_ms();
+                    record.fetch_ms = done.fetch_ms;
+                    record.restore_ms = done.restore_ms;
+                    // Every node fetched its images back into local staging if they were
+                    // pruned: recorded, so that retention deletes them again in time.
+                    self.keep_restart(id, number, &record, true).await?;
                     let _ = progress.send(Step {
                         job: id,
                         epoch: number,
@@ -168,7 +216,7 @@ impl Coordinator {
                     let m = crate::metrics::metrics();
                     m.restarts.with_label_values(&["done"]).inc();
                     m.restart_seconds.observe(begin.elapsed().as_secs_f64());
-                    return Ok((job, epoch));
+                    return Ok((job, epoch, record));
                 }
                 Err(f) => {
                     let older = if fallback && f.kind == FailureKind::DataLoss {
@@ -194,11 +242,15 @@ impl Coordinator {
                         for s in skipped.iter().rev() {
                             failure.message = format!("{}; before that, {s}", failure.message);
                         }
-                        return Err(DriveError::RestartFailed {
+                        let e = DriveError::RestartFailed {
                             job: id,
                             epoch: number,
                             failure,
-                        });
+                        };
+                        record.epoch = number;
+                        record.outcome = format!("failed: {e}");
+                        self.keep_restart(id, number, &record, false).await?;
+                        return Err(e);
                     };
                     warn!(job = id, epoch = number, error = %f, older = older.number, "epoch unusable; falling back");
                     let _ = progress.send(Step {
@@ -254,15 +306,35 @@ impl Coordinator {
         }
     }
 
+    /// Keeps the record of a restart with the epoch it restored (`restored`: every node holds
+    /// its images in local staging again).
+    async fn keep_restart(
+        &self,
+        id: u64,
+        number: u32,
+        record: &Recovery,
+        restored: bool,
+    ) -> Result<(), DriveError> {
+        let _g = self.state.lock().await;
+        if let Some(mut e) = self.registry.epoch(id, number)? {
+            e.local_copy |= restored;
+            e.restarts.push(record.clone());
+            let extra = e.restarts.len().saturating_sub(MAX_RESTARTS_KEPT);
+            e.restarts.drain(..extra);
+            self.registry.put_epoch(&e)?;
+        }
+        Ok(())
+    }
+
     /// Restores every node of one epoch, held, then releases them together; on any failure
-    /// the parts already restored are killed. Returns the launcher node's incarnation.
+    /// the parts already restored are killed.
     async fn restore_epoch(
         &self,
         job: &Job,
         epoch: &Epoch,
         moves: &Moves,
         progress: &mpsc::UnboundedSender<Step>,
-    ) -> Result<u32, NodeFailure> {
+    ) -> Result<Restored, NodeFailure> {
         let (id, number) = (job.id, epoch.number);
         let _ = progress.send(Step {
             job: id,
@@ -347,6 +419,8 @@ impl Coordinator {
             }
         });
         let results = join_all(calls).await;
+        let restored_at = now_ms();
+        let (mut fetch_ms, mut restore_ms) = (0, 0);
         let mut incarnation = 0;
         let mut failure = None;
         let mut restored = Vec::new();
@@ -361,6 +435,8 @@ impl Coordinator {
                         incarnation = reply.incarnation;
                     }
                     channels += reply.channels;
+                    fetch_ms = fetch_ms.max(reply.fetch_us / 1000);
+                    restore_ms = restore_ms.max(reply.elapsed_us / 1000);
                     restored.push(n);
                 }
                 Err(mut e) => {
@@ -433,6 +509,11 @@ impl Coordinator {
                 message: r.say(channels),
             });
         }
-        Ok(incarnation)
+        Ok(Restored {
+            incarnation,
+            at_unix_ms: restored_at,
+            fetch_ms,
+            restore_ms,
+        })
     }
 }

@@ -157,7 +157,14 @@ pub struct Epoch {
     /// (what `ckptctl estimate` relates checkpoint times to).
     #[serde(default)]
     pub resident_bytes: u64,
+    /// Every restart from this epoch, oldest first (the last [`MAX_RESTARTS_KEPT`]).
+    #[serde(default)]
+    pub restarts: Vec<Recovery>,
 }
+
+/// Restarts an epoch's record keeps: a job restarted that often from one epoch has a problem
+/// that the last ones show.
+pub const MAX_RESTARTS_KEPT: usize = 16;
 
 impl Epoch {
     /// A new epoch at the first phase.
@@ -179,6 +186,7 @@ impl Epoch {
             local_copy: true,
             trigger: String::new(),
             resident_bytes: 0,
+            restarts: Vec::new(),
         }
     }
 

@@ -64,19 +64,59 @@ impl OnFailure {
     }
 }
 
-/// One automatic restart.
+/// One restart of a job: by ckptd itself (kept in the job's record), or any restart (kept in
+/// the record of the epoch it restored).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Recovery {
-    /// When it began (ms since the Unix epoch).
+    /// When it began, its nodes placed (ms since the Unix epoch).
     pub at_unix_ms: u64,
-    /// What failed: "node n3 lost", "killed by signal 9".
+    /// What failed or who asked: "node n3 lost", "killed by signal 9", "ckptctl restart by
+    /// uid 1000", "drain n2".
     pub trigger: String,
     /// The epoch restored.
     pub epoch: u32,
     /// Parts that went to other nodes, `OLD=NEW`.
     pub moves: Vec<String>,
-    /// "restoring", "running again", or why the restore failed.
+    /// "restoring", "running again from epoch E", or "failed: why".
     pub outcome: String,
+    /// When the failure happened: a lost node's last contact (0 for other failures and for
+    /// restarts by hand).
+    #[serde(default)]
+    pub failed_unix_ms: u64,
+    /// When ckptd noticed it: the node declared lost (0 likewise).
+    #[serde(default)]
+    pub noticed_unix_ms: u64,
+    /// Every node restored, held (0 until then).
+    #[serde(default)]
+    pub restored_unix_ms: u64,
+    /// Released: running again (0 until then).
+    #[serde(default)]
+    pub running_unix_ms: u64,
+    /// The longest any node took to find, fetch and verify its images.
+    #[serde(default)]
+    pub fetch_ms: u64,
+    /// The longest restore call to a node (its fetch included).
+    #[serde(default)]
+    pub restore_ms: u64,
+}
+
+impl Recovery {
+    /// A restart of `epoch` just begun.
+    pub fn begun(trigger: String, epoch: u32, moves: Vec<String>, now_ms: u64) -> Recovery {
+        Recovery {
+            at_unix_ms: now_ms,
+            trigger,
+            epoch,
+            moves,
+            outcome: "restoring".into(),
+            failed_unix_ms: 0,
+            noticed_unix_ms: 0,
+            restored_unix_ms: 0,
+            running_unix_ms: 0,
+            fetch_ms: 0,
+            restore_ms: 0,
+        }
+    }
 }
 
 /// Signals whose death, reported by an MPI launcher as its exit status 128+N, means a process

@@ -569,15 +569,16 @@ impl Cluster {
         epoch: u32,
         placement: &coordinator::driver::Placement,
     ) -> Result<u32, DriveError> {
-        let (job, epoch, previous, moves) = self
+        let begun = self
             .coord
             .begin_restart(&OWNER, job, epoch, placement)
             .await?;
         let (tx, _rx) = mpsc::unbounded_channel();
+        let record = begun.record("a test".into());
         self.coord
-            .drive_restart(job, epoch, previous, moves, true, tx)
+            .drive_restart(begun, true, record, tx)
             .await
-            .map(|(_, e)| e.number)
+            .map(|(_, e, _)| e.number)
     }
 
     pub(crate) fn job_state(&self, job: u64) -> JobState {

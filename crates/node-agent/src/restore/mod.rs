@@ -47,6 +47,8 @@ pub struct Restored {
     pub note: String,
     /// ib-quiesce channels in the restored processes (rebuilt after the release).
     pub channels: u32,
+    /// Time taken to find a usable copy of the images (fetching it if need be) and verify it.
+    pub fetch_ms: u64,
 }
 
 impl Jobs {
@@ -180,6 +182,7 @@ impl Jobs {
                 token,
                 source,
                 note,
+                fetch_ms: verify_ms,
             };
             return self.restore_as_owner(job, engine, v).await;
         }
@@ -481,6 +484,7 @@ impl Jobs {
             source,
             note,
             channels: channels.len() as u32,
+            fetch_ms: verify_ms,
         })
     }
 

@@ -34,6 +34,7 @@ pub(super) struct Verified<'a> {
     pub(super) token: &'a str,
     pub(super) source: Location,
     pub(super) note: String,
+    pub(super) fetch_ms: u64,
 }
 
 /// Links (or, across file systems, copies) every file of `from` into `to`, readable: root's
@@ -168,6 +169,7 @@ impl Jobs {
             source: v.source,
             note: v.note,
             channels: channels as u32,
+            fetch_ms: v.fetch_ms,
         })
     }
 }
