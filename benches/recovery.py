@@ -29,7 +29,7 @@ The job: `ckptctl run --on-failure restart:3 --node n1 -- mpiexec.mpich -hosts <
 n1,n2,n3> -n 6 heat GRID ITERS SLEEP_US` (2 ranks per host). heat holds two GRID x GRID grids of
 doubles split by rows over the ranks, so a host's part holds about 16 GRID^2 / 3 bytes plus MPI's
 own: GRID is chosen for each size (--sizes, MiB per node: 50, 150, 500) from that and the
-per-node overhead measured on the previous job (12 MiB assumed before the first). The script
+per-node overhead measured on the previous job (18 MiB assumed before the first). The script
 waits until every host's part holds its share (proportional set size of the processes in the
 part's cgroup, from /proc/PID/smaps_rollup, at least 90 % of the grid's share), and reports what
 it measured per node. ITERS is large (--job-seconds of sleeps, nominal): the job never ends by
@@ -135,7 +135,7 @@ HOSTS = 4
 SPARE = 4      # n4, the only spare
 LOST = 3       # n3 is destroyed; it runs ranks only (mpiexec runs on n1)
 SIZES = [50, 150, 500]
-OVERHEAD_GUESS = 12.0  # MiB per node besides the grids, until a job has been measured
+OVERHEAD_GUESS = 18.0  # MiB per node besides the grids (MPI, libraries), until a job has been measured
 POLL = 0.1
 RECOVERY_LIMIT = 180.0
 SPLITS = ("detection", "placement", "fetch", "restore", "release", "total")

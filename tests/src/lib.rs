@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+pub mod hosts;
 pub mod netns;
 pub mod prometheus;
 pub mod slurm;

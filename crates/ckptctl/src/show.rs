@@ -21,7 +21,7 @@ pub fn job_json(j: &pb::JobInfo) -> Value {
         "exit_code": j.exit_code, "exit_signal": j.exit_signal,
         "last_epoch": j.last_epoch, "latest_committed_epoch": j.latest_committed_epoch,
         "job_dir": j.job_dir, "flush": j.flush, "engine": j.engine, "detail": j.detail,
-        "on_failure": j.on_failure, "recovery_note": j.recovery_note,
+        "on_failure": j.on_failure, "recovery_note": j.recovery_note, "recovering": j.recovering,
         "recoveries": j.recoveries.iter().map(restart_json).collect::<Vec<_>>(),
         "lost": j.lost.as_ref().map(|l| json!({
             "node": l.node, "since_unix_ms": l.since_unix_ms, "noticed_unix_ms": l.noticed_unix_ms,
@@ -160,7 +160,10 @@ fn restart_text(r: &pb::RecoveryInfo) -> String {
     };
     let since = match (r.running_unix_ms, r.failed_unix_ms) {
         (0, _) => String::new(),
-        (run, 0) => format!(", in {:.1} s", run.saturating_sub(r.at_unix_ms) as f64 / 1e3),
+        (run, 0) => format!(
+            ", in {:.1} s",
+            run.saturating_sub(r.at_unix_ms) as f64 / 1e3
+        ),
         (run, failed) => format!(
             ", {:.1} s after the node was last heard from",
             run.saturating_sub(failed) as f64 / 1e3

@@ -596,7 +596,10 @@ async fn a_job_with_a_restart_policy_comes_back_by_itself_once_and_not_in_a_loop
     assert_eq!(info.recoveries[0].outcome, "running again from epoch 1");
     // The epoch restored keeps the restart too, as `ckptctl epochs` shows it.
     let e = c.coord.registry.epoch(job, 1).unwrap().unwrap();
-    assert_eq!(e.restarts, j.recoveries, "the epoch's record of its restarts");
+    assert_eq!(
+        e.restarts, j.recoveries,
+        "the epoch's record of its restarts"
+    );
 
     // n5 goes down too, before the job's next checkpoint: given up on, with the reason.
     only_up(&c, &["n2", "n3", "n4"]).await;

@@ -1,10 +1,11 @@
 //! Fault injection for tests and fire drills, off unless asked for.
 //!
-//! When the agent starts with `CKPT_FAILPOINTS=/path/to/file`, every checkpoint phase reads that
-//! file as it begins. A line `PHASE=error` makes the phase fail; `PHASE=delay:DURATION` (e.g.
-//! `local-checkpoint=delay:5s`) makes it wait first. Phases, by their protocol names:
-//! `initial-sync`, `quiesce`, `local-checkpoint`, `resume`, `finalize`.
-//! Without the variable (production), nothing is read.
+//! When the agent starts with `CKPT_FAILPOINTS=/path/to/file`, every checkpoint phase, restore
+//! and release reads that file as it begins. A line `PHASE=error` makes the phase fail;
+//! `PHASE=delay:DURATION` (e.g. `local-checkpoint=delay:5s`) makes it wait first;
+//! `PHASE@NODE=...` applies on that node only. Phases, by their protocol names:
+//! `initial-sync`, `quiesce`, `local-checkpoint`, `resume`, `finalize`, and `restore`,
+//! `release`. Without the variable (production), nothing is read.
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -39,17 +40,18 @@ impl Failpoints {
         Failpoints { file: Some(file) }
     }
 
-    /// The action set for `phase`, if any.
-    pub fn action(&self, phase: &str) -> Option<Action> {
+    /// The action set for `phase` on `node`, if any.
+    pub fn action(&self, phase: &str, node: &str) -> Option<Action> {
         let text = std::fs::read_to_string(self.file.as_ref()?).ok()?;
-        parse(&text, phase)
+        parse(&text, phase, node)
     }
 }
 
-fn parse(text: &str, phase: &str) -> Option<Action> {
+fn parse(text: &str, phase: &str, node: &str) -> Option<Action> {
     text.lines().find_map(|l| {
         let (p, a) = l.trim().split_once('=')?;
-        if p.trim() != phase {
+        let (p, on) = p.trim().split_once('@').unwrap_or((p.trim(), node));
+        if p != phase || on != node {
             return None;
         }
         match a.trim() {
@@ -68,15 +70,17 @@ mod tests {
 
     #[test]
     fn parses_errors_and_delays_per_phase() {
-        let t = "sync=error\n dump = delay:250ms\nbogus\n";
-        assert_eq!(parse(t, "sync"), Some(Action::Error));
+        let t = "sync=error\n dump = delay:250ms\nbogus\nrestore@n2=error\n";
+        assert_eq!(parse(t, "sync", "n1"), Some(Action::Error));
         assert_eq!(
-            parse(t, "dump"),
+            parse(t, "dump", "n1"),
             Some(Action::Delay(Duration::from_millis(250)))
         );
-        assert_eq!(parse(t, "resume"), None);
+        assert_eq!(parse(t, "resume", "n1"), None);
+        assert_eq!(parse(t, "restore", "n2"), Some(Action::Error), "on n2");
+        assert_eq!(parse(t, "restore", "n1"), None, "on n2 only");
         assert_eq!(
-            Failpoints::default().action("sync"),
+            Failpoints::default().action("sync", "n1"),
             None,
             "disabled without the variable"
         );

@@ -510,7 +510,7 @@ impl Jobs {
 
     /// Runs the failpoint of `phase`, if one is set (tests only; see [`crate::failpoint`]).
     pub(crate) async fn failpoint(&self, job: u64, phase: &'static str) -> Result<(), AgentError> {
-        match self.failpoints.action(phase) {
+        match self.failpoints.action(phase, &self.node) {
             None => Ok(()),
             Some(Action::Error) => Err(AgentError::Injected { job, phase }),
             Some(Action::Delay(d)) => {

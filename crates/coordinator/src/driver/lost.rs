@@ -21,8 +21,12 @@ use tracing::warn;
 use super::{now_ms, Coordinator, DriveError};
 use crate::model::{Job, JobState, LostNode};
 
-/// How often nodes are looked at.
-const TICK: Duration = Duration::from_millis(500);
+/// How often the nodes' last heartbeats are looked at (in memory: cheap), so that a node is
+/// declared lost within this of its `node_timeout`.
+const TICK: Duration = Duration::from_millis(100);
+/// How often the jobs are looked at, besides at once when a node goes down: for nodes that
+/// never registered since ckptd started, failures other than a lost node, and backoffs.
+const SCAN_EVERY: u32 = 5;
 
 impl Coordinator {
     /// The nodes down now, with the time each was last heard from (ms since the Unix epoch):
@@ -143,12 +147,22 @@ impl Coordinator {
 
     /// Marks jobs lost as their nodes go down, until `stop` turns true.
     pub async fn watch_nodes(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let mut tick = 0u32;
+        let mut was_down = std::collections::BTreeSet::new();
         loop {
-            if let Err(e) = self.mark_lost().await {
-                warn!(error = %e, "cannot look for lost jobs");
-            }
-            if let Err(e) = self.recover().await {
-                warn!(error = %e, "cannot restart failed jobs");
+            tick = tick.wrapping_add(1);
+            // A node just gone down is acted on at once; one down for long, at the jobs' pace.
+            let down: std::collections::BTreeSet<String> =
+                self.down_nodes(&[]).into_keys().collect();
+            let news = down.iter().any(|n| !was_down.contains(n));
+            was_down = down;
+            if news || tick % SCAN_EVERY == 0 {
+                if let Err(e) = self.mark_lost().await {
+                    warn!(error = %e, "cannot look for lost jobs");
+                }
+                if let Err(e) = self.recover().await {
+                    warn!(error = %e, "cannot restart failed jobs");
+                }
             }
             tokio::select! {
                 _ = tokio::time::sleep(TICK) => {}

@@ -72,6 +72,7 @@ impl Jobs {
         token: &str,
         sources: &Sources,
     ) -> Result<Restored, AgentError> {
+        self.failpoint(job_id, "restore").await?;
         let begin = std::time::Instant::now();
         let mut pages_refused = false;
         let gated = self
@@ -492,6 +493,9 @@ impl Jobs {
     /// kills it when the restart failed elsewhere.
     #[instrument(skip_all, fields(phase = "release", job = job_id, kill = kill, node = self.node()))]
     pub async fn release(&self, job_id: u64, kill: bool) -> Result<(), AgentError> {
+        if !kill {
+            self.failpoint(job_id, "release").await?;
+        }
         let j = self.get(job_id)?;
         let job = j.lock_owned().await;
         let sandboxed = job.record.sandbox.is_some();

@@ -1,0 +1,388 @@
+//! The soak: rounds of a real MPI job across three test hosts (and a spare), each with one fault
+//! drawn at random, many of them landing inside a phase (failpoints hold the phase open while
+//! an agent is killed or ckptd restarts), each round's answer checked against an uninterrupted
+//! run. `CKPT_SOAK_ROUNDS` rounds (default 10, what CI runs; `scripts/soak.sh 100` for the
+//! long one), `CKPT_SOAK_SEED` to replay a sequence. Prints a table of the rounds; fails if any
+//! round gave a wrong answer, lost a committed epoch or left a process behind.
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use ckpt_tests::hosts::{destroy_sandbox, hosts_with, result_and_end, run_on, wait_copied, LIMIT};
+use ckpt_tests::netns::Cluster;
+use ckpt_tests::{skip_unless_ready, Ckptd, Mpi};
+
+const HOSTS: [&str; 4] = ["n1", "n2", "n3", "n4"];
+const JOB_NODES: [&str; 3] = ["n1", "n2", "n3"];
+const RANKS: u32 = 6;
+const N: u32 = 256;
+const ITERS: u32 = 1200;
+const SLEEP_US: u32 = 2000;
+/// How long a failpoint holds a phase open for a fault to land inside it.
+const HOLD: &str = "4s";
+
+/// A small deterministic generator (xorshift64*): a seed replays a soak.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn pick<T: Copy>(&mut self, from: &[T]) -> T {
+        from[(self.next() % from.len() as u64) as usize]
+    }
+}
+
+/// The checkpoint phases an agent runs, by their protocol names.
+const PHASES: [&str; 5] = [
+    "initial-sync",
+    "quiesce",
+    "local-checkpoint",
+    "resume",
+    "finalize",
+];
+
+/// One round's fault.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// A checkpoint whose phase fails on one node.
+    PhaseFails(&'static str, &'static str),
+    /// A node's agent killed (its processes alive) while a checkpoint holds in the phase.
+    AgentKilledIn(&'static str, &'static str),
+    /// ckptd restarted while a checkpoint holds in the phase.
+    CkptdRestartIn(&'static str),
+    /// `checkpoint --kill`, then a restart that fails on one node, then one that works.
+    RestoreFails(&'static str),
+    /// `checkpoint --kill`, then a restart during which ckptd restarts.
+    CkptdRestartInRestore,
+    /// A node destroyed with its disks while the job runs.
+    NodeDestroyed(&'static str),
+    /// `drain NODE --migrate`.
+    Drain(&'static str),
+    /// A rank killed by a signal ckpt did not send.
+    RankKilled(&'static str),
+}
+
+impl Fault {
+    fn draw(rng: &mut Rng) -> Fault {
+        let node = rng.pick(&JOB_NODES);
+        let phase = rng.pick(&PHASES);
+        match rng.next() % 8 {
+            0 => Fault::PhaseFails(phase, node),
+            1 => Fault::AgentKilledIn(phase, node),
+            2 => Fault::CkptdRestartIn(phase),
+            3 => Fault::RestoreFails(node),
+            4 => Fault::CkptdRestartInRestore,
+            5 => Fault::NodeDestroyed(node),
+            6 => Fault::Drain(node),
+            _ => Fault::RankKilled(node),
+        }
+    }
+}
+
+/// ckptd restarted as an admin would, waiting until the agents are back.
+fn restart_ckptd(d: &mut Ckptd, up: &[&str]) {
+    d.stop_daemon();
+    d.start_daemon();
+    d.wait_agents(up);
+}
+
+/// Waits (bounded) until a spawned ckptctl ends.
+fn reap(mut c: Child) {
+    let begin = Instant::now();
+    while matches!(c.try_wait(), Ok(None)) {
+        if begin.elapsed() > LIMIT {
+            let _ = c.kill();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = c.wait();
+}
+
+/// Starts a checkpoint of `job` in the background and waits until failpoint `phase` holds it.
+fn checkpoint_held(d: &Ckptd, job: u64, phase: &str) -> Child {
+    let c = d.ctl_spawn(&["checkpoint", &job.to_string(), "--wait"]);
+    let begin = Instant::now();
+    let epochs = d.epochs(job).len();
+    while d.epochs(job).len() == epochs && begin.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The phases before it are quick: give them a moment to reach the held one.
+    let before = PHASES.iter().position(|p| *p == phase).unwrap_or(0);
+    std::thread::sleep(Duration::from_millis(500 + 300 * before as u64));
+    c
+}
+
+/// The node a job's launcher runs on now.
+fn launcher_of(d: &Ckptd, job: u64) -> String {
+    let st = d.status(job);
+    st["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|n| n["role"] == "launcher")
+        .and_then(|n| n["node"].as_str())
+        .unwrap_or("n1")
+        .to_string()
+}
+
+/// A restart by hand, retried (bounded) while the job is not yet restartable or a node of it
+/// is not back; panics with the last answer if it never works.
+fn restart_by_hand(d: &Ckptd, job: u64) {
+    let begin = Instant::now();
+    loop {
+        let r = d.ctl(&["restart", &job.to_string()]);
+        if r.code == 0 {
+            return;
+        }
+        assert!(begin.elapsed() < LIMIT, "restart never worked: {r:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// One round: a job across n1..n3 launched from n1, checkpointed, then the fault; returns what
+/// happened, for the table. Panics on a wrong answer, a committed epoch lost or a process left.
+fn round(cluster: &Cluster, d: &mut Ckptd, mpi: Mpi, fault: Fault) -> String {
+    let what = format!("{fault:?}");
+    let want = mpi.reference_checksum(RANKS, N, ITERS);
+    let hosts: Vec<&str> = cluster.nodes[..3]
+        .iter()
+        .map(|n| n.netns.as_str())
+        .collect();
+    let job = run_on(
+        d,
+        "n1",
+        &mpi.heat_argv_on(&hosts, RANKS, N, ITERS, SLEEP_US),
+    );
+    let id = job.to_string();
+    let started: Vec<(String, Vec<i32>)> = HOSTS
+        .iter()
+        .map(|n| (n.to_string(), d.job_pids_on(n, job)))
+        .collect();
+    d.ctl(&["checkpoint", &id, "--wait"]).ok();
+    wait_copied(d, job, true);
+    let mut down: Vec<&str> = Vec::new();
+    match fault {
+        Fault::PhaseFails(phase, node) => {
+            d.set_failpoints(&format!("{phase}@{node}=error\n"));
+            let r = d.ctl(&["checkpoint", &id, "--wait"]);
+            assert_ne!(
+                r.code, 0,
+                "a checkpoint failing in {phase} committed: {r:?}"
+            );
+            d.set_failpoints("");
+        }
+        Fault::AgentKilledIn(phase, node) => {
+            d.set_failpoints(&format!("{phase}@{node}=delay:{HOLD}\n"));
+            let c = checkpoint_held(d, job, phase);
+            d.kill_agent_on(node);
+            down.push(node);
+            d.set_failpoints("");
+            reap(c);
+        }
+        Fault::CkptdRestartIn(phase) => {
+            d.set_failpoints(&format!("{phase}=delay:{HOLD}\n"));
+            let c = checkpoint_held(d, job, phase);
+            restart_ckptd(d, &HOSTS);
+            d.set_failpoints("");
+            reap(c);
+        }
+        Fault::RestoreFails(node) => {
+            assert!(d
+                .ctl(&["checkpoint", "--kill", &id])
+                .ok()
+                .contains("committed"));
+            d.set_failpoints(&format!("restore@{node}=error\n"));
+            let r = d.ctl(&["restart", &id]);
+            assert_ne!(r.code, 0, "a restart failing on {node} worked: {r:?}");
+            d.set_failpoints("");
+            restart_by_hand(d, job);
+        }
+        Fault::CkptdRestartInRestore => {
+            assert!(d
+                .ctl(&["checkpoint", "--kill", &id])
+                .ok()
+                .contains("committed"));
+            d.set_failpoints(&format!("restore=delay:{HOLD}\n"));
+            let c = d.ctl_spawn(&["restart", &id]);
+            std::thread::sleep(Duration::from_millis(1500));
+            restart_ckptd(d, &HOSTS);
+            d.set_failpoints("");
+            reap(c);
+            let st = d.status(job);
+            if st["state"] != "running" {
+                restart_by_hand(d, job);
+            }
+        }
+        Fault::NodeDestroyed(node) => {
+            d.kill_agent_on(node);
+            d.kill_job_on(&[node], job);
+            destroy_sandbox(node, job);
+            for gone in ["local", "state"] {
+                let _ = std::fs::remove_dir_all(d.dir.path().join(node).join(gone));
+            }
+            down.push(node);
+        }
+        Fault::Drain(node) => {
+            let r = d.ctl(&["drain", node, "--migrate"]);
+            assert_eq!(r.code, 0, "{r:?}");
+        }
+        Fault::RankKilled(node) => {
+            let ranks: Vec<i32> = d
+                .job_pids_on(node, job)
+                .into_iter()
+                .filter(|p| {
+                    std::fs::read_to_string(format!("/proc/{p}/comm"))
+                        .is_ok_and(|c| c.trim().starts_with("heat"))
+                })
+                .collect();
+            if let Some(p) = ranks.first() {
+                // SAFETY: kill(2) on a PID read from the job's own cgroup.
+                unsafe { libc::kill(*p, libc::SIGKILL) };
+            }
+        }
+    }
+    let committed: Vec<u64> = d
+        .epochs(job)
+        .iter()
+        .filter(|e| e["state"] == "committed")
+        .map(|e| e["epoch"].as_u64().unwrap())
+        .collect();
+    assert!(!committed.is_empty(), "a committed epoch");
+    // The job runs on (perhaps restarted by itself) to its end.
+    let begin = Instant::now();
+    while matches!(
+        d.status(job)["state"].as_str(),
+        Some("restarting") | Some("lost")
+    ) || d.status(job)["recovering"] == true
+    {
+        assert!(
+            begin.elapsed() < LIMIT,
+            "never recovered: {}",
+            d.status(job)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let launcher = launcher_of(d, job);
+    let (got, hung) = result_and_end(d, &launcher, job);
+    let st = d.status(job);
+    assert_eq!(got, want, "{what}: wrong answer; {st}");
+    for e in d.epochs(job) {
+        let n = e["epoch"].as_u64().unwrap();
+        if committed.contains(&n) {
+            assert_eq!(e["state"], "committed", "{what}: epoch {n} lost: {e}");
+        }
+    }
+    // Nodes that were down come back; nothing of the job runs anywhere, and none of the
+    // processes it started before the fault lives on.
+    for n in &down {
+        d.start_agent_in(cluster, n);
+    }
+    d.wait_agents(&HOSTS);
+    for n in HOSTS {
+        assert!(
+            d.job_pids_on(n, job).is_empty(),
+            "{what}: {n} still runs a part"
+        );
+    }
+    for (n, pids) in &started {
+        let left: Vec<&i32> = pids
+            .iter()
+            .filter(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
+            .collect();
+        assert!(left.is_empty(), "{what}: {n} still runs {left:?}");
+    }
+    let mut how = match st["recoveries"].as_array().map_or(0, Vec::len) {
+        0 => "right answer".to_string(),
+        k => format!("right answer after {k} restart(s) by itself"),
+    };
+    if hung {
+        how.push_str("; hung in MPI_Finalize after it (UCX issue 8738), cancelled");
+    }
+    how
+}
+
+#[test]
+fn soak() {
+    skip_unless_ready!(
+        "mpiexec.mpich",
+        "mpicc.mpich",
+        "mpiexec.openmpi",
+        "mpicc.openmpi",
+        "nsenter",
+        "nft"
+    );
+    let rounds: u32 = std::env::var("CKPT_SOAK_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(10);
+    let seed: u64 = std::env::var("CKPT_SOAK_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("soak: {rounds} rounds, CKPT_SOAK_SEED={seed}");
+    // ckptd restarts within the agents' lease (half of node_timeout), so they do not fence.
+    let Some((cluster, mut d)) = hosts_with(
+        &HOSTS,
+        true,
+        true,
+        Some("768M"),
+        "node_timeout = \"4s\"\n[recovery]\non_failure = \"restart:3\"\nbackoff = \"1s\"\n[spares]\nnodes = [\"n4\"]\n",
+    ) else {
+        return;
+    };
+    let mut rng = Rng(seed);
+    let mut rows = Vec::new();
+    let mut failed = 0;
+    for i in 1..=rounds {
+        let mpi = rng.pick(&[Mpi::Mpich, Mpi::OpenMpi]);
+        let fault = Fault::draw(&mut rng);
+        let what = format!(
+            "{} {fault:?}",
+            match mpi {
+                Mpi::Mpich => "mpich",
+                Mpi::OpenMpi => "openmpi",
+            }
+        );
+        eprintln!("soak round {i}: {what}");
+        let begin = Instant::now();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            round(&cluster, &mut d, mpi, fault)
+        }));
+        let outcome = match r {
+            Ok(done) => done,
+            Err(e) => {
+                failed += 1;
+                let msg = e
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                format!("FAILED: {}", msg.chars().take(300).collect::<String>())
+            }
+        };
+        let row = format!(
+            "| {i} | {what} | {outcome} | {:.0} s |",
+            begin.elapsed().as_secs_f64()
+        );
+        eprintln!("{row}");
+        rows.push(row);
+        if failed > 0 {
+            break;
+        }
+    }
+    println!(
+        "soak seed {seed}\n| round | fault | outcome | took |\n|---|---|---|---|\n{}",
+        rows.join("\n")
+    );
+    assert_eq!(failed, 0, "{}", rows.join("\n"));
+}

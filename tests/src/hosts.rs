@@ -1,0 +1,141 @@
+//! Jobs across test hosts: the hosts with their agents, a job started on one of them, its
+//! result, and what a lost node leaves behind.
+use std::time::{Duration, Instant};
+
+use crate::netns::Cluster;
+use crate::{checksum_in, Ckptd, Options};
+
+/// How long a step of a job across test hosts may take.
+pub const LIMIT: Duration = Duration::from_secs(120);
+
+/// The most test hosts these tests use.
+const ALL: [&str; 4] = ["n1", "n2", "n3", "n4"];
+
+/// `nodes` test hosts with their agents; with `shared_size`, a shared file system for all.
+pub fn hosts_with(
+    nodes: &[&str],
+    failpoints: bool,
+    job_network: bool,
+    shared_size: Option<&str>,
+    more_toml: &str,
+) -> Option<(Cluster, Ckptd)> {
+    if let Some(why) = Cluster::unavailable() {
+        eprintln!("SKIPPED: {why}");
+        return None;
+    }
+    let cluster = Cluster::create(nodes.len()).expect("create test hosts");
+    let subnet = cluster
+        .host_ip
+        .rsplit_once('.')
+        .expect("IPv4")
+        .0
+        .to_string();
+    let mut d = Ckptd::start(Options {
+        no_agent: true,
+        failpoints,
+        extra_toml: if job_network {
+            format!("{more_toml}[job_network]\naddresses = \"{subnet}.150-{subnet}.199\"\nprefix = 24\n")
+        } else {
+            more_toml.to_string()
+        },
+        shared_size: shared_size.map(str::to_string),
+        ..Options::default()
+    });
+    for n in nodes {
+        d.start_agent_in(&cluster, n);
+    }
+    d.wait_agents(nodes);
+    Some((cluster, d))
+}
+
+/// Starts a job from `node` and waits (bounded) until it prints progress.
+pub fn run_on(d: &Ckptd, node: &str, argv: &[String]) -> u64 {
+    let mut args = vec!["run", "--name", "heat", "--node", node, "--"];
+    args.extend(argv.iter().map(String::as_str));
+    let job: u64 = d.ctl(&args).ok().trim().parse().unwrap();
+    let out_file = d.job_dir_on(node, job).join("stdout");
+    let begin = Instant::now();
+    while !std::fs::read_to_string(&out_file)
+        .unwrap_or_default()
+        .contains("iter ")
+    {
+        assert!(
+            begin.elapsed() < LIMIT,
+            "no progress: {}",
+            std::fs::read_to_string(d.job_dir_on(node, job).join("stderr")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    job
+}
+
+/// Waits (bounded) for the job's result printed by its launcher on `node`, then for its end.
+/// MPICH over UCX/TCP sometimes hangs in `MPI_Finalize` after the result is printed, with or
+/// without checkpoints (UCX issue 8738): a job still running 20 s after its result is
+/// cancelled, which must end it on every node.
+pub fn result_on(d: &Ckptd, node: &str, job: u64) -> String {
+    result_and_end(d, node, job).0
+}
+
+/// [`result_on`], and whether the job hung after its result and was cancelled.
+pub fn result_and_end(d: &Ckptd, node: &str, job: u64) -> (String, bool) {
+    let out = d.job_dir_on(node, job).join("stdout");
+    let begin = Instant::now();
+    let sum = loop {
+        if let Some(c) = checksum_in(&std::fs::read_to_string(&out).unwrap_or_default()) {
+            break c;
+        }
+        assert!(
+            begin.elapsed() < LIMIT,
+            "no result after {LIMIT:?}: {}\n{}",
+            d.status(job),
+            d.job_output_on(node, job)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let begin = Instant::now();
+    let mut hung = false;
+    while d.status(job)["state"] == "running" {
+        if begin.elapsed() > Duration::from_secs(20) {
+            hung = true;
+            eprintln!("job {job} printed its result but did not exit; cancelling it");
+            d.ctl(&["cancel", &job.to_string()]).ok();
+            for n in ALL {
+                assert!(
+                    d.job_pids_on(n, job).is_empty(),
+                    "cancel left processes on {n}"
+                );
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    (sum, hung)
+}
+
+/// Waits (bounded) until the job's first epoch has a copy on another node than each of its
+/// own: in shared storage (`shared`), else its partner copies.
+pub fn wait_copied(d: &Ckptd, job: u64, shared: bool) {
+    let begin = Instant::now();
+    let (key, want) = if shared {
+        ("storage", serde_json::json!("durable"))
+    } else {
+        ("partner_copy", serde_json::json!(true))
+    };
+    while d.epochs(job)[0][key] != want {
+        assert!(begin.elapsed() < LIMIT, "no {key}: {}", d.epochs(job)[0]);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A node's sandbox of the job gone as with the node: its job interface (which sockets of
+/// the killed processes would otherwise keep on the network) and its namespace.
+pub fn destroy_sandbox(node: &str, job: u64) {
+    let name = format!("ckpt-{node}-{job}");
+    for args in [
+        vec!["-n", name.as_str(), "link", "del", "eth0"],
+        vec!["netns", "del", name.as_str()],
+    ] {
+        let _ = std::process::Command::new("ip").args(&args).status();
+    }
+}
