@@ -2,7 +2,8 @@
 //! drawn at random, many of them landing inside a phase (failpoints hold the phase open while
 //! an agent is killed or ckptd restarts), each round's answer checked against an uninterrupted
 //! run. `CKPT_SOAK_ROUNDS` rounds (default 10, what CI runs; `scripts/soak.sh 100` for the
-//! long one), `CKPT_SOAK_SEED` to replay a sequence. Prints a table of the rounds; fails if any
+//! long one), `CKPT_SOAK_SEED` to replay a sequence, `CKPT_SOAK_FAULTS=KIND,KIND` to draw from
+//! some kinds only (see [`KINDS`]). Prints a table of the rounds; fails if any
 //! round gave a wrong answer, lost a committed epoch or left a process behind.
 use std::process::Child;
 use std::time::{Duration, Instant};
@@ -66,18 +67,31 @@ enum Fault {
     RankKilled(&'static str),
 }
 
+/// The kinds of fault, as `CKPT_SOAK_FAULTS` names them.
+const KINDS: [&str; 8] = [
+    "PhaseFails",
+    "AgentKilledIn",
+    "CkptdRestartIn",
+    "RestoreFails",
+    "CkptdRestartInRestore",
+    "NodeDestroyed",
+    "Drain",
+    "RankKilled",
+];
+
 impl Fault {
-    fn draw(rng: &mut Rng) -> Fault {
+    /// A fault of one of `kinds`, on a node and in a phase drawn too.
+    fn draw(rng: &mut Rng, kinds: &[&str]) -> Fault {
         let node = rng.pick(&JOB_NODES);
         let phase = rng.pick(&PHASES);
-        match rng.next() % 8 {
-            0 => Fault::PhaseFails(phase, node),
-            1 => Fault::AgentKilledIn(phase, node),
-            2 => Fault::CkptdRestartIn(phase),
-            3 => Fault::RestoreFails(node),
-            4 => Fault::CkptdRestartInRestore,
-            5 => Fault::NodeDestroyed(node),
-            6 => Fault::Drain(node),
+        match rng.pick(kinds) {
+            "PhaseFails" => Fault::PhaseFails(phase, node),
+            "AgentKilledIn" => Fault::AgentKilledIn(phase, node),
+            "CkptdRestartIn" => Fault::CkptdRestartIn(phase),
+            "RestoreFails" => Fault::RestoreFails(node),
+            "CkptdRestartInRestore" => Fault::CkptdRestartInRestore,
+            "NodeDestroyed" => Fault::NodeDestroyed(node),
+            "Drain" => Fault::Drain(node),
             _ => Fault::RankKilled(node),
         }
     }
@@ -329,7 +343,17 @@ fn soak() {
                 .as_nanos() as u64
                 | 1
         });
-    eprintln!("soak: {rounds} rounds, CKPT_SOAK_SEED={seed}");
+    let asked = std::env::var("CKPT_SOAK_FAULTS").unwrap_or_default();
+    let kinds: Vec<&str> = if asked.is_empty() {
+        KINDS.to_vec()
+    } else {
+        let kinds: Vec<&str> = asked.split(',').map(str::trim).collect();
+        if let Some(k) = kinds.iter().find(|k| !KINDS.contains(k)) {
+            panic!("CKPT_SOAK_FAULTS: {k:?} is not one of {KINDS:?}");
+        }
+        kinds
+    };
+    eprintln!("soak: {rounds} rounds of {kinds:?}, CKPT_SOAK_SEED={seed}");
     // ckptd restarts within the agents' lease (half of node_timeout), so they do not fence.
     let Some((cluster, mut d)) = hosts_with(
         &HOSTS,
@@ -345,7 +369,7 @@ fn soak() {
     let mut failed = 0;
     for i in 1..=rounds {
         let mpi = rng.pick(&[Mpi::Mpich, Mpi::OpenMpi]);
-        let fault = Fault::draw(&mut rng);
+        let fault = Fault::draw(&mut rng, &kinds);
         let what = format!(
             "{} {fault:?}",
             match mpi {

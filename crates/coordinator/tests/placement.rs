@@ -686,7 +686,7 @@ fn launcher_failed(incarnation: u32, job: u64) -> Vec<ckpt_proto::v1::JobReport>
         end: Some(ckpt_proto::v1::JobEnd {
             how: Some(ckpt_proto::v1::job_end::How::ExitCode(1)),
         }),
-        fenced_after_ms: 0,
+        ..Default::default()
     }]
 }
 
@@ -740,4 +740,58 @@ async fn a_launchers_failed_end_while_a_node_is_silent_is_the_nodes_loss() {
         "{:?}",
         c.job_state(job)
     );
+}
+
+/// MPICH's mpiexec ends with the OR of its ranks' statuses: a rank on n2 killed by SIGKILL
+/// makes it exit 15. n2 reports the death; the launcher's end that follows is a failure, and
+/// the job comes back by itself in place, the report forgotten with the old incarnation.
+#[tokio::test]
+async fn a_rank_killed_on_another_node_makes_the_launchers_end_a_failure() {
+    let c = with_spares().await;
+    let job = c.job().await;
+    set_policy(&c, job, "restart:2");
+    c.checkpoint(job, false).await.unwrap();
+    let inc = c.coord.registry.job(job).unwrap().unwrap().incarnation;
+    let killed = vec![ckpt_proto::v1::JobReport {
+        job_id: job,
+        incarnation: 1,
+        state: ckpt_proto::v1::PartState::Running.into(),
+        killed: "heat (pid 77) killed by signal 9".into(),
+        ..Default::default()
+    }];
+    // From a node that holds no part of the job: not taken.
+    assert!(c.coord.heartbeat("n4", killed.clone(), None).await);
+    assert!(c
+        .coord
+        .registry
+        .job(job)
+        .unwrap()
+        .unwrap()
+        .killed
+        .is_empty());
+    assert!(c.coord.heartbeat("n2", killed, None).await);
+    let mut end = launcher_failed(inc, job);
+    end[0].end = Some(ckpt_proto::v1::JobEnd {
+        how: Some(ckpt_proto::v1::job_end::How::ExitCode(15)),
+    });
+    assert!(c.coord.heartbeat("n1", end.clone(), None).await);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    beat(&c, &["n2", "n3"]).await;
+    assert!(c.coord.heartbeat("n1", end, None).await);
+    let j = c.coord.registry.job(job).unwrap().unwrap();
+    assert_eq!(
+        j.failure().as_deref(),
+        Some("heat (pid 77) killed by signal 9 on n2"),
+        "{:?}",
+        j.state
+    );
+    c.coord.recover().await.unwrap();
+    wait_state(&c, job, JobState::Running).await;
+    let j = c.coord.registry.job(job).unwrap().unwrap();
+    assert_eq!(
+        j.recoveries[0].trigger,
+        "heat (pid 77) killed by signal 9 on n2"
+    );
+    assert!(j.recoveries[0].moves.is_empty(), "in place");
+    assert!(j.killed.is_empty(), "forgotten with the old incarnation");
 }

@@ -43,6 +43,13 @@ pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
                 });
             }
         }
+        if observed == Observed::Running {
+            jobs.exits.track(
+                job.id(),
+                job.incarnation(),
+                &job.cgroup.pids().unwrap_or_default(),
+            );
+        }
         let (state, end) = observed.to_wire();
         let fenced = (observed != Observed::Running)
             .then(|| {
@@ -57,6 +64,10 @@ pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
             end,
             incarnation: job.incarnation(),
             fenced_after_ms: fenced.map_or(0, |f| f.after_ms.max(1)),
+            killed: jobs
+                .exits
+                .killed(job.id(), job.incarnation())
+                .unwrap_or_default(),
         });
     }
     out

@@ -325,6 +325,8 @@ pub struct Jobs {
     pub(crate) fence: crate::fence::Fence,
     /// The node's lease from ckptd: parts are fenced once it runs out.
     pub(crate) lease: crate::lease::Keeper,
+    /// Processes of jobs killed by a signal ([`crate::exits`]).
+    pub(crate) exits: Arc<crate::exits::Exits>,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -434,6 +436,7 @@ impl Jobs {
             precopy: crate::precopy::Mode::Off("pre-copy is not set up".into()),
             fence: crate::fence::Fence::off(),
             lease,
+            exits: Arc::default(),
         })
     }
 

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use ckpt_proto::v1 as pb;
-use tracing::{info, instrument};
+use tracing::{info, instrument, warn};
 
 use super::{now_ms, Caller, Coordinator, DriveError, RunSpec};
 use crate::agents::call;
@@ -64,6 +64,18 @@ impl Coordinator {
         if !fenced.is_empty() {
             // Before the launcher's exit, which the fence caused, is taken for the job's end.
             self.fenced(node, fenced).await;
+        }
+        for r in reports.iter().filter(|r| !r.killed.is_empty()) {
+            // Before the launcher's end too, which this death may have caused.
+            let _g = self.state.lock().await;
+            if let Ok(Some(mut job)) = self.registry.job(r.job_id) {
+                let part = job.node == node || job.parts.iter().any(|p| p == node);
+                if part && job.state == JobState::Running && job.killed.is_empty() {
+                    job.killed = format!("{} on {node}", r.killed);
+                    warn!(job = job.id, killed = %job.killed, "a process of a job was killed");
+                    let _ = self.registry.put_job(&job);
+                }
+            }
         }
         for r in reports {
             let Some(observed) = ended(r.state(), r.end.as_ref()) else {
@@ -273,6 +285,7 @@ impl Coordinator {
                 recoveries: Vec::new(),
                 recovery_note: String::new(),
                 gave_up: None,
+                killed: String::new(),
             };
             let mut job = job;
             self.check_live_jobs(&job)?;

@@ -455,6 +455,10 @@ pub struct Job {
     /// The incarnation whose failure ckptd gave up on: it is not restarted by itself again.
     #[serde(default)]
     pub gave_up: Option<u32>,
+    /// A process of the running incarnation killed by a signal that means a failure, as a node
+    /// reported it ("heat (pid 4711) killed by signal 9 on n2"); cleared by a restart.
+    #[serde(default)]
+    pub killed: String,
 }
 
 /// The node whose loss made a job `lost`.
@@ -571,6 +575,7 @@ impl Job {
             Ok(incarnation) => {
                 self.state = JobState::Running;
                 self.incarnation = incarnation;
+                self.killed.clear();
             }
             Err(previous) => self.state = previous,
         }
@@ -683,6 +688,7 @@ pub(crate) mod fixtures {
             recoveries: Vec::new(),
             recovery_note: String::new(),
             gave_up: None,
+            killed: String::new(),
         }
     }
 

@@ -140,6 +140,9 @@ impl Job {
             JobState::Exited {
                 signal: Some(s), ..
             } => Some(format!("killed by signal {s}")),
+            // The launcher ended after a process of the job was killed (MPICH's mpiexec, for
+            // one, exits with the OR of every rank's status).
+            JobState::Exited { .. } if !self.killed.is_empty() => Some(self.killed.clone()),
             JobState::Exited { code: Some(c), .. } if KILLED_BY.iter().any(|s| 128 + s == *c) => {
                 Some(format!(
                     "exited {c}: a process of it was killed by signal {}",
@@ -210,5 +213,12 @@ mod tests {
         for state in [JobState::Cancelled, JobState::Stopped, JobState::Running] {
             assert_eq!(job(1, state).failure(), None);
         }
+        // A launcher that ends with its own code after a node reported a rank killed.
+        let mut j = exited(Some(15), None);
+        j.killed = "heat (pid 7) killed by signal 9 on n2".into();
+        assert_eq!(j.failure().as_deref(), Some(j.killed.as_str()));
+        let mut j = job(1, JobState::Cancelled);
+        j.killed = "heat (pid 7) killed by signal 9 on n2".into();
+        assert_eq!(j.failure(), None, "ckpt killed it");
     }
 }

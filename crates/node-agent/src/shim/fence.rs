@@ -42,19 +42,25 @@ pub(super) fn fence_on_expiry(
 }
 
 /// SIGKILLs every member of the cgroup whose `cgroup.procs` is `procs`: through `cgroup.kill`
-/// where the kernel has it, else one by one.
+/// where the kernel has it, else one by one; then thaws it, since a part fenced while frozen
+/// (its agent gone in the middle of a checkpoint) dies only once thawed. Thawed after the kill,
+/// it runs no instruction of its own before it dies.
 fn kill_cgroup(procs: &Path) {
     let dir = procs.parent().unwrap_or(Path::new("/"));
-    if fs::write(dir.join("cgroup.kill"), b"1").is_ok() {
-        return;
+    if fs::write(dir.join("cgroup.kill"), b"1").is_err() {
+        for pid in fs::read_to_string(procs)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse::<i32>().ok())
+        {
+            // SAFETY: kill takes integers only.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
     }
-    for pid in fs::read_to_string(procs)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().parse::<i32>().ok())
-    {
-        // SAFETY: kill takes integers only.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+    // cgroup v1's freezer holds a frozen task's SIGKILL until it thaws (v2's lets it through).
+    let state = dir.join("freezer.state");
+    if fs::read_to_string(&state).is_ok_and(|s| s.trim() != "THAWED") {
+        let _ = fs::write(&state, b"THAWED");
     }
 }
 
@@ -89,6 +95,8 @@ mod tests {
         let sleep = || Command::new("sleep").arg("30").spawn().unwrap();
         let (mut part, mut other) = (sleep(), sleep());
         fs::write(cg.procs_file(), part.id().to_string()).unwrap();
+        // Frozen, as in the middle of a checkpoint whose agent died.
+        cg.freeze().unwrap();
         let fenced = d.path().join(crate::lease::FENCED);
         fence_on_expiry(
             crate::lease::Expiry::new(lease.path().to_path_buf()),
@@ -108,7 +116,14 @@ mod tests {
                 lease_ms: 60_000,
             },
         );
-        let st = part.wait().unwrap();
+        let begin = std::time::Instant::now();
+        let st = loop {
+            if let Some(st) = part.try_wait().unwrap() {
+                break st;
+            }
+            assert!(begin.elapsed().as_secs() < 10, "the frozen part never died");
+            std::thread::sleep(crate::lease::SHIM_TICK);
+        };
         assert_eq!(
             std::os::unix::process::ExitStatusExt::signal(&st),
             Some(libc::SIGKILL)
