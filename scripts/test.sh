@@ -2,7 +2,8 @@
 # Runs every ckpt test on a Debian 12 machine, as root: provisions what the tests need
 # (scripts/setup.sh), builds the release binaries once, then runs unit tests and the
 # end-to-end tests (real CRIU, real MPICH and Open MPI jobs, real daemons) against them.
-# Ends with one line: "tests: N passed, N failed, N skipped" (skipped tests print why).
+# Ends with the time of each suite and one line: "tests: N passed, N failed, N skipped"
+# (skipped tests print why); exits 1 if any suite failed.
 #
 # Usage: scripts/test.sh [extra cargo test args for the e2e tests]
 set -euo pipefail
@@ -28,13 +29,35 @@ else
     cargo build --release --workspace --locked --all-targets
 fi
 
+# Each suite's time, printed at the end, so that growth is seen.
+TIMES=()
+FAILED=0
+timed() {
+    local name=$1 begin=$SECONDS status=ok
+    shift
+    if ! "$@" 2>&1 | tee -a "$LOG"; then
+        FAILED=1
+        status=FAILED
+    fi
+    TIMES+=("$(printf '%-24s %5d s  %s' "$name" $((SECONDS - begin)) "$status")")
+}
+
 echo "[test] unit and integration tests of the libraries"
-cargo test --release --workspace --locked --exclude ckpt-tests 2>&1 | tee -a "$LOG"
+timed "unit+integration" cargo test --release --workspace --locked --exclude ckpt-tests
 
 echo "[test] end-to-end tests (one at a time: each runs a 4-rank MPI job on 2 cores)"
 export CKPT_BIN_DIR="$PWD/target/release"
-cargo test --release --locked -p ckpt-tests -- --test-threads=1 --show-output "$@" 2>&1 | tee -a "$LOG"
+timed "harness" cargo test --release --locked -p ckpt-tests --lib
+for suite in $(sed -n 's/^name = "\(.*\)"$/\1/p' tests/Cargo.toml | grep -v '^ckpt-tests$'); do
+    echo "[test] e2e suite $suite"
+    timed "e2e $suite" cargo test --release --locked -p ckpt-tests --test "$suite" -- \
+        --test-threads=1 --show-output "$@"
+done
+
+echo "[test] time per suite:"
+printf '  %s\n' "${TIMES[@]}"
 
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i == "passed;") p += $(i-1); if ($i == "failed;") f += $(i-1) } }
      /^SKIPPED/ { s++ }
      END { printf "tests: %d passed, %d failed, %d skipped\n", p - s, f, s }' "$LOG"
+exit $FAILED

@@ -10,6 +10,18 @@ pub mod v1 {
 
 use v1::{job_end::How, CopyLocation, JobEnd, PartState, ProcessState};
 
+/// Signals whose death of a process is a failure of its job, not a stop someone asked for (as
+/// TERM and INT are): what `JobReport.killed` reports, and what a launcher's exit status 128+N
+/// means.
+pub const FAILURE_SIGNALS: [i32; 6] = [
+    libc::SIGKILL,
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGABRT,
+    libc::SIGILL,
+    libc::SIGFPE,
+];
+
 impl PartState {
     /// Name shown to users: "running", "exited", "frozen", "absent", or "unknown" (unspecified).
     pub fn name(self) -> &'static str {

@@ -2,7 +2,10 @@
 //! the root namespace. Skips with a printed reason where namespaces, CRIU or MPI are missing.
 use std::time::{Duration, Instant};
 
-use ckpt_tests::hosts::{destroy_sandbox, hosts_with, result_on, run_on, wait_copied, LIMIT};
+use ckpt_tests::hosts::{
+    assert_still_committed, committed_epochs, destroy_sandbox, hosts_with, result_on, run_on,
+    wait_copied, LIMIT,
+};
 use ckpt_tests::netns::Cluster;
 use ckpt_tests::{checksum_in, skip_unless_ready, Ckptd, Mpi, Options};
 
@@ -998,13 +1001,7 @@ fn run_cell(cell: Cell) -> String {
             }
         }
     }
-    let committed: Vec<u64> = d
-        .epochs(job)
-        .iter()
-        .filter(|e| e["state"] == "committed")
-        .map(|e| e["epoch"].as_u64().unwrap())
-        .collect();
-    assert!(!committed.is_empty(), "a committed epoch");
+    let committed = committed_epochs(&d, job);
     let launcher = if cell.role == Role::Launcher {
         "n4"
     } else {
@@ -1038,12 +1035,7 @@ fn run_cell(cell: Cell) -> String {
         .collect();
     assert!(left.is_empty(), "{node} still runs {left:?}");
     assert!(d.job_pids_on(node, job).is_empty(), "{node} runs a part");
-    for e in d.epochs(job) {
-        let n = e["epoch"].as_u64().unwrap();
-        if committed.contains(&n) {
-            assert_eq!(e["state"], "committed", "epoch {n} lost: {e}");
-        }
-    }
+    assert_still_committed(&d, job, &committed, &cell.name());
     format!(
         "right answer, {how}, {} committed epochs kept",
         committed.len()

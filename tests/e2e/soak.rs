@@ -8,9 +8,12 @@
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use ckpt_tests::hosts::{destroy_sandbox, hosts_with, result_and_end, run_on, wait_copied, LIMIT};
+use ckpt_tests::hosts::{
+    assert_still_committed, committed_epochs, destroy_sandbox, hosts_with, result_and_end, run_on,
+    wait_copied, LIMIT,
+};
 use ckpt_tests::netns::Cluster;
-use ckpt_tests::{skip_unless_ready, Ckptd, Mpi};
+use ckpt_tests::{checksum_in, skip_unless_ready, Ckptd, Mpi};
 
 const HOSTS: [&str; 4] = ["n1", "n2", "n3", "n4"];
 const JOB_NODES: [&str; 3] = ["n1", "n2", "n3"];
@@ -259,37 +262,27 @@ fn round(cluster: &Cluster, d: &mut Ckptd, mpi: Mpi, fault: Fault) -> String {
             }
         }
     }
-    let committed: Vec<u64> = d
-        .epochs(job)
-        .iter()
-        .filter(|e| e["state"] == "committed")
-        .map(|e| e["epoch"].as_u64().unwrap())
-        .collect();
-    assert!(!committed.is_empty(), "a committed epoch");
-    // The job runs on (perhaps restarted by itself) to its end.
+    let committed = committed_epochs(d, job);
+    // The job runs on (perhaps restarted by itself, its launcher elsewhere) to its result,
+    // printed where its launcher runs by then.
     let begin = Instant::now();
-    while matches!(
-        d.status(job)["state"].as_str(),
-        Some("restarting") | Some("lost")
-    ) || d.status(job)["recovering"] == true
-    {
+    let launcher = loop {
+        let l = launcher_of(d, job);
+        let out = std::fs::read_to_string(d.job_dir_on(&l, job).join("stdout"));
+        if checksum_in(&out.unwrap_or_default()).is_some() {
+            break l;
+        }
         assert!(
-            begin.elapsed() < LIMIT,
-            "never recovered: {}",
+            begin.elapsed() < 2 * LIMIT,
+            "{what}: no result: {}",
             d.status(job)
         );
         std::thread::sleep(Duration::from_millis(200));
-    }
-    let launcher = launcher_of(d, job);
+    };
     let (got, hung) = result_and_end(d, &launcher, job);
     let st = d.status(job);
     assert_eq!(got, want, "{what}: wrong answer; {st}");
-    for e in d.epochs(job) {
-        let n = e["epoch"].as_u64().unwrap();
-        if committed.contains(&n) {
-            assert_eq!(e["state"], "committed", "{what}: epoch {n} lost: {e}");
-        }
-    }
+    assert_still_committed(d, job, &committed, &what);
     // Nodes that were down come back; nothing of the job runs anywhere, and none of the
     // processes it started before the fault lives on.
     for n in &down {

@@ -139,3 +139,25 @@ pub fn destroy_sandbox(node: &str, job: u64) {
         let _ = std::process::Command::new("ip").args(&args).status();
     }
 }
+
+/// The job's committed epochs now (at least one, or it panics).
+pub fn committed_epochs(d: &Ckptd, job: u64) -> Vec<u64> {
+    let committed: Vec<u64> = d
+        .epochs(job)
+        .iter()
+        .filter(|e| e["state"] == "committed")
+        .map(|e| e["epoch"].as_u64().unwrap())
+        .collect();
+    assert!(!committed.is_empty(), "a committed epoch");
+    committed
+}
+
+/// Panics, naming `what` happened, if an epoch of `committed` is not committed any more.
+pub fn assert_still_committed(d: &Ckptd, job: u64, committed: &[u64], what: &str) {
+    for e in d.epochs(job) {
+        let n = e["epoch"].as_u64().unwrap();
+        if committed.contains(&n) {
+            assert_eq!(e["state"], "committed", "{what}: epoch {n} lost: {e}");
+        }
+    }
+}

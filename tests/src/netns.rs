@@ -195,6 +195,23 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // Sandboxes of jobs (`ckpt-<node>-<job>`) an agent killed by the test left behind.
+        let sandboxes: Vec<String> = std::fs::read_dir("/run/netns")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|e| {
+                self.nodes.iter().any(|n| {
+                    e.strip_prefix(&format!("ckpt-{}-", n.name))
+                        .is_some_and(|job| job.bytes().all(|b| b.is_ascii_digit()))
+                })
+            })
+            .collect();
+        for s in sandboxes {
+            let _ = ip(&["-n", &s, "link", "del", "eth0"]);
+            let _ = ip(&["netns", "del", &s]);
+        }
         for n in &self.nodes {
             let _ = ip(&["netns", "del", &n.netns]);
             let _ = ip(&["link", "del", &n.veth]);

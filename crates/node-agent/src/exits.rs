@@ -18,16 +18,6 @@ use std::sync::{Arc, Mutex};
 
 use tracing::{info, warn};
 
-/// Signals whose death of a process is a failure of its job.
-pub const FATAL: [i32; 6] = [
-    libc::SIGKILL,
-    libc::SIGSEGV,
-    libc::SIGBUS,
-    libc::SIGABRT,
-    libc::SIGILL,
-    libc::SIGFPE,
-];
-
 /// The processes followed and the deaths seen.
 #[derive(Debug, Default)]
 pub struct Exits {
@@ -75,7 +65,7 @@ impl Exits {
             return;
         };
         let signal = (status & 0x7f) as i32;
-        if !FATAL.contains(&signal) {
+        if !ckpt_proto::FAILURE_SIGNALS.contains(&signal) {
             return;
         }
         let first = !matches!(i.killed.get(&job), Some((inc, _)) if *inc == incarnation);

@@ -119,17 +119,6 @@ impl Recovery {
     }
 }
 
-/// Signals whose death, reported by an MPI launcher as its exit status 128+N, means a process
-/// was killed, not that the program chose to stop.
-const KILLED_BY: [i32; 6] = [
-    libc::SIGKILL,
-    libc::SIGSEGV,
-    libc::SIGBUS,
-    libc::SIGABRT,
-    libc::SIGILL,
-    libc::SIGFPE,
-];
-
 impl Job {
     /// Why the job failed in a way `--on-failure restart` acts on: a node lost, or a process
     /// killed by a signal ckpt did not send (a cancel, a `--kill` checkpoint and a drain leave
@@ -143,7 +132,9 @@ impl Job {
             // The launcher ended after a process of the job was killed (MPICH's mpiexec, for
             // one, exits with the OR of every rank's status).
             JobState::Exited { .. } if !self.killed.is_empty() => Some(self.killed.clone()),
-            JobState::Exited { code: Some(c), .. } if KILLED_BY.iter().any(|s| 128 + s == *c) => {
+            JobState::Exited { code: Some(c), .. }
+                if ckpt_proto::FAILURE_SIGNALS.iter().any(|s| 128 + s == *c) =>
+            {
                 Some(format!(
                     "exited {c}: a process of it was killed by signal {}",
                     c - 128
