@@ -133,6 +133,15 @@ fn checkpoint_held(d: &Ckptd, job: u64, phase: &str) -> Child {
     c
 }
 
+/// How often `node`'s agent has registered with ckptd so far.
+fn registrations(d: &Ckptd, node: &str) -> usize {
+    let log = std::fs::read_to_string(d.dir.path().join("ckptd.log")).unwrap_or_default();
+    let name = format!("node=\"{node}\"");
+    log.lines()
+        .filter(|l| l.contains("agent registered") && l.contains(&name))
+        .count()
+}
+
 /// The node a job's launcher runs on now.
 fn launcher_of(d: &Ckptd, job: u64) -> String {
     let st = d.status(job);
@@ -286,7 +295,16 @@ fn round(cluster: &Cluster, d: &mut Ckptd, mpi: Mpi, fault: Fault) -> String {
     // Nodes that were down come back; nothing of the job runs anywhere, and none of the
     // processes it started before the fault lives on.
     for n in &down {
+        let before = registrations(d, n);
         d.start_agent_in(cluster, n);
+        let begin = Instant::now();
+        while registrations(d, n) == before {
+            assert!(
+                begin.elapsed() < LIMIT,
+                "{what}: {n}'s agent never came back"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
     d.wait_agents(&HOSTS);
     for n in HOSTS {
