@@ -320,6 +320,14 @@ fn round(cluster: &Cluster, d: &mut Ckptd, mpi: Mpi, fault: Fault) -> String {
             .collect();
         assert!(left.is_empty(), "{what}: {n} still runs {left:?}");
     }
+    // The job is over: its images go, or a hundred rounds fill the disks.
+    for dir in HOSTS
+        .iter()
+        .map(|n| d.dir.path().join(n).join("local").join(&id))
+        .chain([d.dir.path().join("shared").join(&id)])
+    {
+        let _ = std::fs::remove_dir_all(dir);
+    }
     let mut how = match st["recoveries"].as_array().map_or(0, Vec::len) {
         0 => "right answer".to_string(),
         k => format!("right answer after {k} restart(s) by itself"),

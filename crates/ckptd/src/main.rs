@@ -301,6 +301,9 @@ fn main() -> ExitCode {
         .await
         .map_err(|e| e.to_string())
     });
+    // Blocking work still running (a copy, a dump of the embedded agent) is not waited for:
+    // a restart must be back within the agents' leases.
+    rt.shutdown_timeout(std::time::Duration::from_millis(200));
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => startup::fail("ckptd", e, 4),

@@ -41,6 +41,7 @@ pub async fn run(
 ) -> Result<(), tonic::transport::Error> {
     let (tx, rx) = watch::channel(false);
     let mut rx2 = rx.clone();
+    let mut rx3 = rx.clone();
     let mut rx1 = rx;
     tokio::spawn(async move {
         shutdown.await;
@@ -71,6 +72,24 @@ pub async fn run(
         .serve_with_incoming_shutdown(ckpt_auth::transport::unix_incoming(control), async move {
             let _ = rx2.wait_for(|v| *v).await;
         });
-    let (a, b) = tokio::join!(reg, ctl);
-    a.and(b)
+    // Calls in flight (a `--wait` stream, an epoch) get SHUTDOWN_GRACE to end, not longer: the
+    // agents' leases run while ckptd is away, and a restart must be back within them. An epoch
+    // cut short is aborted when ckptd starts again.
+    let served = async {
+        let (a, b) = tokio::join!(reg, ctl);
+        a.and(b)
+    };
+    tokio::select! {
+        r = served => r,
+        _ = async {
+            let _ = rx3.wait_for(|v| *v).await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => {
+            info!("calls still in flight at shutdown were cut short");
+            Ok(())
+        }
+    }
 }
+
+/// How long calls in flight may take to end once ckptd is asked to stop.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_millis(500);

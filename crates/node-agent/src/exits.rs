@@ -26,18 +26,49 @@ pub struct Exits {
 
 #[derive(Debug, Default)]
 struct Inner {
-    /// Process (thread group) id → its job and the part's incarnation.
-    tracked: HashMap<i32, (u64, u32)>,
+    /// Process (thread group) id → what it is.
+    tracked: HashMap<i32, Tracked>,
     /// Job → the incarnation and what killed a process of it (the first one).
     killed: HashMap<u64, (u32, String)>,
 }
 
+/// A process followed.
+#[derive(Debug, Clone, Copy)]
+struct Tracked {
+    job: u64,
+    incarnation: u32,
+    /// Its MPI rank, once seen in its environment: only a rank's death fails the job (a
+    /// launcher kills its own helpers, Open MPI's its `ckpt-rsh`, as it ends).
+    rank: Option<i32>,
+}
+
 impl Exits {
-    /// Follows `pids`, processes of incarnation `incarnation` of `job`'s part.
-    pub fn track(&self, job: u64, incarnation: u32, pids: &[i32]) {
+    /// Follows `pids`, processes of incarnation `incarnation` of `job`'s part; `rank_of` reads
+    /// a process's MPI rank (asked again of those not known as ranks yet: a child is forked
+    /// before it execs the rank).
+    pub fn track(
+        &self,
+        job: u64,
+        incarnation: u32,
+        pids: &[i32],
+        rank_of: impl Fn(i32) -> Option<i32>,
+    ) {
         let mut i = self.inner.lock().expect("exits");
         for p in pids {
-            i.tracked.insert(*p, (job, incarnation));
+            let known = i
+                .tracked
+                .get(p)
+                .filter(|t| t.job == job && t.incarnation == incarnation)
+                .and_then(|t| t.rank);
+            let rank = known.or_else(|| rank_of(*p));
+            i.tracked.insert(
+                *p,
+                Tracked {
+                    job,
+                    incarnation,
+                    rank,
+                },
+            );
         }
     }
 
@@ -54,14 +85,25 @@ impl Exits {
     fn forked(&self, parent: i32, child: i32) {
         let mut i = self.inner.lock().expect("exits");
         if let Some(owner) = i.tracked.get(&parent).copied() {
-            i.tracked.insert(child, owner);
+            i.tracked.insert(
+                child,
+                Tracked {
+                    rank: None,
+                    ..owner
+                },
+            );
         }
     }
 
     /// Process `pid` ended with wait status `status`; `comm` names it.
     fn exited(&self, pid: i32, status: u32, comm: impl FnOnce() -> String) {
         let mut i = self.inner.lock().expect("exits");
-        let Some((job, incarnation)) = i.tracked.remove(&pid) else {
+        let Some(Tracked {
+            job,
+            incarnation,
+            rank: Some(rank),
+        }) = i.tracked.remove(&pid)
+        else {
             return;
         };
         let signal = (status & 0x7f) as i32;
@@ -70,7 +112,10 @@ impl Exits {
         }
         let first = !matches!(i.killed.get(&job), Some((inc, _)) if *inc == incarnation);
         if first {
-            let what = format!("{} (pid {pid}) killed by signal {signal}", comm());
+            let what = format!(
+                "rank {rank} ({}, pid {pid}) killed by signal {signal}",
+                comm()
+            );
             info!(job, %what, "a process of a job was killed");
             i.killed.insert(job, (incarnation, what));
         }
@@ -350,14 +395,14 @@ mod tests {
             .stdin(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        exits.track(9, 3, &[sh.id() as i32]);
+        exits.track(9, 3, &[sh.id() as i32], |_| Some(0));
         // The shell's child, forked after the shell was followed.
         let mut child = std::process::Command::new("sh")
             .args(["-c", "exec sleep 30"])
             .spawn()
             .unwrap();
         // (Spawned by this process, not the shell: followed by its PID like a seeded one.)
-        exits.track(9, 3, &[child.id() as i32]);
+        exits.track(9, 3, &[child.id() as i32], |_| Some(1));
         child.kill().unwrap();
         child.wait().unwrap();
         let begin = std::time::Instant::now();
@@ -368,13 +413,15 @@ mod tests {
         let _ = sh.wait();
         let what = exits.killed(9, 3).expect("the kill reported");
         assert!(what.ends_with("killed by signal 9"), "{what}");
-        assert!(what.contains(&format!("(pid {})", child.id())), "{what}");
+        assert!(what.starts_with("rank 1 ("), "{what}");
+        assert!(what.contains(&format!("pid {})", child.id())), "{what}");
     }
 
     #[test]
-    fn the_first_fatal_death_of_a_followed_process_is_kept_per_incarnation() {
+    fn the_first_fatal_death_of_a_rank_is_kept_per_incarnation() {
         let e = Exits::default();
-        e.track(7, 1, &[100]);
+        let rank = |r| move |_| Some(r);
+        e.track(7, 1, &[100], |_| None);
         e.apply(Event::Fork {
             parent: 100,
             child: 101,
@@ -383,27 +430,29 @@ mod tests {
             parent: 999,
             child: 102,
         });
-        // Not followed, or a normal exit, or SIGTERM: nothing.
+        // Not followed, not a rank (a launcher's helper), a normal exit, or SIGTERM: nothing.
         e.exited(102, 9, || "other".into());
-        e.exited(100, 1 << 8, || "launcher".into());
+        e.exited(100, 9, || "ckpt-rsh".into());
+        e.track(7, 1, &[103, 104], rank(3));
+        e.exited(103, 1 << 8, || "rank".into());
+        e.exited(104, libc::SIGTERM as u32, || "rank".into());
         assert_eq!(e.killed(7, 1), None);
-        e.track(7, 1, &[103]);
-        e.exited(103, libc::SIGTERM as u32, || "rank".into());
-        assert_eq!(e.killed(7, 1), None);
-        // The child of a followed process, killed: kept, and only the first.
+        // The child of a followed process, a rank once its environment says so, killed: kept,
+        // and only the first.
+        e.track(7, 1, &[101], rank(2));
         e.exited(101, libc::SIGKILL as u32, || "heat".into());
-        e.track(7, 1, &[104]);
-        e.exited(104, libc::SIGSEGV as u32 | 0x80, || "other rank".into());
+        e.track(7, 1, &[105], rank(4));
+        e.exited(105, libc::SIGSEGV as u32 | 0x80, || "heat".into());
         assert_eq!(
             e.killed(7, 1).as_deref(),
-            Some("heat (pid 101) killed by signal 9")
+            Some("rank 2 (heat, pid 101) killed by signal 9")
         );
         assert_eq!(e.killed(7, 2), None, "another incarnation");
-        e.track(7, 2, &[105]);
-        e.exited(105, libc::SIGSEGV as u32 | 0x80, || "rank".into());
+        e.track(7, 2, &[106], rank(0));
+        e.exited(106, libc::SIGSEGV as u32 | 0x80, || "heat".into());
         assert_eq!(
             e.killed(7, 2).as_deref(),
-            Some("rank (pid 105) killed by signal 11")
+            Some("rank 0 (heat, pid 106) killed by signal 11")
         );
     }
 }

@@ -48,6 +48,7 @@ pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
                 job.id(),
                 job.incarnation(),
                 &job.cgroup.pids().unwrap_or_default(),
+                crate::procfs::mpi_rank,
             );
         }
         let (state, end) = observed.to_wire();

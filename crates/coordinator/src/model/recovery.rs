@@ -129,9 +129,12 @@ impl Job {
             JobState::Exited {
                 signal: Some(s), ..
             } => Some(format!("killed by signal {s}")),
-            // The launcher ended after a process of the job was killed (MPICH's mpiexec, for
-            // one, exits with the OR of every rank's status).
-            JobState::Exited { .. } if !self.killed.is_empty() => Some(self.killed.clone()),
+            // The launcher ended with an error after a rank was killed (MPICH's mpiexec, for
+            // one, exits with the OR of every rank's status: "exit 15"). An end with code 0 is
+            // the job's success whatever happened on the way.
+            JobState::Exited {
+                code: Some(1..), ..
+            } if !self.killed.is_empty() => Some(self.killed.clone()),
             JobState::Exited { code: Some(c), .. }
                 if ckpt_proto::FAILURE_SIGNALS.iter().any(|s| 128 + s == *c) =>
             {
@@ -211,5 +214,8 @@ mod tests {
         let mut j = job(1, JobState::Cancelled);
         j.killed = "heat (pid 7) killed by signal 9 on n2".into();
         assert_eq!(j.failure(), None, "ckpt killed it");
+        let mut j = exited(Some(0), None);
+        j.killed = "heat (pid 7) killed by signal 9 on n2".into();
+        assert_eq!(j.failure(), None, "it ended well all the same");
     }
 }
