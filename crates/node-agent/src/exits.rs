@@ -54,6 +54,12 @@ impl Exits {
         rank_of: impl Fn(i32) -> Option<i32>,
     ) {
         let mut i = self.inner.lock().expect("exits");
+        // Processes of the job gone without an event seen (one dropped under load): forgotten,
+        // so that a reused PID is not taken for them.
+        let now: std::collections::HashSet<i32> = pids.iter().copied().collect();
+        i.tracked.retain(|p, t| {
+            t.job != job || now.contains(p) || std::path::Path::new(&format!("/proc/{p}")).exists()
+        });
         for p in pids {
             let known = i
                 .tracked
@@ -110,7 +116,8 @@ impl Exits {
         if !ckpt_proto::FAILURE_SIGNALS.contains(&signal) {
             return;
         }
-        let first = !matches!(i.killed.get(&job), Some((inc, _)) if *inc == incarnation);
+        // The first death of the newest incarnation; a late one of an older does not count.
+        let first = i.killed.get(&job).is_none_or(|(inc, _)| incarnation > *inc);
         if first {
             let what = format!(
                 "rank {rank} ({}, pid {pid}) killed by signal {signal}",
@@ -310,7 +317,8 @@ pub fn watch(exits: Arc<Exits>) {
                 let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
                 if n < 0 {
                     let e = std::io::Error::last_os_error();
-                    // ENOBUFS: events were dropped under load; the next heartbeat seeds again.
+                    // ENOBUFS: events were dropped under load (a death among them goes unseen;
+                    // the next heartbeat forgets the processes gone).
                     if e.raw_os_error() == Some(libc::ENOBUFS) || e.kind() == std::io::ErrorKind::Interrupted {
                         continue;
                     }

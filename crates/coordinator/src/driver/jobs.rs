@@ -33,16 +33,48 @@ impl Coordinator {
             *o = rest;
             mine
         };
-        for (_, job, epoch) in pending {
-            if let Ok(mut c) = self.agents.client(node) {
-                let req = pb::AbortRequest {
-                    job_id: job,
-                    epoch,
-                    reason: "coordinator restarted during the epoch".into(),
-                };
-                let _ = call(node, "abort", self.cfg.deadlines.abort, c.abort(req)).await;
+        // Not waited for: the agent's lease comes with this registration's answer, and an
+        // abort may wait for the node's part to leave a phase first.
+        let interrupted: Vec<u64> = self
+            .interrupted
+            .lock()
+            .expect("interrupted lock")
+            .iter()
+            .copied()
+            .collect();
+        let me = self.clone();
+        let node = node.to_string();
+        tokio::spawn(async move {
+            for job in interrupted {
+                // Whatever this node restored of it is held frozen; not if it was restarted
+                // since (begin_restart takes it off the set).
+                if !me
+                    .interrupted
+                    .lock()
+                    .expect("interrupted lock")
+                    .contains(&job)
+                {
+                    continue;
+                }
+                if let Ok(mut c) = me.agents.client(&node) {
+                    let req = pb::ReleaseRequest {
+                        job_id: job,
+                        kill: true,
+                    };
+                    let _ = call(&node, "release", me.cfg.deadlines.resume, c.release(req)).await;
+                }
             }
-        }
+            for (_, job, epoch) in pending {
+                if let Ok(mut c) = me.agents.client(&node) {
+                    let req = pb::AbortRequest {
+                        job_id: job,
+                        epoch,
+                        reason: "coordinator restarted during the epoch".into(),
+                    };
+                    let _ = call(&node, "abort", me.cfg.deadlines.abort, c.abort(req)).await;
+                }
+            }
+        });
         Ok(())
     }
 
@@ -70,7 +102,11 @@ impl Coordinator {
             let _g = self.state.lock().await;
             if let Ok(Some(mut job)) = self.registry.job(r.job_id) {
                 let part = job.node == node || job.parts.iter().any(|p| p == node);
-                if part && job.state == JobState::Running && job.killed.is_empty() {
+                if part
+                    && job.state == JobState::Running
+                    && job.killed.is_empty()
+                    && !self.is_cancelling(job.id)
+                {
                     job.killed = format!("{} on {node}", r.killed);
                     warn!(job = job.id, killed = %job.killed, "a process of a job was killed");
                     let _ = self.registry.put_job(&job);
@@ -351,6 +387,25 @@ impl Coordinator {
         }
         let node = job.node.clone();
         let client = self.agents.client(&node)?;
+        self.cancelling.lock().expect("cancelling").insert(id);
+        let r = self.cancel_now(id, &job, client).await;
+        self.cancelling.lock().expect("cancelling").remove(&id);
+        r
+    }
+
+    /// Whether a cancel is killing the job now.
+    pub(super) fn is_cancelling(&self, id: u64) -> bool {
+        self.cancelling.lock().expect("cancelling").contains(&id)
+    }
+
+    /// [`Coordinator::cancel`]'s signals, and the job's end as cancelled.
+    async fn cancel_now(
+        &self,
+        id: u64,
+        job: &Job,
+        client: ckpt_proto::v1::agent_client::AgentClient<tonic::transport::Channel>,
+    ) -> Result<Job, DriveError> {
+        let node = job.node.clone();
         let d = &self.cfg.deadlines;
         let signal = |signal| {
             let req = pb::SignalRequest {

@@ -242,9 +242,14 @@ pub struct Coordinator {
     /// Epochs to abort on a node when its agent registers: found in progress at start-up, or
     /// whose abort could not reach the node.
     orphaned: std::sync::Mutex<Vec<(String, u64, u32)>>,
+    /// Jobs whose restart a coordinator restart interrupted: the parts a node may hold
+    /// restored, frozen until a release that never comes, are killed when it registers.
+    interrupted: std::sync::Mutex<std::collections::HashSet<u64>>,
     /// Failed ends of multi-node jobs' launchers, by job and incarnation, held since when
     /// (see `Coordinator::hold_end`).
     held_ends: std::sync::Mutex<std::collections::HashMap<(u64, u32), std::time::Instant>>,
+    /// Jobs a cancel is killing: their end is the cancel's, never a failure to recover from.
+    cancelling: std::sync::Mutex<std::collections::HashSet<u64>>,
     /// What `[limits]` counts in memory.
     usage: quota::Usage,
     /// When this coordinator started: a node that has not registered `node_timeout` after it
@@ -267,6 +272,7 @@ impl Coordinator {
         // Registered now, so that a scrape sees them before the first epoch.
         crate::metrics::metrics();
         let mut orphaned = Vec::new();
+        let mut interrupted = std::collections::HashSet::new();
         let flushes = flush::Flushes::default();
         for mut job in registry.jobs()? {
             let mut changed = false;
@@ -296,6 +302,9 @@ impl Coordinator {
                 // Interrupted by this coordinator's restart: what became of the processes is
                 // unknown until an agent reports.
                 JobState::Restarting | JobState::Starting => {
+                    if job.state == JobState::Restarting {
+                        interrupted.insert(job.id);
+                    }
                     job.state = JobState::Lost;
                     changed = true;
                 }
@@ -311,7 +320,9 @@ impl Coordinator {
             cfg,
             state: Mutex::new(()),
             orphaned: std::sync::Mutex::new(orphaned),
+            interrupted: std::sync::Mutex::new(interrupted),
             held_ends: Default::default(),
+            cancelling: Default::default(),
             credential,
             flushes,
             usage: Default::default(),

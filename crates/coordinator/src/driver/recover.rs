@@ -53,7 +53,7 @@ impl Coordinator {
             let Some(trigger) = job.failure() else {
                 continue;
             };
-            if job.gave_up == Some(job.incarnation) {
+            if job.gave_up == Some(job.incarnation) || self.is_cancelling(job.id) {
                 continue;
             }
             if let Some(why) = give_up(&job, max) {

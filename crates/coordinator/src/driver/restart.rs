@@ -140,6 +140,10 @@ impl Coordinator {
             .await?;
         // A restored job's next epoch opens new streams.
         self.agents.forget_job(id);
+        self.interrupted
+            .lock()
+            .expect("interrupted lock")
+            .remove(&id);
         Ok(Begun {
             job,
             epoch: e,
@@ -206,7 +210,10 @@ impl Coordinator {
                     record.restore_ms = done.restore_ms;
                     // Every node fetched its images back into local staging if they were
                     // pruned: recorded, so that retention deletes them again in time.
-                    self.keep_restart(id, number, &record, true).await?;
+                    if let Err(e) = self.keep_restart(id, number, &record, true).await {
+                        // The job runs: the restart worked, whatever became of its record.
+                        warn!(job = id, epoch = number, error = %e, "cannot record the restart with its epoch");
+                    }
                     let _ = progress.send(Step {
                         job: id,
                         epoch: number,

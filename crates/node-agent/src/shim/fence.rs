@@ -48,19 +48,26 @@ pub(super) fn fence_on_expiry(
 fn kill_cgroup(procs: &Path) {
     let dir = procs.parent().unwrap_or(Path::new("/"));
     if fs::write(dir.join("cgroup.kill"), b"1").is_err() {
-        for pid in fs::read_to_string(procs)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse::<i32>().ok())
-        {
-            // SAFETY: kill takes integers only.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
+        kill_each(procs);
     }
     // cgroup v1's freezer holds a frozen task's SIGKILL until it thaws (v2's lets it through).
     let state = dir.join("freezer.state");
     if fs::read_to_string(&state).is_ok_and(|s| s.trim() != "THAWED") {
         let _ = fs::write(&state, b"THAWED");
+        // A process put there between the kill and the thaw was not killed: now it is.
+        kill_each(procs);
+    }
+}
+
+/// SIGKILLs every process `procs` (a `cgroup.procs`) lists.
+fn kill_each(procs: &Path) {
+    for pid in fs::read_to_string(procs)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse::<i32>().ok())
+    {
+        // SAFETY: kill takes integers only.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
     }
 }
 
