@@ -87,11 +87,13 @@ pub enum Cmd {
         #[arg(long, conflicts_with_all = ["nodes", "map"])]
         on_spares: bool,
     },
-    /// Root only: a node is being reclaimed. Checkpoint and stop every running job with a part
-    /// on NODE (as `checkpoint --kill` does); with --migrate, restart each at once with that
-    /// part on a free spare (ckptd.toml `[spares]`). A job that cannot be checkpointed keeps
-    /// running; one that cannot be migrated stays stopped and restorable. Exit 0 when every
-    /// job was handled, else the code of the first failure.
+    /// Empty a node being reclaimed: checkpoint and stop its jobs, or move them (root only).
+    ///
+    /// Checkpoints and stops every running job with a part on NODE (as `checkpoint --kill`
+    /// does); with --migrate, restarts each at once with that part on a free spare (ckptd.toml
+    /// `[spares]`). A job that cannot be checkpointed keeps running; one that cannot be
+    /// migrated stays stopped and restorable. Exit 0 when every job was handled, else the code
+    /// of the first failure.
     Drain {
         /// The node to empty.
         node: String,
@@ -126,23 +128,30 @@ pub enum Cmd {
         /// Job id.
         job: u64,
     },
-    /// Show a job, its nodes and processes; without a job, the cluster in a few lines: nodes
-    /// up, down and absent, spares free, your live and ended jobs (root: everyone's).
+    /// Show a job, its nodes and processes; without a job, the cluster in a few lines.
+    ///
+    /// Without a job: nodes up, down and absent, spares free, your live and ended jobs (root:
+    /// everyone's). With one: its state, epochs, restarts by itself, and each node's part.
     Status {
         /// Job id.
         job: Option<u64>,
     },
-    /// List every node ckptd knows: state (up; down since its last heartbeat, after ckptd.toml
-    /// `node_timeout`; absent: a spare or a job's node whose agent has not registered), spare
-    /// and free, heartbeat age, agent version, snapshot engines, RDMA devices, free staging
-    /// space, the live jobs with a part there (yours by id, others' counted; root sees all),
-    /// and the agent's address. Any user may list nodes.
+    /// List every node ckptd knows, with its state, spare, staging space and jobs.
+    ///
+    /// State: up; down since its last heartbeat, after ckptd.toml `node_timeout`; absent: a
+    /// spare or a job's node whose agent has not registered. Also spare and free, heartbeat
+    /// age, agent version, snapshot engines, RDMA devices, free staging space, the live jobs
+    /// with a part there (yours by id, others' counted; root sees all), and the agent's
+    /// address. Any user may list nodes.
     Nodes,
     /// List jobs (yours; root sees all).
     List,
-    /// Show a job's checkpoint epochs: state, storage (local, flushing with progress,
-    /// durable = also in shared storage, shared-only, flush-failed), which copies exist
-    /// (local, partner, shared), frozen time, size, failure reason.
+    /// Show a job's checkpoint epochs and the restarts from each.
+    ///
+    /// For each epoch: state, storage (local, flushing with progress, durable = also in shared
+    /// storage, shared-only, flush-failed), which copies exist (local, partner, shared), frozen
+    /// time, size, who asked, failure reason; under it, every restart from it (by hand, by a
+    /// drain, by ckptd itself) with its trigger, moves and outcome.
     Epochs {
         /// Job id.
         job: u64,
@@ -152,10 +161,11 @@ pub enum Cmd {
         /// Job id.
         job: u64,
     },
-    /// Check a committed checkpoint's images on every node against their digests (reads only):
-    /// the local copy, and the shared one for a durable epoch. Exit 0 if every node has an
-    /// intact copy (a damaged one is reported), 8 if a node has none, 7 if a node could not be
-    /// reached.
+    /// Check a committed checkpoint's images on every node against their digests.
+    ///
+    /// Reads only: the local copy, and the shared one for a durable epoch. Exit 0 if every
+    /// node has an intact copy (a damaged one is reported), 8 if a node has none, 7 if a node
+    /// could not be reached.
     Verify {
         /// Job id.
         job: u64,

@@ -405,6 +405,22 @@ pub(crate) async fn follow_to(
 mod tests {
     use super::*;
 
+    /// `ckptctl --help` lists each command in one short line; the rest is the command's own
+    /// help.
+    #[test]
+    fn every_command_is_summed_up_in_one_short_line() {
+        use clap::CommandFactory;
+        let cli = Cli::command();
+        for c in cli.get_subcommands() {
+            let about = c.get_about().map(|a| a.to_string()).unwrap_or_default();
+            assert!(
+                !about.is_empty() && about.len() <= 90 && !about.contains('\n'),
+                "{}: {about:?}",
+                c.get_name()
+            );
+        }
+    }
+
     #[test]
     fn run_help_names_every_rdma_setting_with_its_value() {
         use clap::CommandFactory;
