@@ -17,9 +17,8 @@ case $rounds in
     ''|*[!0-9]*|0) echo "soak.sh: ROUNDS must be a positive number, not '$rounds'" >&2; exit 2 ;;
 esac
 export CKPT_SOAK_ROUNDS=$rounds
-if [ -n "${2:-}" ]; then
-    export CKPT_SOAK_SEED=$2
-fi
+# A new sequence each run unless SEED is given (the test alone replays CI's).
+export CKPT_SOAK_SEED=${2:-$(date +%s%N)}
 cargo build --release --workspace --locked
 export CKPT_BIN_DIR="$PWD/target/release"
 exec cargo test --release --locked -p ckpt-tests --test soak -- --nocapture
