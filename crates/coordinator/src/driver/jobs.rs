@@ -322,6 +322,7 @@ impl Coordinator {
                 recovery_note: String::new(),
                 gave_up: None,
                 killed: String::new(),
+                before_restart: None,
             };
             let mut job = job;
             self.check_live_jobs(&job)?;

@@ -171,3 +171,53 @@ impl Coordinator {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::CoordinatorConfig;
+    use crate::model::fixtures::job;
+    use crate::registry::Registry;
+
+    /// A coordinator restart in the middle of a restart takes the job back to where the
+    /// restart began (the old incarnation's late reports are stale: a `--kill` checkpoint's
+    /// SIGKILL is not a failure), marks its held parts to be killed as nodes register, and a
+    /// start it interrupted leaves the job lost until an agent says what became of it.
+    #[test]
+    fn a_coordinator_restart_during_a_restart_goes_back_to_where_it_began() {
+        let d = tempfile::tempdir().unwrap();
+        let reg = Registry::open(&d.path().join("r.redb")).unwrap();
+        let mut stopped = job(1, JobState::Stopped);
+        stopped.begin_restart().unwrap();
+        let mut starting = job(2, JobState::Starting);
+        starting.incarnation = 1;
+        let mut old = job(3, JobState::Restarting);
+        old.before_restart = None;
+        for j in [&stopped, &starting, &old] {
+            reg.put_job(j).unwrap();
+        }
+        let c = Coordinator::new(reg, CoordinatorConfig::default(), None).unwrap();
+        let state = |id| c.registry.job(id).unwrap().unwrap().state;
+        assert_eq!(state(1), JobState::Stopped);
+        assert_eq!(state(2), JobState::Lost);
+        assert_eq!(
+            state(3),
+            JobState::Lost,
+            "a record from before ckpt kept it"
+        );
+        let mut j = c.registry.job(1).unwrap().unwrap();
+        assert!(
+            !j.observe(
+                j.incarnation,
+                JobState::Exited {
+                    code: None,
+                    signal: Some(9)
+                }
+            ),
+            "the old incarnation's end is stale"
+        );
+        assert_eq!(j.failure(), None);
+        let interrupted = c.interrupted.lock().unwrap().clone();
+        assert_eq!(interrupted, [1, 3].into_iter().collect());
+    }
+}

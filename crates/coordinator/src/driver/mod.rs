@@ -301,10 +301,14 @@ impl Coordinator {
                 }
                 // Interrupted by this coordinator's restart: what became of the processes is
                 // unknown until an agent reports.
-                JobState::Restarting | JobState::Starting => {
-                    if job.state == JobState::Restarting {
-                        interrupted.insert(job.id);
-                    }
+                // A restart goes back to where it began (the old incarnation had ended: its
+                // late reports are stale); its parts held on nodes are killed as they register.
+                JobState::Restarting => {
+                    interrupted.insert(job.id);
+                    job.state = job.before_restart.take().unwrap_or(JobState::Lost);
+                    changed = true;
+                }
+                JobState::Starting => {
                     job.state = JobState::Lost;
                     changed = true;
                 }

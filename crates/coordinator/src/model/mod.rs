@@ -459,6 +459,10 @@ pub struct Job {
     /// reported it ("heat (pid 4711) killed by signal 9 on n2"); cleared by a restart.
     #[serde(default)]
     pub killed: String,
+    /// While restarting: the state before, which a coordinator restart that interrupts the
+    /// restart goes back to (the old incarnation had ended; its late reports are stale).
+    #[serde(default)]
+    pub before_restart: Option<JobState>,
 }
 
 /// The node whose loss made a job `lost`.
@@ -562,6 +566,7 @@ impl Job {
         if self.state.is_active() {
             return Err(self.refuse("restart it (cancel it first, or checkpoint it with --kill)"));
         }
+        self.before_restart = Some(self.state.clone());
         self.state = JobState::Restarting;
         Ok(())
     }
@@ -571,6 +576,7 @@ impl Job {
         if self.state != JobState::Restarting {
             return Err(self.refuse("end a restart"));
         }
+        self.before_restart = None;
         match result {
             Ok(incarnation) => {
                 self.state = JobState::Running;
@@ -689,6 +695,7 @@ pub(crate) mod fixtures {
             recovery_note: String::new(),
             gave_up: None,
             killed: String::new(),
+            before_restart: None,
         }
     }
 
