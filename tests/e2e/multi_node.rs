@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use ckpt_tests::hosts::{
     assert_still_committed, committed_epochs, destroy_sandbox, hosts_with, result_on, run_on,
-    wait_copied, LIMIT,
+    wait_copied, BOTH_MPIS, LIMIT,
 };
 use ckpt_tests::netns::Cluster;
 use ckpt_tests::{checksum_in, skip_unless_ready, Ckptd, Mpi, Options};
@@ -1047,14 +1047,10 @@ fn run_cell(cell: Cell) -> String {
 /// cell run; fails if any failed.
 #[test]
 fn recovery_matrix() {
-    skip_unless_ready!(
-        "mpiexec.mpich",
-        "mpicc.mpich",
-        "mpiexec.openmpi",
-        "mpicc.openmpi",
-        "nsenter",
-        "nft"
-    );
+    if let Some(why) = ckpt_tests::skip_reason(&BOTH_MPIS) {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
     let asked = std::env::var("CKPT_MATRIX").unwrap_or_default();
     let cells: Vec<Cell> = Cell::all()
         .into_iter()

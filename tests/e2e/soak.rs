@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use ckpt_tests::hosts::{
     assert_still_committed, committed_epochs, destroy_sandbox, hosts_with, result_and_end, run_on,
-    wait_copied, LIMIT,
+    wait_copied, BOTH_MPIS, LIMIT,
 };
 use ckpt_tests::netns::Cluster;
-use ckpt_tests::{checksum_in, skip_unless_ready, Ckptd, Mpi};
+use ckpt_tests::{checksum_in, Ckptd, Mpi};
 
 const HOSTS: [&str; 4] = ["n1", "n2", "n3", "n4"];
 const JOB_NODES: [&str; 3] = ["n1", "n2", "n3"];
@@ -342,14 +342,10 @@ fn round(cluster: &Cluster, d: &mut Ckptd, mpi: Mpi, fault: Fault) -> String {
 
 #[test]
 fn soak() {
-    skip_unless_ready!(
-        "mpiexec.mpich",
-        "mpicc.mpich",
-        "mpiexec.openmpi",
-        "mpicc.openmpi",
-        "nsenter",
-        "nft"
-    );
+    if let Some(why) = ckpt_tests::skip_reason(&BOTH_MPIS) {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
     let rounds: u32 = std::env::var("CKPT_SOAK_ROUNDS")
         .ok()
         .and_then(|r| r.parse().ok())

@@ -8,6 +8,16 @@ use crate::{checksum_in, Ckptd, Options};
 /// How long a step of a job across test hosts may take.
 pub const LIMIT: Duration = Duration::from_secs(120);
 
+/// What a test of both MPI libraries across test hosts needs.
+pub const BOTH_MPIS: [&str; 6] = [
+    "mpiexec.mpich",
+    "mpicc.mpich",
+    "mpiexec.openmpi",
+    "mpicc.openmpi",
+    "nsenter",
+    "nft",
+];
+
 /// The most test hosts these tests use.
 const ALL: [&str; 4] = ["n1", "n2", "n3", "n4"];
 
