@@ -84,11 +84,12 @@ pub fn run_on(d: &Ckptd, node: &str, argv: &[String]) -> u64 {
 /// without checkpoints (UCX issue 8738): a job still running 20 s after its result is
 /// cancelled, which must end it on every node.
 pub fn result_on(d: &Ckptd, node: &str, job: u64) -> String {
-    result_and_end(d, node, job).0
+    result_and_end(d, node, job, Duration::from_secs(20)).0
 }
 
-/// [`result_on`], and whether the job hung after its result and was cancelled.
-pub fn result_and_end(d: &Ckptd, node: &str, job: u64) -> (String, bool) {
+/// [`result_on`], waiting `patience` for the end after the result, and whether the job hung
+/// after its result and was cancelled.
+pub fn result_and_end(d: &Ckptd, node: &str, job: u64, patience: Duration) -> (String, bool) {
     let out = d.job_dir_on(node, job).join("stdout");
     let begin = Instant::now();
     let sum = loop {
@@ -106,7 +107,7 @@ pub fn result_and_end(d: &Ckptd, node: &str, job: u64) -> (String, bool) {
     let begin = Instant::now();
     let mut hung = false;
     while d.status(job)["state"] == "running" {
-        if begin.elapsed() > Duration::from_secs(20) {
+        if begin.elapsed() > patience {
             hung = true;
             eprintln!("job {job} printed its result but did not exit; cancelling it");
             d.ctl(&["cancel", &job.to_string()]).ok();
