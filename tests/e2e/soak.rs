@@ -290,7 +290,7 @@ fn round(cluster: &Cluster, d: &mut Ckptd, mpi: Mpi, fault: Fault) -> String {
         );
         std::thread::sleep(Duration::from_millis(200));
     };
-    // A job ends within a second of its result, or hangs in MPI_Finalize (see below).
+    // A job ends within a second of its result, or hangs in MPI_Finalize (UCX issue 8738).
     let (got, hung) = result_and_end(d, &launcher, job, Duration::from_secs(8));
     let st = d.status(job);
     assert_eq!(got, want, "{what}: wrong answer; {st}");
