@@ -525,6 +525,20 @@ fn hierarchy_path(mountinfo: &str, dir: &Path, flavor: Flavor) -> Option<String>
     best.map(|(_, p)| p)
 }
 
+/// For tests: a cgroup parent named after `name` and this process, or `None` (with the
+/// reason printed) when not root or no freezer is mounted.
+#[cfg(test)]
+pub(crate) fn test_parent(name: &str) -> Option<CgroupParent> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: needs root to make a cgroup");
+        return None;
+    }
+    CgroupParent::resolve("auto", &format!("ckpt-unit-{name}-{}-", std::process::id()))
+        .map_err(|e| eprintln!("SKIPPED: {e}"))
+        .ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -544,18 +558,9 @@ mod tests {
     /// Needs root and a freezer; skips otherwise.
     #[test]
     fn a_real_cgroup_freezes_thaws_and_names_its_tasks() {
-        if !nix_is_root() {
-            eprintln!("SKIPPED: needs root to make a cgroup");
+        let Some(parent) = test_parent("freeze") else {
             return;
-        }
-        let parent =
-            match CgroupParent::resolve("auto", &format!("ckpt-unit-{}-", std::process::id())) {
-                Ok(p) => p,
-                Err(e) => {
-                    eprintln!("SKIPPED: {e}");
-                    return;
-                }
-            };
+        };
         let cg = parent.job(1);
         cg.create().unwrap();
         let mut child = std::process::Command::new("sleep")
@@ -582,19 +587,8 @@ mod tests {
     /// kill through `cgroup.kill` (v2); a process outside it lives on.
     #[test]
     fn signals_reach_members_only() {
-        if !nix_is_root() {
-            eprintln!("SKIPPED: needs root to make a cgroup");
+        let Some(parent) = test_parent("sig") else {
             return;
-        }
-        let parent = match CgroupParent::resolve(
-            "auto",
-            &format!("ckpt-unit-sig-{}-", std::process::id()),
-        ) {
-            Ok(p) => p,
-            Err(e) => {
-                eprintln!("SKIPPED: {e}");
-                return;
-            }
         };
         let cg = parent.job(2);
         cg.create().unwrap();
@@ -627,11 +621,6 @@ mod tests {
         let _ = outside.kill();
         let _ = outside.wait();
         cg.remove().unwrap();
-    }
-
-    fn nix_is_root() -> bool {
-        // SAFETY: geteuid has no preconditions.
-        unsafe { libc::geteuid() == 0 }
     }
 
     #[test]

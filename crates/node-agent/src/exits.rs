@@ -53,20 +53,45 @@ impl Exits {
         pids: &[i32],
         rank_of: impl Fn(i32) -> Option<i32>,
     ) {
-        let mut i = self.inner.lock().expect("exits");
+        // /proc is read without the lock: a slow read must not hold up the event thread.
+        let now: std::collections::HashSet<i32> = pids.iter().copied().collect();
+        let (unknown, absent): (Vec<i32>, Vec<i32>) = {
+            let i = self.inner.lock().expect("exits");
+            let known = |p: &i32| {
+                i.tracked.get(p).is_some_and(|t| {
+                    t.job == job && t.incarnation == incarnation && t.rank.is_some()
+                })
+            };
+            let absent = i
+                .tracked
+                .iter()
+                .filter(|(p, t)| t.job == job && !now.contains(p));
+            (
+                pids.iter().copied().filter(|p| !known(p)).collect(),
+                absent.map(|(p, _)| *p).collect(),
+            )
+        };
+        let ranks: HashMap<i32, i32> = unknown
+            .into_iter()
+            .filter_map(|p| rank_of(p).map(|r| (p, r)))
+            .collect();
         // Processes of the job gone without an event seen (one dropped under load): forgotten,
         // so that a reused PID is not taken for them.
-        let now: std::collections::HashSet<i32> = pids.iter().copied().collect();
-        i.tracked.retain(|p, t| {
-            t.job != job || now.contains(p) || std::path::Path::new(&format!("/proc/{p}")).exists()
-        });
+        let gone: Vec<i32> = absent
+            .into_iter()
+            .filter(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+            .collect();
+        let mut i = self.inner.lock().expect("exits");
+        for p in gone {
+            i.tracked.remove(&p);
+        }
         for p in pids {
             let known = i
                 .tracked
                 .get(p)
                 .filter(|t| t.job == job && t.incarnation == incarnation)
                 .and_then(|t| t.rank);
-            let rank = known.or_else(|| rank_of(*p));
+            let rank = known.or_else(|| ranks.get(p).copied());
             i.tracked.insert(
                 *p,
                 Tracked {

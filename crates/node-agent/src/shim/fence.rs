@@ -79,20 +79,8 @@ mod tests {
     /// a process outside the part's cgroup lives on.
     #[test]
     fn a_part_is_fenced_once_the_lease_runs_out() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("SKIPPED: needs root to make a cgroup");
+        let Some(parent) = crate::cgroup::test_parent("fence") else {
             return;
-        }
-        let parent = match crate::cgroup::CgroupParent::resolve(
-            "auto",
-            &format!("ckpt-unit-fence-{}-", std::process::id()),
-        ) {
-            Ok(p) => p,
-            Err(e) => {
-                eprintln!("SKIPPED: {e}");
-                return;
-            }
         };
         let cg = parent.job(3);
         cg.create().unwrap();
