@@ -22,6 +22,9 @@ use crate::shim::{self, Exit, ShimMode, ShimSpec, Started};
 /// launcher is milliseconds; 30 s covers a loaded node.
 pub const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a SIGKILL sent through [`Jobs::signal`] waits for the part's processes to be gone.
+pub const KILL_WAIT: Duration = Duration::from_secs(5);
+
 /// The uid the newest launch of a job (in `dir`, incarnations up to `incarnation`) ran as.
 pub(crate) fn launched_as(dir: &Path, incarnation: u32) -> Option<u32> {
     (1..=incarnation).rev().find_map(|n| {
@@ -548,16 +551,41 @@ impl Jobs {
         }
     }
 
-    /// Sends a signal to every process of the job on this node.
+    /// Sends a signal to every process of the job on this node. A SIGKILL (a cancel, the rest
+    /// of a job after its launcher, a fence) returns once the part's processes are gone, or
+    /// after [`KILL_WAIT`]: whoever sent it counts on them being gone, not on their way out.
     pub async fn signal(&self, job_id: u64, sig: i32) -> Result<usize, AgentError> {
         let j = self.get(job_id)?;
         let job = j.lock().await;
-        job.cgroup
-            .signal_all(sig)
-            .map_err(|source| AgentError::Cgroup {
-                job: job_id,
-                source,
-            })
+        let cgroup_err = |source| AgentError::Cgroup {
+            job: job_id,
+            source,
+        };
+        let sent = job.cgroup.signal_all(sig).map_err(cgroup_err)?;
+        if sig != libc::SIGKILL {
+            return Ok(sent);
+        }
+        // A frozen process takes its SIGKILL only once thawed.
+        if job.cgroup.state().is_ok_and(|s| s != "THAWED") {
+            job.cgroup.thaw().map_err(cgroup_err)?;
+        }
+        let begin = std::time::Instant::now();
+        let mut left = job.cgroup.pids().unwrap_or_default();
+        for round in 1.. {
+            if left.is_empty() || begin.elapsed() >= KILL_WAIT {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            if round % 10 == 0 {
+                // Any forked since the last signal (cgroup v1 signals PID by PID).
+                let _ = job.cgroup.signal_all(sig);
+            }
+            left = job.cgroup.pids().unwrap_or_default();
+        }
+        if !left.is_empty() {
+            tracing::warn!(job = job_id, ?left, waited = ?KILL_WAIT, "SIGKILLed processes are still there (in uninterruptible sleep?)");
+        }
+        Ok(sent)
     }
 
     /// What this node has of the job: its state, its processes (each with its MPI rank if it
