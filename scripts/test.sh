@@ -47,13 +47,20 @@ timed "unit+integration" cargo test --release --workspace --locked --exclude ckp
 
 echo "[test] end-to-end tests (one at a time: each runs a 4-rank MPI job on 2 cores)"
 export CKPT_BIN_DIR="$PWD/target/release"
+# Each e2e test's time (libtest's --report-time, "test NAME ... ok <12.345s>"): an unstable
+# option of the test harness, let through for the test binaries only (a cargo runner), so the
+# build itself stays on stable Rust. The slowest are listed at the end.
+export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="env RUSTC_BOOTSTRAP=1"
 timed "harness" cargo test --release --locked -p ckpt-tests --lib
 for suite in $(sed -n 's/^name = "\(.*\)"$/\1/p' tests/Cargo.toml | grep -v '^ckpt-tests$'); do
     echo "[test] e2e suite $suite"
     timed "e2e $suite" cargo test --release --locked -p ckpt-tests --test "$suite" -- \
-        --test-threads=1 --show-output "$@"
+        --test-threads=1 --show-output -Z unstable-options --report-time "$@"
 done
 
+echo "[test] slowest e2e tests:"
+sed -n 's/^test \([^ ]*\) \.\.\. \([a-zA-Z]*\) <\([0-9.]*\)s>$/\3 \1 \2/p' "$LOG" |
+    sort -rn | head -15 | awk '{ printf "  %6.0f s  %s %s\n", $1, $2, ($3 == "ok" ? "" : $3) }'
 echo "[test] time per suite:"
 printf '  %s\n' "${TIMES[@]}"
 
