@@ -12,6 +12,11 @@ use std::path::{Path, PathBuf};
 
 use crate::{Result, StoreError};
 
+/// File name of the manifest inside a node's image directory, re-exported as
+/// [`crate::manifest::FILE_NAME`]. It lives here, below both, so that [`crate::chain`] can name
+/// the manifest in its errors without importing the module that checks chains with it.
+pub const MANIFEST_FILE: &str = "MANIFEST";
+
 /// Node-local staging area rooted at `local_dir`.
 #[derive(Debug, Clone)]
 pub struct Staging {

@@ -34,7 +34,7 @@ pub const FORMAT_VERSION: u16 = 1;
 /// Largest manifest accepted: a manifest lists files, it never holds image data.
 pub const MAX_MANIFEST_BYTES: u64 = 64 << 20;
 /// File name of the manifest inside a node's image directory.
-pub const FILE_NAME: &str = "MANIFEST";
+pub use crate::layout::MANIFEST_FILE as FILE_NAME;
 /// Most image files a node's part of an epoch may have (manifest and recipe alike). CRIU
 /// writes a few files per process; a 64 MiB manifest cannot list many more than half a
 /// million files anyway.
