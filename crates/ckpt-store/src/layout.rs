@@ -62,7 +62,7 @@ impl Staging {
     /// the epoch directory itself, its parent or anything outside it.
     pub fn checked_node_dir(&self, job: u64, epoch: u32, node: &str) -> Result<PathBuf> {
         let epoch_dir = self.epoch_dir(job, epoch);
-        crate::validate::check_node(&epoch_dir, node)?;
+        crate::error::check_node(&epoch_dir, node)?;
         Ok(epoch_dir.join(node))
     }
 

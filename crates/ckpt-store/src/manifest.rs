@@ -25,7 +25,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::digest::FileEntry;
-use crate::{atomic, validate, Result, StoreError};
+use crate::{atomic, error, validate, Result, StoreError};
 
 /// Magic bytes at the start of every manifest.
 pub const MAGIC: &[u8; 8] = b"CKPTMNFT";
@@ -178,7 +178,7 @@ pub fn check(path: &Path, m: &NodeManifest) -> Result<()> {
         path: path.to_path_buf(),
         source,
     };
-    validate::check_node(path, &m.node)?;
+    error::check_node(path, &m.node)?;
     if m.files.len() > MAX_FILES {
         return Err(StoreError::LimitExceeded {
             path: path.to_path_buf(),
