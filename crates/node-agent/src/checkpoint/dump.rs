@@ -13,8 +13,8 @@ use ckpt_store::manifest::{OpenFile, PreservedFile};
 use tracing::info;
 
 use crate::engine::{DumpSpec, SnapshotEngine};
-use crate::error::AgentError;
-use crate::jobs::{io_err, NodeJob, OWNER_NOTE};
+use crate::error::{io_err, AgentError};
+use crate::jobs::{NodeJob, OWNER_NOTE};
 use crate::modes::{ensure_dir, PRIVATE_DIR, PRIVATE_FILE};
 use crate::procfs;
 use crate::sandbox;

@@ -14,8 +14,8 @@ use ckpt_store::manifest::{self, NodeManifest};
 use tokio::sync::OwnedMutexGuard;
 use tracing::{info, instrument, warn};
 
-use crate::error::AgentError;
-use crate::jobs::{io_err, now_ms, EpochWork, Jobs, NodeJob, NodePhase, Observed, PauseGuard};
+use crate::error::{io_err, AgentError};
+use crate::jobs::{now_ms, EpochWork, Jobs, NodeJob, NodePhase, Observed, PauseGuard};
 use crate::launch::exit_text;
 use crate::modes::{set_mode, PRIVATE_DIR};
 use crate::procfs;
