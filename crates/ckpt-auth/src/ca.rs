@@ -21,7 +21,7 @@ use rcgen::{
     KeyUsagePurpose,
 };
 
-use crate::{valid_node_name, AuthError, Identity};
+use crate::{cert, valid_node_name, AuthError, Identity};
 
 /// The CA certificate.
 pub const CA_CERT: &str = "ca.pem";
@@ -219,8 +219,8 @@ impl Bundle {
         let mut ca = None;
         let mut leaf = None;
         for c in certs {
-            let der = crate::tls::pem_to_der(&c).map_err(bad)?;
-            match crate::tls::common_name(&der).as_deref() {
+            let der = cert::pem_to_der(&c).map_err(bad)?;
+            match cert::common_name(&der).as_deref() {
                 Some(CA_CN) => ca = Some(c),
                 Some(cn) => {
                     let id = Identity::from_common_name(cn)

@@ -12,6 +12,8 @@
 //!   a client certificate when one is presented (callers without one, such as `ckpt-rsh` in a
 //!   job, reach only the calls a job token authorizes); clients verify that the server holds
 //!   the identity they meant to reach, not merely some certificate of the cluster.
+//! - [`cert`] reads certificates (PEM to DER, the subject common name, the identity it names)
+//!   for both.
 //! - [`transport`] puts this under tonic: an incoming stream of authenticated connections whose
 //!   [`PeerInfo`] every handler can read, and channels that dial `host:port` over TLS or
 //!   `unix:/path` (the standalone daemon's private sockets).
@@ -21,6 +23,7 @@
 #![warn(missing_docs)]
 
 pub mod ca;
+pub mod cert;
 pub mod tls;
 pub mod transport;
 

@@ -24,7 +24,7 @@ use tonic::transport::server::Connected;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::ca::CLUSTER_NAME;
-use crate::{tls, Peer, PeerInfo};
+use crate::{cert, Peer, PeerInfo};
 
 /// A TLS handshake takes a few round trips; a peer that has not finished in this long is not
 /// going to, and its slot is better given to the next one.
@@ -305,7 +305,7 @@ pub fn tls_incoming(
                             .1
                             .peer_certificates()
                             .and_then(|c| c.first())
-                            .and_then(|c| tls::identity_of(c))
+                            .and_then(|c| cert::identity_of(c))
                             .map_or(Peer::Anonymous, Peer::Daemon);
                         let info = PeerInfo {
                             peer,
@@ -439,7 +439,7 @@ fn connector(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tls::Credential;
+    use crate::tls::{self, Credential};
     use crate::{ca, Identity};
 
     #[tokio::test]

@@ -67,7 +67,7 @@ pub fn check(path: &Path, chain: &[String]) -> Result<()> {
 /// without a chain, the images get none. Replaces links already there; refuses a `parent` that
 /// is not a symbolic link, and a chain directory that is missing or is itself a link.
 pub fn relink(node_dir: &Path, chain: &[String]) -> Result<()> {
-    check(&node_dir.join(crate::manifest::FILE_NAME), chain)?;
+    check(&node_dir.join(crate::layout::MANIFEST_FILE), chain)?;
     let dirs: Vec<&str> = chain
         .iter()
         .map(String::as_str)

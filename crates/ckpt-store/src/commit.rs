@@ -10,7 +10,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::manifest::{decode_framed_json, encode_framed, read_capped};
-use crate::{atomic, validate, Result, StoreError};
+use crate::{atomic, error, validate, Result, StoreError};
 
 /// Magic bytes at the start of every commit record.
 pub const MAGIC: &[u8; 8] = b"CKPTCMIT";
@@ -52,7 +52,7 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<CommitRecord> {
 /// `path` names the record in errors.
 pub fn check(path: &Path, r: &CommitRecord) -> Result<()> {
     for (node, digest) in &r.manifests {
-        validate::check_node(path, node)?;
+        error::check_node(path, node)?;
         if !validate::is_hex_digest(digest) {
             return Err(StoreError::BadDigest {
                 path: path.to_path_buf(),

@@ -36,7 +36,7 @@ use std::sync::Mutex;
 use crate::copy::{CopyOptions, CopyProgress, Throttle};
 use crate::layout::Staging;
 use crate::manifest::{self, decode_framed, encode_framed, read_capped, NodeManifest};
-use crate::{atomic, validate, Result, StoreError};
+use crate::{atomic, error, validate, Result, StoreError};
 
 /// Magic bytes of a recipe.
 pub const MAGIC: &[u8; 8] = b"CKPTRCPE";
@@ -327,7 +327,7 @@ pub fn flush(
     progress: &CopyProgress,
 ) -> Result<FlushStats> {
     let Target { job, epoch, node } = t;
-    validate::check_node(shared.root(), node)?;
+    error::check_node(shared.root(), node)?;
     let (mbytes, m) = crate::stream::open_source(src, committed)?;
     progress.total.store(m.image_bytes(), Ordering::Relaxed);
     let dest = shared.node_dir(job, epoch, node);
@@ -390,7 +390,7 @@ fn flush_file(
     (opts, throttle): (&CopyOptions, Option<&Throttle>),
     progress: &CopyProgress,
 ) -> Result<(FileRecipe, FlushStats)> {
-    let src = validate::join_relative(src_root, &entry.path)?;
+    let src = error::join_relative(src_root, &entry.path)?;
     let mut input = File::open(&src).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => StoreError::FileMissing { path: src.clone() },
         _ => StoreError::io("open", &src, e),
@@ -567,7 +567,7 @@ pub fn rebuild(
     opts: &CopyOptions,
 ) -> Result<NodeManifest> {
     let Target { job, epoch, node } = t;
-    validate::check_node(shared.root(), node)?;
+    error::check_node(shared.root(), node)?;
     let dir = shared.node_dir(job, epoch, node);
     let (mbytes, m) = crate::stream::open_source(&dir, committed)?;
     let recipe = Recipe::read(&dir)?;
@@ -615,7 +615,7 @@ fn rebuild_file(
 ) -> Result<()> {
     let mut out = match dest {
         Some(d) => {
-            let p = validate::join_relative(d, &entry.path)?;
+            let p = error::join_relative(d, &entry.path)?;
             if let Some(parent) = p.parent() {
                 fs::create_dir_all(parent).map_err(|e| StoreError::io("create", parent, e))?;
             }
@@ -633,7 +633,7 @@ fn rebuild_file(
     let mut decompressor = None;
     let mut unpacked: Vec<u8> = Vec::with_capacity(MAX_CHUNK);
     for c in &recipe.files[i].chunks {
-        let ppath = validate::join_file_name(pdir, &recipe.packs[c.pack as usize])?;
+        let ppath = error::join_file_name(pdir, &recipe.packs[c.pack as usize])?;
         let pack = match packs.entry(c.pack) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
@@ -689,7 +689,7 @@ fn rebuild_file(
 /// Deletes `node`'s packs of `job` that no remaining recipe of the node references (after its
 /// epochs were deleted). Returns the bytes freed. Must not run during a flush of the job.
 pub fn sweep(shared: &Staging, job: u64, node: &str) -> Result<u64> {
-    validate::check_node(shared.root(), node)?;
+    error::check_node(shared.root(), node)?;
     let pdir = packs_dir(shared, job, node);
     let Ok(rd) = fs::read_dir(&pdir) else {
         return Ok(0);

@@ -180,7 +180,7 @@ pub fn seal_tree(root: &Path, skip: &[&str]) -> Result<Vec<FileEntry>> {
 pub fn verify_tree(root: &Path, entries: &[FileEntry]) -> Result<()> {
     let paths = entries
         .iter()
-        .map(|e| crate::validate::join_relative(root, &e.path))
+        .map(|e| crate::error::join_relative(root, &e.path))
         .collect::<Result<Vec<PathBuf>>>()?;
     let items: Vec<(&FileEntry, PathBuf)> = entries.iter().zip(paths).collect();
     largest_first(&items, |(e, _)| e.size, |(e, path)| verify_file(e, path)).map(drop)

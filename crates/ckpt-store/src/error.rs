@@ -1,5 +1,11 @@
 //! Errors of the storage layer. Every variant names the file it is about.
-use std::path::PathBuf;
+//!
+//! Also the checks of [`crate::validate`] as this crate applies them to a name or path read
+//! from a file or a peer, refusing with an error that names the file or directory: they live
+//! here, above `validate`, whose own checks return its refusal types and know no `StoreError`.
+use std::path::{Path, PathBuf};
+
+use crate::validate;
 
 /// What went wrong with a stored file or directory.
 #[derive(Debug, thiserror::Error)]
@@ -114,7 +120,7 @@ pub enum StoreError {
         path: PathBuf,
         /// The path and what is wrong with it.
         #[source]
-        source: crate::validate::InvalidPath,
+        source: validate::InvalidPath,
     },
     /// A file, a peer or a caller named a node with a name that is not allowed as a directory
     /// name.
@@ -124,7 +130,7 @@ pub enum StoreError {
         path: PathBuf,
         /// The name and what is wrong with it.
         #[source]
-        source: crate::validate::InvalidName,
+        source: validate::InvalidName,
     },
     /// A count, length or size in a file is above what any valid file of its kind holds.
     #[error("{path}: {what} {value} is above the limit of {limit}")]
@@ -166,4 +172,37 @@ impl StoreError {
             source,
         }
     }
+}
+
+/// `dir` joined with `rel`, a path from a file or a peer; refused unless
+/// [`validate::relative_path`] accepts it. The error names `dir`.
+pub(crate) fn join_relative(dir: &Path, rel: &str) -> Result<PathBuf, StoreError> {
+    validate::relative_path(rel)
+        .map(|p| dir.join(p))
+        .map_err(|source| StoreError::UnsafePath {
+            path: dir.to_path_buf(),
+            source,
+        })
+}
+
+/// `dir` joined with `name`, a file name from a file or a peer; refused unless
+/// [`validate::file_name`] accepts it. The error names `dir`.
+pub(crate) fn join_file_name(dir: &Path, name: &str) -> Result<PathBuf, StoreError> {
+    validate::file_name(name)
+        .map(|n| dir.join(n))
+        .map_err(|source| StoreError::UnsafePath {
+            path: dir.to_path_buf(),
+            source,
+        })
+}
+
+/// [`validate::node_name`], with the error naming `context` (the file or directory the name is
+/// for).
+pub(crate) fn check_node(context: &Path, node: &str) -> Result<(), StoreError> {
+    validate::node_name(node)
+        .map(drop)
+        .map_err(|source| StoreError::UnsafeName {
+            path: context.to_path_buf(),
+            source,
+        })
 }

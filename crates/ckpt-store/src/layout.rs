@@ -12,6 +12,11 @@ use std::path::{Path, PathBuf};
 
 use crate::{Result, StoreError};
 
+/// File name of the manifest inside a node's image directory, re-exported as
+/// [`crate::manifest::FILE_NAME`]. It lives here, below both, so that [`crate::chain`] can name
+/// the manifest in its errors without importing the module that checks chains with it.
+pub const MANIFEST_FILE: &str = "MANIFEST";
+
 /// Node-local staging area rooted at `local_dir`.
 #[derive(Debug, Clone)]
 pub struct Staging {
@@ -57,7 +62,7 @@ impl Staging {
     /// the epoch directory itself, its parent or anything outside it.
     pub fn checked_node_dir(&self, job: u64, epoch: u32, node: &str) -> Result<PathBuf> {
         let epoch_dir = self.epoch_dir(job, epoch);
-        crate::validate::check_node(&epoch_dir, node)?;
+        crate::error::check_node(&epoch_dir, node)?;
         Ok(epoch_dir.join(node))
     }
 

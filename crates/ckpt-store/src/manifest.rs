@@ -25,7 +25,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::digest::FileEntry;
-use crate::{atomic, validate, Result, StoreError};
+use crate::{atomic, error, validate, Result, StoreError};
 
 /// Magic bytes at the start of every manifest.
 pub const MAGIC: &[u8; 8] = b"CKPTMNFT";
@@ -34,7 +34,7 @@ pub const FORMAT_VERSION: u16 = 1;
 /// Largest manifest accepted: a manifest lists files, it never holds image data.
 pub const MAX_MANIFEST_BYTES: u64 = 64 << 20;
 /// File name of the manifest inside a node's image directory.
-pub const FILE_NAME: &str = "MANIFEST";
+pub use crate::layout::MANIFEST_FILE as FILE_NAME;
 /// Most image files a node's part of an epoch may have (manifest and recipe alike). CRIU
 /// writes a few files per process; a 64 MiB manifest cannot list many more than half a
 /// million files anyway.
@@ -178,7 +178,7 @@ pub fn check(path: &Path, m: &NodeManifest) -> Result<()> {
         path: path.to_path_buf(),
         source,
     };
-    validate::check_node(path, &m.node)?;
+    error::check_node(path, &m.node)?;
     if m.files.len() > MAX_FILES {
         return Err(StoreError::LimitExceeded {
             path: path.to_path_buf(),

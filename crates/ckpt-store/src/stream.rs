@@ -12,7 +12,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use crate::manifest::{self, NodeManifest};
-use crate::{atomic, validate, Result, StoreError};
+use crate::{atomic, error, Result, StoreError};
 
 /// Size of the chunks a sender produces.
 pub const CHUNK: usize = 1 << 20;
@@ -63,7 +63,7 @@ pub fn send_files(
     mut send: impl FnMut(u32, Vec<u8>) -> bool,
 ) -> Result<()> {
     for (i, f) in m.files.iter().enumerate() {
-        let path = validate::join_relative(dir, &f.path)?;
+        let path = error::join_relative(dir, &f.path)?;
         let mut input = File::open(&path).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => StoreError::FileMissing { path: path.clone() },
             _ => StoreError::io("open", &path, e),
@@ -163,7 +163,7 @@ impl Receiver {
             if file != self.done || file >= self.manifest.files.len() {
                 return Err(self.out_of_order(file));
             }
-            let path = validate::join_relative(&self.dest, &self.manifest.files[file].path)?;
+            let path = error::join_relative(&self.dest, &self.manifest.files[file].path)?;
             if let Some(parent) = path.parent() {
                 fs::create_dir_all(parent).map_err(|e| StoreError::io("create", parent, e))?;
             }

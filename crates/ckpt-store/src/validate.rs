@@ -11,9 +11,7 @@
 //! split at `/`, not at [`Path::components`], which drops interior `.` components and doubled
 //! slashes. The errors show the offending string escaped (a NUL or a newline cannot forge a log
 //! line) and truncated, and say in words what is wrong with it.
-use std::path::{Path, PathBuf};
-
-use crate::StoreError;
+use std::path::Path;
 
 /// Longest path accepted, in bytes (Linux's `PATH_MAX`).
 pub const MAX_PATH_BYTES: usize = 4096;
@@ -144,38 +142,6 @@ pub fn node_name(s: &str) -> Result<&str, InvalidName> {
         return refuse(NameProblem::BadChar(c));
     }
     Ok(s)
-}
-
-/// `dir` joined with `rel`, a path from a file or a peer; refused unless [`relative_path`]
-/// accepts it. The error names `dir`.
-pub(crate) fn join_relative(dir: &Path, rel: &str) -> Result<PathBuf, StoreError> {
-    relative_path(rel)
-        .map(|p| dir.join(p))
-        .map_err(|source| StoreError::UnsafePath {
-            path: dir.to_path_buf(),
-            source,
-        })
-}
-
-/// `dir` joined with `name`, a file name from a file or a peer; refused unless [`file_name`]
-/// accepts it. The error names `dir`.
-pub(crate) fn join_file_name(dir: &Path, name: &str) -> Result<PathBuf, StoreError> {
-    file_name(name)
-        .map(|n| dir.join(n))
-        .map_err(|source| StoreError::UnsafePath {
-            path: dir.to_path_buf(),
-            source,
-        })
-}
-
-/// [`node_name`], with the error naming `context` (the file or directory the name is for).
-pub(crate) fn check_node(context: &Path, node: &str) -> Result<(), StoreError> {
-    node_name(node)
-        .map(drop)
-        .map_err(|source| StoreError::UnsafeName {
-            path: context.to_path_buf(),
-            source,
-        })
 }
 
 fn check_path(s: &str, absolute: bool) -> Result<&Path, InvalidPath> {

@@ -5,7 +5,7 @@ use ckpt_proto::v1 as pb;
 use serde_json::{json, Value};
 
 use crate::show::size;
-use crate::when::local;
+use crate::when::clock;
 
 pub fn node_json(n: &pb::NodeInfo) -> Value {
     json!({
@@ -45,16 +45,6 @@ fn state_text(n: &pb::NodeInfo) -> String {
         });
     }
     s
-}
-
-/// A time of today as `12:03:04`, an older one as `2026-11-25 12:03`.
-pub(crate) fn clock(ms: u64) -> String {
-    let today = local(crate::when::now_ms());
-    let t = local(ms);
-    match (t.split_once(' '), today.split_once(' ')) {
-        (Some((d, time)), Some((d2, _))) if d == d2 => time.to_string(),
-        _ => t,
-    }
 }
 
 fn age(ms: Option<u64>) -> String {

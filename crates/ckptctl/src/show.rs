@@ -171,7 +171,7 @@ fn restart_text(r: &pb::RecoveryInfo) -> String {
     };
     format!(
         "at {} ({}): epoch {}, {moves}: {}{since}",
-        crate::nodes::clock(r.at_unix_ms),
+        crate::when::clock(r.at_unix_ms),
         r.trigger,
         r.epoch,
         r.outcome

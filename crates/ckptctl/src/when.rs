@@ -1,5 +1,6 @@
 //! Times users write for `--deadline`: `08:00`, `tomorrow 08:00`, `2026-11-25 08:00`,
-//! `+90m` (from now), `@1795600000` (Unix seconds); local time unless they end in `Z`.
+//! `+90m` (from now), `@1795600000` (Unix seconds); local time unless they end in `Z`. And
+//! times as ckptctl shows them, in local time: [`local`] in full, [`clock`] short for today.
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Milliseconds since the Unix epoch now.
@@ -121,6 +122,16 @@ pub fn local(ms: u64) -> String {
         tm.tm_min,
         tm.tm_sec
     )
+}
+
+/// A time of today as `12:03:04`, an older one as `2026-11-25 12:03`.
+pub(crate) fn clock(ms: u64) -> String {
+    let today = local(now_ms());
+    let t = local(ms);
+    match (t.split_once(' '), today.split_once(' ')) {
+        (Some((d, time)), Some((d2, _))) if d == d2 => time.to_string(),
+        _ => t,
+    }
 }
 
 #[cfg(test)]

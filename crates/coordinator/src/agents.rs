@@ -8,42 +8,14 @@ use std::time::{Duration, Instant};
 use ckpt_proto::v1::agent_client::AgentClient;
 use tonic::transport::Channel;
 
+use crate::clock::now_ms;
 use crate::link::EpochLink;
+
+pub use crate::failure::{from_status, FailureKind, NodeFailure, UNREACHABLE_FIX};
 
 /// Connecting (TCP and the TLS handshake) to an agent on the cluster network takes
 /// milliseconds; one that has not answered in this long is down.
 const AGENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How an agent call failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailureKind {
-    /// The agent could not be reached.
-    Unreachable,
-    /// It did not answer within the deadline.
-    Deadline,
-    /// It refused: wrong state, unknown job, verbs without channel.
-    Refused,
-    /// The job is unknown there.
-    NotFound,
-    /// Images are corrupt or missing.
-    DataLoss,
-    /// Staging is full.
-    NoRoom,
-    /// Anything else (engine failure, I/O).
-    Internal,
-}
-
-/// A failed call to one agent.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("node {node}: {message}")]
-pub struct NodeFailure {
-    /// Node name.
-    pub node: String,
-    /// Category.
-    pub kind: FailureKind,
-    /// What the agent said, or what happened.
-    pub message: String,
-}
 
 /// Calls an agent with a deadline; `what` names the step in the error.
 pub async fn call<T>(
@@ -66,40 +38,9 @@ pub async fn call<T>(
     }
 }
 
-/// The failure a node's error status means; `what` names the step.
-pub fn from_status(node: &str, what: &str, s: &tonic::Status) -> NodeFailure {
-    use tonic::Code;
-    let kind = match s.code() {
-        Code::Unavailable | Code::Unknown | Code::Cancelled => FailureKind::Unreachable,
-        Code::DeadlineExceeded => FailureKind::Deadline,
-        Code::FailedPrecondition | Code::InvalidArgument => FailureKind::Refused,
-        Code::NotFound => FailureKind::NotFound,
-        Code::DataLoss => FailureKind::DataLoss,
-        Code::ResourceExhausted => FailureKind::NoRoom,
-        _ => FailureKind::Internal,
-    };
-    let message = if kind == FailureKind::Unreachable {
-        format!(
-            "agent unreachable during {what} ({}); {UNREACHABLE_FIX}",
-            s.message()
-        )
-    } else {
-        s.message().to_string()
-    };
-    NodeFailure {
-        node: node.into(),
-        kind,
-        message,
-    }
-}
-
 /// Jobs whose epoch streams a node keeps open between epochs, at most: a job checkpointed
 /// again reuses its stream and saves the call's setup (a third of a phase round at 1,024 nodes).
 const IDLE_EPOCH_LINKS: usize = 256;
-
-/// What to do about an agent that cannot be reached, after the error.
-pub const UNREACHABLE_FIX: &str =
-    "is ckpt-agent running there? `ckptctl nodes` shows when it was last heard from";
 
 /// The failure of a call to a node without an agent.
 fn not_registered(node: &str) -> NodeFailure {
@@ -196,7 +137,7 @@ impl Agents {
                 info,
                 client,
                 last_seen: Instant::now(),
-                last_seen_unix_ms: crate::driver::now_ms(),
+                last_seen_unix_ms: now_ms(),
                 staging: None,
                 generation: self
                     .registrations
@@ -291,7 +232,7 @@ impl Agents {
         match self.map.write().expect("agents lock").get_mut(node) {
             Some(e) => {
                 e.last_seen = Instant::now();
-                e.last_seen_unix_ms = crate::driver::now_ms();
+                e.last_seen_unix_ms = now_ms();
                 if staging.is_some() {
                     e.staging = staging;
                 }

@@ -6,11 +6,18 @@
 //! over a Unix socket, the Registry service to agents over TCP; [`metrics`] counts what happens
 //! for Prometheus. [`server::run`] is the whole
 //! daemon; the `ckptd` crate starts it.
+//!
+//! The modules depend on each other in one direction (`scripts/modgraph.py` checks that no two
+//! reach each other): [`model`], [`clock`], [`failure`] and [`metrics`] at the bottom;
+//! [`config`] and [`registry`] over the model; [`link`], then [`agents`] (which keeps links
+//! open between epochs) and [`relay`]; then [`driver`]; [`grpc`] and [`server`] on top.
 #![warn(missing_docs)]
 
 pub mod agents;
+pub mod clock;
 pub mod config;
 pub mod driver;
+pub mod failure;
 pub mod grpc;
 pub mod link;
 pub mod metrics;

@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use tonic::transport::Channel;
 use tonic::Streaming;
 
-use crate::agents::{from_status, FailureKind, NodeFailure};
+use crate::failure::{from_status, FailureKind, NodeFailure, UNREACHABLE_FIX};
 use crate::model::Phase;
 
 /// One node's (or one subtree's) end of an epoch.
@@ -211,7 +211,7 @@ impl EpochLink for GrpcLink {
             message: format!(
                 "agent unreachable during {} (the epoch stream is closed); {}",
                 phase_name(phase),
-                crate::agents::UNREACHABLE_FIX
+                UNREACHABLE_FIX
             ),
         })?;
         self.pending.push_back(phase);

@@ -1,14 +1,12 @@
 //! ckptd's Prometheus metrics, in the process's default registry (served by
 //! `ckpt_daemon::metrics`). Counters and histograms are updated where epochs, restarts and
 //! flushes end; gauges of the cluster (agents, jobs) are computed at each scrape by
-//! [`Coordinator::refresh_metrics`].
+//! [`Coordinator::refresh_metrics`](crate::driver::Coordinator::refresh_metrics).
 use std::sync::OnceLock;
 
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
 };
-
-use crate::driver::Coordinator;
 
 /// Latency buckets (seconds) of phases, epochs and restarts: 10 ms to 10 min.
 const LATENCY: &[f64] = &[
@@ -227,34 +225,5 @@ impl Backlog {
 impl Drop for Backlog {
     fn drop(&mut self) {
         metrics().flush_backlog.dec();
-    }
-}
-
-impl Coordinator {
-    /// Sets the gauges computed from the coordinator's state: agents up and down, jobs by
-    /// state. Run before each scrape.
-    pub fn refresh_metrics(&self) {
-        let m = metrics();
-        let timeout = self.cfg.node_timeout;
-        let (mut up, mut down) = (0, 0);
-        for a in self.agents.views() {
-            if a.since_seen <= timeout {
-                up += 1;
-            } else {
-                down += 1;
-            }
-        }
-        m.agents.with_label_values(&["up"]).set(up);
-        m.agents.with_label_values(&["down"]).set(down);
-        if let Ok(jobs) = self.registry.jobs() {
-            m.jobs.reset();
-            for j in &jobs {
-                let state = match &j.state {
-                    crate::model::JobState::Exited { .. } => "exited".to_string(),
-                    s => s.name().replace(' ', "_"),
-                };
-                m.jobs.with_label_values(&[state.as_str()]).inc();
-            }
-        }
     }
 }

@@ -11,8 +11,8 @@ use ckpt_store::layout::Staging;
 use ckpt_store::manifest::{self, NodeManifest};
 use tracing::{info, warn};
 
-use crate::error::AgentError;
-use crate::jobs::{io_err, Jobs};
+use crate::error::{io_err, AgentError};
+use crate::jobs::Jobs;
 
 /// Where a restore may find this node's images besides its own staging.
 #[derive(Debug, Clone, Default)]

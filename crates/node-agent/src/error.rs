@@ -1,6 +1,6 @@
 //! Errors of the agent's job operations. Each names the job, and where it helps the epoch, the
 //! process or the file, and says what to do. The gRPC handler maps them to status codes.
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::cgroup::CgroupError;
@@ -393,6 +393,21 @@ fn layer_hint(found: &str, socket: &std::path::Path) -> &'static str {
         "The agent refused its connection (its log says why, at \"ib-quiesce channel refused\"), or the process has not connected yet: if the job just started, try again in a few seconds"
     } else {
         "MPI launchers that copy the environment to other nodes (MPICH's Hydra does) need every agent to use the same state_dir (the default, /var/lib/ckpt/agent)"
+    }
+}
+
+/// Maps an I/O error of step `what` on `path` to [`AgentError::Io`].
+pub(crate) fn io_err(
+    job: u64,
+    what: &'static str,
+    path: &Path,
+) -> impl FnOnce(std::io::Error) -> AgentError {
+    let path = path.to_path_buf();
+    move |source| AgentError::Io {
+        job,
+        what,
+        path,
+        source,
     }
 }
 

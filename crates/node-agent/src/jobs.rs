@@ -31,16 +31,13 @@ use tracing::warn;
 
 use crate::cgroup::{CgroupParent, JobCgroup};
 use crate::engine::{Engines, SnapshotEngine};
-use crate::error::AgentError;
+use crate::error::{io_err, AgentError};
 use crate::failpoint::{Action, Failpoints};
 use crate::ibq::Channels;
-use crate::launch::{launched_as, LaunchEnv};
-use crate::modes::{
-    ensure_dir, fix_job_dir_modes, protect_staging, write_private, PRIVATE_DIR, TRAVERSE_ONLY,
-};
-use crate::owner::LaunchPolicy;
+use crate::modes::{ensure_dir, protect_staging, write_private, PRIVATE_DIR, TRAVERSE_ONLY};
+use crate::owner::{fix_job_dir_modes, LaunchPolicy};
 use crate::procfs;
-use crate::shim::{self, Exit};
+use crate::shim::{self, launched_as, Exit};
 
 /// Manifest note naming the uid of the job's owner: a restore puts files back as that user,
 /// and checks that the node still lets it run jobs.
@@ -134,7 +131,7 @@ pub(crate) struct EpochWork {
     pub(crate) pause: Option<PauseGuard>,
     /// The job's pre-copy chain, held from initial synchronization to the end of the epoch
     /// (none where pre-copy is off).
-    pub(crate) chain: Option<tokio::sync::OwnedMutexGuard<crate::precopy::Chain>>,
+    pub(crate) chain: Option<tokio::sync::OwnedMutexGuard<crate::precopy::chain::Chain>>,
     /// The pre-dumps below this epoch's dump, as its manifest lists them.
     pub(crate) links: Vec<String>,
 }
@@ -196,7 +193,7 @@ pub struct NodeJob {
     /// or resumed by an abort.
     pub(crate) layer_drained: Vec<i32>,
     /// Its pre-dumps on this node (see `precopy.rs`).
-    pub(crate) precopy: Arc<Mutex<crate::precopy::Chain>>,
+    pub(crate) precopy: Arc<Mutex<crate::precopy::chain::Chain>>,
 }
 
 impl NodeJob {
@@ -320,13 +317,31 @@ pub struct Jobs {
     /// Who may run jobs here.
     pub(crate) policy: LaunchPolicy,
     /// Whether jobs here are pre-copied.
-    pub(crate) precopy: crate::precopy::Mode,
+    pub(crate) precopy: crate::precopy::chain::Mode,
     /// The fence around the jobs' DMTCP coordinators.
     pub(crate) fence: crate::fence::Fence,
     /// The node's lease from ckptd: parts are fenced once it runs out.
     pub(crate) lease: crate::lease::Keeper,
     /// Processes of jobs killed by a signal ([`crate::exits`]).
     pub(crate) exits: Arc<crate::exits::Exits>,
+}
+
+/// What the agent adds to every job's environment so that its MPI launcher reaches other
+/// nodes through ckpt (`launch.rs` applies it).
+#[derive(Debug, Clone, Default)]
+pub struct LaunchEnv {
+    /// The coordinator's agent-facing address (`CKPT_COORDINATOR`).
+    pub coordinator: String,
+    /// `ckpt-rsh`, if installed.
+    pub launcher: Option<PathBuf>,
+    /// The cluster CA certificate `ckpt-rsh` checks the daemons against (`CKPT_TLS_CA`); none
+    /// when the coordinator is reached over a local socket.
+    pub ca: Option<PathBuf>,
+    /// Point Hydra and Open MPI at `launcher` unless the job chose a launcher itself.
+    pub set_mpi_env: bool,
+    /// The verbs layer put in front of every job's `LD_PRELOAD` (none: preloading is off, or
+    /// this node has no RDMA device).
+    pub verbs_layer: Option<PathBuf>,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -433,7 +448,7 @@ impl Jobs {
             frozen: Arc::default(),
             channels,
             policy: LaunchPolicy::default(),
-            precopy: crate::precopy::Mode::Off("pre-copy is not set up".into()),
+            precopy: crate::precopy::chain::Mode::Off("pre-copy is not set up".into()),
             fence: crate::fence::Fence::off(),
             lease,
             exits: Arc::default(),
@@ -457,7 +472,7 @@ impl Jobs {
     }
 
     /// Sets whether jobs here are pre-copied.
-    pub fn with_precopy(mut self, mode: crate::precopy::Mode) -> Self {
+    pub fn with_precopy(mut self, mode: crate::precopy::chain::Mode) -> Self {
         self.precopy = mode;
         self
     }
@@ -617,21 +632,6 @@ impl Jobs {
     /// Directory of a job on this node.
     pub fn job_dir(&self, job: u64) -> PathBuf {
         self.state_dir.join("jobs").join(job.to_string())
-    }
-}
-
-/// Maps an I/O error of step `what` on `path` to [`AgentError::Io`].
-pub(crate) fn io_err(
-    job: u64,
-    what: &'static str,
-    path: &Path,
-) -> impl FnOnce(std::io::Error) -> AgentError {
-    let path = path.to_path_buf();
-    move |source| AgentError::Io {
-        job,
-        what,
-        path,
-        source,
     }
 }
 

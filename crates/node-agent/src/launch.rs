@@ -11,8 +11,8 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tracing::{info, instrument};
 
-use crate::error::AgentError;
-use crate::jobs::{io_err, Jobs, NodeJob, Observed};
+use crate::error::{io_err, AgentError};
+use crate::jobs::{Jobs, LaunchEnv, NodeJob, Observed};
 use crate::modes::{ensure_dir, write_private, PRIVATE_DIR, PRIVATE_FILE};
 use crate::owner::Identity;
 use crate::procfs;
@@ -24,17 +24,6 @@ pub const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long a SIGKILL sent through [`Jobs::signal`] waits for the part's processes to be gone.
 pub const KILL_WAIT: Duration = Duration::from_secs(5);
-
-/// The uid the newest launch of a job (in `dir`, incarnations up to `incarnation`) ran as.
-pub(crate) fn launched_as(dir: &Path, incarnation: u32) -> Option<u32> {
-    (1..=incarnation).rev().find_map(|n| {
-        let spec = dir.join("run").join(n.to_string()).join(shim::SPEC);
-        match shim::read_json::<ShimSpec>(&spec)?.mode {
-            ShimMode::Launch { uid, .. } => Some(uid),
-            ShimMode::Restore { .. } => None,
-        }
-    })
-}
 
 /// What a launch needs.
 #[derive(Debug, Clone)]
@@ -61,24 +50,6 @@ pub struct LaunchSpec {
     pub sandbox: Option<crate::sandbox::JobAddress>,
     /// The snapshot engine ("": the default).
     pub engine: String,
-}
-
-/// What the agent adds to every job's environment so that its MPI launcher reaches other
-/// nodes through ckpt.
-#[derive(Debug, Clone, Default)]
-pub struct LaunchEnv {
-    /// The coordinator's agent-facing address (`CKPT_COORDINATOR`).
-    pub coordinator: String,
-    /// `ckpt-rsh`, if installed.
-    pub launcher: Option<PathBuf>,
-    /// The cluster CA certificate `ckpt-rsh` checks the daemons against (`CKPT_TLS_CA`); none
-    /// when the coordinator is reached over a local socket.
-    pub ca: Option<PathBuf>,
-    /// Point Hydra and Open MPI at `launcher` unless the job chose a launcher itself.
-    pub set_mpi_env: bool,
-    /// The verbs layer put in front of every job's `LD_PRELOAD` (none: preloading is off, or
-    /// this node has no RDMA device).
-    pub verbs_layer: Option<PathBuf>,
 }
 
 /// A job whose environment sets this to `off` is started without the verbs layer.

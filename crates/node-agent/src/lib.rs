@@ -210,7 +210,7 @@ pub fn open_jobs(
     })?;
     trusted(&cfg.state_dir, "state_dir")?;
     let jobs = jobs
-        .with_launch_env(launch::LaunchEnv {
+        .with_launch_env(jobs::LaunchEnv {
             coordinator: cfg.coordinator.clone(),
             launcher: cfg.launcher.resolve(),
             set_mpi_env: cfg.launcher.set_mpi_env,

@@ -1,14 +1,15 @@
 //! The modes of what the agent keeps: root's alone (0700 directories, 0600 files), except the
 //! way to a job's stdout and stderr, which users pass through (0711) to files that are theirs
 //! (0600). Directories are given their mode also when they already exist, so an agent upgraded
-//! from one that used the umask's modes fixes them at start.
+//! from one that used the umask's modes fixes them at start (a job directory's files, which
+//! may be the owner's, with `owner::fix_job_dir_modes`). Its files are written 0600 from the
+//! start ([`write_private`]); the JSON ones are read back with [`read_json`].
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
+use serde::Deserialize;
 use tracing::warn;
-
-use crate::owner::Identity;
 
 /// Mode of the directories on the way to a job's stdout and stderr (`<state_dir>`, `jobs/`,
 /// `jobs/<id>/`): users pass through to their own files; nobody lists them.
@@ -59,44 +60,9 @@ pub(crate) fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
     ckpt_store::atomic::write_file(path, data).map_err(std::io::Error::other)
 }
 
-/// Brings a job directory made by an older agent to today's modes: the directory 0711, its
-/// record and other files 0600, `logs/` and `run/` 0700, stdout and stderr 0600 and, when the
-/// owner is known, the owner's (through the open file).
-pub(crate) fn fix_job_dir_modes(dir: &Path, owner: Option<u32>) {
-    let fix = |path: &Path, r: std::io::Result<()>| {
-        if let Err(e) = r {
-            warn!(path = %path.display(), error = %e, "cannot fix the mode of a job file");
-        }
-    };
-    fix(dir, set_mode(dir, TRAVERSE_ONLY));
-    let Ok(rd) = fs::read_dir(dir) else { return };
-    for e in rd.flatten() {
-        let p = e.path();
-        let Ok(t) = e.file_type() else { continue };
-        let name = e.file_name();
-        if t.is_dir() {
-            fix(&p, set_mode(&p, PRIVATE_DIR));
-        } else if name == "stdout" || name == "stderr" {
-            fix(&p, give_output(&p, owner));
-        } else if t.is_file() {
-            fix(&p, set_mode(&p, PRIVATE_FILE));
-        }
-    }
-}
-
-/// Makes a job's stdout or stderr 0600 and, if known, its owner's, through the open file.
-pub(crate) fn give_output(path: &Path, owner: Option<u32>) -> std::io::Result<()> {
-    let f = crate::owner::open_no_symlinks(path, libc::O_RDONLY | libc::O_NONBLOCK, 0)?;
-    if !f.metadata()?.is_file() {
-        return Ok(());
-    }
-    f.set_permissions(fs::Permissions::from_mode(PRIVATE_FILE))?;
-    if let Some(uid) = owner {
-        let gid = Identity::of_uid(uid).ok().flatten().map(|i| i.gid.into());
-        nix::unistd::fchown(&f, Some(uid.into()), gid)
-            .map_err(|e| std::io::Error::from_raw_os_error(e as i32))?;
-    }
-    Ok(())
+/// Reads a JSON file the shim or the agent wrote, if present and complete.
+pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Option<T> {
+    serde_json::from_slice(&fs::read(path).ok()?).ok()
 }
 
 /// Keeps node-local staging root's alone: its root 0700. The agent refuses to start on a root

@@ -6,7 +6,9 @@
 //! `ckpt-agent shim` with the task on its stdin) opens the saved copies as root, becomes the job's
 //! owner for good, and only then puts the job's files back. Who may run jobs at all is the
 //! node's [`LaunchPolicy`]; after a restore, [`verify_restored`] checks that the processes hold
-//! nothing their owner may not use.
+//! nothing their owner may not use. A job's stdout and stderr are given to its owner through
+//! the open file ([`give_output`]), also in a job directory an older agent made
+//! ([`fix_job_dir_modes`], which brings the rest of it to the modes of `modes.rs`).
 use std::ffi::CString;
 use std::fs;
 use std::io;
@@ -18,11 +20,11 @@ use std::time::Duration;
 
 use ckpt_store::manifest::{OpenFile, PreservedFile};
 use serde::{Deserialize, Serialize};
+use tracing::warn;
 
 use crate::cgroup::JobCgroup;
-use crate::error::AgentError;
-use crate::jobs::io_err;
-use crate::modes::PRIVATE_FILE;
+use crate::error::{io_err, AgentError};
+use crate::modes::{set_mode, PRIVATE_DIR, PRIVATE_FILE, TRAVERSE_ONLY};
 use crate::procfs;
 
 /// Who a job runs as: its uid, the primary group of its passwd entry and every group that lists
@@ -409,11 +411,11 @@ impl LaunchPolicy {
 }
 
 /// The name (`stdout`, `stderr`) of the part's own output at `path`: in its job directory
-/// `own_dir`, or where a sandbox sees that directory ([`crate::sandbox::JOB_DIR`]).
+/// `own_dir`, or where a sandbox sees that directory ([`crate::sandbox::job_dir::JOB_DIR`]).
 pub(crate) fn own_output<'a>(path: &'a Path, own_dir: &Path) -> Option<&'a str> {
     let parent = path.parent()?;
     let name = path.file_name()?.to_str()?;
-    ((parent == own_dir || parent == Path::new(crate::sandbox::JOB_DIR))
+    ((parent == own_dir || parent == Path::new(crate::sandbox::job_dir::JOB_DIR))
         && (name == "stdout" || name == "stderr"))
         .then_some(name)
 }
@@ -472,6 +474,46 @@ pub(crate) fn put_back_own_output(
     // Longer: truncated back.
     if meta.len() != f.size {
         file.set_len(f.size).map_err(io("truncate", p))?;
+    }
+    Ok(())
+}
+
+/// Brings a job directory made by an older agent to today's modes: the directory 0711, its
+/// record and other files 0600, `logs/` and `run/` 0700, stdout and stderr 0600 and, when the
+/// owner is known, the owner's (through the open file).
+pub(crate) fn fix_job_dir_modes(dir: &Path, owner: Option<u32>) {
+    let fix = |path: &Path, r: std::io::Result<()>| {
+        if let Err(e) = r {
+            warn!(path = %path.display(), error = %e, "cannot fix the mode of a job file");
+        }
+    };
+    fix(dir, set_mode(dir, TRAVERSE_ONLY));
+    let Ok(rd) = fs::read_dir(dir) else { return };
+    for e in rd.flatten() {
+        let p = e.path();
+        let Ok(t) = e.file_type() else { continue };
+        let name = e.file_name();
+        if t.is_dir() {
+            fix(&p, set_mode(&p, PRIVATE_DIR));
+        } else if name == "stdout" || name == "stderr" {
+            fix(&p, give_output(&p, owner));
+        } else if t.is_file() {
+            fix(&p, set_mode(&p, PRIVATE_FILE));
+        }
+    }
+}
+
+/// Makes a job's stdout or stderr 0600 and, if known, its owner's, through the open file.
+pub(crate) fn give_output(path: &Path, owner: Option<u32>) -> std::io::Result<()> {
+    let f = crate::owner::open_no_symlinks(path, libc::O_RDONLY | libc::O_NONBLOCK, 0)?;
+    if !f.metadata()?.is_file() {
+        return Ok(());
+    }
+    f.set_permissions(fs::Permissions::from_mode(PRIVATE_FILE))?;
+    if let Some(uid) = owner {
+        let gid = Identity::of_uid(uid).ok().flatten().map(|i| i.gid.into());
+        nix::unistd::fchown(&f, Some(uid.into()), gid)
+            .map_err(|e| std::io::Error::from_raw_os_error(e as i32))?;
     }
     Ok(())
 }

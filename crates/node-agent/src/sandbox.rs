@@ -7,10 +7,14 @@
 //! other, makes a fresh namespace with the same address and MAC and gives it to the engine,
 //! which restores the part's connections into it. The namespace is named after the node and the
 //! job (`/run/netns/ckpt-<node>-<job>`) and removed when the part ends.
+pub(crate) mod job_dir;
+
 use std::net::IpAddr;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+
+pub use job_dir::{JOB_DIR, JOB_DIR_KEY};
 
 /// Manifest note with the part's job address (`ADDR/PREFIX`).
 pub const ADDRESS_NOTE: &str = "sandbox_address";
@@ -20,14 +24,6 @@ pub const GATEWAY_NOTE: &str = "sandbox_gateway";
 pub const NETNS_KEY: &str = "ckpt-job-net";
 /// The interface name inside the sandbox.
 pub const JOB_INTERFACE: &str = "eth0";
-/// Where a sandbox sees its job directory (a bind mount of the node's, which holds the part's
-/// stdout and stderr): the same path on every node, so that a part's open outputs are found
-/// again wherever it is restored.
-pub const JOB_DIR: &str = "/run/ckpt-job";
-/// [`JOB_DIR`] for system calls.
-pub const JOB_DIR_C: &std::ffi::CStr = c"/run/ckpt-job";
-/// The engine's name for that mount, which a restore binds to the node's job directory.
-pub const JOB_DIR_KEY: &str = "ckpt-job-dir";
 const NETNS_DIR: &str = "/run/netns";
 
 /// A part's address on the job network.
@@ -367,11 +363,6 @@ mod tests {
     }
 
     use super::*;
-
-    #[test]
-    fn the_job_directory_has_one_path() {
-        assert_eq!(JOB_DIR_C.to_str().unwrap(), JOB_DIR);
-    }
 
     #[test]
     fn job_addresses_parse_and_keep_their_mac() {

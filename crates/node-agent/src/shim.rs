@@ -33,6 +33,8 @@ mod fence;
 pub(crate) mod guard;
 mod restore;
 
+pub use crate::modes::read_json;
+
 /// What the shim starts.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ShimMode {
@@ -172,9 +174,15 @@ fn write_json<T: Serialize>(path: &Path, v: &T) {
     }
 }
 
-/// Reads a JSON file the shim wrote, if present and complete.
-pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Option<T> {
-    serde_json::from_slice(&fs::read(path).ok()?).ok()
+/// The uid the newest launch of a job (in `dir`, incarnations up to `incarnation`) ran as.
+pub(crate) fn launched_as(dir: &Path, incarnation: u32) -> Option<u32> {
+    (1..=incarnation).rev().find_map(|n| {
+        let spec = dir.join("run").join(n.to_string()).join(SPEC);
+        match read_json::<ShimSpec>(&spec)?.mode {
+            ShimMode::Launch { uid, .. } => Some(uid),
+            ShimMode::Restore { .. } => None,
+        }
+    })
 }
 
 /// Opens a job's stdout or stderr for appending, creating it 0600; never through a symbolic
@@ -317,7 +325,7 @@ fn sandbox_mounts(job_dir: &CString) -> io::Result<()> {
         }
         if libc::mount(
             job_dir.as_ptr(),
-            crate::sandbox::JOB_DIR_C.as_ptr(),
+            crate::sandbox::job_dir::JOB_DIR_C.as_ptr(),
             std::ptr::null(),
             libc::MS_BIND,
             std::ptr::null(),
@@ -471,7 +479,7 @@ fn start(spec: &ShimSpec) -> Result<i32, String> {
                     .map_err(|_| format!("{} contains a NUL", p.display()))
             };
             let in_sandbox = |p: &Path| {
-                Path::new(crate::sandbox::JOB_DIR).join(p.file_name().unwrap_or_default())
+                Path::new(crate::sandbox::job_dir::JOB_DIR).join(p.file_name().unwrap_or_default())
             };
             let job_dir = c_path(spec.stdout.parent().unwrap_or(Path::new("/")))?;
             let out_path = c_path(&in_sandbox(&spec.stdout))?;

@@ -11,9 +11,10 @@
 //! with a deadline. The protocol steps live beside it: `checkpoint.rs` (one epoch, phase by
 //! phase), `endpoints.rs` (the InfiniBand rebuild after a resume or a restore), `restart.rs`,
 //! `attach.rs` (parts of a job started on other nodes through ckpt-rsh), `jobs.rs` (run, cancel,
-//! agents' reports), `nodes.rs` (what `ckptctl nodes` shows), `schedule.rs` (periodic checkpoints), `deadline.rs` (estimates and deadlines), `resume.rs`
-//! (`run --resume`) and [`flush`] (partner copies, the
-//! flush to shared storage, retention).
+//! agents' reports), `nodes.rs` (what `ckptctl nodes` shows), `gauges.rs` (the metrics computed
+//! at each scrape), `schedule.rs` (periodic checkpoints), `deadline.rs` (estimates and
+//! deadlines), `resume.rs` (`run --resume`) and [`flush`] (partner copies, the flush to shared
+//! storage, retention).
 mod addresses;
 mod attach;
 mod checkpoint;
@@ -21,6 +22,7 @@ mod deadline;
 mod drain;
 mod endpoints;
 pub mod flush;
+mod gauges;
 mod jobs;
 mod lost;
 mod nodes;
@@ -36,8 +38,9 @@ pub use placement::{Moves, Placement};
 pub use restart::Begun;
 pub use resume::Resume;
 
+pub use crate::clock::now_ms;
+
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use ckpt_proto::v1 as pb;
 use futures_util::future::join_all;
@@ -217,14 +220,6 @@ pub struct RunSpec {
     pub engine: String,
     /// `--on-failure`: "stop", "restart", "restart:N"; empty: ckptd.toml `[recovery]`.
     pub on_failure: String,
-}
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// The coordinator: registry, agents, configuration.

@@ -13,8 +13,8 @@ use ckpt_store::manifest::{OpenFile, PreservedFile};
 use tracing::info;
 
 use crate::engine::{DumpSpec, SnapshotEngine};
-use crate::error::AgentError;
-use crate::jobs::{io_err, NodeJob, OWNER_NOTE};
+use crate::error::{io_err, AgentError};
+use crate::jobs::{NodeJob, OWNER_NOTE};
 use crate::modes::{ensure_dir, PRIVATE_DIR, PRIVATE_FILE};
 use crate::procfs;
 use crate::sandbox;
@@ -229,11 +229,10 @@ pub(super) fn dump_frozen(
         .filter(|d| !d.contains('\n'))
         .map(String::from)
         .collect();
-    w.notes
-        .insert(crate::restore::GUARD_NOTE.into(), guard.join("\n"));
+    w.notes.insert(GUARD_NOTE.into(), guard.join("\n"));
     if external_netns.is_some() {
         // A sandbox's own /dev/shm is restored as the engine made it, not from the node's.
-        let dirs: Vec<PathBuf> = crate::restore::guards(&w.notes)
+        let dirs: Vec<PathBuf> = guards(&w.notes)
             .into_iter()
             .filter(|d| !d.starts_with("/dev/shm"))
             .collect();
@@ -399,6 +398,34 @@ const PRESERVE_MAX_BYTES: u64 = 16 << 30;
 /// checkpoint: a restore on a node whose job directory has none (the part moved, or its node's
 /// disks were lost) puts them back from there, rather than as zeros of the same length.
 pub const OUTPUTS_DIR: &str = "outputs";
+
+/// The epoch's note of the directories the engine's restore creates files in by path (named
+/// sockets, files the job held and those beside them, working directories), one per line.
+pub const GUARD_NOTE: &str = "guard_paths";
+
+/// The directories to guard against links during the engine's restore (`shim/guard.rs`): for
+/// each directory of [`GUARD_NOTE`], the first one on the way to it that a user controls;
+/// those below another are left out (its guard covers them).
+pub fn guards(notes: &std::collections::BTreeMap<String, String>) -> Vec<std::path::PathBuf> {
+    let mut found: Vec<std::path::PathBuf> = notes
+        .get(GUARD_NOTE)
+        .map(|t| {
+            t.lines()
+                .filter(|l| l.starts_with('/'))
+                .filter_map(|l| ckpt_store::trust::untrusted_prefix(Path::new(l)))
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found.dedup();
+    let mut top: Vec<std::path::PathBuf> = Vec::new();
+    for d in found {
+        if !top.iter().any(|t| d.starts_with(t)) {
+            top.push(d);
+        }
+    }
+    top
+}
 
 /// Copies the first `size` bytes of each of the part's outputs (`stdout`, `stderr` in
 /// `job_dir`, a directory of root's) into [`OUTPUTS_DIR`]; the bytes copied.

@@ -14,8 +14,8 @@ use ckpt_store::manifest::{self, NodeManifest};
 use tokio::sync::OwnedMutexGuard;
 use tracing::{info, instrument, warn};
 
-use crate::error::AgentError;
-use crate::jobs::{io_err, now_ms, EpochWork, Jobs, NodeJob, NodePhase, Observed, PauseGuard};
+use crate::error::{io_err, AgentError};
+use crate::jobs::{now_ms, EpochWork, Jobs, NodeJob, NodePhase, Observed, PauseGuard};
 use crate::launch::exit_text;
 use crate::modes::{set_mode, PRIVATE_DIR};
 use crate::procfs;
@@ -23,7 +23,7 @@ use channels::{refuse_rdma_cm, refuse_verbs_without_channel};
 use dump::{dump_frozen, dump_running};
 
 pub(crate) use channels::channel_pids;
-pub(crate) use dump::OUTPUTS_DIR;
+pub(crate) use dump::{guards, OUTPUTS_DIR};
 
 /// Headroom over the resident size when checking staging room: images add metadata, and a
 /// checkpoint that fills the disk fails late.

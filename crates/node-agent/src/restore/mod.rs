@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use ckpt_store::manifest::{NodeManifest, OpenFile};
 use tracing::{info, instrument, warn};
 
-use crate::checkpoint::channel_pids;
+use crate::checkpoint::{channel_pids, guards};
 use crate::copies::{Location, Sources, Usable};
 use crate::engine::RestoreSpec;
 use crate::error::AgentError;
@@ -586,34 +586,6 @@ impl Jobs {
         };
         run_put_back(job_id, &self.shim_exe, &task).await
     }
-}
-
-/// The epoch's note of the directories the engine's restore creates files in by path (named
-/// sockets, files the job held and those beside them, working directories), one per line.
-pub const GUARD_NOTE: &str = "guard_paths";
-
-/// The directories to guard against links during the engine's restore (`shim/guard.rs`): for
-/// each directory of [`GUARD_NOTE`], the first one on the way to it that a user controls;
-/// those below another are left out (its guard covers them).
-pub fn guards(notes: &std::collections::BTreeMap<String, String>) -> Vec<std::path::PathBuf> {
-    let mut found: Vec<std::path::PathBuf> = notes
-        .get(GUARD_NOTE)
-        .map(|t| {
-            t.lines()
-                .filter(|l| l.starts_with('/'))
-                .filter_map(|l| ckpt_store::trust::untrusted_prefix(Path::new(l)))
-                .collect()
-        })
-        .unwrap_or_default();
-    found.sort();
-    found.dedup();
-    let mut top: Vec<std::path::PathBuf> = Vec::new();
-    for d in found {
-        if !top.iter().any(|t| d.starts_with(t)) {
-            top.push(d);
-        }
-    }
-    top
 }
 
 /// Lock that serializes restores on one machine. Agents sharing a machine (test hosts, or

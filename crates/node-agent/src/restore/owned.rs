@@ -18,8 +18,8 @@ use super::{check_pages, check_restored, Restored, RESTORE_TIMEOUT};
 use crate::checkpoint::channel_pids;
 use crate::copies::Location;
 use crate::engine::{RestoreSpec, SnapshotEngine, SESSION_IMAGES as IMAGES};
-use crate::error::AgentError;
-use crate::jobs::{io_err, Jobs, NodeJob, OWNER_NOTE};
+use crate::error::{io_err, AgentError};
+use crate::jobs::{Jobs, NodeJob, OWNER_NOTE};
 use crate::launch::make_session;
 use crate::shim::ShimMode;
 

@@ -6,7 +6,7 @@
 //! file on the machine (shown with CRIU 4.2: 12-72 % of tries won; see docs/security.md).
 //!
 //! So the shim restores in a mount namespace of its own (a slave copy of the node's) in which
-//! every directory a user controls on the way to such a path ([`crate::restore::guards`]) is
+//! every directory a user controls on the way to such a path ([`crate::checkpoint::guards`]) is
 //! bound onto itself with `nosymfollow`: no link there is followed, the calls fail and the
 //! restore with them, and nothing outside is touched. The restored processes live in that
 //! namespace; once the engine is done, and before they run, the flag is cleared on those same
