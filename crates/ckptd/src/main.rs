@@ -190,25 +190,9 @@ fn main() -> ExitCode {
     if cli.check_config {
         return startup::config_is_valid("ckptd", &cli.config);
     }
-    // The cluster credential. A standalone ckptd without one serves this machine only, on
-    // local sockets: no TCP port at all.
-    let have_credential = cfg.tls_dir.join(ckpt_auth::ca::COORDINATOR_CERT).exists();
-    let credential = if have_credential || !cli.standalone {
-        match ckpt_auth::tls::Credential::load(&cfg.tls_dir, &ckpt_auth::Identity::Coordinator) {
-            Ok(c) => Some(c),
-            Err(e) => {
-                return startup::fail(
-                    "ckptd",
-                    format_args!(
-                        "no usable cluster credential: {e}\n\
-                         (a cluster needs one: `ckptd ca init`; one machine needs none: `ckptd --standalone`)"
-                    ),
-                    2,
-                );
-            }
-        }
-    } else {
-        None
+    let credential = match credential(&cfg.tls_dir, cli.standalone) {
+        Ok(c) => c,
+        Err(code) => return code,
     };
     let jobs = if cli.standalone {
         let exe = std::env::current_exe().unwrap_or_else(|_| "ckptd".into());
@@ -224,83 +208,14 @@ fn main() -> ExitCode {
         Err(e) => return startup::fail("ckptd", e, 4),
     };
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
-    let r: Result<(), String> = rt.block_on(async move {
-        let coord: Arc<Coordinator> = Coordinator::new(registry, cfg.clone(), credential.clone())
-            .map_err(|e| e.to_string())?;
-        let agents = match &credential {
-            Some(c) => {
-                let tls = c.server_config().map_err(|e| e.to_string())?;
-                let l = tokio::net::TcpListener::bind(cfg.listen)
-                    .await
-                    .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
-                Some((l, tls))
-            }
-            None => None,
-        };
-        let control = coordinator::server::bind_control_socket(&cfg.socket)
-            .map_err(|e| format!("cannot bind control socket {}: {e}", cfg.socket.display()))?;
-        let metrics = ckpt_daemon::metrics::Endpoint::bind(&cfg.metrics).await?;
-        let mut serving = match &agents {
-            Some((l, _)) => format!(
-                "serving ckptctl on {}, agents on {} (TLS)",
-                cfg.socket.display(),
-                l.local_addr().map(|a| a.to_string()).unwrap_or_default()
-            ),
-            None => format!(
-                "serving ckptctl on {}; this machine only (no cluster credential)",
-                cfg.socket.display()
-            ),
-        };
-        if let Some(m) = metrics {
-            serving.push_str(&format!(
-                ", metrics on {}",
-                m.local_addr().map(|a| a.to_string()).unwrap_or_default()
-            ));
-            // The embedded agent's metrics are in the same registry: one endpoint covers both.
-            let (coord, jobs) = (coord.clone(), jobs.clone());
-            if jobs.is_some() {
-                node_agent::metrics::metrics();
-            }
-            tokio::spawn(m.serve(Arc::new(move || {
-                coord.refresh_metrics();
-                if let Some(j) = &jobs {
-                    j.refresh_metrics();
-                }
-            })));
-        }
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        if let Some(jobs) = jobs {
-            // Only this process calls the embedded agent: a socket in a directory only root
-            // may enter, no TCP port.
-            let sock = acfg.state_dir.join("rpc").join("agent.sock");
-            let l = node_agent::bind_local(&sock)
-                .map_err(|e| format!("cannot bind {}: {e}", sock.display()))?;
-            let mut rx = stop_rx.clone();
-            tokio::spawn(async move {
-                if let Err(e) = node_agent::run(acfg, jobs, l, async move {
-                    let _ = rx.wait_for(|v| *v).await;
-                })
-                .await
-                {
-                    tracing::error!(error = %e, "embedded agent stopped");
-                }
-            });
-        }
-        // Every socket is bound: connections wait in their queues until served.
-        notifier.ready(&serving);
-        notifier.spawn_watchdog();
-        tokio::spawn(async move {
-            shutdown_signal().await;
-            notifier.stopping();
-            let _ = stop_tx.send(true);
-        });
-        let mut rx = stop_rx;
-        coordinator::server::run(coord, agents, control, async move {
-            let _ = rx.wait_for(|v| *v).await;
-        })
-        .await
-        .map_err(|e| e.to_string())
-    });
+    let r = rt.block_on(serve(Serve {
+        registry,
+        cfg,
+        acfg,
+        credential,
+        jobs,
+        notifier,
+    }));
     // Blocking work still running (a copy, a dump of the embedded agent) is not waited for:
     // a restart must be back within the agents' leases.
     rt.shutdown_timeout(std::time::Duration::from_millis(200));
@@ -308,6 +223,129 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => startup::fail("ckptd", e, 4),
     }
+}
+
+/// The cluster credential. A standalone ckptd without one serves this machine only, on local
+/// sockets: no TCP port at all. Without one otherwise, the exit code of the refusal.
+fn credential(
+    tls_dir: &std::path::Path,
+    standalone: bool,
+) -> Result<Option<ckpt_auth::tls::Credential>, ExitCode> {
+    let have_credential = tls_dir.join(ckpt_auth::ca::COORDINATOR_CERT).exists();
+    if !have_credential && standalone {
+        return Ok(None);
+    }
+    match ckpt_auth::tls::Credential::load(tls_dir, &ckpt_auth::Identity::Coordinator) {
+        Ok(c) => Ok(Some(c)),
+        Err(e) => Err(startup::fail(
+            "ckptd",
+            format_args!(
+                "no usable cluster credential: {e}\n\
+                 (a cluster needs one: `ckptd ca init`; one machine needs none: `ckptd --standalone`)"
+            ),
+            2,
+        )),
+    }
+}
+
+/// What [`serve`] runs with, once configured.
+struct Serve {
+    registry: Registry,
+    cfg: CoordinatorConfig,
+    acfg: node_agent::AgentConfig,
+    credential: Option<ckpt_auth::tls::Credential>,
+    /// The embedded agent's jobs (standalone).
+    jobs: Option<Arc<node_agent::Jobs>>,
+    notifier: ckpt_daemon::notify::Notifier,
+}
+
+/// Binds every socket (agents over TLS, ckptctl's, metrics, the embedded agent's), tells
+/// systemd it serves, and serves until SIGTERM or SIGINT.
+async fn serve(s: Serve) -> Result<(), String> {
+    let Serve {
+        registry,
+        cfg,
+        acfg,
+        credential,
+        jobs,
+        notifier,
+    } = s;
+
+    let coord: Arc<Coordinator> =
+        Coordinator::new(registry, cfg.clone(), credential.clone()).map_err(|e| e.to_string())?;
+    let agents = match &credential {
+        Some(c) => {
+            let tls = c.server_config().map_err(|e| e.to_string())?;
+            let l = tokio::net::TcpListener::bind(cfg.listen)
+                .await
+                .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
+            Some((l, tls))
+        }
+        None => None,
+    };
+    let control = coordinator::server::bind_control_socket(&cfg.socket)
+        .map_err(|e| format!("cannot bind control socket {}: {e}", cfg.socket.display()))?;
+    let metrics = ckpt_daemon::metrics::Endpoint::bind(&cfg.metrics).await?;
+    let mut serving = match &agents {
+        Some((l, _)) => format!(
+            "serving ckptctl on {}, agents on {} (TLS)",
+            cfg.socket.display(),
+            l.local_addr().map(|a| a.to_string()).unwrap_or_default()
+        ),
+        None => format!(
+            "serving ckptctl on {}; this machine only (no cluster credential)",
+            cfg.socket.display()
+        ),
+    };
+    if let Some(m) = metrics {
+        serving.push_str(&format!(
+            ", metrics on {}",
+            m.local_addr().map(|a| a.to_string()).unwrap_or_default()
+        ));
+        // The embedded agent's metrics are in the same registry: one endpoint covers both.
+        let (coord, jobs) = (coord.clone(), jobs.clone());
+        if jobs.is_some() {
+            node_agent::metrics::metrics();
+        }
+        tokio::spawn(m.serve(Arc::new(move || {
+            coord.refresh_metrics();
+            if let Some(j) = &jobs {
+                j.refresh_metrics();
+            }
+        })));
+    }
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    if let Some(jobs) = jobs {
+        // Only this process calls the embedded agent: a socket in a directory only root
+        // may enter, no TCP port.
+        let sock = acfg.state_dir.join("rpc").join("agent.sock");
+        let l = node_agent::bind_local(&sock)
+            .map_err(|e| format!("cannot bind {}: {e}", sock.display()))?;
+        let mut rx = stop_rx.clone();
+        tokio::spawn(async move {
+            if let Err(e) = node_agent::run(acfg, jobs, l, async move {
+                let _ = rx.wait_for(|v| *v).await;
+            })
+            .await
+            {
+                tracing::error!(error = %e, "embedded agent stopped");
+            }
+        });
+    }
+    // Every socket is bound: connections wait in their queues until served.
+    notifier.ready(&serving);
+    notifier.spawn_watchdog();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        notifier.stopping();
+        let _ = stop_tx.send(true);
+    });
+    let mut rx = stop_rx;
+    coordinator::server::run(coord, agents, control, async move {
+        let _ = rx.wait_for(|v| *v).await;
+    })
+    .await
+    .map_err(|e| e.to_string())
 }
 
 async fn shutdown_signal() {

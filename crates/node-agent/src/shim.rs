@@ -434,171 +434,7 @@ fn start(spec: &ShimSpec) -> Result<i32, String> {
     let stderr = open_output(&spec.stderr, spec.output_owner)
         .map_err(|e| format!("{}: {e}", spec.stderr.display()))?;
     match &spec.mode {
-        ShimMode::Launch {
-            argv,
-            cwd,
-            env,
-            uid,
-            gid,
-            groups,
-            sandbox,
-        } => {
-            let (prog, args) = argv.split_first().ok_or("empty command")?;
-            let (uid, gid) = (*uid, *gid);
-            // In a sandbox the child is process 1 of a new PID namespace and runs `ckpt-init`,
-            // which starts the command; it joins the part's network namespace and makes its
-            // own IPC and UTS ones.
-            let (netns, pid_base) = match sandbox {
-                Some(sb) => {
-                    let f = fs::File::open(&sb.netns).map_err(|e| {
-                        format!(
-                            "cannot open the part's network namespace {}: {e}",
-                            sb.netns.display()
-                        )
-                    })?;
-                    // SAFETY: unshare with a flag that only affects the children made after it.
-                    if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
-                        return Err(format!(
-                            "cannot make the part's PID namespace: {}",
-                            io::Error::last_os_error()
-                        ));
-                    }
-                    let base = CString::new(sb.pid_base.to_string()).expect("digits");
-                    (Some(f), Some(base))
-                }
-                None => (None, None),
-            };
-            let netns_fd = netns.as_ref().map(|f| f.as_raw_fd());
-            const LAST_PID: &[u8] = b"/proc/sys/kernel/ns_last_pid\0";
-            // In a sandbox, the job directory (which holds the outputs) is bound at the same
-            // path on every node, and the outputs are opened again through it: a file open
-            // through a mount of another namespace is one the engine cannot dump, and one
-            // bound per node follows the part to another node.
-            let c_path = |p: &Path| {
-                CString::new(p.as_os_str().as_bytes())
-                    .map_err(|_| format!("{} contains a NUL", p.display()))
-            };
-            let in_sandbox = |p: &Path| {
-                Path::new(crate::sandbox::job_dir::JOB_DIR).join(p.file_name().unwrap_or_default())
-            };
-            let job_dir = c_path(spec.stdout.parent().unwrap_or(Path::new("/")))?;
-            let out_path = c_path(&in_sandbox(&spec.stdout))?;
-            let err_path = c_path(&in_sandbox(&spec.stderr))?;
-            if sandbox.is_some() && spec.stdout.parent() != spec.stderr.parent() {
-                return Err("a sandboxed part's stdout and stderr must be in one directory".into());
-            }
-            let groups: Vec<libc::gid_t> = groups.clone();
-            let child_groups = groups.clone();
-            let dir = CString::new(cwd.as_os_str().as_bytes())
-                .map_err(|_| format!("working directory {} contains a NUL", cwd.display()))?;
-            let (step_r, step_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-                .map_err(|e| format!("cannot start {prog}: pipe: {e}"))?;
-            let step_fd = step_w.as_raw_fd();
-            let mut cmd = match sandbox {
-                Some(sb) => {
-                    let mut c = Command::new(&sb.init);
-                    c.arg(prog);
-                    c
-                }
-                None => Command::new(prog),
-            };
-            cmd.args(args)
-                .env_clear()
-                .envs(env)
-                .stdin(Stdio::null())
-                .stdout(stdout)
-                .stderr(stderr);
-            // SAFETY: the closure runs between fork and exec and makes only async-signal-safe
-            // system calls (setsid, unshare, open/write/close, setgroups/setgid/setuid, chdir,
-            // umask, close_range); `procs`, `groups` and `dir` were allocated before the fork,
-            // and `step_fd` stays open in the parent until after the spawn.
-            unsafe {
-                cmd.pre_exec(move || {
-                    let failed = |step: ChildStep| {
-                        let e = io::Error::last_os_error();
-                        let b = step as u8;
-                        libc::write(step_fd, (&b as *const u8).cast(), 1);
-                        e
-                    };
-                    if libc::setsid() < 0 {
-                        return Err(failed(ChildStep::Session));
-                    }
-                    if let Some(fd) = netns_fd {
-                        if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
-                            return Err(failed(ChildStep::NetNamespace));
-                        }
-                        if libc::unshare(libc::CLONE_NEWUTS | libc::CLONE_NEWNS) != 0 {
-                            return Err(failed(ChildStep::Namespaces));
-                        }
-                        if sandbox_mounts(&job_dir).is_err() {
-                            return Err(failed(ChildStep::Mounts));
-                        }
-                        if reopen_stdio(&out_path, &err_path).is_err() {
-                            return Err(failed(ChildStep::Stdio));
-                        }
-                    }
-                    if let Some(base) = &pid_base {
-                        // This process is 1 of the new namespace: the next PIDs follow the
-                        // base there.
-                        let fd =
-                            libc::open(LAST_PID.as_ptr().cast(), libc::O_WRONLY | libc::O_CLOEXEC);
-                        let len = base.as_bytes().len();
-                        if fd < 0 || libc::write(fd, base.as_ptr().cast(), len) != len as isize {
-                            return Err(failed(ChildStep::PidBase));
-                        }
-                        libc::close(fd);
-                    }
-                    // A private IPC namespace: SysV shared memory of the job is then dumped
-                    // and restored with it instead of being shared with the host.
-                    if libc::unshare(libc::CLONE_NEWIPC) != 0 {
-                        return Err(failed(ChildStep::IpcNamespace));
-                    }
-                    if join_cgroup(&procs).is_err() {
-                        return Err(failed(ChildStep::Cgroup));
-                    }
-                    if libc::geteuid() == 0
-                        && (libc::setgroups(child_groups.len(), child_groups.as_ptr()) != 0
-                            || libc::setgid(gid) != 0
-                            || libc::setuid(uid) != 0)
-                    {
-                        return Err(failed(ChildStep::Identity));
-                    }
-                    // Entered as the job's user, never as root: a directory the user may not
-                    // enter stays closed.
-                    if libc::chdir(dir.as_ptr()) != 0 {
-                        return Err(failed(ChildStep::WorkingDir));
-                    }
-                    libc::umask(JOB_UMASK);
-                    if crate::clone_into::cloexec_from_3().is_err() {
-                        return Err(failed(ChildStep::Descriptors));
-                    }
-                    Ok(())
-                });
-            }
-            let spawned = cmd.spawn();
-            drop(cmd);
-            drop(step_w);
-            drop(netns);
-            let child = spawned.map_err(|e| {
-                let mut b = [0u8; 1];
-                let step = match nix::unistd::read(&step_r, &mut b) {
-                    Ok(1) => ChildStep::from_byte(b[0]),
-                    _ => None,
-                };
-                match step {
-                    Some(ChildStep::WorkingDir) => format!(
-                        "cannot enter working directory {} as uid {uid}: {e}; the job's user must be able to enter it and every directory above it",
-                        cwd.display()
-                    ),
-                    Some(ChildStep::Identity) => {
-                        format!("cannot switch to uid {uid}, gid {gid}, groups {groups:?}: {e}")
-                    }
-                    Some(s) => format!("cannot start {prog}: {s:?}: {e}"),
-                    None => format!("cannot start {prog}: {e}"),
-                }
-            })?;
-            Ok(child.id() as i32)
-        }
+        ShimMode::Launch { .. } => launch(spec, procs, stdout, stderr),
         ShimMode::Restore {
             argv,
             pid_file,
@@ -624,6 +460,217 @@ fn start(spec: &ShimSpec) -> Result<i32, String> {
             )
         }
     }
+}
+
+/// What the launched child does between fork and exec, in order ([`ChildSetup::run`]); each
+/// step that fails writes its [`ChildStep`] to `step_fd` for the parent to name.
+struct ChildSetup {
+    step_fd: libc::c_int,
+    /// The sandbox's network namespace, joined.
+    netns_fd: Option<libc::c_int>,
+    /// The job directory, bound at [`crate::sandbox::JOB_DIR`] in a sandbox.
+    job_dir: CString,
+    /// stdout and stderr, opened again through that bind in a sandbox.
+    out_path: CString,
+    err_path: CString,
+    /// The sandbox's first PIDs follow this one.
+    pid_base: Option<CString>,
+    /// The job cgroup's `cgroup.procs`.
+    procs: CString,
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+    groups: Vec<libc::gid_t>,
+    /// The working directory.
+    dir: CString,
+}
+
+impl ChildSetup {
+    /// The steps, in the child between fork and exec.
+    ///
+    /// # Safety
+    /// Only between fork and exec: it makes only async-signal-safe system calls (setsid,
+    /// setns, unshare, open/write/close, setgroups/setgid/setuid, chdir, umask, close_range)
+    /// on what was allocated before the fork.
+    unsafe fn run(&self) -> io::Result<()> {
+        // SAFETY: see above; each call is a plain system call on values owned by `self`.
+        unsafe {
+            const LAST_PID: &[u8] = b"/proc/sys/kernel/ns_last_pid\0";
+            let failed = |step: ChildStep| {
+                let e = io::Error::last_os_error();
+                let b = step as u8;
+                libc::write(self.step_fd, (&b as *const u8).cast(), 1);
+                e
+            };
+            if libc::setsid() < 0 {
+                return Err(failed(ChildStep::Session));
+            }
+            if let Some(fd) = self.netns_fd {
+                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(failed(ChildStep::NetNamespace));
+                }
+                if libc::unshare(libc::CLONE_NEWUTS | libc::CLONE_NEWNS) != 0 {
+                    return Err(failed(ChildStep::Namespaces));
+                }
+                if sandbox_mounts(&self.job_dir).is_err() {
+                    return Err(failed(ChildStep::Mounts));
+                }
+                if reopen_stdio(&self.out_path, &self.err_path).is_err() {
+                    return Err(failed(ChildStep::Stdio));
+                }
+            }
+            if let Some(base) = &self.pid_base {
+                // This process is 1 of the new namespace: the next PIDs follow the base there.
+                let fd = libc::open(LAST_PID.as_ptr().cast(), libc::O_WRONLY | libc::O_CLOEXEC);
+                let len = base.as_bytes().len();
+                if fd < 0 || libc::write(fd, base.as_ptr().cast(), len) != len as isize {
+                    return Err(failed(ChildStep::PidBase));
+                }
+                libc::close(fd);
+            }
+            // A private IPC namespace: SysV shared memory of the job is then dumped and restored
+            // with it instead of being shared with the host.
+            if libc::unshare(libc::CLONE_NEWIPC) != 0 {
+                return Err(failed(ChildStep::IpcNamespace));
+            }
+            if join_cgroup(&self.procs).is_err() {
+                return Err(failed(ChildStep::Cgroup));
+            }
+            if libc::geteuid() == 0
+                && (libc::setgroups(self.groups.len(), self.groups.as_ptr()) != 0
+                    || libc::setgid(self.gid) != 0
+                    || libc::setuid(self.uid) != 0)
+            {
+                return Err(failed(ChildStep::Identity));
+            }
+            // Entered as the job's user, never as root: a directory the user may not enter stays
+            // closed.
+            if libc::chdir(self.dir.as_ptr()) != 0 {
+                return Err(failed(ChildStep::WorkingDir));
+            }
+            libc::umask(JOB_UMASK);
+            if crate::clone_into::cloexec_from_3().is_err() {
+                return Err(failed(ChildStep::Descriptors));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Starts the job's command (in a sandbox: `ckpt-init`, which starts it, as process 1 of a new
+/// PID namespace, in the part's network namespace and IPC and UTS ones of its own) as the
+/// job's user, in its cgroup; a failed step of the child is named in the error.
+fn launch(
+    spec: &ShimSpec,
+    procs: CString,
+    stdout: fs::File,
+    stderr: fs::File,
+) -> Result<i32, String> {
+    let ShimMode::Launch {
+        argv,
+        cwd,
+        env,
+        uid,
+        gid,
+        groups,
+        sandbox,
+    } = &spec.mode
+    else {
+        return Err("the shim was asked to launch without a command".into());
+    };
+    let (prog, args) = argv.split_first().ok_or("empty command")?;
+    let (uid, gid) = (*uid, *gid);
+    let (netns, pid_base) = match sandbox {
+        Some(sb) => {
+            let f = fs::File::open(&sb.netns).map_err(|e| {
+                format!(
+                    "cannot open the part's network namespace {}: {e}",
+                    sb.netns.display()
+                )
+            })?;
+            // SAFETY: unshare with a flag that only affects the children made after it.
+            if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
+                return Err(format!(
+                    "cannot make the part's PID namespace: {}",
+                    io::Error::last_os_error()
+                ));
+            }
+            let base = CString::new(sb.pid_base.to_string()).expect("digits");
+            (Some(f), Some(base))
+        }
+        None => (None, None),
+    };
+    // In a sandbox, the job directory (which holds the outputs) is bound at the same path on
+    // every node, and the outputs are opened again through it: a file open through a mount of
+    // another namespace is one the engine cannot dump, and one bound per node follows the part
+    // to another node.
+    let c_path = |p: &Path| {
+        CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| format!("{} contains a NUL", p.display()))
+    };
+    let in_sandbox =
+        |p: &Path| Path::new(crate::sandbox::job_dir::JOB_DIR).join(p.file_name().unwrap_or_default());
+    if sandbox.is_some() && spec.stdout.parent() != spec.stderr.parent() {
+        return Err("a sandboxed part's stdout and stderr must be in one directory".into());
+    }
+    let (step_r, step_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| format!("cannot start {prog}: pipe: {e}"))?;
+    let setup = ChildSetup {
+        step_fd: step_w.as_raw_fd(),
+        netns_fd: netns.as_ref().map(|f| f.as_raw_fd()),
+        job_dir: c_path(spec.stdout.parent().unwrap_or(Path::new("/")))?,
+        out_path: c_path(&in_sandbox(&spec.stdout))?,
+        err_path: c_path(&in_sandbox(&spec.stderr))?,
+        pid_base,
+        procs,
+        uid,
+        gid,
+        groups: groups.clone(),
+        dir: CString::new(cwd.as_os_str().as_bytes())
+            .map_err(|_| format!("working directory {} contains a NUL", cwd.display()))?,
+    };
+    let mut cmd = match sandbox {
+        Some(sb) => {
+            let mut c = Command::new(&sb.init);
+            c.arg(prog);
+            c
+        }
+        None => Command::new(prog),
+    };
+    cmd.args(args)
+        .env_clear()
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr);
+    // SAFETY: `ChildSetup::run` is made for the child between fork and exec (see there); what
+    // it uses was allocated before the fork, and `step_fd` stays open in the parent until
+    // after the spawn.
+    unsafe {
+        cmd.pre_exec(move || setup.run());
+    }
+    let spawned = cmd.spawn();
+    drop(cmd);
+    drop(step_w);
+    drop(netns);
+    let child = spawned.map_err(|e| {
+        let mut b = [0u8; 1];
+        let step = match nix::unistd::read(&step_r, &mut b) {
+            Ok(1) => ChildStep::from_byte(b[0]),
+            _ => None,
+        };
+        match step {
+            Some(ChildStep::WorkingDir) => format!(
+                "cannot enter working directory {} as uid {uid}: {e}; the job's user must be able to enter it and every directory above it",
+                cwd.display()
+            ),
+            Some(ChildStep::Identity) => {
+                format!("cannot switch to uid {uid}, gid {gid}, groups {groups:?}: {e}")
+            }
+            Some(s) => format!("cannot start {prog}: {s:?}: {e}"),
+            None => format!("cannot start {prog}: {e}"),
+        }
+    })?;
+    Ok(child.id() as i32)
 }
 
 fn decode(status: libc::c_int) -> Exit {

@@ -124,39 +124,140 @@ pub(super) fn dump_running(
     Ok(())
 }
 
+/// What the frozen job has open, found by [`scan_open`].
+struct OpenScan {
+    /// Files open for writing, with their sizes (a restore truncates them back).
+    open: BTreeMap<String, u64>,
+    /// Files the engine does not save, to copy (see [`PRESERVE_PREFIXES`]).
+    preserve: Vec<PathBuf>,
+    /// Directories the engine's restore creates files in by path (see `GUARD_NOTE`).
+    guard: Vec<String>,
+}
+
+/// The local dump of a frozen job: what it has open, its sandbox's notes, then the engine's
+/// dump beside the copy of the files the engine does not save.
 pub(super) fn dump_frozen(
     job: &mut NodeJob,
     engine: &dyn SnapshotEngine,
 ) -> Result<(), AgentError> {
     let id = job.record.id;
-    let root = job.work.as_ref().map(|w| w.root_pid).unwrap_or(0);
     let owner = note_owner(job)?;
-    let w = job.work.as_mut().expect("checked by caller");
-    // A sandbox's network namespace is not in the images: its address is, so that a restore
-    // anywhere makes the same one.
-    let external_netns = match &job.record.sandbox {
-        Some(a) => {
-            w.notes.insert(sandbox::ADDRESS_NOTE.into(), a.cidr());
-            if let Some(g) = a.gateway {
-                w.notes.insert(sandbox::GATEWAY_NOTE.into(), g.to_string());
-            }
-            Some(
-                sandbox::netns_inode(root).ok_or_else(|| AgentError::NotRunning {
-                    job: id,
-                    state: format!("its sandbox's process 1 ({root}) is gone"),
-                })?,
-            )
-        }
-        None => None,
-    };
-    let io = |what, path: &Path| io_err(id, what, path);
+    let external_netns = note_sandbox(job)?;
     let begin = Instant::now();
-    // Sizes of files open for writing: restore truncates them back.
+    let w = job.work.as_mut().expect("checked by caller");
+    let scan = scan_open(&w.pids, external_netns.is_some());
+    w.notes
+        .insert(GUARD_NOTE.into(), scan.guard.join("\n"));
+    if external_netns.is_some() {
+        // A sandbox's own /dev/shm is restored as the engine made it, not from the node's.
+        let dirs: Vec<PathBuf> = guards(&w.notes)
+            .into_iter()
+            .filter(|d| !d.starts_with("/dev/shm"))
+            .collect();
+        crate::sandbox::make_mount_points(w.root_pid, &dirs).map_err(|e| AgentError::Io {
+            job: id,
+            what: "make the restore's guard mounts in the sandbox at",
+            path: dirs.first().cloned().unwrap_or_default(),
+            source: std::io::Error::other(e),
+        })?;
+    }
+    // The part's own stdout and stderr travel with the images (see `OUTPUTS_DIR`).
+    let own_dir = fs::canonicalize(&job.dir).unwrap_or_else(|_| job.dir.clone());
+    let outputs: Vec<(String, u64)> = scan
+        .open
+        .iter()
+        .filter_map(|(path, size)| {
+            crate::owner::own_output(Path::new(path), &own_dir).map(|n| (n.to_string(), *size))
+        })
+        .collect();
+    w.open_files = scan
+        .open
+        .into_iter()
+        .map(|(path, size)| OpenFile { path, size })
+        .collect();
+    w.tids = procfs::thread_ids(&w.pids);
+    let tcp = procfs::tcp_endpoints(&w.pids);
+    w.tcp_ports = tcp.ports;
+    w.tcp_addrs = tcp.addrs.iter().map(|a| a.to_string()).collect();
+    let scanned = begin.elapsed();
+    let images = w.node_dir.join(chain::IMAGES_DIR);
+    fs::create_dir_all(&images).map_err(io_err(id, "create", &images))?;
+    let parent = adopt_links(job)?;
+    let w = job.work.as_ref().expect("checked by caller");
+    let log = job.dir.join("logs").join(format!("dump-{}.log", w.epoch));
+    let spec = DumpSpec {
+        root_pid: w.root_pid,
+        images_dir: &images,
+        cgroup: job.cgroup.path(),
+        log_file: &log,
+        external_netns,
+        parent: parent.as_deref(),
+        track_mem: parent.is_some(),
+        session: None,
+        owner: Some(owner),
+        guarded_ns: job.record.guarded_ns,
+    };
+    let files = ToCopy {
+        owner,
+        node_dir: &w.node_dir,
+        preserve: &scan.preserve,
+        job_dir: &own_dir,
+        outputs: &outputs,
+    };
+    let (engine_time, (preserved, copied_bytes, copy_time)) =
+        dump_beside_copy(id, engine, &spec, &files)?;
+    let w = job.work.as_mut().expect("checked by caller");
+    w.preserved = preserved;
+    info!(
+        scan_ms = scanned.as_millis() as u64,
+        engine_dump_ms = engine_time.as_millis() as u64,
+        preserve_copy_ms = copy_time.as_millis() as u64,
+        preserved_bytes = copied_bytes,
+        "dumped"
+    );
+    note_times(
+        w,
+        &[
+            ("scan_ms", scanned.as_millis()),
+            ("engine_dump_ms", engine_time.as_millis()),
+            ("preserve_copy_ms", copy_time.as_millis()),
+            ("preserved_bytes", copied_bytes as u128),
+        ],
+    );
+    Ok(())
+}
+
+/// A sandbox's network namespace is not in the images: its address is (in the epoch's
+/// notes), so that a restore anywhere makes the same one. Returns the namespace's inode, for
+/// the engine to treat as external.
+fn note_sandbox(job: &mut NodeJob) -> Result<Option<u64>, AgentError> {
+    let id = job.record.id;
+    let Some(a) = &job.record.sandbox else {
+        return Ok(None);
+    };
+    let w = job.work.as_mut().expect("checked by caller");
+    w.notes.insert(sandbox::ADDRESS_NOTE.into(), a.cidr());
+    if let Some(g) = a.gateway {
+        w.notes.insert(sandbox::GATEWAY_NOTE.into(), g.to_string());
+    }
+    let root = w.root_pid;
+    sandbox::netns_inode(root)
+        .map(Some)
+        .ok_or_else(|| AgentError::NotRunning {
+            job: id,
+            state: format!("its sandbox's process 1 ({root}) is gone"),
+        })
+}
+
+/// What the frozen processes `pids` have open: files open for writing, files to preserve
+/// (a sandboxed part's /dev/shm is its own and saved by the engine), and the directories
+/// its restore creates in.
+fn scan_open(pids: &[i32], sandboxed: bool) -> OpenScan {
     let mut open: BTreeMap<String, u64> = BTreeMap::new();
     let mut preserve: Vec<PathBuf> = Vec::new();
     let mut guard: std::collections::BTreeSet<PathBuf> = std::collections::BTreeSet::new();
     let mut sockets: Vec<u64> = Vec::new();
-    for &pid in &w.pids {
+    for &pid in pids {
         for (path, size) in procfs::files_open_for_write(pid) {
             open.insert(path.display().to_string(), size);
         }
@@ -182,8 +283,7 @@ pub(super) fn dump_frozen(
             guard.insert(cwd);
         }
         for p in used {
-            // A sandbox's /dev/shm is its own, saved by the engine with its mounts.
-            let in_own_shm = external_netns.is_some() && p.starts_with("/dev/shm/");
+            let in_own_shm = sandboxed && p.starts_with("/dev/shm/");
             if PRESERVE_PREFIXES.iter().any(|pre| p.starts_with(pre))
                 && !p.ends_with(" (deleted)")
                 && !in_own_shm
@@ -213,8 +313,8 @@ pub(super) fn dump_frozen(
     }
     preserve.sort();
     preserve.dedup();
-    if !sockets.is_empty() {
-        let names = procfs::unix_socket_names(w.pids[0]);
+    if let (false, Some(&first)) = (sockets.is_empty(), pids.first()) {
+        let names = procfs::unix_socket_names(first);
         for ino in sockets {
             if let Some(dir) = names.get(&ino).and_then(|p| p.parent()) {
                 if dir.is_absolute() {
@@ -229,69 +329,46 @@ pub(super) fn dump_frozen(
         .filter(|d| !d.contains('\n'))
         .map(String::from)
         .collect();
-    w.notes.insert(GUARD_NOTE.into(), guard.join("\n"));
-    if external_netns.is_some() {
-        // A sandbox's own /dev/shm is restored as the engine made it, not from the node's.
-        let dirs: Vec<PathBuf> = guards(&w.notes)
-            .into_iter()
-            .filter(|d| !d.starts_with("/dev/shm"))
-            .collect();
-        crate::sandbox::make_mount_points(w.root_pid, &dirs).map_err(|e| AgentError::Io {
-            job: id,
-            what: "make the restore's guard mounts in the sandbox at",
-            path: dirs.first().cloned().unwrap_or_default(),
-            source: std::io::Error::other(e),
-        })?;
+    OpenScan {
+        open,
+        preserve,
+        guard,
     }
-    // The part's own stdout and stderr travel with the images (see `OUTPUTS_DIR`).
-    let own_dir = fs::canonicalize(&job.dir).unwrap_or_else(|_| job.dir.clone());
-    let outputs: Vec<(String, u64)> = open
-        .iter()
-        .filter_map(|(path, size)| {
-            crate::owner::own_output(Path::new(path), &own_dir).map(|n| (n.to_string(), *size))
-        })
-        .collect();
-    w.open_files = open
-        .into_iter()
-        .map(|(path, size)| OpenFile { path, size })
-        .collect();
-    w.tids = procfs::thread_ids(&w.pids);
-    let tcp = procfs::tcp_endpoints(&w.pids);
-    w.tcp_ports = tcp.ports;
-    w.tcp_addrs = tcp.addrs.iter().map(|a| a.to_string()).collect();
-    let scanned = begin.elapsed();
-    let images = w.node_dir.join(chain::IMAGES_DIR);
-    fs::create_dir_all(&images).map_err(io("create", &images))?;
-    let parent = adopt_links(job)?;
-    let guarded_ns = job.record.guarded_ns;
-    let w = job.work.as_mut().expect("checked by caller");
-    let log = job.dir.join("logs").join(format!("dump-{}.log", w.epoch));
-    // Copying the preserved files and the engine's dump both only read the frozen job and write
-    // to different directories: run them side by side, so the job stays frozen for the longer
-    // of the two rather than their sum.
-    let node_dir = w.node_dir.clone();
-    let root_pid = w.root_pid;
-    let job_dir = own_dir.clone();
+}
+
+/// The copy of [`ToCopy`]: the preserved files, the bytes copied, and its time.
+type Copied = (Vec<PreservedFile>, u64, Duration);
+
+/// The files a dump copies beside the engine's: those the engine does not save, and the
+/// part's own outputs.
+struct ToCopy<'a> {
+    owner: u32,
+    node_dir: &'a Path,
+    preserve: &'a [PathBuf],
+    job_dir: &'a Path,
+    outputs: &'a [(String, u64)],
+}
+
+/// The engine's dump, with the copy of `files` beside it: both only read the frozen job and
+/// write to different directories, so the job stays frozen for the longer of the two rather
+/// than their sum. Returns the engine's time, and the preserved files, bytes and time of the
+/// copy.
+fn dump_beside_copy(
+    id: u64,
+    engine: &dyn SnapshotEngine,
+    spec: &DumpSpec<'_>,
+    files: &ToCopy<'_>,
+) -> Result<(Duration, Copied), AgentError> {
     let (dumped, copied) = std::thread::scope(|scope| {
         let copier = scope.spawn(|| {
-            let (preserved, bytes, took) = copy_preserved(id, owner, &node_dir, &preserve)?;
-            let out_bytes = copy_outputs(id, &job_dir, &node_dir, &outputs)?;
+            let (preserved, bytes, took) =
+                copy_preserved(id, files.owner, files.node_dir, files.preserve)?;
+            let out_bytes = copy_outputs(id, files.job_dir, files.node_dir, files.outputs)?;
             Ok::<_, AgentError>((preserved, bytes + out_bytes, took))
         });
         let t = Instant::now();
         let dumped = engine
-            .dump(&DumpSpec {
-                root_pid,
-                images_dir: &images,
-                cgroup: job.cgroup.path(),
-                log_file: &log,
-                external_netns,
-                parent: parent.as_deref(),
-                track_mem: parent.is_some(),
-                session: None,
-                owner: Some(owner),
-                guarded_ns,
-            })
+            .dump(spec)
             .map_err(|source| AgentError::Engine { job: id, source })
             .map(|()| t.elapsed());
         (dumped, copier.join().expect("copy thread panicked"))
@@ -301,26 +378,7 @@ pub(super) fn dump_frozen(
         .dump_seconds
         .with_label_values(&[engine.name()])
         .observe(engine_time.as_secs_f64());
-    let (preserved, copied_bytes, copy_time) = copied?;
-    let w = job.work.as_mut().expect("checked by caller");
-    w.preserved = preserved;
-    info!(
-        scan_ms = scanned.as_millis() as u64,
-        engine_dump_ms = engine_time.as_millis() as u64,
-        preserve_copy_ms = copy_time.as_millis() as u64,
-        preserved_bytes = copied_bytes,
-        "dumped"
-    );
-    note_times(
-        w,
-        &[
-            ("scan_ms", scanned.as_millis()),
-            ("engine_dump_ms", engine_time.as_millis()),
-            ("preserve_copy_ms", copy_time.as_millis()),
-            ("preserved_bytes", copied_bytes as u128),
-        ],
-    );
-    Ok(())
+    Ok((engine_time, copied?))
 }
 
 /// Records what the dump took (times, bytes) in the epoch's notes.

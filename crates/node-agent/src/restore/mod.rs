@@ -5,27 +5,25 @@
 pub(crate) mod gate;
 mod hold;
 mod owned;
+mod run;
 
 use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ckpt_store::manifest::{NodeManifest, OpenFile};
-use tracing::{info, instrument, warn};
+use tracing::{instrument, warn};
 
-use crate::checkpoint::{channel_pids, guards};
-use crate::copies::{Location, Sources, Usable};
-use crate::engine::RestoreSpec;
+use crate::copies::{Location, Sources};
 use crate::error::AgentError;
-use crate::jobs::{Jobs, NodeJob, OWNER_NOTE};
+use crate::jobs::{Jobs, NodeJob};
 use crate::modes::{ensure_dir, PRIVATE_DIR};
 use crate::owner::{
     put_back_own_output, run_put_back, verify_restored, Identity, PutBack, PutBackTask,
 };
 use crate::procfs;
 use crate::sandbox;
-use crate::shim::ShimMode;
-use hold::{address_is_local, clear_stale_sockets};
+use run::RestoreRun;
 
 /// How long a restore may take: the engine reads every image page back; at a pessimistic
 /// 100 MB/s this covers 60 GB per node.
@@ -112,381 +110,23 @@ impl Jobs {
         r
     }
 
-    /// One attempt of [`Jobs::restore`]; with `gated`, the local page data is verified while
-    /// the engine runs, and a refusal of it is reported there as well as in the error.
+    /// One attempt of [`Jobs::restore`] ([`RestoreRun`]); with `gated`, the local page data is
+    /// verified while the engine runs, and a refusal of it is reported there as well as in the
+    /// error.
     async fn restore_from(
         &self,
         job_id: u64,
         epoch: u32,
         committed_digest: &str,
-        (hold, token): (bool, &str),
+        hold_token: (bool, &str),
         sources: &Sources,
         gated: Option<&mut bool>,
     ) -> Result<Restored, AgentError> {
         let j = self.get_or_create(job_id)?;
-        let mut job = j.lock().await;
-        // Processes of a just-killed incarnation may still be exiting: give them a moment.
-        let begin = Instant::now();
-        loop {
-            let live = job.cgroup.pids().unwrap_or_default();
-            if live.is_empty() {
-                break;
-            }
-            if begin.elapsed() > PID_FREE_TIMEOUT {
-                return Err(AgentError::StillRunning {
-                    job: job_id,
-                    pids: live,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        // A part that moves here restores the images of the node it ran on.
-        let source_node = sources.source_node.as_deref().unwrap_or(&self.node);
-        let node_dir = self.staging.node_dir(job_id, epoch, source_node);
-        let verify_begin = Instant::now();
-        let later = self.engine.memory_only().filter(|_| gated.is_some());
-        let Usable {
-            manifest: m,
-            source,
-            note,
-            unverified,
-        } = self
-            .usable_images(job_id, epoch, committed_digest, sources, later)
-            .await?;
-        let verify_ms = verify_begin.elapsed().as_millis() as u64;
-        let page_bytes: u64 = unverified.iter().map(|e| e.size).sum();
-        let overlapped = later.is_some() && page_bytes >= self.engine.gate_min_bytes();
-        let mut pages = (!unverified.is_empty()).then(|| {
-            let dir = node_dir.clone();
-            tokio::task::spawn_blocking(move || {
-                let begin = Instant::now();
-                let verify = || ckpt_store::digest::verify_tree(&dir, &unverified);
-                // Behind the gate the engine restores at the same time, and needs CPUs to
-                // start and to fill the processes' memory: the check takes half of them.
-                match overlapped.then(gate_verify_pool).flatten() {
-                    Some(pool) => pool.install(verify),
-                    None => verify(),
-                }
-                .map(|()| begin.elapsed())
-            })
-        });
-        let engine = self.engine_named(job_id, &m.engine)?;
-        if engine.restores_as_owner() {
-            let images = node_dir.join(ckpt_store::chain::IMAGES_DIR);
-            let v = owned::Verified {
-                job_id,
-                epoch,
-                manifest: &m,
-                images: &images,
-                pages: pages.take(),
-                hold,
-                token,
-                source,
-                note,
-                fetch_ms: verify_ms,
-            };
-            return self.restore_as_owner(job, engine, v).await;
-        }
-        let prepare_begin = Instant::now();
-        // The engine finds a pre-copy chain's links through `parent` links, which copies do not
-        // carry: made again from the (verified) manifest.
-        ckpt_store::chain::relink(&node_dir, &m.chain).map_err(|source| AgentError::Store {
-            job: job_id,
-            source,
-        })?;
-        // A part that ran in a sandbox gets a fresh one with its job address, on this node as
-        // on any other; its PIDs are its namespace's, free wherever it goes.
-        let sandbox = match m.notes.get(sandbox::ADDRESS_NOTE) {
-            Some(a) => Some(
-                sandbox::JobAddress::parse(
-                    a,
-                    m.notes
-                        .get(sandbox::GATEWAY_NOTE)
-                        .map_or("", String::as_str),
-                )
-                .map_err(|message| AgentError::Start {
-                    job: job_id,
-                    message: format!("epoch {epoch}: {message}"),
-                })?,
-            ),
-            None => None,
-        };
-        if sandbox.is_none() && source_node != self.node {
-            return Err(AgentError::Start {
-                job: job_id,
-                message: format!(
-                    "{source_node}'s part of epoch {epoch} ran without a sandbox, with {source_node}'s PIDs and addresses: it restarts only on {source_node}"
-                ),
-            });
-        }
-        for a in m.tcp_addrs.iter().filter(|_| sandbox.is_none()) {
-            if !address_is_local(a) {
-                return Err(AgentError::AddressMissing {
-                    job: job_id,
-                    node: self.node.clone(),
-                    addr: a.clone(),
-                });
-            }
-        }
-        // The owner recorded at checkpoint time (committed with the manifest) must still be
-        // allowed to run jobs here; files are put back as that user.
-        let owner_uid = m
-            .notes
-            .get(OWNER_NOTE)
-            .and_then(|v| v.parse().ok())
-            .or(job.record.owner)
-            .ok_or_else(|| AgentError::OwnerUnknown {
-                job: job_id,
-                epoch,
-                node: self.node.clone(),
-            })?;
-        let owner = self.policy.authorize(job_id, &self.node, owner_uid)?;
-        job.record.owner = Some(owner.uid);
-        if sandbox.is_none() {
-            let ids: Vec<i32> = m.pids.iter().chain(&m.tids).copied().collect();
-            wait_pids_free(job_id, &ids).await?;
-        }
-        let channels = channel_pids(&m.notes);
-        let own_dir = fs::canonicalize(&job.dir).unwrap_or_else(|_| job.dir.clone());
-        self.put_back_files(&job, &owner, &m, &node_dir).await?;
-        let netns = match &sandbox {
-            Some(addr) => Some(self.make_sandbox(job_id, addr).await?.netns),
-            None => None,
-        };
-        let sandboxed = sandbox.is_some();
-        job.record.sandbox = sandbox;
-        if !token.is_empty() {
-            job.record.token = token.to_string();
-        }
-        // A cgroup the engine creates gets the freezer state of dump time (frozen); an existing
-        // one would let the restored processes run at once.
-        job.remove_empty_cgroup();
-        if !sandboxed {
-            clear_stale_sockets(&m.tcp_ports).await;
-        }
-        let inc = job.record.incarnation + 1;
-        let run_dir = job.dir.join("run").join(inc.to_string());
-        let log = job
-            .dir
-            .join("logs")
-            .join(format!("restore-{epoch}-{inc}.log"));
-        let pid_file = run_dir.join("restored.pid");
-        // The tree goes into this agent's job cgroup, where the hold, the freezer and the kill
-        // find it. A part dumped on another node was in that node's job cgroup, whose path need
-        // not be this one's; without this node's path, it cannot move here.
-        let cgroup_root = job.cgroup.engine_root();
-        if cgroup_root.is_none() && source_node != self.node {
-            return Err(AgentError::Start {
-                job: job_id,
-                message: format!(
-                    "cannot tell the path of {} within its cgroup hierarchy (see /proc/self/mountinfo), so {source_node}'s part cannot be restored into it",
-                    job.cgroup.path().display()
-                ),
-            });
-        }
-        // What must hold before a restored process runs (the page data verified, the TCP hold
-        // in place) is done while the engine restores, which waits for it at the gate; without
-        // a gate, before the engine starts.
-        let gate = if overlapped {
-            open_gate(&job.dir, &run_dir)
-                .map_err(|e| warn!(job = job_id, error = %e, "cannot make the restore gate; verifying and holding before the restore"))
-                .ok()
-        } else {
-            None
-        };
-        let mut pages_ms = None;
-        if gate.is_none() {
-            if let Some(check) = pages.take() {
-                match check_pages(job_id, check).await {
-                    Ok(took) => pages_ms = Some(took.as_millis() as u64),
-                    Err(e) => {
-                        // As if refused at the gate: tried again with every file verified.
-                        if let Some(refused) = gated {
-                            *refused = true;
-                        }
-                        return Err(e);
-                    }
-                }
-            }
-            if hold {
-                self.hold_tcp(job_id, sandboxed, &m.tcp_ports).await?;
-            }
-        }
-        let argv = self.engine.restore_argv(&RestoreSpec {
-            images_dir: &node_dir.join(ckpt_store::chain::IMAGES_DIR),
-            log_file: &log,
-            pid_file: &pid_file,
-            netns_fd: netns.is_some().then_some(crate::shim::RESTORE_NETNS_FD),
-            job_dir: netns.is_some().then_some(own_dir.as_path()),
-            cgroup_root,
-            gate: gate.as_ref().map(|_| self.shim_exe.as_path()),
-            session: None,
-            coordinator_port: None,
-        });
-        // A sandbox's mounts are made again by the engine from the guarded ones it sees.
-        let guard = guards(&m.notes);
-        // Root's own trees (the trust check at start holds them root's alone), where the
-        // engine follows its own links (a pre-copy chain's `parent`), even below a guard.
-        let exempt: Vec<std::path::PathBuf> = [self.staging.root(), self.state_dir.as_path()]
-            .iter()
-            .filter_map(|p| fs::canonicalize(p).ok())
-            .collect();
-        let guarded = !guard.is_empty();
-        let prepare_ms = prepare_begin.elapsed().as_millis() as u64;
-        let behind_gate = gate.is_some();
-        let gate_path = gate.as_ref().map(|g| g.path().to_path_buf());
-        let engine = async {
-            let lock = machine_restore_lock().await;
-            let begin = Instant::now();
-            let started = self
-                .start_shim(
-                    &mut job,
-                    ShimMode::Restore {
-                        argv,
-                        pid_file,
-                        netns,
-                        gate: gate_path,
-                        guard,
-                        exempt,
-                    },
-                    &owner,
-                    RESTORE_TIMEOUT,
-                )
-                .await;
-            drop(lock);
-            (started, begin.elapsed().as_millis() as u64)
-        };
-        let ports = &m.tcp_ports;
-        let verdict = async {
-            let mut gate = gate?;
-            let (checked, held) = tokio::join!(
-                async {
-                    match pages.take() {
-                        Some(check) => check_pages(job_id, check).await.map(Some),
-                        None => Ok(None),
-                    }
-                },
-                async {
-                    if hold {
-                        self.hold_tcp(job_id, sandboxed, ports).await
-                    } else {
-                        Ok(())
-                    }
-                }
-            );
-            gate.decide(checked.is_ok() && held.is_ok());
-            // Held open until the engine is done with it.
-            Some((gate, checked, held))
-        };
-        let ((started, engine_ms), verdict) = tokio::join!(engine, verdict);
-        if let Some((_gate, checked, held)) = verdict {
-            let refused = match (checked, held) {
-                (Ok(took), Ok(())) => {
-                    pages_ms = took.map(|d| d.as_millis() as u64);
-                    None
-                }
-                (Err(e), _) => {
-                    if let Some(refused) = gated {
-                        *refused = true;
-                    }
-                    Some(e)
-                }
-                (Ok(_), Err(e)) => Some(e),
-            };
-            if let Some(error) = refused {
-                // The engine failed at the gate; nothing it restored may be left.
-                let _ = job.cgroup.kill_all();
-                if hold {
-                    self.release_tcp(job_id, sandboxed).await;
-                }
-                return Err(error);
-            }
-        }
-        // The namespace a guarded restore made: later dumps run the engine there, and only
-        // there (see `DumpSpec::guarded_ns`).
-        job.record.guarded_ns = match (&started, guarded) {
-            (Ok(pid), true) => fs::metadata(format!("/proc/{pid}/ns/mnt")).ok().map(|m| {
-                use std::os::unix::fs::MetadataExt;
-                (m.dev(), m.ino())
-            }),
-            _ => None,
-        };
-        if guarded {
-            // Kept across an agent restart: the next dump must still run there.
-            if let Err(e) = job.save() {
-                warn!(job = job_id, error = %e, "cannot record the restored part's mount namespace");
-            }
-        }
-        let pid = match started {
-            Ok(pid) if hold => {
-                // Released together with the other nodes (`release`). A part that cannot be
-                // held is not left running on its own: the coordinator only releases (or
-                // kills) the parts that reported restored.
-                if job.cgroup.state().map(|s| s == "THAWED").unwrap_or(false) {
-                    if let Err(source) = job.cgroup.freeze() {
-                        let _ = job.cgroup.kill_all();
-                        self.release_tcp(job_id, sandboxed).await;
-                        return Err(AgentError::Cgroup {
-                            job: job_id,
-                            source,
-                        });
-                    }
-                }
-                if let Err(e) = verify_restored(job_id, &job.cgroup, &owner) {
-                    let _ = job.cgroup.kill_all();
-                    self.release_tcp(job_id, sandboxed).await;
-                    return Err(e);
-                }
-                pid
-            }
-            Ok(pid) => {
-                // Checked frozen, as a held part is, so that no restored process can act
-                // while it is checked; then it runs.
-                check_restored(&job, &owner, false)?;
-                pid
-            }
-            Err(e) => {
-                if hold {
-                    self.release_tcp(job_id, sandboxed).await;
-                }
-                return match e {
-                    AgentError::Start { message, .. } => Err(AgentError::Engine {
-                        job: job_id,
-                        source: self.engine.restore_failed(message, &log),
-                    }),
-                    e => Err(e),
-                };
-            }
-        };
-        info!(
-            pid,
-            source = source.name(),
-            held = hold,
-            verify_ms,
-            pages_verify_ms = pages_ms,
-            behind_gate,
-            prepare_ms,
-            engine_ms,
-            "job restored{}",
-            if hold {
-                ", held frozen until released"
-            } else {
-                ""
-            }
-        );
-        job.ibq_down = channels.clone();
-        job.ibq_restored = 0;
-        // Layers drained in an epoch of the old incarnation are gone with it: the restored ones
-        // come back released (down), in `channels`.
-        job.layer_drained.clear();
-        Ok(Restored {
-            pid,
-            incarnation: job.record.incarnation,
-            source,
-            note,
-            channels: channels.len() as u32,
-            fetch_ms: verify_ms,
-        })
+        let job = j.lock().await;
+        RestoreRun::new(self, job, (job_id, epoch), hold_token, gated)
+            .run(committed_digest, sources)
+            .await
     }
 
     /// Restart, second step: lets a part restored with `hold` run (TCP first, then thaw), or
