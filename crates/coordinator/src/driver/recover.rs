@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use super::{now_ms, Caller, Coordinator, DriveError, Placement};
-use crate::model::{Job, OnFailure, Recovery};
+use crate::model::{Job, OnFailure, Recovery, Trigger};
 
 /// ckptd itself, acting on any job.
 const ROOT: Caller = Caller {
@@ -109,7 +109,7 @@ impl Coordinator {
                 return self.note(&job, note, false).await;
             }
         };
-        let mut recovery = begun.record(trigger.clone());
+        let mut recovery = begun.record(Trigger::Recovery, trigger.clone());
         if let Some(l) = lost {
             recovery.failed_unix_ms = l.since_unix_ms;
             recovery.noticed_unix_ms = l.noticed_unix_ms;
@@ -224,7 +224,7 @@ mod tests {
     fn recovery(epoch: u32, outcome: &str) -> Recovery {
         Recovery {
             outcome: outcome.into(),
-            ..Recovery::begun("node n3 lost".into(), epoch, vec![], 1)
+            ..Recovery::begun(Trigger::Recovery, "node n3 lost".into(), epoch, vec![], 1)
         }
     }
 

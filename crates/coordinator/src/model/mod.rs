@@ -9,8 +9,10 @@ use serde::{Deserialize, Serialize};
 pub mod estimate;
 pub mod policy;
 pub mod recovery;
+pub mod trigger;
 pub use policy::{Every, Policy, PolicyChange};
 pub use recovery::{OnFailure, Recovery};
+pub use trigger::Trigger;
 
 /// The protocol phases of one checkpoint epoch, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -64,6 +66,34 @@ pub enum EpochState {
         /// Why (the retention rule).
         reason: String,
     },
+}
+
+/// Where a committed epoch's images are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storage {
+    /// In node-local staging only.
+    Local,
+    /// Being copied to shared storage.
+    Flushing,
+    /// Also complete in shared storage.
+    Durable,
+    /// In shared storage only: retention deleted the local copies.
+    SharedOnly,
+    /// Local only: the copy to shared storage failed.
+    FlushFailed,
+}
+
+impl Storage {
+    /// Name shown to users: `local`, `flushing`, `durable`, `shared-only`, `flush-failed`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Storage::Local => "local",
+            Storage::Flushing => "flushing",
+            Storage::Durable => "durable",
+            Storage::SharedOnly => "shared-only",
+            Storage::FlushFailed => "flush-failed",
+        }
+    }
 }
 
 /// The shared-storage copy of a committed epoch (SCR's flush).
@@ -149,10 +179,9 @@ pub struct Epoch {
     /// is durable and older than `keep_local`).
     #[serde(default = "yes")]
     pub local_copy: bool,
-    /// Who asked for it: "" (a user's request), "periodic" (the job's policy), "drain",
-    /// "deadline".
+    /// Who asked for it (stored as "" for a user's request, "periodic", "drain", "deadline").
     #[serde(default)]
-    pub trigger: String,
+    pub trigger: Trigger,
     /// Resident memory of the job's processes at the initial synchronization, over all nodes
     /// (what `ckptctl estimate` relates checkpoint times to).
     #[serde(default)]
@@ -184,7 +213,7 @@ impl Epoch {
             flush: FlushState::NotPlanned,
             partners: BTreeMap::new(),
             local_copy: true,
-            trigger: String::new(),
+            trigger: Trigger::User,
             resident_bytes: 0,
             restarts: Vec::new(),
         }
@@ -280,19 +309,24 @@ impl Epoch {
         }
     }
 
-    /// Where a committed epoch's images are, as users see it: `local`, `flushing`, `durable`,
-    /// `shared-only` or `flush-failed`; empty for other states.
-    pub fn storage_name(&self) -> &'static str {
+    /// Where a committed epoch's images are; None for other states.
+    pub fn storage(&self) -> Option<Storage> {
         if self.state != EpochState::Committed {
-            return "";
+            return None;
         }
-        match (&self.flush, self.local_copy) {
-            (FlushState::Durable { .. }, true) => "durable",
-            (FlushState::Durable { .. }, false) => "shared-only",
-            (FlushState::Flushing, _) => "flushing",
-            (FlushState::Failed { .. }, _) => "flush-failed",
-            (FlushState::NotPlanned, _) => "local",
-        }
+        Some(match (&self.flush, self.local_copy) {
+            (FlushState::Durable { .. }, true) => Storage::Durable,
+            (FlushState::Durable { .. }, false) => Storage::SharedOnly,
+            (FlushState::Flushing, _) => Storage::Flushing,
+            (FlushState::Failed { .. }, _) => Storage::FlushFailed,
+            (FlushState::NotPlanned, _) => Storage::Local,
+        })
+    }
+
+    /// [`Epoch::storage`] as users see it: `local`, `flushing`, `durable`, `shared-only` or
+    /// `flush-failed`; empty for other states.
+    pub fn storage_name(&self) -> &'static str {
+        self.storage().map_or("", Storage::name)
     }
 
     /// Whether every node's images have a partner copy on another node.
