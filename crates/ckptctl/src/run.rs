@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use ckpt_proto::v1 as pb;
 use ckpt_proto::v1::control_client::ControlClient;
+use ckpt_proto::Engine;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tonic::transport::Channel;
 
@@ -122,7 +123,11 @@ pub async fn run(c: &mut ControlClient<Channel>, a: RunArgs, json: bool) -> Resu
         .unwrap_or_else(|_| "/".into());
     let mut env: std::collections::HashMap<String, String> = std::env::vars().collect();
     let mut part_env = Default::default();
-    if a.rdma && a.engine.as_deref().is_some_and(|e| e != "criu") {
+    if a.rdma
+        && a.engine
+            .as_deref()
+            .is_some_and(|e| e.parse() != Ok(Engine::Criu))
+    {
         return Err(invalid(
             "--rdma needs the criu engine: the verbs layer for unmodified programs is not tested under DMTCP (programs that use ib-quiesce's API are: run them without --rdma)".into(),
         ));

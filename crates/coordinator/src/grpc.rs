@@ -436,7 +436,7 @@ impl pb::control_server::Control for ControlHandler {
                 .iter()
                 .map(|e| pb::EpochInfo {
                     // A job keeps its engine: its epochs are all that engine's.
-                    engine: job.engine_name().to_string(),
+                    engine: job.snapshot_engine().to_string(),
                     ..epoch_info(e, self.coord.flushes.progress(id, e.number))
                 })
                 .collect(),

@@ -59,7 +59,7 @@ pub fn job_info(job: &Job, nodes: Vec<pb::NodeJobInfo>) -> pb::JobInfo {
         },
         flush: String::new(),
         policy: None,
-        engine: job.engine_name().to_string(),
+        engine: job.snapshot_engine().to_string(),
         lost: job
             .lost
             .as_ref()

@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use ckpt_proto::Engine;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -27,9 +28,8 @@ impl Coordinator {
     /// The policy a new job gets: `asked` (`--on-failure`), else ckptd.toml's default. An
     /// explicit restart policy is refused for a job whose parts cannot move to other nodes
     /// (it runs without a sandbox); the default applies only to those that can.
-    pub(super) fn on_failure(&self, asked: &str, engine: &str) -> Result<OnFailure, DriveError> {
-        let movable = engine != crate::model::ENGINES[0]
-            || matches!(self.cfg.job_network.range(), Ok(Some(_)));
+    pub(super) fn on_failure(&self, asked: &str, engine: Engine) -> Result<OnFailure, DriveError> {
+        let movable = engine.virtualizes() || matches!(self.cfg.job_network.range(), Ok(Some(_)));
         if asked.is_empty() {
             let default = OnFailure::parse(&self.cfg.recovery.on_failure).unwrap_or_default();
             return Ok(if movable { default } else { OnFailure::Stop });

@@ -4,6 +4,7 @@
 //! [`TransitionError`], which names the job or epoch, the state it is in and the state asked for.
 use std::collections::BTreeMap;
 
+use ckpt_proto::Engine;
 use serde::{Deserialize, Serialize};
 
 pub mod estimate;
@@ -471,9 +472,10 @@ pub struct Job {
     /// last restart. Periodic checkpoints count from the later of this and the last epoch.
     #[serde(default)]
     pub running_since_unix_ms: u64,
-    /// The snapshot engine its nodes use; empty: the default (CRIU).
-    #[serde(default)]
-    pub engine: String,
+    /// The snapshot engine the job asked for; None: it named none, and gets the default (CRIU).
+    /// Stored as its name, "" for none.
+    #[serde(default, with = "engine_or_empty")]
+    pub engine: Option<Engine>,
     /// Why the job is `lost`, when a node of it went down (see `driver/lost.rs`).
     #[serde(default)]
     pub lost: Option<LostNode>,
@@ -510,23 +512,40 @@ pub struct LostNode {
     pub noticed_unix_ms: u64,
 }
 
-/// Snapshot engines a job may ask for.
-pub const ENGINES: [&str; 2] = ["criu", "dmtcp"];
+/// [`Job::engine`] as records store it: the engine's name, "" for none.
+mod engine_or_empty {
+    use ckpt_proto::Engine;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    /// Writes the engine's name, or "" for none.
+    pub fn serialize<S: Serializer>(e: &Option<Engine>, s: S) -> Result<S::Ok, S::Error> {
+        match e {
+            Some(e) => e.serialize(s),
+            None => s.serialize_str(""),
+        }
+    }
+
+    /// Reads "" as none and an engine's name as that engine; refuses any other name.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Engine>, D::Error> {
+        let name = String::deserialize(d)?;
+        if name.is_empty() {
+            return Ok(None);
+        }
+        name.parse().map(Some).map_err(serde::de::Error::custom)
+    }
+}
 
 impl Job {
-    /// The job's snapshot engine ("criu" where none was named).
-    pub fn engine_name(&self) -> &str {
-        match self.engine.as_str() {
-            "" => ENGINES[0],
-            e => e,
-        }
+    /// The job's snapshot engine (CRIU where none was named).
+    pub fn snapshot_engine(&self) -> Engine {
+        self.engine.unwrap_or_default()
     }
 
     /// Whether the job's engine virtualizes PIDs and reconnects sockets itself (DMTCP): such
     /// a job runs in the node's namespaces, without a job network address, and moves to other
     /// nodes without one.
     pub fn engine_virtualizes(&self) -> bool {
-        self.engine_name() != ENGINES[0]
+        self.snapshot_engine().virtualizes()
     }
 
     /// Whether the job's processes run (or are being started, checkpointed or restored): its
@@ -722,7 +741,7 @@ pub(crate) mod fixtures {
             token: String::new(),
             policy: Policy::default(),
             running_since_unix_ms: 0,
-            engine: String::new(),
+            engine: None,
             lost: None,
             on_failure: OnFailure::Stop,
             recoveries: Vec::new(),
