@@ -232,29 +232,7 @@ pub fn storage(s: Storage) -> pb::EpochStorage {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Every phase, in order; a new one does not compile until it is listed.
-    fn phases() -> Vec<Phase> {
-        let all = vec![
-            Phase::InitialSync,
-            Phase::Quiesce,
-            Phase::LocalCheckpoint,
-            Phase::Resume,
-            Phase::Finalize,
-            Phase::Commit,
-        ];
-        for p in &all {
-            match p {
-                Phase::InitialSync
-                | Phase::Quiesce
-                | Phase::LocalCheckpoint
-                | Phase::Resume
-                | Phase::Finalize
-                | Phase::Commit => {}
-            }
-        }
-        all
-    }
+    use crate::model::fixtures::PHASES;
 
     #[test]
     fn every_job_state_has_its_kind() {
@@ -311,7 +289,7 @@ mod tests {
 
     #[test]
     fn every_epoch_state_has_its_kind_and_phase() {
-        for p in phases() {
+        for p in PHASES {
             assert_eq!(
                 epoch_state(&EpochState::InProgress(p)),
                 (pb::EpochStateKind::InProgress, phase(p))
@@ -339,7 +317,7 @@ mod tests {
     #[test]
     fn every_phase_has_the_value_of_its_name() {
         let mut seen = std::collections::BTreeSet::new();
-        for p in phases() {
+        for p in PHASES {
             let kind = phase(p);
             // OPERATION_PHASE_LOCAL_CHECKPOINT for "local-checkpoint".
             let want = format!(

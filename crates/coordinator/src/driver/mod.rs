@@ -506,15 +506,7 @@ mod tests {
 
     #[test]
     fn every_operation_phase_has_the_value_of_its_name() {
-        let phases = [
-            Phase::InitialSync,
-            Phase::Quiesce,
-            Phase::LocalCheckpoint,
-            Phase::Resume,
-            Phase::Finalize,
-            Phase::Commit,
-        ];
-        let all = phases
+        let all = crate::model::fixtures::PHASES
             .into_iter()
             .map(OperationPhase::Epoch)
             .chain([OperationPhase::Restore, OperationPhase::Drain]);

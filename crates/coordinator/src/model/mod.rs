@@ -718,6 +718,29 @@ impl Job {
 pub(crate) mod fixtures {
     use super::*;
 
+    /// Every phase, in order.
+    pub(crate) const PHASES: [Phase; 6] = [
+        Phase::InitialSync,
+        Phase::Quiesce,
+        Phase::LocalCheckpoint,
+        Phase::Resume,
+        Phase::Finalize,
+        Phase::Commit,
+    ];
+
+    /// A phase added to [`Phase`] stops this match from compiling: add it to [`PHASES`] too.
+    #[allow(dead_code)]
+    fn every_phase_is_in_phases(p: Phase) {
+        match p {
+            Phase::InitialSync
+            | Phase::Quiesce
+            | Phase::LocalCheckpoint
+            | Phase::Resume
+            | Phase::Finalize
+            | Phase::Commit => {}
+        }
+    }
+
     /// A job of uid 1000 in `state`, launched on n1.
     pub(crate) fn job(id: u64, state: JobState) -> Job {
         Job {

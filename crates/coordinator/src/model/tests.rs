@@ -1,14 +1,5 @@
-use super::fixtures::commit;
+use super::fixtures::{commit, PHASES};
 use super::*;
-
-const PHASES: [Phase; 6] = [
-    Phase::InitialSync,
-    Phase::Quiesce,
-    Phase::LocalCheckpoint,
-    Phase::Resume,
-    Phase::Finalize,
-    Phase::Commit,
-];
 
 fn epoch() -> Epoch {
     Epoch::begin(1, 1, false, vec!["n1".into()], 0)
