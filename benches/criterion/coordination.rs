@@ -273,7 +273,7 @@ async fn one_round(s: &Setup) -> Duration {
     let t = Instant::now();
     let (job, epoch) = s
         .coord
-        .begin_checkpoint(&root, s.job, false, "")
+        .begin_checkpoint(&root, s.job, false, coordinator::model::Trigger::User)
         .await
         .expect("begin");
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();

@@ -1,6 +1,9 @@
 //! Generated types and gRPC stubs of the ckpt wire protocol (`proto/ckpt.proto`, package `ckpt.v1`),
-//! and the words users see for the protocol's enums, the same on every side (agent, ckptd,
-//! ckptctl).
+//! the words users see for the protocol's enums, and the snapshot [`Engine`]s: the same on every
+//! side (agent, ckptd, ckptctl).
+
+mod engine;
+pub use engine::{Engine, UnknownEngine};
 
 /// Version 1 of the protocol.
 #[allow(missing_docs, missing_debug_implementations, clippy::all)]

@@ -8,6 +8,8 @@ mod term;
 
 mod cli;
 mod client;
+#[cfg(test)]
+mod json_tests;
 mod nodes;
 mod rdma;
 mod run;

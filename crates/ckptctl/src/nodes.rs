@@ -2,6 +2,7 @@
 use std::collections::BTreeMap;
 
 use ckpt_proto::v1 as pb;
+use pb::NodeStateKind as State;
 use serde_json::{json, Value};
 
 use crate::show::size;
@@ -33,14 +34,16 @@ pub fn nodes_json(r: &pb::NodesReply) -> Value {
 /// "up", "down since 12:03:04", "absent"; with ", spare (free)" or ", spare (in use)" (", spare"
 /// when not up).
 fn state_text(n: &pb::NodeInfo) -> String {
-    let mut s = match n.state.as_str() {
-        "down" if n.down_since_unix_ms > 0 => format!("down since {}", clock(n.down_since_unix_ms)),
-        s => s.to_string(),
+    let mut s = match n.state_kind() {
+        State::Down if n.down_since_unix_ms > 0 => {
+            format!("down since {}", clock(n.down_since_unix_ms))
+        }
+        _ => n.state.clone(),
     };
     if n.spare {
-        s.push_str(match (n.state.as_str(), n.free) {
-            ("up", true) => ", spare (free)",
-            ("up", false) => ", spare (in use)",
+        s.push_str(match (n.state_kind(), n.free) {
+            (State::Up, true) => ", spare (free)",
+            (State::Up, false) => ", spare (in use)",
             _ => ", spare",
         });
     }
@@ -138,13 +141,13 @@ pub fn print_nodes(r: &pb::NodesReply) {
     let c = Counts::of(&r.nodes);
     say!("{}", c.summary(r.node_timeout_ms));
     for n in &r.nodes {
-        match n.state.as_str() {
-            "down" => say!(
+        match n.state_kind() {
+            State::Down => say!(
                 "  {}: no heartbeat for {}: check ckpt-agent there (`systemctl status ckpt-agent`, `journalctl -u ckpt-agent`); a restart of its jobs puts their parts on spares (`ckptctl restart JOB --on-spares`)",
                 n.name,
                 age(n.heartbeat_age_ms).trim_end_matches(" ago")
             ),
-            "absent" => say!(
+            State::Absent => say!(
                 "  {}: no agent has registered since ckptd started: start ckpt-agent there, or check its `coordinator` and node name in agent.toml",
                 n.name
             ),
@@ -157,7 +160,9 @@ pub fn print_nodes(r: &pb::NodesReply) {
 #[derive(Default)]
 struct Counts {
     total: usize,
-    by_state: BTreeMap<String, usize>,
+    up: usize,
+    down: usize,
+    absent: usize,
     spares: usize,
     spares_free: usize,
 }
@@ -167,19 +172,21 @@ impl Counts {
         let mut c = Counts::default();
         for n in nodes {
             c.total += 1;
-            *c.by_state.entry(n.state.clone()).or_default() += 1;
+            match n.state_kind() {
+                State::Up => c.up += 1,
+                State::Down => c.down += 1,
+                State::Absent => c.absent += 1,
+                // A state this ckptctl has no value for: counted in the total only.
+                State::Unspecified => {}
+            }
             if n.spare {
                 c.spares += 1;
-                if n.free && n.state == "up" {
+                if n.free && n.state_kind() == State::Up {
                     c.spares_free += 1;
                 }
             }
         }
         c
-    }
-
-    fn get(&self, state: &str) -> usize {
-        self.by_state.get(state).copied().unwrap_or(0)
     }
 
     /// "3 nodes: 2 up, 1 down (no heartbeat for 3s); spares: 1 of 1 up and free".
@@ -188,17 +195,17 @@ impl Counts {
             "{} node{}: {} up",
             self.total,
             if self.total == 1 { "" } else { "s" },
-            self.get("up")
+            self.up
         );
-        if self.get("down") > 0 {
+        if self.down > 0 {
             s.push_str(&format!(
                 ", {} down (no heartbeat for {:.0}s)",
-                self.get("down"),
+                self.down,
                 timeout_ms as f64 / 1000.0
             ));
         }
-        if self.get("absent") > 0 {
-            s.push_str(&format!(", {} absent", self.get("absent")));
+        if self.absent > 0 {
+            s.push_str(&format!(", {} absent", self.absent));
         }
         if self.spares > 0 {
             s.push_str(&format!(
@@ -210,17 +217,20 @@ impl Counts {
     }
 }
 
-/// Live jobs (those whose processes run or are being checkpointed, started or restored) and
-/// ended ones, by state.
+/// Live jobs (those whose processes run or are being checkpointed, started or restored), by
+/// state in words, and the number of the others.
 fn job_counts(jobs: &[pb::JobInfo]) -> (BTreeMap<&str, usize>, usize) {
+    use pb::JobStateKind as K;
     let mut live = BTreeMap::new();
     let mut ended = 0;
     for j in jobs {
-        match j.state.as_str() {
-            s @ ("running" | "checkpointing" | "restarting" | "starting") => {
-                *live.entry(s).or_default() += 1
+        match j.state_kind() {
+            K::Running | K::Checkpointing | K::Restarting | K::Starting => {
+                *live.entry(j.state.as_str()).or_default() += 1
             }
-            _ => ended += 1,
+            K::Exited | K::Stopped | K::Cancelled | K::Lost | K::FailedToStart | K::Unspecified => {
+                ended += 1
+            }
         }
     }
     (live, ended)
@@ -232,10 +242,10 @@ pub fn cluster_json(r: &pb::NodesReply, jobs: &[pb::JobInfo]) -> Value {
     json!({
         "ckptd_version": r.version,
         "nodes": {
-            "total": c.total, "up": c.get("up"), "down": c.get("down"), "absent": c.get("absent"),
+            "total": c.total, "up": c.up, "down": c.down, "absent": c.absent,
             "spares": c.spares, "spares_free": c.spares_free,
         },
-        "down": r.nodes.iter().filter(|n| n.state != "up").map(|n| json!({
+        "down": r.nodes.iter().filter(|n| n.state_kind() != State::Up).map(|n| json!({
             "name": n.name, "state": n.state,
             "down_since_unix_ms": (n.down_since_unix_ms > 0).then_some(n.down_since_unix_ms),
         })).collect::<Vec<_>>(),
@@ -247,7 +257,7 @@ pub fn cluster_json(r: &pb::NodesReply, jobs: &[pb::JobInfo]) -> Value {
 pub fn print_cluster(r: &pb::NodesReply, jobs: &[pb::JobInfo], all_users: bool) {
     let c = Counts::of(&r.nodes);
     say!("ckptd {}: {}", r.version, c.summary(r.node_timeout_ms));
-    for n in r.nodes.iter().filter(|n| n.state != "up") {
+    for n in r.nodes.iter().filter(|n| n.state_kind() != State::Up) {
         say!("  {} {}", n.name, state_text(n));
     }
     let (live, ended) = job_counts(jobs);
@@ -268,4 +278,57 @@ pub fn print_cluster(r: &pb::NodesReply, jobs: &[pb::JobInfo], all_users: bool) 
         if all_users { "all users'" } else { "your" },
     );
     say!("details: `ckptctl nodes`, `ckptctl list`, `ckptctl status JOB`");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(kind: State, state: &str, spare: bool, free: bool) -> pb::NodeInfo {
+        pb::NodeInfo {
+            name: "n1".into(),
+            state: state.into(),
+            state_kind: kind.into(),
+            spare,
+            free,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_nodes_state_reads_from_its_kind_in_ckptds_words() {
+        assert_eq!(state_text(&node(State::Up, "up", false, false)), "up");
+        assert_eq!(
+            state_text(&node(State::Up, "up", true, true)),
+            "up, spare (free)"
+        );
+        assert_eq!(
+            state_text(&node(State::Up, "up", true, false)),
+            "up, spare (in use)"
+        );
+        assert_eq!(
+            state_text(&node(State::Absent, "absent", true, true)),
+            "absent, spare"
+        );
+        assert_eq!(state_text(&node(State::Down, "down", false, false)), "down");
+        let since = pb::NodeInfo {
+            down_since_unix_ms: 1_000,
+            ..node(State::Down, "down", false, false)
+        };
+        assert!(state_text(&since).starts_with("down since "));
+    }
+
+    #[test]
+    fn the_summary_counts_nodes_by_kind() {
+        let nodes = [
+            node(State::Up, "up", false, false),
+            node(State::Up, "up", true, true),
+            node(State::Down, "down", true, true),
+            node(State::Absent, "absent", false, false),
+        ];
+        assert_eq!(
+            Counts::of(&nodes).summary(3_000),
+            "4 nodes: 2 up, 1 down (no heartbeat for 3s), 1 absent; spares: 1 of 2 up and free"
+        );
+    }
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use ckpt_proto::v1 as pb;
 use ckpt_proto::v1::control_client::ControlClient;
+use ckpt_proto::Engine;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tonic::transport::Channel;
 
@@ -52,7 +53,6 @@ pub fn end_status(j: &pb::JobInfo) -> Option<(u8, String)> {
         // ckptd restarts it by itself (`--on-failure restart`): not its end.
         return None;
     }
-    let state = j.state.as_str();
     let name = format!("job {} ({})", j.id, crate::term::field(&j.name));
     if let Some(s) = j.exit_signal {
         return Some((
@@ -60,26 +60,26 @@ pub fn end_status(j: &pb::JobInfo) -> Option<(u8, String)> {
             format!("{name} was killed by signal {s}"),
         ));
     }
-    if state.starts_with("exited") {
-        let c = j.exit_code.unwrap_or(0);
-        return Some((
-            c.clamp(0, 255) as u8,
-            format!("{name} exited with code {c}"),
-        ));
-    }
     let resume = format!(
         "resume it with `ckptctl run --name {} --resume ...`",
         crate::term::field(&j.name)
     );
-    match state {
-        "stopped" => Some((
+    match j.state_kind() {
+        pb::JobStateKind::Exited => {
+            let c = j.exit_code.unwrap_or(0);
+            Some((
+                c.clamp(0, 255) as u8,
+                format!("{name} exited with code {c}"),
+            ))
+        }
+        pb::JobStateKind::Stopped => Some((
             STOPPED,
             format!(
                 "{name} was stopped after checkpoint {}; {resume}",
                 j.latest_committed_epoch
             ),
         )),
-        "lost" => Some((
+        pb::JobStateKind::Lost => Some((
             STOPPED,
             format!(
                 "{name} was lost (a node or agent went away); {}",
@@ -90,9 +90,15 @@ pub fn end_status(j: &pb::JobInfo) -> Option<(u8, String)> {
                 }
             ),
         )),
-        "cancelled" => Some((143, format!("{name} was cancelled"))),
-        s if s.starts_with("failed to start") => Some((1, format!("{name} failed to start"))),
-        _ => None,
+        pb::JobStateKind::Cancelled => Some((143, format!("{name} was cancelled"))),
+        pb::JobStateKind::FailedToStart => Some((1, format!("{name} failed to start"))),
+        // Not over. UNSPECIFIED: a state this ckptctl has no value for (a newer ckptd's), which
+        // is not taken for an end.
+        pb::JobStateKind::Unspecified
+        | pb::JobStateKind::Starting
+        | pb::JobStateKind::Running
+        | pb::JobStateKind::Checkpointing
+        | pb::JobStateKind::Restarting => None,
     }
 }
 
@@ -117,7 +123,11 @@ pub async fn run(c: &mut ControlClient<Channel>, a: RunArgs, json: bool) -> Resu
         .unwrap_or_else(|_| "/".into());
     let mut env: std::collections::HashMap<String, String> = std::env::vars().collect();
     let mut part_env = Default::default();
-    if a.rdma && a.engine.as_deref().is_some_and(|e| e != "criu") {
+    if a.rdma
+        && a.engine
+            .as_deref()
+            .is_some_and(|e| e.parse() != Ok(Engine::Criu))
+    {
         return Err(invalid(
             "--rdma needs the criu engine: the verbs layer for unmodified programs is not tested under DMTCP (programs that use ib-quiesce's API are: run them without --rdma)".into(),
         ));
@@ -336,29 +346,45 @@ mod tests {
 
     #[test]
     fn a_waiting_run_ends_with_the_jobs_status_or_75_when_ckpt_stopped_it() {
-        let job = |state: &str, code: Option<i32>, signal: Option<i32>| pb::JobInfo {
+        use pb::JobStateKind as K;
+        let job = |kind: K, state: &str, code: Option<i32>, signal: Option<i32>| pb::JobInfo {
             id: 4,
             name: "heat".into(),
             state: state.into(),
+            state_kind: kind.into(),
             exit_code: code,
             exit_signal: signal,
             latest_committed_epoch: 2,
             ..Default::default()
         };
         let code = |j: pb::JobInfo| end_status(&j).map(|(c, _)| c);
-        assert_eq!(code(job("running", None, None)), None);
-        assert_eq!(code(job("checkpointing", None, None)), None);
-        assert_eq!(code(job("exited (0)", Some(0), None)), Some(0));
-        assert_eq!(code(job("exited (3)", Some(3), None)), Some(3));
-        assert_eq!(code(job("killed (signal 9)", None, Some(9))), Some(137));
-        assert_eq!(code(job("cancelled", None, None)), Some(143));
-        assert_eq!(code(job("lost", None, None)), Some(STOPPED));
+        assert_eq!(code(job(K::Running, "running", None, None)), None);
+        assert_eq!(
+            code(job(K::Checkpointing, "checkpointing", None, None)),
+            None
+        );
+        assert_eq!(code(job(K::Exited, "exited (0)", Some(0), None)), Some(0));
+        assert_eq!(code(job(K::Exited, "exited (3)", Some(3), None)), Some(3));
+        assert_eq!(code(job(K::Exited, "exited", None, None)), Some(0));
+        assert_eq!(
+            code(job(K::Exited, "killed (signal 9)", None, Some(9))),
+            Some(137)
+        );
+        assert_eq!(code(job(K::Cancelled, "cancelled", None, None)), Some(143));
+        assert_eq!(code(job(K::Lost, "lost", None, None)), Some(STOPPED));
+        assert_eq!(
+            code(job(K::FailedToStart, "failed to start", None, None)),
+            Some(1)
+        );
+        // The kind decides, not the words.
+        assert_eq!(code(job(K::Running, "exited (5)", None, None)), None);
+        assert_eq!(code(job(K::Unspecified, "stopped", None, None)), None);
         let recovering = pb::JobInfo {
             recovering: true,
-            ..job("lost", None, None)
+            ..job(K::Lost, "lost", None, None)
         };
         assert_eq!(end_status(&recovering), None, "ckptd restarts it by itself");
-        let (c, m) = end_status(&job("stopped", None, None)).unwrap();
+        let (c, m) = end_status(&job(K::Stopped, "stopped", None, None)).unwrap();
         assert_eq!(c, STOPPED);
         assert!(
             m.contains("after checkpoint 2") && m.contains("--name heat --resume"),

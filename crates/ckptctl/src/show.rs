@@ -78,7 +78,7 @@ pub fn print_status(j: &pb::JobInfo) {
     if let Some(p) = &j.policy {
         say!("  {}", policy_text(p));
     }
-    if j.on_failure.starts_with("restart") {
+    if j.on_failure_max_restarts > 0 {
         say!(
             "  on failure: {} ({} automatic restarts so far)",
             j.on_failure,
@@ -187,10 +187,31 @@ pub fn epoch_json(e: &pb::EpochInfo) -> Value {
         "storage": e.storage, "flush_detail": e.flush_detail, "flushed_bytes": e.flushed_bytes,
         "flush_ms": e.flush_ms, "local_copy": e.local_copy, "shared_copy": e.shared_copy,
         "partner_copy": e.partner_copy, "shared_bytes": e.shared_bytes, "durable_ms": e.durable_ms,
-        "trigger": if e.trigger.is_empty() { "user" } else { e.trigger.as_str() },
+        "trigger": trigger_text(e),
         "engine": e.engine,
         "restarts": e.restarts.iter().map(restart_json).collect::<Vec<_>>(),
     })
+}
+
+/// Who asked for an epoch, in words: ckptd's, and "user" for a user's request (which ckptd
+/// leaves without words).
+fn trigger_text(e: &pb::EpochInfo) -> &str {
+    match e.trigger_kind() {
+        pb::Trigger::User => "user",
+        _ => &e.trigger,
+    }
+}
+
+/// Where an epoch's images are, in the epochs table: ckptd's words, a flush's progress in
+/// percent, "-" for an epoch not committed.
+fn storage_text(e: &pb::EpochInfo) -> String {
+    match e.storage_kind() {
+        pb::EpochStorage::Flushing if e.image_bytes > 0 => {
+            format!("flushing {}%", e.flushed_bytes * 100 / e.image_bytes)
+        }
+        pb::EpochStorage::Unspecified => "-".into(),
+        _ => e.storage.clone(),
+    }
 }
 
 /// Prints a list: as one JSON array of `to_json`'s objects under `--json`, else as `table`
@@ -251,13 +272,7 @@ pub fn print_epochs(epochs: &[pb::EpochInfo]) {
         } else {
             String::new()
         };
-        let storage = match e.storage.as_str() {
-            "flushing" if e.image_bytes > 0 => {
-                format!("flushing {}%", e.flushed_bytes * 100 / e.image_bytes)
-            }
-            "" => "-".into(),
-            s => s.to_string(),
-        };
+        let storage = storage_text(e);
         let copies: Vec<&str> = [
             (e.local_copy, "local"),
             (e.partner_copy, "partner"),
@@ -283,11 +298,7 @@ pub fn print_epochs(epochs: &[pb::EpochInfo]) {
             size(e.image_bytes),
             e.image_files,
             e.engine,
-            if e.trigger.is_empty() {
-                "user"
-            } else {
-                &e.trigger
-            },
+            trigger_text(e),
             reason
         );
         for r in &e.restarts {
@@ -302,7 +313,7 @@ pub fn policy_text(p: &pb::JobPolicy) -> String {
     let now = crate::when::now_ms();
     let mut parts = Vec::new();
     if !p.every.is_empty() {
-        let mut t = if p.every == "auto" {
+        let mut t = if p.auto {
             format!("checkpoints every {} (auto: {})", secs(p.interval_s), p.why)
         } else {
             format!("checkpoints every {}", p.every)
@@ -437,5 +448,66 @@ pub fn size(bytes: u64) -> String {
         b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
         b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
         b => format!("{b} B"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_epochs_trigger_and_storage_read_from_their_kinds() {
+        let e = |trigger: pb::Trigger, text: &str, storage: pb::EpochStorage, words: &str| {
+            pb::EpochInfo {
+                trigger: text.into(),
+                trigger_kind: trigger.into(),
+                storage: words.into(),
+                storage_kind: storage.into(),
+                image_bytes: 200,
+                flushed_bytes: 50,
+                ..Default::default()
+            }
+        };
+        use pb::EpochStorage as S;
+        let user = e(pb::Trigger::User, "", S::Unspecified, "");
+        assert_eq!(
+            (trigger_text(&user), storage_text(&user).as_str()),
+            ("user", "-")
+        );
+        let flushing = e(pb::Trigger::Periodic, "periodic", S::Flushing, "flushing");
+        assert_eq!(
+            (trigger_text(&flushing), storage_text(&flushing).as_str()),
+            ("periodic", "flushing 25%")
+        );
+        let durable = e(pb::Trigger::Drain, "drain", S::SharedOnly, "shared-only");
+        assert_eq!(
+            (trigger_text(&durable), storage_text(&durable).as_str()),
+            ("drain", "shared-only")
+        );
+        let empty = pb::EpochInfo {
+            image_bytes: 0,
+            ..e(pb::Trigger::Deadline, "deadline", S::Flushing, "flushing")
+        };
+        assert_eq!(storage_text(&empty), "flushing");
+    }
+
+    #[test]
+    fn an_auto_policy_says_how_it_chose_its_interval() {
+        let p = pb::JobPolicy {
+            every: "auto".into(),
+            auto: true,
+            interval_s: 600,
+            why: "from the last epochs".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            policy_text(&p),
+            "checkpoints every 10m (auto: from the last epochs) (while it runs)"
+        );
+        let fixed = pb::JobPolicy {
+            every: "30m".into(),
+            ..Default::default()
+        };
+        assert_eq!(policy_text(&fixed), "checkpoints every 30m (while it runs)");
     }
 }

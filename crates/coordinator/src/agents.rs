@@ -6,6 +6,7 @@ use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
 use ckpt_proto::v1::agent_client::AgentClient;
+use ckpt_proto::Engine;
 use tonic::transport::Channel;
 
 use crate::clock::now_ms;
@@ -218,11 +219,11 @@ impl Agents {
 
     /// Whether `node` has the engine `name`. An agent that reports no engines at all is of a
     /// version before engines were reported, and has CRIU only.
-    pub fn has_engine(&self, node: &str, name: &str) -> bool {
+    pub fn has_engine(&self, node: &str, engine: Engine) -> bool {
         let has = self.engines(node);
         match has.is_empty() {
-            true => name == crate::model::ENGINES[0],
-            false => has.iter().any(|(n, _)| n == name),
+            true => engine == Engine::Criu,
+            false => has.iter().any(|(n, _)| n == engine.as_str()),
         }
     }
 

@@ -10,10 +10,9 @@ use tonic::transport::server::UdsConnectInfo;
 use tonic::{Code, Request, Response, Status};
 
 use crate::agents::FailureKind;
-use crate::driver::{Caller, Coordinator, DriveError, RunSpec, Step};
-use crate::model::{
-    Epoch, EpochState, Every, FlushState, Job, JobState, Policy, PolicyChange, Recovery,
-};
+use crate::driver::{Caller, Coordinator, DriveError, OperationPhase, RunSpec, Step};
+use crate::model::{Every, Phase, Policy, PolicyChange, Trigger};
+use crate::wire::{epoch_info, job_info};
 
 /// Maps a coordinator error to a status.
 pub fn to_status(e: &DriveError) -> Status {
@@ -67,13 +66,6 @@ fn caller<T>(req: &Request<T>) -> Result<Caller, Status> {
     })
 }
 
-/// Whether the job failed and ckptd restarts it by itself, or waits to.
-fn recovering(job: &Job) -> bool {
-    matches!(job.on_failure, crate::model::OnFailure::Restart { .. })
-        && job.failure().is_some()
-        && job.gave_up != Some(job.incarnation)
-}
-
 /// The lease an agent gets with each answer (see `driver/lost.rs`): none for the agent on
 /// ckptd's own machine (a standalone ckptd's), which loses ckptd only with ckptd itself and
 /// whose parts nobody restarts elsewhere.
@@ -81,132 +73,6 @@ fn lease_for(peer: &ckpt_auth::Peer, cfg: &crate::config::CoordinatorConfig) -> 
     match peer {
         ckpt_auth::Peer::LocalRoot => 0,
         _ => cfg.lease().as_millis() as u64,
-    }
-}
-
-/// Wire form of a job.
-pub fn job_info(job: &Job, nodes: Vec<pb::NodeJobInfo>) -> pb::JobInfo {
-    let (exit_code, exit_signal) = match &job.state {
-        JobState::Exited { code, signal } => (*code, *signal),
-        _ => (None, None),
-    };
-    pb::JobInfo {
-        id: job.id,
-        name: job.name.clone(),
-        owner_uid: job.owner_uid,
-        state: job.state.name(),
-        argv: job.argv.clone(),
-        cwd: job.cwd.clone(),
-        created_unix_ms: job.created_unix_ms,
-        exit_code,
-        exit_signal,
-        last_epoch: job.last_epoch,
-        latest_committed_epoch: job.latest_committed,
-        nodes,
-        job_dir: job.job_dir.clone(),
-        detail: match (&job.state, &job.lost) {
-            (JobState::Lost, Some(l)) => format!(
-                "lost: node {} was last heard from {} and declared lost {} later; {}",
-                l.node,
-                humantime::format_rfc3339_seconds(
-                    std::time::UNIX_EPOCH + std::time::Duration::from_millis(l.since_unix_ms)
-                ),
-                humantime::format_duration(std::time::Duration::from_secs(
-                    l.noticed_unix_ms.saturating_sub(l.since_unix_ms) / 1000
-                )),
-                if recovering(job) {
-                    format!(
-                        "ckptd restarts it by itself (--on-failure {})",
-                        job.on_failure.text()
-                    )
-                } else {
-                    format!("restart it with `ckptctl restart {}`", job.id)
-                }
-            ),
-            _ => String::new(),
-        },
-        flush: String::new(),
-        policy: None,
-        engine: job.engine_name().to_string(),
-        lost: job
-            .lost
-            .as_ref()
-            .filter(|_| job.state == JobState::Lost)
-            .map(|l| pb::LostInfo {
-                node: l.node.clone(),
-                since_unix_ms: l.since_unix_ms,
-                noticed_unix_ms: l.noticed_unix_ms,
-            }),
-        on_failure: job.on_failure.text(),
-        recoveries: job.recoveries.iter().map(recovery_info).collect(),
-        recovery_note: job.recovery_note.clone(),
-        recovering: recovering(job),
-    }
-}
-
-/// Wire form of a restart's record.
-fn recovery_info(r: &Recovery) -> pb::RecoveryInfo {
-    pb::RecoveryInfo {
-        at_unix_ms: r.at_unix_ms,
-        trigger: r.trigger.clone(),
-        epoch: r.epoch,
-        moves: r.moves.clone(),
-        outcome: r.outcome.clone(),
-        failed_unix_ms: r.failed_unix_ms,
-        noticed_unix_ms: r.noticed_unix_ms,
-        restored_unix_ms: r.restored_unix_ms,
-        running_unix_ms: r.running_unix_ms,
-        fetch_ms: r.fetch_ms,
-        restore_ms: r.restore_ms,
-    }
-}
-
-/// Wire form of an epoch; `flushed` is the progress of its flush in progress, if any.
-pub fn epoch_info(e: &Epoch, flushed: Option<(u64, u64)>) -> pb::EpochInfo {
-    let (failed_phase, reason) = match &e.state {
-        EpochState::Failed { phase, reason } => (phase.name().to_string(), reason.clone()),
-        EpochState::Expired { reason } => (String::new(), reason.clone()),
-        _ => (String::new(), String::new()),
-    };
-    pb::EpochInfo {
-        job_id: e.job_id,
-        epoch: e.number,
-        state: e.state_name(),
-        failed_phase,
-        reason,
-        started_unix_ms: e.started_unix_ms,
-        finished_unix_ms: e.finished_unix_ms,
-        frozen_ms: e.frozen_ms,
-        total_ms: e.finished_unix_ms.saturating_sub(e.started_unix_ms),
-        image_bytes: e.image_bytes,
-        image_files: e.image_files,
-        kill: e.kill,
-        nodes: e.nodes.clone(),
-        storage: e.storage_name().into(),
-        flush_detail: match &e.flush {
-            FlushState::Failed { reason } => reason.clone(),
-            _ => String::new(),
-        },
-        flushed_bytes: match &e.flush {
-            FlushState::Durable { .. } => e.image_bytes,
-            _ => flushed.map(|p| p.0).unwrap_or(0),
-        },
-        flush_ms: match &e.flush {
-            FlushState::Durable { flush_ms, .. } => *flush_ms,
-            _ => 0,
-        },
-        shared_bytes: match &e.flush {
-            FlushState::Durable { written_bytes, .. } => *written_bytes,
-            _ => 0,
-        },
-        local_copy: e.is_restorable() && e.local_copy,
-        shared_copy: e.is_restorable() && e.is_durable(),
-        partner_copy: e.is_restorable() && e.has_partner_copies(),
-        trigger: e.trigger.clone(),
-        durable_ms: e.durable_ms().unwrap_or(0),
-        // Set by the caller, which has the job.
-        engine: String::new(),
-        restarts: e.restarts.iter().map(recovery_info).collect(),
     }
 }
 
@@ -229,13 +95,14 @@ fn step_msg(s: &Step, started: std::time::Instant) -> pb::Progress {
     pb::Progress {
         job_id: s.job,
         epoch: s.epoch,
-        phase: s.phase.into(),
+        phase: s.phase.name().into(),
         message: s.message.clone(),
         done: false,
         ok: false,
         elapsed_ms: started.elapsed().as_millis() as u64,
         result: None,
         code: 0,
+        phase_kind: s.phase.kind().into(),
     }
 }
 
@@ -272,7 +139,7 @@ where
 fn final_msg(
     job: u64,
     epoch: u32,
-    phase: &str,
+    phase: OperationPhase,
     r: Result<(String, Option<pb::EpochInfo>), DriveError>,
 ) -> pb::Progress {
     let (ok, message, result, code) = match r {
@@ -285,13 +152,14 @@ fn final_msg(
     pb::Progress {
         job_id: job,
         epoch,
-        phase: phase.into(),
+        phase: phase.name().into(),
         message,
         done: true,
         ok,
         elapsed_ms: 0,
         result,
         code,
+        phase_kind: phase.kind().into(),
     }
 }
 
@@ -365,7 +233,7 @@ impl pb::control_server::Control for ControlHandler {
         let r = req.into_inner();
         let (job, epoch) = self
             .coord
-            .begin_checkpoint(&who, r.job_id, r.kill, "")
+            .begin_checkpoint(&who, r.job_id, r.kill, Trigger::User)
             .await
             .map_err(|e| to_status(&e))?;
         let coord = self.coord.clone();
@@ -379,7 +247,7 @@ impl pb::control_server::Control for ControlHandler {
                         Some(epoch_info(&e, None)),
                     )
                 });
-                final_msg(id, number, "commit", r)
+                final_msg(id, number, OperationPhase::Epoch(Phase::Commit), r)
             })
         });
         Ok(Response::new(stream))
@@ -404,7 +272,7 @@ impl pb::control_server::Control for ControlHandler {
             .begin_restart(&who, r.job_id, r.epoch, &placement)
             .await
             .map_err(|e| to_status(&e))?;
-        let record = begun.record(format!("ckptctl restart by uid {}", who.uid));
+        let record = begun.record(Trigger::User, format!("ckptctl restart by uid {}", who.uid));
         let coord = self.coord.clone();
         // Only "the latest checkpoint" may fall back to an older one; an epoch asked for by
         // number is that epoch or nothing.
@@ -426,7 +294,7 @@ impl pb::control_server::Control for ControlHandler {
                     Ok((_, Some(info))) => info.epoch,
                     _ => asked,
                 };
-                final_msg(id, number, "restore", r)
+                final_msg(id, number, OperationPhase::Restore, r)
             })
         });
         Ok(Response::new(stream))
@@ -452,7 +320,7 @@ impl pb::control_server::Control for ControlHandler {
                     return final_msg(
                         0,
                         0,
-                        "drain",
+                        OperationPhase::Drain,
                         Ok((format!("no live job has a part on {node}"), None)),
                     );
                 }
@@ -491,9 +359,9 @@ impl pb::control_server::Control for ControlHandler {
                 }
                 let message = lines.join("\n");
                 match first_error {
-                    None => final_msg(0, 0, "drain", Ok((message, None))),
+                    None => final_msg(0, 0, OperationPhase::Drain, Ok((message, None))),
                     Some(e) => {
-                        let mut p = final_msg(0, 0, "drain", Err(e));
+                        let mut p = final_msg(0, 0, OperationPhase::Drain, Err(e));
                         p.message = message;
                         p
                     }
@@ -568,7 +436,7 @@ impl pb::control_server::Control for ControlHandler {
                 .iter()
                 .map(|e| pb::EpochInfo {
                     // A job keeps its engine: its epochs are all that engine's.
-                    engine: job.engine_name().to_string(),
+                    engine: job.snapshot_engine().to_string(),
                     ..epoch_info(e, self.coord.flushes.progress(id, e.number))
                 })
                 .collect(),

@@ -88,7 +88,7 @@ async fn checkpoints_beyond_the_hourly_limit_are_refused_but_kill_and_root_are_n
     assert_eq!(c.job_state(job), coordinator::model::JobState::Running);
     let (j, e) = c
         .coord
-        .begin_checkpoint(&ROOT, job, false, "")
+        .begin_checkpoint(&ROOT, job, false, coordinator::model::Trigger::User)
         .await
         .unwrap();
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();

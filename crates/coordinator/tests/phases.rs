@@ -89,7 +89,7 @@ async fn a_run_asking_for_an_engine_its_node_lacks_is_refused_before_any_launch(
         "nothing launched"
     );
     let job = c.coord.run(OWNER, spec("criu")).await.unwrap();
-    assert_eq!(job.engine_name(), "criu");
+    assert_eq!(job.snapshot_engine(), ckpt_proto::Engine::Criu);
 }
 
 #[tokio::test]

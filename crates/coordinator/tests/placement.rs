@@ -498,7 +498,7 @@ async fn a_job_whose_launcher_node_goes_down_is_lost_and_restarts_on_a_spare() {
     assert_eq!(why.node, "n1");
     assert!(why.since_unix_ms <= why.noticed_unix_ms, "{why:?}");
     assert_eq!(c.nodes_called("signal"), ["n2", "n3"], "the rest is killed");
-    let info = coordinator::grpc::job_info(&lost, vec![]);
+    let info = coordinator::wire::job_info(&lost, vec![]);
     assert!(
         info.detail.contains("node n1") && info.detail.contains(&format!("ckptctl restart {job}")),
         "{}",
@@ -591,7 +591,7 @@ async fn a_job_with_a_restart_policy_comes_back_by_itself_once_and_not_in_a_loop
         times[0] > 0 && times.windows(2).all(|w| w[0] <= w[1]),
         "{r:?}"
     );
-    let info = coordinator::grpc::job_info(&j, vec![]);
+    let info = coordinator::wire::job_info(&j, vec![]);
     assert_eq!(info.on_failure, "restart:2");
     assert_eq!(info.recoveries[0].outcome, "running again from epoch 1");
     // The epoch restored keeps the restart too, as `ckptctl epochs` shows it.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use cluster::*;
 use coordinator::driver::DriveError;
-use coordinator::model::{EpochState, Every, JobState, PolicyChange};
+use coordinator::model::{EpochState, Every, JobState, PolicyChange, Trigger};
 use tokio::sync::watch;
 
 fn every(s: u64) -> PolicyChange {
@@ -71,7 +71,10 @@ async fn a_periodic_policy_checkpoints_the_job_every_interval_one_epoch_at_a_tim
             pair[0].number
         );
     }
-    assert!(epochs.iter().all(|e| e.trigger == "periodic"), "{epochs:?}");
+    assert!(
+        epochs.iter().all(|e| e.trigger == Trigger::Periodic),
+        "{epochs:?}"
+    );
     let info = c
         .coord
         .policy_info(&c.coord.registry.job(job).unwrap().unwrap())
@@ -282,7 +285,7 @@ async fn a_deadline_stops_the_job_after_a_final_checkpoint_before_it() {
     let _run = schedule(&c);
     let epochs = committed(&c, job, 1, Duration::from_secs(10)).await;
     let last = &epochs[0];
-    assert_eq!(last.trigger, "deadline");
+    assert_eq!(last.trigger, Trigger::Deadline);
     assert!(last.kill);
     assert!(
         last.finished_unix_ms <= deadline,

@@ -49,6 +49,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use ckpt_proto::v1::agent_server::AgentServer;
+use ckpt_proto::Engine;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
@@ -227,7 +228,7 @@ pub fn open_jobs(
             min_uid: cfg.min_uid,
         })
         .with_engines(others);
-    let jobs = if cfg.engines.dmtcp_fence && jobs.engines().get("dmtcp").is_ok() {
+    let jobs = if cfg.engines.dmtcp_fence && jobs.engines().get(Engine::Dmtcp.as_str()).is_ok() {
         jobs.with_fence(&cfg.cgroup.prefix)
     } else {
         jobs

@@ -25,6 +25,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ckpt_proto::Engine;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use tracing::{info, warn};
 
@@ -135,8 +136,8 @@ impl Jobs {
             }
             return;
         }
-        // Only the default engine pre-dumps (DMTCP has no pre-dumps).
-        if !job.record.engine.is_empty() && job.record.engine != crate::engine::DEFAULT {
+        // Only CRIU, the default engine, pre-dumps (DMTCP has no pre-dumps).
+        if Engine::named(&job.record.engine) != Ok(Engine::Criu) {
             return;
         }
         // A part held frozen after a restore waits for its release; the engine would thaw it.

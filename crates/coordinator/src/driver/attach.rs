@@ -2,6 +2,7 @@
 //! job there (checked by the job token), and locating a job by its token.
 
 use ckpt_proto::v1 as pb;
+use ckpt_proto::Engine;
 use tracing::{info, instrument};
 
 use super::{Coordinator, DriveError};
@@ -83,7 +84,7 @@ impl Coordinator {
             if job.engine_virtualizes() {
                 return Err(DriveError::Invalid(format!(
                     "job {id} runs under {}, which ckpt runs on one node: its MPI launcher may not start processes on node {node} (DMTCP 4.2's restart cannot reconnect TCP between nodes, so the job could be checkpointed but not restarted; docs/dmtcp.md); run the job on one node, or with --engine criu",
-                    job.engine_name()
+                    job.snapshot_engine()
                 )));
             }
             if node == job.node {
@@ -130,7 +131,7 @@ impl Coordinator {
             groups: vec![],
             token: job.token.clone(),
             part,
-            engine: job.engine.clone(),
+            engine: job.engine.map(Engine::as_str).unwrap_or_default().into(),
             job_address: job.addresses.get(&node).cloned().unwrap_or_default(),
             job_gateway: if job.addresses.contains_key(&node) {
                 self.job_gateway()

@@ -13,22 +13,22 @@ use ckpt_proto::v1 as pb;
 use tokio::sync::mpsc;
 use tracing::{info, instrument, warn};
 
-use super::{now_ms, Caller, Coordinator, DriveError, Step};
+use super::{now_ms, Caller, Coordinator, DriveError, OperationPhase, Step};
 use crate::agents::{FailureKind, NodeFailure};
 use crate::config::Deadlines;
 use crate::link::{barrier, send_all, wire_phase, EpochLink};
 use crate::metrics::metrics;
-use crate::model::{Epoch, FlushState, Job, JobState, Phase, TransitionError};
+use crate::model::{Epoch, FlushState, Job, JobState, Phase, TransitionError, Trigger};
 
 impl Coordinator {
     /// Validates a checkpoint request and starts the epoch; returns the job and the epoch.
-    /// `trigger` says who asked ("" for a user's request; see [`Epoch::trigger`]).
+    /// `trigger` says who asked (see [`Epoch::trigger`]).
     pub async fn begin_checkpoint(
         &self,
         caller: &Caller,
         id: u64,
         kill: bool,
-        trigger: &str,
+        trigger: Trigger,
     ) -> Result<(Job, Epoch), DriveError> {
         self.job_for(caller, id)?;
         self.refresh(id).await?;
@@ -49,7 +49,7 @@ impl Coordinator {
         };
         self.count_checkpoint(caller, kill)?;
         let mut epoch = Epoch::begin(id, number, kill, job.nodes(), now_ms());
-        epoch.trigger = trigger.to_string();
+        epoch.trigger = trigger;
         self.registry.put_job_and_epoch(&job, &epoch)?;
         Ok((job, epoch))
     }
@@ -161,7 +161,7 @@ impl EpochRun<'_> {
         let _ = self.progress.send(Step {
             job: self.id,
             epoch: self.epoch.number,
-            phase: phase.name(),
+            phase: OperationPhase::Epoch(phase),
             message,
         });
     }

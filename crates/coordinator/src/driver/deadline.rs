@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
-use super::schedule::{Schedule, DEADLINE, LEAD_REFRESH};
+use super::schedule::{Schedule, LEAD_REFRESH};
 use super::{now_ms, Caller, Coordinator, DriveError};
 use crate::model::estimate::{self, Estimate};
-use crate::model::{Epoch, Job};
+use crate::model::{Epoch, Job, Trigger};
 
 /// How many of the latest jobs lend their epochs to the estimate of a job without its own.
 const SITE_JOBS: usize = 50;
@@ -175,7 +175,7 @@ impl Coordinator {
         let (coord, st, job) = (self.clone(), st.clone(), job.clone());
         tokio::spawn(async move {
             info!(job = job.id, deadline, "deadline near: final checkpoint");
-            if coord.scheduled_checkpoint(&job, DEADLINE).await {
+            if coord.scheduled_checkpoint(&job, Trigger::Deadline).await {
                 let r = coord
                     .update_job(job.id, |j| {
                         j.policy.deadline_unix_ms = None;

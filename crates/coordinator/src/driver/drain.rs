@@ -9,9 +9,9 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use super::placement::Placement;
-use super::{Caller, Coordinator, DriveError, Step};
+use super::{Caller, Coordinator, DriveError, OperationPhase, Step};
 use crate::agents::{FailureKind, NodeFailure};
-use crate::model::{FlushState, Job};
+use crate::model::{FlushState, Job, Trigger};
 
 /// What became of one job of a drained node.
 #[derive(Debug)]
@@ -125,12 +125,12 @@ impl Coordinator {
                 let _ = progress.send(Step {
                     job: id,
                     epoch,
-                    phase: "drain",
+                    phase: OperationPhase::Drain,
                     message,
                 });
             };
             say(0, format!("checkpointing job {id} and stopping it"));
-            let checkpointed = match self.begin_checkpoint(&root, id, true, "drain").await {
+            let checkpointed = match self.begin_checkpoint(&root, id, true, Trigger::Drain).await {
                 Ok((job, epoch)) => self.drive_checkpoint(job, epoch, progress.clone()).await,
                 Err(e) => Err(e),
             };
@@ -198,7 +198,7 @@ impl Coordinator {
         };
         let begun = self.begin_restart(root, id, epoch, &placement).await?;
         let to = begun.moves.get(node).cloned();
-        let record = begun.record(format!("drain {node}"));
+        let record = begun.record(Trigger::Drain, format!("drain {node}"));
         self.drive_restart(begun, false, record, progress.clone())
             .await?;
         Ok(to)

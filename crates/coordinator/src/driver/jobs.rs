@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use ckpt_proto::v1 as pb;
+use ckpt_proto::Engine;
 use tracing::{info, instrument, warn};
 
 use super::{now_ms, Caller, Coordinator, DriveError, RunSpec};
@@ -251,16 +252,15 @@ impl Coordinator {
             ));
         }
         check_part_env(&spec.part_env)?;
-        let engine = match spec.engine.as_str() {
-            "" => crate::model::ENGINES[0],
-            e if crate::model::ENGINES.contains(&e) => e,
-            e => {
-                return Err(DriveError::Invalid(format!(
-                    "unknown snapshot engine {e:?}: use {}",
-                    crate::model::ENGINES.join(" or ")
-                )))
-            }
+        // The engine asked for, if any ("" names none), and the one the job runs under.
+        let asked = match spec.engine.as_str() {
+            "" => None,
+            e => Some(
+                e.parse::<Engine>()
+                    .map_err(|e| DriveError::Invalid(e.to_string()))?,
+            ),
         };
+        let engine = asked.unwrap_or_default();
         let on_failure = self.on_failure(&spec.on_failure, engine)?;
         let node = if spec.node.is_empty() {
             // The first node that has the engine.
@@ -280,7 +280,7 @@ impl Coordinator {
             return Err(DriveError::Invalid(format!(
                 "node {node} has no {engine} engine (its agent reported {}): install {} there and restart its ckpt-agent (see docs/dmtcp.md), run on a node that has it with --node, or choose another engine with --engine",
                 if has.is_empty() { "none".to_string() } else { has.iter().map(|(n, v)| format!("{n} {v}")).collect::<Vec<_>>().join(", ") },
-                engine.to_uppercase(),
+                engine.as_str().to_uppercase(),
             )));
         }
         let (id, name, token, job_address) = {
@@ -315,7 +315,7 @@ impl Coordinator {
                 moved: Default::default(),
                 policy: spec.policy.clone(),
                 running_since_unix_ms: 0,
-                engine: spec.engine.clone(),
+                engine: asked,
                 lost: None,
                 on_failure,
                 recoveries: Vec::new(),
@@ -343,7 +343,7 @@ impl Coordinator {
             groups: Vec::new(),
             token,
             part: 0,
-            engine: spec.engine.clone(),
+            engine: asked.map(Engine::as_str).unwrap_or_default().into(),
             job_gateway: if job_address.is_empty() {
                 String::new()
             } else {

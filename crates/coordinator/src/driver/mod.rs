@@ -34,6 +34,7 @@ mod resume;
 mod schedule;
 
 pub use drain::Drained;
+pub use nodes::NodeState;
 pub use placement::{Moves, Placement};
 pub use restart::Begun;
 pub use resume::Resume;
@@ -168,10 +169,42 @@ pub struct Step {
     pub job: u64,
     /// Epoch (0 before one is chosen).
     pub epoch: u32,
-    /// Phase name.
-    pub phase: &'static str,
+    /// What the operation is doing.
+    pub phase: OperationPhase,
     /// What happened.
     pub message: String,
+}
+
+/// What a long operation is doing when it reports a [`Step`]: a phase of a checkpoint epoch, a
+/// restore, or a drain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperationPhase {
+    /// A phase of a checkpoint epoch.
+    Epoch(Phase),
+    /// A restart restoring the job on its nodes.
+    Restore,
+    /// A drain checkpointing and stopping (or moving) the jobs of a node.
+    Drain,
+}
+
+impl OperationPhase {
+    /// Name shown to users: the epoch phase's, "restore" or "drain".
+    pub fn name(self) -> &'static str {
+        match self {
+            OperationPhase::Epoch(p) => p.name(),
+            OperationPhase::Restore => "restore",
+            OperationPhase::Drain => "drain",
+        }
+    }
+
+    /// Its value in the Control API (`Progress.phase_kind`).
+    pub fn kind(self) -> pb::OperationPhase {
+        match self {
+            OperationPhase::Epoch(p) => crate::wire::phase(p),
+            OperationPhase::Restore => pb::OperationPhase::Restore,
+            OperationPhase::Drain => pb::OperationPhase::Drain,
+        }
+    }
 }
 
 /// Who is asking: the peer credentials of the ckptctl connection.
@@ -458,6 +491,31 @@ impl Coordinator {
             | DriveError::RestartFailed { failure, .. }
             | DriveError::Node(failure) => Some(failure.kind),
             _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_operation_phase_has_the_value_of_its_name() {
+        let all = crate::model::fixtures::PHASES
+            .into_iter()
+            .map(OperationPhase::Epoch)
+            .chain([OperationPhase::Restore, OperationPhase::Drain]);
+        for op in all {
+            // A new operation does not compile here until it is listed above.
+            match op {
+                OperationPhase::Epoch(_) | OperationPhase::Restore | OperationPhase::Drain => {}
+            }
+            // OPERATION_PHASE_LOCAL_CHECKPOINT for "local-checkpoint".
+            let want = format!(
+                "OPERATION_PHASE_{}",
+                op.name().to_uppercase().replace('-', "_")
+            );
+            assert_eq!(op.kind().as_str_name(), want);
         }
     }
 }

@@ -93,7 +93,7 @@ impl Coordinator {
             }
         }
         // DMTCP virtualizes PIDs and reconnects sockets itself: its jobs move without one.
-        let engine = job.engine_name();
+        let engine = job.snapshot_engine();
         if !moves.is_empty() && job.addresses.is_empty() && !job.engine_virtualizes() {
             return Err(DriveError::NodeNotFree {
                 node: moves.values().next().cloned().unwrap_or_default(),

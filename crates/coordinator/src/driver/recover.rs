@@ -10,11 +10,12 @@
 
 use std::time::Duration;
 
+use ckpt_proto::Engine;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use super::{now_ms, Caller, Coordinator, DriveError, Placement};
-use crate::model::{Job, OnFailure, Recovery};
+use crate::model::{Job, OnFailure, Recovery, Trigger};
 
 /// ckptd itself, acting on any job.
 const ROOT: Caller = Caller {
@@ -27,9 +28,8 @@ impl Coordinator {
     /// The policy a new job gets: `asked` (`--on-failure`), else ckptd.toml's default. An
     /// explicit restart policy is refused for a job whose parts cannot move to other nodes
     /// (it runs without a sandbox); the default applies only to those that can.
-    pub(super) fn on_failure(&self, asked: &str, engine: &str) -> Result<OnFailure, DriveError> {
-        let movable = engine != crate::model::ENGINES[0]
-            || matches!(self.cfg.job_network.range(), Ok(Some(_)));
+    pub(super) fn on_failure(&self, asked: &str, engine: Engine) -> Result<OnFailure, DriveError> {
+        let movable = engine.virtualizes() || matches!(self.cfg.job_network.range(), Ok(Some(_)));
         if asked.is_empty() {
             let default = OnFailure::parse(&self.cfg.recovery.on_failure).unwrap_or_default();
             return Ok(if movable { default } else { OnFailure::Stop });
@@ -109,7 +109,7 @@ impl Coordinator {
                 return self.note(&job, note, false).await;
             }
         };
-        let mut recovery = begun.record(trigger.clone());
+        let mut recovery = begun.record(Trigger::Recovery, trigger.clone());
         if let Some(l) = lost {
             recovery.failed_unix_ms = l.since_unix_ms;
             recovery.noticed_unix_ms = l.noticed_unix_ms;
@@ -224,7 +224,7 @@ mod tests {
     fn recovery(epoch: u32, outcome: &str) -> Recovery {
         Recovery {
             outcome: outcome.into(),
-            ..Recovery::begun("node n3 lost".into(), epoch, vec![], 1)
+            ..Recovery::begun(Trigger::Recovery, "node n3 lost".into(), epoch, vec![], 1)
         }
     }
 

@@ -7,9 +7,9 @@ use tokio::sync::mpsc;
 use tracing::{instrument, warn};
 
 use super::placement::{Moves, Placement};
-use super::{now_ms, Caller, Coordinator, DriveError, Step};
+use super::{now_ms, Caller, Coordinator, DriveError, OperationPhase, Step};
 use crate::agents::{FailureKind, NodeFailure};
-use crate::model::{Epoch, Job, JobState, Recovery, MAX_RESTARTS_KEPT};
+use crate::model::{Epoch, Job, JobState, Recovery, Trigger, MAX_RESTARTS_KEPT};
 
 /// A restart validated and begun by [`Coordinator::begin_restart`], for
 /// [`Coordinator::drive_restart`] to carry out.
@@ -26,9 +26,10 @@ pub struct Begun {
 }
 
 impl Begun {
-    /// The record of this restart, asked for by `trigger`, as it begins.
-    pub fn record(&self, trigger: String) -> Recovery {
+    /// The record of this restart, asked for by `kind` (`trigger` in words), as it begins.
+    pub fn record(&self, kind: Trigger, trigger: String) -> Recovery {
         Recovery::begun(
+            kind,
             trigger,
             self.epoch.number,
             self.moves.iter().map(|(o, n)| format!("{o}={n}")).collect(),
@@ -184,7 +185,7 @@ impl Coordinator {
             let _ = progress.send(Step {
                 job: id,
                 epoch: epoch.number,
-                phase: "restore",
+                phase: OperationPhase::Restore,
                 message: format!("moving {}", said.join(", ")),
             });
         }
@@ -217,7 +218,7 @@ impl Coordinator {
                     let _ = progress.send(Step {
                         job: id,
                         epoch: number,
-                        phase: "restore",
+                        phase: OperationPhase::Restore,
                         message: "running again".into(),
                     });
                     let m = crate::metrics::metrics();
@@ -263,7 +264,7 @@ impl Coordinator {
                     let _ = progress.send(Step {
                         job: id,
                         epoch: number,
-                        phase: "restore",
+                        phase: OperationPhase::Restore,
                         message: format!(
                             "epoch {number} cannot be restored ({f}); trying epoch {}",
                             older.number
@@ -346,7 +347,7 @@ impl Coordinator {
         let _ = progress.send(Step {
             job: id,
             epoch: number,
-            phase: "restore",
+            phase: OperationPhase::Restore,
             message: format!(
                 "verifying and restoring {} node(s) from epoch {number}",
                 epoch.nodes.len()
@@ -418,7 +419,7 @@ impl Coordinator {
                     let _ = progress.send(Step {
                         job: id,
                         epoch: number,
-                        phase: "restore",
+                        phase: OperationPhase::Restore,
                         message,
                     });
                 }
@@ -512,7 +513,7 @@ impl Coordinator {
             let _ = progress.send(Step {
                 job: id,
                 epoch: number,
-                phase: "restore",
+                phase: OperationPhase::Restore,
                 message: r.say(channels),
             });
         }

@@ -12,15 +12,10 @@ use tracing::{debug, info, warn};
 
 use super::{now_ms, Caller, Coordinator, DriveError};
 use crate::model::policy::{self, Interval};
-use crate::model::{Job, JobState, PolicyChange};
+use crate::model::{Job, JobState, PolicyChange, Trigger};
 
 /// How often the scheduler looks for due checkpoints (it reads every job's record).
 const TICK: Duration = Duration::from_millis(500);
-
-/// Trigger recorded on the epochs the scheduler starts for a periodic policy.
-pub const PERIODIC: &str = "periodic";
-/// Trigger recorded on the final checkpoint before a deadline.
-pub const DEADLINE: &str = "deadline";
 
 /// What the scheduler remembers between passes.
 #[derive(Debug, Default)]
@@ -110,6 +105,7 @@ impl Coordinator {
         }
         let mut info = pb::JobPolicy {
             every: job.policy.every.map(|e| e.text()).unwrap_or_default(),
+            auto: job.policy.every == Some(policy::Every::Auto),
             deadline_unix_ms: job.policy.deadline_unix_ms.unwrap_or(0),
             ..Default::default()
         };
@@ -159,7 +155,7 @@ impl Coordinator {
             let coord = self.clone();
             let st = st.clone();
             tokio::spawn(async move {
-                coord.scheduled_checkpoint(&job, PERIODIC).await;
+                coord.scheduled_checkpoint(&job, Trigger::Periodic).await;
                 st.end(job.id);
             });
         }
@@ -168,8 +164,12 @@ impl Coordinator {
     /// One checkpoint of `job` that ckptd takes by itself (`trigger`: periodic, or the final
     /// one of a deadline, which stops the job), as its owner would take it; its outcome is in
     /// the job's epochs and in the log. Returns whether it committed.
-    pub(super) async fn scheduled_checkpoint(self: &Arc<Self>, job: &Job, trigger: &str) -> bool {
-        let kill = trigger == DEADLINE;
+    pub(super) async fn scheduled_checkpoint(
+        self: &Arc<Self>,
+        job: &Job,
+        trigger: Trigger,
+    ) -> bool {
+        let kill = trigger == Trigger::Deadline;
         let owner = Caller {
             uid: job.owner_uid,
             gid: job.owner_gid,
@@ -179,12 +179,17 @@ impl Coordinator {
             Ok(b) => b,
             Err(e) => {
                 // The job ended or is busy since the registry was read: the next pass decides.
-                debug!(job = job.id, error = %e, trigger, "scheduled checkpoint not started");
+                debug!(job = job.id, error = %e, trigger = trigger.name(), "scheduled checkpoint not started");
                 return false;
             }
         };
         let (id, number) = (job.id, epoch.number);
-        info!(job = id, epoch = number, trigger, "scheduled checkpoint");
+        info!(
+            job = id,
+            epoch = number,
+            trigger = trigger.name(),
+            "scheduled checkpoint"
+        );
         let (tx, mut rx) = mpsc::unbounded_channel();
         let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
         let r = self.drive_checkpoint(job, epoch, tx).await;
@@ -195,13 +200,13 @@ impl Coordinator {
                     job = id,
                     epoch = e.number,
                     frozen_ms = e.frozen_ms,
-                    trigger,
+                    trigger = trigger.name(),
                     "scheduled checkpoint committed"
                 );
                 true
             }
             Err(e) => {
-                warn!(job = id, epoch = number, error = %e, trigger, "scheduled checkpoint failed");
+                warn!(job = id, epoch = number, error = %e, trigger = trigger.name(), "scheduled checkpoint failed");
                 false
             }
         }

@@ -4,13 +4,16 @@
 //! [`TransitionError`], which names the job or epoch, the state it is in and the state asked for.
 use std::collections::BTreeMap;
 
+use ckpt_proto::Engine;
 use serde::{Deserialize, Serialize};
 
 pub mod estimate;
 pub mod policy;
 pub mod recovery;
+pub mod trigger;
 pub use policy::{Every, Policy, PolicyChange};
 pub use recovery::{OnFailure, Recovery};
+pub use trigger::Trigger;
 
 /// The protocol phases of one checkpoint epoch, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -64,6 +67,34 @@ pub enum EpochState {
         /// Why (the retention rule).
         reason: String,
     },
+}
+
+/// Where a committed epoch's images are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storage {
+    /// In node-local staging only.
+    Local,
+    /// Being copied to shared storage.
+    Flushing,
+    /// Also complete in shared storage.
+    Durable,
+    /// In shared storage only: retention deleted the local copies.
+    SharedOnly,
+    /// Local only: the copy to shared storage failed.
+    FlushFailed,
+}
+
+impl Storage {
+    /// Name shown to users: `local`, `flushing`, `durable`, `shared-only`, `flush-failed`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Storage::Local => "local",
+            Storage::Flushing => "flushing",
+            Storage::Durable => "durable",
+            Storage::SharedOnly => "shared-only",
+            Storage::FlushFailed => "flush-failed",
+        }
+    }
 }
 
 /// The shared-storage copy of a committed epoch (SCR's flush).
@@ -149,10 +180,9 @@ pub struct Epoch {
     /// is durable and older than `keep_local`).
     #[serde(default = "yes")]
     pub local_copy: bool,
-    /// Who asked for it: "" (a user's request), "periodic" (the job's policy), "drain",
-    /// "deadline".
+    /// Who asked for it (stored as "" for a user's request, "periodic", "drain", "deadline").
     #[serde(default)]
-    pub trigger: String,
+    pub trigger: Trigger,
     /// Resident memory of the job's processes at the initial synchronization, over all nodes
     /// (what `ckptctl estimate` relates checkpoint times to).
     #[serde(default)]
@@ -184,7 +214,7 @@ impl Epoch {
             flush: FlushState::NotPlanned,
             partners: BTreeMap::new(),
             local_copy: true,
-            trigger: String::new(),
+            trigger: Trigger::User,
             resident_bytes: 0,
             restarts: Vec::new(),
         }
@@ -280,19 +310,24 @@ impl Epoch {
         }
     }
 
-    /// Where a committed epoch's images are, as users see it: `local`, `flushing`, `durable`,
-    /// `shared-only` or `flush-failed`; empty for other states.
-    pub fn storage_name(&self) -> &'static str {
+    /// Where a committed epoch's images are; None for other states.
+    pub fn storage(&self) -> Option<Storage> {
         if self.state != EpochState::Committed {
-            return "";
+            return None;
         }
-        match (&self.flush, self.local_copy) {
-            (FlushState::Durable { .. }, true) => "durable",
-            (FlushState::Durable { .. }, false) => "shared-only",
-            (FlushState::Flushing, _) => "flushing",
-            (FlushState::Failed { .. }, _) => "flush-failed",
-            (FlushState::NotPlanned, _) => "local",
-        }
+        Some(match (&self.flush, self.local_copy) {
+            (FlushState::Durable { .. }, true) => Storage::Durable,
+            (FlushState::Durable { .. }, false) => Storage::SharedOnly,
+            (FlushState::Flushing, _) => Storage::Flushing,
+            (FlushState::Failed { .. }, _) => Storage::FlushFailed,
+            (FlushState::NotPlanned, _) => Storage::Local,
+        })
+    }
+
+    /// [`Epoch::storage`] as users see it: `local`, `flushing`, `durable`, `shared-only` or
+    /// `flush-failed`; empty for other states.
+    pub fn storage_name(&self) -> &'static str {
+        self.storage().map_or("", Storage::name)
     }
 
     /// Whether every node's images have a partner copy on another node.
@@ -437,9 +472,10 @@ pub struct Job {
     /// last restart. Periodic checkpoints count from the later of this and the last epoch.
     #[serde(default)]
     pub running_since_unix_ms: u64,
-    /// The snapshot engine its nodes use; empty: the default (CRIU).
-    #[serde(default)]
-    pub engine: String,
+    /// The snapshot engine the job asked for; None: it named none, and gets the default (CRIU).
+    /// Stored as its name, "" for none.
+    #[serde(default, with = "engine_or_empty")]
+    pub engine: Option<Engine>,
     /// Why the job is `lost`, when a node of it went down (see `driver/lost.rs`).
     #[serde(default)]
     pub lost: Option<LostNode>,
@@ -476,23 +512,40 @@ pub struct LostNode {
     pub noticed_unix_ms: u64,
 }
 
-/// Snapshot engines a job may ask for.
-pub const ENGINES: [&str; 2] = ["criu", "dmtcp"];
+/// [`Job::engine`] as records store it: the engine's name, "" for none.
+mod engine_or_empty {
+    use ckpt_proto::Engine;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    /// Writes the engine's name, or "" for none.
+    pub fn serialize<S: Serializer>(e: &Option<Engine>, s: S) -> Result<S::Ok, S::Error> {
+        match e {
+            Some(e) => e.serialize(s),
+            None => s.serialize_str(""),
+        }
+    }
+
+    /// Reads "" as none and an engine's name as that engine; refuses any other name.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Engine>, D::Error> {
+        let name = String::deserialize(d)?;
+        if name.is_empty() {
+            return Ok(None);
+        }
+        name.parse().map(Some).map_err(serde::de::Error::custom)
+    }
+}
 
 impl Job {
-    /// The job's snapshot engine ("criu" where none was named).
-    pub fn engine_name(&self) -> &str {
-        match self.engine.as_str() {
-            "" => ENGINES[0],
-            e => e,
-        }
+    /// The job's snapshot engine (CRIU where none was named).
+    pub fn snapshot_engine(&self) -> Engine {
+        self.engine.unwrap_or_default()
     }
 
     /// Whether the job's engine virtualizes PIDs and reconnects sockets itself (DMTCP): such
     /// a job runs in the node's namespaces, without a job network address, and moves to other
     /// nodes without one.
     pub fn engine_virtualizes(&self) -> bool {
-        self.engine_name() != ENGINES[0]
+        self.snapshot_engine().virtualizes()
     }
 
     /// Whether the job's processes run (or are being started, checkpointed or restored): its
@@ -665,6 +718,29 @@ impl Job {
 pub(crate) mod fixtures {
     use super::*;
 
+    /// Every phase, in order.
+    pub(crate) const PHASES: [Phase; 6] = [
+        Phase::InitialSync,
+        Phase::Quiesce,
+        Phase::LocalCheckpoint,
+        Phase::Resume,
+        Phase::Finalize,
+        Phase::Commit,
+    ];
+
+    /// A phase added to [`Phase`] stops this match from compiling: add it to [`PHASES`] too.
+    #[allow(dead_code)]
+    fn every_phase_is_in_phases(p: Phase) {
+        match p {
+            Phase::InitialSync
+            | Phase::Quiesce
+            | Phase::LocalCheckpoint
+            | Phase::Resume
+            | Phase::Finalize
+            | Phase::Commit => {}
+        }
+    }
+
     /// A job of uid 1000 in `state`, launched on n1.
     pub(crate) fn job(id: u64, state: JobState) -> Job {
         Job {
@@ -688,7 +764,7 @@ pub(crate) mod fixtures {
             token: String::new(),
             policy: Policy::default(),
             running_since_unix_ms: 0,
-            engine: String::new(),
+            engine: None,
             lost: None,
             on_failure: OnFailure::Stop,
             recoveries: Vec::new(),

@@ -2,7 +2,7 @@
 //! `[recovery]`), and the record of what it did.
 use serde::{Deserialize, Serialize};
 
-use super::{Job, JobState};
+use super::{Job, JobState, Trigger};
 
 /// The most automatic restarts a job may ask for.
 pub const MAX_RESTARTS: u32 = 100;
@@ -70,9 +70,13 @@ impl OnFailure {
 pub struct Recovery {
     /// When it began, its nodes placed (ms since the Unix epoch).
     pub at_unix_ms: u64,
-    /// What failed or who asked: "node n3 lost", "killed by signal 9", "ckptctl restart by
-    /// uid 1000", "drain n2".
+    /// What failed or who asked, in words: "node n3 lost", "killed by signal 9", "ckptctl
+    /// restart by uid 1000", "drain n2".
     pub trigger: String,
+    /// Who or what asked: a user, a drain, or ckptd itself after a failure (None in records
+    /// from before ckpt recorded it).
+    #[serde(default)]
+    pub trigger_kind: Option<Trigger>,
     /// The epoch restored.
     pub epoch: u32,
     /// Parts that went to other nodes, `OLD=NEW`.
@@ -101,11 +105,18 @@ pub struct Recovery {
 }
 
 impl Recovery {
-    /// A restart of `epoch` just begun.
-    pub fn begun(trigger: String, epoch: u32, moves: Vec<String>, now_ms: u64) -> Recovery {
+    /// A restart of `epoch` just begun, asked for by `kind` (`trigger` in words).
+    pub fn begun(
+        kind: Trigger,
+        trigger: String,
+        epoch: u32,
+        moves: Vec<String>,
+        now_ms: u64,
+    ) -> Recovery {
         Recovery {
             at_unix_ms: now_ms,
             trigger,
+            trigger_kind: Some(kind),
             epoch,
             moves,
             outcome: "restoring".into(),
@@ -217,5 +228,16 @@ mod tests {
         let mut j = exited(Some(0), None);
         j.killed = "heat (pid 7) killed by signal 9 on n2".into();
         assert_eq!(j.failure(), None, "it ended well all the same");
+    }
+
+    #[test]
+    fn a_restart_recorded_before_its_trigger_kind_reads_back_without_one() {
+        let r = Recovery::begun(Trigger::Drain, "drain n2".into(), 2, vec![], 1);
+        let mut v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["trigger_kind"], "drain");
+        v.as_object_mut().unwrap().remove("trigger_kind");
+        let old: Recovery = serde_json::from_value(v).unwrap();
+        assert_eq!(old.trigger_kind, None);
+        assert_eq!(old.trigger, "drain n2");
     }
 }

@@ -1,14 +1,5 @@
-use super::fixtures::commit;
+use super::fixtures::{commit, PHASES};
 use super::*;
-
-const PHASES: [Phase; 6] = [
-    Phase::InitialSync,
-    Phase::Quiesce,
-    Phase::LocalCheckpoint,
-    Phase::Resume,
-    Phase::Finalize,
-    Phase::Commit,
-];
 
 fn epoch() -> Epoch {
     Epoch::begin(1, 1, false, vec!["n1".into()], 0)
@@ -261,4 +252,33 @@ fn reports_about_other_incarnations_are_ignored() {
         "the launcher killed after its job was lost with a node does not end it"
     );
     assert_eq!(j.state, JobState::Lost);
+}
+
+#[test]
+fn a_jobs_engine_is_stored_by_name_and_none_as_empty() {
+    let mut j = super::fixtures::job(1, JobState::Running);
+    for (engine, stored) in [
+        (None, ""),
+        (Some(Engine::Criu), "criu"),
+        (Some(Engine::Dmtcp), "dmtcp"),
+    ] {
+        j.engine = engine;
+        let v = serde_json::to_value(&j).unwrap();
+        assert_eq!(v["engine"], stored);
+        let back: Job = serde_json::from_value(v).unwrap();
+        assert_eq!(back.engine, engine);
+        assert_eq!(back.snapshot_engine(), engine.unwrap_or(Engine::Criu));
+    }
+    let mut v = serde_json::to_value(&j).unwrap();
+    v.as_object_mut().unwrap().remove("engine");
+    assert_eq!(
+        serde_json::from_value::<Job>(v.clone()).unwrap().engine,
+        None
+    );
+    v["engine"] = "blcr".into();
+    let e = serde_json::from_value::<Job>(v).unwrap_err().to_string();
+    assert!(
+        e.contains("unknown snapshot engine \"blcr\": use criu or dmtcp"),
+        "{e}"
+    );
 }

@@ -12,7 +12,7 @@ use ckpt_proto::v1::agent_server::{Agent, AgentServer};
 pub(crate) use coordinator::agents::Registration;
 use coordinator::config::CoordinatorConfig;
 use coordinator::driver::{Caller, Coordinator, DriveError, RunSpec};
-use coordinator::model::{EpochState, JobState, Phase};
+use coordinator::model::{EpochState, JobState, Phase, Trigger};
 use coordinator::registry::Registry;
 use tokio::sync::mpsc;
 use tonic::{Code, Request, Response, Status};
@@ -551,7 +551,10 @@ impl Cluster {
     }
 
     pub(crate) async fn checkpoint(&self, job: u64, kill: bool) -> Result<u32, DriveError> {
-        let (job, epoch) = self.coord.begin_checkpoint(&OWNER, job, kill, "").await?;
+        let (job, epoch) = self
+            .coord
+            .begin_checkpoint(&OWNER, job, kill, Trigger::User)
+            .await?;
         let (tx, _rx) = mpsc::unbounded_channel();
         self.coord
             .drive_checkpoint(job, epoch, tx)
@@ -574,7 +577,7 @@ impl Cluster {
             .begin_restart(&OWNER, job, epoch, placement)
             .await?;
         let (tx, _rx) = mpsc::unbounded_channel();
-        let record = begun.record("a test".into());
+        let record = begun.record(Trigger::User, "a test".into());
         self.coord
             .drive_restart(begun, true, record, tx)
             .await

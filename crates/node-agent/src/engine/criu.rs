@@ -17,6 +17,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use ckpt_proto::Engine;
+
 use super::{DumpSpec, EngineError, RestoreSpec, SnapshotEngine};
 use crate::config::CriuConfig;
 
@@ -40,7 +42,7 @@ impl Criu {
     pub fn detect(cfg: &CriuConfig) -> Result<Self, EngineError> {
         let path = resolve_path(&cfg.path);
         let text = super::version_text(
-            "criu",
+            Engine::Criu.as_str(),
             &path,
             "install CRIU >= 4.2 (scripts/setup.sh installs it into /opt/ckpt/criu) or set [criu] path in the agent config",
         )?;
@@ -192,7 +194,7 @@ impl Criu {
             (true, true) => "criu printed nothing and wrote no log".to_string(),
         };
         Err(EngineError::Failed {
-            engine: "criu",
+            engine: Engine::Criu.as_str(),
             op,
             status: out.status.to_string(),
             summary,
@@ -275,7 +277,7 @@ fn log_summary(log: &Path) -> String {
 
 impl SnapshotEngine for Criu {
     fn name(&self) -> &str {
-        "criu"
+        Engine::Criu.as_str()
     }
 
     fn version(&self) -> &str {
@@ -383,7 +385,7 @@ impl SnapshotEngine for Criu {
             );
         }
         EngineError::Failed {
-            engine: "criu",
+            engine: Engine::Criu.as_str(),
             op: "restore",
             status,
             summary,

@@ -42,6 +42,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ckpt_proto::Engine;
+
 use super::{Beside, DumpSpec, EngineError, RestoreSpec, SnapshotEngine, SESSION_IMAGES};
 use crate::config::EnginesConfig;
 
@@ -117,7 +119,7 @@ impl Dmtcp {
         };
         let launch = bin.join("dmtcp_launch");
         let text = super::version_text(
-            "dmtcp",
+            Engine::Dmtcp.as_str(),
             &launch.display().to_string(),
             "install DMTCP (see docs/dmtcp.md) or set [engines] dmtcp in the agent config (\"off\": no DMTCP)",
         )?;
@@ -456,7 +458,7 @@ impl Dmtcp {
 
 impl SnapshotEngine for Dmtcp {
     fn name(&self) -> &str {
-        "dmtcp"
+        Engine::Dmtcp.as_str()
     }
 
     fn version(&self) -> &str {
@@ -566,7 +568,7 @@ impl SnapshotEngine for Dmtcp {
         }
         let _ = fs::write(spec.log_file, &log);
         r.map_err(|summary| EngineError::Failed {
-            engine: "dmtcp",
+            engine: Engine::Dmtcp.as_str(),
             op: "checkpoint",
             status: "dmtcp".into(),
             summary,
@@ -607,7 +609,7 @@ impl SnapshotEngine for Dmtcp {
 
     fn restore_failed(&self, status: String, log: &Path) -> EngineError {
         EngineError::Failed {
-            engine: "dmtcp",
+            engine: Engine::Dmtcp.as_str(),
             op: "restart",
             status,
             summary: "dmtcp_restart failed: see the job's stderr".into(),

@@ -10,12 +10,11 @@ use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use ckpt_proto::Engine;
+
 pub mod criu;
 pub mod criu_rpc;
 pub mod dmtcp;
-
-/// The engine a job gets when it names none.
-pub const DEFAULT: &str = "criu";
 
 /// What to dump.
 #[derive(Debug, Clone)]
@@ -235,7 +234,7 @@ pub trait SnapshotEngine: Send + Sync + Debug {
     /// later pre-dump or dump with this one as its parent writes only what changed. Blocking.
     fn pre_dump(&self, spec: &DumpSpec<'_>) -> Result<(), EngineError> {
         Err(EngineError::Failed {
-            engine: "criu",
+            engine: Engine::Criu.as_str(),
             op: "pre-dump",
             status: "not run".into(),
             summary: self.precopy_support().err().unwrap_or_default(),
