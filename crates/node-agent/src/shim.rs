@@ -607,8 +607,9 @@ fn launch(
         CString::new(p.as_os_str().as_bytes())
             .map_err(|_| format!("{} contains a NUL", p.display()))
     };
-    let in_sandbox =
-        |p: &Path| Path::new(crate::sandbox::job_dir::JOB_DIR).join(p.file_name().unwrap_or_default());
+    let in_sandbox = |p: &Path| {
+        Path::new(crate::sandbox::job_dir::JOB_DIR).join(p.file_name().unwrap_or_default())
+    };
     if sandbox.is_some() && spec.stdout.parent() != spec.stderr.parent() {
         return Err("a sandboxed part's stdout and stderr must be in one directory".into());
     }

@@ -146,8 +146,7 @@ pub(super) fn dump_frozen(
     let begin = Instant::now();
     let w = job.work.as_mut().expect("checked by caller");
     let scan = scan_open(&w.pids, external_netns.is_some());
-    w.notes
-        .insert(GUARD_NOTE.into(), scan.guard.join("\n"));
+    w.notes.insert(GUARD_NOTE.into(), scan.guard.join("\n"));
     if external_netns.is_some() {
         // A sandbox's own /dev/shm is restored as the engine made it, not from the node's.
         let dirs: Vec<PathBuf> = guards(&w.notes)

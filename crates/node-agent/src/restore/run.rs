@@ -16,8 +16,8 @@ use tracing::{info, warn};
 
 use super::hold::{address_is_local, clear_stale_sockets};
 use super::{
-    check_pages, check_restored, gate, gate_verify_pool, machine_restore_lock, open_gate,
-    owned, wait_pids_free, Restored, PID_FREE_TIMEOUT, RESTORE_TIMEOUT,
+    check_pages, check_restored, gate, gate_verify_pool, machine_restore_lock, open_gate, owned,
+    wait_pids_free, Restored, PID_FREE_TIMEOUT, RESTORE_TIMEOUT,
 };
 use crate::checkpoint::{channel_pids, guards};
 use crate::copies::{Location, Sources, Usable};
