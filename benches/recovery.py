@@ -79,7 +79,7 @@ mpiexec), the in-place restart (ckptctl elapsed_ms and wall, median (min–max))
 total and each split (medians), and the goal check of the issue: total <= node_timeout + 1.5 x
 in-place (medians, in-place = ckptctl's elapsed_ms), "met" or "not met"; then every repeat's
 samples per size. All four hosts share one machine (typically 2 cores) and its disk, and restores
-on it are serialized by /run/lock/ckpt-restore.lock; "shared storage" is a directory on the same
+on it are serialized by /run/ckpt/restore.lock; "shared storage" is a directory on the same
 disk, so image fetches are local copies through the agents' transfer path, not a network.
 
 How to run (root, Debian 12, cgroup v1 freezer, CRIU >= 4.2, MPICH, iproute2, nsenter, unshare,
@@ -549,7 +549,7 @@ def machine_header(cmdline, criu, iters, sleep_us, prefix, timeout_ms):
             f"spare n4, node_timeout {timeout_ms / 1000:g} s, shared_dir on the local disk, TLS); node "
             f"names in ckptd are `{prefix}1`..`{prefix}4`.\n\n"
             f"Note: all nodes are namespaces on this one {ncpu}-core machine sharing its disk; restores on "
-            f"one machine are serialized by /run/lock/ckpt-restore.lock, and \"shared storage\" and the "
+            f"one machine are serialized by /run/ckpt/restore.lock, and \"shared storage\" and the "
             f"partner copies are directories on the same disk as local staging.\n\n"
             f"Command: `{cmdline}`")
 

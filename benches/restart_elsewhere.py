@@ -74,7 +74,7 @@ new epoch: its partner copy or the shared one, which the spare restores from), a
 It prints a markdown table: per row median (min) over K of ckptctl elapsed_ms and of the ckptctl
 wall time, each with its ratio to the same-nodes median, and where the moved parts' images came
 from; then the drain line. All hosts share one
-machine (typically 2 cores), its disk and /run/lock/ckpt-restore.lock (restores on one machine
+machine (typically 2 cores), its disk and /run/ckpt/restore.lock (restores on one machine
 are serialized, also against other runs' agents), so the rows show what moving costs relative to a
 restart in place (fetching and verifying the images from shared storage instead of local
 staging, a fresh sandbox on another host), not multi-node restart scaling.
@@ -539,7 +539,7 @@ def machine_header(cmdline, criu, size, iters, sleep_us, prefix, epoch):
             f"(2 ranks per node, sandboxed: job network, spares n4,n5,n6, shared_dir on the local disk), "
             f"started with `ckptctl run --node n1`; node names in ckptd are `{prefix}1`..`{prefix}6`.{ep}\n\n"
             f"Note: all nodes are namespaces on this one {ncpu}-core machine sharing its disk; restores on "
-            f"one machine are serialized by /run/lock/ckpt-restore.lock, and \"shared storage\" is a "
+            f"one machine are serialized by /run/ckpt/restore.lock, and \"shared storage\" is a "
             f"directory on the same disk as local staging.\n\n"
             f"Command: `{cmdline}`")
 
