@@ -17,8 +17,10 @@ mod show;
 mod when;
 
 use ckpt_proto::v1 as pb;
+use ckpt_proto::v1::control_client::ControlClient;
 use clap::Parser;
 use serde_json::{json, Value};
+use tonic::transport::Channel;
 use tonic::Code;
 
 use cli::{Cli, Cmd};
@@ -124,41 +126,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             job,
             every,
             deadline,
-        } => {
-            let deadline_unix_ms = match deadline.as_deref() {
-                None => None,
-                Some("off" | "none") => Some(0),
-                Some(t) => {
-                    Some(when::parse_deadline(t).map_err(|message| Failure { code: 2, message })?)
-                }
-            };
-            let reply = match (every, deadline_unix_ms) {
-                (None, None) => None,
-                (every, deadline_unix_ms) => Some(
-                    c.set_policy(pb::PolicyRequest {
-                        job_id: job,
-                        every: every.unwrap_or_default(),
-                        deadline_unix_ms,
-                    })
-                    .await?
-                    .into_inner()
-                    .job,
-                ),
-            };
-            let reply = match reply {
-                Some(j) => j,
-                None => {
-                    c.status(pb::StatusRequest { job_id: job })
-                        .await?
-                        .into_inner()
-                        .job
-                }
-            };
-            print_job(reply, json, |j| match &j.policy {
-                Some(p) => say!("job {}: {}", j.id, policy_text(p)),
-                None => say!("job {}: checkpoints only when asked (no policy)", j.id),
-            });
-        }
+        } => policy(&mut c, job, every, deadline, json).await?,
         Cmd::Estimate { job } => {
             let r = c
                 .estimate(pb::EstimateRequest { job_id: job })
@@ -211,70 +179,123 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 say!("job {} {}", j.id, j.state)
             });
         }
-        Cmd::Verify { job, epoch } => {
-            let r = c
-                .verify(pb::VerifyRequest {
-                    job_id: job,
-                    epoch: epoch.unwrap_or(0),
-                })
+        Cmd::Verify { job, epoch } => verify(&mut c, job, epoch, json).await?,
+    }
+    Ok(())
+}
+
+/// `ckptctl policy`: sets the job's periodic and deadline checkpoints if asked, and shows the
+/// policy it has.
+async fn policy(
+    c: &mut ControlClient<Channel>,
+    job: u64,
+    every: Option<String>,
+    deadline: Option<String>,
+    json: bool,
+) -> Result<(), Failure> {
+    let deadline_unix_ms = match deadline.as_deref() {
+        None => None,
+        Some("off" | "none") => Some(0),
+        Some(t) => Some(when::parse_deadline(t).map_err(|message| Failure { code: 2, message })?),
+    };
+    let reply = match (every, deadline_unix_ms) {
+        (None, None) => None,
+        (every, deadline_unix_ms) => Some(
+            c.set_policy(pb::PolicyRequest {
+                job_id: job,
+                every: every.unwrap_or_default(),
+                deadline_unix_ms,
+            })
+            .await?
+            .into_inner()
+            .job,
+        ),
+    };
+    let reply = match reply {
+        Some(j) => j,
+        None => {
+            c.status(pb::StatusRequest { job_id: job })
                 .await?
-                .into_inner();
-            if json {
-                let nodes: Vec<Value> = r
-                    .nodes
-                    .iter()
-                    .map(|n| {
-                        json!({"node": n.node, "ok": n.ok, "files": n.files, "bytes": n.bytes,
-                               "error": n.error, "elapsed_ms": n.elapsed_ms,
-                               "copies": n.copies.iter().map(|c| json!({"location": c.location().name(),
-                                   "ok": c.ok, "files": c.files, "bytes": c.bytes, "error": c.error}))
-                                   .collect::<Vec<_>>()})
-                    })
-                    .collect();
-                println!(
-                    "{}",
-                    json!({"job_id": r.job_id, "epoch": r.epoch, "nodes": nodes})
-                );
-            } else {
-                for n in &r.nodes {
-                    if n.copies.is_empty() {
-                        // The node could not be asked.
-                        say!("node {}: NOT VERIFIED: {}", n.node, n.error);
-                    }
-                    for c in &n.copies {
-                        if c.ok {
-                            say!(
-                                "node {} {} copy: ok, {} files, {:.1} MiB verified",
-                                n.node,
-                                c.location().name(),
-                                c.files,
-                                c.bytes as f64 / (1 << 20) as f64,
-                            );
-                        } else {
-                            say!(
-                                "node {} {} copy: DAMAGED: {}",
-                                n.node,
-                                c.location().name(),
-                                c.error
-                            );
-                        }
-                    }
+                .into_inner()
+                .job
+        }
+    };
+    print_job(reply, json, |j| match &j.policy {
+        Some(p) => say!("job {}: {}", j.id, policy_text(p)),
+        None => say!("job {}: checkpoints only when asked (no policy)", j.id),
+    });
+    Ok(())
+}
+
+/// `ckptctl verify`: every node's copies of an epoch checked against the committed digests;
+/// exit 8 if one is damaged, 7 if every failed node could not be reached.
+async fn verify(
+    c: &mut ControlClient<Channel>,
+    job: u64,
+    epoch: Option<u32>,
+    json: bool,
+) -> Result<(), Failure> {
+    let r = c
+        .verify(pb::VerifyRequest {
+            job_id: job,
+            epoch: epoch.unwrap_or(0),
+        })
+        .await?
+        .into_inner();
+    if json {
+        let nodes: Vec<Value> = r
+            .nodes
+            .iter()
+            .map(|n| {
+                json!({"node": n.node, "ok": n.ok, "files": n.files, "bytes": n.bytes,
+                       "error": n.error, "elapsed_ms": n.elapsed_ms,
+                       "copies": n.copies.iter().map(|c| json!({"location": c.location().name(),
+                           "ok": c.ok, "files": c.files, "bytes": c.bytes, "error": c.error}))
+                           .collect::<Vec<_>>()})
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({"job_id": r.job_id, "epoch": r.epoch, "nodes": nodes})
+        );
+    } else {
+        for n in &r.nodes {
+            if n.copies.is_empty() {
+                // The node could not be asked.
+                say!("node {}: NOT VERIFIED: {}", n.node, n.error);
+            }
+            for c in &n.copies {
+                if c.ok {
+                    say!(
+                        "node {} {} copy: ok, {} files, {:.1} MiB verified",
+                        n.node,
+                        c.location().name(),
+                        c.files,
+                        c.bytes as f64 / (1 << 20) as f64,
+                    );
+                } else {
+                    say!(
+                        "node {} {} copy: DAMAGED: {}",
+                        n.node,
+                        c.location().name(),
+                        c.error
+                    );
                 }
             }
-            let bad: Vec<&pb::NodeVerify> = r.nodes.iter().filter(|n| !n.ok).collect();
-            if !bad.is_empty() {
-                let unreachable = bad.iter().all(|n| n.error.contains("unreachable"));
-                return Err(Failure {
-                    code: if unreachable { 7 } else { 8 },
-                    message: format!(
-                        "job {job} epoch {}: {} of {} node(s) failed verification; restart from an older epoch (`ckptctl epochs {job}`)",
-                        r.epoch,
-                        bad.len(),
-                        r.nodes.len()
-                    ),
-                });
-            }
         }
+    }
+    let bad: Vec<&pb::NodeVerify> = r.nodes.iter().filter(|n| !n.ok).collect();
+    if !bad.is_empty() {
+        let unreachable = bad.iter().all(|n| n.error.contains("unreachable"));
+        return Err(Failure {
+            code: if unreachable { 7 } else { 8 },
+            message: format!(
+                "job {job} epoch {}: {} of {} node(s) failed verification; restart from an older epoch (`ckptctl epochs {job}`)",
+                r.epoch,
+                bad.len(),
+                r.nodes.len()
+            ),
+        });
     }
     Ok(())
 }

@@ -359,122 +359,119 @@ impl Coordinator {
         // part has no such peers: its engine brings every end of its connections back at once,
         // and it runs as soon as it is restored (saving the hold and a release round).
         let hold = epoch.nodes.len() > 1;
-        let d = self.cfg.deadlines.restore;
-        let calls = epoch.nodes.iter().map(|source| {
-            // A part that moves restores the images of the node it ran on: from a partner
-            // copy this node keeps, or from shared storage.
-            let n = moves.get(source).unwrap_or(source);
-            let moved = n != source;
-            let partner = epoch
-                .local_copy
-                .then(|| epoch.partners.get(source).cloned())
-                .flatten()
-                .unwrap_or_default();
-            let mut req = pb::RestoreRequest {
-                job_id: id,
-                epoch: number,
-                manifest_digest: epoch.manifests.get(source).cloned().unwrap_or_default(),
-                hold,
-                token: job.token.clone(),
-                shared_durable: epoch.is_durable(),
-                partner_address: self.agents.address(&partner).unwrap_or_default(),
-                partner,
-                local_pruned: !epoch.local_copy,
-                source_node: if moved { source.clone() } else { String::new() },
-            };
-            async move {
-                if moved && !req.partner.is_empty() {
-                    // The part moved: the node keeping its partner copy serves it to n only
-                    // with a grant. Moved onto that node, it is a local copy there.
-                    let holder = req.partner.clone();
-                    let granted = holder != *n
-                        && self
-                            .allow_fetch(&holder, id, number, source, n, &req.manifest_digest)
-                            .await;
-                    if !granted {
-                        req.partner.clear();
-                        req.partner_address.clear();
-                    }
-                }
-                let r = self
-                    .agents
-                    .call(n, "restore", d, |mut c| async move { c.restore(req).await })
-                    .await;
-                if let Ok(reply) = &r {
-                    let held = if hold { " (held)" } else { "" };
-                    let message = match reply.source() {
-                        pb::CopyLocation::Local | pb::CopyLocation::Unspecified if !moved => {
-                            format!("node {n} restored{held}")
-                        }
-                        _ if moved => format!(
-                            "node {n} restored{held} {source}'s part from its {} copy",
-                            reply.source().name()
-                        ),
-                        other => format!(
-                            "node {n} restored{held} from its {} copy; {}",
-                            other.name(),
-                            reply.note
-                        ),
-                    };
-                    let _ = progress.send(Step {
-                        job: id,
-                        epoch: number,
-                        phase: OperationPhase::Restore,
-                        message,
-                    });
-                }
-                (source.clone(), n.clone(), r)
-            }
-        });
+        let calls = epoch
+            .nodes
+            .iter()
+            .map(|source| self.restore_part(job, epoch, (source, moves), hold, progress));
         let results = join_all(calls).await;
         let restored_at = now_ms();
-        let (mut fetch_ms, mut restore_ms) = (0, 0);
-        let mut incarnation = 0;
-        let mut failure = None;
-        let mut restored = Vec::new();
-        // Nodes that did not answer in time may still finish restoring their part.
-        let mut late = Vec::new();
-        let mut channels = 0;
-        for (source, n, r) in results {
-            match r {
-                Ok(reply) => {
-                    // The launcher of the epoch (its first node) is the job's launcher again.
-                    if epoch.nodes.first() == Some(&source) {
-                        incarnation = reply.incarnation;
-                    }
-                    channels += reply.channels;
-                    fetch_ms = fetch_ms.max(reply.fetch_us / 1000);
-                    restore_ms = restore_ms.max(reply.elapsed_us / 1000);
-                    restored.push(n);
-                }
-                Err(mut e) => {
-                    if e.kind == FailureKind::Deadline {
-                        late.push(n.clone());
-                    }
-                    if e.kind == FailureKind::Unreachable && !moves.values().any(|m| *m == n) {
-                        // A node lost for good: its part can run elsewhere.
-                        e.message = format!(
-                            "{}; if {n} is lost, restart its part on another node with `ckptctl restart {id} --map {n}=NODE` (or name every node with --nodes)",
-                            e.message
-                        );
-                    }
-                    // Every node's failure is told: the first one seen need not be the cause
-                    // (an engine may fail on one node while another node's PIDs are taken).
-                    match &mut failure {
-                        None => failure = Some(e),
-                        Some(f) => {
-                            f.message = format!("{}; and node {}: {}", f.message, e.node, e.message)
-                        }
-                    }
-                }
+        let mut tally = Tally::of(results, epoch, moves, id);
+        self.release_together(id, hold, &mut tally).await;
+        if let Some(f) = tally.failure {
+            return Err(f);
+        }
+        if tally.channels > 0 {
+            let r = self.rebuild_channels(&tally.restored, id, number).await?;
+            let _ = progress.send(Step {
+                job: id,
+                epoch: number,
+                phase: OperationPhase::Restore,
+                message: r.say(tally.channels),
+            });
+        }
+        Ok(Restored {
+            incarnation: tally.incarnation,
+            at_unix_ms: restored_at,
+            fetch_ms: tally.fetch_ms,
+            restore_ms: tally.restore_ms,
+        })
+    }
+
+    /// Restores `source`'s part of the epoch on the node it goes to (itself unless it moves):
+    /// the node it ran on, the node it restores on, and how that went.
+    async fn restore_part(
+        &self,
+        job: &Job,
+        epoch: &Epoch,
+        (source, moves): (&String, &Moves),
+        hold: bool,
+        progress: &mpsc::UnboundedSender<Step>,
+    ) -> (String, String, Result<pb::RestoreReply, NodeFailure>) {
+        let (id, number) = (job.id, epoch.number);
+        // A part that moves restores the images of the node it ran on: from a partner copy
+        // this node keeps, or from shared storage.
+        let n = moves.get(source).unwrap_or(source);
+        let moved = n != source;
+        let partner = epoch
+            .local_copy
+            .then(|| epoch.partners.get(source).cloned())
+            .flatten()
+            .unwrap_or_default();
+        let mut req = pb::RestoreRequest {
+            job_id: id,
+            epoch: number,
+            manifest_digest: epoch.manifests.get(source).cloned().unwrap_or_default(),
+            hold,
+            token: job.token.clone(),
+            shared_durable: epoch.is_durable(),
+            partner_address: self.agents.address(&partner).unwrap_or_default(),
+            partner,
+            local_pruned: !epoch.local_copy,
+            source_node: if moved { source.clone() } else { String::new() },
+        };
+        if moved && !req.partner.is_empty() {
+            // The part moved: the node keeping its partner copy serves it to n only with a
+            // grant. Moved onto that node, it is a local copy there.
+            let holder = req.partner.clone();
+            let granted = holder != *n
+                && self
+                    .allow_fetch(&holder, id, number, source, n, &req.manifest_digest)
+                    .await;
+            if !granted {
+                req.partner.clear();
+                req.partner_address.clear();
             }
         }
-        let kill = failure.is_some();
-        // Unheld parts run already; if the restart failed, every part restored is killed, and
-        // so is one a late node may still finish (its agent kills it once the restore is done).
+        let d = self.cfg.deadlines.restore;
+        let r = self
+            .agents
+            .call(n, "restore", d, |mut c| async move { c.restore(req).await })
+            .await;
+        if let Ok(reply) = &r {
+            let held = if hold { " (held)" } else { "" };
+            let message = match reply.source() {
+                pb::CopyLocation::Local | pb::CopyLocation::Unspecified if !moved => {
+                    format!("node {n} restored{held}")
+                }
+                _ if moved => format!(
+                    "node {n} restored{held} {source}'s part from its {} copy",
+                    reply.source().name()
+                ),
+                other => format!(
+                    "node {n} restored{held} from its {} copy; {}",
+                    other.name(),
+                    reply.note
+                ),
+            };
+            let _ = progress.send(Step {
+                job: id,
+                epoch: number,
+                phase: OperationPhase::Restore,
+                message,
+            });
+        }
+        (source.clone(), n.clone(), r)
+    }
+
+    /// Lets the held parts run together, or, if the restart failed, kills every part restored
+    /// and one a late node may still finish (its agent kills it once the restore is done).
+    /// Unheld parts run already. A release that fails is the restart's failure, and then the
+    /// parts released elsewhere are killed: the job cannot run incomplete.
+    async fn release_together(&self, id: u64, hold: bool, tally: &mut Tally) {
+        let kill = tally.failure.is_some();
         let to_release: Vec<String> = match (hold, kill) {
-            (_, true) => restored.iter().chain(&late).cloned().collect(),
-            (true, false) => restored.clone(),
+            (_, true) => tally.restored.iter().chain(&tally.late).cloned().collect(),
+            (true, false) => tally.restored.clone(),
             (false, false) => Vec::new(),
         };
         let released = self
@@ -490,38 +487,94 @@ impl Coordinator {
             .await;
         for (_, r) in released {
             if let Err(e) = r {
-                failure.get_or_insert(e);
+                tally.failure.get_or_insert(e);
             }
         }
-        if failure.is_some() && !kill {
-            // Released elsewhere but not everywhere: the job cannot run incomplete.
+        if tally.failure.is_some() && !kill {
             let _ = self
-                .on_all_collect(&restored, "release", self.cfg.deadlines.resume, |mut c| {
-                    let req = pb::ReleaseRequest {
-                        job_id: id,
-                        kill: true,
-                    };
-                    async move { c.release(req).await }
-                })
+                .on_all_collect(
+                    &tally.restored,
+                    "release",
+                    self.cfg.deadlines.resume,
+                    |mut c| {
+                        let req = pb::ReleaseRequest {
+                            job_id: id,
+                            kill: true,
+                        };
+                        async move { c.release(req).await }
+                    },
+                )
                 .await;
         }
-        if let Some(f) = failure {
-            return Err(f);
+    }
+}
+
+/// What the nodes of a restore answered, summed up.
+struct Tally {
+    /// The launcher's incarnation after the restore (the epoch's first node is the launcher).
+    incarnation: u32,
+    /// ib-quiesce channels in the restored processes, on every node.
+    channels: u32,
+    /// The slowest node's image fetch and restore.
+    fetch_ms: u64,
+    restore_ms: u64,
+    /// The nodes that restored their part.
+    restored: Vec<String>,
+    /// Nodes that did not answer in time: they may still finish restoring their part.
+    late: Vec<String>,
+    /// Every node's failure, told in one (the first seen need not be the cause: an engine may
+    /// fail on one node while another node's PIDs are taken).
+    failure: Option<NodeFailure>,
+}
+
+impl Tally {
+    /// The answers `(node it ran on, node it restored on, reply)` of job `id`'s restore.
+    fn of(
+        results: Vec<(String, String, Result<pb::RestoreReply, NodeFailure>)>,
+        epoch: &Epoch,
+        moves: &Moves,
+        id: u64,
+    ) -> Tally {
+        let mut t = Tally {
+            incarnation: 0,
+            channels: 0,
+            fetch_ms: 0,
+            restore_ms: 0,
+            restored: Vec::new(),
+            late: Vec::new(),
+            failure: None,
+        };
+        for (source, n, r) in results {
+            match r {
+                Ok(reply) => {
+                    if epoch.nodes.first() == Some(&source) {
+                        t.incarnation = reply.incarnation;
+                    }
+                    t.channels += reply.channels;
+                    t.fetch_ms = t.fetch_ms.max(reply.fetch_us / 1000);
+                    t.restore_ms = t.restore_ms.max(reply.elapsed_us / 1000);
+                    t.restored.push(n);
+                }
+                Err(mut e) => {
+                    if e.kind == FailureKind::Deadline {
+                        t.late.push(n.clone());
+                    }
+                    if e.kind == FailureKind::Unreachable && !moves.values().any(|m| *m == n) {
+                        // A node lost for good: its part can run elsewhere.
+                        e.message = format!(
+                            "{}; if {n} is lost, restart its part on another node with `ckptctl restart {id} --map {n}=NODE` (or name every node with --nodes)",
+                            e.message
+                        );
+                    }
+                    match &mut t.failure {
+                        None => t.failure = Some(e),
+                        Some(f) => {
+                            f.message = format!("{}; and node {}: {}", f.message, e.node, e.message)
+                        }
+                    }
+                }
+            }
         }
-        if channels > 0 {
-            let r = self.rebuild_channels(&restored, id, number).await?;
-            let _ = progress.send(Step {
-                job: id,
-                epoch: number,
-                phase: OperationPhase::Restore,
-                message: r.say(channels),
-            });
-        }
-        Ok(Restored {
-            incarnation,
-            at_unix_ms: restored_at,
-            fetch_ms,
-            restore_ms,
-        })
+        t
     }
 }

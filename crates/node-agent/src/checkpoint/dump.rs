@@ -107,20 +107,7 @@ pub(super) fn dump_running(
             }),
     );
     w.preserved = preserved;
-    info!(
-        engine_dump_ms = took.as_millis() as u64,
-        preserve_copy_ms = copy_time.as_millis() as u64,
-        preserved_bytes = copied_bytes,
-        "dumped"
-    );
-    note_times(
-        w,
-        &[
-            ("engine_dump_ms", took.as_millis()),
-            ("preserve_copy_ms", copy_time.as_millis()),
-            ("preserved_bytes", copied_bytes as u128),
-        ],
-    );
+    record_dump(w, None, took, (copy_time, copied_bytes));
     Ok(())
 }
 
@@ -207,23 +194,36 @@ pub(super) fn dump_frozen(
         dump_beside_copy(id, engine, &spec, &files)?;
     let w = job.work.as_mut().expect("checked by caller");
     w.preserved = preserved;
+    record_dump(w, Some(scanned), engine_time, (copy_time, copied_bytes));
+    Ok(())
+}
+
+/// Logs what a dump took and records it in the epoch's notes: the scan of what the frozen job
+/// has open (a dump of a running job has none), the engine's dump, and the copy beside it
+/// (its time and bytes).
+fn record_dump(
+    w: &mut crate::jobs::EpochWork,
+    scan: Option<Duration>,
+    engine: Duration,
+    (copy, bytes): (Duration, u64),
+) {
     info!(
-        scan_ms = scanned.as_millis() as u64,
-        engine_dump_ms = engine_time.as_millis() as u64,
-        preserve_copy_ms = copy_time.as_millis() as u64,
-        preserved_bytes = copied_bytes,
+        scan_ms = scan.map(|d| d.as_millis() as u64),
+        engine_dump_ms = engine.as_millis() as u64,
+        preserve_copy_ms = copy.as_millis() as u64,
+        preserved_bytes = bytes,
         "dumped"
     );
-    note_times(
-        w,
-        &[
-            ("scan_ms", scanned.as_millis()),
-            ("engine_dump_ms", engine_time.as_millis()),
-            ("preserve_copy_ms", copy_time.as_millis()),
-            ("preserved_bytes", copied_bytes as u128),
-        ],
-    );
-    Ok(())
+    let mut times: Vec<(&str, u128)> = scan
+        .map(|d| ("scan_ms", d.as_millis()))
+        .into_iter()
+        .collect();
+    times.extend([
+        ("engine_dump_ms", engine.as_millis()),
+        ("preserve_copy_ms", copy.as_millis()),
+        ("preserved_bytes", bytes as u128),
+    ]);
+    note_times(w, &times);
 }
 
 /// A sandbox's network namespace is not in the images: its address is (in the epoch's
