@@ -168,6 +168,31 @@ impl Jobs {
         })
     }
 
+    /// The owner recorded at checkpoint time (committed with the manifest; an older epoch
+    /// without the note: the job's record), who must still be allowed to run jobs here: the
+    /// restored part's files are put back, and it runs, as that user. Recorded with the job.
+    pub(super) fn restored_owner(
+        &self,
+        job: &mut NodeJob,
+        m: &NodeManifest,
+        epoch: u32,
+    ) -> Result<Identity, AgentError> {
+        let job_id = job.record.id;
+        let uid = m
+            .notes
+            .get(crate::jobs::OWNER_NOTE)
+            .and_then(|v| v.parse().ok())
+            .or(job.record.owner)
+            .ok_or_else(|| AgentError::OwnerUnknown {
+                job: job_id,
+                epoch,
+                node: self.node.clone(),
+            })?;
+        let owner = self.policy.authorize(job_id, &self.node, uid)?;
+        job.record.owner = Some(owner.uid);
+        Ok(owner)
+    }
+
     /// Puts the job's files back as they were at checkpoint time, before the engine restores:
     /// the job's own stdout and stderr (in the job directory, which root controls) here, and
     /// everything else, in directories the owner controls, through the put-back helper running

@@ -19,7 +19,7 @@ use crate::checkpoint::channel_pids;
 use crate::copies::Location;
 use crate::engine::{RestoreSpec, SnapshotEngine, SESSION_IMAGES as IMAGES};
 use crate::error::{io_err, AgentError};
-use crate::jobs::{Jobs, NodeJob, OWNER_NOTE};
+use crate::jobs::{Jobs, NodeJob};
 use crate::launch::make_session;
 use crate::shim::ShimMode;
 
@@ -71,20 +71,8 @@ impl Jobs {
             Some(check) => Some(check_pages(job_id, check).await?.as_millis() as u64),
             None => None,
         };
-        let owner_uid = v
-            .manifest
-            .notes
-            .get(OWNER_NOTE)
-            .and_then(|u| u.parse().ok())
-            .or(job.record.owner)
-            .ok_or_else(|| AgentError::OwnerUnknown {
-                job: job_id,
-                epoch: v.epoch,
-                node: self.node.clone(),
-            })?;
-        let owner = self.policy.authorize(job_id, &self.node, owner_uid)?;
+        let owner = self.restored_owner(&mut job, v.manifest, v.epoch)?;
         let begin = Instant::now();
-        job.record.owner = Some(owner.uid);
         job.record.engine = v.manifest.engine.clone();
         job.record.sandbox = None;
         if !v.token.is_empty() {

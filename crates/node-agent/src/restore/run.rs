@@ -23,7 +23,7 @@ use crate::checkpoint::{channel_pids, guards};
 use crate::copies::{Location, Sources, Usable};
 use crate::engine::{RestoreSpec, SnapshotEngine};
 use crate::error::AgentError;
-use crate::jobs::{Jobs, NodeJob, OWNER_NOTE};
+use crate::jobs::{Jobs, NodeJob};
 use crate::owner::{verify_restored, Identity};
 use crate::sandbox;
 use crate::shim::ShimMode;
@@ -317,20 +317,7 @@ impl<'a> RestoreRun<'a> {
             }
         }
         let job = &mut self.job;
-        // The owner recorded at checkpoint time (committed with the manifest) must still be
-        // allowed to run jobs here; files are put back as that user.
-        let owner_uid = m
-            .notes
-            .get(OWNER_NOTE)
-            .and_then(|v| v.parse().ok())
-            .or(job.record.owner)
-            .ok_or_else(|| AgentError::OwnerUnknown {
-                job: job_id,
-                epoch,
-                node: node.node().to_string(),
-            })?;
-        let owner = node.policy.authorize(job_id, node.node(), owner_uid)?;
-        job.record.owner = Some(owner.uid);
+        let owner = node.restored_owner(job, m, epoch)?;
         if sandbox.is_none() {
             let ids: Vec<i32> = m.pids.iter().chain(&m.tids).copied().collect();
             wait_pids_free(job_id, &ids).await?;
