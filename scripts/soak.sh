@@ -7,7 +7,7 @@
 # is checked against an uninterrupted run, and so is every committed epoch and what is left
 # running. Prints a table of the rounds and the seed, which replays the same sequence.
 #
-# Usage: scripts/soak.sh [ROUNDS] [SEED]     (ROUNDS: default 100; CI runs 10 in scripts/test.sh)
+# Usage: scripts/soak.sh [ROUNDS] [SEED]     (ROUNDS: default 100; CI runs 6 in scripts/test.sh)
 # Root, on a machine set up by scripts/setup.sh; about 35-60 s a round on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -60,7 +60,14 @@ done
 
 echo "[test] slowest e2e tests:"
 sed -n 's/^test \([^ ]*\) \.\.\. \([a-zA-Z]*\) <\([0-9.]*\)s>$/\3 \1 \2/p' "$LOG" |
-    sort -rn | head -15 | awk '{ printf "  %6.0f s  %s %s\n", $1, $2, ($3 == "ok" ? "" : $3) }'
+    sort -rn | awk 'NR <= 15 { printf "  %6.0f s  %s %s\n", $1, $2, ($3 == "ok" ? "" : $3) }'
+# Each failure's message once more, here at the end: a log cut to its head and tail keeps it.
+if [ "$FAILED" = 1 ] && grep -q "panicked at" "$LOG"; then
+    echo "[test] failures (each panic's message, up to 25 lines):"
+    awk '/panicked at/ { n = 25 }
+         n > 0 && (/^stack backtrace:/ || /^note: /) { n = 0 }
+         n > 0 { print "  " $0; n-- }' "$LOG"
+fi
 echo "[test] time per suite:"
 printf '  %s\n' "${TIMES[@]}"
 

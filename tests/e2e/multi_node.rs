@@ -7,7 +7,7 @@ use ckpt_tests::hosts::{
     wait_copied, BOTH_MPIS, LIMIT,
 };
 use ckpt_tests::netns::Cluster;
-use ckpt_tests::{checksum_in, skip_unless_ready, Ckptd, Mpi, Options};
+use ckpt_tests::{checksum_in, skip_unless_ready, slow_variant, Ckptd, Mpi, Options};
 
 #[test]
 fn agents_in_namespaces_checkpoint_a_job_and_an_unreachable_node_aborts_initial_sync() {
@@ -640,6 +640,7 @@ fn lost_node_restarts_on_n4(mpi: Mpi, how: Replace) {
 #[test]
 fn a_lost_nodes_part_restarts_on_a_spare_from_the_shared_copy() {
     skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "nsenter", "nft");
+    slow_variant!("openmpi_lost_nodes_part_restarts_on_a_spare_from_the_shared_copy");
     lost_node_restarts_on_n4(Mpi::Mpich, Replace::OnSpares);
 }
 
@@ -658,6 +659,7 @@ fn openmpi_lost_nodes_part_restarts_on_a_spare_from_the_shared_copy() {
 #[test]
 fn openmpi_lost_nodes_part_restarts_on_another_node_from_a_third_nodes_partner_copy() {
     skip_unless_ready!("mpirun.openmpi", "mpicc.openmpi", "nsenter", "nft");
+    slow_variant!("mpich_lost_nodes_part_restarts_on_another_node_from_a_third_nodes_partner_copy");
     lost_node_restarts_on_n4(Mpi::OpenMpi, Replace::Map);
 }
 
@@ -666,6 +668,7 @@ fn openmpi_lost_nodes_part_restarts_on_another_node_from_a_third_nodes_partner_c
 #[test]
 fn drain_migrates_a_nodes_part_to_the_spare_and_the_job_finishes_right() {
     skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "nsenter", "nft");
+    slow_variant!("openmpi_drain_migrates_a_nodes_part_to_the_spare_and_the_job_finishes_right");
     drain_migrates(Mpi::Mpich);
 }
 

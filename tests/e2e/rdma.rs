@@ -424,7 +424,8 @@ fn an_unmodified_mpi_job_over_verbs_is_checkpointed_aborted_killed_and_restarted
 /// through the job's part_env, mpiexec starts the rank there through ckpt-rsh). Each job is
 /// checkpointed twice under traffic, SIGKILLed on both guests and restarted, and ends with the
 /// checksum of an uninterrupted run; every rank's layer shows new real QPNs and rkeys behind
-/// unchanged virtual ones.
+/// unchanged virtual ones. Without `CKPT_FULL=1`, MPICH only: Open MPI over verbs is
+/// checkpointed in one guest by the test above in every run.
 #[test]
 fn unmodified_mpi_jobs_over_verbs_across_two_guests_are_checkpointed_killed_and_restarted() {
     if let Some(why) = vm::unavailable() {
@@ -434,11 +435,20 @@ fn unmodified_mpi_jobs_over_verbs_across_two_guests_are_checkpointed_killed_and_
     let bin = ckpt_tests::bin_dir();
     verbs_layer();
     let apps = ckpt_tests::apps();
+    let mpis: &[&str] = match ckpt_tests::full() {
+        true => &["ompi", "mpich"],
+        false => {
+            eprintln!("Open MPI across two guests is a slow variant; CKPT_FULL=1 runs it");
+            &["mpich"]
+        }
+    };
     let env = format!(
-        "BIN={} OMPI_APP={} MPICH_APP={} N=128 ITERS=4500 SLEEP=3000",
+        "BIN={} OMPI_APP={} MPICH_APP={} N=128 ITERS=4500 SLEEP=3000{}",
         bin.display(),
         apps.join("heat.openmpi").display(),
         apps.join("heat.mpich").display(),
+        // The guest's default is both.
+        if mpis.len() == 1 { " MPIS=mpich" } else { "" },
     );
     let (a, b) = vm::run_two(
         "verbs2",
@@ -449,7 +459,7 @@ fn unmodified_mpi_jobs_over_verbs_across_two_guests_are_checkpointed_killed_and_
     );
     let res = results(&a.console);
     let value = |p: &str| value_of(&res, p, &a.console);
-    for mpi in ["ompi", "mpich"] {
+    for mpi in mpis {
         let reference = value(&format!("{mpi} reference checksum "));
         assert_eq!(reference.len(), 16, "{mpi}: {reference:?}");
         assert_eq!(
@@ -485,7 +495,11 @@ fn unmodified_mpi_jobs_over_verbs_across_two_guests_are_checkpointed_killed_and_
         .find_map(|l| l.strip_prefix("b sent_pkts "))
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("guest b's packet count: {}", b.console));
-    assert!(b_sent > 1000, "rank 1 sent over rxe from guest b: {b_sent}");
+    let least = 500 * mpis.len() as u64;
+    assert!(
+        b_sent > least,
+        "rank 1 sent over rxe from guest b: {b_sent}"
+    );
 }
 
 /// One guest, a plain verbs program (`tests/apps/verbs_refusals.c`: a UD QP in RTS) with the

@@ -364,6 +364,9 @@ fn abort_when_a_deadline_passes() {
 #[test]
 fn abort_when_the_agent_dies_during_local_checkpoint() {
     skip_unless_ready!("mpiexec.mpich", "mpicc.mpich");
+    ckpt_tests::slow_variant!(
+        "multi_node's agent_killed_during_local_checkpoint_aborts_and_the_job_goes_on_everywhere"
+    );
     let want = Mpi::Mpich.reference_checksum(RANKS, N, ITERS);
     let (mut d, _, slow) = start_with_faulty_criu(true, "");
     let job = d.run_job("heat", &heat(Mpi::Mpich));

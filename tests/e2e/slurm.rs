@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use ckpt_tests::netns::Cluster;
 use ckpt_tests::slurm::Slurm;
-use ckpt_tests::{apps, bin_dir, checksum_in, skip_unless_ready, Ckptd, Mpi, Options};
+use ckpt_tests::{
+    apps, bin_dir, checksum_in, skip_unless_ready, slow_variant, Ckptd, Mpi, Options,
+};
 
 const NODES: [&str; 3] = ["n1", "n2", "n3"];
 const RANKS: u32 = 6;
@@ -222,6 +224,8 @@ fn read(p: &std::path::Path) -> String {
 
 #[test]
 fn slurm_requeue_checkpoints_the_batch_job_and_it_resumes() {
+    // Preemption requeues the job the same way, through Slurm's own decision.
+    slow_variant!("slurm_preemption_by_a_higher_priority_job_checkpoints_and_resumes");
     preempted_batch_job_resumes_from_its_checkpoint(Preemption::Requeue);
 }
 

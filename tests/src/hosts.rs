@@ -81,10 +81,10 @@ pub fn run_on(d: &Ckptd, node: &str, argv: &[String]) -> u64 {
 
 /// Waits (bounded) for the job's result printed by its launcher on `node`, then for its end.
 /// MPICH over UCX/TCP sometimes hangs in `MPI_Finalize` after the result is printed, with or
-/// without checkpoints (UCX issue 8738): a job still running 20 s after its result is
-/// cancelled, which must end it on every node.
+/// without checkpoints (UCX issue 8738): a job still running 8 s after its result (a clean
+/// exit takes under a second) is cancelled, which must end it on every node.
 pub fn result_on(d: &Ckptd, node: &str, job: u64) -> String {
-    result_and_end(d, node, job, Duration::from_secs(20)).0
+    result_and_end(d, node, job, Duration::from_secs(8)).0
 }
 
 /// [`result_on`], waiting `patience` for the end after the result, and whether the job hung

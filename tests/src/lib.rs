@@ -109,6 +109,32 @@ macro_rules! skip_unless_ready {
     };
 }
 
+/// The environment switch that runs the slow variants: tests that take a path another test
+/// already takes in every run, with one thing changed (the other MPI, the other copy, a second
+/// guest run). `CKPT_FULL=1 scripts/test.sh` runs them; each issue's must-show runs it once.
+pub const FULL_ENV: &str = "CKPT_FULL";
+
+/// Whether the slow variants run ([`FULL_ENV`] set to 1).
+pub fn full() -> bool {
+    std::env::var(FULL_ENV).is_ok_and(|v| v == "1")
+}
+
+/// Skips a slow variant unless [`FULL_ENV`] asks for it, saying which test covers its path in
+/// every run.
+#[macro_export]
+macro_rules! slow_variant {
+    ($covered_by:expr) => {
+        if !$crate::full() {
+            eprintln!(
+                "SKIPPED: a slow variant of {}; {}=1 runs it",
+                $covered_by,
+                $crate::FULL_ENV
+            );
+            return;
+        }
+    };
+}
+
 /// The unprivileged user tests act as.
 pub const NOBODY: u32 = 65534;
 

@@ -94,6 +94,24 @@ impl Mpi {
             return c.clone();
         }
         let argv = self.heat_argv(ranks, n, iters, 0);
+        // Kept on disk beside the programs too, so each test binary does not run it again: the
+        // name holds the program's build time, so a rebuilt program is run afresh.
+        let built = std::fs::metadata(&argv[argv.len() - 4])
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos());
+        let kept = apps().join(format!("reference-{self:?}-{ranks}-{n}-{iters}-{built}"));
+        if let Some(c) = std::fs::read_to_string(&kept)
+            .ok()
+            .filter(|c| c.len() == 16)
+        {
+            cache
+                .lock()
+                .unwrap()
+                .insert((self, ranks, n, iters), c.clone());
+            return c;
+        }
         let out = Command::new(&argv[0])
             .args(&argv[1..])
             .stdin(Stdio::null())
@@ -101,6 +119,7 @@ impl Mpi {
             .expect("run reference job");
         let c = checksum_in(&String::from_utf8_lossy(&out.stdout))
             .expect("reference run printed a checksum");
+        let _ = std::fs::write(&kept, &c);
         cache
             .lock()
             .unwrap()
