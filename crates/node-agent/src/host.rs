@@ -9,8 +9,11 @@
 //! Left as direct calls, because what they return for processes that do not exist (nothing
 //! held, nothing open, no device) is what a test wants: the dump's scans of open files, shared
 //! memory, threads and TCP endpoints, the verbs and connection-manager checks, the pre-copy
-//! scans; also the cgroup's creation and removal (directories), the agent's start-up thaw of
-//! jobs an earlier run left frozen, and the launch, heartbeat, exit and pre-copy paths.
+//! scans; the namespaces (a sandbox's, made and removed by `sandbox.rs`, and the mount
+//! namespace a guarded restore records), which the tests' parts, without a sandbox or guarded
+//! directories, never reach; the machine's restore lock; also the cgroup's creation and
+//! removal (directories), the agent's start-up thaw of jobs an earlier run left frozen, the
+//! channels' rebuild, and the launch's other steps, heartbeats, exits and pre-copies.
 
 #[cfg(test)]
 pub(crate) mod fake;
