@@ -18,7 +18,7 @@ pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
     let mut out = Vec::new();
     for j in jobs.snapshot() {
         let Ok(job) = j.try_lock() else { continue };
-        let observed = job.observe();
+        let observed = job.observe(jobs.host.as_ref());
         if let Observed::Exited(_) = observed {
             // The job is over on this node: its (empty) cgroup is not needed until a
             // restore, which creates it again.
@@ -35,9 +35,12 @@ pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
             if netns.exists() {
                 let incarnation = job.incarnation();
                 let j = Arc::clone(&j);
+                let host = Arc::clone(&jobs.host);
                 tokio::spawn(async move {
                     let job = j.lock().await;
-                    if job.incarnation() == incarnation && job.observe() != Observed::Running {
+                    if job.incarnation() == incarnation
+                        && job.observe(host.as_ref()) != Observed::Running
+                    {
                         crate::sandbox::remove(&netns).await;
                     }
                 });

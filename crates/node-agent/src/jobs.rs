@@ -33,6 +33,7 @@ use crate::cgroup::{CgroupParent, JobCgroup};
 use crate::engine::{Engines, SnapshotEngine};
 use crate::error::{io_err, AgentError};
 use crate::failpoint::{Action, Failpoints};
+use crate::host::{Host, RealHost};
 use crate::ibq::Channels;
 use crate::modes::{ensure_dir, protect_staging, write_private, PRIVATE_DIR, TRAVERSE_ONLY};
 use crate::owner::{fix_job_dir_modes, LaunchPolicy};
@@ -221,15 +222,19 @@ impl NodeJob {
         .map_err(io_err(self.record.id, "write", &path))
     }
 
-    /// Current state of the job's processes.
-    pub fn observe(&self) -> Observed {
+    /// Current state of the job's processes, its cgroup's members as `host` lists them.
+    pub(crate) fn observe(&self, host: &dyn Host) -> Observed {
         if self.record.incarnation == 0 {
             return Observed::Lost;
         }
         if let Some(exit) = shim::read_json::<Exit>(&self.run_dir().join(shim::EXIT)) {
             return Observed::Exited(exit);
         }
-        if self.cgroup.pids().map(|p| !p.is_empty()).unwrap_or(false) {
+        if host
+            .pids(&self.cgroup)
+            .map(|p| !p.is_empty())
+            .unwrap_or(false)
+        {
             return Observed::Running;
         }
         // The processes are gone but the shim has not written the exit status yet: it is
@@ -324,6 +329,8 @@ pub struct Jobs {
     pub(crate) lease: crate::lease::Keeper,
     /// Processes of jobs killed by a signal ([`crate::exits`]).
     pub(crate) exits: Arc<crate::exits::Exits>,
+    /// What the checkpoint and restore steps ask of the machine ([`crate::host`]).
+    pub(crate) host: Arc<dyn Host>,
 }
 
 /// What the agent adds to every job's environment so that its MPI launcher reaches other
@@ -452,7 +459,16 @@ impl Jobs {
             fence: crate::fence::Fence::off(),
             lease,
             exits: Arc::default(),
+            host: Arc::new(RealHost),
         })
+    }
+
+    /// Sets what the checkpoint and restore steps ask of the machine (the machine itself,
+    /// [`RealHost`], unless set; tests pass a recording fake).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn with_host(mut self, host: Arc<dyn Host>) -> Self {
+        self.host = host;
+        self
     }
 
     /// Fences the DMTCP coordinators of jobs here ([`crate::fence`]), those of the running
@@ -464,7 +480,8 @@ impl Jobs {
             .filter_map(|j| {
                 let j = j.try_lock().ok()?;
                 let port = j.record.coordinator_port?;
-                (j.observe() == Observed::Running).then_some((port, j.record.owner?))
+                (j.observe(self.host.as_ref()) == Observed::Running)
+                    .then_some((port, j.record.owner?))
             })
             .collect();
         self.fence = crate::fence::Fence::start(prefix, &keep);

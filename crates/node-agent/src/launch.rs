@@ -239,34 +239,13 @@ impl Jobs {
             .open(run_dir.join("shim.log"))
             .map_err(io("create", &run_dir))?;
         let log2 = log.try_clone().map_err(io("create", &run_dir))?;
-        let mut cmd = tokio::process::Command::new(&self.shim_exe);
-        cmd.arg("shim")
-            .arg(&spec_path)
-            .stdin(std::process::Stdio::null())
-            .stdout(log)
-            .stderr(log2);
-        // SAFETY: setsid, setrlimit and pass_fd are async-signal-safe; the shim leaves the agent's session
-        // so that stopping the agent does not stop jobs, and it alone inherits the pipe.
-        unsafe {
-            cmd.pre_exec(move || {
-                libc::setsid();
-                // The shim, and the job it starts, get the open-file limit the agent had.
-                ckpt_daemon::restore_open_files();
-                crate::clone_into::pass_fd(ready_fd, ready_fd)
-            });
-        }
-        let mut child = cmd.spawn().map_err(|e| AgentError::Start {
-            job: id,
-            message: format!("cannot start shim {}: {e}", self.shim_exe.display()),
-        })?;
-        job.record.shim = child
-            .id()
-            .and_then(|pid| procfs::stat(pid as i32))
-            .map(|s| (s.pid, s.start_ticks));
-        // Reap the shim whenever it ends; the job's exit status is in its run directory.
-        tokio::spawn(async move {
-            let _ = child.wait().await;
-        });
+        job.record.shim = self
+            .host
+            .spawn_shim(&self.shim_exe, &spec_path, (log, log2), ready_fd)
+            .map_err(|e| AgentError::Start {
+                job: id,
+                message: format!("cannot start shim {}: {e}", self.shim_exe.display()),
+            })?;
         // Only the shim holds the write end now: its byte, or its end-of-file if it dies.
         drop(ready_w);
         let started_file = run_dir.join(shim::STARTED);
@@ -326,7 +305,7 @@ impl Jobs {
         }
         let j = self.get_or_create(spec.job)?;
         let mut job = j.lock().await;
-        if job.observe() == Observed::Running {
+        if job.observe(self.host.as_ref()) == Observed::Running {
             return Err(AgentError::StillRunning {
                 job: spec.job,
                 pids: job.cgroup.pids().unwrap_or_default(),
@@ -478,7 +457,7 @@ impl Jobs {
         if !ckpt_auth::token_eq(&job.record.token, token) {
             return Err(AgentError::BadToken { job: job_id });
         }
-        let observed = job.observe();
+        let observed = job.observe(self.host.as_ref());
         let read = |name: &str, offset: u64| -> Result<(Vec<u8>, bool), AgentError> {
             use std::io::{Read, Seek, SeekFrom};
             let path = job.dir.join(name);
@@ -576,7 +555,7 @@ impl Jobs {
             })
             .collect();
         Ok(PartView {
-            observed: job.observe(),
+            observed: job.observe(self.host.as_ref()),
             part: job.record.part,
             processes,
             snapshot_mode: self.precopy_text(&job),

@@ -28,6 +28,7 @@ mod fence;
 mod grants;
 mod grpc;
 mod heartbeat;
+mod host;
 mod ibq;
 mod jobs;
 mod launch;

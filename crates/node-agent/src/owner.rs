@@ -525,10 +525,10 @@ pub(crate) fn give_output(path: &Path, owner: Option<u32>) -> std::io::Result<()
 /// where a file has an ACL by the kernel itself: a child process with the owner's identity
 /// reopens it ([`owner_opens`]). Devices and named pipes are judged as files are (a link to
 /// `/dev/mem` or a disk is refused unless the owner may open it anyway). Root's jobs are not
-/// checked.
+/// checked. The processes are the cgroup's members as `host` lists them.
 pub(crate) fn verify_restored(
     job: u64,
-    cgroup: &JobCgroup,
+    (host, cgroup): (&dyn crate::host::Host, &JobCgroup),
     owner: &Identity,
 ) -> Result<(), AgentError> {
     if owner.uid == 0 {
@@ -550,7 +550,7 @@ pub(crate) fn verify_restored(
         ),
     }
     };
-    for pid in cgroup.pids().unwrap_or_default() {
+    for pid in host.pids(cgroup).unwrap_or_default() {
         let mut by_kernel = Vec::new();
         for h in procfs::held_files(pid) {
             let by_mode = owner_may(owner, &h.meta, h.access);

@@ -121,7 +121,7 @@ impl Jobs {
             return;
         }
         let waiting = self.staging.job_dir(id).join(WAITING_DIR);
-        let running = job.observe() == Observed::Running;
+        let running = job.observe(self.host.as_ref()) == Observed::Running;
         if !running || chain.incarnation != job.incarnation() {
             if chain.incarnation != job.incarnation() || !chain.links.is_empty() {
                 let inc = job.incarnation();

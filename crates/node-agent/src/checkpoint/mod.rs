@@ -15,6 +15,7 @@ use tokio::sync::OwnedMutexGuard;
 use tracing::{info, instrument, warn};
 
 use crate::error::{io_err, AgentError};
+use crate::host::Host;
 use crate::jobs::{now_ms, EpochWork, Jobs, NodeJob, NodePhase, Observed, PauseGuard};
 use crate::launch::exit_text;
 use crate::modes::{set_mode, PRIVATE_DIR};
@@ -68,15 +69,20 @@ pub struct Synced {
 }
 
 /// Refuses a user's job (not root's: `owner` 0 or unknown) holding a process with more than its
-/// owner's rights ([`procfs::privilege_of`]): a set-user-ID or set-group-ID program or one with
+/// owner's rights ([`Host::privilege_of`]): a set-user-ID or set-group-ID program or one with
 /// capabilities would be dumped and restored privileged, so the checkpoint is refused at initial
 /// sync, naming the process.
-fn refuse_privileged(job: u64, pids: &[i32], owner: Option<u32>) -> Result<(), AgentError> {
+fn refuse_privileged(
+    host: &dyn Host,
+    job: u64,
+    pids: &[i32],
+    owner: Option<u32>,
+) -> Result<(), AgentError> {
     let Some(owner) = owner.filter(|&o| o != 0) else {
         return Ok(());
     };
     for &pid in pids {
-        if let Some(why) = procfs::privilege_of(pid, owner) {
+        if let Some(why) = host.privilege_of(pid, owner) {
             return Err(AgentError::Privileged {
                 job,
                 pid,
@@ -109,11 +115,11 @@ impl Jobs {
         self.failpoint(job_id, "initial-sync").await?;
         let engine = self.engine_named(job_id, &job.record.engine)?;
         let root = job.record.root_pid.unwrap_or(0);
-        let live = job.cgroup.pids().unwrap_or_default();
+        let live = self.host.pids(&job.cgroup).unwrap_or_default();
         // An engine that is not given the tree's root finds the processes itself (DMTCP's
         // coordinator, which its launcher started outside the tree, among them).
         let outside = match engine.freezes() {
-            true => procfs::outside_tree(root, &live),
+            true => self.host.outside_tree(root, &live),
             false => Vec::new(),
         };
         if let Some(p) = outside.into_iter().min_by_key(|p| p.pid) {
@@ -124,7 +130,7 @@ impl Jobs {
                 root,
             });
         }
-        match job.observe() {
+        match job.observe(self.host.as_ref()) {
             Observed::Running => {}
             Observed::Exited(e) => {
                 return Err(AgentError::NotRunning {
@@ -139,10 +145,13 @@ impl Jobs {
                 })
             }
         }
-        let pids = job.cgroup.pids().map_err(|source| AgentError::Cgroup {
-            job: job_id,
-            source,
-        })?;
+        let pids = self
+            .host
+            .pids(&job.cgroup)
+            .map_err(|source| AgentError::Cgroup {
+                job: job_id,
+                source,
+            })?;
         if !engine.freezes() {
             let session = job.session_dir();
             let owner = job.record.owner.unwrap_or(u32::MAX);
@@ -161,10 +170,10 @@ impl Jobs {
             self.channels.socket(),
         )?;
         refuse_rdma_cm(job_id, &pids)?;
-        refuse_privileged(job_id, &pids, job.record.owner)?;
+        refuse_privileged(self.host.as_ref(), job_id, &pids, job.record.owner)?;
         self.check_channels(job_id, &channeled).await?;
         for &pid in &pids {
-            estimated += procfs::rss_bytes(pid);
+            estimated += self.host.rss_bytes(pid);
         }
         // On top of a chain of pre-dumps, the dump writes what was written since the newest.
         let on_chain = chain.as_ref().and_then(|c| {
@@ -295,8 +304,9 @@ impl Jobs {
     ) -> Result<(OwnedMutexGuard<NodeJob>, Duration), AgentError> {
         job.work.as_mut().expect("checked").pause = Some(PauseGuard::new(&self.frozen));
         let begin = Instant::now();
+        let host = self.host.clone();
         let (mut job, r) = tokio::task::spawn_blocking(move || {
-            let r = job.cgroup.freeze_for_snapshot();
+            let r = host.freeze_for_snapshot(&job.cgroup);
             (job, r)
         })
         .await
@@ -311,7 +321,7 @@ impl Jobs {
                 retries, "froze again: a process was waiting for a vfork child"
             );
         }
-        let pids = job.cgroup.pids().unwrap_or_default();
+        let pids = self.host.pids(&job.cgroup).unwrap_or_default();
         let w = job.work.as_mut().expect("checked");
         w.frozen_at = Some(begin);
         w.pids = pids;
@@ -361,11 +371,12 @@ impl Jobs {
         let begin = Instant::now();
         // The engine that suspended the job itself has let it run on already.
         let thaw = self.engine_named(job_id, &job.record.engine)?.freezes();
+        let host = self.host.clone();
         let (mut job, r) = tokio::task::spawn_blocking(move || {
             let r = if kill {
-                job.cgroup.kill_all()
+                host.kill_all(&job.cgroup)
             } else if thaw {
-                job.cgroup.thaw()
+                host.thaw(&job.cgroup)
             } else {
                 Ok(())
             };
@@ -459,10 +470,12 @@ impl Jobs {
         warn!(reason, "aborting epoch");
         let staging = self.staging.clone();
         let node = self.node.clone();
+        let host = self.host.clone();
         let (mut job, r) = tokio::task::spawn_blocking(move || {
             let mut r = Ok(());
-            if job.cgroup.exists() && job.cgroup.state().map(|s| s != "THAWED").unwrap_or(false) {
-                r = job.cgroup.thaw().map_err(|source| AgentError::Cgroup {
+            let cg = &job.cgroup;
+            if host.cgroup_exists(cg) && host.freezer_state(cg).is_ok_and(|s| s != "THAWED") {
+                r = host.thaw(cg).map_err(|source| AgentError::Cgroup {
                     job: job_id,
                     source,
                 });
@@ -486,5 +499,7 @@ impl Jobs {
     }
 }
 
+#[cfg(test)]
+mod phase_tests;
 #[cfg(test)]
 mod tests;

@@ -16,6 +16,7 @@ use tracing::{instrument, warn};
 
 use crate::copies::{Location, Sources};
 use crate::error::AgentError;
+use crate::host::Host;
 use crate::jobs::{Jobs, NodeJob};
 use crate::modes::{ensure_dir, PRIVATE_DIR};
 use crate::owner::{
@@ -144,11 +145,12 @@ impl Jobs {
         if !kill {
             self.release_tcp(job_id, sandboxed).await;
         }
+        let host = self.host.clone();
         let (_job, r) = tokio::task::spawn_blocking(move || {
             let r = if kill {
-                job.cgroup.kill_all()
-            } else if job.cgroup.exists() {
-                job.cgroup.thaw()
+                host.kill_all(&job.cgroup)
+            } else if host.cgroup_exists(&job.cgroup) {
+                host.thaw(&job.cgroup)
             } else {
                 Ok(())
             };
@@ -265,20 +267,24 @@ const RESTORE_LOCK: &str = "restore.lock";
 /// Checks a restored tree frozen, so that no restored process can act while it is checked
 /// (every process the owner's, [`verify_restored`]), then lets it run unless it is `held`
 /// for the release; kills it if the check fails.
-fn check_restored(job: &NodeJob, owner: &Identity, held: bool) -> Result<(), AgentError> {
+fn check_restored(
+    host: &dyn Host,
+    job: &NodeJob,
+    owner: &Identity,
+    held: bool,
+) -> Result<(), AgentError> {
     let id = job.record.id;
     let cg = |source| AgentError::Cgroup { job: id, source };
-    let checked = job
-        .cgroup
-        .freeze()
+    let checked = host
+        .freeze(&job.cgroup)
         .map_err(cg)
-        .and_then(|()| verify_restored(id, &job.cgroup, owner))
+        .and_then(|()| verify_restored(id, (host, &job.cgroup), owner))
         .and_then(|()| match held {
             true => Ok(()),
-            false => job.cgroup.thaw().map_err(cg),
+            false => host.thaw(&job.cgroup).map_err(cg),
         });
     if checked.is_err() {
-        let _ = job.cgroup.kill_all();
+        let _ = host.kill_all(&job.cgroup);
     }
     checked
 }
@@ -378,5 +384,7 @@ async fn wait_pids_free(job: u64, pids: &[i32]) -> Result<(), AgentError> {
     }
 }
 
+#[cfg(test)]
+mod step_tests;
 #[cfg(test)]
 mod tests;

@@ -176,7 +176,7 @@ impl<'a> RestoreRun<'a> {
     async fn wait_old_incarnation_gone(&self) -> Result<(), AgentError> {
         let begin = Instant::now();
         loop {
-            let live = self.job.cgroup.pids().unwrap_or_default();
+            let live = self.node.host.pids(&self.job.cgroup).unwrap_or_default();
             if live.is_empty() {
                 return Ok(());
             }
@@ -519,7 +519,7 @@ impl<'a> RestoreRun<'a> {
             (Ok(_), Err(e)) => e,
         };
         // The engine failed at the gate; nothing it restored may be left.
-        let _ = self.job.cgroup.kill_all();
+        let _ = self.node.host.kill_all(&self.job.cgroup);
         if self.hold {
             self.node.release_tcp(self.job_id, ready.sandboxed).await;
         }
@@ -553,15 +553,15 @@ impl<'a> RestoreRun<'a> {
         ready: &Ready,
     ) -> Result<i32, AgentError> {
         let (node, job_id, sandboxed) = (self.node, self.job_id, ready.sandboxed);
-        let job = &self.job;
+        let (job, host) = (&self.job, node.host.as_ref());
         match started {
             Ok(pid) if self.hold => {
                 // Released together with the other nodes (`release`). A part that cannot be
                 // held is not left running on its own: the coordinator only releases (or
                 // kills) the parts that reported restored.
-                if job.cgroup.state().map(|s| s == "THAWED").unwrap_or(false) {
-                    if let Err(source) = job.cgroup.freeze() {
-                        let _ = job.cgroup.kill_all();
+                if host.freezer_state(&job.cgroup).is_ok_and(|s| s == "THAWED") {
+                    if let Err(source) = host.freeze(&job.cgroup) {
+                        let _ = host.kill_all(&job.cgroup);
                         node.release_tcp(job_id, sandboxed).await;
                         return Err(AgentError::Cgroup {
                             job: job_id,
@@ -569,8 +569,8 @@ impl<'a> RestoreRun<'a> {
                         });
                     }
                 }
-                if let Err(e) = verify_restored(job_id, &job.cgroup, &ready.owner) {
-                    let _ = job.cgroup.kill_all();
+                if let Err(e) = verify_restored(job_id, (host, &job.cgroup), &ready.owner) {
+                    let _ = host.kill_all(&job.cgroup);
                     node.release_tcp(job_id, sandboxed).await;
                     return Err(e);
                 }
@@ -579,7 +579,7 @@ impl<'a> RestoreRun<'a> {
             Ok(pid) => {
                 // Checked frozen, as a held part is, so that no restored process can act
                 // while it is checked; then it runs.
-                check_restored(job, &ready.owner, false)?;
+                check_restored(host, job, &ready.owner, false)?;
                 Ok(pid)
             }
             Err(e) => {
