@@ -286,9 +286,8 @@ async fn verify(
     }
     let bad: Vec<&pb::NodeVerify> = r.nodes.iter().filter(|n| !n.ok).collect();
     if !bad.is_empty() {
-        let unreachable = bad.iter().all(|n| n.error.contains("unreachable"));
         return Err(Failure {
-            code: if unreachable { 7 } else { 8 },
+            code: verify_exit_code(&bad),
             message: format!(
                 "job {job} epoch {}: {} of {} node(s) failed verification; restart from an older epoch (`ckptctl epochs {job}`)",
                 r.epoch,
@@ -298,6 +297,15 @@ async fn verify(
         });
     }
     Ok(())
+}
+
+/// The exit code of a verification some nodes failed: 7 when none of them could be asked (their
+/// images were not judged), 8 when images were found damaged or missing.
+fn verify_exit_code(bad: &[&pb::NodeVerify]) -> u8 {
+    match bad.iter().all(|n| n.unreachable) {
+        true => 7,
+        false => 8,
+    }
 }
 
 /// Shows progress of a streamed operation; returns once it is done (or, without `wait`, once
@@ -427,6 +435,24 @@ pub(crate) async fn follow_to(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Verification's exit code comes from the node's `unreachable` flag, never from the
+    /// words of its error: a damaged image whose message says "unreachable" is still 8.
+    #[test]
+    fn verify_exits_7_only_when_no_failed_node_could_be_asked() {
+        let node = |unreachable: bool, error: &str| pb::NodeVerify {
+            node: "n2".into(),
+            unreachable,
+            error: error.into(),
+            ..Default::default()
+        };
+        let away = node(true, "agent unreachable during verify");
+        let damaged = node(false, "pages-1.img: digest mismatch (unreachable block)");
+        assert_eq!(verify_exit_code(&[&away]), 7);
+        assert_eq!(verify_exit_code(&[&away, &away]), 7);
+        assert_eq!(verify_exit_code(&[&damaged]), 8);
+        assert_eq!(verify_exit_code(&[&away, &damaged]), 8);
+    }
 
     /// `ckptctl --help` lists each command in one short line; the rest is the command's own
     /// help.

@@ -104,6 +104,7 @@ impl Coordinator {
                 r.unwrap_or_else(|f| pb::NodeVerify {
                     node: n.clone(),
                     ok: false,
+                    unreachable: f.kind == FailureKind::Unreachable,
                     error: f.message,
                     ..Default::default()
                 })
