@@ -29,6 +29,13 @@ else
     cargo build --release --workspace --locked --all-targets
 fi
 
+if command -v cargo-machete >/dev/null 2>&1; then
+    echo "[test] cargo machete (no declared dependency unused)"
+    cargo machete
+else
+    echo "[test] cargo-machete not installed (cargo install cargo-machete): unused dependencies not checked"
+fi
+
 # Each suite's time, printed at the end, so that growth is seen.
 TIMES=()
 FAILED=0
