@@ -190,7 +190,7 @@ impl JobNetworkConfig {
         if self.interface != "auto" {
             return Some(self.interface.clone());
         }
-        crate::sandbox::interface_for(Some(listen))
+        crate::os::sandbox::interface_for(Some(listen))
     }
 }
 

@@ -9,9 +9,9 @@ use ckpt_proto::v1::agent_server::Agent;
 use tonic::{Request, Response, Status};
 
 use crate::error::AgentError;
-use crate::grants::Grants;
 use crate::jobs::Jobs;
 use crate::launch::LaunchSpec;
+use crate::os::grants::Grants;
 use crate::wire;
 
 /// Handler of the Agent service.
@@ -194,7 +194,7 @@ impl Agent for AgentHandler {
             sandbox: match r.job_address.as_str() {
                 "" => None,
                 a => Some(
-                    crate::sandbox::JobAddress::parse(a, &r.job_gateway)
+                    crate::os::sandbox::JobAddress::parse(a, &r.job_gateway)
                         .map_err(Status::invalid_argument)?,
                 ),
             },
@@ -370,7 +370,7 @@ impl Agent for AgentHandler {
                     comm: p.comm,
                     state: wire::process_state(p.state).into(),
                     rank,
-                    rss_bytes: crate::procfs::rss_bytes(p.pid),
+                    rss_bytes: crate::os::procfs::rss_bytes(p.pid),
                 })
                 .collect(),
             role: if view.part == 0 {

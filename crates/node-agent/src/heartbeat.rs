@@ -41,7 +41,7 @@ pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
                     if job.incarnation() == incarnation
                         && job.observe(host.as_ref()) != Observed::Running
                     {
-                        crate::sandbox::remove(&netns).await;
+                        crate::os::sandbox::remove(&netns).await;
                     }
                 });
             }
@@ -51,7 +51,7 @@ pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
                 job.id(),
                 job.incarnation(),
                 &job.cgroup.pids().unwrap_or_default(),
-                crate::procfs::mpi_rank,
+                crate::os::procfs::mpi_rank,
             );
         }
         let (state, end) = observed.to_wire();
@@ -106,7 +106,7 @@ pub async fn run(
                 version: env!("CARGO_PKG_VERSION").into(),
                 engine: jobs.engine().name().into(),
                 engine_version: jobs.engine().version().into(),
-                host_addresses: crate::procfs::local_addresses()
+                host_addresses: crate::os::procfs::local_addresses()
                     .iter()
                     .map(|a| a.to_string())
                     .collect(),

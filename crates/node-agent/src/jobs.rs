@@ -8,13 +8,13 @@
 //! ([`NodePhase`]); a call in the wrong phase is refused with [`AgentError::WrongPhase`].
 //!
 //! Who may run jobs here is the [`LaunchPolicy`] (`allow_root_jobs`, `min_uid`); a job runs as
-//! its owner's uid with the groups this node's user databases give it ([`crate::owner::Identity`]), whatever
+//! its owner's uid with the groups this node's user databases give it ([`crate::os::owner::Identity`]), whatever
 //! the request says. Files: the directories on the way to a job's stdout and stderr
 //! (`<state_dir>`, `jobs/`, `jobs/<id>/`) are 0711 (users pass through, nobody lists them);
 //! stdout and stderr are 0600 and the job owner's; everything else the agent keeps (job
 //! records, launch specs, engine logs, staging) is root's alone. Root does nothing by path in a
 //! directory a job's owner controls: dump-time reads refuse symbolic links and other users'
-//! files, and the put-back before a restore runs as the owner ([`crate::owner::PutBack`]).
+//! files, and the put-back before a restore runs as the owner ([`crate::os::owner::PutBack`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
@@ -29,15 +29,15 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 use tracing::warn;
 
-use crate::cgroup::{CgroupParent, JobCgroup};
 use crate::engine::{Engines, SnapshotEngine};
 use crate::error::{io_err, AgentError};
 use crate::failpoint::{Action, Failpoints};
-use crate::host::{Host, RealHost};
 use crate::ibq::Channels;
-use crate::modes::{ensure_dir, protect_staging, write_private, PRIVATE_DIR, TRAVERSE_ONLY};
-use crate::owner::{fix_job_dir_modes, LaunchPolicy};
-use crate::procfs;
+use crate::os::cgroup::{CgroupParent, JobCgroup};
+use crate::os::host::{Host, RealHost};
+use crate::os::modes::{ensure_dir, protect_staging, write_private, PRIVATE_DIR, TRAVERSE_ONLY};
+use crate::os::owner::{fix_job_dir_modes, LaunchPolicy};
+use crate::os::procfs;
 use crate::shim::{self, launched_as, Exit};
 
 /// Manifest note naming the uid of the job's owner: a restore puts files back as that user,
@@ -70,7 +70,7 @@ pub struct JobRecord {
     pub owner: Option<u32>,
     /// The part's job address, when it runs in a sandbox.
     #[serde(default)]
-    pub sandbox: Option<crate::sandbox::JobAddress>,
+    pub sandbox: Option<crate::os::sandbox::JobAddress>,
     /// The snapshot engine the job runs under; empty: the default (CRIU).
     #[serde(default)]
     pub engine: String,
@@ -78,7 +78,7 @@ pub struct JobRecord {
     /// (`shim/guard.rs`): its dumps run CRIU there. None: the node's.
     #[serde(default)]
     pub guarded_ns: Option<(u64, u64)>,
-    /// The fenced port of the part's DMTCP coordinator ([`crate::fence`]), if it has one.
+    /// The fenced port of the part's DMTCP coordinator ([`crate::os::fence`]), if it has one.
     #[serde(default)]
     pub coordinator_port: Option<u16>,
 }
@@ -324,12 +324,12 @@ pub struct Jobs {
     /// Whether jobs here are pre-copied.
     pub(crate) precopy: crate::precopy::chain::Mode,
     /// The fence around the jobs' DMTCP coordinators.
-    pub(crate) fence: crate::fence::Fence,
+    pub(crate) fence: crate::os::fence::Fence,
     /// The node's lease from ckptd: parts are fenced once it runs out.
     pub(crate) lease: crate::lease::Keeper,
     /// Processes of jobs killed by a signal ([`crate::exits`]).
     pub(crate) exits: Arc<crate::exits::Exits>,
-    /// What the checkpoint and restore steps ask of the machine ([`crate::host`]).
+    /// What the checkpoint and restore steps ask of the machine ([`crate::os::host`]).
     pub(crate) host: Arc<dyn Host>,
 }
 
@@ -456,7 +456,7 @@ impl Jobs {
             channels,
             policy: LaunchPolicy::default(),
             precopy: crate::precopy::chain::Mode::Off("pre-copy is not set up".into()),
-            fence: crate::fence::Fence::off(),
+            fence: crate::os::fence::Fence::off(),
             lease,
             exits: Arc::default(),
             host: Arc::new(RealHost),
@@ -471,7 +471,7 @@ impl Jobs {
         self
     }
 
-    /// Fences the DMTCP coordinators of jobs here ([`crate::fence`]), those of the running
+    /// Fences the DMTCP coordinators of jobs here ([`crate::os::fence`]), those of the running
     /// jobs found at start again; `prefix` names the table (the cgroup prefix).
     pub fn with_fence(mut self, prefix: &str) -> Self {
         let keep: Vec<(u16, u32)> = self
@@ -484,7 +484,7 @@ impl Jobs {
                     .then_some((port, j.record.owner?))
             })
             .collect();
-        self.fence = crate::fence::Fence::start(prefix, &keep);
+        self.fence = crate::os::fence::Fence::start(prefix, &keep);
         self
     }
 
@@ -515,7 +515,7 @@ impl Jobs {
 
     /// The network namespace of the job's sandbox on this node.
     pub(crate) fn netns(&self, job: u64) -> PathBuf {
-        crate::sandbox::netns_path(&self.node, job)
+        crate::os::sandbox::netns_path(&self.node, job)
     }
 
     /// Sets who may run jobs here.

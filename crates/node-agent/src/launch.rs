@@ -13,9 +13,9 @@ use tracing::{info, instrument};
 
 use crate::error::{io_err, AgentError};
 use crate::jobs::{Jobs, LaunchEnv, NodeJob, Observed};
-use crate::modes::{ensure_dir, write_private, PRIVATE_DIR, PRIVATE_FILE};
-use crate::owner::Identity;
-use crate::procfs;
+use crate::os::modes::{ensure_dir, write_private, PRIVATE_DIR, PRIVATE_FILE};
+use crate::os::owner::Identity;
+use crate::os::procfs;
 use crate::shim::{self, Exit, ShimMode, ShimSpec, Started};
 
 /// How long a newly started shim may take to report the job's root running. Exec of a
@@ -47,7 +47,7 @@ pub struct LaunchSpec {
     /// 0: the job's command; >0: a part started through `ckpt-rsh`.
     pub part: u32,
     /// Run the part in a sandbox with this job address.
-    pub sandbox: Option<crate::sandbox::JobAddress>,
+    pub sandbox: Option<crate::os::sandbox::JobAddress>,
     /// The snapshot engine ("": the default).
     pub engine: String,
 }
@@ -153,7 +153,7 @@ pub(crate) fn make_session(
     fill: impl FnOnce(&Path) -> std::io::Result<()>,
 ) -> std::io::Result<PathBuf> {
     let base = job.dir.join("session");
-    ensure_dir(&base, crate::modes::TRAVERSE_ONLY)?;
+    ensure_dir(&base, crate::os::modes::TRAVERSE_ONLY)?;
     // This one, and the per-incarnation sessions of older agents.
     for e in fs::read_dir(&base)?.flatten() {
         if e.file_type()?.is_dir() {
@@ -166,7 +166,7 @@ pub(crate) fn make_session(
     fs::create_dir(&dir)?;
     fill(&dir)?;
     let give = |path: &Path| -> std::io::Result<()> {
-        let d = crate::owner::open_no_symlinks(path, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+        let d = crate::os::owner::open_no_symlinks(path, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
         nix::unistd::fchown(&d, Some(owner.uid.into()), Some(owner.gid.into()))
             .map_err(|e| std::io::Error::from_raw_os_error(e as i32))?;
         d.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(PRIVATE_DIR))
@@ -211,7 +211,7 @@ impl Jobs {
             .create()
             .map_err(|source| AgentError::Cgroup { job: id, source })?;
         let (ready, ready_w) =
-            crate::clone_into::pipe_cloexec().map_err(io("create a pipe for", &run_dir))?;
+            crate::os::clone_into::pipe_cloexec().map_err(io("create a pipe for", &run_dir))?;
         let ready_fd = ready_w.as_raw_fd();
         let spec = ShimSpec {
             mode,
@@ -326,7 +326,7 @@ impl Jobs {
                 // Hydra tells its proxies to call back on its host name, which names the node,
                 // not the sandbox: have it give the job address instead.
                 env.entry("HYDRA_IFACE".into())
-                    .or_insert_with(|| crate::sandbox::JOB_INTERFACE.into());
+                    .or_insert_with(|| crate::os::sandbox::JOB_INTERFACE.into());
                 // UCX's shared memory as named files in the sandbox's own /dev/shm, which
                 // the images carry, rather than descriptors reached through /proc/<pid>/fd.
                 env.entry("UCX_POSIX_USE_PROC_LINK".into())
@@ -361,7 +361,7 @@ impl Jobs {
             Ok(pid) => pid,
             Err(e) => {
                 if job.record.sandbox.is_some() {
-                    crate::sandbox::remove(&self.netns(spec.job)).await;
+                    crate::os::sandbox::remove(&self.netns(spec.job)).await;
                 }
                 return Err(e);
             }
@@ -374,7 +374,7 @@ impl Jobs {
     }
 
     /// A fenced port for the coordinator of `job`'s next incarnation, if `engine` runs one
-    /// ([`crate::fence`]), recorded in the job's record.
+    /// ([`crate::os::fence`]), recorded in the job's record.
     pub(crate) fn coordinator_port(
         &self,
         job: &mut NodeJob,
@@ -400,7 +400,7 @@ impl Jobs {
     pub(crate) async fn make_sandbox(
         &self,
         job: u64,
-        addr: &crate::sandbox::JobAddress,
+        addr: &crate::os::sandbox::JobAddress,
     ) -> Result<shim::Sandbox, AgentError> {
         let link = self.job_link.as_deref().ok_or_else(|| AgentError::Start {
             job,
@@ -420,11 +420,11 @@ impl Jobs {
             });
         }
         // The mount point of the job directory inside sandboxes (empty, root's).
-        std::fs::create_dir_all(crate::sandbox::JOB_DIR).map_err(|e| AgentError::Start {
+        std::fs::create_dir_all(crate::os::sandbox::JOB_DIR).map_err(|e| AgentError::Start {
             job,
-            message: format!("cannot make {}: {e}", crate::sandbox::JOB_DIR),
+            message: format!("cannot make {}: {e}", crate::os::sandbox::JOB_DIR),
         })?;
-        let netns = crate::sandbox::create(&self.node, job, link, addr)
+        let netns = crate::os::sandbox::create(&self.node, job, link, addr)
             .await
             .map_err(|message| AgentError::Start { job, message })?;
         Ok(shim::Sandbox {
@@ -588,7 +588,7 @@ pub fn exit_text(e: &Exit) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::owner::LaunchPolicy;
+    use crate::os::owner::LaunchPolicy;
 
     #[test]
     fn launch_policy_refuses_root_system_accounts_and_unknown_users() {

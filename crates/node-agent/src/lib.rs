@@ -15,34 +15,25 @@
 //! an agent. [`config`] is the agent's config file, [`shim`] the per-job process.
 #![warn(missing_docs)]
 
-mod cgroup;
 mod checkpoint;
-mod clone_into;
 pub mod config;
 mod copies;
 mod engine;
 mod error;
 mod exits;
 mod failpoint;
-mod fence;
-mod grants;
 mod grpc;
 mod heartbeat;
-mod host;
 mod ibq;
 mod jobs;
 mod launch;
 mod lease;
 pub mod metrics;
-mod modes;
-mod owner;
+mod os;
 mod partner;
 mod precopy;
-mod procfs;
 mod restore;
-mod sandbox;
 pub mod shim;
-mod sockdiag;
 mod wire;
 
 use std::future::Future;
@@ -54,11 +45,11 @@ use ckpt_proto::Engine;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
-pub use cgroup::CgroupError;
 pub use config::AgentConfig;
 pub use engine::EngineError;
 pub use error::AgentError;
 pub use jobs::Jobs;
+pub use os::cgroup::CgroupError;
 
 pub use ckpt_daemon::{init_tracing, set_private_umask};
 
@@ -76,7 +67,7 @@ pub enum StartError {
     Engine(#[from] engine::EngineError),
     /// No freezer cgroup.
     #[error(transparent)]
-    Cgroup(#[from] cgroup::CgroupError),
+    Cgroup(#[from] os::cgroup::CgroupError),
     /// Staging or state directory problem.
     #[error("{what} {path}: {source}")]
     Dir {
@@ -176,7 +167,7 @@ pub fn open_jobs(
         }
         None => info!("no DMTCP on this node: jobs asking for --engine dmtcp are refused here (see [engines] in agent.toml)"),
     }
-    let cgroups = cgroup::CgroupParent::resolve(&cfg.cgroup.parent, &cfg.cgroup.prefix)?;
+    let cgroups = os::cgroup::CgroupParent::resolve(&cfg.cgroup.parent, &cfg.cgroup.prefix)?;
     // Checked before anything is made or fixed in them, and again once they exist.
     for (dir, what) in [(&cfg.local_dir, "local_dir"), (&cfg.state_dir, "state_dir")] {
         if dir.exists() {
@@ -224,7 +215,7 @@ pub fn open_jobs(
         .with_job_link(cfg.job_network.resolve(cfg.listen.ip()))
         .with_credential(credential)
         .with_shared(cfg.shared_dir.clone(), cfg.flush.copy_options())
-        .with_launch_policy(owner::LaunchPolicy {
+        .with_launch_policy(os::owner::LaunchPolicy {
             allow_root: cfg.allow_root_jobs,
             min_uid: cfg.min_uid,
         })

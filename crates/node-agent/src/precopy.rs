@@ -32,8 +32,8 @@ use tracing::{info, warn};
 use crate::config::PrecopyConfig;
 use crate::engine::{DumpSpec, SnapshotEngine};
 use crate::jobs::{Jobs, NodeJob, Observed};
-use crate::modes::{ensure_dir, PRIVATE_DIR};
-use crate::{procfs, sandbox};
+use crate::os::modes::{ensure_dir, PRIVATE_DIR};
+use crate::os::{procfs, sandbox};
 use chain::Link;
 
 pub use chain::{Chain, Mode};

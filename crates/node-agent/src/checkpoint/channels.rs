@@ -13,7 +13,7 @@ use ib_quiesce::control::Holdings;
 use crate::error::AgentError;
 use crate::ibq::{ChannelFailure, Channels, Rebuilt};
 use crate::jobs::{Jobs, NodeJob};
-use crate::procfs;
+use crate::os::procfs;
 
 /// The manifest note listing the processes whose ib-quiesce channels were quiesced.
 const CHANNEL_NOTE: &str = "ibq_channels";

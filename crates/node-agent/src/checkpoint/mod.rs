@@ -15,11 +15,11 @@ use tokio::sync::OwnedMutexGuard;
 use tracing::{info, instrument, warn};
 
 use crate::error::{io_err, AgentError};
-use crate::host::Host;
 use crate::jobs::{now_ms, EpochWork, Jobs, NodeJob, NodePhase, Observed, PauseGuard};
 use crate::launch::exit_text;
-use crate::modes::{set_mode, PRIVATE_DIR};
-use crate::procfs;
+use crate::os::host::Host;
+use crate::os::modes::{set_mode, PRIVATE_DIR};
+use crate::os::procfs;
 use channels::{refuse_rdma_cm, refuse_verbs_without_channel};
 use dump::{dump_frozen, dump_running};
 
@@ -395,7 +395,7 @@ impl Jobs {
                 // Its job address (and the MAC derived from it) leaves the network now, not at
                 // the next heartbeat: a restart may put the part on another node at once (drain
                 // --migrate), and two interfaces with one address would split its traffic.
-                crate::sandbox::remove(&self.netns(job_id)).await;
+                crate::os::sandbox::remove(&self.netns(job_id)).await;
             }
         }
         let w = job.work.as_mut().expect("checked");

@@ -111,12 +111,12 @@ impl Criu {
             // the new node's; its network namespace is the agent's.
             args.extend([
                 "--external".to_string(),
-                format!("net[{ino}]:{}", crate::sandbox::NETNS_KEY),
+                format!("net[{ino}]:{}", crate::os::sandbox::NETNS_KEY),
                 "--external".to_string(),
                 format!(
                     "mnt[{}]:{}",
-                    crate::sandbox::JOB_DIR,
-                    crate::sandbox::JOB_DIR_KEY
+                    crate::os::sandbox::JOB_DIR,
+                    crate::os::sandbox::JOB_DIR_KEY
                 ),
                 "--external".to_string(),
                 "mnt[]".to_string(),
@@ -338,7 +338,7 @@ impl SnapshotEngine for Criu {
         if let Some(fd) = spec.netns_fd {
             v.extend([
                 "--inherit-fd".to_string(),
-                format!("fd[{fd}]:{}", crate::sandbox::NETNS_KEY),
+                format!("fd[{fd}]:{}", crate::os::sandbox::NETNS_KEY),
                 "--root".to_string(),
                 "/".to_string(),
                 "--external".to_string(),
@@ -349,7 +349,7 @@ impl SnapshotEngine for Criu {
             v.push("--external".into());
             v.push(format!(
                 "mnt[{}]:{}",
-                crate::sandbox::JOB_DIR_KEY,
+                crate::os::sandbox::JOB_DIR_KEY,
                 dir.display()
             ));
         }

@@ -16,14 +16,14 @@ use tracing::{instrument, warn};
 
 use crate::copies::{Location, Sources};
 use crate::error::AgentError;
-use crate::host::Host;
 use crate::jobs::{Jobs, NodeJob};
-use crate::modes::{ensure_dir, PRIVATE_DIR};
-use crate::owner::{
+use crate::os::host::Host;
+use crate::os::modes::{ensure_dir, PRIVATE_DIR};
+use crate::os::owner::{
     put_back_own_output, run_put_back, verify_restored, Identity, PutBack, PutBackTask,
 };
-use crate::procfs;
-use crate::sandbox;
+use crate::os::procfs;
+use crate::os::sandbox;
 use run::RestoreRun;
 
 /// How long a restore may take: the engine reads every image page back; at a pessimistic
@@ -219,8 +219,8 @@ impl Jobs {
             }
             f
         });
-        let (ours, theirs): (Vec<OpenFile>, Vec<OpenFile>) =
-            files.partition(|f| crate::owner::own_output(Path::new(&f.path), &own_dir).is_some());
+        let (ours, theirs): (Vec<OpenFile>, Vec<OpenFile>) = files
+            .partition(|f| crate::os::owner::own_output(Path::new(&f.path), &own_dir).is_some());
         if let Some(pf) = m.preserved.iter().find(|pf| pf.uid != owner.uid) {
             return Err(AgentError::FileRefused {
                 job: job_id,

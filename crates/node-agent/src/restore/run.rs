@@ -24,8 +24,8 @@ use crate::copies::{Location, Sources, Usable};
 use crate::engine::{RestoreSpec, SnapshotEngine};
 use crate::error::AgentError;
 use crate::jobs::{Jobs, NodeJob};
-use crate::owner::{verify_restored, Identity};
-use crate::sandbox;
+use crate::os::owner::{verify_restored, Identity};
+use crate::os::sandbox;
 use crate::shim::ShimMode;
 
 /// A check of page data running beside the other steps: the time it took, or what failed.

@@ -25,7 +25,7 @@ pub(super) fn fence_on_expiry(
                 let _ = Command::new("ip")
                     .arg("-n")
                     .arg(name)
-                    .args(["link", "del", crate::sandbox::JOB_INTERFACE])
+                    .args(["link", "del", crate::os::sandbox::JOB_INTERFACE])
                     .stdin(Stdio::null())
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())
@@ -79,7 +79,7 @@ mod tests {
     /// a process outside the part's cgroup lives on.
     #[test]
     fn a_part_is_fenced_once_the_lease_runs_out() {
-        let Some(parent) = crate::cgroup::test_parent("fence") else {
+        let Some(parent) = crate::os::cgroup::test_parent("fence") else {
             return;
         };
         let cg = parent.job(3);
