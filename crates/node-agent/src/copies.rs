@@ -443,7 +443,8 @@ impl Jobs {
             message: s.message().to_string(),
         };
         let mut c =
-            crate::partner::connect(job_id, partner, address, self.credential.as_ref()).await?;
+            crate::rpc::partner::connect(job_id, partner, address, self.credential.as_ref())
+                .await?;
         let s = c
             .send(ckpt_proto::v1::SendRequest {
                 job_id,
@@ -454,8 +455,8 @@ impl Jobs {
             .await
             .map_err(failed)?
             .into_inner();
-        let (header, rest) = crate::partner::split_header(s).await.map_err(failed)?;
-        crate::partner::receive(
+        let (header, rest) = crate::rpc::partner::split_header(s).await.map_err(failed)?;
+        crate::rpc::partner::receive(
             job_id,
             partner,
             tmp.to_path_buf(),
@@ -477,14 +478,15 @@ impl Jobs {
     ) -> Result<(), AgentError> {
         use tokio_stream::StreamExt;
         let mut c =
-            crate::partner::connect(job_id, partner, address, self.credential.as_ref()).await?;
+            crate::rpc::partner::connect(job_id, partner, address, self.credential.as_ref())
+                .await?;
         let header = ckpt_proto::v1::ChunkHeader {
             job_id,
             epoch,
             node: self.node.clone(),
             ..Default::default()
         };
-        let rx = crate::partner::chunks(
+        let rx = crate::rpc::partner::chunks(
             self.staging.node_dir(job_id, epoch, &self.node),
             header,
             committed_digest.to_string(),

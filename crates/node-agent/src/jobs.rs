@@ -326,7 +326,7 @@ pub struct Jobs {
     /// The fence around the jobs' DMTCP coordinators.
     pub(crate) fence: crate::os::fence::Fence,
     /// The node's lease from ckptd: parts are fenced once it runs out.
-    pub(crate) lease: crate::lease::Keeper,
+    pub(crate) lease: crate::rpc::lease::Keeper,
     /// Processes of jobs killed by a signal ([`crate::exits`]).
     pub(crate) exits: Arc<crate::exits::Exits>,
     /// What the checkpoint and restore steps ask of the machine ([`crate::os::host`]).
@@ -436,7 +436,7 @@ impl Jobs {
             state_dir.join("ibq").join("control.sock"),
             ibq_job_owner(state_dir.clone(), cgroups.clone()),
         );
-        let lease = crate::lease::Keeper::open(&state_dir);
+        let lease = crate::rpc::lease::Keeper::open(&state_dir);
         Ok(Jobs {
             node,
             state_dir,

@@ -622,7 +622,7 @@ mod tests {
         let root = open.authorize(7, "n1", 0).unwrap();
         assert_eq!((root.uid, root.gid), (0, 0), "gid from passwd");
         assert!(matches!(
-            crate::grpc::to_status(strict.authorize(7, "n1", 0).unwrap_err()).code(),
+            crate::rpc::grpc::to_status(strict.authorize(7, "n1", 0).unwrap_err()).code(),
             tonic::Code::PermissionDenied
         ));
     }

@@ -22,19 +22,15 @@ mod engine;
 mod error;
 mod exits;
 mod failpoint;
-mod grpc;
-mod heartbeat;
 mod ibq;
 mod jobs;
 mod launch;
-mod lease;
 pub mod metrics;
 mod os;
-mod partner;
 mod precopy;
 mod restore;
+mod rpc;
 pub mod shim;
-mod wire;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -307,7 +303,7 @@ pub async fn run(
     let hb = if cfg.coordinator.is_empty() {
         None
     } else {
-        Some(tokio::spawn(heartbeat::run(
+        Some(tokio::spawn(rpc::heartbeat::run(
             cfg.clone(),
             advertise,
             dial,
@@ -325,7 +321,7 @@ pub async fn run(
         }
     };
     let server = tonic::transport::Server::builder()
-        .add_service(AgentServer::new(grpc::AgentHandler::new(jobs)));
+        .add_service(AgentServer::new(rpc::grpc::AgentHandler::new(jobs)));
     let r = match listener {
         Listener::Cluster { tcp, credential } => {
             let tls = credential.server_config().map_err(StartError::Auth)?;

@@ -130,7 +130,7 @@ pub struct ShimSpec {
     /// byte tells the agent the shim died first. Kept from the job and the engine.
     #[serde(default)]
     pub ready_fd: Option<i32>,
-    /// The node's lease file ([`crate::lease`]): the shim kills the part once it runs out.
+    /// The node's lease file ([`crate::rpc::lease`]): the shim kills the part once it runs out.
     /// None: never fenced.
     #[serde(default)]
     pub lease: Option<PathBuf>,
@@ -239,10 +239,10 @@ pub fn main(spec_path: &Path) -> i32 {
     }
     if let Some(lease) = &spec.lease {
         fence::fence_on_expiry(
-            crate::lease::Expiry::new(lease.clone()),
+            crate::rpc::lease::Expiry::new(lease.clone()),
             spec.cgroup_procs.clone(),
             spec.mode.netns().map(Path::to_path_buf),
-            spec.run_dir.join(crate::lease::FENCED),
+            spec.run_dir.join(crate::rpc::lease::FENCED),
         );
     }
     let started = spec.run_dir.join(STARTED);

@@ -57,8 +57,8 @@ pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
         let (state, end) = observed.to_wire();
         let fenced = (observed != Observed::Running)
             .then(|| {
-                crate::shim::read_json::<crate::lease::Fenced>(
-                    &job.run_dir().join(crate::lease::FENCED),
+                crate::shim::read_json::<crate::rpc::lease::Fenced>(
+                    &job.run_dir().join(crate::rpc::lease::FENCED),
                 )
             })
             .flatten();
@@ -125,7 +125,7 @@ pub async fn run(
                     crate::config::RDMA_CLASS,
                 )),
             };
-            let sent = crate::lease::boottime_ms();
+            let sent = crate::rpc::lease::boottime_ms();
             match tokio::time::timeout(CALL_TIMEOUT, c.register(req)).await {
                 Ok(Ok(r)) => {
                     info!(coordinator = %cfg.coordinator, "registered");
@@ -151,7 +151,7 @@ pub async fn run(
                 staging_free_bytes,
                 staging_total_bytes,
             };
-            let sent = crate::lease::boottime_ms();
+            let sent = crate::rpc::lease::boottime_ms();
             match tokio::time::timeout(CALL_TIMEOUT, c.heartbeat(req)).await {
                 Ok(Ok(r)) => jobs.lease.renew(sent, r.get_ref().lease_ms),
                 Ok(Err(e)) => {
