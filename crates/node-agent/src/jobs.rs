@@ -327,8 +327,8 @@ pub struct Jobs {
     pub(crate) fence: crate::os::fence::Fence,
     /// The node's lease from ckptd: parts are fenced once it runs out.
     pub(crate) lease: crate::rpc::lease::Keeper,
-    /// Processes of jobs killed by a signal ([`crate::exits`]).
-    pub(crate) exits: Arc<crate::exits::Exits>,
+    /// Processes of jobs killed by a signal ([`crate::launch::exits`]).
+    pub(crate) exits: Arc<crate::launch::exits::Exits>,
     /// What the checkpoint and restore steps ask of the machine ([`crate::os::host`]).
     pub(crate) host: Arc<dyn Host>,
 }

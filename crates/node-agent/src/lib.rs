@@ -20,7 +20,6 @@ pub mod config;
 mod copies;
 mod engine;
 mod error;
-mod exits;
 mod failpoint;
 mod ibq;
 mod jobs;
@@ -310,7 +309,7 @@ pub async fn run(
             jobs.clone(),
         )))
     };
-    exits::watch(jobs.exits.clone());
+    launch::exits::watch(jobs.exits.clone());
     let precopy = tokio::spawn(jobs.clone().precopy_loop());
     let ibq = match jobs.channels().bind() {
         Ok(l) => Some(tokio::spawn(jobs.channels().clone().serve(l))),

@@ -1,5 +1,14 @@
 //! Launch: starting a job's processes on this node under a shim, and what `ckpt-rsh` and the
-//! coordinator ask of a running part (output, token, signals, processes).
+//! coordinator ask of a running part (output, token, signals, processes). `exits.rs` follows
+//! those processes and reports the ones killed by a signal.
+//!
+//! What it may import: `os/`, the table (`jobs.rs`), the snapshot engines, the shim's spec and
+//! the crate's config and errors; none of the checkpoint, restore or copy steps, and nothing
+//! of `rpc/`. `exits.rs` imports nothing of the crate. The shim itself (`shim.rs`) stays
+//! beside `lib.rs`: it is a process of its own with a public path (`node_agent::shim`), and its
+//! restore half imports `restore/`.
+
+pub(crate) mod exits;
 
 use std::collections::BTreeMap;
 use std::fs;
