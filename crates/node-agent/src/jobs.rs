@@ -132,7 +132,7 @@ pub(crate) struct EpochWork {
     pub(crate) pause: Option<PauseGuard>,
     /// The job's pre-copy chain, held from initial synchronization to the end of the epoch
     /// (none where pre-copy is off).
-    pub(crate) chain: Option<tokio::sync::OwnedMutexGuard<crate::precopy::chain::Chain>>,
+    pub(crate) chain: Option<tokio::sync::OwnedMutexGuard<crate::copies::precopy::chain::Chain>>,
     /// The pre-dumps below this epoch's dump, as its manifest lists them.
     pub(crate) links: Vec<String>,
 }
@@ -194,7 +194,7 @@ pub struct NodeJob {
     /// or resumed by an abort.
     pub(crate) layer_drained: Vec<i32>,
     /// Its pre-dumps on this node (see `precopy.rs`).
-    pub(crate) precopy: Arc<Mutex<crate::precopy::chain::Chain>>,
+    pub(crate) precopy: Arc<Mutex<crate::copies::precopy::chain::Chain>>,
 }
 
 impl NodeJob {
@@ -322,7 +322,7 @@ pub struct Jobs {
     /// Who may run jobs here.
     pub(crate) policy: LaunchPolicy,
     /// Whether jobs here are pre-copied.
-    pub(crate) precopy: crate::precopy::chain::Mode,
+    pub(crate) precopy: crate::copies::precopy::chain::Mode,
     /// The fence around the jobs' DMTCP coordinators.
     pub(crate) fence: crate::os::fence::Fence,
     /// The node's lease from ckptd: parts are fenced once it runs out.
@@ -455,7 +455,7 @@ impl Jobs {
             frozen: Arc::default(),
             channels,
             policy: LaunchPolicy::default(),
-            precopy: crate::precopy::chain::Mode::Off("pre-copy is not set up".into()),
+            precopy: crate::copies::precopy::chain::Mode::Off("pre-copy is not set up".into()),
             fence: crate::os::fence::Fence::off(),
             lease,
             exits: Arc::default(),
@@ -489,7 +489,7 @@ impl Jobs {
     }
 
     /// Sets whether jobs here are pre-copied.
-    pub fn with_precopy(mut self, mode: crate::precopy::chain::Mode) -> Self {
+    pub fn with_precopy(mut self, mode: crate::copies::precopy::chain::Mode) -> Self {
         self.precopy = mode;
         self
     }

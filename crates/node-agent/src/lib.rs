@@ -26,7 +26,6 @@ mod jobs;
 mod launch;
 pub mod metrics;
 mod os;
-mod precopy;
 mod restore;
 mod rpc;
 pub mod shim;
@@ -220,7 +219,7 @@ pub fn open_jobs(
     } else {
         jobs
     };
-    let precopy = precopy::Mode::resolve(&cfg.precopy, || jobs.engine().precopy_support());
+    let precopy = copies::precopy::Mode::resolve(&cfg.precopy, || jobs.engine().precopy_support());
     Ok(Arc::new(jobs.with_precopy(precopy)))
 }
 

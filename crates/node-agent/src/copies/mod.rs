@@ -1,5 +1,13 @@
 //! Images and their copies: verification, shared storage (flush, publish, rebuild), partner
-//! copies, retention, and the choice of the copy a restore uses.
+//! copies, retention, and the choice of the copy a restore uses. `precopy.rs` (with
+//! `precopy/chain.rs`) makes the copies a checkpoint stands on: pre-dumps between checkpoints.
+//!
+//! What it may import: `os/`, the table (`jobs.rs`), the snapshot engines, the partner
+//! streams' client (`rpc/partner.rs`), the crate's config and errors; none of the checkpoint
+//! or restore steps and nothing else of `rpc/`. The restore steps, the Agent service and the
+//! table (each job's pre-dump chain) import from here.
+
+pub(crate) mod precopy;
 
 use std::fs;
 use std::path::{Path, PathBuf};
