@@ -25,6 +25,7 @@ mod ibq;
 mod jobs;
 mod launch;
 pub mod metrics;
+mod node;
 mod os;
 mod restore;
 mod rpc;
@@ -197,7 +198,7 @@ pub fn open_jobs(
     })?;
     trusted(&cfg.state_dir, "state_dir")?;
     let jobs = jobs
-        .with_launch_env(jobs::LaunchEnv {
+        .with_launch_env(node::LaunchEnv {
             coordinator: cfg.coordinator.clone(),
             launcher: cfg.launcher.resolve(),
             set_mpi_env: cfg.launcher.set_mpi_env,
@@ -308,7 +309,7 @@ pub async fn run(
             jobs.clone(),
         )))
     };
-    launch::exits::watch(jobs.exits.clone());
+    launch::exits::watch(jobs.node.exits.clone());
     let precopy = tokio::spawn(jobs.clone().precopy_loop());
     let ibq = match jobs.channels().bind() {
         Ok(l) => Some(tokio::spawn(jobs.channels().clone().serve(l))),

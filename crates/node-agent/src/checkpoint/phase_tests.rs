@@ -140,7 +140,10 @@ async fn quiesce_freezes_the_job_for_the_snapshot() {
     assert_eq!(w.phase, NodePhase::Quiesced);
     assert!(w.frozen_at.is_some());
     assert_eq!(
-        node.jobs.frozen.load(std::sync::atomic::Ordering::SeqCst),
+        node.jobs
+            .node
+            .frozen
+            .load(std::sync::atomic::Ordering::SeqCst),
         1
     );
 }
@@ -289,7 +292,10 @@ async fn resume_thaws_the_job_and_finalize_seals_the_epoch() {
     assert!(!node.host.frozen());
     assert_eq!(node.host.members(), [ROOT, CHILD], "the job runs on");
     assert_eq!(
-        node.jobs.frozen.load(std::sync::atomic::Ordering::SeqCst),
+        node.jobs
+            .node
+            .frozen
+            .load(std::sync::atomic::Ordering::SeqCst),
         0
     );
     let f = node.jobs.finalize(JOB, 1).await.expect("finalize");

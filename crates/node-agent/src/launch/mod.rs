@@ -21,7 +21,8 @@ use tokio::io::AsyncReadExt;
 use tracing::{info, instrument};
 
 use crate::error::{io_err, AgentError};
-use crate::jobs::{Jobs, LaunchEnv, NodeJob, Observed};
+use crate::jobs::{Jobs, NodeJob, Observed};
+use crate::node::LaunchEnv;
 use crate::os::modes::{ensure_dir, write_private, PRIVATE_DIR, PRIVATE_FILE};
 use crate::os::owner::Identity;
 use crate::os::procfs;
@@ -201,10 +202,10 @@ impl Jobs {
         timeout: Duration,
     ) -> Result<i32, AgentError> {
         let id = job.record.id;
-        if let Some((since, lease)) = self.lease.overdue() {
+        if let Some((since, lease)) = self.node.lease.overdue() {
             return Err(AgentError::Fenced {
                 job: id,
-                node: self.node.clone(),
+                node: self.node.name.clone(),
                 since,
                 lease,
             });
@@ -230,7 +231,7 @@ impl Jobs {
             run_dir: run_dir.clone(),
             output_owner: Some((owner.uid, owner.gid)),
             ready_fd: Some(ready_fd),
-            lease: Some(self.lease.path().to_path_buf()),
+            lease: Some(self.node.lease.path().to_path_buf()),
         };
         let spec_path = run_dir.join(shim::SPEC);
         // It holds the job's secret and whole environment.
@@ -249,11 +250,12 @@ impl Jobs {
             .map_err(io("create", &run_dir))?;
         let log2 = log.try_clone().map_err(io("create", &run_dir))?;
         job.record.shim = self
+            .node
             .host
-            .spawn_shim(&self.shim_exe, &spec_path, (log, log2), ready_fd)
+            .spawn_shim(&self.node.shim_exe, &spec_path, (log, log2), ready_fd)
             .map_err(|e| AgentError::Start {
                 job: id,
-                message: format!("cannot start shim {}: {e}", self.shim_exe.display()),
+                message: format!("cannot start shim {}: {e}", self.node.shim_exe.display()),
             })?;
         // Only the shim holds the write end now: its byte, or its end-of-file if it dies.
         drop(ready_w);
@@ -300,12 +302,15 @@ impl Jobs {
     pub async fn launch(&self, spec: LaunchSpec) -> Result<(i32, u32), AgentError> {
         // Checked before anything is created: a refused launch leaves nothing behind. The
         // request's gid and groups are not used.
-        let owner = self.policy.authorize(spec.job, &self.node, spec.uid)?;
+        let owner = self
+            .node
+            .policy
+            .authorize(spec.job, &self.node.name, spec.uid)?;
         let engine = self.engine_named(spec.job, &spec.engine)?;
         if !engine.freezes() && (spec.part > 0 || spec.sandbox.is_some()) {
             return Err(AgentError::NoEngine {
                 job: spec.job,
-                node: self.node.clone(),
+                node: self.node.name.clone(),
                 problem: format!(
                     "the {} engine runs a job on one node, in the node's namespaces: its MPI launcher may not start parts on other nodes, nor may the job have a sandbox (use the criu engine for that)",
                     engine.name()
@@ -314,18 +319,19 @@ impl Jobs {
         }
         let j = self.get_or_create(spec.job)?;
         let mut job = j.lock().await;
-        if job.observe(self.host.as_ref()) == Observed::Running {
+        if job.observe(self.node.host.as_ref()) == Observed::Running {
             return Err(AgentError::StillRunning {
                 job: spec.job,
                 pids: job.cgroup.pids().unwrap_or_default(),
             });
         }
         let mut env = spec.env;
-        self.launch_env
-            .apply(&mut env, spec.job, &spec.token, &self.node);
+        self.node
+            .launch_env
+            .apply(&mut env, spec.job, &spec.token, &self.node.name);
         env.insert(
             ib_quiesce::control::SOCKET_ENV.into(),
-            self.channels.socket().display().to_string(),
+            self.node.channels.socket().display().to_string(),
         );
         job.record.token = spec.token;
         job.record.part = spec.part;
@@ -394,6 +400,7 @@ impl Jobs {
             return Ok(None);
         }
         let port = self
+            .node
             .fence
             .reserve(owner)
             .map_err(|message| AgentError::Start {
@@ -411,14 +418,14 @@ impl Jobs {
         job: u64,
         addr: &crate::os::sandbox::JobAddress,
     ) -> Result<shim::Sandbox, AgentError> {
-        let link = self.job_link.as_deref().ok_or_else(|| AgentError::Start {
+        let link = self.node.job_link.as_deref().ok_or_else(|| AgentError::Start {
             job,
             message: format!(
                 "node {} has no job network interface: set [job_network] interface in its agent.toml (see docs/operations.md, \"Job sandboxes\")",
-                self.node
+                self.node.name
             ),
         })?;
-        let init = self.shim_exe.with_file_name("ckpt-init");
+        let init = self.node.shim_exe.with_file_name("ckpt-init");
         if !init.is_file() {
             return Err(AgentError::Start {
                 job,
@@ -433,7 +440,7 @@ impl Jobs {
             job,
             message: format!("cannot make {}: {e}", crate::os::sandbox::JOB_DIR),
         })?;
-        let netns = crate::os::sandbox::create(&self.node, job, link, addr)
+        let netns = crate::os::sandbox::create(&self.node.name, job, link, addr)
             .await
             .map_err(|message| AgentError::Start { job, message })?;
         Ok(shim::Sandbox {
@@ -466,7 +473,7 @@ impl Jobs {
         if !ckpt_auth::token_eq(&job.record.token, token) {
             return Err(AgentError::BadToken { job: job_id });
         }
-        let observed = job.observe(self.host.as_ref());
+        let observed = job.observe(self.node.host.as_ref());
         let read = |name: &str, offset: u64| -> Result<(Vec<u8>, bool), AgentError> {
             use std::io::{Read, Seek, SeekFrom};
             let path = job.dir.join(name);
@@ -564,7 +571,7 @@ impl Jobs {
             })
             .collect();
         Ok(PartView {
-            observed: job.observe(self.host.as_ref()),
+            observed: job.observe(self.node.host.as_ref()),
             part: job.record.part,
             processes,
             snapshot_mode: self.precopy_text(&job),

@@ -12,6 +12,7 @@ impl Jobs {
     fn hold_table(&self, job: u64) -> String {
         let node: String = self
             .node
+            .name
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
             .collect();

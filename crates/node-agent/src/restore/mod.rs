@@ -145,7 +145,7 @@ impl Jobs {
         if !kill {
             self.release_tcp(job_id, sandboxed).await;
         }
-        let host = self.host.clone();
+        let host = self.node.host.clone();
         let (_job, r) = tokio::task::spawn_blocking(move || {
             let r = if kill {
                 host.kill_all(&job.cgroup)
@@ -188,9 +188,9 @@ impl Jobs {
             .ok_or_else(|| AgentError::OwnerUnknown {
                 job: job_id,
                 epoch,
-                node: self.node.clone(),
+                node: self.node.name.clone(),
             })?;
-        let owner = self.policy.authorize(job_id, &self.node, uid)?;
+        let owner = self.node.policy.authorize(job_id, &self.node.name, uid)?;
         job.record.owner = Some(owner.uid);
         Ok(owner)
     }
@@ -251,7 +251,7 @@ impl Jobs {
                 saved_dir: node_dir.to_path_buf(),
             },
         };
-        run_put_back(job_id, &self.shim_exe, &task).await
+        run_put_back(job_id, &self.node.shim_exe, &task).await
     }
 }
 

@@ -18,7 +18,7 @@ pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
     let mut out = Vec::new();
     for j in jobs.snapshot() {
         let Ok(job) = j.try_lock() else { continue };
-        let observed = job.observe(jobs.host.as_ref());
+        let observed = job.observe(jobs.node.host.as_ref());
         if let Observed::Exited(_) = observed {
             // The job is over on this node: its (empty) cgroup is not needed until a
             // restore, which creates it again.
@@ -35,7 +35,7 @@ pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
             if netns.exists() {
                 let incarnation = job.incarnation();
                 let j = Arc::clone(&j);
-                let host = Arc::clone(&jobs.host);
+                let host = Arc::clone(&jobs.node.host);
                 tokio::spawn(async move {
                     let job = j.lock().await;
                     if job.incarnation() == incarnation
@@ -47,7 +47,7 @@ pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
             }
         }
         if observed == Observed::Running {
-            jobs.exits.track(
+            jobs.node.exits.track(
                 job.id(),
                 job.incarnation(),
                 &job.cgroup.pids().unwrap_or_default(),
@@ -69,6 +69,7 @@ pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
             incarnation: job.incarnation(),
             fenced_after_ms: fenced.map_or(0, |f| f.after_ms.max(1)),
             killed: jobs
+                .node
                 .exits
                 .killed(job.id(), job.incarnation())
                 .unwrap_or_default(),
@@ -129,7 +130,7 @@ pub async fn run(
             match tokio::time::timeout(CALL_TIMEOUT, c.register(req)).await {
                 Ok(Ok(r)) => {
                     info!(coordinator = %cfg.coordinator, "registered");
-                    jobs.lease.renew(sent, r.get_ref().lease_ms);
+                    jobs.node.lease.renew(sent, r.get_ref().lease_ms);
                     registered = true;
                 }
                 Ok(Err(e))
@@ -144,7 +145,8 @@ pub async fn run(
                 Err(_) => debug!("registration timed out; retrying"),
             }
         } else {
-            let (staging_free_bytes, staging_total_bytes) = jobs.staging.space().unwrap_or((0, 0));
+            let (staging_free_bytes, staging_total_bytes) =
+                jobs.node.staging.space().unwrap_or((0, 0));
             let req = pb::HeartbeatRequest {
                 node: cfg.node_name.clone(),
                 jobs: reports(&jobs),
@@ -153,7 +155,7 @@ pub async fn run(
             };
             let sent = crate::rpc::lease::boottime_ms();
             match tokio::time::timeout(CALL_TIMEOUT, c.heartbeat(req)).await {
-                Ok(Ok(r)) => jobs.lease.renew(sent, r.get_ref().lease_ms),
+                Ok(Ok(r)) => jobs.node.lease.renew(sent, r.get_ref().lease_ms),
                 Ok(Err(e)) => {
                     warn!(error = %e, "heartbeat failed; registering again");
                     registered = false;
@@ -164,7 +166,7 @@ pub async fn run(
                 }
             }
         }
-        tokio::time::sleep(interval(cfg.heartbeat_interval, jobs.lease.granted())).await;
+        tokio::time::sleep(interval(cfg.heartbeat_interval, jobs.node.lease.granted())).await;
     }
 }
 
