@@ -195,7 +195,7 @@ pub struct NodeJob {
     /// objects (and map the device): released in local-checkpoint, before the job freezes,
     /// or resumed by an abort.
     pub(crate) layer_drained: Vec<i32>,
-    /// Its pre-dumps on this node (see `precopy.rs`).
+    /// Its pre-dumps on this node (see `copies/precopy.rs`).
     pub(crate) precopy: Arc<Mutex<crate::copies::precopy::chain::Chain>>,
 }
 

@@ -1,14 +1,19 @@
 //! ckpt-agent: the node agent.
 //!
 //! One runs on every compute node. It starts a job's processes on its node (each under a shim,
-//! see [`shim`]), keeps them in a per-job freezer cgroup (`cgroup.rs`), and runs the node's side of
-//! every checkpoint phase (the table in `jobs.rs`; the steps in `launch.rs`, `checkpoint/`,
-//! `restore/` and `copies.rs`): initial synchronization, freeze, dump with a snapshot
-//! engine (`engine/`), thaw or kill, sealing images with a manifest, and restore. The
-//! coordinator drives it over gRPC (`grpc.rs`); the agent registers and heartbeats
-//! (`heartbeat.rs`). A job runs as its owner, who may run jobs by the node's policy, and the
-//! agent acts in the owner's directories only as the owner (`owner.rs`); what it keeps is root's
-//! alone (`modes.rs`).
+//! see [`shim`]), keeps them in a per-job freezer cgroup (`os/cgroup.rs`), and runs the node's
+//! side of every checkpoint phase (the table in `jobs.rs`, the services it shares in `node.rs`;
+//! the steps in `launch/`, `checkpoint/`, `restore/` and `copies/`): initial synchronization,
+//! freeze, dump with a snapshot engine (`engine/`), thaw or kill, sealing images with a
+//! manifest, and restore. The coordinator drives it over gRPC (`rpc/grpc.rs`); the agent
+//! registers and heartbeats (`rpc/heartbeat.rs`). A job runs as its owner, who may run jobs by
+//! the node's policy, and the agent acts in the owner's directories only as the owner
+//! (`os/owner.rs`); what it keeps is root's alone (`os/modes.rs`).
+//!
+//! The folders are layers: `os/` (the machine) imports nothing above it; `launch/` and
+//! `copies/` use it and the table; `checkpoint/` and `restore/` are the phases; `rpc/` is the
+//! transport, its service and heartbeat on top of everything. Each folder's `mod.rs` says what
+//! it may import.
 //!
 //! The public surface is small: [`open_jobs`], [`bind_local`] and [`run`] are the whole daemon;
 //! `main.rs` only parses arguments and calls them, and so does `ckptd --standalone`, which embeds

@@ -12,7 +12,7 @@
 //! * `--external mnt[]`, `--enable-external-masters`, `--root /` — a sandbox's mounts are slave
 //!   copies of the node's: recorded as external, bound again from the node's on restore; its
 //!   job directory mount (`mnt[/run/ckpt-job]`) is bound to the restoring node's job directory.
-//! * `pre-dump`, `--track-mem`, `--prev-images-dir` — pre-copy (see `precopy.rs`): memory copied
+//! * `pre-dump`, `--track-mem`, `--prev-images-dir` — pre-copy (see `copies/precopy.rs`): memory copied
 //!   while the job runs, then a dump of only the pages written since, on top of it.
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
