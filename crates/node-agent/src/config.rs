@@ -123,7 +123,7 @@ impl FlushConfig {
     }
 }
 
-/// When this node pre-dumps its jobs' memory between checkpoints (see `precopy.rs`).
+/// When this node pre-dumps its jobs' memory between checkpoints (see `copies/precopy.rs`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PrecopyConfig {
@@ -190,7 +190,7 @@ impl JobNetworkConfig {
         if self.interface != "auto" {
             return Some(self.interface.clone());
         }
-        crate::sandbox::interface_for(Some(listen))
+        crate::os::sandbox::interface_for(Some(listen))
     }
 }
 

@@ -3,8 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::cgroup::CgroupError;
 use crate::engine::EngineError;
+use crate::os::cgroup::CgroupError;
 
 /// A failed agent operation.
 #[derive(Debug, thiserror::Error)]

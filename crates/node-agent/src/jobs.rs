@@ -1,6 +1,7 @@
 //! The jobs of this node and the checkpoint phases the agent runs on them. This file is the
-//! table ([`Jobs`], each job's record and epoch state); the phases are `impl Jobs` blocks in
-//! `launch.rs`, `checkpoint/`, `restore/` and `copies.rs`.
+//! table ([`Jobs`]: the map of jobs, each job's record and epoch state, their loading, saving and
+//! locking); the services every step uses are the [`Node`] it holds (`node.rs`). The phases are
+//! `impl Jobs` blocks in `launch/`, `checkpoint/`, `restore/` and `copies/`.
 //!
 //! Each job has a directory `<state_dir>/jobs/<id>/` with its persisted record (`job.json`), its
 //! stdout/stderr, engine logs, and one run directory per incarnation (`run/<n>/`) owned by that
@@ -8,13 +9,13 @@
 //! ([`NodePhase`]); a call in the wrong phase is refused with [`AgentError::WrongPhase`].
 //!
 //! Who may run jobs here is the [`LaunchPolicy`] (`allow_root_jobs`, `min_uid`); a job runs as
-//! its owner's uid with the groups this node's user databases give it ([`crate::owner::Identity`]), whatever
+//! its owner's uid with the groups this node's user databases give it ([`crate::os::owner::Identity`]), whatever
 //! the request says. Files: the directories on the way to a job's stdout and stderr
 //! (`<state_dir>`, `jobs/`, `jobs/<id>/`) are 0711 (users pass through, nobody lists them);
 //! stdout and stderr are 0600 and the job owner's; everything else the agent keeps (job
 //! records, launch specs, engine logs, staging) is root's alone. Root does nothing by path in a
 //! directory a job's owner controls: dump-time reads refuse symbolic links and other users'
-//! files, and the put-back before a restore runs as the owner ([`crate::owner::PutBack`]).
+//! files, and the put-back before a restore runs as the owner ([`crate::os::owner::PutBack`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
@@ -29,15 +30,16 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 use tracing::warn;
 
-use crate::cgroup::{CgroupParent, JobCgroup};
 use crate::engine::{Engines, SnapshotEngine};
 use crate::error::{io_err, AgentError};
 use crate::failpoint::{Action, Failpoints};
-use crate::host::{Host, RealHost};
 use crate::ibq::Channels;
-use crate::modes::{ensure_dir, protect_staging, write_private, PRIVATE_DIR, TRAVERSE_ONLY};
-use crate::owner::{fix_job_dir_modes, LaunchPolicy};
-use crate::procfs;
+use crate::node::{LaunchEnv, Node};
+use crate::os::cgroup::{CgroupParent, JobCgroup};
+use crate::os::host::{Host, RealHost};
+use crate::os::modes::{ensure_dir, protect_staging, write_private, PRIVATE_DIR, TRAVERSE_ONLY};
+use crate::os::owner::{fix_job_dir_modes, LaunchPolicy};
+use crate::os::procfs;
 use crate::shim::{self, launched_as, Exit};
 
 /// Manifest note naming the uid of the job's owner: a restore puts files back as that user,
@@ -70,7 +72,7 @@ pub struct JobRecord {
     pub owner: Option<u32>,
     /// The part's job address, when it runs in a sandbox.
     #[serde(default)]
-    pub sandbox: Option<crate::sandbox::JobAddress>,
+    pub sandbox: Option<crate::os::sandbox::JobAddress>,
     /// The snapshot engine the job runs under; empty: the default (CRIU).
     #[serde(default)]
     pub engine: String,
@@ -78,7 +80,7 @@ pub struct JobRecord {
     /// (`shim/guard.rs`): its dumps run CRIU there. None: the node's.
     #[serde(default)]
     pub guarded_ns: Option<(u64, u64)>,
-    /// The fenced port of the part's DMTCP coordinator ([`crate::fence`]), if it has one.
+    /// The fenced port of the part's DMTCP coordinator ([`crate::os::fence`]), if it has one.
     #[serde(default)]
     pub coordinator_port: Option<u16>,
 }
@@ -132,7 +134,7 @@ pub(crate) struct EpochWork {
     pub(crate) pause: Option<PauseGuard>,
     /// The job's pre-copy chain, held from initial synchronization to the end of the epoch
     /// (none where pre-copy is off).
-    pub(crate) chain: Option<tokio::sync::OwnedMutexGuard<crate::precopy::chain::Chain>>,
+    pub(crate) chain: Option<tokio::sync::OwnedMutexGuard<crate::copies::precopy::chain::Chain>>,
     /// The pre-dumps below this epoch's dump, as its manifest lists them.
     pub(crate) links: Vec<String>,
 }
@@ -193,8 +195,8 @@ pub struct NodeJob {
     /// objects (and map the device): released in local-checkpoint, before the job freezes,
     /// or resumed by an abort.
     pub(crate) layer_drained: Vec<i32>,
-    /// Its pre-dumps on this node (see `precopy.rs`).
-    pub(crate) precopy: Arc<Mutex<crate::precopy::chain::Chain>>,
+    /// Its pre-dumps on this node (see `copies/precopy.rs`).
+    pub(crate) precopy: Arc<Mutex<crate::copies::precopy::chain::Chain>>,
 }
 
 impl NodeJob {
@@ -294,61 +296,13 @@ impl NodeJob {
     }
 }
 
-/// The jobs of this node and everything needed to act on them.
+/// The jobs of this node: the table of their records, each behind its own lock. The services
+/// every step uses (engines, staging, cgroups, channels, the host, ...) are the [`Node`].
 #[derive(Debug)]
 pub struct Jobs {
-    pub(crate) node: String,
-    pub(crate) state_dir: PathBuf,
-    pub(crate) staging: Staging,
-    cgroups: CgroupParent,
-    pub(crate) engine: Arc<dyn SnapshotEngine>,
-    /// Every engine this node has, by name (the default `engine` among them).
-    pub(crate) engines: Engines,
-    pub(crate) shim_exe: PathBuf,
-    /// The interface job addresses go on (sandboxes); none: this node runs no sandboxes.
-    pub(crate) job_link: Option<String>,
+    /// What this node has and runs its jobs with.
+    pub(crate) node: Node,
     jobs: std::sync::Mutex<HashMap<u64, Arc<Mutex<NodeJob>>>>,
-    failpoints: Failpoints,
-    pub(crate) launch_env: LaunchEnv,
-    /// This node's cluster credential, for partner copies to and from other agents; none when
-    /// embedded in a standalone ckptd.
-    pub(crate) credential: Option<ckpt_auth::tls::Credential>,
-    pub(crate) shared: Option<Staging>,
-    pub(crate) copy_opts: CopyOptions,
-    /// Jobs frozen on this node right now: flushes and partner copies wait while above zero.
-    pub(crate) frozen: Arc<std::sync::atomic::AtomicUsize>,
-    /// The ib-quiesce channels of job processes.
-    pub(crate) channels: Arc<Channels>,
-    /// Who may run jobs here.
-    pub(crate) policy: LaunchPolicy,
-    /// Whether jobs here are pre-copied.
-    pub(crate) precopy: crate::precopy::chain::Mode,
-    /// The fence around the jobs' DMTCP coordinators.
-    pub(crate) fence: crate::fence::Fence,
-    /// The node's lease from ckptd: parts are fenced once it runs out.
-    pub(crate) lease: crate::lease::Keeper,
-    /// Processes of jobs killed by a signal ([`crate::exits`]).
-    pub(crate) exits: Arc<crate::exits::Exits>,
-    /// What the checkpoint and restore steps ask of the machine ([`crate::host`]).
-    pub(crate) host: Arc<dyn Host>,
-}
-
-/// What the agent adds to every job's environment so that its MPI launcher reaches other
-/// nodes through ckpt (`launch.rs` applies it).
-#[derive(Debug, Clone, Default)]
-pub struct LaunchEnv {
-    /// The coordinator's agent-facing address (`CKPT_COORDINATOR`).
-    pub coordinator: String,
-    /// `ckpt-rsh`, if installed.
-    pub launcher: Option<PathBuf>,
-    /// The cluster CA certificate `ckpt-rsh` checks the daemons against (`CKPT_TLS_CA`); none
-    /// when the coordinator is reached over a local socket.
-    pub ca: Option<PathBuf>,
-    /// Point Hydra and Open MPI at `launcher` unless the job chose a launcher itself.
-    pub set_mpi_env: bool,
-    /// The verbs layer put in front of every job's `LD_PRELOAD` (none: preloading is off, or
-    /// this node has no RDMA device).
-    pub verbs_layer: Option<PathBuf>,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -436,30 +390,32 @@ impl Jobs {
             state_dir.join("ibq").join("control.sock"),
             ibq_job_owner(state_dir.clone(), cgroups.clone()),
         );
-        let lease = crate::lease::Keeper::open(&state_dir);
+        let lease = crate::rpc::lease::Keeper::open(&state_dir);
         Ok(Jobs {
-            node,
-            state_dir,
-            staging,
-            cgroups,
-            engines: Engines::new(engine.clone(), Vec::new()),
-            engine,
-            shim_exe,
-            job_link: None,
+            node: Node {
+                name: node,
+                state_dir,
+                staging,
+                cgroups,
+                engines: Engines::new(engine.clone(), Vec::new()),
+                engine,
+                shim_exe,
+                job_link: None,
+                failpoints: Failpoints::from_env(),
+                launch_env: LaunchEnv::default(),
+                credential: None,
+                shared: None,
+                copy_opts: CopyOptions::default(),
+                frozen: Arc::default(),
+                channels,
+                policy: LaunchPolicy::default(),
+                precopy: crate::copies::precopy::chain::Mode::Off("pre-copy is not set up".into()),
+                fence: crate::os::fence::Fence::off(),
+                lease,
+                exits: Arc::default(),
+                host: Arc::new(RealHost),
+            },
             jobs: std::sync::Mutex::new(map),
-            failpoints: Failpoints::from_env(),
-            launch_env: LaunchEnv::default(),
-            credential: None,
-            shared: None,
-            copy_opts: CopyOptions::default(),
-            frozen: Arc::default(),
-            channels,
-            policy: LaunchPolicy::default(),
-            precopy: crate::precopy::chain::Mode::Off("pre-copy is not set up".into()),
-            fence: crate::fence::Fence::off(),
-            lease,
-            exits: Arc::default(),
-            host: Arc::new(RealHost),
         })
     }
 
@@ -467,11 +423,11 @@ impl Jobs {
     /// [`RealHost`], unless set; tests pass a recording fake).
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn with_host(mut self, host: Arc<dyn Host>) -> Self {
-        self.host = host;
+        self.node.host = host;
         self
     }
 
-    /// Fences the DMTCP coordinators of jobs here ([`crate::fence`]), those of the running
+    /// Fences the DMTCP coordinators of jobs here ([`crate::os::fence`]), those of the running
     /// jobs found at start again; `prefix` names the table (the cgroup prefix).
     pub fn with_fence(mut self, prefix: &str) -> Self {
         let keep: Vec<(u16, u32)> = self
@@ -480,72 +436,72 @@ impl Jobs {
             .filter_map(|j| {
                 let j = j.try_lock().ok()?;
                 let port = j.record.coordinator_port?;
-                (j.observe(self.host.as_ref()) == Observed::Running)
+                (j.observe(self.node.host.as_ref()) == Observed::Running)
                     .then_some((port, j.record.owner?))
             })
             .collect();
-        self.fence = crate::fence::Fence::start(prefix, &keep);
+        self.node.fence = crate::os::fence::Fence::start(prefix, &keep);
         self
     }
 
     /// Sets whether jobs here are pre-copied.
-    pub fn with_precopy(mut self, mode: crate::precopy::chain::Mode) -> Self {
-        self.precopy = mode;
+    pub fn with_precopy(mut self, mode: crate::copies::precopy::chain::Mode) -> Self {
+        self.node.precopy = mode;
         self
     }
 
     /// Adds the engines besides the default one.
     pub fn with_engines(mut self, others: Vec<Arc<dyn SnapshotEngine>>) -> Self {
-        self.engines = Engines::new(self.engine.clone(), others);
+        self.node.engines = Engines::new(self.node.engine.clone(), others);
         self
     }
 
     /// Sets the failpoints the checkpoint phases run (instead of those [`crate::failpoint::ENV`]
     /// names).
     pub fn with_failpoints(mut self, failpoints: Failpoints) -> Self {
-        self.failpoints = failpoints;
+        self.node.failpoints = failpoints;
         self
     }
 
     /// Sets the interface that sandboxes' job addresses go on.
     pub fn with_job_link(mut self, link: Option<String>) -> Self {
-        self.job_link = link;
+        self.node.job_link = link;
         self
     }
 
     /// The network namespace of the job's sandbox on this node.
     pub(crate) fn netns(&self, job: u64) -> PathBuf {
-        crate::sandbox::netns_path(&self.node, job)
+        crate::os::sandbox::netns_path(&self.node.name, job)
     }
 
     /// Sets who may run jobs here.
     pub fn with_launch_policy(mut self, policy: LaunchPolicy) -> Self {
-        self.policy = policy;
+        self.node.policy = policy;
         self
     }
 
     /// Sets what launches add to jobs' environments.
     pub fn with_launch_env(mut self, env: LaunchEnv) -> Self {
-        self.launch_env = env;
+        self.node.launch_env = env;
         self
     }
 
     /// Sets the credential partner copies are made with.
     pub fn with_credential(mut self, credential: Option<ckpt_auth::tls::Credential>) -> Self {
-        self.credential = credential;
+        self.node.credential = credential;
         self
     }
 
     /// Sets the shared storage epochs are flushed to and how copies to and from it run.
     pub fn with_shared(mut self, dir: Option<PathBuf>, opts: CopyOptions) -> Self {
-        self.shared = dir.map(Staging::at);
-        self.copy_opts = opts;
+        self.node.shared = dir.map(Staging::at);
+        self.node.copy_opts = opts;
         self
     }
 
     /// Runs the failpoint of `phase`, if one is set (tests only; see [`crate::failpoint`]).
     pub(crate) async fn failpoint(&self, job: u64, phase: &'static str) -> Result<(), AgentError> {
-        match self.failpoints.action(phase, &self.node) {
+        match self.node.failpoints.action(phase, &self.node.name) {
             None => Ok(()),
             Some(Action::Error) => Err(AgentError::Injected { job, phase }),
             Some(Action::Delay(d)) => {
@@ -557,17 +513,17 @@ impl Jobs {
 
     /// Node name.
     pub fn node(&self) -> &str {
-        &self.node
+        &self.node.name
     }
 
     /// The default snapshot engine.
     pub fn engine(&self) -> &Arc<dyn SnapshotEngine> {
-        &self.engine
+        &self.node.engine
     }
 
     /// Every snapshot engine of this node.
     pub fn engines(&self) -> &Engines {
-        &self.engines
+        &self.node.engines
     }
 
     /// The engine called `name` ("": the default), or an error naming what this node has.
@@ -576,12 +532,13 @@ impl Jobs {
         job: u64,
         name: &str,
     ) -> Result<Arc<dyn SnapshotEngine>, AgentError> {
-        self.engines
+        self.node
+            .engines
             .get(name)
             .cloned()
             .map_err(|problem| AgentError::NoEngine {
                 job,
-                node: self.node.clone(),
+                node: self.node.name.clone(),
                 problem,
             })
     }
@@ -600,7 +557,7 @@ impl Jobs {
         if let Some(j) = map.get(&job) {
             return Ok(j.clone());
         }
-        let dir = self.state_dir.join("jobs").join(job.to_string());
+        let dir = self.node.state_dir.join("jobs").join(job.to_string());
         let logs = dir.join("logs");
         ensure_dir(&dir, TRAVERSE_ONLY)
             .and_then(|()| ensure_dir(&logs, PRIVATE_DIR))
@@ -625,7 +582,7 @@ impl Jobs {
                 coordinator_port: None,
             },
             dir,
-            cgroup: self.cgroups.job(job),
+            cgroup: self.node.cgroups.job(job),
             work: None,
             ibq_down: Vec::new(),
             ibq_restored: 0,
@@ -648,7 +605,7 @@ impl Jobs {
 
     /// Directory of a job on this node.
     pub fn job_dir(&self, job: u64) -> PathBuf {
-        self.state_dir.join("jobs").join(job.to_string())
+        self.node.state_dir.join("jobs").join(job.to_string())
     }
 }
 

@@ -1,49 +1,40 @@
 //! ckpt-agent: the node agent.
 //!
 //! One runs on every compute node. It starts a job's processes on its node (each under a shim,
-//! see [`shim`]), keeps them in a per-job freezer cgroup (`cgroup.rs`), and runs the node's side of
-//! every checkpoint phase (the table in `jobs.rs`; the steps in `launch.rs`, `checkpoint/`,
-//! `restore/` and `copies.rs`): initial synchronization, freeze, dump with a snapshot
-//! engine (`engine/`), thaw or kill, sealing images with a manifest, and restore. The
-//! coordinator drives it over gRPC (`grpc.rs`); the agent registers and heartbeats
-//! (`heartbeat.rs`). A job runs as its owner, who may run jobs by the node's policy, and the
-//! agent acts in the owner's directories only as the owner (`owner.rs`); what it keeps is root's
-//! alone (`modes.rs`).
+//! see [`shim`]), keeps them in a per-job freezer cgroup (`os/cgroup.rs`), and runs the node's
+//! side of every checkpoint phase (the table in `jobs.rs`, the services it shares in `node.rs`;
+//! the steps in `launch/`, `checkpoint/`, `restore/` and `copies/`): initial synchronization,
+//! freeze, dump with a snapshot engine (`engine/`), thaw or kill, sealing images with a
+//! manifest, and restore. The coordinator drives it over gRPC (`rpc/grpc.rs`); the agent
+//! registers and heartbeats (`rpc/heartbeat.rs`). A job runs as its owner, who may run jobs by
+//! the node's policy, and the agent acts in the owner's directories only as the owner
+//! (`os/owner.rs`); what it keeps is root's alone (`os/modes.rs`).
+//!
+//! The folders are layers: `os/` (the machine) imports nothing above it; `launch/` and
+//! `copies/` use it and the table; `checkpoint/` and `restore/` are the phases; `rpc/` is the
+//! transport, its service and heartbeat on top of everything. Each folder's `mod.rs` says what
+//! it may import.
 //!
 //! The public surface is small: [`open_jobs`], [`bind_local`] and [`run`] are the whole daemon;
 //! `main.rs` only parses arguments and calls them, and so does `ckptd --standalone`, which embeds
 //! an agent. [`config`] is the agent's config file, [`shim`] the per-job process.
 #![warn(missing_docs)]
 
-mod cgroup;
 mod checkpoint;
-mod clone_into;
 pub mod config;
 mod copies;
 mod engine;
 mod error;
-mod exits;
 mod failpoint;
-mod fence;
-mod grants;
-mod grpc;
-mod heartbeat;
-mod host;
 mod ibq;
 mod jobs;
 mod launch;
-mod lease;
 pub mod metrics;
-mod modes;
-mod owner;
-mod partner;
-mod precopy;
-mod procfs;
+mod node;
+mod os;
 mod restore;
-mod sandbox;
+mod rpc;
 pub mod shim;
-mod sockdiag;
-mod wire;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -54,11 +45,11 @@ use ckpt_proto::Engine;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
-pub use cgroup::CgroupError;
 pub use config::AgentConfig;
 pub use engine::EngineError;
 pub use error::AgentError;
 pub use jobs::Jobs;
+pub use os::cgroup::CgroupError;
 
 pub use ckpt_daemon::{init_tracing, set_private_umask};
 
@@ -76,7 +67,7 @@ pub enum StartError {
     Engine(#[from] engine::EngineError),
     /// No freezer cgroup.
     #[error(transparent)]
-    Cgroup(#[from] cgroup::CgroupError),
+    Cgroup(#[from] os::cgroup::CgroupError),
     /// Staging or state directory problem.
     #[error("{what} {path}: {source}")]
     Dir {
@@ -176,7 +167,7 @@ pub fn open_jobs(
         }
         None => info!("no DMTCP on this node: jobs asking for --engine dmtcp are refused here (see [engines] in agent.toml)"),
     }
-    let cgroups = cgroup::CgroupParent::resolve(&cfg.cgroup.parent, &cfg.cgroup.prefix)?;
+    let cgroups = os::cgroup::CgroupParent::resolve(&cfg.cgroup.parent, &cfg.cgroup.prefix)?;
     // Checked before anything is made or fixed in them, and again once they exist.
     for (dir, what) in [(&cfg.local_dir, "local_dir"), (&cfg.state_dir, "state_dir")] {
         if dir.exists() {
@@ -212,7 +203,7 @@ pub fn open_jobs(
     })?;
     trusted(&cfg.state_dir, "state_dir")?;
     let jobs = jobs
-        .with_launch_env(jobs::LaunchEnv {
+        .with_launch_env(node::LaunchEnv {
             coordinator: cfg.coordinator.clone(),
             launcher: cfg.launcher.resolve(),
             set_mpi_env: cfg.launcher.set_mpi_env,
@@ -224,7 +215,7 @@ pub fn open_jobs(
         .with_job_link(cfg.job_network.resolve(cfg.listen.ip()))
         .with_credential(credential)
         .with_shared(cfg.shared_dir.clone(), cfg.flush.copy_options())
-        .with_launch_policy(owner::LaunchPolicy {
+        .with_launch_policy(os::owner::LaunchPolicy {
             allow_root: cfg.allow_root_jobs,
             min_uid: cfg.min_uid,
         })
@@ -234,7 +225,7 @@ pub fn open_jobs(
     } else {
         jobs
     };
-    let precopy = precopy::Mode::resolve(&cfg.precopy, || jobs.engine().precopy_support());
+    let precopy = copies::precopy::Mode::resolve(&cfg.precopy, || jobs.engine().precopy_support());
     Ok(Arc::new(jobs.with_precopy(precopy)))
 }
 
@@ -316,14 +307,14 @@ pub async fn run(
     let hb = if cfg.coordinator.is_empty() {
         None
     } else {
-        Some(tokio::spawn(heartbeat::run(
+        Some(tokio::spawn(rpc::heartbeat::run(
             cfg.clone(),
             advertise,
             dial,
             jobs.clone(),
         )))
     };
-    exits::watch(jobs.exits.clone());
+    launch::exits::watch(jobs.node.exits.clone());
     let precopy = tokio::spawn(jobs.clone().precopy_loop());
     let ibq = match jobs.channels().bind() {
         Ok(l) => Some(tokio::spawn(jobs.channels().clone().serve(l))),
@@ -334,7 +325,7 @@ pub async fn run(
         }
     };
     let server = tonic::transport::Server::builder()
-        .add_service(AgentServer::new(grpc::AgentHandler::new(jobs)));
+        .add_service(AgentServer::new(rpc::grpc::AgentHandler::new(jobs)));
     let r = match listener {
         Listener::Cluster { tcp, credential } => {
             let tls = credential.server_config().map_err(StartError::Auth)?;

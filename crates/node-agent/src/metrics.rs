@@ -109,7 +109,7 @@ impl Jobs {
     /// Sets the gauges of this node: staging space, jobs. Run before each scrape.
     pub fn refresh_metrics(&self) {
         let m = metrics();
-        if let Ok((free, size)) = self.staging.space() {
+        if let Ok((free, size)) = self.node.staging.space() {
             m.staging_free.set(i64::try_from(free).unwrap_or(i64::MAX));
             m.staging_size.set(i64::try_from(size).unwrap_or(i64::MAX));
         }

@@ -14,8 +14,8 @@
 //! (the daemons run with 077). The job's stdout and stderr are created 0600 and owned by the
 //! user, through the open file.
 //!
-//! The same program, given a [`crate::owner::PutBack`] task, is the helper that puts a job's
-//! files back before a restore as the job's owner (see [`crate::owner`]).
+//! The same program, given a [`crate::os::owner::PutBack`] task, is the helper that puts a job's
+//! files back before a restore as the job's owner (see [`crate::os::owner`]).
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::fs::{self, OpenOptions};
@@ -33,7 +33,7 @@ mod fence;
 pub(crate) mod guard;
 mod restore;
 
-pub use crate::modes::read_json;
+pub use crate::os::modes::read_json;
 
 /// What the shim starts.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -130,7 +130,7 @@ pub struct ShimSpec {
     /// byte tells the agent the shim died first. Kept from the job and the engine.
     #[serde(default)]
     pub ready_fd: Option<i32>,
-    /// The node's lease file ([`crate::lease`]): the shim kills the part once it runs out.
+    /// The node's lease file ([`crate::rpc::lease`]): the shim kills the part once it runs out.
     /// None: never fenced.
     #[serde(default)]
     pub lease: Option<PathBuf>,
@@ -219,8 +219,8 @@ pub fn main(spec_path: &Path) -> i32 {
         eprintln!("ckpt shim: cannot read {}", spec_path.display());
         return 2;
     };
-    if let Ok(task) = serde_json::from_slice::<crate::owner::PutBackTask>(&bytes) {
-        return crate::owner::put_back_main(&task.put_back);
+    if let Ok(task) = serde_json::from_slice::<crate::os::owner::PutBackTask>(&bytes) {
+        return crate::os::owner::put_back_main(&task.put_back);
     }
     let spec: ShimSpec = match serde_json::from_slice(&bytes) {
         Ok(s) => s,
@@ -239,10 +239,10 @@ pub fn main(spec_path: &Path) -> i32 {
     }
     if let Some(lease) = &spec.lease {
         fence::fence_on_expiry(
-            crate::lease::Expiry::new(lease.clone()),
+            crate::rpc::lease::Expiry::new(lease.clone()),
             spec.cgroup_procs.clone(),
             spec.mode.netns().map(Path::to_path_buf),
-            spec.run_dir.join(crate::lease::FENCED),
+            spec.run_dir.join(crate::rpc::lease::FENCED),
         );
     }
     let started = spec.run_dir.join(STARTED);
@@ -325,7 +325,7 @@ fn sandbox_mounts(job_dir: &CString) -> io::Result<()> {
         }
         if libc::mount(
             job_dir.as_ptr(),
-            crate::sandbox::job_dir::JOB_DIR_C.as_ptr(),
+            crate::os::sandbox::job_dir::JOB_DIR_C.as_ptr(),
             std::ptr::null(),
             libc::MS_BIND,
             std::ptr::null(),
@@ -468,7 +468,7 @@ struct ChildSetup {
     step_fd: libc::c_int,
     /// The sandbox's network namespace, joined.
     netns_fd: Option<libc::c_int>,
-    /// The job directory, bound at [`crate::sandbox::JOB_DIR`] in a sandbox.
+    /// The job directory, bound at [`crate::os::sandbox::JOB_DIR`] in a sandbox.
     job_dir: CString,
     /// stdout and stderr, opened again through that bind in a sandbox.
     out_path: CString,
@@ -548,7 +548,7 @@ impl ChildSetup {
                 return Err(failed(ChildStep::WorkingDir));
             }
             libc::umask(JOB_UMASK);
-            if crate::clone_into::cloexec_from_3().is_err() {
+            if crate::os::clone_into::cloexec_from_3().is_err() {
                 return Err(failed(ChildStep::Descriptors));
             }
             Ok(())
@@ -608,7 +608,7 @@ fn launch(
             .map_err(|_| format!("{} contains a NUL", p.display()))
     };
     let in_sandbox = |p: &Path| {
-        Path::new(crate::sandbox::job_dir::JOB_DIR).join(p.file_name().unwrap_or_default())
+        Path::new(crate::os::sandbox::job_dir::JOB_DIR).join(p.file_name().unwrap_or_default())
     };
     if sandbox.is_some() && spec.stdout.parent() != spec.stderr.parent() {
         return Err("a sandboxed part's stdout and stderr must be in one directory".into());

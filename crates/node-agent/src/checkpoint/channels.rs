@@ -13,7 +13,7 @@ use ib_quiesce::control::Holdings;
 use crate::error::AgentError;
 use crate::ibq::{ChannelFailure, Channels, Rebuilt};
 use crate::jobs::{Jobs, NodeJob};
-use crate::procfs;
+use crate::os::procfs;
 
 /// The manifest note listing the processes whose ib-quiesce channels were quiesced.
 const CHANNEL_NOTE: &str = "ibq_channels";
@@ -211,6 +211,7 @@ impl Jobs {
             return Ok(());
         }
         let held = self
+            .node
             .channels
             .check(channeled, CHANNEL_CHECK_TIMEOUT)
             .await
@@ -229,14 +230,18 @@ impl Jobs {
             .as_ref()
             .map(|w| w.pids.clone())
             .unwrap_or_default();
-        let up = self.channels.up(&pids).await;
+        let up = self.node.channels.up(&pids).await;
         if !up.is_empty() {
-            let (done, failed) = self.channels.quiesce(&up, CHANNEL_QUIESCE_TIMEOUT).await;
+            let (done, failed) = self
+                .node
+                .channels
+                .quiesce(&up, CHANNEL_QUIESCE_TIMEOUT)
+                .await;
             job.ibq_down.extend(&done.released);
             if let Some(f) = failed.into_iter().next() {
                 // Channels still up, and drained layers, run on; those that quiesced wait for
                 // the rebuild that follows the abort.
-                self.channels.resume(&up).await;
+                self.node.channels.resume(&up).await;
                 return Err(channel_error(job_id, "quiesce")(f));
             }
             job.layer_drained.extend(&done.drained);
@@ -259,7 +264,7 @@ impl Jobs {
         refuse_verbs_without_channel(
             job_id,
             pids.iter().filter(|p| !drained.contains(p)),
-            self.channels.socket(),
+            self.node.channels.socket(),
         )
     }
 
@@ -271,6 +276,7 @@ impl Jobs {
     pub(super) async fn release_layers(&self, job: &mut NodeJob) -> Result<(), AgentError> {
         let job_id = job.record.id;
         let (done, failed) = self
+            .node
             .channels
             .release(&job.layer_drained, CHANNEL_QUIESCE_TIMEOUT)
             .await;
@@ -290,7 +296,7 @@ impl Jobs {
             .as_ref()
             .map(|w| w.pids.as_slice())
             .unwrap_or_default();
-        refuse_verbs_without_channel(job_id, pids, self.channels.socket())
+        refuse_verbs_without_channel(job_id, pids, self.node.channels.socket())
     }
 
     /// Post-checkpoint (or after a restart's release): the job's channels that are down
@@ -310,7 +316,8 @@ impl Jobs {
         if job.ibq_down.is_empty() {
             return Ok((Vec::new(), Some(Vec::new())));
         }
-        self.channels
+        self.node
+            .channels
             .rebuild(&job.ibq_down, CHANNEL_REBUILD_TIMEOUT)
             .await
             .map_err(channel_error(job_id, "rebuild"))
@@ -330,18 +337,19 @@ impl Jobs {
             let pids = job.cgroup.pids().unwrap_or_default();
             for &p in &pids {
                 if flagged.insert(p) {
-                    self.channels.raise_flag(p)?;
+                    self.node.channels.raise_flag(p)?;
                 }
             }
-            let down = self.channels.down_among(&pids).await;
+            let down = self.node.channels.down_among(&pids).await;
             if down.len() >= expected {
                 // Every flag raised but the channels' own, those of processes gone since too.
-                self.channels
+                self.node
+                    .channels
                     .lower_flags(flagged.into_iter().filter(|p| !down.contains(p)));
                 return Ok(down);
             }
             if begin.elapsed() > CHANNEL_REBUILD_TIMEOUT {
-                self.channels.lower_flags(flagged);
+                self.node.channels.lower_flags(flagged);
                 return Err(ChannelFailure {
                     pid: pids.first().copied().unwrap_or(0),
                     message: format!(
@@ -365,7 +373,8 @@ impl Jobs {
         if job.ibq_down.is_empty() {
             return Ok(());
         }
-        self.channels
+        self.node
+            .channels
             .reconnect(&job.ibq_down, endpoints, CHANNEL_REBUILD_TIMEOUT)
             .await
             .map_err(channel_error(job_id, "reconnect"))?;
@@ -375,6 +384,6 @@ impl Jobs {
 
     /// The ib-quiesce channel registry (the daemon serves its socket).
     pub fn channels(&self) -> &Arc<Channels> {
-        &self.channels
+        &self.node.channels
     }
 }

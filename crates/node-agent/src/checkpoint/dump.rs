@@ -15,9 +15,9 @@ use tracing::info;
 use crate::engine::{DumpSpec, SnapshotEngine};
 use crate::error::{io_err, AgentError};
 use crate::jobs::{NodeJob, OWNER_NOTE};
-use crate::modes::{ensure_dir, PRIVATE_DIR, PRIVATE_FILE};
-use crate::procfs;
-use crate::sandbox;
+use crate::os::modes::{ensure_dir, PRIVATE_DIR, PRIVATE_FILE};
+use crate::os::procfs;
+use crate::os::sandbox;
 
 /// Files under these prefixes are shared memory or session state that the engine does not put in
 /// the image and that launchers delete when the job ends (Open MPI's `vader_segment.*` in
@@ -92,7 +92,7 @@ pub(super) fn dump_running(
     files.retain(|f| !beside.skip.contains(f));
     files.sort();
     let (mut preserved, copied_bytes, copy_time) = copy_preserved(id, owner, &w.node_dir, &files)?;
-    let gid = crate::owner::Identity::primary_gid(owner);
+    let gid = crate::os::owner::Identity::primary_gid(owner);
     preserved.extend(
         beside
             .put_back
@@ -140,7 +140,7 @@ pub(super) fn dump_frozen(
             .into_iter()
             .filter(|d| !d.starts_with("/dev/shm"))
             .collect();
-        crate::sandbox::make_mount_points(w.root_pid, &dirs).map_err(|e| AgentError::Io {
+        crate::shim::guard::make_mount_points(w.root_pid, &dirs).map_err(|e| AgentError::Io {
             job: id,
             what: "make the restore's guard mounts in the sandbox at",
             path: dirs.first().cloned().unwrap_or_default(),
@@ -153,7 +153,7 @@ pub(super) fn dump_frozen(
         .open
         .iter()
         .filter_map(|(path, size)| {
-            crate::owner::own_output(Path::new(path), &own_dir).map(|n| (n.to_string(), *size))
+            crate::os::owner::own_output(Path::new(path), &own_dir).map(|n| (n.to_string(), *size))
         })
         .collect();
     w.open_files = scan
@@ -501,13 +501,13 @@ fn copy_outputs(
     let mut bytes = 0;
     for (name, size) in outputs {
         let from = job_dir.join(name);
-        let src = match crate::owner::open_no_symlinks(&from, libc::O_RDONLY | libc::O_NONBLOCK, 0)
-        {
-            Ok(f) => f,
-            // Removed by hand since the scan: a restore recreates it as zeros, as before.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(io_err(job, "open", &from)(e)),
-        };
+        let src =
+            match crate::os::owner::open_no_symlinks(&from, libc::O_RDONLY | libc::O_NONBLOCK, 0) {
+                Ok(f) => f,
+                // Removed by hand since the scan: a restore recreates it as zeros, as before.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io_err(job, "open", &from)(e)),
+            };
         if !src
             .metadata()
             .map_err(io_err(job, "stat", &from))?
@@ -555,7 +555,7 @@ fn copy_preserved(
         const LINK: &str = "it is a symbolic link, or a directory on its path is; root does not follow a user's links (remove the link, or keep the job's files under their real path)";
         // O_PATH: no open of the file itself yet (a FIFO's reader would wake its writer). With
         // O_NOFOLLOW a final link is opened as the link itself, and refused below.
-        let handle = match crate::owner::open_no_symlinks(p, libc::O_PATH, 0) {
+        let handle = match crate::os::owner::open_no_symlinks(p, libc::O_PATH, 0) {
             Ok(h) => h,
             Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(refused(p, LINK.into())),
             // Gone since the scan.

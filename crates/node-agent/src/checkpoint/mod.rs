@@ -15,11 +15,11 @@ use tokio::sync::OwnedMutexGuard;
 use tracing::{info, instrument, warn};
 
 use crate::error::{io_err, AgentError};
-use crate::host::Host;
 use crate::jobs::{now_ms, EpochWork, Jobs, NodeJob, NodePhase, Observed, PauseGuard};
 use crate::launch::exit_text;
-use crate::modes::{set_mode, PRIVATE_DIR};
-use crate::procfs;
+use crate::os::host::Host;
+use crate::os::modes::{set_mode, PRIVATE_DIR};
+use crate::os::procfs;
 use channels::{refuse_rdma_cm, refuse_verbs_without_channel};
 use dump::{dump_frozen, dump_running};
 
@@ -115,11 +115,11 @@ impl Jobs {
         self.failpoint(job_id, "initial-sync").await?;
         let engine = self.engine_named(job_id, &job.record.engine)?;
         let root = job.record.root_pid.unwrap_or(0);
-        let live = self.host.pids(&job.cgroup).unwrap_or_default();
+        let live = self.node.host.pids(&job.cgroup).unwrap_or_default();
         // An engine that is not given the tree's root finds the processes itself (DMTCP's
         // coordinator, which its launcher started outside the tree, among them).
         let outside = match engine.freezes() {
-            true => self.host.outside_tree(root, &live),
+            true => self.node.host.outside_tree(root, &live),
             false => Vec::new(),
         };
         if let Some(p) = outside.into_iter().min_by_key(|p| p.pid) {
@@ -130,7 +130,7 @@ impl Jobs {
                 root,
             });
         }
-        match job.observe(self.host.as_ref()) {
+        match job.observe(self.node.host.as_ref()) {
             Observed::Running => {}
             Observed::Exited(e) => {
                 return Err(AgentError::NotRunning {
@@ -146,6 +146,7 @@ impl Jobs {
             }
         }
         let pids = self
+            .node
             .host
             .pids(&job.cgroup)
             .map_err(|source| AgentError::Cgroup {
@@ -163,17 +164,17 @@ impl Jobs {
         }
         let mut estimated = 0u64;
         // A process with a channel releases the device before the freeze; checked again then.
-        let channeled = self.channels.up(&pids).await;
+        let channeled = self.node.channels.up(&pids).await;
         refuse_verbs_without_channel(
             job_id,
             pids.iter().filter(|p| !channeled.contains(p)),
-            self.channels.socket(),
+            self.node.channels.socket(),
         )?;
         refuse_rdma_cm(job_id, &pids)?;
-        refuse_privileged(self.host.as_ref(), job_id, &pids, job.record.owner)?;
+        refuse_privileged(self.node.host.as_ref(), job_id, &pids, job.record.owner)?;
         self.check_channels(job_id, &channeled).await?;
         for &pid in &pids {
-            estimated += self.host.rss_bytes(pid);
+            estimated += self.node.host.rss_bytes(pid);
         }
         // On top of a chain of pre-dumps, the dump writes what was written since the newest.
         let on_chain = chain.as_ref().and_then(|c| {
@@ -185,6 +186,7 @@ impl Jobs {
             })
         });
         let free = self
+            .node
             .staging
             .free_bytes()
             .map_err(|source| AgentError::Store {
@@ -195,20 +197,21 @@ impl Jobs {
         if free < need {
             return Err(AgentError::NoRoom {
                 job: job_id,
-                dir: self.staging.root().to_path_buf(),
+                dir: self.node.staging.root().to_path_buf(),
                 need,
                 free,
             });
         }
         let node_dir = self
+            .node
             .staging
-            .create_node_dir(job_id, epoch, &self.node)
+            .create_node_dir(job_id, epoch, &self.node.name)
             .map_err(|source| AgentError::Store {
                 job: job_id,
                 source,
             })?;
         // Root's alone even where staging is a shared directory (see `protect_staging`).
-        let job_stage = self.staging.job_dir(job_id);
+        let job_stage = self.node.staging.job_dir(job_id);
         set_mode(&job_stage, PRIVATE_DIR).map_err(io_err(job_id, "chmod", &job_stage))?;
         let root_pid = job.record.root_pid.unwrap_or(0);
         job.work = Some(EpochWork {
@@ -302,9 +305,9 @@ impl Jobs {
         job_id: u64,
         mut job: OwnedMutexGuard<NodeJob>,
     ) -> Result<(OwnedMutexGuard<NodeJob>, Duration), AgentError> {
-        job.work.as_mut().expect("checked").pause = Some(PauseGuard::new(&self.frozen));
+        job.work.as_mut().expect("checked").pause = Some(PauseGuard::new(&self.node.frozen));
         let begin = Instant::now();
-        let host = self.host.clone();
+        let host = self.node.host.clone();
         let (mut job, r) = tokio::task::spawn_blocking(move || {
             let r = host.freeze_for_snapshot(&job.cgroup);
             (job, r)
@@ -321,7 +324,7 @@ impl Jobs {
                 retries, "froze again: a process was waiting for a vfork child"
             );
         }
-        let pids = self.host.pids(&job.cgroup).unwrap_or_default();
+        let pids = self.node.host.pids(&job.cgroup).unwrap_or_default();
         let w = job.work.as_mut().expect("checked");
         w.frozen_at = Some(begin);
         w.pids = pids;
@@ -371,7 +374,7 @@ impl Jobs {
         let begin = Instant::now();
         // The engine that suspended the job itself has let it run on already.
         let thaw = self.engine_named(job_id, &job.record.engine)?.freezes();
-        let host = self.host.clone();
+        let host = self.node.host.clone();
         let (mut job, r) = tokio::task::spawn_blocking(move || {
             let r = if kill {
                 host.kill_all(&job.cgroup)
@@ -395,7 +398,7 @@ impl Jobs {
                 // Its job address (and the MAC derived from it) leaves the network now, not at
                 // the next heartbeat: a restart may put the part on another node at once (drain
                 // --migrate), and two interfaces with one address would split its traffic.
-                crate::sandbox::remove(&self.netns(job_id)).await;
+                crate::os::sandbox::remove(&self.netns(job_id)).await;
             }
         }
         let w = job.work.as_mut().expect("checked");
@@ -415,7 +418,7 @@ impl Jobs {
         let engine = (engine.name().to_string(), engine.version().to_string());
         let mut w = job.work.take().expect("checked");
         let chain = w.chain.take();
-        let node = self.node.clone();
+        let node = self.node.name.clone();
         let r =
             tokio::task::spawn_blocking(move || -> Result<Finalized, ckpt_store::StoreError> {
                 let files = ckpt_store::digest::seal_tree(&w.node_dir, &[manifest::FILE_NAME])?;
@@ -468,9 +471,9 @@ impl Jobs {
             }
         }
         warn!(reason, "aborting epoch");
-        let staging = self.staging.clone();
-        let node = self.node.clone();
-        let host = self.host.clone();
+        let staging = self.node.staging.clone();
+        let node = self.node.name.clone();
+        let host = self.node.host.clone();
         let (mut job, r) = tokio::task::spawn_blocking(move || {
             let mut r = Ok(());
             let cg = &job.cgroup;
@@ -492,7 +495,7 @@ impl Jobs {
         .expect("abort task");
         if !job.layer_drained.is_empty() {
             // After the thaw: a frozen process could not answer.
-            self.channels.resume(&job.layer_drained).await;
+            self.node.channels.resume(&job.layer_drained).await;
             job.layer_drained.clear();
         }
         r

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use super::*;
-use crate::host::fake::{Call, Step};
-use crate::host::test_node::{Pages, TestNode, CHILD, JOB, OWNER, ROOT};
+use crate::os::host::fake::{Call, Step};
+use crate::os::host::test_node::{Pages, TestNode, CHILD, JOB, OWNER, ROOT};
 
 /// How long a test's coordinator waits for a phase that hangs: the real deadlines are
 /// minutes (`[deadlines]` in `ckptd.toml`); what follows them is the same.
@@ -22,7 +22,7 @@ async fn epoch_begun(node: &TestNode, epoch: u32) -> bool {
 
 /// Runs abort in the background: it waits for the job, which a phase past its deadline still
 /// holds, and is seen not to have finished before `latch` opens.
-async fn abort_after_hang(node: &TestNode, latch: &crate::host::fake::Latch, epoch: u32) {
+async fn abort_after_hang(node: &TestNode, latch: &crate::os::host::fake::Latch, epoch: u32) {
     let abort = node.jobs.abort(JOB, epoch, "deadline");
     tokio::pin!(abort);
     assert!(
@@ -140,7 +140,10 @@ async fn quiesce_freezes_the_job_for_the_snapshot() {
     assert_eq!(w.phase, NodePhase::Quiesced);
     assert!(w.frozen_at.is_some());
     assert_eq!(
-        node.jobs.frozen.load(std::sync::atomic::Ordering::SeqCst),
+        node.jobs
+            .node
+            .frozen
+            .load(std::sync::atomic::Ordering::SeqCst),
         1
     );
 }
@@ -158,7 +161,7 @@ async fn a_stuck_freeze_fails_quiesce_and_the_abort_thaws() {
         matches!(
             &e,
             AgentError::Cgroup {
-                source: crate::cgroup::CgroupError::Stuck { .. },
+                source: crate::os::cgroup::CgroupError::Stuck { .. },
                 ..
             }
         ),
@@ -213,7 +216,7 @@ async fn local_checkpoint_dumps_the_frozen_job() {
     assert!(node.host.frozen(), "still frozen until resume");
     assert!(node
         .node_dir(1)
-        .join(crate::host::test_node::PAGES)
+        .join(crate::os::host::test_node::PAGES)
         .is_file());
     let j = node.jobs.get(JOB).expect("job");
     let job = j.lock().await;
@@ -289,7 +292,10 @@ async fn resume_thaws_the_job_and_finalize_seals_the_epoch() {
     assert!(!node.host.frozen());
     assert_eq!(node.host.members(), [ROOT, CHILD], "the job runs on");
     assert_eq!(
-        node.jobs.frozen.load(std::sync::atomic::Ordering::SeqCst),
+        node.jobs
+            .node
+            .frozen
+            .load(std::sync::atomic::Ordering::SeqCst),
         0
     );
     let f = node.jobs.finalize(JOB, 1).await.expect("finalize");

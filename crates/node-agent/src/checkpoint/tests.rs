@@ -13,9 +13,9 @@ use ckpt_store::layout::Staging;
 use ib_quiesce::control::{ToAgent, ToChannel};
 
 use super::*;
-use crate::cgroup::{CgroupParent, JobCgroup};
 use crate::engine::{DumpSpec, EngineError, RestoreSpec, SnapshotEngine};
 use crate::failpoint::Failpoints;
+use crate::os::cgroup::{CgroupParent, JobCgroup};
 
 /// The layer process's environment: the agent's control socket.
 const LAYER_SOCKET: &str = "CKPT_TEST_LAYER_SOCKET";
@@ -471,7 +471,7 @@ fn a_session_is_made_afresh_without_following_what_the_owner_left() {
     rt.block_on(async {
         let j = jobs.get_or_create(JOB).unwrap();
         let job = j.lock().await;
-        let owner = crate::owner::Identity::of_uid(0).unwrap().unwrap();
+        let owner = crate::os::owner::Identity::of_uid(0).unwrap().unwrap();
         let first = crate::launch::make_session(&job, &owner, &["tmp"], |_| Ok(())).unwrap();
         assert_eq!(first, job.session_dir());
         std::os::unix::fs::symlink(&secret, first.join("tmp/link")).unwrap();

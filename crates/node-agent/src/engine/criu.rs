@@ -12,7 +12,7 @@
 //! * `--external mnt[]`, `--enable-external-masters`, `--root /` — a sandbox's mounts are slave
 //!   copies of the node's: recorded as external, bound again from the node's on restore; its
 //!   job directory mount (`mnt[/run/ckpt-job]`) is bound to the restoring node's job directory.
-//! * `pre-dump`, `--track-mem`, `--prev-images-dir` — pre-copy (see `precopy.rs`): memory copied
+//! * `pre-dump`, `--track-mem`, `--prev-images-dir` — pre-copy (see `copies/precopy.rs`): memory copied
 //!   while the job runs, then a dump of only the pages written since, on top of it.
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -111,12 +111,12 @@ impl Criu {
             // the new node's; its network namespace is the agent's.
             args.extend([
                 "--external".to_string(),
-                format!("net[{ino}]:{}", crate::sandbox::NETNS_KEY),
+                format!("net[{ino}]:{}", crate::os::sandbox::NETNS_KEY),
                 "--external".to_string(),
                 format!(
                     "mnt[{}]:{}",
-                    crate::sandbox::JOB_DIR,
-                    crate::sandbox::JOB_DIR_KEY
+                    crate::os::sandbox::JOB_DIR,
+                    crate::os::sandbox::JOB_DIR_KEY
                 ),
                 "--external".to_string(),
                 "mnt[]".to_string(),
@@ -338,7 +338,7 @@ impl SnapshotEngine for Criu {
         if let Some(fd) = spec.netns_fd {
             v.extend([
                 "--inherit-fd".to_string(),
-                format!("fd[{fd}]:{}", crate::sandbox::NETNS_KEY),
+                format!("fd[{fd}]:{}", crate::os::sandbox::NETNS_KEY),
                 "--root".to_string(),
                 "/".to_string(),
                 "--external".to_string(),
@@ -349,7 +349,7 @@ impl SnapshotEngine for Criu {
             v.push("--external".into());
             v.push(format!(
                 "mnt[{}]:{}",
-                crate::sandbox::JOB_DIR_KEY,
+                crate::os::sandbox::JOB_DIR_KEY,
                 dir.display()
             ));
         }

@@ -153,7 +153,7 @@ impl Dmtcp {
 
     /// Runs `dmtcp_command -p PORT ARG` as `owner`; its output, or why it failed.
     fn command(&self, port: u16, arg: &str, owner: u32) -> Result<String, String> {
-        let gid = crate::owner::Identity::primary_gid(owner);
+        let gid = crate::os::owner::Identity::primary_gid(owner);
         let out = Command::new(self.tool("dmtcp_command"))
             .args(["--coord-host", "127.0.0.1", "--coord-port"])
             .arg(port.to_string())
@@ -216,7 +216,7 @@ fn one_line(text: &str) -> String {
 
 /// A directory opened without following a link anywhere on its path.
 fn open_dir(path: &Path) -> std::io::Result<fs::File> {
-    crate::owner::open_no_symlinks(path, libc::O_RDONLY | libc::O_DIRECTORY, 0)
+    crate::os::owner::open_no_symlinks(path, libc::O_RDONLY | libc::O_DIRECTORY, 0)
 }
 
 /// `name` in the directory open on `dir`, opened with `flags` (and `O_NOFOLLOW`, `O_CLOEXEC`).

@@ -39,7 +39,7 @@ impl PeerProcess {
             // SAFETY: a descriptor the kernel just returned, owned by nothing else.
             pidfd: unsafe { OwnedFd::from_raw_fd(fd as i32) },
         };
-        let started = crate::procfs::stat(pid)
+        let started = crate::os::procfs::stat(pid)
             .ok_or_else(|| io::Error::other(format!("pid {pid} is gone")))?
             .start_ticks;
         if started > accepted {
@@ -137,7 +137,7 @@ mod tests {
     #[test]
     fn this_process_started_before_now_and_is_alive() {
         let me = std::process::id() as i32;
-        assert!(crate::procfs::stat(me).unwrap().start_ticks <= boot_ticks());
+        assert!(crate::os::procfs::stat(me).unwrap().start_ticks <= boot_ticks());
         let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
         let p = PeerProcess::of(&a, me, boot_ticks()).unwrap();
         assert!(p.alive());

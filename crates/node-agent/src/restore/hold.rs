@@ -5,13 +5,14 @@ use tracing::{debug, warn};
 
 use crate::error::AgentError;
 use crate::jobs::Jobs;
-use crate::sockdiag;
+use crate::os::sockdiag;
 
 impl Jobs {
     /// Name of the nftables table that holds a job's TCP traffic during a restart.
     fn hold_table(&self, job: u64) -> String {
         let node: String = self
             .node
+            .name
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
             .collect();
@@ -34,7 +35,7 @@ impl Jobs {
         let netns = self.netns(job);
         if sandboxed {
             // A sandbox: all of its TCP on the job interface, in its own namespace.
-            return crate::sandbox::hold(&netns)
+            return crate::os::sandbox::hold(&netns)
                 .await
                 .map_err(|message| AgentError::Start {
                     job,
@@ -59,7 +60,7 @@ impl Jobs {
              chain output {{ type filter hook output priority -10; policy accept; tcp sport {{ {set} }} drop; }}\n\
              }}\n"
         );
-        crate::sandbox::run("nft", &["-f", "-"], Some(&script))
+        crate::os::sandbox::run("nft", &["-f", "-"], Some(&script))
             .await
             .map_err(|message| AgentError::Start {
                 job,
@@ -71,11 +72,11 @@ impl Jobs {
     pub(super) async fn release_tcp(&self, job: u64, sandboxed: bool) {
         let netns = self.netns(job);
         if sandboxed {
-            crate::sandbox::release(&netns).await;
+            crate::os::sandbox::release(&netns).await;
             return;
         }
         let table = self.hold_table(job);
-        let _ = crate::sandbox::run("nft", &["delete", "table", "inet", &table], None).await;
+        let _ = crate::os::sandbox::run("nft", &["delete", "table", "inet", &table], None).await;
     }
 }
 

@@ -16,14 +16,14 @@ use tracing::{instrument, warn};
 
 use crate::copies::{Location, Sources};
 use crate::error::AgentError;
-use crate::host::Host;
 use crate::jobs::{Jobs, NodeJob};
-use crate::modes::{ensure_dir, PRIVATE_DIR};
-use crate::owner::{
+use crate::os::host::Host;
+use crate::os::modes::{ensure_dir, PRIVATE_DIR};
+use crate::os::owner::{
     put_back_own_output, run_put_back, verify_restored, Identity, PutBack, PutBackTask,
 };
-use crate::procfs;
-use crate::sandbox;
+use crate::os::procfs;
+use crate::os::sandbox;
 use run::RestoreRun;
 
 /// How long a restore may take: the engine reads every image page back; at a pessimistic
@@ -145,7 +145,7 @@ impl Jobs {
         if !kill {
             self.release_tcp(job_id, sandboxed).await;
         }
-        let host = self.host.clone();
+        let host = self.node.host.clone();
         let (_job, r) = tokio::task::spawn_blocking(move || {
             let r = if kill {
                 host.kill_all(&job.cgroup)
@@ -188,9 +188,9 @@ impl Jobs {
             .ok_or_else(|| AgentError::OwnerUnknown {
                 job: job_id,
                 epoch,
-                node: self.node.clone(),
+                node: self.node.name.clone(),
             })?;
-        let owner = self.policy.authorize(job_id, &self.node, uid)?;
+        let owner = self.node.policy.authorize(job_id, &self.node.name, uid)?;
         job.record.owner = Some(owner.uid);
         Ok(owner)
     }
@@ -219,8 +219,8 @@ impl Jobs {
             }
             f
         });
-        let (ours, theirs): (Vec<OpenFile>, Vec<OpenFile>) =
-            files.partition(|f| crate::owner::own_output(Path::new(&f.path), &own_dir).is_some());
+        let (ours, theirs): (Vec<OpenFile>, Vec<OpenFile>) = files
+            .partition(|f| crate::os::owner::own_output(Path::new(&f.path), &own_dir).is_some());
         if let Some(pf) = m.preserved.iter().find(|pf| pf.uid != owner.uid) {
             return Err(AgentError::FileRefused {
                 job: job_id,
@@ -251,7 +251,7 @@ impl Jobs {
                 saved_dir: node_dir.to_path_buf(),
             },
         };
-        run_put_back(job_id, &self.shim_exe, &task).await
+        run_put_back(job_id, &self.node.shim_exe, &task).await
     }
 }
 

@@ -135,7 +135,7 @@ impl Jobs {
             Err(e) => return Err(e),
         };
         // Held frozen until the release where the coordinator asked.
-        check_restored(self.host.as_ref(), &job, &owner, v.hold)?;
+        check_restored(self.node.host.as_ref(), &job, &owner, v.hold)?;
         info!(
             pid,
             engine = engine.name(),

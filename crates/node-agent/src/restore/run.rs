@@ -24,8 +24,8 @@ use crate::copies::{Location, Sources, Usable};
 use crate::engine::{RestoreSpec, SnapshotEngine};
 use crate::error::AgentError;
 use crate::jobs::{Jobs, NodeJob};
-use crate::owner::{verify_restored, Identity};
-use crate::sandbox;
+use crate::os::owner::{verify_restored, Identity};
+use crate::os::sandbox;
 use crate::shim::ShimMode;
 
 /// A check of page data running beside the other steps: the time it took, or what failed.
@@ -176,7 +176,12 @@ impl<'a> RestoreRun<'a> {
     async fn wait_old_incarnation_gone(&self) -> Result<(), AgentError> {
         let begin = Instant::now();
         loop {
-            let live = self.node.host.pids(&self.job.cgroup).unwrap_or_default();
+            let live = self
+                .node
+                .node
+                .host
+                .pids(&self.job.cgroup)
+                .unwrap_or_default();
             if live.is_empty() {
                 return Ok(());
             }
@@ -204,9 +209,16 @@ impl<'a> RestoreRun<'a> {
             .source_node
             .clone()
             .unwrap_or_else(|| node.node().to_string());
-        let node_dir = node.staging.node_dir(self.job_id, self.epoch, &source_node);
+        let node_dir = node
+            .node
+            .staging
+            .node_dir(self.job_id, self.epoch, &source_node);
         let begin = Instant::now();
-        let later = node.engine.memory_only().filter(|_| self.refused.is_some());
+        let later = node
+            .node
+            .engine
+            .memory_only()
+            .filter(|_| self.refused.is_some());
         let Usable {
             manifest,
             source,
@@ -217,7 +229,7 @@ impl<'a> RestoreRun<'a> {
             .await?;
         let verify_ms = begin.elapsed().as_millis() as u64;
         let page_bytes: u64 = unverified.iter().map(|e| e.size).sum();
-        let overlapped = later.is_some() && page_bytes >= node.engine.gate_min_bytes();
+        let overlapped = later.is_some() && page_bytes >= node.node.engine.gate_min_bytes();
         let pages = (!unverified.is_empty()).then(|| {
             let dir = node_dir.clone();
             tokio::task::spawn_blocking(move || {
@@ -421,7 +433,7 @@ impl<'a> RestoreRun<'a> {
     ) -> Engined {
         let node = self.node;
         let (job_id, hold) = (self.job_id, self.hold);
-        let argv = node.engine.restore_argv(&RestoreSpec {
+        let argv = node.node.engine.restore_argv(&RestoreSpec {
             images_dir: &found.node_dir.join(ckpt_store::chain::IMAGES_DIR),
             log_file: &ready.log,
             pid_file: &ready.pid_file,
@@ -431,7 +443,7 @@ impl<'a> RestoreRun<'a> {
                 .then_some(crate::shim::RESTORE_NETNS_FD),
             job_dir: ready.netns.is_some().then_some(ready.own_dir.as_path()),
             cgroup_root: ready.cgroup_root.clone(),
-            gate: gate.as_ref().map(|_| node.shim_exe.as_path()),
+            gate: gate.as_ref().map(|_| node.node.shim_exe.as_path()),
             session: None,
             coordinator_port: None,
         });
@@ -439,7 +451,7 @@ impl<'a> RestoreRun<'a> {
         let guard = guards(&found.manifest.notes);
         // Root's own trees (the trust check at start holds them root's alone), where the
         // engine follows its own links (a pre-copy chain's `parent`), even below a guard.
-        let exempt: Vec<PathBuf> = [node.staging.root(), node.state_dir.as_path()]
+        let exempt: Vec<PathBuf> = [node.node.staging.root(), node.node.state_dir.as_path()]
             .iter()
             .filter_map(|p| fs::canonicalize(p).ok())
             .collect();
@@ -519,7 +531,7 @@ impl<'a> RestoreRun<'a> {
             (Ok(_), Err(e)) => e,
         };
         // The engine failed at the gate; nothing it restored may be left.
-        let _ = self.node.host.kill_all(&self.job.cgroup);
+        let _ = self.node.node.host.kill_all(&self.job.cgroup);
         if self.hold {
             self.node.release_tcp(self.job_id, ready.sandboxed).await;
         }
@@ -553,7 +565,7 @@ impl<'a> RestoreRun<'a> {
         ready: &Ready,
     ) -> Result<i32, AgentError> {
         let (node, job_id, sandboxed) = (self.node, self.job_id, ready.sandboxed);
-        let (job, host) = (&self.job, node.host.as_ref());
+        let (job, host) = (&self.job, node.node.host.as_ref());
         match started {
             Ok(pid) if self.hold => {
                 // Released together with the other nodes (`release`). A part that cannot be
@@ -589,7 +601,7 @@ impl<'a> RestoreRun<'a> {
                 match e {
                     AgentError::Start { message, .. } => Err(AgentError::Engine {
                         job: job_id,
-                        source: node.engine.restore_failed(message, &ready.log),
+                        source: node.node.engine.restore_failed(message, &ready.log),
                     }),
                     e => Err(e),
                 }

@@ -7,9 +7,9 @@
 
 use super::*;
 use crate::copies::{Location, Sources};
-use crate::host::fake::{Call, RESTORED_PID};
-use crate::host::test_node::{Pages, TestNode, CHILD, JOB, PAGES, ROOT};
-use crate::owner::LaunchPolicy;
+use crate::os::host::fake::{Call, RESTORED_PID};
+use crate::os::host::test_node::{Pages, TestNode, CHILD, JOB, PAGES, ROOT};
+use crate::os::owner::LaunchPolicy;
 
 /// The shim's start for a restore (behind the gate or not).
 fn restore_shim(gated: bool) -> Call {

@@ -1,6 +1,6 @@
 //! Tests of [`super`]: what a restore checks and locks, on real files and real ACLs.
 use super::*;
-use crate::owner::{has_acl, owner_may};
+use crate::os::owner::{has_acl, owner_may};
 
 const NOBODY: u32 = 65534;
 
@@ -10,7 +10,7 @@ const NOBODY: u32 = 65534;
 /// for writing.
 #[test]
 fn a_file_with_an_acl_is_judged_by_the_kernel_as_its_owner_would_open_it() {
-    use crate::owner::owner_opens;
+    use crate::os::owner::owner_opens;
     use std::os::unix::fs::PermissionsExt;
     if !nix::unistd::geteuid().is_root() {
         eprintln!("SKIPPED: needs root (to act as another user)");

@@ -1,4 +1,4 @@
-//! The shim's side of fencing ([`crate::lease`]): a part whose node lost ckptd for longer than
+//! The shim's side of fencing ([`crate::rpc::lease`]): a part whose node lost ckptd for longer than
 //! its lease is taken off the network and killed, by its shim, whatever the agent does.
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -12,20 +12,20 @@ use super::write_json;
 /// runs, and the sockets of killed processes would go on answering for it), kills every
 /// process of the part's cgroup, and goes on killing whatever a restore still puts there.
 pub(super) fn fence_on_expiry(
-    expiry: crate::lease::Expiry,
+    expiry: crate::rpc::lease::Expiry,
     procs: PathBuf,
     netns: Option<PathBuf>,
     fenced: PathBuf,
 ) {
     std::thread::spawn(move || loop {
-        std::thread::sleep(crate::lease::SHIM_TICK);
+        std::thread::sleep(crate::rpc::lease::SHIM_TICK);
         let Some(why) = expiry.check() else { continue };
         if !fenced.exists() {
             if let Some(name) = netns.as_deref().and_then(Path::file_name) {
                 let _ = Command::new("ip")
                     .arg("-n")
                     .arg(name)
-                    .args(["link", "del", crate::sandbox::JOB_INTERFACE])
+                    .args(["link", "del", crate::os::sandbox::JOB_INTERFACE])
                     .stdin(Stdio::null())
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())
@@ -79,35 +79,35 @@ mod tests {
     /// a process outside the part's cgroup lives on.
     #[test]
     fn a_part_is_fenced_once_the_lease_runs_out() {
-        let Some(parent) = crate::cgroup::test_parent("fence") else {
+        let Some(parent) = crate::os::cgroup::test_parent("fence") else {
             return;
         };
         let cg = parent.job(3);
         cg.create().unwrap();
         let d = tempfile::tempdir().unwrap();
-        let lease = crate::lease::Keeper::open(d.path());
-        lease.renew(crate::lease::boottime_ms(), 60_000);
+        let lease = crate::rpc::lease::Keeper::open(d.path());
+        lease.renew(crate::rpc::lease::boottime_ms(), 60_000);
         let sleep = || Command::new("sleep").arg("30").spawn().unwrap();
         let (mut part, mut other) = (sleep(), sleep());
         fs::write(cg.procs_file(), part.id().to_string()).unwrap();
         // Frozen, as in the middle of a checkpoint whose agent died.
         cg.freeze().unwrap();
-        let fenced = d.path().join(crate::lease::FENCED);
+        let fenced = d.path().join(crate::rpc::lease::FENCED);
         fence_on_expiry(
-            crate::lease::Expiry::new(lease.path().to_path_buf()),
+            crate::rpc::lease::Expiry::new(lease.path().to_path_buf()),
             cg.procs_file(),
             None,
             fenced.clone(),
         );
-        std::thread::sleep(crate::lease::SHIM_TICK * 3);
+        std::thread::sleep(crate::rpc::lease::SHIM_TICK * 3);
         assert!(part.try_wait().unwrap().is_none(), "the lease holds");
         assert!(!fenced.exists());
         // As a restarted agent would find it: ckptd answered last a minute and a bit ago.
         write_json(
             lease.path(),
-            &crate::lease::Lease {
-                boot: crate::lease::boot(),
-                contact_ms: crate::lease::boottime_ms().saturating_sub(61_000),
+            &crate::rpc::lease::Lease {
+                boot: crate::rpc::lease::boot(),
+                contact_ms: crate::rpc::lease::boottime_ms().saturating_sub(61_000),
                 lease_ms: 60_000,
             },
         );
@@ -117,13 +117,13 @@ mod tests {
                 break st;
             }
             assert!(begin.elapsed().as_secs() < 10, "the frozen part never died");
-            std::thread::sleep(crate::lease::SHIM_TICK);
+            std::thread::sleep(crate::rpc::lease::SHIM_TICK);
         };
         assert_eq!(
             std::os::unix::process::ExitStatusExt::signal(&st),
             Some(libc::SIGKILL)
         );
-        let why: crate::lease::Fenced = crate::shim::read_json(&fenced).expect("fenced.json");
+        let why: crate::rpc::lease::Fenced = crate::shim::read_json(&fenced).expect("fenced.json");
         assert_eq!(why.lease_ms, 60_000);
         assert!(why.after_ms > 60_000, "{why:?}");
         let mut late = sleep();

@@ -12,7 +12,7 @@
 //! namespace; once the engine is done, and before they run, the flag is cleared on those same
 //! mounts, so the job follows its links as before. A sandbox's mounts are clones the engine
 //! makes of the mounts at the same paths here, so its dump makes each guarded directory one of
-//! them ([`crate::sandbox::make_mount_points`]) and the clone carries the flag.
+//! them ([`make_mount_points`]) and the clone carries the flag.
 use std::ffi::CString;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
@@ -129,6 +129,28 @@ pub(crate) fn mount_points(pid: i32) -> std::collections::HashSet<PathBuf> {
         .filter_map(|l| l.split(' ').nth(4))
         .map(PathBuf::from)
         .collect()
+}
+
+/// Makes each of `dirs` a mount point of its own in the mount namespace of process `pid` (a
+/// sandbox's). The dump then records it as one of the sandbox's mounts, which the restore
+/// clones from the same path as the engine sees it: from the restore's guard
+/// (this file), its flag included. Without it, the guard would not reach the sandbox: the
+/// engine clones the directory's mount without what is mounted on it. A directory that is one
+/// already is left as it is; the bind is a slave of the node's mount, as the sandbox's others
+/// are, so the part sees the same files and later mounts of the node.
+pub(crate) fn make_mount_points(pid: i32, dirs: &[PathBuf]) -> Result<(), String> {
+    let points = mount_points(pid);
+    let dirs: Vec<std::ffi::CString> = dirs
+        .iter()
+        .filter(|d| !points.contains(*d))
+        .filter_map(|d| std::ffi::CString::new(d.as_os_str().as_encoded_bytes()).ok())
+        .collect();
+    if dirs.is_empty() {
+        return Ok(());
+    }
+    in_namespace_of(pid, "making the sandbox's guard mounts", || {
+        dirs.iter().all(|d| bind_raw(d) == 0)
+    })
 }
 
 /// Binds `dir` onto itself, recursively; mount(2)'s result. Makes no allocation.

@@ -100,7 +100,7 @@ pub(super) struct Engine<'a> {
 
 impl Engine<'_> {
     /// Starts `argv` with `env` added and the descriptors `pass` (see
-    /// [`crate::clone_into::Child::pass`]); its PID.
+    /// [`crate::os::clone_into::Child::pass`]); its PID.
     fn spawn(
         &self,
         argv: &[String],
@@ -110,9 +110,9 @@ impl Engine<'_> {
         let (prog, args) = argv.split_first().ok_or("empty restore command")?;
         // Born in the job's cgroup where the kernel can, else joining it before exec.
         let born = match self.cgroup_procs.parent() {
-            Some(cgroup) => crate::clone_into::spawn(
+            Some(cgroup) => crate::os::clone_into::spawn(
                 cgroup,
-                &crate::clone_into::Child {
+                &crate::os::clone_into::Child {
                     argv,
                     env: env.clone(),
                     stdout: self.stdout,
@@ -142,9 +142,9 @@ impl Engine<'_> {
         unsafe {
             cmd.pre_exec(move || {
                 join_cgroup(&procs)?;
-                crate::clone_into::cloexec_from_3()?;
+                crate::os::clone_into::cloexec_from_3()?;
                 for &(fd, to) in &pass {
-                    crate::clone_into::pass_fd(fd, to)?;
+                    crate::os::clone_into::pass_fd(fd, to)?;
                 }
                 Ok(())
             });
@@ -174,7 +174,7 @@ fn restore_rpc(
     let (session, theirs) = Session::pair().map_err(pair_failed)?;
     // Above every number the child is given otherwise (the network namespace goes to 3); the
     // pair's own descriptor is closed, so that CRIU alone holds its end.
-    let theirs = crate::clone_into::high(theirs).map_err(pair_failed)?;
+    let theirs = crate::os::clone_into::high(theirs).map_err(pair_failed)?;
     let fd = theirs.as_raw_fd();
     let argv = [plan.program.clone(), "swrk".into(), fd.to_string()];
     let mut pass = vec![(fd, fd)];

@@ -320,7 +320,7 @@ fn cgroup_entries_are_placed_under_their_hierarchys_mount() {
 #[test]
 fn the_proc_reader_finds_a_process_in_its_job_cgroup() {
     let prefix = format!("ckpt-ibqtest-{}-", std::process::id());
-    let cg = match crate::cgroup::CgroupParent::resolve("auto", &prefix) {
+    let cg = match crate::os::cgroup::CgroupParent::resolve("auto", &prefix) {
         Ok(p) => p.job(1),
         Err(e) => return eprintln!("skipped: {e}"),
     };

@@ -10,10 +10,10 @@ use std::sync::{Arc, Mutex};
 use ckpt_store::layout::Staging;
 
 use super::fake::{Call, FakeHost, Latch, Log, Step};
-use crate::cgroup::CgroupParent;
 use crate::engine::{DumpSpec, EngineError, RestoreSpec, SnapshotEngine};
 use crate::jobs::Jobs;
-use crate::owner::LaunchPolicy;
+use crate::os::cgroup::CgroupParent;
+use crate::os::owner::LaunchPolicy;
 
 /// The node's name: one no deployed node has, since the TCP hold of a restore is an
 /// nftables table named after the node and the job, which is the machine's.

@@ -24,8 +24,8 @@ use std::fs;
 use std::os::fd::RawFd;
 use std::path::Path;
 
-use crate::cgroup::{CgroupError, JobCgroup};
-use crate::procfs::{self, ProcStat};
+use crate::os::cgroup::{CgroupError, JobCgroup};
+use crate::os::procfs::{self, ProcStat};
 
 /// What the agent asks of the machine for a job's checkpoint and restore.
 pub trait Host: Send + Sync + std::fmt::Debug {
@@ -127,7 +127,7 @@ impl Host for RealHost {
                 libc::setsid();
                 // The shim, and the job it starts, get the open-file limit the agent had.
                 ckpt_daemon::restore_open_files();
-                crate::clone_into::pass_fd(ready_fd, ready_fd)
+                crate::os::clone_into::pass_fd(ready_fd, ready_fd)
             });
         }
         let mut child = cmd.spawn()?;

@@ -99,7 +99,7 @@ impl Keeper {
     pub fn open(state_dir: &Path) -> Self {
         let path = state_dir.join(FILE);
         let boot = boot();
-        let last = crate::modes::read_json::<Lease>(&path).filter(|l| l.boot == boot);
+        let last = crate::os::modes::read_json::<Lease>(&path).filter(|l| l.boot == boot);
         Keeper {
             path,
             boot,
@@ -125,7 +125,7 @@ impl Keeper {
         }
         *last = Some(lease);
         let bytes = serde_json::to_vec(&lease).expect("serializable");
-        if let Err(e) = crate::modes::write_private(&self.path, &bytes) {
+        if let Err(e) = crate::os::modes::write_private(&self.path, &bytes) {
             tracing::warn!(path = %self.path.display(), error = %e, "cannot record the lease");
         }
     }
@@ -162,7 +162,7 @@ impl Expiry {
 
     /// Whether the part must be fenced now, and why.
     pub fn check(&self) -> Option<Fenced> {
-        let l = crate::modes::read_json::<Lease>(&self.path)?;
+        let l = crate::os::modes::read_json::<Lease>(&self.path)?;
         l.overdue(self.boot, boottime_ms()).map(|d| Fenced {
             after_ms: d.as_millis() as u64,
             lease_ms: l.lease_ms,
@@ -199,7 +199,7 @@ mod tests {
         k.renew(now, 60_000);
         // An answer to an older call, arriving late, does not move the contact back.
         k.renew(now - 50_000, 60_000);
-        let l: Lease = crate::modes::read_json(k.path()).unwrap();
+        let l: Lease = crate::os::modes::read_json(k.path()).unwrap();
         assert_eq!(l.contact_ms, now);
         assert_eq!(k.overdue(), None);
         // A call answered long ago: the shims fence, and a new keeper (a restarted agent)

@@ -18,7 +18,7 @@ pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
     let mut out = Vec::new();
     for j in jobs.snapshot() {
         let Ok(job) = j.try_lock() else { continue };
-        let observed = job.observe(jobs.host.as_ref());
+        let observed = job.observe(jobs.node.host.as_ref());
         if let Observed::Exited(_) = observed {
             // The job is over on this node: its (empty) cgroup is not needed until a
             // restore, which creates it again.
@@ -35,30 +35,30 @@ pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
             if netns.exists() {
                 let incarnation = job.incarnation();
                 let j = Arc::clone(&j);
-                let host = Arc::clone(&jobs.host);
+                let host = Arc::clone(&jobs.node.host);
                 tokio::spawn(async move {
                     let job = j.lock().await;
                     if job.incarnation() == incarnation
                         && job.observe(host.as_ref()) != Observed::Running
                     {
-                        crate::sandbox::remove(&netns).await;
+                        crate::os::sandbox::remove(&netns).await;
                     }
                 });
             }
         }
         if observed == Observed::Running {
-            jobs.exits.track(
+            jobs.node.exits.track(
                 job.id(),
                 job.incarnation(),
                 &job.cgroup.pids().unwrap_or_default(),
-                crate::procfs::mpi_rank,
+                crate::os::procfs::mpi_rank,
             );
         }
         let (state, end) = observed.to_wire();
         let fenced = (observed != Observed::Running)
             .then(|| {
-                crate::shim::read_json::<crate::lease::Fenced>(
-                    &job.run_dir().join(crate::lease::FENCED),
+                crate::shim::read_json::<crate::rpc::lease::Fenced>(
+                    &job.run_dir().join(crate::rpc::lease::FENCED),
                 )
             })
             .flatten();
@@ -69,6 +69,7 @@ pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
             incarnation: job.incarnation(),
             fenced_after_ms: fenced.map_or(0, |f| f.after_ms.max(1)),
             killed: jobs
+                .node
                 .exits
                 .killed(job.id(), job.incarnation())
                 .unwrap_or_default(),
@@ -106,7 +107,7 @@ pub async fn run(
                 version: env!("CARGO_PKG_VERSION").into(),
                 engine: jobs.engine().name().into(),
                 engine_version: jobs.engine().version().into(),
-                host_addresses: crate::procfs::local_addresses()
+                host_addresses: crate::os::procfs::local_addresses()
                     .iter()
                     .map(|a| a.to_string())
                     .collect(),
@@ -125,11 +126,11 @@ pub async fn run(
                     crate::config::RDMA_CLASS,
                 )),
             };
-            let sent = crate::lease::boottime_ms();
+            let sent = crate::rpc::lease::boottime_ms();
             match tokio::time::timeout(CALL_TIMEOUT, c.register(req)).await {
                 Ok(Ok(r)) => {
                     info!(coordinator = %cfg.coordinator, "registered");
-                    jobs.lease.renew(sent, r.get_ref().lease_ms);
+                    jobs.node.lease.renew(sent, r.get_ref().lease_ms);
                     registered = true;
                 }
                 Ok(Err(e))
@@ -144,16 +145,17 @@ pub async fn run(
                 Err(_) => debug!("registration timed out; retrying"),
             }
         } else {
-            let (staging_free_bytes, staging_total_bytes) = jobs.staging.space().unwrap_or((0, 0));
+            let (staging_free_bytes, staging_total_bytes) =
+                jobs.node.staging.space().unwrap_or((0, 0));
             let req = pb::HeartbeatRequest {
                 node: cfg.node_name.clone(),
                 jobs: reports(&jobs),
                 staging_free_bytes,
                 staging_total_bytes,
             };
-            let sent = crate::lease::boottime_ms();
+            let sent = crate::rpc::lease::boottime_ms();
             match tokio::time::timeout(CALL_TIMEOUT, c.heartbeat(req)).await {
-                Ok(Ok(r)) => jobs.lease.renew(sent, r.get_ref().lease_ms),
+                Ok(Ok(r)) => jobs.node.lease.renew(sent, r.get_ref().lease_ms),
                 Ok(Err(e)) => {
                     warn!(error = %e, "heartbeat failed; registering again");
                     registered = false;
@@ -164,7 +166,7 @@ pub async fn run(
                 }
             }
         }
-        tokio::time::sleep(interval(cfg.heartbeat_interval, jobs.lease.granted())).await;
+        tokio::time::sleep(interval(cfg.heartbeat_interval, jobs.node.lease.granted())).await;
     }
 }
 

@@ -194,7 +194,7 @@ fn elements(verb: &str, table: &str, port: u16, uid: u32) -> String {
 /// (port, uid) of every listening TCP socket of this network namespace.
 fn listeners() -> std::io::Result<std::collections::HashSet<(u16, u32)>> {
     const LISTEN: u8 = 10;
-    let mut diag = crate::sockdiag::Diag::open()?;
+    let mut diag = crate::os::sockdiag::Diag::open()?;
     let mut found = std::collections::HashSet::new();
     for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
         for s in diag.tcp_sockets(family, &[LISTEN])? {

@@ -1,5 +1,13 @@
 //! Images and their copies: verification, shared storage (flush, publish, rebuild), partner
-//! copies, retention, and the choice of the copy a restore uses.
+//! copies, retention, and the choice of the copy a restore uses. `precopy.rs` (with
+//! `precopy/chain.rs`) makes the copies a checkpoint stands on: pre-dumps between checkpoints.
+//!
+//! What it may import: `os/`, the table (`jobs.rs`), the snapshot engines, the partner
+//! streams' client (`rpc/partner.rs`), the crate's config and errors; none of the checkpoint
+//! or restore steps and nothing else of `rpc/`. The restore steps, the Agent service and the
+//! table (each job's pre-dump chain) import from here.
+
+pub(crate) mod precopy;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -101,22 +109,26 @@ pub(crate) fn trusted_shared(root: &Path) -> Result<(), ckpt_store::trust::Untru
 impl Jobs {
     /// The shared storage mount, if configured.
     pub fn shared_dir(&self) -> Option<&Path> {
-        self.shared.as_ref().map(|s| s.root())
+        self.node.shared.as_ref().map(|s| s.root())
     }
 
     /// The shared store, if configured and mounted.
     fn shared(&self, job: u64) -> Result<Staging, AgentError> {
-        let s = self.shared.clone().ok_or_else(|| AgentError::NoShared {
-            job,
-            problem: format!("node {} has no shared storage", self.node),
-        })?;
+        let s = self
+            .node
+            .shared
+            .clone()
+            .ok_or_else(|| AgentError::NoShared {
+                job,
+                problem: format!("node {} has no shared storage", self.node.name),
+            })?;
         if !s.root().is_dir() {
             return Err(AgentError::NoShared {
                 job,
                 problem: format!(
                     "shared_dir {} does not exist on node {} (is the file system mounted?)",
                     s.root().display(),
-                    self.node
+                    self.node.name
                 ),
             });
         }
@@ -125,7 +137,7 @@ impl Jobs {
                 job,
                 problem: format!(
                     "shared_dir on node {}: {e}; make it root's (or, on NFS with root squashed, the squash user's) and not writable by other users",
-                    self.node
+                    self.node.name
                 ),
             });
         }
@@ -142,13 +154,13 @@ impl Jobs {
         committed_digest: &str,
     ) -> Result<(Arc<CopyProgress>, FlushTask), AgentError> {
         let shared = self.shared(job_id)?;
-        let src = self.staging.node_dir(job_id, epoch, &self.node);
-        let progress = Arc::new(CopyProgress::pausing_on(self.frozen.clone()));
+        let src = self.node.staging.node_dir(job_id, epoch, &self.node.name);
+        let progress = Arc::new(CopyProgress::pausing_on(self.node.frozen.clone()));
         let (p, opts, digest, node) = (
             progress.clone(),
-            self.copy_opts.clone(),
+            self.node.copy_opts.clone(),
             committed_digest.to_string(),
-            self.node.clone(),
+            self.node.name.clone(),
         );
         let task = tokio::task::spawn_blocking(move || {
             let r = ckpt_store::dedup::flush(
@@ -207,7 +219,7 @@ impl Jobs {
         epoch: u32,
         committed_digest: &str,
     ) -> Result<NodeManifest, AgentError> {
-        self.verify_of(job_id, epoch, committed_digest, &self.node, None)
+        self.verify_of(job_id, epoch, committed_digest, &self.node.name, None)
             .await
             .map(|(m, _)| m)
     }
@@ -222,7 +234,7 @@ impl Jobs {
         node: &str,
         later: Option<fn(&str) -> bool>,
     ) -> Result<(NodeManifest, Vec<FileEntry>), AgentError> {
-        let nd = self.staging.node_dir(job_id, epoch, node);
+        let nd = self.node.staging.node_dir(job_id, epoch, node);
         let committed = committed_digest.to_string();
         tokio::task::spawn_blocking(
             move || -> Result<(NodeManifest, Vec<FileEntry>), AgentError> {
@@ -269,7 +281,7 @@ impl Jobs {
     ) -> Result<NodeManifest, AgentError> {
         let shared = self.shared(job_id)?;
         let (opts, digest, node) = (
-            self.copy_opts.clone(),
+            self.node.copy_opts.clone(),
             committed_digest.to_string(),
             node.to_string(),
         );
@@ -310,7 +322,7 @@ impl Jobs {
             out.push(CopyCheck {
                 location: Location::Shared,
                 result: self
-                    .rebuild_shared(job_id, epoch, committed_digest, None, &self.node)
+                    .rebuild_shared(job_id, epoch, committed_digest, None, &self.node.name)
                     .await,
             });
         }
@@ -332,12 +344,12 @@ impl Jobs {
         sources: &Sources,
         later: Option<fn(&str) -> bool>,
     ) -> Result<Usable, AgentError> {
-        let node = sources.source_node.as_deref().unwrap_or(&self.node);
+        let node = sources.source_node.as_deref().unwrap_or(&self.node.name);
         let local_err = if sources.local_pruned {
             AgentError::Store {
                 job: job_id,
                 source: ckpt_store::StoreError::FileMissing {
-                    path: self.staging.node_dir(job_id, epoch, node),
+                    path: self.node.staging.node_dir(job_id, epoch, node),
                 },
             }
         } else {
@@ -361,15 +373,16 @@ impl Jobs {
         } else {
             format!("local copy unusable: {local_err}")
         }];
-        let dest = self.staging.node_dir(job_id, epoch, node);
+        let dest = self.node.staging.node_dir(job_id, epoch, node);
         let tmp = self
+            .node
             .staging
             .epoch_dir(job_id, epoch)
             .join(format!(".{node}.fetch"));
         // For a part moving here, the partner keeping the copy serves it with the
         // coordinator's grant.
         if let Some((pn, pa)) = sources.partner.as_ref() {
-            if node == self.node {
+            if node == self.node.name {
                 warn!(job = job_id, epoch, partner = %pn, error = %local_err, "local images unusable; fetching the partner copy");
             } else {
                 // A part that moved here has no local copy: nothing is wrong.
@@ -392,7 +405,7 @@ impl Jobs {
             }
         }
         if sources.shared_durable {
-            if node == self.node {
+            if node == self.node.name {
                 warn!(job = job_id, epoch, "fetching the shared copy");
             } else {
                 info!(job = job_id, epoch, source = %node, "fetching the shared copy of a part that moved here");
@@ -443,7 +456,8 @@ impl Jobs {
             message: s.message().to_string(),
         };
         let mut c =
-            crate::partner::connect(job_id, partner, address, self.credential.as_ref()).await?;
+            crate::rpc::partner::connect(job_id, partner, address, self.node.credential.as_ref())
+                .await?;
         let s = c
             .send(ckpt_proto::v1::SendRequest {
                 job_id,
@@ -454,8 +468,8 @@ impl Jobs {
             .await
             .map_err(failed)?
             .into_inner();
-        let (header, rest) = crate::partner::split_header(s).await.map_err(failed)?;
-        crate::partner::receive(
+        let (header, rest) = crate::rpc::partner::split_header(s).await.map_err(failed)?;
+        crate::rpc::partner::receive(
             job_id,
             partner,
             tmp.to_path_buf(),
@@ -477,18 +491,19 @@ impl Jobs {
     ) -> Result<(), AgentError> {
         use tokio_stream::StreamExt;
         let mut c =
-            crate::partner::connect(job_id, partner, address, self.credential.as_ref()).await?;
+            crate::rpc::partner::connect(job_id, partner, address, self.node.credential.as_ref())
+                .await?;
         let header = ckpt_proto::v1::ChunkHeader {
             job_id,
             epoch,
-            node: self.node.clone(),
+            node: self.node.name.clone(),
             ..Default::default()
         };
-        let rx = crate::partner::chunks(
-            self.staging.node_dir(job_id, epoch, &self.node),
+        let rx = crate::rpc::partner::chunks(
+            self.node.staging.node_dir(job_id, epoch, &self.node.name),
             header,
             committed_digest.to_string(),
-            self.frozen.clone(),
+            self.node.frozen.clone(),
         );
         // A damaged local file ends the stream early; the partner then refuses the incomplete
         // copy, and the local error is the one worth reporting.
@@ -514,7 +529,7 @@ impl Jobs {
 
     /// Where this node keeps its own or a partner's images of an epoch.
     pub fn node_dir(&self, job_id: u64, epoch: u32, node: &str) -> PathBuf {
-        self.staging.node_dir(job_id, epoch, node)
+        self.node.staging.node_dir(job_id, epoch, node)
     }
 
     /// Deletes this node's images of the given epochs (retention): the local copies unless
@@ -527,13 +542,13 @@ impl Jobs {
         shared: bool,
         keep_local: bool,
     ) -> Result<(), AgentError> {
-        let staging = self.staging.clone();
+        let staging = self.node.staging.clone();
         let shared = if shared {
             Some(self.shared(job_id)?)
         } else {
             None
         };
-        let node = self.node.clone();
+        let node = self.node.name.clone();
         let epochs = epochs.to_vec();
         tokio::task::spawn_blocking(move || {
             let store_err = |source| AgentError::Store {

@@ -91,28 +91,6 @@ impl JobAddress {
     }
 }
 
-/// Makes each of `dirs` a mount point of its own in the mount namespace of process `pid` (a
-/// sandbox's). The dump then records it as one of the sandbox's mounts, which the restore
-/// clones from the same path as the engine sees it: from the restore's guard
-/// (`shim/guard.rs`), its flag included. Without it, the guard would not reach the sandbox: the
-/// engine clones the directory's mount without what is mounted on it. A directory that is one
-/// already is left as it is; the bind is a slave of the node's mount, as the sandbox's others
-/// are, so the part sees the same files and later mounts of the node.
-pub fn make_mount_points(pid: i32, dirs: &[PathBuf]) -> Result<(), String> {
-    let points = crate::shim::guard::mount_points(pid);
-    let dirs: Vec<std::ffi::CString> = dirs
-        .iter()
-        .filter(|d| !points.contains(*d))
-        .filter_map(|d| std::ffi::CString::new(d.as_os_str().as_encoded_bytes()).ok())
-        .collect();
-    if dirs.is_empty() {
-        return Ok(());
-    }
-    crate::shim::guard::in_namespace_of(pid, "making the sandbox's guard mounts", || {
-        dirs.iter().all(|d| crate::shim::guard::bind_raw(d) == 0)
-    })
-}
-
 /// The network namespace of a job's part on a node.
 pub fn netns_path(node: &str, job: u64) -> PathBuf {
     let node: String = node

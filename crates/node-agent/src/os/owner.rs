@@ -22,10 +22,10 @@ use ckpt_store::manifest::{OpenFile, PreservedFile};
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use crate::cgroup::JobCgroup;
 use crate::error::{io_err, AgentError};
-use crate::modes::{set_mode, PRIVATE_DIR, PRIVATE_FILE, TRAVERSE_ONLY};
-use crate::procfs;
+use crate::os::cgroup::JobCgroup;
+use crate::os::modes::{set_mode, PRIVATE_DIR, PRIVATE_FILE, TRAVERSE_ONLY};
+use crate::os::procfs;
 
 /// Who a job runs as: its uid, the primary group of its passwd entry and every group that lists
 /// the user, all looked up on this node (as `login` and slurmd do). What a request says about
@@ -411,11 +411,11 @@ impl LaunchPolicy {
 }
 
 /// The name (`stdout`, `stderr`) of the part's own output at `path`: in its job directory
-/// `own_dir`, or where a sandbox sees that directory ([`crate::sandbox::job_dir::JOB_DIR`]).
+/// `own_dir`, or where a sandbox sees that directory ([`crate::os::sandbox::job_dir::JOB_DIR`]).
 pub(crate) fn own_output<'a>(path: &'a Path, own_dir: &Path) -> Option<&'a str> {
     let parent = path.parent()?;
     let name = path.file_name()?.to_str()?;
-    ((parent == own_dir || parent == Path::new(crate::sandbox::job_dir::JOB_DIR))
+    ((parent == own_dir || parent == Path::new(crate::os::sandbox::job_dir::JOB_DIR))
         && (name == "stdout" || name == "stderr"))
         .then_some(name)
 }
@@ -432,10 +432,10 @@ pub(crate) fn put_back_own_output(
     let p = Path::new(&f.path);
     let io = |what, path: &Path| io_err(job, what, path);
     let flags = libc::O_WRONLY | libc::O_NONBLOCK;
-    let (file, created) = match crate::owner::open_no_symlinks(p, flags, 0) {
+    let (file, created) = match crate::os::owner::open_no_symlinks(p, flags, 0) {
         Ok(file) => (file, false),
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-            let file = crate::owner::open_no_symlinks(p, flags | libc::O_CREAT, PRIVATE_FILE)
+            let file = crate::os::owner::open_no_symlinks(p, flags | libc::O_CREAT, PRIVATE_FILE)
                 .map_err(io("create", p))?;
             (file, true)
         }
@@ -505,7 +505,7 @@ pub(crate) fn fix_job_dir_modes(dir: &Path, owner: Option<u32>) {
 
 /// Makes a job's stdout or stderr 0600 and, if known, its owner's, through the open file.
 pub(crate) fn give_output(path: &Path, owner: Option<u32>) -> std::io::Result<()> {
-    let f = crate::owner::open_no_symlinks(path, libc::O_RDONLY | libc::O_NONBLOCK, 0)?;
+    let f = crate::os::owner::open_no_symlinks(path, libc::O_RDONLY | libc::O_NONBLOCK, 0)?;
     if !f.metadata()?.is_file() {
         return Ok(());
     }
@@ -528,7 +528,7 @@ pub(crate) fn give_output(path: &Path, owner: Option<u32>) -> std::io::Result<()
 /// checked. The processes are the cgroup's members as `host` lists them.
 pub(crate) fn verify_restored(
     job: u64,
-    (host, cgroup): (&dyn crate::host::Host, &JobCgroup),
+    (host, cgroup): (&dyn crate::os::host::Host, &JobCgroup),
     owner: &Identity,
 ) -> Result<(), AgentError> {
     if owner.uid == 0 {

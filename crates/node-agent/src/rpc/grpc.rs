@@ -9,10 +9,10 @@ use ckpt_proto::v1::agent_server::Agent;
 use tonic::{Request, Response, Status};
 
 use crate::error::AgentError;
-use crate::grants::Grants;
 use crate::jobs::Jobs;
 use crate::launch::LaunchSpec;
-use crate::wire;
+use crate::os::grants::Grants;
+use crate::rpc::wire;
 
 /// Handler of the Agent service.
 #[derive(Debug, Clone)]
@@ -194,7 +194,7 @@ impl Agent for AgentHandler {
             sandbox: match r.job_address.as_str() {
                 "" => None,
                 a => Some(
-                    crate::sandbox::JobAddress::parse(a, &r.job_gateway)
+                    crate::os::sandbox::JobAddress::parse(a, &r.job_gateway)
                         .map_err(Status::invalid_argument)?,
                 ),
             },
@@ -370,7 +370,7 @@ impl Agent for AgentHandler {
                     comm: p.comm,
                     state: wire::process_state(p.state).into(),
                     rank,
-                    rss_bytes: crate::procfs::rss_bytes(p.pid),
+                    rss_bytes: crate::os::procfs::rss_bytes(p.pid),
                 })
                 .collect(),
             role: if view.part == 0 {
@@ -596,7 +596,7 @@ impl Agent for AgentHandler {
                 "the agents of the cluster",
             ));
         }
-        let (header, rest) = crate::partner::split_header(req.into_inner()).await?;
+        let (header, rest) = crate::rpc::partner::split_header(req.into_inner()).await?;
         if !peer.is_node(&header.node) {
             tracing::warn!(%peer, node = %header.node, job = header.job_id, "refused a partner copy sent for another node");
             return Err(Status::permission_denied(format!(
@@ -614,7 +614,7 @@ impl Agent for AgentHandler {
         let (job, digest) = (header.job_id, header.manifest_digest.clone());
         let dest = self.jobs.node_dir(job, header.epoch, &header.node);
         let sender = header.node.clone();
-        crate::partner::receive(job, &sender, dest, header, &digest, rest)
+        crate::rpc::partner::receive(job, &sender, dest, header, &digest, rest)
             .await
             .map_err(|e| match e {
                 // What the peer sent is unusable (a path leaving the directory, a bad name, no
@@ -683,7 +683,7 @@ impl Agent for AgentHandler {
             node: r.node.clone(),
             ..Default::default()
         };
-        let rx = crate::partner::chunks(
+        let rx = crate::rpc::partner::chunks(
             self.jobs.node_dir(r.job_id, r.epoch, &r.node),
             header,
             r.manifest_digest,

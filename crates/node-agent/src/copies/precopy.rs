@@ -32,8 +32,8 @@ use tracing::{info, warn};
 use crate::config::PrecopyConfig;
 use crate::engine::{DumpSpec, SnapshotEngine};
 use crate::jobs::{Jobs, NodeJob, Observed};
-use crate::modes::{ensure_dir, PRIVATE_DIR};
-use crate::{procfs, sandbox};
+use crate::os::modes::{ensure_dir, PRIVATE_DIR};
+use crate::os::{procfs, sandbox};
 use chain::Link;
 
 pub use chain::{Chain, Mode};
@@ -99,7 +99,7 @@ impl Jobs {
     /// Pre-dumps the node's jobs as the policy says, every `check_every`, until the agent
     /// stops. Runs only when the mode is [`Mode::On`].
     pub async fn precopy_loop(self: Arc<Self>) {
-        let Mode::On(cfg) = self.precopy.clone() else {
+        let Mode::On(cfg) = self.node.precopy.clone() else {
             return;
         };
         loop {
@@ -120,8 +120,8 @@ impl Jobs {
         if job.work.is_some() {
             return;
         }
-        let waiting = self.staging.job_dir(id).join(WAITING_DIR);
-        let running = job.observe(self.host.as_ref()) == Observed::Running;
+        let waiting = self.node.staging.job_dir(id).join(WAITING_DIR);
+        let running = job.observe(self.node.host.as_ref()) == Observed::Running;
         if !running || chain.incarnation != job.incarnation() {
             if chain.incarnation != job.incarnation() || !chain.links.is_empty() {
                 let inc = job.incarnation();
@@ -163,7 +163,7 @@ impl Jobs {
         };
         drop(job);
         let cfg = cfg.clone();
-        let engine = self.engine.clone();
+        let engine = self.node.engine.clone();
         tokio::task::spawn_blocking(move || {
             precopy_step(id, &cfg, engine.as_ref(), &mut chain, &target, &waiting)
         })
@@ -174,7 +174,7 @@ impl Jobs {
     /// The job's chain, for a checkpoint to hold from initial synchronization on: waits for a
     /// pre-dump in progress.
     pub(crate) async fn hold_chain(&self, job_id: u64) -> Option<OwnedMutexGuard<Chain>> {
-        if !matches!(self.precopy, Mode::On(_)) {
+        if !matches!(self.node.precopy, Mode::On(_)) {
             return None;
         }
         let chain = self.get(job_id).ok()?.lock().await.precopy.clone();
@@ -183,7 +183,7 @@ impl Jobs {
 
     /// This node's pre-copy state for the job, in words (for `ckptctl status`).
     pub(crate) fn precopy_text(&self, job: &NodeJob) -> String {
-        match &self.precopy {
+        match &self.node.precopy {
             Mode::Off(why) => format!("full dumps: {why}"),
             Mode::On(_) => match job.precopy.try_lock() {
                 Err(_) => "pre-copy: a pre-dump or checkpoint is running".into(),

@@ -13,8 +13,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use super::Host;
-use crate::cgroup::{CgroupError, JobCgroup};
-use crate::procfs::ProcStat;
+use crate::os::cgroup::{CgroupError, JobCgroup};
+use crate::os::procfs::ProcStat;
 use crate::shim::{self, ShimMode, ShimSpec, Started};
 
 /// One thing asked of the host (or, [`Call::Dump`] and [`Call::RestoreArgv`], of a fake
@@ -257,7 +257,7 @@ impl FakeHost {
             }
             .into(),
             wanted,
-            waited: crate::cgroup::FREEZE_TIMEOUT,
+            waited: crate::os::cgroup::FREEZE_TIMEOUT,
             tasks: "pid 1 (fake) state D in fake_wait".into(),
         }
     }

@@ -1,4 +1,4 @@
-//! Where a sandbox sees its job directory. Kept apart from the rest of [`crate::sandbox`], which
+//! Where a sandbox sees its job directory. Kept apart from the rest of [`crate::os::sandbox`], which
 //! uses the shim's mount helpers (`shim/guard.rs`), because the shim, which mounts it, and the
 //! put-back of `owner.rs`, which finds the part's outputs there, name it too.
 

@@ -1,5 +1,14 @@
 //! Launch: starting a job's processes on this node under a shim, and what `ckpt-rsh` and the
-//! coordinator ask of a running part (output, token, signals, processes).
+//! coordinator ask of a running part (output, token, signals, processes). `exits.rs` follows
+//! those processes and reports the ones killed by a signal.
+//!
+//! What it may import: `os/`, the table (`jobs.rs`), the snapshot engines, the shim's spec and
+//! the crate's config and errors; none of the checkpoint, restore or copy steps, and nothing
+//! of `rpc/`. `exits.rs` imports nothing of the crate. The shim itself (`shim.rs`) stays
+//! beside `lib.rs`: it is a process of its own with a public path (`node_agent::shim`), and its
+//! restore half imports `restore/`.
+
+pub(crate) mod exits;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -12,10 +21,11 @@ use tokio::io::AsyncReadExt;
 use tracing::{info, instrument};
 
 use crate::error::{io_err, AgentError};
-use crate::jobs::{Jobs, LaunchEnv, NodeJob, Observed};
-use crate::modes::{ensure_dir, write_private, PRIVATE_DIR, PRIVATE_FILE};
-use crate::owner::Identity;
-use crate::procfs;
+use crate::jobs::{Jobs, NodeJob, Observed};
+use crate::node::LaunchEnv;
+use crate::os::modes::{ensure_dir, write_private, PRIVATE_DIR, PRIVATE_FILE};
+use crate::os::owner::Identity;
+use crate::os::procfs;
 use crate::shim::{self, Exit, ShimMode, ShimSpec, Started};
 
 /// How long a newly started shim may take to report the job's root running. Exec of a
@@ -47,7 +57,7 @@ pub struct LaunchSpec {
     /// 0: the job's command; >0: a part started through `ckpt-rsh`.
     pub part: u32,
     /// Run the part in a sandbox with this job address.
-    pub sandbox: Option<crate::sandbox::JobAddress>,
+    pub sandbox: Option<crate::os::sandbox::JobAddress>,
     /// The snapshot engine ("": the default).
     pub engine: String,
 }
@@ -153,7 +163,7 @@ pub(crate) fn make_session(
     fill: impl FnOnce(&Path) -> std::io::Result<()>,
 ) -> std::io::Result<PathBuf> {
     let base = job.dir.join("session");
-    ensure_dir(&base, crate::modes::TRAVERSE_ONLY)?;
+    ensure_dir(&base, crate::os::modes::TRAVERSE_ONLY)?;
     // This one, and the per-incarnation sessions of older agents.
     for e in fs::read_dir(&base)?.flatten() {
         if e.file_type()?.is_dir() {
@@ -166,7 +176,7 @@ pub(crate) fn make_session(
     fs::create_dir(&dir)?;
     fill(&dir)?;
     let give = |path: &Path| -> std::io::Result<()> {
-        let d = crate::owner::open_no_symlinks(path, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+        let d = crate::os::owner::open_no_symlinks(path, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
         nix::unistd::fchown(&d, Some(owner.uid.into()), Some(owner.gid.into()))
             .map_err(|e| std::io::Error::from_raw_os_error(e as i32))?;
         d.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(PRIVATE_DIR))
@@ -192,10 +202,10 @@ impl Jobs {
         timeout: Duration,
     ) -> Result<i32, AgentError> {
         let id = job.record.id;
-        if let Some((since, lease)) = self.lease.overdue() {
+        if let Some((since, lease)) = self.node.lease.overdue() {
             return Err(AgentError::Fenced {
                 job: id,
-                node: self.node.clone(),
+                node: self.node.name.clone(),
                 since,
                 lease,
             });
@@ -211,7 +221,7 @@ impl Jobs {
             .create()
             .map_err(|source| AgentError::Cgroup { job: id, source })?;
         let (ready, ready_w) =
-            crate::clone_into::pipe_cloexec().map_err(io("create a pipe for", &run_dir))?;
+            crate::os::clone_into::pipe_cloexec().map_err(io("create a pipe for", &run_dir))?;
         let ready_fd = ready_w.as_raw_fd();
         let spec = ShimSpec {
             mode,
@@ -221,7 +231,7 @@ impl Jobs {
             run_dir: run_dir.clone(),
             output_owner: Some((owner.uid, owner.gid)),
             ready_fd: Some(ready_fd),
-            lease: Some(self.lease.path().to_path_buf()),
+            lease: Some(self.node.lease.path().to_path_buf()),
         };
         let spec_path = run_dir.join(shim::SPEC);
         // It holds the job's secret and whole environment.
@@ -240,11 +250,12 @@ impl Jobs {
             .map_err(io("create", &run_dir))?;
         let log2 = log.try_clone().map_err(io("create", &run_dir))?;
         job.record.shim = self
+            .node
             .host
-            .spawn_shim(&self.shim_exe, &spec_path, (log, log2), ready_fd)
+            .spawn_shim(&self.node.shim_exe, &spec_path, (log, log2), ready_fd)
             .map_err(|e| AgentError::Start {
                 job: id,
-                message: format!("cannot start shim {}: {e}", self.shim_exe.display()),
+                message: format!("cannot start shim {}: {e}", self.node.shim_exe.display()),
             })?;
         // Only the shim holds the write end now: its byte, or its end-of-file if it dies.
         drop(ready_w);
@@ -291,12 +302,15 @@ impl Jobs {
     pub async fn launch(&self, spec: LaunchSpec) -> Result<(i32, u32), AgentError> {
         // Checked before anything is created: a refused launch leaves nothing behind. The
         // request's gid and groups are not used.
-        let owner = self.policy.authorize(spec.job, &self.node, spec.uid)?;
+        let owner = self
+            .node
+            .policy
+            .authorize(spec.job, &self.node.name, spec.uid)?;
         let engine = self.engine_named(spec.job, &spec.engine)?;
         if !engine.freezes() && (spec.part > 0 || spec.sandbox.is_some()) {
             return Err(AgentError::NoEngine {
                 job: spec.job,
-                node: self.node.clone(),
+                node: self.node.name.clone(),
                 problem: format!(
                     "the {} engine runs a job on one node, in the node's namespaces: its MPI launcher may not start parts on other nodes, nor may the job have a sandbox (use the criu engine for that)",
                     engine.name()
@@ -305,18 +319,19 @@ impl Jobs {
         }
         let j = self.get_or_create(spec.job)?;
         let mut job = j.lock().await;
-        if job.observe(self.host.as_ref()) == Observed::Running {
+        if job.observe(self.node.host.as_ref()) == Observed::Running {
             return Err(AgentError::StillRunning {
                 job: spec.job,
                 pids: job.cgroup.pids().unwrap_or_default(),
             });
         }
         let mut env = spec.env;
-        self.launch_env
-            .apply(&mut env, spec.job, &spec.token, &self.node);
+        self.node
+            .launch_env
+            .apply(&mut env, spec.job, &spec.token, &self.node.name);
         env.insert(
             ib_quiesce::control::SOCKET_ENV.into(),
-            self.channels.socket().display().to_string(),
+            self.node.channels.socket().display().to_string(),
         );
         job.record.token = spec.token;
         job.record.part = spec.part;
@@ -326,7 +341,7 @@ impl Jobs {
                 // Hydra tells its proxies to call back on its host name, which names the node,
                 // not the sandbox: have it give the job address instead.
                 env.entry("HYDRA_IFACE".into())
-                    .or_insert_with(|| crate::sandbox::JOB_INTERFACE.into());
+                    .or_insert_with(|| crate::os::sandbox::JOB_INTERFACE.into());
                 // UCX's shared memory as named files in the sandbox's own /dev/shm, which
                 // the images carry, rather than descriptors reached through /proc/<pid>/fd.
                 env.entry("UCX_POSIX_USE_PROC_LINK".into())
@@ -361,7 +376,7 @@ impl Jobs {
             Ok(pid) => pid,
             Err(e) => {
                 if job.record.sandbox.is_some() {
-                    crate::sandbox::remove(&self.netns(spec.job)).await;
+                    crate::os::sandbox::remove(&self.netns(spec.job)).await;
                 }
                 return Err(e);
             }
@@ -374,7 +389,7 @@ impl Jobs {
     }
 
     /// A fenced port for the coordinator of `job`'s next incarnation, if `engine` runs one
-    /// ([`crate::fence`]), recorded in the job's record.
+    /// ([`crate::os::fence`]), recorded in the job's record.
     pub(crate) fn coordinator_port(
         &self,
         job: &mut NodeJob,
@@ -385,6 +400,7 @@ impl Jobs {
             return Ok(None);
         }
         let port = self
+            .node
             .fence
             .reserve(owner)
             .map_err(|message| AgentError::Start {
@@ -400,16 +416,16 @@ impl Jobs {
     pub(crate) async fn make_sandbox(
         &self,
         job: u64,
-        addr: &crate::sandbox::JobAddress,
+        addr: &crate::os::sandbox::JobAddress,
     ) -> Result<shim::Sandbox, AgentError> {
-        let link = self.job_link.as_deref().ok_or_else(|| AgentError::Start {
+        let link = self.node.job_link.as_deref().ok_or_else(|| AgentError::Start {
             job,
             message: format!(
                 "node {} has no job network interface: set [job_network] interface in its agent.toml (see docs/operations.md, \"Job sandboxes\")",
-                self.node
+                self.node.name
             ),
         })?;
-        let init = self.shim_exe.with_file_name("ckpt-init");
+        let init = self.node.shim_exe.with_file_name("ckpt-init");
         if !init.is_file() {
             return Err(AgentError::Start {
                 job,
@@ -420,11 +436,11 @@ impl Jobs {
             });
         }
         // The mount point of the job directory inside sandboxes (empty, root's).
-        std::fs::create_dir_all(crate::sandbox::JOB_DIR).map_err(|e| AgentError::Start {
+        std::fs::create_dir_all(crate::os::sandbox::JOB_DIR).map_err(|e| AgentError::Start {
             job,
-            message: format!("cannot make {}: {e}", crate::sandbox::JOB_DIR),
+            message: format!("cannot make {}: {e}", crate::os::sandbox::JOB_DIR),
         })?;
-        let netns = crate::sandbox::create(&self.node, job, link, addr)
+        let netns = crate::os::sandbox::create(&self.node.name, job, link, addr)
             .await
             .map_err(|message| AgentError::Start { job, message })?;
         Ok(shim::Sandbox {
@@ -457,7 +473,7 @@ impl Jobs {
         if !ckpt_auth::token_eq(&job.record.token, token) {
             return Err(AgentError::BadToken { job: job_id });
         }
-        let observed = job.observe(self.host.as_ref());
+        let observed = job.observe(self.node.host.as_ref());
         let read = |name: &str, offset: u64| -> Result<(Vec<u8>, bool), AgentError> {
             use std::io::{Read, Seek, SeekFrom};
             let path = job.dir.join(name);
@@ -555,7 +571,7 @@ impl Jobs {
             })
             .collect();
         Ok(PartView {
-            observed: job.observe(self.host.as_ref()),
+            observed: job.observe(self.node.host.as_ref()),
             part: job.record.part,
             processes,
             snapshot_mode: self.precopy_text(&job),
@@ -588,7 +604,7 @@ pub fn exit_text(e: &Exit) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::owner::LaunchPolicy;
+    use crate::os::owner::LaunchPolicy;
 
     #[test]
     fn launch_policy_refuses_root_system_accounts_and_unknown_users() {
@@ -622,7 +638,7 @@ mod tests {
         let root = open.authorize(7, "n1", 0).unwrap();
         assert_eq!((root.uid, root.gid), (0, 0), "gid from passwd");
         assert!(matches!(
-            crate::grpc::to_status(strict.authorize(7, "n1", 0).unwrap_err()).code(),
+            crate::rpc::grpc::to_status(strict.authorize(7, "n1", 0).unwrap_err()).code(),
             tonic::Code::PermissionDenied
         ));
     }

@@ -1,0 +1,16 @@
+//! The agent's transport: what crosses the network to the coordinator and to other agents.
+//! The Agent gRPC service (`grpc.rs`) and the agent's types on the wire (`wire.rs`);
+//! registration and heartbeats (`heartbeat.rs`) and the lease the coordinator grants with them
+//! (`lease.rs`), which the shims fence on; partner copies streamed between agents
+//! (`partner.rs`).
+//!
+//! What it may import: `grpc.rs`, `wire.rs` and `heartbeat.rs` sit on top of the crate and may
+//! import anything below them (the table, the steps, `launch/`, `copies/`, `os/`); nothing but
+//! `lib.rs` imports them. `partner.rs` and `lease.rs` are the clients the steps and the shim
+//! use: they import only `os/` and the crate's error type.
+
+pub(crate) mod grpc;
+pub(crate) mod heartbeat;
+pub(crate) mod lease;
+pub(crate) mod partner;
+pub(crate) mod wire;
