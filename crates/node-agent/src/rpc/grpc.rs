@@ -461,6 +461,8 @@ impl Agent for AgentHandler {
                 .join("; "),
             elapsed_ms: elapsed.as_millis() as u64,
             copies,
+            // This agent answered: its copies were judged.
+            unreachable: false,
         }))
     }
 
