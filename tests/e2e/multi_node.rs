@@ -944,15 +944,15 @@ impl Cell {
     }
 }
 
-/// The cells CI runs, beside the tests above that are cells of their own (drain, restart
-/// --map, the launcher's node destroyed, a link cut): an Open MPI launcher moved after its
-/// node's agent died (its parts fenced with nobody to clean up after them), and an attached
-/// node destroyed, with shared storage. `CKPT_MATRIX=full` runs all 40,
-/// `CKPT_MATRIX=NAME,NAME` the named ones.
-const SLICE: [&str; 2] = [
-    "openmpi/Launcher/AgentKilled/shared",
-    "mpich/Attached/Destroyed/shared",
-];
+/// The cell CI runs, beside the tests above that are cells of their own (drain, restart
+/// --map, the launcher's node destroyed, a link cut) and the soak's rounds (MPICH's launcher
+/// node destroyed, an Open MPI attached node's agent killed): an Open MPI launcher moved after
+/// its node's agent died (its parts fenced with nobody to clean up after them), with shared
+/// storage. `CKPT_FULL=1` adds an MPICH attached node destroyed; `CKPT_MATRIX=full` runs all
+/// 40, `CKPT_MATRIX=NAME,NAME` the named ones.
+const SLICE: [&str; 1] = ["openmpi/Launcher/AgentKilled/shared"];
+/// The cell `CKPT_FULL=1` adds to [`SLICE`].
+const FULL_SLICE: &str = "mpich/Attached/Destroyed/shared";
 
 /// Runs one cell: a 6-rank job across n1..n3 launched from n1, `[recovery] on_failure =
 /// "restart:2"`, n4 the spare. After a committed checkpoint whose copy is safe elsewhere (the
@@ -1059,7 +1059,9 @@ fn recovery_matrix() {
         .into_iter()
         .filter(|c| match asked.as_str() {
             "full" => true,
-            "" => SLICE.contains(&c.name().as_str()),
+            "" => {
+                SLICE.contains(&c.name().as_str()) || (ckpt_tests::full() && c.name() == FULL_SLICE)
+            }
             names => names.split(',').any(|n| n == c.name()),
         })
         .collect();
