@@ -378,6 +378,7 @@ impl Channels {
             down,
             qps,
             mrs,
+            ..
         } = ToAgent::decode(&first).map_err(|e| format!("pid {pid}: {e}"))?
         else {
             return Err(format!(

@@ -1,5 +1,6 @@
 //! Tests of [`super`] (the ib-quiesce control socket).
 use super::*;
+use ib_quiesce::control::PROTOCOL_VERSION;
 use proptest::prelude::*;
 use tokio::io::AsyncReadExt;
 
@@ -47,6 +48,7 @@ fn serving(dir: &Path, owner: u32, peer_cgroup: &'static str, limits: Limits) ->
 /// Says this process's hello (channel 7, up, one QP and one MR) on `s`.
 async fn say_hello(s: &mut (impl tokio::io::AsyncWrite + Unpin)) {
     let hello = ToAgent::Hello {
+        version: PROTOCOL_VERSION,
         pid: me().pid,
         channel: 7,
         down: false,
@@ -467,6 +469,7 @@ impl FakeLayer {
     async fn connect(ch: &Channels, down: bool) -> FakeLayer {
         let (r, w) = UnixStream::connect(ch.socket()).await.unwrap().into_split();
         let hello = ToAgent::Hello {
+            version: PROTOCOL_VERSION,
             pid: me().pid,
             channel: 7,
             down,
