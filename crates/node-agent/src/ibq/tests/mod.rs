@@ -723,4 +723,5 @@ fn a_check_returns_what_the_layer_holds_and_an_older_one_cannot_tell() {
     });
 }
 
+mod conn;
 mod lifetime;
