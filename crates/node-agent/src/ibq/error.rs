@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ib_quiesce::control::{DecodeError, ToAgent};
+use ib_quiesce::control::{DecodeError, ToAgent, PROTOCOL_VERSION};
 
 /// A call on a registered channel that failed: the connection, the answer, or the channel's own
 /// refusal.
@@ -136,6 +136,22 @@ pub enum HelloError {
         /// The pid its hello says.
         claimed: i32,
     },
+    /// The hello says a protocol version this agent does not speak.
+    #[error(
+        "pid {pid} speaks version {layer} of the ib-quiesce control protocol, but this agent \
+         speaks version {agent}: rebuild or reinstall libckpt_verbs.so (or the program's \
+         ib-quiesce library) on this node from the same ckpt release as the agent, and restart \
+         the job; until then the process runs without a channel, and a checkpoint of its job is \
+         refused while it uses verbs"
+    )]
+    Version {
+        /// The connecting process.
+        pid: i32,
+        /// The version its hello says.
+        layer: u32,
+        /// The version this agent speaks ([`PROTOCOL_VERSION`]).
+        agent: u32,
+    },
     /// The pid already has a live channel of another job.
     #[error("pid {pid} of job {job} has a channel of job {other} already")]
     OtherJob {
@@ -146,4 +162,15 @@ pub enum HelloError {
         /// The job of the channel registered for the pid.
         other: u64,
     },
+}
+
+impl HelloError {
+    /// A refusal of the hello of `pid`, which says protocol version `layer`.
+    pub(super) fn version(pid: i32, layer: u32) -> Self {
+        HelloError::Version {
+            pid,
+            layer,
+            agent: PROTOCOL_VERSION,
+        }
+    }
 }

@@ -31,14 +31,15 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use ib_quiesce::channel::QpId;
 use ib_quiesce::control::{
-    excerpt, flag_dir, flag_path, Holdings, LineBuf, LineTooLong, ToAgent, ToChannel, MAX_LINE,
+    excerpt, flag_dir, flag_path, hello_version, Holdings, LineBuf, LineTooLong, ToAgent,
+    ToChannel, MAX_LINE, PROTOCOL_VERSION,
 };
 use ib_quiesce::{Endpoint, QuiesceReport};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 mod conn;
 mod error;
@@ -48,6 +49,7 @@ mod process;
 use conn::*;
 pub use conn::{Limits, Rebuilt};
 pub use error::{ChannelError, HelloError};
+use hello::VersionWarned;
 pub use peer::*;
 use process::{boot_ticks, PeerProcess};
 
@@ -129,6 +131,8 @@ pub struct Channels {
     /// Permits for connections not yet identified and registered.
     unidentified: Arc<Semaphore>,
     slots: Arc<JobSlots>,
+    /// Processes already warned about for their hello's protocol version.
+    version_warned: VersionWarned,
 }
 
 impl std::fmt::Debug for Channels {
@@ -162,6 +166,7 @@ impl Channels {
             limits,
             unidentified: Arc::new(Semaphore::new(limits.unidentified)),
             slots: Arc::default(),
+            version_warned: VersionWarned::default(),
         })
     }
 

@@ -1,6 +1,5 @@
 //! Tests of [`super`] (the ib-quiesce control socket).
 use super::*;
-use ib_quiesce::control::PROTOCOL_VERSION;
 use proptest::prelude::*;
 use tokio::io::AsyncReadExt;
 
@@ -725,3 +724,4 @@ fn a_check_returns_what_the_layer_holds_and_an_older_one_cannot_tell() {
 
 mod conn;
 mod lifetime;
+mod version;
