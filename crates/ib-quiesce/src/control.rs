@@ -4,8 +4,9 @@
 //! agent's and the process's control thread) and their checks are read together.
 //!
 //! When the agent starts a job's processes it sets [`SOCKET_ENV`] to its control socket. A
-//! process that opens a channel then runs a control thread that connects there, says hello
-//! (its pid and channel id) and obeys the agent's commands, one JSON object per line:
+//! process that opens a channel then runs a control thread that connects there, says hello (its
+//! [`PROTOCOL_VERSION`], pid and channel id) and obeys the agent's commands, one JSON object per
+//! line:
 //!
 //! * `quiesce`: gate the application's calls, drain, flush and release every verbs object
 //!   ([`Channel::quiesce`]), check that no `/dev/infiniband` mapping or descriptor is left, and
@@ -53,12 +54,44 @@ const FLAG_POLL: Duration = Duration::from_millis(5);
 /// in a tight loop; 100 ms is still well inside the agent's rebuild deadline.
 const REFUSED_RETRY: Duration = Duration::from_millis(100);
 
+/// The version of this line protocol that the control thread says in its hello, raised when
+/// either side's messages change in a way the other cannot read. Every version keeps the
+/// hello's `msg` and `version` as they are, so that an agent can name a version it does not
+/// speak ([`hello_version`]); it refuses such a hello, naming both, and closes that connection.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The version a hello without one is read as: layers built before hellos carried a version
+/// speak version 1 (the protocol did not change when the version was added).
+pub const UNVERSIONED: u32 = 1;
+
+fn unversioned() -> u32 {
+    UNVERSIONED
+}
+
+/// The version a hello line says ([`UNVERSIONED`] if it says none), read from its `msg` and
+/// `version` alone so that a hello of another version is recognised even where its other
+/// fields differ; `None` if the line is no hello.
+pub fn hello_version(line: &[u8]) -> Option<u32> {
+    #[derive(Deserialize)]
+    struct Head {
+        msg: String,
+        #[serde(default = "unversioned")]
+        version: u32,
+    }
+    let head: Head = serde_json::from_slice(line).ok()?;
+    (head.msg == "hello").then_some(head.version)
+}
+
 /// What a channel tells the agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "msg", rename_all = "snake_case")]
 pub enum ToAgent {
     /// First message on every connection.
     Hello {
+        /// The protocol version the channel speaks ([`PROTOCOL_VERSION`]); absent from the
+        /// hellos of layers built before it was added, which speak version 1.
+        #[serde(default = "unversioned")]
+        version: u32,
         /// The process.
         pid: i32,
         /// The channel's id.
@@ -705,6 +738,7 @@ fn control_loop<T: Controlled>(target: &T, socket: &Path) {
         };
         let (channel, qps, mrs) = target.hello();
         let hello = ToAgent::Hello {
+            version: PROTOCOL_VERSION,
             pid,
             channel,
             down,

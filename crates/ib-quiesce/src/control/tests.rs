@@ -111,6 +111,7 @@ fn the_control_protocol_quiesces_and_rebuilds_while_the_application_waits() {
             matches!(
                 h,
                 ToAgent::Hello {
+                    version: PROTOCOL_VERSION,
                     down: false,
                     qps: 1,
                     mrs: 1,
@@ -318,6 +319,44 @@ fn a_checked_answer_tells_no_descriptors_from_cannot_tell() {
     );
 }
 
+/// A hello carries its protocol version and reads back the same; one without a version (from a
+/// layer built before hellos carried it) reads as version 1, the protocol those layers speak.
+#[test]
+fn a_hello_says_its_version_and_one_without_reads_as_version_1() {
+    let hello = ToAgent::Hello {
+        version: PROTOCOL_VERSION,
+        pid: 12,
+        channel: 7,
+        down: false,
+        qps: 2,
+        mrs: 3,
+    };
+    let line = serde_json::to_vec(&hello).unwrap();
+    assert_eq!(
+        line,
+        br#"{"msg":"hello","version":1,"pid":12,"channel":7,"down":false,"qps":2,"mrs":3}"#
+    );
+    assert_eq!(ToAgent::decode(&line).unwrap(), hello);
+    let older = br#"{"msg":"hello","pid":12,"channel":7,"down":false,"qps":2,"mrs":3}"#;
+    assert_eq!(ToAgent::decode(older).unwrap(), hello);
+    let newer = br#"{"msg":"hello","version":2,"pid":12,"channel":7,"down":true,"qps":0,"mrs":0}"#;
+    assert_eq!(hello_version(&line), Some(PROTOCOL_VERSION));
+    assert_eq!(hello_version(older), Some(UNVERSIONED));
+    assert_eq!(hello_version(newer), Some(2));
+    let reshaped = br#"{"msg":"hello","version":3,"pid":12,"channels":[7]}"#;
+    assert_eq!(hello_version(reshaped), Some(3));
+    assert_eq!(hello_version(br#"{"msg":"resumed"}"#), None);
+    assert_eq!(hello_version(b"not json"), None);
+    assert!(matches!(
+        ToAgent::decode(newer).unwrap(),
+        ToAgent::Hello {
+            version: 2,
+            down: true,
+            ..
+        }
+    ));
+}
+
 #[test]
 fn a_line_over_the_cap_is_an_error_and_one_at_the_cap_is_not() {
     let mut input = vec![b'a'; 10];
@@ -344,6 +383,7 @@ fn samples() -> Vec<Vec<u8>> {
     };
     let agent = [
         ToAgent::Hello {
+            version: PROTOCOL_VERSION,
             pid: 1,
             channel: 7,
             down: true,

@@ -81,6 +81,7 @@ fn drained_layer_process() {
         s.write_all(&line).unwrap();
     };
     let hello = ToAgent::Hello {
+        version: ib_quiesce::control::PROTOCOL_VERSION,
         pid: std::process::id() as i32,
         channel: 1,
         down: false,

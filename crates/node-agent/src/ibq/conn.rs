@@ -123,31 +123,29 @@ pub(super) struct Conn {
     pub(super) _slot: JobSlot,
 }
 
-/// What a call on a connection the agent closed gets.
-pub(super) const CLOSED: &str = "the agent closed the connection after an over-long line";
-
 impl Conn {
     pub(super) async fn ask(
         &mut self,
         cmd: &ToChannel,
         timeout: Duration,
-    ) -> Result<ToAgent, String> {
+    ) -> Result<ToAgent, ChannelError> {
         let mut line = serde_json::to_vec(cmd).expect("serializable");
         line.push(b'\n');
-        let (_, writer) = self.io.as_mut().ok_or(CLOSED)?;
-        writer
-            .write_all(&line)
-            .await
-            .map_err(|e| format!("cannot reach the channel: {e}"))?;
+        let (_, writer) = self.io.as_mut().ok_or(ChannelError::ShutByAgent)?;
+        writer.write_all(&line).await.map_err(ChannelError::Send)?;
         self.reply(timeout, cmd.answer_cap()).await
     }
 
     /// The next message, of at most `cap` bytes; a channel's `failed` answer is an error. A
     /// longer line closes the connection.
-    pub(super) async fn reply(&mut self, timeout: Duration, cap: usize) -> Result<ToAgent, String> {
-        let (lines, _) = self.io.as_mut().ok_or(CLOSED)?;
+    pub(super) async fn reply(
+        &mut self,
+        timeout: Duration,
+        cap: usize,
+    ) -> Result<ToAgent, ChannelError> {
+        let (lines, _) = self.io.as_mut().ok_or(ChannelError::ShutByAgent)?;
         match tokio::time::timeout(timeout, lines.next_line(cap)).await {
-            Err(_) => Err(format!("no answer within {timeout:?}")),
+            Err(_) => Err(ChannelError::Timeout(timeout)),
             Ok(Err(LineError::TooLong(e))) => {
                 warn!(
                     pid = self.pid,
@@ -155,19 +153,14 @@ impl Conn {
                     "ib-quiesce channel sent a line over the cap; connection closed"
                 );
                 self.io = None;
-                Err(format!(
-                    "its answer is longer than the {}-byte cap; the agent closed the connection",
-                    e.cap
-                ))
+                Err(ChannelError::TooLong { cap: e.cap })
             }
-            Ok(Err(LineError::Io(e))) => Err(format!("connection failed: {e}")),
-            Ok(Ok(None)) => Err("the process closed its channel (did it exit?)".into()),
-            Ok(Ok(Some(l))) => {
-                match ToAgent::decode(&l).map_err(|e| format!("unreadable answer: {e}"))? {
-                    ToAgent::Failed { error } => Err(error),
-                    m => Ok(m),
-                }
-            }
+            Ok(Err(LineError::Io(e))) => Err(ChannelError::Io(e)),
+            Ok(Ok(None)) => Err(ChannelError::Closed),
+            Ok(Ok(Some(l))) => match ToAgent::decode(&l).map_err(ChannelError::Malformed)? {
+                ToAgent::Failed { error } => Err(ChannelError::Failed(error)),
+                m => Ok(m),
+            },
         }
     }
 }
@@ -191,12 +184,10 @@ impl Conn {
         &mut self,
         cmd: &ToChannel,
         wait: Duration,
-    ) -> Result<Stage, String> {
+    ) -> Result<Stage, ChannelError> {
         let release = matches!(cmd, ToChannel::Release);
         if release && !self.drained {
-            return Err(
-                "its channel is not drained; only a drained verbs layer is released".into(),
-            );
+            return Err(ChannelError::NotDrained);
         }
         match self.ask(cmd, wait).await? {
             ToAgent::Quiesced { report, micros } => {
@@ -213,19 +204,22 @@ impl Conn {
 
     /// After a `quiesced` answer: waits (within `wait`) for the end of the stream, then marks
     /// the connection down.
-    async fn closes_after_quiesced(&mut self, wait: Duration) -> Result<(), String> {
+    pub(super) async fn closes_after_quiesced(
+        &mut self,
+        wait: Duration,
+    ) -> Result<(), ChannelError> {
         match self.reply(wait, MAX_LINE).await {
-            Err(e) if e.contains("closed its channel") => {
+            Err(ChannelError::Closed) => {
                 self.down = true;
                 self.drained = false;
                 Ok(())
             }
-            Err(e) => Err(format!("quiesced but did not disconnect: {e}")),
-            Ok(m) => Err(format!("quiesced but then said {m:?}")),
+            Err(e) => Err(ChannelError::NotDisconnected(Box::new(e))),
+            Ok(m) => Err(ChannelError::SaidAfterQuiesced(Box::new(m))),
         }
     }
 }
 
-pub(super) fn unexpected(m: ToAgent) -> String {
-    format!("unexpected answer {m:?}")
+pub(super) fn unexpected(m: ToAgent) -> ChannelError {
+    ChannelError::Unexpected(Box::new(m))
 }

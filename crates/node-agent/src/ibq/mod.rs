@@ -31,20 +31,25 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use ib_quiesce::channel::QpId;
 use ib_quiesce::control::{
-    excerpt, flag_dir, flag_path, Holdings, LineBuf, LineTooLong, ToAgent, ToChannel, MAX_LINE,
+    excerpt, flag_dir, flag_path, hello_version, Holdings, LineBuf, LineTooLong, ToAgent,
+    ToChannel, MAX_LINE, PROTOCOL_VERSION,
 };
 use ib_quiesce::{Endpoint, QuiesceReport};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 mod conn;
+mod error;
+mod hello;
 mod peer;
 mod process;
 use conn::*;
 pub use conn::{Limits, Rebuilt};
+pub use error::{ChannelError, HelloError};
+use hello::VersionWarned;
 pub use peer::*;
 use process::{boot_ticks, PeerProcess};
 
@@ -63,13 +68,23 @@ pub const MAX_CONNS_PER_JOB: usize = 1024;
 /// 256 takes a full node's ranks in one go, and a channel refused for this tries again shortly.
 pub const MAX_UNIDENTIFIED: usize = 256;
 
-/// A channel that failed a call: which process, and why.
+/// A channel that failed a call: which process, and why (the text the coordinator shows).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChannelFailure {
     /// The process.
     pub pid: i32,
     /// What went wrong.
     pub message: String,
+}
+
+impl ChannelFailure {
+    /// The failure of the channel of `pid` with `error`.
+    fn of(pid: i32, error: &ChannelError) -> Self {
+        ChannelFailure {
+            pid,
+            message: error.to_string(),
+        }
+    }
 }
 
 /// What a quiesce (or a release) did on this node.
@@ -116,6 +131,8 @@ pub struct Channels {
     /// Permits for connections not yet identified and registered.
     unidentified: Arc<Semaphore>,
     slots: Arc<JobSlots>,
+    /// Processes already warned about for their hello's protocol version.
+    version_warned: VersionWarned,
 }
 
 impl std::fmt::Debug for Channels {
@@ -149,6 +166,7 @@ impl Channels {
             limits,
             unidentified: Arc::new(Semaphore::new(limits.unidentified)),
             slots: Arc::default(),
+            version_warned: VersionWarned::default(),
         })
     }
 
@@ -257,16 +275,7 @@ impl Channels {
             .await
         {
             Ok(r) => r,
-            Err(e) => {
-                warn!(
-                    pid = peer.pid,
-                    uid = peer.uid,
-                    job = owner.job,
-                    reason = %e,
-                    "ib-quiesce channel refused"
-                );
-                return;
-            }
+            Err(e) => return self.refused_hello(peer, owner.job, &e),
         };
         // Its process gone, the channel goes: nothing meant for the PID's next process
         // reaches whoever holds the connection now.
@@ -350,93 +359,11 @@ impl Channels {
         Ok((permit, owner, slot))
     }
 
-    async fn hello(
-        &self,
-        stream: UnixStream,
-        pid: i32,
-        job: u64,
-        slot: JobSlot,
-        process: &Arc<PeerProcess>,
-    ) -> Result<Arc<Mutex<Conn>>, String> {
-        let (r, writer) = stream.into_split();
-        let mut lines = CappedLines::new(BufReader::new(r));
-        let first = match tokio::time::timeout(HELLO, lines.next_line(MAX_LINE)).await {
-            Err(_) => return Err(format!("pid {pid} said nothing within {HELLO:?}")),
-            Ok(Err(LineError::TooLong(e))) => {
-                return Err(format!(
-                    "pid {pid} sent a line longer than the {}-byte cap; connection closed",
-                    e.cap
-                ))
-            }
-            Ok(Err(LineError::Io(e))) => return Err(format!("pid {pid}: {e}")),
-            Ok(Ok(None)) => return Err(format!("pid {pid} closed without a hello")),
-            Ok(Ok(Some(l))) => l,
-        };
-        let ToAgent::Hello {
-            pid: claimed,
-            channel,
-            down,
-            qps,
-            mrs,
-        } = ToAgent::decode(&first).map_err(|e| format!("pid {pid}: {e}"))?
-        else {
-            return Err(format!(
-                "pid {pid}: first message is not a hello: {}",
-                excerpt(&first)
-            ));
-        };
-        if claimed != pid {
-            return Err(format!("pid {pid} claims to be pid {claimed}"));
-        }
-        if down {
-            let _ = std::fs::remove_file(flag_path(&self.socket, pid));
-        }
-        info!(
-            pid,
-            job,
-            channel = format_args!("{channel:#x}"),
-            down,
-            qps,
-            mrs,
-            "ib-quiesce channel registered"
-        );
-        let conn = Conn {
-            pid,
-            channel,
-            down,
-            drained: false,
-            wants: None,
-            io: Some((lines, writer)),
-            _slot: slot,
-        };
-        let conn = Arc::new(Mutex::new(conn));
-        let mut map = self.conns.lock().await;
-        // One live process has one PID: a live entry of another job for it cannot be this
-        // process's, and is not replaced.
-        if let Some(other) = map.get(&pid).filter(|r| r.job != job && r.process.alive()) {
-            return Err(format!(
-                "pid {pid} of job {job} has a channel of job {} already",
-                other.job
-            ));
-        }
-        map.insert(
-            pid,
-            Registered {
-                conn: conn.clone(),
-                process: process.clone(),
-                job,
-            },
-        );
-        Ok(conn)
-    }
-
     /// Raises the rebuild flag of `pid` (a process without a channel pays no attention).
     pub fn raise_flag(&self, pid: i32) -> Result<(), ChannelFailure> {
         let flag = flag_path(&self.socket, pid);
-        std::fs::write(&flag, b"").map_err(|e| ChannelFailure {
-            pid,
-            message: format!("cannot raise the rebuild flag {}: {e}", flag.display()),
-        })
+        std::fs::write(&flag, b"")
+            .map_err(|source| ChannelFailure::of(pid, &ChannelError::Flag { path: flag, source }))
     }
 
     /// Lowers the rebuild flags of `pids`.
@@ -481,13 +408,13 @@ impl Channels {
     ) -> Result<Vec<(i32, Holdings)>, ChannelFailure> {
         let calls = pids.iter().map(|&pid| async move {
             let Some(conn) = self.live(pid).await else {
-                return (pid, Err("its channel is gone (did the process exit?)".into()));
+                return (pid, Err(ChannelError::Gone));
             };
             let mut c = conn.lock().await;
             let r = match c.ask(&ToChannel::Check, timeout).await {
                 Ok(ToAgent::Checked { fds, unsupported }) => Ok(Holdings { fds, unsupported }),
                 Ok(other) => Err(unexpected(other)),
-                Err(e) if e.starts_with("unreadable command") => {
+                Err(e) if e.is_unknown_command() => {
                     warn!(pid, answer = %e, "channel predates the check; its descriptors are not compared");
                     Ok(Holdings::default())
                 }
@@ -499,7 +426,7 @@ impl Channels {
         for (pid, r) in join_all(calls).await {
             match r {
                 Ok(h) => held.push((pid, h)),
-                Err(message) => return Err(ChannelFailure { pid, message }),
+                Err(e) => return Err(ChannelFailure::of(pid, &e)),
             }
         }
         Ok(held)
@@ -548,7 +475,7 @@ impl Channels {
     ) -> (Quiesced, Vec<ChannelFailure>) {
         let calls = pids.iter().map(|&pid| async move {
             let Some(conn) = self.live(pid).await else {
-                return (pid, Err("no channel".to_string()));
+                return (pid, Err(ChannelError::Missing));
             };
             let r = conn.lock().await.quiesce_stage(cmd, wait).await;
             (pid, r)
@@ -566,7 +493,7 @@ impl Channels {
                     done.drained.push(pid);
                     done.add(&report, took);
                 }
-                Err(message) => failed.push(ChannelFailure { pid, message }),
+                Err(e) => failed.push(ChannelFailure::of(pid, &e)),
             }
         }
         (done, failed)
@@ -605,12 +532,10 @@ impl Channels {
                 break;
             }
             if begin.elapsed() > deadline {
-                return Err(ChannelFailure {
-                    pid: waiting[0],
-                    message: format!(
-                        "its channel did not come back within {deadline:?} (is the process alive?)"
-                    ),
-                });
+                return Err(ChannelFailure::of(
+                    waiting[0],
+                    &ChannelError::NotBack(deadline),
+                ));
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -653,7 +578,7 @@ impl Channels {
                         _ => wants = None,
                     }
                 }
-                Err(message) => return Err(ChannelFailure { pid, message }),
+                Err(e) => return Err(ChannelFailure::of(pid, &e)),
             }
         }
         if let Some(w) = &mut wants {
@@ -673,10 +598,7 @@ impl Channels {
     ) -> Result<(), ChannelFailure> {
         let calls = pids.iter().map(|&pid| async move {
             let Some(conn) = self.live(pid).await else {
-                return (
-                    pid,
-                    Err("its channel is gone (did the process exit?)".to_string()),
-                );
+                return (pid, Err(ChannelError::Gone));
             };
             let mut c = conn.lock().await;
             let endpoints = match &c.wants {
@@ -701,8 +623,8 @@ impl Channels {
         });
         let mut first = None;
         for (pid, r) in join_all(calls).await {
-            if let Err(message) = r {
-                first.get_or_insert(ChannelFailure { pid, message });
+            if let Err(e) = r {
+                first.get_or_insert(ChannelFailure::of(pid, &e));
             }
         }
         first.map_or(Ok(()), Err)

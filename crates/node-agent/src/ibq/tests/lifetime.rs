@@ -59,6 +59,7 @@ fn a_channel_goes_with_the_process_that_registered_it() {
         std_stream.set_nonblocking(true).unwrap();
         let mut held = UnixStream::from_std(std_stream).unwrap();
         let mut hello = serde_json::to_vec(&ToAgent::Hello {
+            version: PROTOCOL_VERSION,
             pid,
             channel: 9,
             down: true,

@@ -47,6 +47,7 @@ fn serving(dir: &Path, owner: u32, peer_cgroup: &'static str, limits: Limits) ->
 /// Says this process's hello (channel 7, up, one QP and one MR) on `s`.
 async fn say_hello(s: &mut (impl tokio::io::AsyncWrite + Unpin)) {
     let hello = ToAgent::Hello {
+        version: PROTOCOL_VERSION,
         pid: me().pid,
         channel: 7,
         down: false,
@@ -467,6 +468,7 @@ impl FakeLayer {
     async fn connect(ch: &Channels, down: bool) -> FakeLayer {
         let (r, w) = UnixStream::connect(ch.socket()).await.unwrap().into_split();
         let hello = ToAgent::Hello {
+            version: PROTOCOL_VERSION,
             pid: me().pid,
             channel: 7,
             down,
@@ -720,4 +722,6 @@ fn a_check_returns_what_the_layer_holds_and_an_older_one_cannot_tell() {
     });
 }
 
+mod conn;
 mod lifetime;
+mod version;
