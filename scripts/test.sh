@@ -77,6 +77,7 @@ if [ "$FAILED" = 1 ] && grep -q "panicked at" "$LOG"; then
 fi
 echo "[test] time per suite:"
 printf '  %s\n' "${TIMES[@]}"
+printf '  %-24s %5d s  (setup, build and lints included)\n' "all" "$SECONDS"
 
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i == "passed;") p += $(i-1); if ($i == "failed;") f += $(i-1) } }
      /^SKIPPED/ { s++ }
