@@ -1,5 +1,9 @@
 //! Several nodes on one machine: agents in network namespaces joined by a bridge, one ckptd in
 //! the root namespace. Skips with a printed reason where namespaces, CRIU or MPI are missing.
+//!
+//! One file although long: each file here is one suite, one test binary that
+//! `scripts/test.sh` runs and times as a line, and the node-loss tests and the recovery matrix
+//! at its end share the cluster builders and the checks of what a lost node leaves behind.
 use std::time::{Duration, Instant};
 
 use ckpt_tests::hosts::{

@@ -3,6 +3,10 @@
 //! a restart never follows a symbolic link a user put in place of a job's file, and nothing the
 //! daemons keep about a job is readable by other users. Real daemons, real CRIU; skips with a
 //! printed reason where root or CRIU are missing.
+//!
+//! One file although long: each file here is one suite, one test binary that
+//! `scripts/test.sh` runs and times as a line, and these tests share its job and link helpers.
+//! The attacks that need more than a user's own job are in `attacks.rs`.
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
