@@ -6,7 +6,7 @@
 //!
 //! One file although long: each file here is one suite, one test binary that
 //! `scripts/test.sh` runs and times as a line, and these tests share its job and link helpers.
-//! The attacks that need more than a user's own job are in `attacks.rs`.
+//! Attacks on the daemons' network and socket entry points are in `attacks.rs`.
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
