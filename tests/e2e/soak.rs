@@ -90,6 +90,20 @@ const KINDS: [&str; 8] = [
 ];
 
 impl Fault {
+    /// Its kind, as [`KINDS`] names it.
+    fn kind(&self) -> &'static str {
+        match self {
+            Fault::PhaseFails(..) => "PhaseFails",
+            Fault::AgentKilledIn(..) => "AgentKilledIn",
+            Fault::CkptdRestartIn(_) => "CkptdRestartIn",
+            Fault::RestoreFails(_) => "RestoreFails",
+            Fault::CkptdRestartInRestore => "CkptdRestartInRestore",
+            Fault::NodeDestroyed(_) => "NodeDestroyed",
+            Fault::Drain(_) => "Drain",
+            Fault::RankKilled(_) => "RankKilled",
+        }
+    }
+
     /// A fault of one of `kinds`, on a node and in a phase drawn too.
     fn draw(rng: &mut Rng, kinds: &[&str]) -> Fault {
         let node = rng.pick(&JOB_NODES);
@@ -461,10 +475,7 @@ fn ci_rounds_cover_what_no_other_test_runs() {
             (mpi, Fault::draw(&mut rng, &KINDS))
         })
         .collect();
-    let kinds: std::collections::BTreeSet<String> = rounds
-        .iter()
-        .map(|(_, f)| format!("{f:?}").split('(').next().unwrap_or("").to_string())
-        .collect();
+    let kinds: std::collections::BTreeSet<&str> = rounds.iter().map(|(_, f)| f.kind()).collect();
     for k in [
         "AgentKilledIn",
         "CkptdRestartIn",

@@ -42,12 +42,17 @@ impl Mpi {
         }
     }
 
-    /// `mpiexec ... heat N ITERS SLEEP_US` with `ranks` ranks on this node.
-    pub fn heat_argv(self, ranks: u32, n: u32, iters: u32, sleep_us: u32) -> Vec<String> {
-        let app = apps().join(match self {
+    /// The heat program built for this MPI.
+    fn heat_app(self) -> PathBuf {
+        apps().join(match self {
             Mpi::Mpich => "heat.mpich",
             Mpi::OpenMpi => "heat.openmpi",
-        });
+        })
+    }
+
+    /// `mpiexec ... heat N ITERS SLEEP_US` with `ranks` ranks on this node.
+    pub fn heat_argv(self, ranks: u32, n: u32, iters: u32, sleep_us: u32) -> Vec<String> {
+        let app = self.heat_app();
         let mut v: Vec<String> = vec![self.launcher().into()];
         if self == Mpi::OpenMpi {
             v.extend(["--allow-run-as-root", "--oversubscribe"].map(String::from));
@@ -96,7 +101,7 @@ impl Mpi {
         let argv = self.heat_argv(ranks, n, iters, 0);
         // Kept on disk beside the programs too, so each test binary does not run it again: the
         // name holds the program's build time, so a rebuilt program is run afresh.
-        let built = std::fs::metadata(&argv[argv.len() - 4])
+        let built = std::fs::metadata(self.heat_app())
             .and_then(|m| m.modified())
             .ok()
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())

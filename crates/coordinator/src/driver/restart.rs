@@ -101,7 +101,12 @@ impl Coordinator {
                     .agents
                     .call(n, "verify", d, |mut c| async move { c.verify(req).await })
                     .await;
-                r.unwrap_or_else(|f| pb::NodeVerify {
+                // Whether the agent was asked is ckptd's to say, not the agent's.
+                r.map(|v| pb::NodeVerify {
+                    unreachable: false,
+                    ..v
+                })
+                .unwrap_or_else(|f| pb::NodeVerify {
                     node: n.clone(),
                     ok: false,
                     unreachable: f.kind == FailureKind::Unreachable,

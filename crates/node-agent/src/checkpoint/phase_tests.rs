@@ -13,6 +13,19 @@ use crate::os::host::test_node::{Pages, TestNode, CHILD, JOB, OWNER, ROOT};
 /// minutes (`[deadlines]` in `ckptd.toml`); what follows them is the same.
 const DEADLINE: Duration = Duration::from_millis(200);
 
+/// A node whose job runs.
+async fn running() -> TestNode {
+    let node = TestNode::new(Pages::VerifiedFirst);
+    node.run_job().await;
+    node
+}
+
+/// Takes the job through initial-sync and quiesce of epoch 1.
+async fn frozen(node: &TestNode) {
+    node.jobs.initial_sync(JOB, 1).await.expect("initial-sync");
+    node.jobs.quiesce(JOB, 1).await.expect("quiesce");
+}
+
 /// Whether epoch `epoch` of the job has begun on the node.
 async fn epoch_begun(node: &TestNode, epoch: u32) -> bool {
     let j = node.jobs.get(JOB).expect("job");
@@ -35,8 +48,7 @@ async fn abort_after_hang(node: &TestNode, latch: &crate::os::host::fake::Latch,
 
 #[tokio::test]
 async fn initial_sync_counts_the_processes_and_begins_the_epoch_without_freezing() {
-    let node = TestNode::new(Pages::VerifiedFirst);
-    node.run_job().await;
+    let node = running().await;
     let synced = node.jobs.initial_sync(JOB, 1).await.expect("initial-sync");
     assert_eq!(synced.processes, 2);
     assert_eq!(
@@ -62,8 +74,7 @@ async fn initial_sync_counts_the_processes_and_begins_the_epoch_without_freezing
 
 #[tokio::test]
 async fn initial_sync_refuses_a_privileged_process_and_begins_nothing() {
-    let node = TestNode::new(Pages::VerifiedFirst);
-    node.run_job().await;
+    let node = running().await;
     node.host.script_privileged(CHILD, "set-user-ID root");
     let e = node.jobs.initial_sync(JOB, 1).await.unwrap_err();
     match &e {
@@ -81,8 +92,7 @@ async fn initial_sync_refuses_a_privileged_process_and_begins_nothing() {
 
 #[tokio::test]
 async fn initial_sync_refuses_a_process_outside_the_tree() {
-    let node = TestNode::new(Pages::VerifiedFirst);
-    node.run_job().await;
+    let node = running().await;
     node.host.script_outside(CHILD, "orted");
     let e = node.jobs.initial_sync(JOB, 1).await.unwrap_err();
     match &e {
@@ -96,8 +106,7 @@ async fn initial_sync_refuses_a_process_outside_the_tree() {
 
 #[tokio::test]
 async fn initial_sync_refuses_a_job_without_processes() {
-    let node = TestNode::new(Pages::VerifiedFirst);
-    node.run_job().await;
+    let node = running().await;
     node.host.run(&[]);
     let e = node.jobs.initial_sync(JOB, 1).await.unwrap_err();
     assert!(matches!(e, AgentError::NotRunning { .. }), "{e}");
@@ -108,8 +117,7 @@ async fn initial_sync_refuses_a_job_without_processes() {
 /// epoch begins cleanly afterwards.
 #[tokio::test]
 async fn initial_sync_past_its_deadline_leaves_nothing_begun() {
-    let node = TestNode::new(Pages::VerifiedFirst);
-    node.run_job().await;
+    let node = running().await;
     node.failpoints("initial-sync=delay:10s\n");
     let cut = tokio::time::timeout(DEADLINE, node.jobs.initial_sync(JOB, 1)).await;
     assert!(cut.is_err(), "still running at the deadline");
@@ -122,8 +130,7 @@ async fn initial_sync_past_its_deadline_leaves_nothing_begun() {
 
 #[tokio::test]
 async fn quiesce_freezes_the_job_for_the_snapshot() {
-    let node = TestNode::new(Pages::VerifiedFirst);
-    node.run_job().await;
+    let node = running().await;
     let e = node.jobs.quiesce(JOB, 1).await.unwrap_err();
     assert!(
         matches!(e, AgentError::WrongPhase { .. }),
@@ -152,8 +159,7 @@ async fn quiesce_freezes_the_job_for_the_snapshot() {
 /// follows thaws the job.
 #[tokio::test]
 async fn a_stuck_freeze_fails_quiesce_and_the_abort_thaws() {
-    let node = TestNode::new(Pages::VerifiedFirst);
-    node.run_job().await;
+    let node = running().await;
     node.host.script_freeze(Step::Stuck);
     node.jobs.initial_sync(JOB, 1).await.expect("initial-sync");
     let e = node.jobs.quiesce(JOB, 1).await.unwrap_err();
@@ -180,8 +186,7 @@ async fn a_stuck_freeze_fails_quiesce_and_the_abort_thaws() {
 /// thaws the job it froze late.
 #[tokio::test]
 async fn a_freeze_past_the_deadline_is_thawed_by_the_abort_once_it_ends() {
-    let node = TestNode::new(Pages::VerifiedFirst);
-    node.run_job().await;
+    let node = running().await;
     let latch = TestNode::latch();
     node.host.script_freeze(Step::Hang(latch.clone()));
     node.jobs.initial_sync(JOB, 1).await.expect("initial-sync");
@@ -195,8 +200,7 @@ async fn a_freeze_past_the_deadline_is_thawed_by_the_abort_once_it_ends() {
 
 #[tokio::test]
 async fn local_checkpoint_dumps_the_frozen_job() {
-    let node = TestNode::new(Pages::VerifiedFirst);
-    node.run_job().await;
+    let node = running().await;
     node.jobs.initial_sync(JOB, 1).await.expect("initial-sync");
     let e = node.jobs.local_checkpoint(JOB, 1).await.unwrap_err();
     assert!(
@@ -232,11 +236,9 @@ async fn local_checkpoint_dumps_the_frozen_job() {
 /// and deletes what was written.
 #[tokio::test]
 async fn a_failed_dump_fails_local_checkpoint_and_the_abort_thaws_and_deletes() {
-    let node = TestNode::new(Pages::VerifiedFirst);
-    node.run_job().await;
+    let node = running().await;
     node.engine.script_dump(Step::Stuck);
-    node.jobs.initial_sync(JOB, 1).await.expect("initial-sync");
-    node.jobs.quiesce(JOB, 1).await.expect("quiesce");
+    frozen(&node).await;
     let e = node.jobs.local_checkpoint(JOB, 1).await.unwrap_err();
     assert!(matches!(e, AgentError::Engine { job: JOB, .. }), "{e}");
     node.jobs.abort(JOB, 1, "dump failed").await.expect("abort");
@@ -252,12 +254,10 @@ async fn a_failed_dump_fails_local_checkpoint_and_the_abort_thaws_and_deletes() 
 /// job and deletes the images it wrote.
 #[tokio::test]
 async fn a_dump_past_the_deadline_is_thawed_and_deleted_by_the_abort_once_it_ends() {
-    let node = TestNode::new(Pages::VerifiedFirst);
-    node.run_job().await;
+    let node = running().await;
     let latch = TestNode::latch();
     node.engine.script_dump(Step::Hang(latch.clone()));
-    node.jobs.initial_sync(JOB, 1).await.expect("initial-sync");
-    node.jobs.quiesce(JOB, 1).await.expect("quiesce");
+    frozen(&node).await;
     let cut = tokio::time::timeout(DEADLINE, node.jobs.local_checkpoint(JOB, 1)).await;
     assert!(cut.is_err(), "still dumping at the deadline");
     abort_after_hang(&node, &latch, 1).await;
@@ -271,8 +271,7 @@ async fn a_dump_past_the_deadline_is_thawed_and_deleted_by_the_abort_once_it_end
 
 #[tokio::test]
 async fn resume_thaws_the_job_and_finalize_seals_the_epoch() {
-    let node = TestNode::new(Pages::VerifiedFirst);
-    node.run_job().await;
+    let node = running().await;
     node.jobs.initial_sync(JOB, 1).await.expect("initial-sync");
     let e = node.jobs.resume(JOB, 1, false).await.unwrap_err();
     assert!(
@@ -305,8 +304,7 @@ async fn resume_thaws_the_job_and_finalize_seals_the_epoch() {
 
 #[tokio::test]
 async fn resume_with_kill_stops_the_job() {
-    let node = TestNode::new(Pages::VerifiedFirst);
-    node.run_job().await;
+    let node = running().await;
     node.checkpoint(1, true).await;
     assert_eq!(
         node.host.actions(),
@@ -319,12 +317,10 @@ async fn resume_with_kill_stops_the_job() {
 /// One the cgroup reports stuck fails resume; the abort thaws again.
 #[tokio::test]
 async fn a_thaw_past_the_deadline_or_stuck_ends_with_the_job_thawed() {
-    let node = TestNode::new(Pages::VerifiedFirst);
-    node.run_job().await;
+    let node = running().await;
     let latch = TestNode::latch();
     node.host.script_thaw(Step::Hang(latch.clone()));
-    node.jobs.initial_sync(JOB, 1).await.expect("initial-sync");
-    node.jobs.quiesce(JOB, 1).await.expect("quiesce");
+    frozen(&node).await;
     node.jobs
         .local_checkpoint(JOB, 1)
         .await
@@ -361,8 +357,7 @@ async fn a_thaw_past_the_deadline_or_stuck_ends_with_the_job_thawed() {
 /// the epoch; an abort of an epoch that froze nothing thaws nothing.
 #[tokio::test]
 async fn abort_thaws_a_frozen_job_and_only_a_frozen_one() {
-    let node = TestNode::new(Pages::VerifiedFirst);
-    node.run_job().await;
+    let node = running().await;
     node.jobs.initial_sync(JOB, 1).await.expect("initial-sync");
     node.jobs
         .abort(JOB, 1, "another node")
