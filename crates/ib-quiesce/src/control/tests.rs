@@ -143,7 +143,7 @@ fn the_control_protocol_quiesces_and_rebuilds_while_the_application_waits() {
     );
     assert_eq!(a.shared.peek(|c| c.state()), State::Down);
     // Both processes in one test: the flag is per pid, so both come back.
-    std::fs::write(flag_path(&socket, std::process::id() as i32), b"").unwrap();
+    std::fs::write(flag_path(&socket, FlagFor::own()), b"").unwrap();
     let mut conns: Vec<_> = (0..2).map(|_| accept(&listener)).collect();
     let mut endpoints = Vec::new();
     let mut wants = Vec::new();

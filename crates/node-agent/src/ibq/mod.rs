@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use ib_quiesce::channel::QpId;
 use ib_quiesce::control::{
-    excerpt, flag_dir, flag_path, hello_version, Holdings, LineBuf, LineTooLong, ToAgent,
+    excerpt, flag_dir, flag_path, hello_version, FlagFor, Holdings, LineBuf, LineTooLong, ToAgent,
     ToChannel, MAX_LINE, PROTOCOL_VERSION,
 };
 use ib_quiesce::{Endpoint, QuiesceReport};
@@ -133,6 +133,15 @@ pub struct Channels {
     slots: Arc<JobSlots>,
     /// Processes already warned about for their hello's protocol version.
     version_warned: VersionWarned,
+    /// The flags raised, by the process's pid here: named as the process knows itself, which
+    /// cannot be read back once it is gone.
+    flags: std::sync::Mutex<HashMap<i32, FlagFor>>,
+}
+
+fn lock_flags(
+    m: &std::sync::Mutex<HashMap<i32, FlagFor>>,
+) -> std::sync::MutexGuard<'_, HashMap<i32, FlagFor>> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl std::fmt::Debug for Channels {
@@ -167,6 +176,7 @@ impl Channels {
             unidentified: Arc::new(Semaphore::new(limits.unidentified)),
             slots: Arc::default(),
             version_warned: VersionWarned::default(),
+            flags: std::sync::Mutex::default(),
         })
     }
 
@@ -359,17 +369,28 @@ impl Channels {
         Ok((permit, owner, slot))
     }
 
-    /// Raises the rebuild flag of `pid` (a process without a channel pays no attention).
+    /// Raises the rebuild flag of `pid` (a process without a channel pays no attention; one
+    /// that is gone needs none).
     pub fn raise_flag(&self, pid: i32) -> Result<(), ChannelFailure> {
-        let flag = flag_path(&self.socket, pid);
+        let Some(who) = FlagFor::of_process(pid) else {
+            return Ok(());
+        };
+        let flag = flag_path(&self.socket, who);
         std::fs::write(&flag, b"")
-            .map_err(|source| ChannelFailure::of(pid, &ChannelError::Flag { path: flag, source }))
+            .map_err(|source| ChannelFailure::of(pid, &ChannelError::Flag { path: flag, source }))?;
+        lock_flags(&self.flags).insert(pid, who);
+        Ok(())
     }
 
     /// Lowers the rebuild flags of `pids`.
     pub fn lower_flags(&self, pids: impl IntoIterator<Item = i32>) {
         for pid in pids {
-            let _ = std::fs::remove_file(flag_path(&self.socket, pid));
+            let who = lock_flags(&self.flags)
+                .remove(&pid)
+                .or_else(|| FlagFor::of_process(pid));
+            if let Some(who) = who {
+                let _ = std::fs::remove_file(flag_path(&self.socket, who));
+            }
         }
     }
 
@@ -508,7 +529,21 @@ impl Channels {
         deadline: Duration,
     ) -> Result<Rebuilt, ChannelFailure> {
         let begin = Instant::now();
-        for &pid in pids {
+        // A channel that said hello down already (found among a restored part's processes) is
+        // not flagged again: a flag it never takes down would bring it back at once after its
+        // next release, its new connection then in the snapshot.
+        let back: Vec<i32> = {
+            let map = self.conns.lock().await;
+            pids.iter()
+                .copied()
+                .filter(|p| {
+                    map.get(p).is_some_and(|r| {
+                        r.process.alive() && r.conn.try_lock().is_ok_and(|c| c.down)
+                    })
+                })
+                .collect()
+        };
+        for &pid in pids.iter().filter(|p| !back.contains(p)) {
             self.raise_flag(pid)?;
         }
         let mut endpoints = Vec::new();

@@ -449,7 +449,21 @@ pub(crate) fn put_back_own_output(
         .map_err(|e| io("chown", p)(std::io::Error::from_raw_os_error(e as i32)))?;
     file.set_permissions(fs::Permissions::from_mode(PRIVATE_FILE))
         .map_err(io("chmod", p))?;
+    // The epoch's copy of the output, if it has one of the size the checkpoint saw.
+    let copy = || {
+        saved
+            .and_then(|s| fs::File::open(s).ok())
+            .filter(|c| c.metadata().is_ok_and(|m| m.len() == f.size))
+    };
     if meta.len() < f.size && !created {
+        // An older incarnation's output: the part ran here, moved away and came back. The
+        // epoch's copy is what it printed since.
+        if let Some(copy) = copy() {
+            file.set_len(0).map_err(io("truncate", p))?;
+            let mut file = &file;
+            std::io::copy(&mut &copy, &mut file).map_err(io("write", p))?;
+            return Ok(());
+        }
         // The engine will refuse; extend with zeros is wrong, so say what happened.
         return Err(AgentError::Start {
             job,
@@ -464,11 +478,9 @@ pub(crate) fn put_back_own_output(
     // Recreated: what the job had written, from the epoch's copy of it where it has one (the
     // part moved, or its node lost its disks); else zeros, as the engine needs only the size.
     if created {
-        if let Some(copy) = saved.and_then(|s| fs::File::open(s).ok()) {
-            if copy.metadata().is_ok_and(|m| m.len() == f.size) {
-                let mut file = &file;
-                std::io::copy(&mut &copy, &mut file).map_err(io("write", p))?;
-            }
+        if let Some(copy) = copy() {
+            let mut file = &file;
+            std::io::copy(&mut &copy, &mut file).map_err(io("write", p))?;
         }
     }
     // Longer: truncated back.

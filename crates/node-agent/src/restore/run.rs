@@ -612,10 +612,14 @@ impl<'a> RestoreRun<'a> {
     /// The restored part, with the job's channel state of the new incarnation.
     fn restored(mut self, pid: i32, found: Located, ready: Ready) -> Restored {
         let job = &mut self.job;
-        job.ibq_down = ready.channels.clone();
-        job.ibq_restored = 0;
+        // The restored processes' channels come back down, waiting for a rebuild flag. They
+        // are found at the rebuild among the part's processes: a part restored into a sandbox
+        // has its PIDs back inside it, but other PIDs on the node than those the manifest
+        // names.
+        job.ibq_down.clear();
+        job.ibq_restored = ready.channels.len();
         // Layers drained in an epoch of the old incarnation are gone with it: the restored ones
-        // come back released (down), in `channels`.
+        // come back released (down).
         job.layer_drained.clear();
         Restored {
             pid,

@@ -108,3 +108,34 @@ fn put_back_truncates_recreates_and_refuses_links_and_strangers() {
 fn unsafe_free_uid() -> u32 {
     nix::unistd::getuid().as_raw().wrapping_add(1)
 }
+
+/// A part's output on a node it ran on before it moved away: shorter than at the checkpoint it
+/// comes back from. The epoch's copy replaces it; without a copy the restore is refused, naming
+/// the file.
+#[test]
+fn an_older_output_is_replaced_by_the_epochs_copy_or_refused() {
+    let d = tempfile::tempdir().unwrap();
+    // SAFETY: plain getters.
+    let me = Identity {
+        uid: unsafe { libc::geteuid() },
+        gid: unsafe { libc::getegid() },
+        groups: Vec::new(),
+    };
+    let out = d.path().join("stdout");
+    let saved = d.path().join("saved-stdout");
+    fs::write(&out, "ready 1\nready 2\n").unwrap();
+    let at_checkpoint = "ready 1\nready 2\nbatch 1: 9 qps\nbatch 1: 9 qps\n";
+    fs::write(&saved, at_checkpoint).unwrap();
+    let f = OpenFile {
+        path: out.display().to_string(),
+        size: at_checkpoint.len() as u64,
+    };
+    let e = put_back_own_output(7, &f, &me, None).unwrap_err().to_string();
+    assert!(e.contains("was truncated or replaced"), "{e}");
+    put_back_own_output(7, &f, &me, Some(&saved)).unwrap();
+    assert_eq!(fs::read_to_string(&out).unwrap(), at_checkpoint);
+    // A copy of another size is not the checkpoint's.
+    fs::write(&out, "x").unwrap();
+    fs::write(&saved, "short").unwrap();
+    assert!(put_back_own_output(7, &f, &me, Some(&saved)).is_err());
+}
