@@ -19,6 +19,7 @@
 pub mod capi;
 pub mod channel;
 pub mod control;
+pub mod dirty;
 pub mod fake;
 mod kernel;
 pub mod rdma;

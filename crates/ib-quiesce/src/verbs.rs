@@ -170,6 +170,11 @@ pub trait Verbs: Send {
     fn reg_mr(&mut self, pd: Handle, addr: u64, len: usize, access: u32) -> VResult<MrKeys>;
     /// Deregisters it.
     fn dereg_mr(&mut self, mr: Handle) -> VResult<()>;
+    /// Makes the pages of `regions` (start, length) soft-dirty: called between the last DMA
+    /// into them and their deregistration ([`crate::dirty`]).
+    fn mark_written(&mut self, regions: &[(u64, usize)]) {
+        crate::dirty::mark_written(regions);
+    }
     /// Creates a completion queue.
     fn create_cq(&mut self, cqe: u32) -> VResult<Handle>;
     /// Destroys it.

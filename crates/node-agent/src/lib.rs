@@ -138,7 +138,7 @@ pub fn open_jobs(
     shim_exe: PathBuf,
     credential: Option<ckpt_auth::tls::Credential>,
 ) -> Result<Arc<jobs::Jobs>, StartError> {
-    let criu = engine::criu::Criu::detect(&cfg.criu)?;
+    let mut criu = engine::criu::Criu::detect(&cfg.criu)?;
     let devices = config::rdma_devices(std::path::Path::new(config::RDMA_CLASS));
     let verbs_layer = match cfg.verbs_layer.resolve(&devices) {
         Ok(Some(p)) => {
@@ -158,6 +158,10 @@ pub fn open_jobs(
             None
         }
     };
+    let plugin_dir = cfg.state_dir.join("criu-plugins");
+    if verbs_layer.is_some() {
+        criu = criu.with_plugin_dir(plugin_dir.clone());
+    }
     info!(criu = criu.path(), version = %engine::SnapshotEngine::version(&criu), "snapshot engine ready");
     let mut others: Vec<Arc<dyn engine::SnapshotEngine>> = Vec::new();
     match engine::dmtcp::Dmtcp::detect(&cfg.engines)? {
@@ -202,6 +206,13 @@ pub fn open_jobs(
         source,
     })?;
     trusted(&cfg.state_dir, "state_dir")?;
+    if let Some(layer) = &verbs_layer {
+        let src = layer.with_file_name(engine::criu::VERBS_PLUGIN_FILE);
+        match engine::criu::install_plugin(&src, &plugin_dir) {
+            Ok(p) => info!(plugin = %p.display(), "pre-dumps of jobs over verbs get the CRIU plugin"),
+            Err(problem) => warn!(%problem, "no CRIU plugin for verbs: jobs over verbs get no pre-copy (their checkpoints are full dumps)"),
+        }
+    }
     let jobs = jobs
         .with_launch_env(node::LaunchEnv {
             coordinator: cfg.coordinator.clone(),

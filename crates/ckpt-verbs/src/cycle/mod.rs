@@ -239,6 +239,15 @@ pub unsafe fn note_source(ctx: *mut ffi::ibv_context, ah: &ffi::ibv_ah_attr) {
     }
 }
 
+/// A context's address now, at the GID index its peers know it by (port 1), for the status:
+/// after a restart on another node it differs from the one named by [`ShadowCtx::ident`].
+pub fn addr_now(c: &ShadowCtx) -> Option<Addr> {
+    if c.real.load(std::sync::atomic::Ordering::Acquire).is_null() {
+        return None;
+    }
+    own_addr(c, 1, c.gid_index.load(std::sync::atomic::Ordering::Relaxed))
+}
+
 /// This process's address on `ctx`'s port now: the GID at `index`, or (−1) the LID.
 fn own_addr(c: &ShadowCtx, port: u8, index: i32) -> Option<Addr> {
     let real_ctx = c.real.load(std::sync::atomic::Ordering::Acquire);
@@ -483,6 +492,14 @@ fn release() -> Result<QuiesceReport, String> {
                 r.ibv_destroy_cq.expect("resolved")(cq.real.swap(std::ptr::null_mut(), Release)),
             );
         }
+        // No QP is left to DMA into them: what the adapter wrote is made visible to a
+        // pre-copy before the snapshot (ib_quiesce::dirty).
+        let written: Vec<(u64, usize)> = all::<ShadowMr>(&l.mrs)
+            .iter()
+            .filter(|m| m.reg.access & ib_quiesce::dirty::WRITE_ACCESS != 0)
+            .map(|m| (m.reg.addr, m.reg.len))
+            .collect();
+        ib_quiesce::dirty::mark_written(&written);
         for mr in all::<ShadowMr>(&l.mrs) {
             err.check(
                 "ibv_dereg_mr",

@@ -120,6 +120,19 @@ impl<V: Verbs> Channel<V> {
                 keep(self.v.destroy_cq(h));
             }
         }
+        // No QP is left to DMA into them: what the adapter wrote is made visible to a
+        // pre-copy before the snapshot (crate::dirty).
+        let mut written: Vec<(u64, usize)> = self
+            .mrs
+            .iter()
+            .filter(|m| m.real.is_some() && m.access & crate::dirty::WRITE_ACCESS != 0)
+            .map(|m| (m.addr, m.len))
+            .collect();
+        if self.ctrl_mr.is_some() {
+            // The peers' flush markers land there.
+            written.push((self.ctrl.as_ptr() as u64, self.ctrl.len() * 8));
+        }
+        self.v.mark_written(&written);
         for m in &mut self.mrs {
             if let Some(k) = m.real.take() {
                 keep(self.v.dereg_mr(k.handle));

@@ -187,6 +187,11 @@ fn quiesce_flushes_everything_in_flight_and_releases_every_object() {
     assert!(pos("destroy_qp") < pos("destroy_cq"));
     assert!(pos("destroy_cq") < pos("dereg_mr"));
     assert!(pos("dereg_mr") < pos("dealloc_pd"));
+    // The pages the adapter could have written are marked after the last QP is gone and
+    // before the memory is deregistered.
+    let first = |what: &str| log.iter().position(|l| l.contains(what)).unwrap();
+    assert!(pos("destroy_qp") < pos("mark_written 2"), "{log:?}");
+    assert!(pos("mark_written 2") < first("dereg_mr"), "{log:?}");
     assert!(pos("dealloc_pd") < pos("close"));
     // Posts are refused while down; the held completions are still delivered.
     assert!(matches!(

@@ -29,12 +29,49 @@ const MIN_VERSION_TEXT: &str = "4.2";
 /// Where `scripts/setup.sh` installs CRIU when the distribution's is too old.
 pub const PRIVATE_PREFIX_BINARY: &str = "/opt/ckpt/criu/bin/criu";
 
+/// The CRIU plugin that lets pre-dumps pass over verbs device mappings (crate
+/// `ckpt-criu-plugin`), installed next to the agent.
+pub const VERBS_PLUGIN_FILE: &str = "libckpt_criu_verbs.so";
+
 /// A checked CRIU installation.
 #[derive(Debug, Clone)]
 pub struct Criu {
     path: String,
     version: String,
     cfg: CriuConfig,
+    /// The directory of CRIU plugins given to pre-dumps (`-L`), holding only
+    /// [`VERBS_PLUGIN_FILE`]: a directory of its own, since CRIU loads every `.so` in it.
+    plugin_dir: Option<PathBuf>,
+}
+
+/// Copies the verbs plugin `src` (a file only root can replace) into `dir`, a directory of the
+/// agent's own that holds nothing else, made if missing. Returns the plugin's path there.
+pub fn install_plugin(src: &Path, dir: &Path) -> Result<PathBuf, String> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    crate::config::trusted_file(src)?;
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) if !m.is_dir() => {
+            return Err(format!("{} is not a directory (a link?): refused", dir.display()))
+        }
+        Ok(_) => {}
+        Err(_) => std::fs::DirBuilder::new()
+            .mode(0o755)
+            .create(dir)
+            .map_err(|e| format!("cannot make {}: {e}", dir.display()))?,
+    }
+    ckpt_store::trust::check_root(dir, &ckpt_store::trust::Owners::ROOT)
+        .map_err(|e| e.to_string())?;
+    let dst = dir.join(VERBS_PLUGIN_FILE);
+    let tmp = dir.join(format!(".{VERBS_PLUGIN_FILE}.{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::fs::copy(src, &tmp)
+        .and_then(|_| std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)))
+        .and_then(|()| std::fs::rename(&tmp, &dst))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            format!("cannot copy {} into {}: {e}", src.display(), dir.display())
+        })?;
+    Ok(dst)
 }
 
 impl Criu {
@@ -77,7 +114,14 @@ impl Criu {
             path,
             version,
             cfg: cfg.clone(),
+            plugin_dir: None,
         })
+    }
+
+    /// Gives pre-dumps the plugins in `dir` ([`install_plugin`]), once the plugin is there.
+    pub fn with_plugin_dir(mut self, dir: PathBuf) -> Self {
+        self.plugin_dir = Some(dir);
+        self
     }
 
     /// Path of the binary in use.
@@ -319,6 +363,15 @@ impl SnapshotEngine for Criu {
     fn pre_dump(&self, spec: &DumpSpec<'_>) -> Result<(), EngineError> {
         let mut args: Vec<String> = vec!["pre-dump".into()];
         args.extend(self.tree_args(spec));
+        // A process running over verbs maps its device: the plugin claims those mappings,
+        // whose content a pre-dump never copies anyway.
+        if let Some(dir) = self
+            .plugin_dir
+            .as_ref()
+            .filter(|d| d.join(VERBS_PLUGIN_FILE).is_file())
+        {
+            args.extend(["-L".to_string(), dir.display().to_string()]);
+        }
         self.run("pre-dump", &args, spec.log_file, Self::tree_mount_ns(spec))
     }
 
