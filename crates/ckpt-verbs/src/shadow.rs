@@ -261,6 +261,8 @@ pub struct Counters {
     pub unknown_qpns: AtomicU64,
     /// Calls refused because the layer does not support them.
     pub refused: AtomicU64,
+    /// Real QPs a create set aside because their number was a virtual one of the job's.
+    pub qpns_set_aside: AtomicU64,
 }
 
 /// Everything the layer knows about the process's verbs objects.

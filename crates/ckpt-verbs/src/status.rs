@@ -1,10 +1,14 @@
 //! What the layer holds and has done, for tests and for the agent: with `CKPT_VERBS_STATUS`
-//! set to a directory, a process writes `<dir>/ckpt-verbs-<pid>.json` when it exits, and after
-//! every rebuild: the devices it opened, each live QP with its virtual and real number, each
+//! set to a directory, a process writes `<dir>/ckpt-verbs-<host>-<pid>.json` when it exits, and
+//! after every rebuild (the host name keeps processes of several nodes apart in a shared
+//! directory; a part restored elsewhere keeps the name of the node it first ran on, as its
+//! sandbox does): the devices it opened, each context's address (the one its peers know it by
+//! and the one it has now), each live QP with its virtual and real number, each
 //! live memory region with its virtual and real keys, the work counted, the calls refused, the
 //! features in use that no rebuild brings back (multicast groups attached), and
 //! for each rebuild so far the QPs and regions it brought back (virtual and new real numbers)
-//! and what the quiesce before it kept.
+//! and what the quiesce before it kept, and each context's address then. Written to a
+//! temporary file and renamed into place.
 use std::ffi::OsString;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -54,6 +58,7 @@ pub fn rebuilt(kept: &ib_quiesce::QuiesceReport) {
         r.push(json!({
             "qps": now["qps"].clone(),
             "mrs": now["mrs"].clone(),
+            "contexts": now["contexts"].clone(),
             "kept_receives": kept.kept_receives,
             "held_completions": kept.held_completions,
         }));
@@ -62,15 +67,63 @@ pub fn rebuilt(kept: &ib_quiesce::QuiesceReport) {
 }
 
 fn write_to(dir: OsString) -> std::io::Result<()> {
-    let path = PathBuf::from(dir).join(format!("ckpt-verbs-{}.json", std::process::id()));
+    let name = format!("ckpt-verbs-{}-{}.json", host(), std::process::id());
+    let dir = PathBuf::from(dir);
+    // Whole or not at all: a reader never sees a report being written.
+    let tmp = dir.join(format!(".{name}.tmp"));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
-        .open(path)?;
-    f.write_all(report().to_string().as_bytes())
+        .open(&tmp)?;
+    f.write_all(report().to_string().as_bytes())?;
+    std::fs::rename(&tmp, dir.join(name))
+}
+
+/// This process's host name (`uname`), "-" if it has none.
+fn host() -> String {
+    // SAFETY: uname fills the struct it is given.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; nodename is NUL-terminated by the kernel.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return "-".into();
+    }
+    // SAFETY: a NUL-terminated array.
+    let name = unsafe { std::ffi::CStr::from_ptr(u.nodename.as_ptr()) };
+    let name: String = name
+        .to_string_lossy()
+        .chars()
+        .map(|c| if c == '/' { '_' } else { c })
+        .collect();
+    if name.is_empty() {
+        "-".into()
+    } else {
+        name
+    }
+}
+
+/// Each context's device and address: the id its peers know it by, and the GID (or LID) it has
+/// now (null while released).
+fn contexts(l: &Layer) -> Vec<Value> {
+    // Held throughout: a context is freed only after it left the set.
+    let ctxs = crate::shadow::lock(&l.contexts);
+    ctxs.iter()
+        .map(|&p| {
+            // SAFETY: a listed shadow context is live (see above).
+            let c = unsafe { &*(p as *const crate::shadow::ShadowCtx) };
+            json!({
+                "device": c.device,
+                "ident": format!("{:016x}", c.ident.load(Relaxed)),
+                "gid_now": crate::cycle::addr_now(c).map(|a| hex(&a.0)),
+            })
+        })
+        .collect()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The report, as JSON.
@@ -116,7 +169,9 @@ pub fn report() -> Value {
     let c = &l.counters;
     json!({
         "pid": std::process::id(),
+        "host": host(),
         "devices": DEVICES.lock().map(|d| d.clone()).unwrap_or_default(),
+        "contexts": contexts(&l),
         "qps": qps,
         "mrs": mrs,
         "rebuilds": REBUILDS.lock().map(|r| r.clone()).unwrap_or_default(),
@@ -125,6 +180,7 @@ pub fn report() -> Value {
         "completions": c.completions.load(Relaxed),
         "unknown_lkeys": c.unknown_lkeys.load(Relaxed),
         "unknown_qpns": c.unknown_qpns.load(Relaxed),
+        "qpns_set_aside": c.qpns_set_aside.load(Relaxed),
         "refused": l.refusals.lock().map(|r| r.clone()).unwrap_or_default(),
         "unsupported_in_use": l.unsupported_in_use(),
     })

@@ -165,6 +165,25 @@ impl Tables {
         read(&self.local_qpns).values().any(|&(x, _)| x == v)
     }
 
+    /// Whether a new QP of a process known to its peers by address `me` (0: not known yet)
+    /// may take `n` as its virtual number, which is its real one: no QP of this process has
+    /// it, and no peer table of the job may hold it as one of `me`'s QPs that a rebuild moved
+    /// to another real number. Every layer learns every endpoint of the job at each rebuild
+    /// (its own and its node-mates' too, which share `me`), so a number in
+    /// `remote_qpns` under `me` is one the peers translate; with `me` unknown, a number
+    /// under any address is avoided.
+    pub fn qpn_free_for_new(&self, me: u64, n: u32) -> bool {
+        if self.qpn_in_use(n) {
+            return false;
+        }
+        let t = read(&self.remote_qpns);
+        if me == 0 {
+            !t.keys().any(|&(_, v)| v == n)
+        } else {
+            !t.contains_key(&(me, n))
+        }
+    }
+
     /// The virtual number of one of our QPs, from the real one a completion carries.
     #[inline]
     pub fn local_qpn(&self, real: u32) -> Found {
@@ -267,5 +286,22 @@ mod tests {
         assert_eq!(t.remote_rkey(a, 0x300), 0x9300);
         assert_eq!(t.remote_rkey(b, 0x300), 0x300);
         assert_eq!(Addr::lid(0x1234).0[14..], [0x12, 0x34]);
+    }
+
+    #[test]
+    fn a_new_qp_never_takes_a_number_the_peers_translate_for_its_address() {
+        let t = Tables::default();
+        let (me, other) = (Addr([1; 16]).id(), Addr([2; 16]).id());
+        assert!(t.qpn_free_for_new(me, 0x15), "nothing known yet");
+        // The job's last rebuild: a node-mate's QP 0x15 (same address) is real 0x30 now,
+        // another node's 0x16 is real 0x31; this process's own QP 0x17 is real 0x15.
+        t.set_remote_qpn(me, 0x15, 0x30);
+        t.set_remote_qpn(other, 0x16, 0x31);
+        t.set_qp(0x15, 0x17, 1);
+        assert!(!t.qpn_free_for_new(me, 0x15), "peers would reach the node-mate's QP");
+        assert!(!t.qpn_free_for_new(me, 0x17), "this process's own virtual number");
+        assert!(t.qpn_free_for_new(me, 0x16), "0x16 is another address's");
+        assert!(!t.qpn_free_for_new(0, 0x16), "with its address unknown, any address's");
+        assert!(t.qpn_free_for_new(me, 0x18));
     }
 }

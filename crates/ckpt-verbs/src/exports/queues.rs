@@ -370,20 +370,9 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ffi::ibv_srq) -> c_int {
     }
 }
 
-/// A new QP's virtual number: the real one, unless a QP made before a rebuild holds it; then
-/// the next free one (24 bits: libraries pack QP numbers into 24-bit fields).
-fn virtual_qpn(real: u32) -> u32 {
-    let t = &layer().tables;
-    let mut v = real;
-    // Bounded by the 2^24 numbers there are; a process never holds that many QPs.
-    for _ in 0..1 << 24 {
-        if !t.qpn_in_use(v) {
-            break;
-        }
-        v = (v + 1) & 0x00ff_ffff;
-    }
-    v
-}
+/// How many real QPs a create may set aside looking for a number of its own (devices hand out
+/// QP numbers in turn, so the next one is normally free).
+const QPN_TRIES: usize = 64;
 
 /// `ibv_create_qp` (also what the inline `ibv_create_qp_ex` calls for a plain request).
 #[no_mangle]
@@ -424,7 +413,41 @@ pub unsafe extern "C" fn ibv_create_qp(
         a.send_cq = real_cq(init.send_cq);
         a.recv_cq = real_cq(init.recv_cq);
         a.srq = real_srq(init.srq);
-        let real = create(real_pd(pd), &mut a);
+        // The new QP's virtual number is its real one, which its peers use as it is (they
+        // know of no translation for it); a real number that is already a virtual one of this
+        // process, or of a node-mate the peers translate for, is set aside for another.
+        let me = (*((*pd).context as *const crate::shadow::ShadowCtx))
+            .ident
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let mut aside = Vec::new();
+        let mut real = create(real_pd(pd), &mut a);
+        while !real.is_null()
+            && !l.tables.qpn_free_for_new(me, (*real).qp_num)
+            && aside.len() < QPN_TRIES
+        {
+            aside.push(real);
+            a = init;
+            a.qp_context = s as *mut c_void;
+            a.send_cq = real_cq(init.send_cq);
+            a.recv_cq = real_cq(init.recv_cq);
+            a.srq = real_srq(init.srq);
+            real = create(real_pd(pd), &mut a);
+        }
+        l.counters
+            .qpns_set_aside
+            .fetch_add(aside.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let destroy = real_or!(ibv_destroy_qp, null_mut());
+        for q in aside.drain(..) {
+            destroy(q);
+        }
+        if !real.is_null() && !l.tables.qpn_free_for_new(me, (*real).qp_num) {
+            destroy(real);
+            l.refuse(format!(
+                "ibv_create_qp: {QPN_TRIES} real QP numbers in a row were virtual ones of this job"
+            ));
+            set_errno(libc::EAGAIN);
+            real = null_mut();
+        }
         if real.is_null() {
             free(s);
             return real;
@@ -432,7 +455,7 @@ pub unsafe extern "C" fn ibv_create_qp(
         // The device reports the capacities it gave.
         (*attr).cap = a.cap;
         (*s).init.cap = a.cap;
-        let v = virtual_qpn((*real).qp_num);
+        let v = (*real).qp_num;
         (*s).qp.qp_num = v;
         (*s).qp.handle = (*real).handle;
         (*s).qp.state = (*real).state;
