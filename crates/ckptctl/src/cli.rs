@@ -193,7 +193,7 @@ pub struct RunArgs {
     /// Run MPI over InfiniBand/RoCE verbs in a way ckpt can checkpoint: sets, unless your
     /// environment has them, OMPI_MCA_pml=ucx OMPI_MCA_pml_ucx_devices=any
     /// OMPI_MCA_pml_ucx_tls=any OMPI_MCA_btl=^openib,ofi OMPI_MCA_mtl=^ofi OMPI_MCA_osc=^ucx
-    /// UCX_TLS=rc_verbs,ud_verbs,self UCX_UD_VERBS_ETH_DGID_CHECK=n UCX_MODULES=^rdmacm,
+    /// UCX_TLS=rc_verbs,ud_verbs,sm,self UCX_UD_VERBS_ETH_DGID_CHECK=n UCX_MODULES=^rdmacm,
     /// and gives them to the job's processes on other nodes too. The agents preload the
     /// verbs layer on nodes with RDMA devices either way (docs/infiniband.md).
     #[arg(long)]

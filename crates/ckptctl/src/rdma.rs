@@ -14,8 +14,9 @@ pub const SETTINGS: &[(&str, &str)] = &[
     ("OMPI_MCA_btl", "^openib,ofi"),
     ("OMPI_MCA_mtl", "^ofi"),
     ("OMPI_MCA_osc", "^ucx"),
-    // UCX (Open MPI and MPICH): verbs transports only; rc_verbs wires up over ud_verbs.
-    ("UCX_TLS", "rc_verbs,ud_verbs,self"),
+    // UCX (Open MPI and MPICH): verbs between nodes (rc_verbs wires up over ud_verbs), shared
+    // memory between ranks of a node (posix, sysv, cma: the snapshot holds them all).
+    ("UCX_TLS", "rc_verbs,ud_verbs,sm,self"),
     // A restart on other nodes changes GIDs; rxe also fails UCX's check.
     ("UCX_UD_VERBS_ETH_DGID_CHECK", "n"),
     // No RDMA connection manager: nothing rebuilds its connections.
