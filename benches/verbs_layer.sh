@@ -8,15 +8,19 @@
 #   benches/verbs_layer.sh                     full run (~3 min, guest boot included)
 #   benches/verbs_layer.sh --out benches/results/verbs-layer-$(date +%F).txt
 #
+# With --intra-node, both sides run with the layer and compare how two ranks of one node talk:
+# through the HCA's loopback (UCX_TLS=rc_verbs,ud_verbs,self, what --rdma gave before) or
+# through UCX's shared memory (rc_verbs,ud_verbs,sm,self, what --rdma gives now).
+#
 # Options: --reps R (3: ABBA blocks)  --lat-iters N (2000)  --bw-iters N (50)  --timeout S (900)
-# --no-build  --out FILE  --bin DIR (libckpt_verbs.so; $REPO/target/release)
+# --intra-node  --no-build  --out FILE  --bin DIR (libckpt_verbs.so; $REPO/target/release)
 # --apps DIR (pingpong.openmpi; $REPO/target/apps): with --no-build, binaries another tree built.
 # Needs root, QEMU and a prepared test VM (scripts/setup.sh --vm). The guest runs under QEMU
 # TCG: absolute times are far from hardware; read the ratios.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-REPS=3 LAT=2000 BW=50 TIMEOUT=900 BUILD=1 OUT=
+REPS=3 LAT=2000 BW=50 TIMEOUT=900 BUILD=1 OUT= A=plain B=layer
 BIN=$REPO/target/release APPS=$REPO/target/apps
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -25,10 +29,11 @@ while [ $# -gt 0 ]; do
         --bw-iters) BW=$2; shift ;;
         --timeout) TIMEOUT=$2; shift ;;
         --no-build) BUILD= ;;
+        --intra-node) A=layer B=layer-sm ;;
         --out) OUT=$2; shift ;;
         --bin) BIN=$(cd "$2" && pwd); shift ;;
         --apps) APPS=$(cd "$2" && pwd); shift ;;
-        -h|--help) sed -n 2,15p "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n 2,19p "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "verbs_layer: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -48,13 +53,14 @@ trap 'rm -rf "$TMP"' EXIT
 cat > "$TMP/guest.sh" <<GUEST
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 MCA="--mca pml ucx --mca pml_ucx_devices any --mca pml_ucx_tls any --mca btl ^openib,ofi --mca mtl ^ofi --mca osc ^ucx"
-UCX="-x UCX_TLS=rc_verbs,ud_verbs,self -x UCX_NET_DEVICES=rxe0:1 -x UCX_UD_VERBS_ETH_DGID_CHECK=n -x UCX_MODULES=^rdmacm"
-one() { # plain|layer BYTES ITERS
-    local pre=""; [ "\$1" = layer ] && pre="-x LD_PRELOAD=$LIB"
-    timeout 300 mpirun --oversubscribe -np 2 \$MCA \$UCX \$pre $APP \$2 \$3 2>&1 | sed -n "s/^pingpong /RUN \$1 /p"
+UCX="-x UCX_NET_DEVICES=rxe0:1 -x UCX_UD_VERBS_ETH_DGID_CHECK=n -x UCX_MODULES=^rdmacm"
+one() { # plain|layer|layer-sm BYTES ITERS
+    local pre="" tls=rc_verbs,ud_verbs,self
+    case "\$1" in layer) pre="-x LD_PRELOAD=$LIB" ;; layer-sm) pre="-x LD_PRELOAD=$LIB" tls=rc_verbs,ud_verbs,sm,self ;; esac
+    timeout 300 mpirun --oversubscribe -np 2 \$MCA \$UCX -x UCX_TLS=\$tls \$pre $APP \$2 \$3 2>&1 | sed -n "s/^pingpong /RUN \$1 /p"
 }
 for r in \$(seq $REPS); do
-    for mode in plain layer layer plain; do one \$mode 8 $LAT; one \$mode 1048576 $BW; done
+    for mode in $A $B $B $A; do one \$mode 8 $LAT; one \$mode 1048576 $BW; done
 done
 GUEST
 log "booting the guest ($REPS ABBA blocks)"
@@ -62,22 +68,23 @@ log "booting the guest ($REPS ABBA blocks)"
     || { tail -40 "$TMP/console" >&2; die "guest run failed"; }
 grep "^RUN " "$TMP/console" > "$TMP/runs" || die "no results: $(tail -20 "$TMP/console")"
 report() {
-    echo "# libckpt_verbs.so vs plain: Open MPI ping-pong over UCX rc_verbs on rxe0 (one QEMU TCG guest)"
+    echo "# $B vs $A: Open MPI ping-pong between two ranks of one QEMU TCG guest, UCX on rxe0 (layer-sm: shared memory)"
     echo "# $(date -u +%FT%TZ) $(git -C "$REPO" rev-parse --short HEAD) reps=$REPS (ABBA) lat-iters=$LAT bw-iters=$BW"
     echo "# layer $LIB ($(date -u -r "$LIB" +%FT%TZ)) app $APP"
     cat "$TMP/runs"
-    python3 - "$TMP/runs" <<'PY'
+    python3 - "$TMP/runs" "$A" "$B" <<'PY'
 import sys, statistics
 rows = [l.split() for l in open(sys.argv[1])]
+a, b = sys.argv[2], sys.argv[3]
 def vals(mode, size, key):
     return [float(r[r.index(key) + 1]) for r in rows if r[1] == mode and r[3] == size]
 for size, key, name in (("8", "latency_us", "latency 8 B (us)"), ("1048576", "bandwidth_MBps", "bandwidth 1 MiB (MB/s)")):
-    p, l = vals("plain", size, key), vals("layer", size, key)
+    p, l = vals(a, size, key), vals(b, size, key)
     if not p or not l:
         print(f"{name}: missing runs"); continue
     mp, ml = statistics.median(p), statistics.median(l)
     ratio = ml / mp if key == "latency_us" else mp / ml
-    print(f"{name}: plain median {mp:.2f}, layer median {ml:.2f}, cost ratio layer/plain {ratio:.3f}")
+    print(f"{name}: {a} median {mp:.2f}, {b} median {ml:.2f}, cost ratio {b}/{a} {ratio:.3f}")
 PY
 }
 if [ -n "$OUT" ]; then report | tee "$OUT"; else report; fi

@@ -3,7 +3,8 @@
 # agent, then the unmodified tests/apps/heat (Open MPI, 2 ranks in this guest) under ckpt, once
 # per mode in the order verbs tcp tcp verbs, REPS times; each job checkpointed K times while it
 # runs, then cancelled.
-#   verbs: `ckptctl run --rdma` (UCX rc_verbs/ud_verbs on rxe0, the agent preloads the verbs layer)
+#   verbs: `ckptctl run --rdma` with UCX_TLS=rc_verbs,ud_verbs,self (both ranks are in this guest:
+#          --rdma alone would connect them through shared memory), the agent preloads the layer
 #   tcp:   UCX over TCP (UCX_TLS=tcp,self), the layer off (CKPT_VERBS_LAYER=off)
 # Neither mode lets UCX use shared memory between the ranks (no sm transports in UCX_TLS).
 # Prints one "RUN mode=M rep=R ckpt=I frozen_ms= total_ms= bytes= dump_ms= drain_us= release_us=
@@ -55,7 +56,7 @@ one() {
     local mode=$1 rep=$2 job out pkts
     pkts=$(cat $COUNTER)
     case $mode in
-        verbs) job=$("$BIN/ckptctl" run --rdma --name heat-verbs -- \
+        verbs) job=$(UCX_TLS=rc_verbs,ud_verbs,self "$BIN/ckptctl" run --rdma --name heat-verbs -- \
                    mpirun --oversubscribe -np 2 "$APP" "$N" "$ITERS" "$SLEEP" 2> "$W/run.err") ;;
         tcp) job=$(env $TCP_ENV "$BIN/ckptctl" run --name heat-tcp -- \
                    mpirun --oversubscribe -np 2 "$APP" "$N" "$ITERS" "$SLEEP" 2> "$W/run.err") ;;

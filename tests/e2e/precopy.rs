@@ -15,9 +15,10 @@ const LIMIT: Duration = Duration::from_secs(300);
 const MEMWRITE: [&str; 4] = ["48", "10", "36", "700"];
 /// Pre-dumps soon after a start or a checkpoint, and one more when anything was written since.
 const PRECOPY: &str = "[agent.precopy]\nenabled = true\nfirst_after = \"1s\"\nstagger = \"0s\"\ncheck_every = \"300ms\"\nmin_interval = \"2s\"\ntarget_frozen = \"1ms\"\n";
-const GUEST_TESTS: [&str; 2] = [
+const GUEST_TESTS: [&str; 3] = [
     "memwrite_under_pre_copy_restarts_from_every_epoch_and_refuses_a_damaged_link",
     "an_mpich_job_under_pre_copy_is_checkpointed_killed_and_restarted",
+    "an_mpich_job_over_verbs_under_pre_copy_is_checkpointed_killed_and_restarted",
 ];
 
 /// Why this kernel cannot pre-copy (CRIU's own check), or `None` if it can.
@@ -230,6 +231,55 @@ fn an_mpich_job_under_pre_copy_is_checkpointed_killed_and_restarted() {
     d.wait_progress(job, 1, LIMIT);
     for epoch in 1..=3 {
         checkpoint_on_top(&d, job, epoch);
+    }
+    assert!(
+        !d.output(job).contains("checksum"),
+        "the job must still run when killed; make it longer"
+    );
+    d.kill_job(job);
+    d.wait_state(job, "killed", LIMIT);
+    d.ctl(&["restart", &job.to_string()]).ok();
+    assert_eq!(d.wait_checksum(job, LIMIT), want);
+}
+
+/// The same job over verbs: UCX on its verbs transports only (no shared memory, so all four
+/// ranks talk through the soft-RoCE device), through the verbs layer the agent preloads. Its
+/// processes map the device while they run; the agent gives CRIU's pre-dumps the plugin that
+/// passes over those mappings, and the layer marks the memory the adapter wrote before each
+/// dump. Three checkpoints on chains, SIGKILL, restart to the right checksum.
+#[test]
+fn an_mpich_job_over_verbs_under_pre_copy_is_checkpointed_killed_and_restarted() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich");
+    if ran_elsewhere() {
+        return;
+    }
+    let devices = std::fs::read_dir("/sys/class/infiniband").map(|d| d.count()).unwrap_or(0);
+    if devices == 0 {
+        eprintln!("SKIPPED: no RDMA device on this host (the test guests have rxe0)");
+        return;
+    }
+    let (ranks, n, iters, sleep_us) = HEAT;
+    let want = heat_reference();
+    let d = Ckptd::start(Options {
+        agent_toml: PRECOPY.into(),
+        ..Options::default()
+    });
+    let mut argv = Mpi::Mpich.heat_argv(ranks, n, iters, sleep_us);
+    let ucx = [
+        ("UCX_TLS", "rc_verbs,ud_verbs,self"),
+        ("UCX_UD_VERBS_ETH_DGID_CHECK", "n"),
+        ("UCX_MODULES", "^rdmacm"),
+    ];
+    let genv = ucx
+        .iter()
+        .flat_map(|(k, v)| ["-genv".to_string(), k.to_string(), v.to_string()]);
+    argv.splice(1..1, genv);
+    let job = d.run_job("heat", &argv);
+    d.wait_progress(job, 1, LIMIT);
+    for epoch in 1..=3 {
+        let m = checkpoint_on_top(&d, job, epoch);
+        let layers = m.notes.get("ibq_channels").map(|p| p.split(',').count());
+        assert_eq!(layers, Some(4), "every rank over the layer: {:?}", m.notes);
     }
     assert!(
         !d.output(job).contains("checksum"),

@@ -424,10 +424,12 @@ fn an_unmodified_mpi_job_over_verbs_is_checkpointed_aborted_killed_and_restarted
 /// through the job's part_env, mpiexec starts the rank there through ckpt-rsh). Each job is
 /// checkpointed twice under traffic, SIGKILLed on both guests and restarted, and ends with the
 /// checksum of an uninterrupted run; every rank's layer shows new real QPNs and rkeys behind
-/// unchanged virtual ones. Without `CKPT_FULL=1`, MPICH only: Open MPI over verbs is
-/// checkpointed in one guest by the test above in every run.
+/// unchanged virtual ones. Only with `CKPT_FULL=1`: every run takes MPICH over verbs across two
+/// guests through a checkpoint, a kill and a restart (moved) in
+/// `an_rdma_job_with_shared_memory_moves_to_other_guests`, and Open MPI over verbs in one guest.
 #[test]
 fn unmodified_mpi_jobs_over_verbs_across_two_guests_are_checkpointed_killed_and_restarted() {
+    ckpt_tests::slow_variant!("an_rdma_job_with_shared_memory_moves_to_other_guests");
     if let Some(why) = vm::unavailable() {
         eprintln!("SKIPPED: {why}");
         return;
@@ -435,20 +437,12 @@ fn unmodified_mpi_jobs_over_verbs_across_two_guests_are_checkpointed_killed_and_
     let bin = ckpt_tests::bin_dir();
     verbs_layer();
     let apps = ckpt_tests::apps();
-    let mpis: &[&str] = match ckpt_tests::full() {
-        true => &["ompi", "mpich"],
-        false => {
-            eprintln!("Open MPI across two guests is a slow variant; CKPT_FULL=1 runs it");
-            &["mpich"]
-        }
-    };
+    let mpis = ["ompi", "mpich"];
     let env = format!(
-        "BIN={} OMPI_APP={} MPICH_APP={} N=128 ITERS=4500 SLEEP=3000{}",
+        "BIN={} OMPI_APP={} MPICH_APP={} N=128 ITERS=4500 SLEEP=3000",
         bin.display(),
         apps.join("heat.openmpi").display(),
         apps.join("heat.mpich").display(),
-        // The guest's default is both.
-        if mpis.len() == 1 { " MPIS=mpich" } else { "" },
     );
     let (a, b) = vm::run_two(
         "verbs2",
@@ -459,7 +453,7 @@ fn unmodified_mpi_jobs_over_verbs_across_two_guests_are_checkpointed_killed_and_
     );
     let res = results(&a.console);
     let value = |p: &str| value_of(&res, p, &a.console);
-    for mpi in mpis {
+    for mpi in &mpis {
         let reference = value(&format!("{mpi} reference checksum "));
         assert_eq!(reference.len(), 16, "{mpi}: {reference:?}");
         assert_eq!(
@@ -469,7 +463,7 @@ fn unmodified_mpi_jobs_over_verbs_across_two_guests_are_checkpointed_killed_and_
             a.console
         );
         assert!(
-            value(&format!("{mpi} run ")).contains("UCX_TLS=rc_verbs,ud_verbs,self"),
+            value(&format!("{mpi} run ")).contains("UCX_TLS=rc_verbs,ud_verbs,sm,self"),
             "--rdma chose the verbs transports"
         );
         for i in 1..=2 {
@@ -565,4 +559,152 @@ fn a_verbs_fd_outside_the_layer_and_multicast_in_use_are_refused_and_the_job_run
             "{mode}: the program ran on ({ticks} ticks in 2 s)"
         );
     }
+}
+
+/// Two guests, the unmodified `heat` under MPICH with 4 ranks, 2 on each guest, started by
+/// `ckptctl run --rdma` in sandboxes (a job network): the ranks of a guest talk through UCX's
+/// shared memory, the guests over verbs through the layer. Checkpointed twice under traffic,
+/// SIGKILLed on both guests, then restarted with the parts swapped (`--map ga=gb --map
+/// gb=ga`): it ends with the checksum of an uninterrupted run, and every rank's layer shows its
+/// port at the other guest's GID now, with new real QPNs and rkeys behind unchanged virtual ones.
+///
+/// Before it, in the same boots, `tests/apps/verbs_newqp`: two processes of one job over UD QPs
+/// through the layer, moved to b and back (`--map`), each making 8 more QPs after each restart on
+/// a device that hands out again, to new QPs, numbers the old ones hold as virtual ones. Every
+/// message reaches the QP it was sent to, and the layers set such numbers aside.
+#[test]
+fn an_rdma_job_with_shared_memory_moves_to_other_guests() {
+    if let Some(why) = vm::unavailable() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let bin = ckpt_tests::bin_dir();
+    verbs_layer();
+    let (n, iters) = (128, 5000);
+    let reference = ckpt_tests::Mpi::Mpich.reference_checksum(4, n, iters);
+    let app = ckpt_tests::Mpi::Mpich.heat_app();
+    let env = format!(
+        "BIN={} APP={} NEWQP={} N={n} ITERS={iters} SLEEP=3000",
+        bin.display(),
+        app.display(),
+        ckpt_tests::apps().join("verbs_newqp").display(),
+    );
+    let (a, b) = vm::run_two("verbsmv", "tests/guest/verbs_move.sh", &env, 17995, 1500);
+    let res = results(&a.console);
+    let value = |p: &str| value_of(&res, p, &a.console);
+    assert_new_qps_after_restarts_never_collide(&res, &a.console);
+    assert_eq!(
+        value("restarted "),
+        format!("checksum {reference}"),
+        "{}",
+        a.console
+    );
+    assert!(
+        value("run ").contains("UCX_TLS=rc_verbs,ud_verbs,sm,self"),
+        "--rdma keeps UCX's shared memory"
+    );
+    for i in 1..=2 {
+        assert_eq!(
+            value(&format!("checkpoint {i} ok ")),
+            "4 verbs layer(s) drained",
+            "a layer in each rank"
+        );
+    }
+    let shm: Vec<u64> = res
+        .iter()
+        .filter_map(|l| l.strip_prefix("a shm maps "))
+        .map(|v| v.parse().unwrap())
+        .collect();
+    assert_eq!(shm.len(), 2, "both ranks on guest a: {}", a.console);
+    assert!(
+        shm.iter().all(|&m| m > 0),
+        "each maps UCX's shared memory: {shm:?}"
+    );
+    assert!(
+        value("restart ").contains("moving"),
+        "the restart says which part moves where: {}",
+        a.console
+    );
+    let running = statuses(&res, "running status ");
+    let last = statuses(&res, "final status ");
+    assert_eq!(running.len(), 4, "every rank's layer: {}", a.console);
+    assert_eq!(last.len(), 4, "every restored rank's layer: {}", a.console);
+    let key = |s: &serde_json::Value| (s["host"].to_string(), s["pid"].as_u64().unwrap());
+    // Where the last rebuild left the rank's port (a final status is written at exit, with
+    // everything closed).
+    let port = |s: &serde_json::Value, k: &str| {
+        let r = s["rebuilds"].as_array().and_then(|r| r.last().cloned());
+        r.and_then(|r| r["contexts"][0][k].as_str().map(str::to_string))
+            .unwrap_or_default()
+    };
+    let gid = |s: &serde_json::Value| port(s, "gid_now");
+    let ident = |s: &serde_json::Value| port(s, "ident");
+    let mut moved = 0;
+    for before in &running {
+        let after = last
+            .iter()
+            .find(|s| key(s) == key(before))
+            .unwrap_or_else(|| panic!("{:?} reported after the restart: {}", key(before), a.console));
+        assert_eq!(rebuilds(before).len(), 2, "{before}");
+        assert_eq!(rebuilds(after).len(), 2, "restored from the second checkpoint: {after}");
+        assert_eq!(after["refused"], serde_json::json!([]), "{after}");
+        assert_eq!(ident(after), ident(before), "peers know it by the same address");
+        let virt = |v: &Pairs| v.iter().map(|p| p.0).collect::<Vec<_>>();
+        let (rb, ra) = (rebuilds(before), rebuilds(after));
+        assert_eq!(virt(&ra[1].0), virt(&rb[1].0), "virtual QPNs unchanged: {after}");
+        assert_eq!(virt(&ra[1].1), virt(&rb[1].1), "virtual rkeys unchanged: {after}");
+        assert_ne!(ra[1].0, rb[1].0, "new real QPNs on the other guest: {after}");
+        assert_ne!(gid(after), gid(before), "its port is at the other guest's GID now");
+        assert_eq!(gid(after).len(), 32, "a GID: {after}");
+        moved += 1;
+    }
+    assert_eq!(moved, 4);
+    let total: u64 = running.iter().map(|s| s["send_wrs"].as_u64().unwrap()).sum();
+    assert!(total > 200, "the layers carried traffic between the guests: {total}");
+    let b_sent: u64 = results(&b.console)
+        .iter()
+        .find_map(|l| l.strip_prefix("b sent_pkts "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("guest b's packet count: {}", b.console));
+    assert!(b_sent > 500, "ranks on guest b sent over rxe: {b_sent}");
+}
+
+/// What `verbs_newqp` and its layers reported in [`an_rdma_job_with_shared_memory_moves_to_other_guests`]:
+/// both processes have 17 QPs (1, then 8 after each restart) and know the other's 17, every
+/// message arrived on the QP it named, the restarts moved the job (a to b, b to a), and the
+/// layers set aside real numbers that were virtual ones of the job, keeping every virtual
+/// number of the job's address unique.
+fn assert_new_qps_after_restarts_never_collide(res: &[String], console: &str) {
+    let moves: Vec<&String> = res
+        .iter()
+        .filter(|l| l.starts_with("newqp restart"))
+        .collect();
+    assert_eq!(moves.len(), 2, "{console}");
+    assert!(moves[0].contains("moving") && moves[1].contains("moving"), "{moves:?}");
+    for who in ["p", "q"] {
+        let line = value_of(res, &format!("newqp {who} "), console);
+        let num = |k: &str| -> u64 {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let i = f.iter().position(|x| *x == k).unwrap_or_else(|| panic!("{k} in {line}"));
+            f[i + 1].parse().unwrap()
+        };
+        assert_eq!((num("qps"), num("peers")), (17, 17), "{who}: {line}");
+        assert_eq!(num("bad"), 0, "{who}: a message reached another QP: {console}");
+        assert!(num("ok") > 17 * 10, "{who}: traffic on every QP: {line}");
+    }
+    let layers = statuses(res, "newqp layer ");
+    assert_eq!(layers.len(), 2, "{console}");
+    let aside: u64 = layers.iter().map(|s| s["qpns_set_aside"].as_u64().unwrap()).sum();
+    assert!(
+        aside > 0,
+        "the restarts made real numbers that were virtual ones: set aside {aside}: {layers:?}"
+    );
+    let mut virt: Vec<u64> = layers
+        .iter()
+        .flat_map(|s| s["qps"].as_array().unwrap().iter().map(|q| q["virtual_qpn"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(virt.len(), 34, "{layers:?}");
+    virt.sort_unstable();
+    virt.dedup();
+    assert_eq!(virt.len(), 34, "every virtual QP number of the job's address is unique");
 }

@@ -3,8 +3,12 @@
 # guest "b" (192.168.98.2, node gb) runs an agent. The cluster CA lives on a; b's credential
 # travels through /share (a host directory both guests mount) instead of ssh. Jobs run as root.
 #
-# Needs: ROLE (a|b), BIN, CGPREFIX (the agents' cgroup prefix). Sets: W (the work directory,
-# the same path in both guests, as a site's agents share one state_dir: MPICH's Hydra copies
+# Needs: ROLE (a|b), BIN, CGPREFIX (the agents' cgroup prefix). JOBNET (FIRST-LAST addresses
+# on 192.168.98.0/24), if set, gives ckptd a job network, so jobs run in sandboxes: macvlans of
+# eth0, which cannot reach eth0's own addresses. The daemons then listen on a macvlan of eth0
+# of their own, host0 (192.168.98.11 on a, .12 on b), as a site's would on an interface its
+# sandboxes reach; JOBNET must lie in 192.168.98.48/28, routed through host0. The agents then
+# also share storage, /share/shared. Sets: W (the work directory, the same path in both guests, as a site's agents share one state_dir: MPICH's Hydra copies
 # the job's environment, and with it the agent's socket path, to the other node), S (/share),
 # IP, CKPT_SOCKET (on a); defines say, wait_file, kill_job, serve_kills.
 : "${ROLE:?}" "${BIN:?}" "${CGPREFIX:?}"
@@ -12,17 +16,48 @@ W=/tmp/ckpt-two
 mkdir -m 700 "$W"
 S=/share
 say() { echo "[guest $ROLE $(date +%T)] $*"; }
-wait_file() { # FILE SECONDS
-    for _ in $(seq $(( $2 * 10 ))); do [ -e "$1" ] && return 0; sleep 0.1; done
+diag() { # what a failed run needs: the job processes, as the agent and they see themselves
+    echo "--- rebuild flags on $ROLE: $(ls "$W/state/ibq/ibq-rebuild" 2>/dev/null | tr '\n' ' ')"
+    local log
+    log=$(grep -rl "Error (criu" "$W/state" "$W/local" 2>/dev/null | head -1)
+    [ -n "$log" ] && { echo "--- $log"; grep -E "Error|unix|sk-unix|Dumping task|pid [0-9]" "$log" | tail -n 25; }
+    for d in /sys/fs/cgroup/"$CGPREFIX"*; do
+        [ -d "$d" ] || continue
+        for p in $(cat "$d/cgroup.procs" 2>/dev/null); do
+            echo "pid $p $(tr '\0' ' ' < /proc/$p/cmdline | cut -c1-60) $(grep -E '^(State|NSpid)' /proc/$p/status | tr '\n\t' '  ') ns $(readlink /proc/$p/ns/pid) wchan $(cat /proc/$p/wchan)"
+        done
+    done
+}
+wait_file() { # FILE SECONDS (on b: given up at once when a has ended)
+    for _ in $(seq $(( $2 * 10 ))); do
+        [ -e "$1" ] && return 0
+        if [ "$ROLE" = b ] && [ -e "$S/a-ended" ]; then
+            say "guest a ended before $1"
+            echo "--- agent log (b)"; tail -n 60 "$W/agent.log"
+            diag
+            exit 7
+        fi
+        sleep 0.1
+    done
     say "timed out waiting for $1"; exit 7
 }
 IP=192.168.98.1; [ "$ROLE" = b ] && IP=192.168.98.2
 for _ in $(seq 100); do busybox ping -c1 -W1 192.168.98.$([ "$ROLE" = a ] && echo 2 || echo 1) > /dev/null 2>&1 && break; done
+LISTEN=$IP COORDINATOR=192.168.98.1
+if [ -n "${JOBNET:-}" ]; then
+    LISTEN=192.168.98.1$([ "$ROLE" = a ] && echo 1 || echo 2) COORDINATOR=192.168.98.11
+    ip link add host0 link eth0 type macvlan mode bridge
+    ip addr add "$LISTEN/24" dev host0
+    ip link set host0 up
+    # Replies to job addresses leave through host0 too: sent from eth0 they would go to the
+    # wire, never to this guest's own sandboxes.
+    ip route add 192.168.98.48/28 dev host0 src "$LISTEN"
+fi
 
 cat > "$W/agent.toml" <<TOML
 node_name = "g$ROLE"
-listen = "$IP:7601"
-coordinator = "192.168.98.1:7600"
+listen = "$LISTEN:7601"
+coordinator = "$COORDINATOR:7600"
 state_dir = "$W/state"
 local_dir = "$W/local"
 heartbeat_interval = "200ms"
@@ -31,9 +66,27 @@ allow_root_jobs = true
 [cgroup]
 prefix = "$CGPREFIX"
 TOML
+if [ -n "${JOBNET:-}" ]; then
+    # Shared storage too (the host directory both guests mount), for jobs of one node to move.
+    mkdir -p -m 755 "$S/shared"
+    sed -i "1i shared_dir = \"$S/shared\"" "$W/agent.toml"
+    printf '[job_network]\ninterface = "eth0"\n' >> "$W/agent.toml"
+fi
 
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; }
+cleanup() {
+    local rc=$?
+    if [ "$ROLE" = a ]; then
+        if [ "$rc" != 0 ]; then
+            echo "--- guest a ends with status $rc; ckptd log"; tail -n 60 "$W/ckptd.log" 2>/dev/null
+            echo "--- agent log (a)"; tail -n 60 "$W/agent.log" 2>/dev/null
+            diag
+            echo "--- guest b a few seconds before"; cat "$S/diag-b.txt" 2>/dev/null
+        fi
+        touch "$S/a-ended"
+    fi
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+}
 trap cleanup EXIT
 
 if [ "$ROLE" = a ]; then
@@ -43,6 +96,9 @@ socket = "$W/ckptd.sock"
 database = "$W/ckptd.redb"
 tls_dir = "$W/ca"
 TOML
+    if [ -n "${JOBNET:-}" ]; then
+        printf '[job_network]\naddresses = "%s"\nprefix = 24\n' "$JOBNET" >> "$W/ckptd.toml"
+    fi
     "$BIN/ckptd" --config "$W/ckptd.toml" ca init
     "$BIN/ckptd" --config "$W/ckptd.toml" ca issue gb --out "$S/gb.bundle.tmp"
     mv "$S/gb.bundle.tmp" "$S/gb.bundle"
@@ -67,6 +123,10 @@ kill_job() { # every process of the jobs on this node, as a node crash would
 # for each K of the list; after the kill it runs after_kill if the script defines one), then
 # waits for /share/done and shows its agent's log lines matching $2.
 serve_kills() { # "K..." PATTERN
+    # What a's failure report shows of this guest (its processes may be gone by then).
+    ( while [ ! -e "$S/done" ] && [ ! -e "$S/a-ended" ]; do
+          diag > "$S/diag-b.tmp" 2>&1 && mv "$S/diag-b.tmp" "$S/diag-b.txt"; sleep 5
+      done ) &
     touch "$S/b-up"
     for k in $1; do
         wait_file "$S/kill-$k" 900

@@ -43,7 +43,7 @@ impl Mpi {
     }
 
     /// The heat program built for this MPI.
-    fn heat_app(self) -> PathBuf {
+    pub fn heat_app(self) -> PathBuf {
         apps().join(match self {
             Mpi::Mpich => "heat.mpich",
             Mpi::OpenMpi => "heat.openmpi",

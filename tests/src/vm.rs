@@ -165,7 +165,8 @@ pub fn run_script(name: &str, script: &str, env: &str, timeout_s: u32) -> GuestR
 }
 
 /// Boots two guests joined by a UDP wire on host ports `port` and `port + 1`, sharing a fresh
-/// host directory at `/share`: `a` (192.168.98.1) with 2 GiB, `b` (192.168.98.2) with 1.5 GiB,
+/// host directory at `/share`: `a` (192.168.98.1) with 3 GiB, `b` (192.168.98.2) with 2.5 GiB
+/// (their /tmp, a tmpfs of half that, holds images, partner copies and pre-dumps),
 /// named `<name>a`/`<name>b`, each running the workspace's `script` with `ROLE` (a or b) and the
 /// variables `env` (`K=V ...`) exported; panics unless both end with status 0. Returns (a, b).
 pub fn run_two(
@@ -229,13 +230,13 @@ fn two_once(
         (body(role), settings)
     };
     let abort = Arc::new(AtomicBool::new(false));
-    let (body_b, set_b) = guest("b", port + 1, port, "1536");
+    let (body_b, set_b) = guest("b", port + 1, port, "2560");
     let abort_b = Arc::clone(&abort);
     let b = std::thread::spawn(move || {
         let set: Vec<&str> = set_b.iter().map(String::as_str).collect();
         run_watched(&body_b, &set, &abort_b)
     });
-    let (body_a, set_a) = guest("a", port, port + 1, "2048");
+    let (body_a, set_a) = guest("a", port, port + 1, "3072");
     let set: Vec<&str> = set_a.iter().map(String::as_str).collect();
     let a = run_watched(&body_a, &set, &abort);
     (a, b.join().expect("guest b"))

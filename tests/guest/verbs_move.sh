@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# Runs inside one of two soft-RoCE test guests joined by a wire (tests/guest/two_nodes.sh sets
+# up ckptd on a, an agent on each, and a job network, so jobs run in sandboxes). The unmodified
+# tests/apps/heat under MPICH, 4 ranks, 2 on each guest, started by `ckptctl run --rdma`: UCX
+# talks over its shared-memory transports between the ranks of a guest and over verbs (the
+# layer preloaded by the agents) between guests. Checkpointed twice under traffic, every
+# process on both guests SIGKILLed, then restarted with the parts swapped (`--map ga=gb --map
+# gb=ga`): each part restores on the other guest, behind new GIDs, QPNs and rkeys. Prints
+# "RESULT ..." lines for the e2e test.
+#
+# The launcher's node is named by its host name (Hydra starts its own proxy for it, and ckpt-rsh
+# the other). Block placement (ranks 0 and 1 on a, 2 and 3 on b): heat's halo between 0-1 and 2-3 goes
+# through shared memory, between 1-2 over verbs.
+#
+# Before it, tests/apps/verbs_newqp: two processes of one job that make new QPs after each of
+# two restarts (on b, then back on a), each on a device that hands out again numbers the first
+# QPs hold as virtual ones; no message may reach another QP than the one it was sent to.
+#
+# Environment: ROLE (a|b), BIN, APP (heat.mpich), NEWQP (verbs_newqp), N, ITERS, SLEEP (µs per
+# iteration).
+set -eu
+: "${ROLE:?}" "${BIN:?}" "${APP:?}" "${NEWQP:?}" "${N:?}" "${ITERS:?}" "${SLEEP:?}"
+CGPREFIX=verbsmv-
+JOBNET=192.168.98.50-192.168.98.59
+. "$(dirname "$0")/two_nodes.sh"
+COUNTER=/sys/class/infiniband/rxe0/ports/1/hw_counters/sent_pkts
+STATUS=$S/status
+if [ "$ROLE" = b ]; then
+    before=$(cat $COUNTER)
+    # The launcher's part prints the checksum; after the swap it runs here: its output is
+    # handed to a through the shared directory.
+    (
+        for _ in $(seq 9000); do
+            [ -e "$S/done" ] && break
+            c=$(cat "$W"/state/jobs/*/stdout 2>/dev/null | grep -m1 '^checksum' || true)
+            if [ -n "$c" ]; then echo "$c" > "$S/b-checksum.tmp" && mv "$S/b-checksum.tmp" "$S/b-checksum"; break; fi
+            sleep 0.2
+        done
+    ) &
+    serve_kills "newqp move" "layer|channel|rebuil|restor|moved|WARN|ERROR"
+    echo "RESULT b sent_pkts $(( $(cat $COUNTER) - before ))"
+    exit 0
+fi
+
+field() { awk -v k="$2" '{for (i = 1; i < NF; i++) if ($i == k) print $(i + 1)}' "$1" 2>/dev/null || true; }
+# First, two processes of one job (tests/apps/verbs_newqp) that make QPs after each restart,
+# moved to b and back: no message may reach another QP than the one it was sent to.
+NQ=$S/newqp
+wait_movable() { # JOB CKPT-OUTPUT: the epoch it committed has a copy off its nodes (partner, shared)
+    local epoch
+    epoch=$(grep -o 'epoch [0-9]* committed' "$2" | head -1 | awk '{print $2}')
+    for _ in $(seq 1500); do
+        "$BIN/ckptctl" --json epochs "$1" | python3 -c "import json, sys
+v = json.load(sys.stdin); v = v.get('epochs', v) if isinstance(v, dict) else v
+sys.exit(0 if any(e['epoch'] == $epoch and (e['shared_copy'] or e['partner_copy']) for e in v) else 1)" 2>/dev/null && return 0
+        sleep 0.2
+    done
+    say "epoch $epoch of job $1 has no copy to move from"; "$BIN/ckptctl" epochs "$1"; exit 13
+}
+newqp_wait() { # PEERS: both processes know PEERS QPs of the other and got 10 more messages
+    local p0 q0
+    p0=$(field "$NQ/p.status" ok); q0=$(field "$NQ/q.status" ok)
+    for _ in $(seq 1500); do
+        if [ "$(field "$NQ/p.status" peers)" = "$1" ] && [ "$(field "$NQ/q.status" peers)" = "$1" ] &&
+           [ "$(field "$NQ/p.status" ok)" -ge $(( ${p0:-0} + 10 )) ] 2>/dev/null &&
+           [ "$(field "$NQ/q.status" ok)" -ge $(( ${q0:-0} + 10 )) ] 2>/dev/null; then
+            return 0
+        fi
+        sleep 0.2
+    done
+    say "newqp: no traffic over $1 QPs"; cat "$NQ"/*.status; "$BIN/ckptctl" status "$NJOB"
+    exit 10
+}
+newqp_move() { # FROM TO KILLKEY: checkpoint, SIGKILL on FROM, restart on TO
+    "$BIN/ckptctl" checkpoint "$NJOB" --wait > "$W/nq.ckpt" 2>&1 || { cat "$W/nq.ckpt"; exit 11; }
+    wait_movable "$NJOB" "$W/nq.ckpt"
+    if [ "$1" = ga ]; then kill_job; else touch "$S/kill-$3"; wait_file "$S/killed-$3" 120; fi
+    for _ in $(seq 300); do "$BIN/ckptctl" status "$NJOB" | head -1 | grep -qE 'killed|failed|lost' && break; sleep 0.1; done
+    "$BIN/ckptctl" restart "$NJOB" --map "$1=$2" > "$W/nq.restart" 2>&1 || { cat "$W/nq.restart"; exit 12; }
+    echo "RESULT newqp restart $1 to $2 $(grep -o 'moving.*' "$W/nq.restart" | head -1)"
+}
+mkdir -p "$NQ" && mkdir -m 700 "$S/status-newqp"
+NJOB=$(CKPT_VERBS_STATUS=$S/status-newqp "$BIN/ckptctl" run --name newqp -- \
+    sh -c "$NEWQP $NQ p q & $NEWQP $NQ q p & wait")
+newqp_wait 1
+newqp_move ga gb newqp
+newqp_wait 1
+touch "$NQ/more-1"
+newqp_wait 9
+newqp_move gb ga newqp
+newqp_wait 9
+touch "$NQ/more-2"
+newqp_wait 17
+# One more checkpoint: its rebuild writes the layers' status with every QP.
+"$BIN/ckptctl" checkpoint "$NJOB" --wait > "$W/nq.ckpt" 2>&1 || { cat "$W/nq.ckpt"; exit 11; }
+newqp_wait 17
+for n in p q; do echo "RESULT newqp $n $(cat "$NQ/$n.status")"; done
+"$BIN/ckptctl" cancel "$NJOB" > /dev/null
+for _ in $(seq 100); do [ "$(ls "$S/status-newqp"/*.json 2>/dev/null | wc -l)" -ge 2 ] && break; sleep 0.1; done
+for f in "$S/status-newqp"/*.json; do echo "RESULT newqp layer $(cat "$f")"; done
+
+mkdir -m 700 "$STATUS"
+JOB=$(CKPT_VERBS_STATUS=$STATUS "$BIN/ckptctl" run --rdma --name heat-move -- \
+    mpiexec.mpich -n 4 -hosts "$(hostname):2,gb:2" "$APP" "$N" "$ITERS" "$SLEEP" 2> "$W/run.err")
+cat "$W/run.err"
+echo "RESULT run $(grep -m1 -o -- '--rdma set.*' "$W/run.err" || echo 'no --rdma settings')"
+OUT=$W/state/jobs/$JOB/stdout
+say "job $JOB started"
+progress() { grep -c '^iter ' "$OUT" 2>/dev/null || true; }
+wait_progress() { # at least N more progress lines than now, within 120 s
+    local want=$(( $(progress) + $1 ))
+    for _ in $(seq 1200); do [ "$(progress)" -ge "$want" ] && return 0; sleep 0.1; done
+    say "no progress"; tail -n 20 "$OUT"; tail -n 40 "${OUT%stdout}stderr"
+    "$BIN/ckptctl" status "$JOB"
+    exit 4
+}
+wait_progress 1
+"$BIN/ckptctl" status "$JOB" | sed 's/^/RESULT status before /'
+before=$(cat $COUNTER)
+for i in 1 2; do
+    "$BIN/ckptctl" checkpoint "$JOB" --wait > "$W/ckpt$i" 2>&1 || { cat "$W/ckpt$i"; exit 6; }
+    echo "RESULT checkpoint $i ok $(grep -m1 -o '[0-9]* verbs layer(s) drained' "$W/ckpt$i" || true)"
+    grep -E 'frozen|rebuilt' "$W/ckpt$i" | sed "s/^/RESULT ckpt$i /" || true
+    wait_progress 1
+done
+echo "RESULT a sent_pkts $(( $(cat $COUNTER) - before ))"
+wait_movable "$JOB" "$W/ckpt2"
+grep -q '^checksum' "$OUT" && { say "the job finished before the kill; raise ITERS"; exit 5; }
+for f in "$STATUS"/*.json; do echo "RESULT running status $(cat "$f")"; done
+rm -f "$STATUS"/*.json
+# UCX's shared memory between the two ranks here: its segments mapped in each rank.
+for p in $(pgrep -f "^$APP"); do
+    echo "RESULT a shm maps $(grep -cE 'ucx_shm_posix|/SYSV' /proc/$p/maps || true)"
+done
+
+say "SIGKILL every process of job $JOB on both guests"
+touch "$S/kill-move"
+kill_job
+wait_file "$S/killed-move" 120
+for _ in $(seq 300); do "$BIN/ckptctl" status "$JOB" | head -1 | grep -qE 'killed|failed|exited|lost' && break; sleep 0.1; done
+"$BIN/ckptctl" status "$JOB" | head -1
+say "restart with the parts swapped"
+"$BIN/ckptctl" restart "$JOB" --map ga=gb --map gb=ga > "$W/restart" 2>&1 || { cat "$W/restart"; "$BIN/ckptctl" status "$JOB"; exit 8; }
+sed 's/^/RESULT restart /' "$W/restart"
+"$BIN/ckptctl" status "$JOB" | sed 's/^/RESULT status after /'
+for _ in $(seq 3000); do [ -e "$S/b-checksum" ] && break; sleep 0.1; done
+"$BIN/ckptctl" status "$JOB" | head -1
+echo "RESULT restarted $(cat "$S/b-checksum" 2>/dev/null || echo 'no checksum')"
+for _ in $(seq 100); do [ "$(ls "$STATUS"/*.json 2>/dev/null | wc -l)" -ge 4 ] && break; sleep 0.1; done
+for f in "$STATUS"/*.json; do echo "RESULT final status $(cat "$f")"; done
+touch "$S/done"
+echo "--- ckptd log"; grep -E "layer|channel|rebuil|restor|moved|moving|WARN|ERROR" "$W/ckptd.log" | tail -n 40
+echo "--- agent log (a)"; grep -E "layer|channel|rebuil|restor|moved|WARN|ERROR" "$W/agent.log" | tail -n 40
