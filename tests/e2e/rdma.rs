@@ -644,23 +644,58 @@ fn an_rdma_job_with_shared_memory_moves_to_other_guests() {
         let after = last
             .iter()
             .find(|s| key(s) == key(before))
-            .unwrap_or_else(|| panic!("{:?} reported after the restart: {}", key(before), a.console));
+            .unwrap_or_else(|| {
+                panic!(
+                    "{:?} reported after the restart: {}",
+                    key(before),
+                    a.console
+                )
+            });
         assert_eq!(rebuilds(before).len(), 2, "{before}");
-        assert_eq!(rebuilds(after).len(), 2, "restored from the second checkpoint: {after}");
+        assert_eq!(
+            rebuilds(after).len(),
+            2,
+            "restored from the second checkpoint: {after}"
+        );
         assert_eq!(after["refused"], serde_json::json!([]), "{after}");
-        assert_eq!(ident(after), ident(before), "peers know it by the same address");
+        assert_eq!(
+            ident(after),
+            ident(before),
+            "peers know it by the same address"
+        );
         let virt = |v: &Pairs| v.iter().map(|p| p.0).collect::<Vec<_>>();
         let (rb, ra) = (rebuilds(before), rebuilds(after));
-        assert_eq!(virt(&ra[1].0), virt(&rb[1].0), "virtual QPNs unchanged: {after}");
-        assert_eq!(virt(&ra[1].1), virt(&rb[1].1), "virtual rkeys unchanged: {after}");
-        assert_ne!(ra[1].0, rb[1].0, "new real QPNs on the other guest: {after}");
-        assert_ne!(gid(after), gid(before), "its port is at the other guest's GID now");
+        assert_eq!(
+            virt(&ra[1].0),
+            virt(&rb[1].0),
+            "virtual QPNs unchanged: {after}"
+        );
+        assert_eq!(
+            virt(&ra[1].1),
+            virt(&rb[1].1),
+            "virtual rkeys unchanged: {after}"
+        );
+        assert_ne!(
+            ra[1].0, rb[1].0,
+            "new real QPNs on the other guest: {after}"
+        );
+        assert_ne!(
+            gid(after),
+            gid(before),
+            "its port is at the other guest's GID now"
+        );
         assert_eq!(gid(after).len(), 32, "a GID: {after}");
         moved += 1;
     }
     assert_eq!(moved, 4);
-    let total: u64 = running.iter().map(|s| s["send_wrs"].as_u64().unwrap()).sum();
-    assert!(total > 200, "the layers carried traffic between the guests: {total}");
+    let total: u64 = running
+        .iter()
+        .map(|s| s["send_wrs"].as_u64().unwrap())
+        .sum();
+    assert!(
+        total > 200,
+        "the layers carried traffic between the guests: {total}"
+    );
     let b_sent: u64 = results(&b.console)
         .iter()
         .find_map(|l| l.strip_prefix("b sent_pkts "))
@@ -680,31 +715,54 @@ fn assert_new_qps_after_restarts_never_collide(res: &[String], console: &str) {
         .filter(|l| l.starts_with("newqp restart"))
         .collect();
     assert_eq!(moves.len(), 2, "{console}");
-    assert!(moves[0].contains("moving") && moves[1].contains("moving"), "{moves:?}");
+    assert!(
+        moves[0].contains("moving") && moves[1].contains("moving"),
+        "{moves:?}"
+    );
     for who in ["p", "q"] {
         let line = value_of(res, &format!("newqp {who} "), console);
         let num = |k: &str| -> u64 {
             let f: Vec<&str> = line.split_whitespace().collect();
-            let i = f.iter().position(|x| *x == k).unwrap_or_else(|| panic!("{k} in {line}"));
+            let i = f
+                .iter()
+                .position(|x| *x == k)
+                .unwrap_or_else(|| panic!("{k} in {line}"));
             f[i + 1].parse().unwrap()
         };
         assert_eq!((num("qps"), num("peers")), (17, 17), "{who}: {line}");
-        assert_eq!(num("bad"), 0, "{who}: a message reached another QP: {console}");
+        assert_eq!(
+            num("bad"),
+            0,
+            "{who}: a message reached another QP: {console}"
+        );
         assert!(num("ok") > 17 * 10, "{who}: traffic on every QP: {line}");
     }
     let layers = statuses(res, "newqp layer ");
     assert_eq!(layers.len(), 2, "{console}");
-    let aside: u64 = layers.iter().map(|s| s["qpns_set_aside"].as_u64().unwrap()).sum();
+    let aside: u64 = layers
+        .iter()
+        .map(|s| s["qpns_set_aside"].as_u64().unwrap())
+        .sum();
     assert!(
         aside > 0,
         "the restarts made real numbers that were virtual ones: set aside {aside}: {layers:?}"
     );
     let mut virt: Vec<u64> = layers
         .iter()
-        .flat_map(|s| s["qps"].as_array().unwrap().iter().map(|q| q["virtual_qpn"].as_u64().unwrap()))
+        .flat_map(|s| {
+            s["qps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|q| q["virtual_qpn"].as_u64().unwrap())
+        })
         .collect();
     assert_eq!(virt.len(), 34, "{layers:?}");
     virt.sort_unstable();
     virt.dedup();
-    assert_eq!(virt.len(), 34, "every virtual QP number of the job's address is unique");
+    assert_eq!(
+        virt.len(),
+        34,
+        "every virtual QP number of the job's address is unique"
+    );
 }

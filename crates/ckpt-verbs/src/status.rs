@@ -162,7 +162,7 @@ pub fn report() -> Value {
             json!({
                 "lkey": s.mr.lkey, "real_lkey": lkey,
                 "rkey": s.mr.rkey, "real_rkey": rkey,
-                "length": s.mr.length,
+                "length": s.mr.length, "access": s.reg.access,
             })
         })
         .collect();

@@ -298,10 +298,19 @@ mod tests {
         t.set_remote_qpn(me, 0x15, 0x30);
         t.set_remote_qpn(other, 0x16, 0x31);
         t.set_qp(0x15, 0x17, 1);
-        assert!(!t.qpn_free_for_new(me, 0x15), "peers would reach the node-mate's QP");
-        assert!(!t.qpn_free_for_new(me, 0x17), "this process's own virtual number");
+        assert!(
+            !t.qpn_free_for_new(me, 0x15),
+            "peers would reach the node-mate's QP"
+        );
+        assert!(
+            !t.qpn_free_for_new(me, 0x17),
+            "this process's own virtual number"
+        );
         assert!(t.qpn_free_for_new(me, 0x16), "0x16 is another address's");
-        assert!(!t.qpn_free_for_new(0, 0x16), "with its address unknown, any address's");
+        assert!(
+            !t.qpn_free_for_new(0, 0x16),
+            "with its address unknown, any address's"
+        );
         assert!(t.qpn_free_for_new(me, 0x18));
     }
 }

@@ -63,10 +63,7 @@ extern "C" fn exit(_stage: i32, _ret: i32) {}
 fn is_verbs_device(rdev: libc::dev_t) -> bool {
     let link = format!("/sys/dev/char/{}:{}", libc::major(rdev), libc::minor(rdev));
     std::fs::read_link(link)
-        .map(|t| {
-            t.components()
-                .any(|c| c.as_os_str() == "infiniband_verbs")
-        })
+        .map(|t| t.components().any(|c| c.as_os_str() == "infiniband_verbs"))
         .unwrap_or(false)
 }
 

@@ -853,12 +853,19 @@ mod flag_tests {
     fn a_process_is_flagged_by_its_pid_in_its_own_namespace() {
         let status = "Name:\theat\nTgid:\t418\nNSpid:\t418\t3\nPPid:\t1\n";
         assert_eq!(innermost_pid(status), Some(3), "in a sandbox");
-        assert_eq!(innermost_pid("NSpid:\t77\n"), Some(77), "in the node's namespace");
+        assert_eq!(
+            innermost_pid("NSpid:\t77\n"),
+            Some(77),
+            "in the node's namespace"
+        );
         assert_eq!(innermost_pid("Name:\tx\n"), None);
         let me = FlagFor::own();
         assert_eq!(FlagFor::of_process(std::process::id() as i32), Some(me));
         assert!(me.pidns > 0);
         let p = flag_path(Path::new("/s/ibq/control.sock"), me);
-        assert_eq!(p, PathBuf::from(format!("/s/ibq/ibq-rebuild/{}-{}", me.pidns, me.pid)));
+        assert_eq!(
+            p,
+            PathBuf::from(format!("/s/ibq/ibq-rebuild/{}-{}", me.pidns, me.pid))
+        );
     }
 }

@@ -127,6 +127,9 @@ mod tests {
         let n = mark_written(&[(buf.as_ptr() as u64, buf.len())]);
         assert!((4..=5).contains(&n), "{n} pages");
         assert_eq!(buf[4096], 42);
-        assert!(buf.iter().enumerate().all(|(i, &b)| b == if i == 4096 { 42 } else { 7 }));
+        assert!(buf
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == if i == 4096 { 42 } else { 7 }));
     }
 }

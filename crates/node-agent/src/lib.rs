@@ -209,8 +209,12 @@ pub fn open_jobs(
     if let Some(layer) = &verbs_layer {
         let src = layer.with_file_name(engine::criu::VERBS_PLUGIN_FILE);
         match engine::criu::install_plugin(&src, &plugin_dir) {
-            Ok(p) => info!(plugin = %p.display(), "pre-dumps of jobs over verbs get the CRIU plugin"),
-            Err(problem) => warn!(%problem, "no CRIU plugin for verbs: jobs over verbs get no pre-copy (their checkpoints are full dumps)"),
+            Ok(p) => {
+                info!(plugin = %p.display(), "pre-dumps of jobs over verbs get the CRIU plugin")
+            }
+            Err(problem) => {
+                warn!(%problem, "no CRIU plugin for verbs: jobs over verbs get no pre-copy (their checkpoints are full dumps)")
+            }
         }
     }
     let jobs = jobs

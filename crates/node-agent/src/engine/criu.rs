@@ -51,7 +51,10 @@ pub fn install_plugin(src: &Path, dir: &Path) -> Result<PathBuf, String> {
     crate::config::trusted_file(src)?;
     match std::fs::symlink_metadata(dir) {
         Ok(m) if !m.is_dir() => {
-            return Err(format!("{} is not a directory (a link?): refused", dir.display()))
+            return Err(format!(
+                "{} is not a directory (a link?): refused",
+                dir.display()
+            ))
         }
         Ok(_) => {}
         Err(_) => std::fs::DirBuilder::new()

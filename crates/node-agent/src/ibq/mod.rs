@@ -376,8 +376,9 @@ impl Channels {
             return Ok(());
         };
         let flag = flag_path(&self.socket, who);
-        std::fs::write(&flag, b"")
-            .map_err(|source| ChannelFailure::of(pid, &ChannelError::Flag { path: flag, source }))?;
+        std::fs::write(&flag, b"").map_err(|source| {
+            ChannelFailure::of(pid, &ChannelError::Flag { path: flag, source })
+        })?;
         lock_flags(&self.flags).insert(pid, who);
         Ok(())
     }

@@ -453,7 +453,10 @@ fn a_channel_whose_process_died_fails_the_quiesce_and_a_missing_one_the_rebuild(
             .unwrap_err();
         assert_eq!(e.pid, pid);
         assert!(e.message.contains("did not come back"), "{e:?}");
-        assert!(flag_path(ch.socket(), FlagFor::of_process(pid).unwrap()).exists(), "the flag was raised");
+        assert!(
+            flag_path(ch.socket(), FlagFor::of_process(pid).unwrap()).exists(),
+            "the flag was raised"
+        );
     });
 }
 

@@ -130,7 +130,9 @@ fn an_older_output_is_replaced_by_the_epochs_copy_or_refused() {
         path: out.display().to_string(),
         size: at_checkpoint.len() as u64,
     };
-    let e = put_back_own_output(7, &f, &me, None).unwrap_err().to_string();
+    let e = put_back_own_output(7, &f, &me, None)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("was truncated or replaced"), "{e}");
     put_back_own_output(7, &f, &me, Some(&saved)).unwrap();
     assert_eq!(fs::read_to_string(&out).unwrap(), at_checkpoint);
