@@ -171,7 +171,7 @@ pub fn report() -> Value {
         "pid": std::process::id(),
         "host": host(),
         "devices": DEVICES.lock().map(|d| d.clone()).unwrap_or_default(),
-        "contexts": contexts(&l),
+        "contexts": contexts(l),
         "qps": qps,
         "mrs": mrs,
         "rebuilds": REBUILDS.lock().map(|r| r.clone()).unwrap_or_default(),

@@ -104,9 +104,11 @@ mod tests {
 
     fn stat_of(path: &str) -> libc::stat {
         let c = std::ffi::CString::new(path).unwrap();
-        // SAFETY: a NUL-terminated path and a stat to fill.
+        // SAFETY: an all-zero stat is a valid value of the plain C struct.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        assert_eq!(unsafe { libc::stat(c.as_ptr(), &mut st) }, 0, "{path}");
+        // SAFETY: a NUL-terminated path and a stat to fill.
+        let rc = unsafe { libc::stat(c.as_ptr(), &mut st) };
+        assert_eq!(rc, 0, "{path}");
         st
     }
 

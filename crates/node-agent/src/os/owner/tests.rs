@@ -115,10 +115,9 @@ fn unsafe_free_uid() -> u32 {
 #[test]
 fn an_older_output_is_replaced_by_the_epochs_copy_or_refused() {
     let d = tempfile::tempdir().unwrap();
-    // SAFETY: plain getters.
     let me = Identity {
-        uid: unsafe { libc::geteuid() },
-        gid: unsafe { libc::getegid() },
+        uid: nix::unistd::geteuid().as_raw(),
+        gid: nix::unistd::getegid().as_raw(),
         groups: Vec::new(),
     };
     let out = d.path().join("stdout");
