@@ -45,7 +45,8 @@ pub struct Criu {
 }
 
 /// Copies the verbs plugin `src` (a file only root can replace) into `dir`, a directory of the
-/// agent's own that holds nothing else, made if missing. Returns the plugin's path there.
+/// agent's own that holds nothing else, made if missing; both root's alone (CRIU runs as root).
+/// Returns the plugin's path there.
 pub fn install_plugin(src: &Path, dir: &Path) -> Result<PathBuf, String> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     crate::config::trusted_file(src)?;
@@ -58,17 +59,19 @@ pub fn install_plugin(src: &Path, dir: &Path) -> Result<PathBuf, String> {
         }
         Ok(_) => {}
         Err(_) => std::fs::DirBuilder::new()
-            .mode(0o755)
+            .mode(0o700)
             .create(dir)
             .map_err(|e| format!("cannot make {}: {e}", dir.display()))?,
     }
     ckpt_store::trust::check_root(dir, &ckpt_store::trust::Owners::ROOT)
         .map_err(|e| e.to_string())?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| format!("cannot make {} private: {e}", dir.display()))?;
     let dst = dir.join(VERBS_PLUGIN_FILE);
     let tmp = dir.join(format!(".{VERBS_PLUGIN_FILE}.{}", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
     std::fs::copy(src, &tmp)
-        .and_then(|_| std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)))
+        .and_then(|_| std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)))
         .and_then(|()| std::fs::rename(&tmp, &dst))
         .map_err(|e| {
             let _ = std::fs::remove_file(&tmp);
