@@ -18,6 +18,17 @@ trap 'rm -f "$LOG"' EXIT
 echo "[test] cargo fmt --check"
 cargo fmt --all -- --check
 
+# Where cargo builds: target/ in the checkout, or CARGO_TARGET_DIR. CI's checkouts are new
+# each run, so .ci/run keeps one build directory between runs: the dependencies are compiled
+# once, this workspace's crates every run. The previous run's copies of them are removed
+# first (they differ by the checkout's path), so that the directory does not grow.
+TARGET=${CARGO_TARGET_DIR:-$PWD/target}
+if [ -n "${CARGO_TARGET_DIR:-}" ] && [ -d "$CARGO_TARGET_DIR/release" ]; then
+    echo "[test] build directory $CARGO_TARGET_DIR: this workspace's old builds removed, dependencies kept"
+    cargo clean --release --quiet $(cargo metadata --no-deps --format-version 1 --locked |
+        python3 -c 'import json, sys; print(" ".join("-p " + p["name"] for p in json.load(sys.stdin)["packages"]))')
+fi
+
 echo "[test] building release binaries (shared by every e2e test)"
 cargo build --release --workspace --locked
 
@@ -53,7 +64,7 @@ echo "[test] unit and integration tests of the libraries"
 timed "unit+integration" cargo test --release --workspace --locked --exclude ckpt-tests
 
 echo "[test] end-to-end tests (one at a time: each runs a 4-rank MPI job on 2 cores)"
-export CKPT_BIN_DIR="$PWD/target/release"
+export CKPT_BIN_DIR="$TARGET/release"
 # Each e2e test's time (libtest's --report-time, "test NAME ... ok <12.345s>"): an unstable
 # option of the test harness, let through for the test binaries only (a cargo runner), so the
 # build itself stays on stable Rust. The slowest are listed at the end.

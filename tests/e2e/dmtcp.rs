@@ -132,8 +132,14 @@ fn checkpoint_kill_restart(mpi: Mpi) {
     );
 }
 
+/// Only with `CKPT_FULL=1`: every run takes these steps with Open MPI
+/// (`openmpi_heat_under_dmtcp_is_checkpointed_killed_and_restarted`), and checkpoints, kills and
+/// restarts an MPICH job under DMTCP in `a_dmtcp_job_restarts_on_another_test_host`.
 #[test]
 fn mpich_heat_under_dmtcp_is_checkpointed_killed_and_restarted() {
+    ckpt_tests::slow_variant!(
+        "openmpi_heat_under_dmtcp_is_checkpointed_killed_and_restarted and a_dmtcp_job_restarts_on_another_test_host"
+    );
     skip_unless_ready!("mpiexec.mpich", "mpicc.mpich");
     skip_without_dmtcp!();
     checkpoint_kill_restart(Mpi::Mpich);

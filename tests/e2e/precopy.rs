@@ -15,11 +15,13 @@ const LIMIT: Duration = Duration::from_secs(300);
 const MEMWRITE: [&str; 4] = ["48", "10", "36", "700"];
 /// Pre-dumps soon after a start or a checkpoint, and one more when anything was written since.
 const PRECOPY: &str = "[agent.precopy]\nenabled = true\nfirst_after = \"1s\"\nstagger = \"0s\"\ncheck_every = \"300ms\"\nmin_interval = \"2s\"\ntarget_frozen = \"1ms\"\n";
-const GUEST_TESTS: [&str; 3] = [
+const GUEST_TESTS: [&str; 2] = [
     "memwrite_under_pre_copy_restarts_from_every_epoch_and_refuses_a_damaged_link",
     "an_mpich_job_under_pre_copy_is_checkpointed_killed_and_restarted",
-    "an_mpich_job_over_verbs_under_pre_copy_is_checkpointed_killed_and_restarted",
 ];
+/// Run in the guest too with `CKPT_FULL=1`.
+const GUEST_SLOW_VARIANTS: [&str; 1] =
+    ["an_mpich_job_over_verbs_under_pre_copy_is_checkpointed_killed_and_restarted"];
 
 /// Why this kernel cannot pre-copy (CRIU's own check), or `None` if it can.
 fn no_tracking() -> Option<String> {
@@ -56,11 +58,16 @@ fn ran_elsewhere() -> bool {
                     // The guest runs the reference (no sleep) far slower: it comes from here.
                     let mpich =
                         ckpt_tests::skip_reason(&["mpiexec.mpich", "mpicc.mpich"]).is_none();
-                    let heat: Vec<_> = mpich
+                    let mut env: Vec<_> = mpich
                         .then(|| (HEAT_REFERENCE_ENV, heat_reference()))
                         .into_iter()
                         .collect();
-                    ckpt_tests::vm::rerun_in_guest_with("precopy", &GUEST_TESTS, &heat);
+                    let mut tests = GUEST_TESTS.to_vec();
+                    if ckpt_tests::full() {
+                        tests.extend(GUEST_SLOW_VARIANTS);
+                        env.push((ckpt_tests::FULL_ENV, "1".into()));
+                    }
+                    ckpt_tests::vm::rerun_in_guest_with("precopy", &tests, &env);
                     *ran = Some(true);
                 }
             }
@@ -261,9 +268,12 @@ fn an_mpich_job_under_pre_copy_is_checkpointed_killed_and_restarted() {
 /// before each dump. A pre-dump is ready before the checkpoint, which records what was written
 /// since it and dumps on the chain unless that is most of the job's memory (this small job's
 /// registered memory, all marked, is: docs/infiniband.md). SIGKILL, restart to the right
-/// checksum.
+/// checksum. Only with `CKPT_FULL=1`: every run pre-dumps a verbs job (both parts, in sandboxes,
+/// through the plugin) before it checkpoints, moves and restarts it in
+/// `rdma::an_rdma_job_with_shared_memory_moves_to_other_guests`.
 #[test]
 fn an_mpich_job_over_verbs_under_pre_copy_is_checkpointed_killed_and_restarted() {
+    ckpt_tests::slow_variant!("rdma::an_rdma_job_with_shared_memory_moves_to_other_guests");
     skip_unless_ready!("mpiexec.mpich", "mpicc.mpich");
     if ran_elsewhere() {
         return;

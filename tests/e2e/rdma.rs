@@ -219,9 +219,15 @@ fn rdma_job_in_a_guest(engine: &str) {
 /// (another name, another GID, as on a node a part moved to), and the restarted job finishes
 /// with the checksums of an uninterrupted run, each rank having rebuilt its QPs behind the same
 /// virtual numbers (rank 0 with new real ones; rank 1's are the first of a fresh device, which
-/// may be the old numbers again).
+/// may be the old numbers again). Only with `CKPT_FULL=1`: every run restarts a job across two
+/// guests on new GIDs (through the verbs layer) in
+/// `an_rdma_job_with_shared_memory_moves_to_other_guests`, and a job linked with ib-quiesce in
+/// `an_rdma_job_is_checkpointed_killed_and_restarted_in_a_guest`.
 #[test]
 fn an_rdma_job_across_two_guests_is_checkpointed_killed_and_restarted() {
+    ckpt_tests::slow_variant!(
+        "an_rdma_job_with_shared_memory_moves_to_other_guests and an_rdma_job_is_checkpointed_killed_and_restarted_in_a_guest"
+    );
     if let Some(why) = vm::unavailable() {
         eprintln!("SKIPPED: {why}");
         return;
@@ -570,6 +576,8 @@ fn a_verbs_fd_outside_the_layer_and_multicast_in_use_are_refused_and_the_job_run
 /// SIGKILLed on both guests, then restarted with the parts swapped (`--map ga=gb --map
 /// gb=ga`): it ends with the checksum of an uninterrupted run, and every rank's layer shows its
 /// port at the other guest's GID now, with new real QPNs and rkeys behind unchanged virtual ones.
+/// Pre-copy is on, as by default: both parts are pre-dumped (through the agents' CRIU plugin)
+/// before the first checkpoint.
 ///
 /// Before it, in the same boots, `tests/apps/verbs_newqp`: two processes of one job over UD QPs
 /// through the layer, moved to b and back (`--map`), each making 8 more QPs after each restart on
@@ -605,6 +613,12 @@ fn an_rdma_job_with_shared_memory_moves_to_other_guests() {
     assert!(
         value("run ").contains("UCX_TLS=rc_verbs,ud_verbs,sm,self"),
         "--rdma keeps UCX's shared memory"
+    );
+    assert_eq!(
+        value("predumps ready "),
+        "2",
+        "both parts pre-dumped (the CRIU plugin passes over the device mappings): {}",
+        a.console
     );
     for i in 1..=2 {
         assert_eq!(

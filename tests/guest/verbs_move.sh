@@ -5,7 +5,8 @@
 # talks over its shared-memory transports between the ranks of a guest and over verbs (the
 # layer preloaded by the agents) between guests. Checkpointed twice under traffic, every
 # process on both guests SIGKILLed, then restarted with the parts swapped (`--map ga=gb --map
-# gb=ga`): each part restores on the other guest, behind new GIDs, QPNs and rkeys. Prints
+# gb=ga`): each part restores on the other guest, behind new GIDs, QPNs and rkeys. The parts
+# are pre-dumped before the first checkpoint (pre-copy, through the agents' CRIU plugin). Prints
 # "RESULT ..." lines for the e2e test.
 #
 # The launcher's node is named by its host name (Hydra starts its own proxy for it, and ckpt-rsh
@@ -119,7 +120,14 @@ wait_progress() { # at least N more progress lines than now, within 120 s
     exit 4
 }
 wait_progress 1
+# Pre-copy is on (the agents' default): each part is pre-dumped while it runs, its device
+# mappings passed over by the agent's CRIU plugin, before the first checkpoint.
+for _ in $(seq 900); do
+    [ "$("$BIN/ckptctl" status "$JOB" | grep -c 'pre-dump.* ready')" -ge 2 ] && break
+    sleep 0.2
+done
 "$BIN/ckptctl" status "$JOB" | sed 's/^/RESULT status before /'
+echo "RESULT predumps ready $("$BIN/ckptctl" status "$JOB" | grep -c 'pre-dump.* ready')"
 before=$(cat $COUNTER)
 for i in 1 2; do
     "$BIN/ckptctl" checkpoint "$JOB" --wait > "$W/ckpt$i" 2>&1 || { cat "$W/ckpt$i"; exit 6; }

@@ -415,17 +415,27 @@ impl Ckptd {
 
     /// The last lines of a job's stdout and stderr on a namespace node, for failure messages.
     pub fn job_output_on(&self, node: &str, job: u64) -> String {
-        let dir = self.job_dir_on(node, job);
-        ["stdout", "stderr"]
-            .iter()
-            .map(|f| {
-                let text = std::fs::read_to_string(dir.join(f)).unwrap_or_default();
-                let lines: Vec<&str> = text.lines().collect();
-                let tail = lines[lines.len().saturating_sub(20)..].join("\n");
-                format!("--- {node} {f} (last 20 lines)\n{tail}")
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
+        output_tails(&self.job_dir_on(node, job), node)
+    }
+
+    /// The last lines of a job's stdout and stderr wherever it ran (the one node, or each
+    /// namespace node that has its directory), for failure messages.
+    pub fn job_output(&self, job: u64) -> String {
+        let mut out = Vec::new();
+        if self.job_dir(job).is_dir() {
+            out.push(output_tails(&self.job_dir(job), "node"));
+        }
+        let nodes = std::fs::read_dir(self.dir.path())
+            .into_iter()
+            .flatten()
+            .flatten();
+        for node in nodes {
+            let name = node.file_name().to_string_lossy().into_owned();
+            if self.job_dir_on(&name, job).is_dir() {
+                out.push(self.job_output_on(&name, job));
+            }
+        }
+        out.join("\n")
     }
 
     /// The cgroup of a job on a namespace node.
@@ -531,7 +541,8 @@ impl Ckptd {
             }
             assert!(
                 begin.elapsed() < limit,
-                "job {job} still {s:?} after {limit:?}, wanted {prefix:?}"
+                "job {job} still {s:?} after {limit:?}, wanted {prefix:?}\n{}",
+                self.job_output(job)
             );
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -755,4 +766,18 @@ fn mount_loop_ext4(dir: &Path, size: &str) {
         img.display(),
         mnt.display()
     );
+}
+
+/// The last 20 lines of the stdout and stderr in a job directory, headed by `node`.
+fn output_tails(dir: &Path, node: &str) -> String {
+    ["stdout", "stderr"]
+        .iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(20)..].join("\n");
+            format!("--- {node} {f} (last 20 lines)\n{tail}")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }

@@ -125,6 +125,12 @@ fn run_watched(body: &str, settings: &[&str], abort: &AtomicBool) -> GuestRun {
     });
     let status = child.wait().expect("wait for testvm.sh");
     console.push_str(&stderr.join().unwrap_or_default());
+    if std::env::var_os(CONSOLE_ENV).is_some() {
+        eprintln!(
+            "--- console of {}\n{console}",
+            settings.first().unwrap_or(&"guest")
+        );
+    }
     // The group was killed before testvm.sh was reaped: its id is not signalled again, as it
     // may belong to another process group by now.
     let ended = abort.load(Ordering::Relaxed);
@@ -141,6 +147,10 @@ fn run_watched(body: &str, settings: &[&str], abort: &AtomicBool) -> GuestRun {
         },
     }
 }
+
+/// Set (to anything), every guest's console is printed, passed or not: where a guest test
+/// spends its time (the scripts' `say` lines carry the time of day).
+pub const CONSOLE_ENV: &str = "CKPT_GUEST_CONSOLE";
 
 /// The status of a guest run ended because its kernel, or its peer's, locked up.
 pub const LOCKED_UP: i32 = 124;
