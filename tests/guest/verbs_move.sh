@@ -73,14 +73,18 @@ newqp_wait() { # PEERS: both processes know PEERS QPs of the other and got 10 mo
     exit 10
 }
 newqp_move() { # FROM TO KILLKEY: checkpoint, SIGKILL on FROM, restart on TO
+    say "newqp: checkpoint"
     "$BIN/ckptctl" checkpoint "$NJOB" --wait > "$W/nq.ckpt" 2>&1 || { cat "$W/nq.ckpt"; exit 11; }
+    say "newqp: committed; waiting for a copy off the node"
     wait_movable "$NJOB" "$W/nq.ckpt"
+    say "newqp: kill on $1, restart on $2"
     if [ "$1" = ga ]; then kill_job; else touch "$S/kill-$3"; wait_file "$S/killed-$3" 120; fi
     for _ in $(seq 300); do "$BIN/ckptctl" status "$NJOB" | head -1 | grep -qE 'killed|failed|lost' && break; sleep 0.1; done
     "$BIN/ckptctl" restart "$NJOB" --map "$1=$2" > "$W/nq.restart" 2>&1 || { cat "$W/nq.restart"; exit 12; }
     echo "RESULT newqp restart $1 to $2 $(grep -o 'moving.*' "$W/nq.restart" | head -1)"
 }
 mkdir -p "$NQ" && mkdir -m 700 "$S/status-newqp"
+say "daemons up; newqp: start"
 NJOB=$(CKPT_VERBS_STATUS=$S/status-newqp "$BIN/ckptctl" run --name newqp -- \
     sh -c "$NEWQP $NQ p q & $NEWQP $NQ q p & wait")
 newqp_wait 1
@@ -95,6 +99,7 @@ newqp_wait 17
 # One more checkpoint: its rebuild writes the layers' status with every QP.
 "$BIN/ckptctl" checkpoint "$NJOB" --wait > "$W/nq.ckpt" 2>&1 || { cat "$W/nq.ckpt"; exit 11; }
 newqp_wait 17
+say "newqp: done"
 for n in p q; do echo "RESULT newqp $n $(cat "$NQ/$n.status")"; done
 "$BIN/ckptctl" cancel "$NJOB" > /dev/null
 for _ in $(seq 100); do [ "$(ls "$S/status-newqp"/*.json 2>/dev/null | wc -l)" -ge 2 ] && break; sleep 0.1; done
@@ -136,6 +141,7 @@ for i in 1 2; do
     wait_progress 1
 done
 echo "RESULT a sent_pkts $(( $(cat $COUNTER) - before ))"
+say "heat: checkpoints done; waiting for a copy off the nodes"
 wait_movable "$JOB" "$W/ckpt2"
 grep -q '^checksum' "$OUT" && { say "the job finished before the kill; raise ITERS"; exit 5; }
 for f in "$STATUS"/*.json; do echo "RESULT running status $(cat "$f")"; done
