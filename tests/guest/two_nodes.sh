@@ -41,8 +41,10 @@ wait_file() { # FILE SECONDS (on b: given up at once when a has ended)
     done
     say "timed out waiting for $1"; exit 7
 }
+say "booted"
 IP=192.168.98.1; [ "$ROLE" = b ] && IP=192.168.98.2
 for _ in $(seq 100); do busybox ping -c1 -W1 192.168.98.$([ "$ROLE" = a ] && echo 2 || echo 1) > /dev/null 2>&1 && break; done
+say "the peer answers"
 LISTEN=$IP COORDINATOR=192.168.98.1
 if [ -n "${JOBNET:-}" ]; then
     LISTEN=192.168.98.1$([ "$ROLE" = a ] && echo 1 || echo 2) COORDINATOR=192.168.98.11
@@ -138,9 +140,11 @@ serve_kills() { # "K..." PATTERN
     echo "--- agent log (b)"; grep -E "$2" "$W/agent.log" | tail -n 40
 }
 
+say "daemons started"
 if [ "$ROLE" = a ]; then
     export CKPT_SOCKET=$W/ckptd.sock
     wait_file "$S/b-up" 300
+    say "guest b is up"
     for _ in $(seq 300); do "$BIN/ckptctl" list > /dev/null 2>&1 && break; sleep 0.1; done
     for _ in $(seq 300); do
         grep -q 'agent registered node="gb"' "$W/ckptd.log" && grep -q 'agent registered node="ga"' "$W/ckptd.log" && break
