@@ -24,9 +24,12 @@ cargo fmt --all -- --check
 # first (they differ by the checkout's path), so that the directory does not grow.
 TARGET=${CARGO_TARGET_DIR:-$PWD/target}
 if [ -n "${CARGO_TARGET_DIR:-}" ] && [ -d "$CARGO_TARGET_DIR/release" ]; then
-    echo "[test] build directory $CARGO_TARGET_DIR: this workspace's old builds removed, dependencies kept"
-    cargo clean --release --quiet $(cargo metadata --no-deps --format-version 1 --locked |
+    OWN=$(cargo metadata --no-deps --format-version 1 --locked |
         python3 -c 'import json, sys; print(" ".join("-p " + p["name"] for p in json.load(sys.stdin)["packages"]))')
+    # Never a bare `cargo clean`, which would remove the dependencies too.
+    [ -n "$OWN" ] || { echo "[test] cannot list this workspace's packages"; exit 1; }
+    echo "[test] build directory $CARGO_TARGET_DIR: this workspace's old builds removed, dependencies kept"
+    cargo clean --release --quiet $OWN
 fi
 
 echo "[test] building release binaries (shared by every e2e test)"

@@ -128,11 +128,12 @@ wait_progress 1
 # Pre-copy is on (the agents' default): each part is pre-dumped while it runs, its device
 # mappings passed over by the agent's CRIU plugin, before the first checkpoint.
 for _ in $(seq 900); do
-    [ "$("$BIN/ckptctl" status "$JOB" | grep -c 'pre-dump.* ready')" -ge 2 ] && break
+    "$BIN/ckptctl" status "$JOB" > "$W/status.before"
+    [ "$(grep -c 'pre-dump.* ready' "$W/status.before")" -ge 2 ] && break
     sleep 0.2
 done
-"$BIN/ckptctl" status "$JOB" | sed 's/^/RESULT status before /'
-echo "RESULT predumps ready $("$BIN/ckptctl" status "$JOB" | grep -c 'pre-dump.* ready')"
+sed 's/^/RESULT status before /' "$W/status.before"
+echo "RESULT predumps ready $(grep -c 'pre-dump.* ready' "$W/status.before")"
 before=$(cat $COUNTER)
 for i in 1 2; do
     "$BIN/ckptctl" checkpoint "$JOB" --wait > "$W/ckpt$i" 2>&1 || { cat "$W/ckpt$i"; exit 6; }
