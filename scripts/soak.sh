@@ -19,6 +19,7 @@ esac
 export CKPT_SOAK_ROUNDS=$rounds
 # A new sequence each run unless SEED is given (the test alone replays CI's).
 export CKPT_SOAK_SEED=${2:-$(date +%s%N)}
-cargo build --release --workspace --locked
-export CKPT_BIN_DIR="$PWD/target/release"
-exec cargo test --release --locked -p ckpt-tests --test soak -- --nocapture
+# One build for the programs and the test, as scripts/test.sh does (one feature set).
+cargo build --release --workspace --locked --lib --bins --tests
+export CKPT_BIN_DIR="${CARGO_TARGET_DIR:-$PWD/target}/release"
+exec cargo test --release --locked --workspace --test soak -- --nocapture

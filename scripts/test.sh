@@ -32,15 +32,19 @@ if [ -n "${CARGO_TARGET_DIR:-}" ] && [ -d "$CARGO_TARGET_DIR/release" ]; then
     cargo clean --release --quiet $OWN
 fi
 
-echo "[test] building release binaries (shared by every e2e test)"
-cargo build --release --workspace --locked
+# One feature set for every build below: the release binaries, the tests and the e2e tests
+# are all built with the workspace's dev-dependencies (`--tests`, `--workspace` every time).
+# A build of one package (`-p`), or one without the tests, resolves the dependencies'
+# features otherwise and compiles them all again (about 3 minutes each here).
+echo "[test] building release binaries and tests (shared by every test below)"
+cargo build --release --workspace --locked --lib --bins --tests
 
 if cargo clippy --version >/dev/null 2>&1; then
     echo "[test] cargo clippy (every target, benchmarks included, warnings are errors)"
     cargo clippy --release --workspace --locked --all-targets -- -D warnings
 else
-    echo "[test] clippy not installed: building every target (benchmarks included) instead"
-    cargo build --release --workspace --locked --all-targets
+    echo "[test] clippy not installed: checking every target (benchmarks included) instead"
+    cargo check --release --workspace --locked --all-targets
 fi
 
 if command -v cargo-machete >/dev/null 2>&1; then
@@ -63,19 +67,20 @@ timed() {
     TIMES+=("$(printf '%-24s %5d s  %s' "$name" $((SECONDS - begin)) "$status")")
 }
 
-echo "[test] unit and integration tests of the libraries"
-timed "unit+integration" cargo test --release --workspace --locked --exclude ckpt-tests
+export CKPT_BIN_DIR="$TARGET/release"
+echo "[test] unit tests (every library and program, the e2e harness's included)"
+timed "unit" cargo test --release --workspace --locked --lib --bins
+echo "[test] integration tests of the libraries"
+timed "integration" cargo test --release --workspace --locked --exclude ckpt-tests --test '*'
 
 echo "[test] end-to-end tests (one at a time: each runs a 4-rank MPI job on 2 cores)"
-export CKPT_BIN_DIR="$TARGET/release"
 # Each e2e test's time (libtest's --report-time, "test NAME ... ok <12.345s>"): an unstable
 # option of the test harness, let through for the test binaries only (a cargo runner), so the
 # build itself stays on stable Rust. The slowest are listed at the end.
 export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="env RUSTC_BOOTSTRAP=1"
-timed "harness" cargo test --release --locked -p ckpt-tests --lib
 for suite in $(sed -n 's/^name = "\(.*\)"$/\1/p' tests/Cargo.toml | grep -v '^ckpt-tests$'); do
     echo "[test] e2e suite $suite"
-    timed "e2e $suite" cargo test --release --locked -p ckpt-tests --test "$suite" -- \
+    timed "e2e $suite" cargo test --release --locked --workspace --test "$suite" -- \
         --test-threads=1 --show-output -Z unstable-options --report-time "$@"
 done
 

@@ -1,13 +1,10 @@
 //! Where a restart puts a job's parts, against the in-process fake agents of the phase tests:
 //! moves (`--nodes`, `--map`), spares for nodes that are down, `drain`, partner copies fetched
 //! by the node a part moved to, and the job's record after a restart.
-#[path = "phases/cluster.rs"]
-mod cluster;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use cluster::*;
+use crate::cluster::*;
 use coordinator::model::JobState;
 use tokio::sync::mpsc;
 use tonic::Code;

@@ -3,12 +3,9 @@
 //! script tells a fake to fail or to hang in any call; every call is logged. No root, no CRIU,
 //! no processes: every phase's abort path and deadline, for checkpoint and restart, in
 //! milliseconds.
-#[path = "phases/cluster.rs"]
-mod cluster;
-
 use std::collections::BTreeMap;
 
-use cluster::*;
+use crate::cluster::*;
 use coordinator::agents::FailureKind;
 use coordinator::driver::DriveError;
 use coordinator::model::{EpochState, JobState, Phase};

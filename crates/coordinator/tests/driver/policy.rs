@@ -1,11 +1,8 @@
 //! Checkpoints ckptd takes by itself (`run --every`, `ckptctl policy`), against the in-process
 //! fake agents of the phase tests, with the scheduler running as in ckptd.
-#[path = "phases/cluster.rs"]
-mod cluster;
-
 use std::time::{Duration, Instant};
 
-use cluster::*;
+use crate::cluster::*;
 use coordinator::driver::DriveError;
 use coordinator::model::{EpochState, Every, JobState, PolicyChange, Trigger};
 use tokio::sync::watch;

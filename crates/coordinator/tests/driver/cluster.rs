@@ -1,7 +1,5 @@
 //! The fake agents and the cluster the phase tests drive: one scripted `Agent` service per
 //! node on a Unix socket, and the real coordinator over them.
-// Two test binaries (phases, placement) share this module, each using part of it.
-#![allow(dead_code)]
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};

@@ -1,12 +1,9 @@
 //! `[limits]` in ckptd.toml, against the in-process fake agents of the phase tests: what one
 //! user may hold (live jobs, job addresses) and ask for (checkpoints per hour, verifies at
 //! once) is refused beyond its limit, naming it, and root is never held back.
-#[path = "phases/cluster.rs"]
-mod cluster;
-
 use std::time::Duration;
 
-use cluster::*;
+use crate::cluster::*;
 use coordinator::driver::DriveError;
 use tonic::Code;
 

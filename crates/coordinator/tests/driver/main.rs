@@ -1,0 +1,9 @@
+//! The coordinator against in-process fake agents (`cluster`): the phase driver (`phases`),
+//! where restarts put parts (`placement`), checkpoints ckptd takes by itself (`policy`) and
+//! per-user limits (`limits`). One test program: each would otherwise compile the gRPC stack
+//! and the fakes again.
+mod cluster;
+mod limits;
+mod phases;
+mod placement;
+mod policy;
