@@ -9,6 +9,11 @@
 //! one node writes the epoch's commit record into shared storage and the epoch is `durable`.
 //! Flushes of one job run one at a time, oldest first. A failed flush leaves the epoch
 //! restorable from its local copies and removes the partial shared copies.
+//!
+//! The two stages take turns separately: an epoch's partner copies wait for the previous
+//! epoch's partner copies only, not for its flush to shared storage (slower, and deduplicated
+//! against the epochs before, so in order). A node lost soon after a checkpoint then finds the
+//! newest epoch copied off it sooner.
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
@@ -28,8 +33,8 @@ type Progress = HashMap<(u64, u32), BTreeMap<String, (u64, u64)>>;
 #[derive(Debug, Default)]
 pub struct Flushes {
     progress: std::sync::Mutex<Progress>,
-    /// One lock per job: its flushes run one at a time.
-    order: std::sync::Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
+    /// Per job, the turns of its epochs at each stage.
+    order: std::sync::Mutex<HashMap<u64, Arc<Turns>>>,
     /// Interrupted flushes, started again once all their nodes are registered.
     waiting: std::sync::Mutex<Vec<(u64, u32)>>,
 }
@@ -79,7 +84,7 @@ impl Flushes {
             .remove(&(job, epoch));
     }
 
-    fn job_lock(&self, job: u64) -> Arc<tokio::sync::Mutex<()>> {
+    fn turns(&self, job: u64) -> Arc<Turns> {
         self.order
             .lock()
             .expect("flush lock")
@@ -87,6 +92,14 @@ impl Flushes {
             .or_default()
             .clone()
     }
+}
+
+/// A job's epochs take their turn at each stage of the background work, in epoch order (the
+/// locks are fair: first come, first served).
+#[derive(Debug, Default)]
+struct Turns {
+    partners: tokio::sync::Mutex<()>,
+    shared: tokio::sync::Mutex<()>,
 }
 
 /// One retention decision: delete a node's local copies of an epoch, or all its copies.
@@ -160,8 +173,8 @@ impl Coordinator {
 
     async fn flush_epoch(self: Arc<Self>, id: u64, number: u32) {
         let _backlog = crate::metrics::Backlog::enter();
-        let lock = self.flushes.job_lock(id);
-        let _one_at_a_time = lock.lock().await;
+        let turns = self.flushes.turns(id);
+        let partners_turn = turns.partners.lock().await;
         let mut epoch = match self.registry.epoch(id, number) {
             Ok(Some(e)) if e.is_restorable() => e,
             _ => return,
@@ -183,6 +196,10 @@ impl Coordinator {
         if epoch.flush != FlushState::Flushing {
             return;
         }
+        // In line for the shared storage before the next epoch may copy to partners: the
+        // flushes stay in epoch order.
+        let _shared_turn = turns.shared.lock().await;
+        drop(partners_turn);
         let begin = Instant::now();
         let result = match self.copy_to_shared(&epoch).await {
             Ok(written) => self.publish(&epoch).await.map(|()| written),
@@ -371,9 +388,10 @@ impl Coordinator {
         let me = self.clone();
         let e = e.clone();
         tokio::spawn(async move {
-            // Never while a flush of the job runs: it may be using the packs a sweep frees.
-            let lock = me.flushes.job_lock(e.job_id);
-            let _g = lock.lock().await;
+            // Never while a flush of the job to shared storage runs: it may be using the packs
+            // a sweep frees.
+            let turns = me.flushes.turns(e.job_id);
+            let _g = turns.shared.lock().await;
             for n in &e.nodes {
                 let req = pb::PruneRequest {
                     job_id: e.job_id,
@@ -477,9 +495,9 @@ impl Coordinator {
         tokio::spawn(async move {
             // Shared copies are never deleted while a flush of the job runs: it may be using
             // the packs a sweep would free. Local copies need not wait.
-            let lock = me.flushes.job_lock(id);
+            let turns = me.flushes.turns(id);
             let _g = if by_node.keys().any(|(_, shared)| *shared) {
-                Some(lock.lock().await)
+                Some(turns.shared.lock().await)
             } else {
                 None
             };

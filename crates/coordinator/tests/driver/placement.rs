@@ -293,6 +293,40 @@ async fn drain_without_shared_storage_leaves_the_job_stopped_and_says_why() {
     assert!(c.calls("restore").is_empty());
 }
 
+/// An epoch's partner copies do not wait for the previous epoch's flush to shared storage:
+/// with epoch 1's flush stuck on n1, epoch 2 is still copied to partners; its own flush waits
+/// for epoch 1's (they stay in epoch order).
+#[tokio::test]
+async fn partner_copies_of_the_newest_epoch_pass_a_slow_flush_of_the_one_before() {
+    let c = Cluster::start_sharing(|cfg| cfg.redundancy.partner = true, "/shared").await;
+    let job = c.job().await;
+    c.script("n1", "flush", Act::Hang);
+    assert_eq!(c.checkpoint(job, false).await.unwrap(), 1);
+    c.wait_call("n1", "flush").await;
+    assert_eq!(c.checkpoint(job, false).await.unwrap(), 2);
+    let partners = |epoch| {
+        c.coord
+            .registry
+            .epoch(job, epoch)
+            .unwrap()
+            .unwrap()
+            .partners
+    };
+    let begin = std::time::Instant::now();
+    while partners(2).len() < 3 {
+        assert!(
+            begin.elapsed() < Duration::from_secs(10),
+            "epoch 2 waits for epoch 1's flush: {:?}",
+            partners(2)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(partners(1).len(), 3, "epoch 1 was copied first");
+    // Epoch 2's flush has not started: the only flush calls are epoch 1's, one per node.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(c.nodes_called("flush"), ["n1", "n2", "n3"]);
+}
+
 /// n3's partner copy is kept by n1 (the ring n1 -> n2 -> n3 -> n1). When n3's part moves to
 /// n4, ckptd grants n4 the fetch of that copy on n1 and names n1 as the partner in n4's
 /// restore.
