@@ -718,10 +718,10 @@ fn a_freeze_that_catches_a_process_in_vfork_is_tried_again() {
             .find(|l| l.contains("froze again: a process was waiting for a vfork child"))
             .map(str::to_string)
     };
-    // At least eight checkpoints, and on until one froze again (each lands in the window with
+    // At least four checkpoints, and on until one froze again (each lands in the window with
     // odds ~3 in 4), up to 15; every one commits.
     let mut epoch = 0;
-    while (epoch < 8 || retried(&log()).is_none()) && epoch < 15 {
+    while (epoch < 4 || retried(&log()).is_none()) && epoch < 15 {
         epoch += 1;
         let out = d.ctl(&["checkpoint", &id, "--wait"]);
         assert!(

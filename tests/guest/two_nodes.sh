@@ -17,6 +17,9 @@ mkdir -m 700 "$W"
 S=/share
 say() { echo "[guest $ROLE $(date +%T)] $*"; }
 diag() { # what a failed run needs: the job processes, as the agent and they see themselves
+    # The kernel's word on a process it killed (the console shows only its gravest messages).
+    echo "--- kernel on $ROLE: $(dmesg | grep -iE 'out of memory|oom-kill|killed process' | tail -n 3 | tr '\n' ' ')"
+    echo "--- memory on $ROLE: $(free -m | awk '/^Mem/ {print "used " $3 " MB, free " $4 " MB, shared " $5 " MB"}')"
     echo "--- rebuild flags on $ROLE: $(ls "$W/state/ibq/ibq-rebuild" 2>/dev/null | tr '\n' ' ')"
     local log
     log=$(grep -rl "Error (criu" "$W/state" "$W/local" 2>/dev/null | head -1)
@@ -43,7 +46,11 @@ wait_file() { # FILE SECONDS (on b: given up at once when a has ended)
 }
 say "booted"
 IP=192.168.98.1; [ "$ROLE" = b ] && IP=192.168.98.2
-for _ in $(seq 100); do busybox ping -c1 -W1 192.168.98.$([ "$ROLE" = a ] && echo 2 || echo 1) > /dev/null 2>&1 && break; done
+PEER=192.168.98.$([ "$ROLE" = a ] && echo 2 || echo 1)
+for _ in $(seq 100); do busybox ping -c1 -W1 "$PEER" > /dev/null 2>&1 && break; done
+# A peer that never boots (seen once: a guest whose console stayed empty) fails the run now,
+# not at the run's time limit.
+busybox ping -c1 -W1 "$PEER" > /dev/null 2>&1 || { say "the peer $PEER never answered: its guest did not boot"; exit 3; }
 say "the peer answers"
 LISTEN=$IP COORDINATOR=192.168.98.1
 if [ -n "${JOBNET:-}" ]; then

@@ -136,12 +136,15 @@ sed 's/^/RESULT status before /' "$W/status.before"
 echo "RESULT predumps ready $(grep -c 'pre-dump.* ready' "$W/status.before")"
 before=$(cat $COUNTER)
 for i in 1 2; do
-    "$BIN/ckptctl" checkpoint "$JOB" --wait > "$W/ckpt$i" 2>&1 || { cat "$W/ckpt$i"; exit 6; }
+    "$BIN/ckptctl" checkpoint "$JOB" --wait > "$W/ckpt$i" 2>&1 || {
+        cat "$W/ckpt$i"; echo "--- the job's stderr"; tail -n 20 "${OUT%stdout}stderr"; exit 6; }
     echo "RESULT checkpoint $i ok $(grep -m1 -o '[0-9]* verbs layer(s) drained' "$W/ckpt$i" || true)"
     grep -E 'frozen|rebuilt' "$W/ckpt$i" | sed "s/^/RESULT ckpt$i /" || true
     wait_progress 1
 done
 echo "RESULT a sent_pkts $(( $(cat $COUNTER) - before ))"
+# Frozen time and image size of each checkpoint (docs/performance.md).
+"$BIN/ckptctl" epochs "$JOB" | sed 's/^/RESULT epochs /'
 say "heat: checkpoints done; waiting for a copy off the nodes"
 wait_movable "$JOB" "$W/ckpt2"
 grep -q '^checksum' "$OUT" && { say "the job finished before the kill; raise ITERS"; exit 5; }
