@@ -1,0 +1,96 @@
+//! Partner copies, against the in-process fake agents of the phase tests: when an epoch's
+//! copies are made (not behind the previous epoch's flush) and how a part that moved fetches
+//! its copy from a third node.
+use std::time::Duration;
+
+use crate::cluster::*;
+use crate::placement::placed;
+
+/// An epoch's partner copies do not wait for the previous epoch's flush to shared storage:
+/// with epoch 1's flush stuck on n1, epoch 2 is still copied to partners; its own flush waits
+/// for epoch 1's (they stay in epoch order).
+#[tokio::test]
+async fn partner_copies_of_the_newest_epoch_pass_a_slow_flush_of_the_one_before() {
+    let c = Cluster::start_sharing(|cfg| cfg.redundancy.partner = true, "/shared").await;
+    let job = c.job().await;
+    c.script("n1", "flush", Act::Hang);
+    assert_eq!(c.checkpoint(job, false).await.unwrap(), 1);
+    c.wait_call("n1", "flush").await;
+    assert_eq!(c.checkpoint(job, false).await.unwrap(), 2);
+    let partners = |epoch| {
+        c.coord
+            .registry
+            .epoch(job, epoch)
+            .unwrap()
+            .unwrap()
+            .partners
+    };
+    let begin = std::time::Instant::now();
+    while partners(2).len() < 3 {
+        assert!(
+            begin.elapsed() < Duration::from_secs(10),
+            "epoch 2 waits for epoch 1's flush: {:?}",
+            partners(2)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(partners(1).len(), 3, "epoch 1 was copied first");
+    // Epoch 2's flush has not started: the only flush calls are epoch 1's, one per node.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(c.nodes_called("flush"), ["n1", "n2", "n3"]);
+}
+
+/// n3's partner copy is kept by n1 (the ring n1 -> n2 -> n3 -> n1). When n3's part moves to
+/// n4, ckptd grants n4 the fetch of that copy on n1 and names n1 as the partner in n4's
+/// restore.
+#[tokio::test]
+async fn a_moved_part_may_fetch_its_partner_copy_from_a_third_node() {
+    let c = Cluster::start_with(|cfg| {
+        cfg.job_network.addresses = "10.9.0.10-10.9.0.20".into();
+        cfg.job_network.prefix = 24;
+        cfg.redundancy.partner = true;
+    })
+    .await;
+    c.add_node("n4").await;
+    let job = c.stopped_job().await;
+    let begin = std::time::Instant::now();
+    while c
+        .coord
+        .registry
+        .epoch(job, 2)
+        .unwrap()
+        .unwrap()
+        .partners
+        .is_empty()
+    {
+        assert!(
+            begin.elapsed() < Duration::from_secs(10),
+            "no partner copies"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let partners = c.coord.registry.epoch(job, 2).unwrap().unwrap().partners;
+    assert_eq!(
+        partners.get("n3").map(String::as_str),
+        Some("n1"),
+        "{partners:?}"
+    );
+    c.world.lock().unwrap().log.clear();
+    assert_eq!(
+        c.restart_on(job, 2, &placed(&[], &["n3=n4"]))
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(
+        c.calls("allow-fetch"),
+        [("n1".to_string(), format!("{job} 2 n3->n4"))]
+    );
+    let n4 = c
+        .calls("restore")
+        .into_iter()
+        .find(|(n, _)| n == "n4")
+        .unwrap()
+        .1;
+    assert!(n4.ends_with(" partner=n1 from=n3"), "{n4}");
+}
