@@ -12,7 +12,8 @@
  *
  *   verbs_newqp DIR ME PEER
  *
- * DIR/ME.status, rewritten every tick: "tick T qps Q peers P sent S ok O bad B". Runs until
+ * DIR/ME.status, rewritten every tick: "tick T qps Q peers P sent S ok O bad B src R" (R:
+ * messages whose completion named another source QP than the peer's QP 0). Runs until
  * killed. Exits 2 on a usage error, 3 when a verbs call fails (naming it). */
 #include <errno.h>
 #include <stdint.h>
@@ -174,7 +175,7 @@ static int learn_peer(void)
 int main(int argc, char **argv)
 {
     struct ibv_device **devs;
-    long sent = 0, ok = 0, bad = 0;
+    long sent = 0, ok = 0, bad = 0, strange = 0;
     int n, i, tick, batches = 0;
 
     if (argc != 4) {
@@ -274,13 +275,19 @@ int main(int argc, char **argv)
                     printf("misrouted: a message for qp #%u arrived on qp #%d (%u)\n", m->for_qp, q,
                            wc[i].qp_num);
                 }
+                /* Every message comes from the peer's QP 0, which the completion must name by
+                 * the number the peer published, wherever the peer is now. */
+                if (npeer > 0 && wc[i].src_qp != peer_qpn[0]) {
+                    strange++;
+                    printf("source qp %u, not the peer's qp 0 (%u)\n", wc[i].src_qp, peer_qpn[0]);
+                }
                 post_recv(q, slot);
             }
         }
         if (n < 0)
             die("ibv_poll_cq", -n);
-        snprintf(text, sizeof text, "tick %d qps %d peers %d sent %ld ok %ld bad %ld\n", tick, nq,
-                 npeer, sent, ok, bad);
+        snprintf(text, sizeof text, "tick %d qps %d peers %d sent %ld ok %ld bad %ld src %ld\n",
+                 tick, nq, npeer, sent, ok, bad, strange);
         snprintf(path, sizeof path, "%s/%s.status", dir, me);
         put(path, text);
     }

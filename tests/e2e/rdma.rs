@@ -753,6 +753,12 @@ fn assert_new_qps_after_restarts_never_collide(res: &[String], console: &str) {
             "{who}: a message reached another QP: {console}"
         );
         assert!(num("ok") > 17 * 10, "{who}: traffic on every QP: {line}");
+        assert_eq!(
+            num("src"),
+            0,
+            "{who}: a UD completion named the sender by another number than the one it \
+             published (wc.src_qp): {console}"
+        );
     }
     let layers = statuses(res, "newqp layer ");
     assert_eq!(layers.len(), 2, "{console}");

@@ -26,7 +26,7 @@ use ibverbs_sys as ffi;
 
 use crate::gate::gate;
 use crate::shadow::{layer, lock, Receive, ShadowAh, ShadowCq, ShadowQp, ShadowSrq};
-use crate::xlate::{Found, Tables};
+use crate::xlate::{Addr, Found, Tables};
 
 /// The work request id of the layer's flush markers (not a user-space address, so no
 /// program's pointer-valued id is equal to it).
@@ -344,19 +344,56 @@ fn is_receive(qp: &ShadowQp, cq: usize, wc: &ffi::ibv_wc) -> bool {
     }
 }
 
-/// Forgets the receive a completion consumed: the oldest of the QP's own (they complete in
-/// order), or the SRQ's with its id.
-fn consumed(qp: &ShadowQp, wr_id: u64) {
+/// Forgets the receive a completion consumed, and returns it: the oldest of the QP's own (they
+/// complete in order), or the SRQ's with its id.
+fn consumed(qp: &ShadowQp, wr_id: u64) -> Option<Receive> {
     if qp.qp.srq.is_null() {
-        lock(&qp.receives).pop_front();
-        return;
+        return lock(&qp.receives).pop_front();
     }
     // SAFETY: a shadow QP's SRQ is a shadow SRQ, alive while a QP uses it.
     let srq = unsafe { &*(qp.qp.srq as *const ShadowSrq) };
     let mut r = lock(&srq.receives);
-    if let Some(i) = r.iter().position(|x| x.wr_id == wr_id) {
-        r.remove(i);
+    let i = r.iter().position(|x| x.wr_id == wr_id)?;
+    r.remove(i)
+}
+
+/// The sender's GID in the 40 bytes a UD receive starts with when its completion has
+/// `IBV_WC_GRH`: an IB or RoCE v1 GRH (an IPv6 header's layout), or for RoCE v2 over IPv4, 20
+/// unused bytes then the IPv4 header, whose source address is the GID's IPv4-mapped form.
+pub fn grh_source_gid(grh: &[u8; 40]) -> Option<[u8; 16]> {
+    if grh[0] >> 4 == 6 {
+        return grh[8..24].try_into().ok();
     }
+    if grh[20] >> 4 == 4 {
+        let mut gid = [0u8; 16];
+        gid[10] = 0xff;
+        gid[11] = 0xff;
+        gid[12..].copy_from_slice(&grh[32..36]);
+        return Some(gid);
+    }
+    None
+}
+
+/// A UD receive's `src_qp` back to the sender's virtual QP number, once a peer has rebuilt:
+/// the sender is found by the GRH at the head of the receive's buffer (RoCE, and IB with a
+/// GRH), or else by its source LID.
+fn translate_source(t: &Tables, wc: &mut ffi::ibv_wc, r: &Receive) {
+    let from = if wc.wc_flags.0 & ffi::ibv_wc_flags::IBV_WC_GRH.0 != 0 {
+        let Some(sge) = r.sges.first().filter(|s| s.length >= 40) else {
+            return;
+        };
+        let mut grh = [0u8; 40];
+        // SAFETY: the program's receive buffer, registered and posted with at least 40 bytes,
+        // into which the device has just written the GRH (this completion says so).
+        unsafe { std::ptr::copy_nonoverlapping(sge.addr as *const u8, grh.as_mut_ptr(), 40) };
+        match grh_source_gid(&grh) {
+            Some(gid) => Addr(gid),
+            None => return,
+        }
+    } else {
+        Addr::lid(wc.slid)
+    };
+    wc.src_qp = t.remote_source_qpn(from, wc.src_qp);
 }
 
 /// Settles completions polled from the real CQ behind `cq` (a shadow's address), in place:
@@ -375,7 +412,14 @@ pub fn settle_completions(t: &Tables, cq: usize, wcs: &mut [ffi::ibv_wc]) -> usi
                 // SAFETY: the table holds live shadow QPs only.
                 let qp = unsafe { &*(shadow as *const ShadowQp) };
                 if is_receive(qp, cq, &wc) {
-                    consumed(qp, wc.wr_id());
+                    let r = consumed(qp, wc.wr_id());
+                    if let Some(r) = r.filter(|_| {
+                        qp.qp.qp_type == ffi::ibv_qp_type::IBV_QPT_UD
+                            && wc.is_valid()
+                            && t.translates_remote_qpns()
+                    }) {
+                        translate_source(t, &mut wc, &r);
+                    }
                 } else if wc.wr_id() == MARKER_WR {
                     let _ = qp
                         .markers

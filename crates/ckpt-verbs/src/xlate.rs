@@ -16,6 +16,7 @@
 //! gives the one it has now.
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::RwLock;
 
 /// A peer port's address as the program addresses it: the GID, or (no GRH) the LID in the
@@ -109,6 +110,14 @@ pub struct Tables {
     /// Peers' QPs: (their address id, virtual QP number) → real QP number. Empty until a peer
     /// rebuilt: then the identity is right.
     remote_qpns: RwLock<Map<(u64, u32), u32>>,
+    /// The same, backwards: (their address id, real QP number) → virtual QP number, for the
+    /// source QP of a UD completion.
+    remote_virtual_qpns: RwLock<Map<(u64, u32), u32>>,
+    /// Whether `remote_virtual_qpns` has anything: read on every UD receive, without a lock.
+    translating_remote_qpns: AtomicBool,
+    /// Peers' address ids by where their ports are now (GID, or [`Addr::lid`] of the LID): who
+    /// sent a UD message, by its GRH or source LID.
+    peers_by_port: RwLock<Map<[u8; 16], u64>>,
     /// Peers' memory: (their address id, virtual rkey) → real rkey.
     remote_rkeys: RwLock<Map<(u64, u32), u32>>,
     /// Peers' ports now, by address id (empty until a rebuild).
@@ -172,15 +181,19 @@ impl Tables {
     /// (its own and its node-mates' too, which share `me`), so a number in
     /// `remote_qpns` under `me` is one the peers translate; with `me` unknown, a number
     /// under any address is avoided.
+    ///
+    /// Nor may it be a real number the peers still know as another of `me`'s virtual ones (a QP
+    /// destroyed since the rebuild): they would give that one as the source of its UD messages.
     pub fn qpn_free_for_new(&self, me: u64, n: u32) -> bool {
         if self.qpn_in_use(n) {
             return false;
         }
         let t = read(&self.remote_qpns);
+        let back = read(&self.remote_virtual_qpns);
         if me == 0 {
-            !t.keys().any(|&(_, v)| v == n)
+            !t.keys().any(|&(_, v)| v == n) && !back.iter().any(|(&(_, r), &v)| r == n && v != n)
         } else {
-            !t.contains_key(&(me, n))
+            !t.contains_key(&(me, n)) && back.get(&(me, n)).is_none_or(|&v| v == n)
         }
     }
 
@@ -201,7 +214,38 @@ impl Tables {
 
     /// Learns a peer QP's new real number.
     pub fn set_remote_qpn(&self, peer: u64, virt: u32, real: u32) {
-        write(&self.remote_qpns).insert((peer, virt), real);
+        let old = write(&self.remote_qpns).insert((peer, virt), real);
+        let mut back = write(&self.remote_virtual_qpns);
+        if let Some(old) = old {
+            if back.get(&(peer, old)) == Some(&virt) {
+                back.remove(&(peer, old));
+            }
+        }
+        back.insert((peer, real), virt);
+        self.translating_remote_qpns.store(true, Relaxed);
+    }
+
+    /// The virtual number of the QP that sent a UD message, from the real one its completion
+    /// gives (`src_qp`) and where it came from (the sender's port now: the GID of its GRH, or
+    /// [`Addr::lid`] of its LID). The identity until a peer rebuilt, and for a QP made since.
+    #[inline]
+    pub fn remote_source_qpn(&self, from: Addr, real: u32) -> u32 {
+        let back = read(&self.remote_virtual_qpns);
+        if back.is_empty() {
+            return real;
+        }
+        // A peer that never moved is still at the address the program knows it by.
+        let peer = read(&self.peers_by_port)
+            .get(&from.0)
+            .copied()
+            .unwrap_or_else(|| from.id());
+        back.get(&(peer, real)).copied().unwrap_or(real)
+    }
+
+    /// Whether any peer's QP numbers are translated (a UD completion's source may need it).
+    #[inline]
+    pub fn translates_remote_qpns(&self) -> bool {
+        self.translating_remote_qpns.load(Relaxed)
     }
 
     /// The real number of a peer's QP (the identity until that peer rebuilt).
@@ -231,7 +275,21 @@ impl Tables {
 
     /// Learns where a peer's port is now.
     pub fn set_peer(&self, peer: u64, port: PeerPort) {
-        write(&self.peers).insert(peer, port);
+        let old = write(&self.peers).insert(peer, port);
+        let mut by_port = write(&self.peers_by_port);
+        if let Some(old) = old {
+            for k in [old.gid, Addr::lid(old.lid).0] {
+                if by_port.get(&k) == Some(&peer) {
+                    by_port.remove(&k);
+                }
+            }
+        }
+        if port.gid != [0; 16] {
+            by_port.insert(port.gid, peer);
+        }
+        if port.lid != 0 {
+            by_port.insert(Addr::lid(port.lid).0, peer);
+        }
     }
 
     /// Where a peer's port is now (None: it never moved, or is unknown).
@@ -289,6 +347,52 @@ mod tests {
     }
 
     #[test]
+    fn a_ud_senders_real_qp_number_goes_back_to_its_virtual_one_by_where_it_is_now() {
+        let t = Tables::default();
+        let (a, b) = (Addr([1; 16]), Addr([2; 16]));
+        assert_eq!(t.remote_source_qpn(a, 0x40), 0x40, "nothing rebuilt yet");
+        assert!(!t.translates_remote_qpns());
+        // a stayed where it was, its QP 0x12 is real 0x40 now; b moved to GID 3 and its QP
+        // 0x12 is real 0x41 there.
+        t.set_remote_qpn(a.id(), 0x12, 0x40);
+        t.set_peer(
+            b.id(),
+            PeerPort {
+                gid: [3; 16],
+                lid: 0,
+            },
+        );
+        t.set_remote_qpn(b.id(), 0x12, 0x41);
+        assert!(t.translates_remote_qpns());
+        assert_eq!(t.remote_source_qpn(a, 0x40), 0x12);
+        assert_eq!(
+            t.remote_source_qpn(Addr([3; 16]), 0x41),
+            0x12,
+            "b, from its new GID"
+        );
+        assert_eq!(t.remote_source_qpn(a, 0x41), 0x41, "0x41 is b's, not a's");
+        assert_eq!(t.remote_source_qpn(a, 0x50), 0x50, "a QP a made since");
+        // A second rebuild: b's QP is real 0x42 now; 0x41 is nobody's.
+        t.set_remote_qpn(b.id(), 0x12, 0x42);
+        assert_eq!(t.remote_source_qpn(Addr([3; 16]), 0x42), 0x12);
+        assert_eq!(t.remote_source_qpn(Addr([3; 16]), 0x41), 0x41);
+        // b moves again, to an InfiniBand port known by its LID.
+        t.set_peer(
+            b.id(),
+            PeerPort {
+                gid: [0; 16],
+                lid: 9,
+            },
+        );
+        assert_eq!(t.remote_source_qpn(Addr::lid(9), 0x42), 0x12);
+        assert_eq!(
+            t.remote_source_qpn(Addr([3; 16]), 0x42),
+            0x42,
+            "b is not at GID 3 any more"
+        );
+    }
+
+    #[test]
     fn a_new_qp_never_takes_a_number_the_peers_translate_for_its_address() {
         let t = Tables::default();
         let (me, other) = (Addr([1; 16]).id(), Addr([2; 16]).id());
@@ -312,5 +416,14 @@ mod tests {
             "with its address unknown, any address's"
         );
         assert!(t.qpn_free_for_new(me, 0x18));
+        // A QP of this address that was real 0x19 when the peers last learnt it and is gone
+        // now: a new QP that gets 0x19 again would be named the old one as a UD source.
+        t.set_remote_qpn(me, 0x1a, 0x19);
+        assert!(
+            !t.qpn_free_for_new(me, 0x19),
+            "a real number peers translate back"
+        );
+        assert!(!t.qpn_free_for_new(0, 0x19));
+        assert!(t.qpn_free_for_new(other, 0x19), "another address's");
     }
 }

@@ -486,3 +486,83 @@ fn completions_held_at_a_quiesce_come_first_in_order_and_once() {
     );
     assert!(out[..2].iter().all(|w| w.wr_id() == 0));
 }
+
+#[test]
+fn a_ud_receive_names_its_sender_by_the_virtual_qp_number_after_the_sender_moved() {
+    let t = Tables::default();
+    let recv_cq = 0x2000usize;
+    let mut qp = ShadowQp::new(zeroed(), null_mut(), 0x3d, zeroed());
+    qp.qp.qp_type = ffi::ibv_qp_type::IBV_QPT_UD;
+    qp.qp.recv_cq = recv_cq as *mut ffi::ibv_cq;
+    t.set_qp(0x3d, 0x72, &qp as *const ShadowQp as usize);
+    // Two senders, both rebuilt: one known by an IPv4-mapped GID that moved to 10.0.0.9 (RoCE
+    // v2 over IPv4), one by an IPv6 GID that stayed. Their QP 0x12 is real 0x51 and 0x52 now.
+    let v4 = Addr([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 1]);
+    let v6 = Addr([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]);
+    let mut now = [0u8; 16];
+    now[10..].copy_from_slice(&[0xff, 0xff, 10, 0, 0, 9]);
+    t.set_peer(v4.id(), crate::xlate::PeerPort { gid: now, lid: 0 });
+    t.set_remote_qpn(v4.id(), 0x12, 0x51);
+    t.set_remote_qpn(v6.id(), 0x12, 0x52);
+
+    // Their messages as the device leaves them: the GRH area first, then the payload.
+    let mut from_v4 = [0u8; 64];
+    from_v4[20] = 0x45;
+    from_v4[32..36].copy_from_slice(&[10, 0, 0, 9]);
+    let mut from_v6 = [0u8; 64];
+    from_v6[0] = 0x60;
+    from_v6[8..24].copy_from_slice(&v6.0);
+    let from_new = from_v6;
+    let at = |b: &[u8; 64]| crate::shadow::Receive {
+        wr_id: 0,
+        sges: vec![sge(b.as_ptr() as u64, 0x1100)],
+    };
+    let ok = ffi::ibv_wc_status::IBV_WC_SUCCESS;
+    let mut wcs: Vec<ffi::ibv_wc> = (1..=4)
+        .map(|id| {
+            let mut c = wc(id, ok, ffi::ibv_wc_opcode::IBV_WC_RECV, 0x3d);
+            c.wc_flags = ffi::ibv_wc_flags::IBV_WC_GRH;
+            c
+        })
+        .collect();
+    wcs[0].src_qp = 0x51;
+    wcs[1].src_qp = 0x52;
+    // A QP the IPv6 sender made after its rebuild: its number is its own.
+    wcs[2].src_qp = 0x60;
+    // Without a GRH the area is not read: an unknown LID, the number as it came.
+    wcs[3].src_qp = 0x51;
+    wcs[3].wc_flags = ffi::ibv_wc_flags(0);
+    qp.receives.lock().unwrap().extend(
+        [&from_v4, &from_v6, &from_new, &from_v4]
+            .into_iter()
+            .enumerate()
+            .map(|(i, b)| crate::shadow::Receive {
+                wr_id: i as u64 + 1,
+                ..at(b)
+            }),
+    );
+    assert_eq!(settle_completions(&t, recv_cq, &mut wcs), 4);
+    let src: Vec<u32> = wcs.iter().map(|w| w.src_qp).collect();
+    assert_eq!(src, [0x12, 0x12, 0x60, 0x51]);
+    assert!(
+        wcs.iter().all(|w| w.qp_num == 0x72),
+        "our own QP's virtual number"
+    );
+    assert!(qp.receives.lock().unwrap().is_empty());
+    t.drop_qp(0x3d);
+}
+
+#[test]
+fn a_grh_names_its_sender_for_roce_v2_over_ipv4_and_for_an_ipv6_layout() {
+    let mut g = [0u8; 40];
+    assert_eq!(grh_source_gid(&g), None, "no header at all");
+    g[20] = 0x45;
+    g[32..36].copy_from_slice(&[192, 168, 98, 2]);
+    let mut want = [0u8; 16];
+    want[10..].copy_from_slice(&[0xff, 0xff, 192, 168, 98, 2]);
+    assert_eq!(grh_source_gid(&g), Some(want));
+    let mut g = [0u8; 40];
+    g[0] = 0x60;
+    g[8..24].copy_from_slice(&[7; 16]);
+    assert_eq!(grh_source_gid(&g), Some([7; 16]));
+}
