@@ -11,7 +11,9 @@ use ckpt_tests::{skip_unless_ready, Ckptd, Mpi, Options};
 
 const RANKS: u32 = 4;
 const N: u32 = 256;
-const ITERS: u32 = 3000;
+/// About 20 s of work: a job under DMTCP is checkpointed only once every process runs under it,
+/// and must still run after two checkpoints (this machine has no DMTCP to time it again).
+const ITERS: u32 = 9000;
 const SLEEP_US: u32 = 2000;
 const LIMIT: Duration = Duration::from_secs(180);
 

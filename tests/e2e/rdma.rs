@@ -389,8 +389,10 @@ fn an_unmodified_mpi_job_over_verbs_is_checkpointed_aborted_killed_and_restarted
     }
     let bin = ckpt_tests::bin_dir();
     let lib = verbs_layer();
+    let (n, iters) = (128, 6000);
+    let reference = ckpt_tests::Mpi::OpenMpi.reference_checksum(2, n, iters);
     let env = format!(
-        "BIN={} LIB={} APP={} N=128 ITERS=6000 SLEEP=2000",
+        "BIN={} LIB={} APP={} N={n} ITERS={iters} SLEEP=2000",
         bin.display(),
         lib.display(),
         ckpt_tests::apps().join("heat.openmpi").display(),
@@ -398,8 +400,6 @@ fn an_unmodified_mpi_job_over_verbs_is_checkpointed_aborted_killed_and_restarted
     let r = vm::run_script("verbsjob", "tests/guest/verbs_job.sh", &env, 800);
     let res = results(&r.console);
     let value = |p: &str| value_of(&res, p, &r.console);
-    let reference = value("reference checksum ");
-    assert_eq!(reference.len(), 16, "{reference:?}");
     assert_eq!(value("restarted checksum "), reference, "{}", r.console);
     // UCX with its rdmacm module holds the connection manager: refused at initial sync, naming
     // the descriptor; the job finishes right.
@@ -572,8 +572,8 @@ fn a_verbs_fd_outside_the_layer_and_multicast_in_use_are_refused_and_the_job_run
 
 /// Two guests, the unmodified `heat` under MPICH with 4 ranks, 2 on each guest, started by
 /// `ckptctl run --rdma` in sandboxes (a job network): the ranks of a guest talk through UCX's
-/// shared memory, the guests over verbs through the layer. Checkpointed twice under traffic,
-/// SIGKILLed on both guests, then restarted with the parts swapped (`--map ga=gb --map
+/// shared memory, the guests over verbs through the layer. Checkpointed under traffic, then
+/// once more with `--kill`, then restarted with the parts swapped (`--map ga=gb --map
 /// gb=ga`): it ends with the checksum of an uninterrupted run, and every rank's layer shows its
 /// port at the other guest's GID now, with new real QPNs and rkeys behind unchanged virtual ones.
 /// Pre-copy is on, as by default: both parts are pre-dumped (through the agents' CRIU plugin)
@@ -591,7 +591,7 @@ fn an_rdma_job_with_shared_memory_moves_to_other_guests() {
     }
     let bin = ckpt_tests::bin_dir();
     verbs_layer();
-    let (n, iters) = (128, 5000);
+    let (n, iters) = (128, 12000);
     let reference = ckpt_tests::Mpi::Mpich.reference_checksum(4, n, iters);
     let app = ckpt_tests::Mpi::Mpich.heat_app();
     let env = format!(
@@ -668,7 +668,9 @@ fn an_rdma_job_with_shared_memory_moves_to_other_guests() {
                     a.console
                 )
             });
-        assert_eq!(rebuilds(before).len(), 2, "{before}");
+        // The first checkpoint's rebuild (the second stopped the job); restored from the
+        // second, whose image holds that rebuild, the rank rebuilt once more.
+        assert_eq!(rebuilds(before).len(), 1, "{before}");
         assert_eq!(
             rebuilds(after).len(),
             2,
@@ -684,16 +686,16 @@ fn an_rdma_job_with_shared_memory_moves_to_other_guests() {
         let (rb, ra) = (rebuilds(before), rebuilds(after));
         assert_eq!(
             virt(&ra[1].0),
-            virt(&rb[1].0),
+            virt(&rb[0].0),
             "virtual QPNs unchanged: {after}"
         );
         assert_eq!(
             virt(&ra[1].1),
-            virt(&rb[1].1),
+            virt(&rb[0].1),
             "virtual rkeys unchanged: {after}"
         );
         assert_ne!(
-            ra[1].0, rb[1].0,
+            ra[1].0, rb[0].0,
             "new real QPNs on the other guest: {after}"
         );
         assert_ne!(

@@ -6,7 +6,8 @@
 # process SIGKILLed and the job restarted. Prints "RESULT ..." lines for the e2e test.
 #
 # Environment: BIN (release binaries), LIB (libckpt_verbs.so), APP (heat.openmpi), N, ITERS,
-# SLEEP (microseconds per iteration).
+# SLEEP (microseconds per iteration). The checksum of an uninterrupted run comes from the host
+# (heat's result does not depend on the transport), which runs it far faster.
 set -eu
 : "${BIN:?}" "${LIB:?}" "${APP:?}" "${N:?}" "${ITERS:?}" "${SLEEP:?}"
 W=$(mktemp -d /tmp/verbsjob.XXXXXX)
@@ -18,10 +19,6 @@ WITH_RDMACM="mpirun --oversubscribe -np 2 --mca pml ucx --mca pml_ucx_devices an
  -x UCX_TLS=rc_verbs,ud_verbs,self -x UCX_NET_DEVICES=rxe0:1 -x UCX_UD_VERBS_ETH_DGID_CHECK=n"
 MPIRUN="$WITH_RDMACM -x UCX_MODULES=^rdmacm"
 COUNTER=/sys/class/infiniband/rxe0/ports/1/hw_counters/sent_pkts
-
-say "reference: an uninterrupted run without the layer"
-timeout 300 $MPIRUN "$APP" "$N" "$ITERS" > "$W/ref.out" 2>&1 || { cat "$W/ref.out"; exit 3; }
-echo "RESULT reference $(grep '^checksum' "$W/ref.out")"
 
 CKPTD_LOG_GREP="WARN|ERROR|channel|layer|rebuil"
 . "$(dirname "$0")/standalone.sh"
