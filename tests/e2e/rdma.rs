@@ -509,7 +509,9 @@ fn unmodified_mpi_jobs_over_verbs_across_two_guests_are_checkpointed_killed_and_
 /// verbs layer preloaded, under ckpt. Alone it is checkpointed. When it also holds the device
 /// file open itself, or has its QP attached to a multicast group through the layer (passed
 /// through to rxe), a checkpoint is refused at initial sync naming the process and the
-/// descriptor or the feature. Each time the program keeps running.
+/// descriptor or the feature. Each time the program keeps running. And a program that got an
+/// asynchronous event (its SRQ's limit reached) and acknowledges it only after a checkpoint is
+/// checkpointed, twice.
 #[test]
 fn a_verbs_fd_outside_the_layer_and_multicast_in_use_are_refused_and_the_job_runs_on() {
     if let Some(why) = vm::unavailable() {
@@ -568,6 +570,31 @@ fn a_verbs_fd_outside_the_layer_and_multicast_in_use_are_refused_and_the_job_run
             "{mode}: the program ran on ({ticks} ticks in 2 s)"
         );
     }
+
+    // An asynchronous event the program got and had not acknowledged: its SRQ is released
+    // all the same (the layer acknowledged the event), the program's own acknowledgement
+    // after the rebuild stops at the layer, and the next release works (one acknowledgement
+    // too many would make the device's destroy wait for ever).
+    assert_eq!(value("event ready srq: "), "event srq limit reached");
+    value("event checkpoint 1 ok");
+    assert_eq!(value("event event "), "acknowledged");
+    value("event checkpoint 2 ok");
+    let ticks: u32 = value("event runs on: ")
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("a count");
+    assert!(
+        ticks >= 5,
+        "event: the program ran on ({ticks} ticks in 2 s)"
+    );
+    let layer = statuses(&res, "event layer ");
+    assert_eq!(layer.len(), 1, "{}", r.console);
+    assert_eq!(
+        layer[0]["async_events_acked_for_program"], 1,
+        "the layer acknowledged the event once, at the first release: {}",
+        layer[0]
+    );
 }
 
 /// Two guests, the unmodified `heat` under MPICH with 4 ranks, 2 on each guest, started by

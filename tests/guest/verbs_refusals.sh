@@ -4,7 +4,9 @@
 # the layer takes through a checkpoint: the control case, checkpointed), "fd" (the program also
 # opens the device file itself) and "mcast" (it attaches its UD QP to a multicast group through
 # the layer). For the last two a checkpoint must fail at initial sync naming the process and the
-# descriptor or the feature. Each time the program must keep printing afterwards. Prints
+# descriptor or the feature. Each time the program must keep printing afterwards. Then "event"
+# (an asynchronous event the program got and had not acknowledged when it was checkpointed):
+# checkpointed, the program acknowledges the event, and a second checkpoint works. Prints
 # "RESULT ..." lines for the e2e test.
 #
 # Environment: BIN (release binaries), LIB (libckpt_verbs.so), APP (verbs_refusals).
@@ -49,3 +51,39 @@ for mode in none fd mcast; do
     "$BIN/ckptctl" status "$JOB" | head -1
     "$BIN/ckptctl" cancel "$JOB" > /dev/null 2>&1 || true
 done
+
+# An asynchronous event got and not acknowledged: the device's destroy of the SRQ waits for the
+# acknowledgement, so the layer gives it at the release; the program's own, after the restore of
+# its objects, must not reach the new SRQ (one too many would make its next destroy wait
+# forever: the second checkpoint).
+mkdir -m 700 "$W/event-status"
+JOB=$("$BIN/ckptctl" run --name refuse-event -- env LD_PRELOAD="$LIB" VERBS_REFUSALS_ACK="$W/ack" \
+    CKPT_VERBS_STATUS="$W/event-status" "$APP" event 300)
+OUT=$W/state/jobs/$JOB/stdout
+say "event: job $JOB started"
+for _ in $(seq 300); do grep -q '^event srq limit reached' "$OUT" 2>/dev/null && break; sleep 0.1; done
+grep -q '^event srq limit reached' "$OUT" || { say "event: none came"; cat "$OUT" "${OUT%stdout}stderr"; exit 4; }
+echo "RESULT event $(grep -m1 '^ready' "$OUT"): $(grep -m1 '^event' "$OUT")"
+registered=$((registered + 1))
+for _ in $(seq 100); do
+    [ "$(grep -c 'ib-quiesce channel registered' "$W/ckptd.log")" -ge $registered ] && break
+    sleep 0.1
+done
+for round in 1 2; do
+    if timeout 120 "$BIN/ckptctl" checkpoint "$JOB" --wait > "$W/event$round.ckpt" 2>&1; then
+        echo "RESULT event checkpoint $round ok"
+    else
+        echo "RESULT event checkpoint $round failed: $(head -c 300 "$W/event$round.ckpt" | tr '\n' ' ')"
+        "$BIN/ckptctl" status "$JOB"; tail -n 20 "${OUT%stdout}stderr"; exit 6
+    fi
+    if [ $round = 1 ]; then
+        touch "$W/ack"
+        for _ in $(seq 100); do grep -q '^event acknowledged' "$OUT" && break; sleep 0.1; done
+        echo "RESULT event $(grep -m1 '^event ack' "$OUT" || echo 'not acknowledged')"
+    fi
+done
+before=$(ticks "$OUT")
+sleep 2
+echo "RESULT event runs on: $(( $(ticks "$OUT") - before )) ticks in 2 s"
+echo "RESULT event layer $(cat "$W"/event-status/*.json 2>/dev/null | tr -d '\n')"
+"$BIN/ckptctl" cancel "$JOB" > /dev/null 2>&1 || true

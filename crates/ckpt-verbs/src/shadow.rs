@@ -138,6 +138,8 @@ pub struct ShadowCq {
     /// Acknowledgements the program still owes for events the layer acknowledged for it (at
     /// a release) or made up (after a rebuild); not passed on.
     pub credit: AtomicU32,
+    /// Its asynchronous events (`IBV_EVENT_CQ_ERR`) not acknowledged.
+    pub async_events: AsyncAcks,
 }
 
 impl ShadowCq {
@@ -153,7 +155,51 @@ impl ShadowCq {
             armed: AtomicBool::new(false),
             unacked: AtomicU32::new(0),
             credit: AtomicU32::new(0),
+            async_events: AsyncAcks::default(),
         }
+    }
+}
+
+/// The asynchronous events of one QP, CQ or SRQ that the program got and has not acknowledged.
+/// The device's destroy of the object waits for every event it reported to be acknowledged,
+/// so a release acknowledges them itself ([`AsyncAcks::acknowledge_for_program`]) and the
+/// program's own acknowledgements of them later stop at the layer.
+#[derive(Debug, Default)]
+pub struct AsyncAcks {
+    /// Events handed to the program and not acknowledged, by it or for it.
+    unacked: AtomicU32,
+    /// Acknowledgements the program still owes for events the layer acknowledged for it.
+    credit: AtomicU32,
+}
+
+impl AsyncAcks {
+    /// An event of the object was handed to the program.
+    pub fn handed_out(&self) {
+        self.unacked.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The program acknowledges one event: whether the acknowledgement goes on to the real
+    /// object (false: the layer acknowledged that event for it at a release).
+    pub fn program_acknowledges(&self) -> bool {
+        if self
+            .credit
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_sub(1))
+            .is_ok()
+        {
+            return false;
+        }
+        let _ = self
+            .unacked
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| u.checked_sub(1));
+        true
+    }
+
+    /// Before the real object is destroyed: how many events to acknowledge to it for the
+    /// program, whose own acknowledgements of them the layer will keep.
+    pub fn acknowledge_for_program(&self) -> u32 {
+        let n = self.unacked.swap(0, Ordering::Relaxed);
+        self.credit.fetch_add(n, Ordering::Relaxed);
+        n
     }
 }
 
@@ -177,6 +223,8 @@ pub struct ShadowSrq {
     pub init: ffi::ibv_srq_init_attr,
     /// Receives posted and not completed, in posting order.
     pub receives: Mutex<VecDeque<Receive>>,
+    /// Its asynchronous events (limit reached, error) not acknowledged.
+    pub async_events: AsyncAcks,
 }
 
 /// The shadow of an address handle; `dest` is the peer as the program addressed it.
@@ -222,6 +270,8 @@ pub struct ShadowQp {
     pub receives: Mutex<VecDeque<Receive>>,
     /// Flush markers of a quiesce posted and not yet completed.
     pub markers: AtomicU32,
+    /// Its asynchronous events not acknowledged.
+    pub async_events: AsyncAcks,
 }
 
 impl ShadowQp {
@@ -242,6 +292,7 @@ impl ShadowQp {
             signalled: AtomicU64::new(0),
             receives: Mutex::new(VecDeque::new()),
             markers: AtomicU32::new(0),
+            async_events: AsyncAcks::default(),
         }
     }
 }
@@ -263,6 +314,9 @@ pub struct Counters {
     pub refused: AtomicU64,
     /// Real QPs a create set aside because their number was a virtual one of the job's.
     pub qpns_set_aside: AtomicU64,
+    /// Asynchronous events the program got and had not acknowledged when a release
+    /// acknowledged them for it.
+    pub async_events_acked_for_program: AtomicU64,
 }
 
 /// Everything the layer knows about the process's verbs objects.
@@ -423,4 +477,39 @@ pub unsafe fn free<T>(p: *mut T) {
 pub fn zeroed<T>() -> T {
     // SAFETY: used only for libibverbs' plain C structs, for which all-zero is valid.
     unsafe { std::mem::zeroed() }
+}
+
+#[cfg(test)]
+mod async_acks_tests {
+    use super::AsyncAcks;
+
+    #[test]
+    fn events_acknowledged_at_a_release_are_not_acknowledged_again_when_the_program_does() {
+        let a = AsyncAcks::default();
+        assert_eq!(a.acknowledge_for_program(), 0, "nothing handed out");
+        a.handed_out();
+        a.handed_out();
+        assert!(
+            a.program_acknowledges(),
+            "the program's own, before a release"
+        );
+        // A checkpoint comes between the program's get of the second and its ack.
+        assert_eq!(a.acknowledge_for_program(), 1);
+        assert!(!a.program_acknowledges(), "the layer did it: kept");
+        // An event after the rebuild, on the new real object, goes on as before.
+        a.handed_out();
+        assert_eq!(
+            a.acknowledge_for_program(),
+            1,
+            "unless a release comes first"
+        );
+        a.handed_out();
+        assert!(!a.program_acknowledges());
+        assert!(a.program_acknowledges());
+        assert!(
+            a.program_acknowledges(),
+            "an acknowledgement the layer cannot place goes on (the library's own check)"
+        );
+        assert_eq!(a.acknowledge_for_program(), 0);
+    }
 }

@@ -181,6 +181,7 @@ pub fn report() -> Value {
         "unknown_lkeys": c.unknown_lkeys.load(Relaxed),
         "unknown_qpns": c.unknown_qpns.load(Relaxed),
         "qpns_set_aside": c.qpns_set_aside.load(Relaxed),
+        "async_events_acked_for_program": c.async_events_acked_for_program.load(Relaxed),
         "refused": l.refusals.lock().map(|r| r.clone()).unwrap_or_default(),
         "unsupported_in_use": l.unsupported_in_use(),
     })

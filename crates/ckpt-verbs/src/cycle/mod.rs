@@ -467,6 +467,40 @@ fn release() -> Result<QuiesceReport, String> {
                 cq.credit.fetch_add(n, Relaxed);
             }
         }
+        // So does it for the asynchronous events of a QP, CQ or SRQ: those the program got
+        // and has not acknowledged are acknowledged for it (its own acknowledgements of them
+        // then stop at the layer).
+        let ack_async = r.ibv_ack_async_event.expect("resolved");
+        let mut acked_for_program = 0;
+        let mut ack_for_program = |n: u32, mut e: ffi::ibv_async_event| {
+            for _ in 0..n {
+                ack_async(&mut e);
+            }
+            acked_for_program += n;
+        };
+        for cq in &cqs {
+            let mut e: ffi::ibv_async_event = crate::shadow::zeroed();
+            e.event_type = ffi::IBV_EVENT_CQ_ERR;
+            e.element.cq = cq.real.load(Acquire);
+            ack_for_program(cq.async_events.acknowledge_for_program(), e);
+        }
+        for qp in all::<ShadowQp>(&l.qps) {
+            let mut e: ffi::ibv_async_event = crate::shadow::zeroed();
+            e.event_type = ffi::IBV_EVENT_QP_FATAL;
+            e.element.qp = qp.real.load(Acquire);
+            ack_for_program(qp.async_events.acknowledge_for_program(), e);
+        }
+        for srq in all::<ShadowSrq>(&l.srqs) {
+            let mut e: ffi::ibv_async_event = crate::shadow::zeroed();
+            e.event_type = ffi::IBV_EVENT_SRQ_ERR;
+            e.element.srq = srq.real.load(Acquire);
+            ack_for_program(srq.async_events.acknowledge_for_program(), e);
+        }
+        if acked_for_program > 0 {
+            l.counters
+                .async_events_acked_for_program
+                .fetch_add(u64::from(acked_for_program), Relaxed);
+        }
         for ah in all::<ShadowAh>(&l.ahs) {
             err.check(
                 "ibv_destroy_ah",

@@ -211,9 +211,20 @@ pub unsafe extern "C" fn ibv_get_async_event(
             if rc == 0 {
                 let e = &mut *ev;
                 match event_kind(e.event_type) {
-                    Some('c') => e.element.cq = (*e.element.cq).cq_context as *mut ffi::ibv_cq,
-                    Some('q') => e.element.qp = (*e.element.qp).qp_context as *mut ffi::ibv_qp,
-                    Some('s') => e.element.srq = (*e.element.srq).srq_context as *mut ffi::ibv_srq,
+                    Some('c') => {
+                        e.element.cq = (*e.element.cq).cq_context as *mut ffi::ibv_cq;
+                        (*(e.element.cq as *mut ShadowCq)).async_events.handed_out();
+                    }
+                    Some('q') => {
+                        e.element.qp = (*e.element.qp).qp_context as *mut ffi::ibv_qp;
+                        (*(e.element.qp as *mut ShadowQp)).async_events.handed_out();
+                    }
+                    Some('s') => {
+                        e.element.srq = (*e.element.srq).srq_context as *mut ffi::ibv_srq;
+                        (*(e.element.srq as *mut ShadowSrq))
+                            .async_events
+                            .handed_out();
+                    }
                     _ => {}
                 }
             }
@@ -222,7 +233,9 @@ pub unsafe extern "C" fn ibv_get_async_event(
     }
 }
 
-/// `ibv_ack_async_event`: acknowledged on the real object.
+/// `ibv_ack_async_event`: acknowledged on the real object, unless the layer acknowledged that
+/// event for the program when it released the object (a checkpoint between the program's get
+/// and its ack).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_ack_async_event(ev: *mut ffi::ibv_async_event) {
     let ack = real_or!(ibv_ack_async_event);
@@ -233,13 +246,25 @@ pub unsafe extern "C" fn ibv_ack_async_event(ev: *mut ffi::ibv_async_event) {
         let mut e = *ev;
         match event_kind(e.event_type) {
             Some('c') if l.is_shadow((*e.element.cq).context) => {
-                e.element.cq = (*(e.element.cq as *mut ShadowCq)).real.load(Acquire)
+                let s = &*(e.element.cq as *mut ShadowCq);
+                if !s.async_events.program_acknowledges() {
+                    return;
+                }
+                e.element.cq = s.real.load(Acquire)
             }
             Some('q') if l.is_shadow((*e.element.qp).context) => {
-                e.element.qp = (*(e.element.qp as *mut ShadowQp)).real.load(Acquire)
+                let s = &*(e.element.qp as *mut ShadowQp);
+                if !s.async_events.program_acknowledges() {
+                    return;
+                }
+                e.element.qp = s.real.load(Acquire)
             }
             Some('s') if l.is_shadow((*e.element.srq).context) => {
-                e.element.srq = (*(e.element.srq as *mut ShadowSrq)).real.load(Acquire)
+                let s = &*(e.element.srq as *mut ShadowSrq);
+                if !s.async_events.program_acknowledges() {
+                    return;
+                }
+                e.element.srq = s.real.load(Acquire)
             }
             _ => {}
         }

@@ -309,6 +309,7 @@ pub unsafe extern "C" fn ibv_create_srq(
             real: AtomicPtr::new(null_mut()),
             init: *attr,
             receives: Mutex::new(Default::default()),
+            async_events: Default::default(),
         });
         let mut a = *attr;
         a.srq_context = s as *mut c_void;
