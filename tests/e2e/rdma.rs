@@ -558,7 +558,7 @@ fn a_verbs_fd_outside_the_layer_and_multicast_in_use_are_refused_and_the_job_run
             && refused.contains("ff0e::1"),
         "{refused}"
     );
-    for mode in ["none", "fd", "mcast"] {
+    for mode in ["none", "fd", "mcast", "event"] {
         let ticks: u32 = value(&format!("{mode} runs on: "))
             .split_whitespace()
             .next()
@@ -574,20 +574,11 @@ fn a_verbs_fd_outside_the_layer_and_multicast_in_use_are_refused_and_the_job_run
     // An asynchronous event the program got and had not acknowledged: its SRQ is released
     // all the same (the layer acknowledged the event), the program's own acknowledgement
     // after the rebuild stops at the layer, and the next release works (one acknowledgement
-    // too many would make the device's destroy wait for ever).
+    // too many would make the device's destroy wait for ever); the program ran on (above).
     assert_eq!(value("event ready srq: "), "event srq limit reached");
     value("event checkpoint 1 ok");
     assert_eq!(value("event event "), "acknowledged");
     value("event checkpoint 2 ok");
-    let ticks: u32 = value("event runs on: ")
-        .split_whitespace()
-        .next()
-        .and_then(|n| n.parse().ok())
-        .expect("a count");
-    assert!(
-        ticks >= 5,
-        "event: the program ran on ({ticks} ticks in 2 s)"
-    );
     let layer = statuses(&res, "event layer ");
     assert_eq!(layer.len(), 1, "{}", r.console);
     assert_eq!(
