@@ -621,6 +621,14 @@ fn an_rdma_job_with_shared_memory_moves_to_other_guests() {
     let (a, b) = vm::run_two("verbsmv", "tests/guest/verbs_move.sh", &env, 17995, 1500);
     let res = results(&a.console);
     let value = |p: &str| value_of(&res, p, &a.console);
+    // Where heat stood when its second checkpoint stopped it (how long its rest runs after the
+    // move) and each checkpoint's frozen time and size: in every run's output.
+    for l in res
+        .iter()
+        .filter(|l| l.starts_with("heat stopped at") || l.starts_with("epochs "))
+    {
+        eprintln!("{l}");
+    }
     assert_new_qps_after_restarts_never_collide(&res, &a.console);
     assert_eq!(
         value("restarted "),

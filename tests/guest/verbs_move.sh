@@ -152,7 +152,7 @@ for i in 1 2; do
     done
 done
 echo "RESULT a sent_pkts $(( $(cat $COUNTER) - before ))"
-say "heat stopped at $(grep '^iter ' "$OUT" | tail -n 1)"
+echo "RESULT heat stopped at $(grep '^iter ' "$OUT" | tail -n 1)"
 grep -q '^checksum' "$OUT" && { say "the job finished before its second checkpoint; raise ITERS"; exit 5; }
 for _ in $(seq 300); do "$BIN/ckptctl" status "$JOB" | head -1 | grep -qE 'stopped|failed|exited|lost' && break; sleep 0.1; done
 "$BIN/ckptctl" status "$JOB" | head -1
