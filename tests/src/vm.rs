@@ -269,8 +269,9 @@ pub fn rerun_in_guest_with(name: &str, tests: &[&str], env: &[(&str, String)]) {
         .collect();
     let body = format!(
         // Each test's time too (libtest's unstable --report-time, as scripts/test.sh asks).
-        "{exports}export CKPT_BIN_DIR={bin} RUSTC_BOOTSTRAP=1\n\
-         exec {exe} --exact {tests} --test-threads=1 --nocapture -Z unstable-options --report-time\n",
+        "{exports}export CKPT_BIN_DIR={bin}\n\
+         RUSTC_BOOTSTRAP=1 exec {exe} --exact {tests} --test-threads=1 --nocapture \
+         -Z unstable-options --report-time\n",
         bin = crate::bin_dir().display(),
         exe = exe.display(),
         tests = tests.join(" "),
