@@ -12,9 +12,15 @@
  * independent of the number of ranks and bitwise reproducible (each cell's update uses only its
  * four neighbours from the previous iteration, in a fixed order).
  * The result is printed before MPI_Finalize, which may hang with some MPICH/UCX setups.
+ *
+ * Benchmarks give it memory of its own to write: with HEAT_BALLAST_MIB=M each rank also holds M
+ * MiB, written once at start, and rewrites HEAT_BALLAST_PCT % of it (10 by default; one window
+ * that moves through it) at its next iteration after each SIGUSR1, then prints
+ * "ballast K rewritten" (K-th time, on stderr). The checksum does not depend on it.
  */
 #include <mpi.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +54,37 @@ static void wait_politely(MPI_Request *req)
             nanosleep(&ts, NULL);
         }
     }
+}
+
+static volatile sig_atomic_t ballast_asked;
+
+static void ask_ballast(int sig)
+{
+    (void)sig;
+    ballast_asked = 1;
+}
+
+/* HEAT_BALLAST_MIB MiB (or none), written; *window is HEAT_BALLAST_PCT % of it in bytes. */
+static unsigned char *make_ballast(size_t *bytes, size_t *window)
+{
+    const char *mib = getenv("HEAT_BALLAST_MIB"), *pct = getenv("HEAT_BALLAST_PCT");
+    *bytes = mib && *mib ? (size_t)strtoul(mib, NULL, 10) << 20 : 0;
+    if (*bytes == 0)
+        return NULL;
+    unsigned long p = pct && *pct ? strtoul(pct, NULL, 10) : 10;
+    *window = *bytes / 100 * (p > 100 ? 100 : p);
+    unsigned char *b = malloc(*bytes);
+    if (!b) {
+        fprintf(stderr, "heat: out of memory for the ballast\n");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    memset(b, 1, *bytes);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = ask_ballast;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR1, &sa, NULL);
+    return b;
 }
 
 static long parse_long(const char *s, const char *what)
@@ -121,6 +158,10 @@ int main(int argc, char **argv)
         }
     }
 
+    size_t ballast_bytes, ballast_window, ballast_at = 0;
+    long ballast_steps = 0;
+    unsigned char *ballast = make_ballast(&ballast_bytes, &ballast_window);
+
     const int up = rank > 0 ? rank - 1 : MPI_PROC_NULL;
     const int down = rank < size - 1 ? rank + 1 : MPI_PROC_NULL;
     const long report = iters / 20 > 1 ? iters / 20 : 1;
@@ -155,6 +196,20 @@ int main(int argc, char **argv)
         if (sleep_us > 0)
             usleep((useconds_t)sleep_us);
 
+        if (ballast && ballast_asked) {
+            ballast_asked = 0;
+            ballast_steps++;
+            for (size_t done = 0; done < ballast_window;) {
+                size_t len = ballast_window - done;
+                if (len > ballast_bytes - ballast_at)
+                    len = ballast_bytes - ballast_at;
+                memset(ballast + ballast_at, (int)(ballast_steps & 0xff) | 2, len);
+                done += len;
+                ballast_at = (ballast_at + len) % ballast_bytes;
+            }
+            fprintf(stderr, "ballast %ld rewritten\n", ballast_steps);
+        }
+
         if (rank == 0 && (k % report == 0 || k == iters)) {
             printf("iter %ld/%ld\n", k, iters);
             fflush(stdout);
@@ -181,6 +236,7 @@ int main(int argc, char **argv)
             fclose(log);
     }
 
+    free(ballast);
     free(u);
     free(v);
     MPI_Finalize();
