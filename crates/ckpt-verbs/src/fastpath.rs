@@ -483,7 +483,9 @@ pub unsafe extern "C" fn post_send(
             .iter()
             .filter(|w| all || w.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0)
             .count();
-        s.signalled.fetch_add(signalled as u64, Relaxed);
+        if signalled > 0 {
+            s.signalled.fetch_add(signalled as u64, Relaxed);
+        }
         rc
     })
 }
@@ -500,9 +502,12 @@ unsafe fn receives(wr: *const ffi::ibv_recv_wr, n: usize) -> impl Iterator<Item 
             let w = &*p;
             p = w.next;
             let sges = if w.num_sge > 0 {
-                std::slice::from_raw_parts(w.sg_list, w.num_sge as usize).to_vec()
+                smallvec::SmallVec::from_slice(std::slice::from_raw_parts(
+                    w.sg_list,
+                    w.num_sge as usize,
+                ))
             } else {
-                Vec::new()
+                smallvec::SmallVec::new()
             };
             Receive {
                 wr_id: w.wr_id,
@@ -612,8 +617,11 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::i
             let f = (*(*real).context).ops.poll_cq.expect("poll_cq");
             f(real, (n - got) as c_int, wc.add(got))
         };
-        if polled < 0 {
-            return if got > 0 { got as c_int } else { polled };
+        if polled <= 0 {
+            if polled < 0 && got == 0 {
+                return polled;
+            }
+            break;
         }
         // SAFETY: the provider filled `polled` entries.
         let wcs = unsafe { std::slice::from_raw_parts_mut(wc.add(got), polled as usize) };
@@ -624,7 +632,10 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::i
             break;
         }
     }
-    l.counters.completions.fetch_add(got as u64, Relaxed);
+    if got > 0 {
+        // Not on an empty poll: a program polls in a loop.
+        l.counters.completions.fetch_add(got as u64, Relaxed);
+    }
     got as c_int
 }
 

@@ -208,8 +208,9 @@ impl AsyncAcks {
 pub struct Receive {
     /// The program's id.
     pub wr_id: u64,
-    /// Its scatter list, with virtual keys.
-    pub sges: Vec<ffi::ibv_sge>,
+    /// Its scatter list, with virtual keys (held inline: a receive has one or two entries,
+    /// and the hot path books one per message).
+    pub sges: smallvec::SmallVec<[ffi::ibv_sge; 2]>,
 }
 
 /// The shadow of a shared receive queue; the real SRQ's `srq_context` points here.

@@ -14,9 +14,12 @@
 //! address, like the real ones they started as. The address is virtual too: after a restart
 //! on other nodes the program still addresses a peer by the GID it had, and [`Tables::peer`]
 //! gives the one it has now.
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
 use std::sync::RwLock;
 
 /// A peer port's address as the program addresses it: the GID, or (no GRH) the LID in the
@@ -97,8 +100,53 @@ impl Found {
     }
 }
 
+/// Changes to the tables a post or a poll reads (our lkeys and QPs), in all of the process's
+/// [`Tables`]: a thread's [`Recent`] lookups hold while it is unchanged.
+static GENERATION: AtomicU64 = AtomicU64::new(1);
+
+/// Entries of a thread's cache of recent lookups, per table (direct-mapped).
+const RECENT: usize = 16;
+
+/// A thread's recent lookups of the tables at `owner` made at `generation`: every message
+/// posts and polls, and a lock-free hit here spares the hot path the table locks (a program
+/// uses a handful of keys and QPs at a time; registrations and QPs change rarely).
+struct Recent {
+    owner: usize,
+    generation: u64,
+    lkeys: [Option<(u32, u32)>; RECENT],
+    qps: [Option<(u32, u32, usize)>; RECENT],
+}
+
+impl Recent {
+    const EMPTY: Recent = Recent {
+        owner: 0,
+        generation: 0,
+        lkeys: [None; RECENT],
+        qps: [None; RECENT],
+    };
+
+    /// This thread's cache for `owner` at `generation`, emptied first if it was for others.
+    fn valid_for(&mut self, owner: usize, generation: u64) -> &mut Self {
+        if self.owner != owner || self.generation != generation {
+            *self = Recent::EMPTY;
+            self.owner = owner;
+            self.generation = generation;
+        }
+        self
+    }
+}
+
+/// Slot of an lkey: the index bits above the key byte (mlx and rxe keys are index << 8 | key).
+fn lkey_slot(k: u32) -> usize {
+    (k >> 8) as usize % RECENT
+}
+
+thread_local! {
+    static RECENTS: RefCell<Recent> = const { RefCell::new(Recent::EMPTY) };
+}
+
 /// Every translation table of a process.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Tables {
     /// Our memory regions: virtual lkey → real lkey.
     lkeys: RwLock<Map<u32, u32>>,
@@ -124,6 +172,24 @@ pub struct Tables {
     peers: RwLock<Map<u64, PeerPort>>,
 }
 
+impl Default for Tables {
+    fn default() -> Self {
+        // A new set of tables may sit where dropped ones were (tests): no cache holds for it.
+        GENERATION.fetch_add(1, Release);
+        Tables {
+            lkeys: RwLock::default(),
+            rkeys: RwLock::default(),
+            local_qpns: RwLock::default(),
+            remote_qpns: RwLock::default(),
+            remote_virtual_qpns: RwLock::default(),
+            translating_remote_qpns: AtomicBool::default(),
+            peers_by_port: RwLock::default(),
+            remote_rkeys: RwLock::default(),
+            peers: RwLock::default(),
+        }
+    }
+}
+
 fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     l.read().unwrap_or_else(|p| p.into_inner())
 }
@@ -137,12 +203,14 @@ impl Tables {
     pub fn set_mr(&self, vlkey: u32, lkey: u32, vrkey: u32, rkey: u32) {
         write(&self.lkeys).insert(vlkey, lkey);
         write(&self.rkeys).insert(vrkey, rkey);
+        GENERATION.fetch_add(1, Release);
     }
 
     /// Forgets a deregistered memory region.
     pub fn drop_mr(&self, vlkey: u32, vrkey: u32) {
         write(&self.lkeys).remove(&vlkey);
         write(&self.rkeys).remove(&vrkey);
+        GENERATION.fetch_add(1, Release);
     }
 
     /// Whether a virtual lkey or rkey is in use (a new region must not take it).
@@ -153,8 +221,27 @@ impl Tables {
     /// The real lkey of one of our virtual lkeys.
     #[inline]
     pub fn lkey(&self, v: u32) -> Found {
-        match read(&self.lkeys).get(&v) {
-            Some(&r) => Found::Real(r),
+        let generation = GENERATION.load(Acquire);
+        let owner = self as *const Tables as usize;
+        let slot = lkey_slot(v);
+        let cached = RECENTS.with(|r| {
+            let r = r.try_borrow_mut().ok()?;
+            let (k, real) = r.lkeys[slot]?;
+            (r.owner == owner && r.generation == generation && k == v).then_some(real)
+        });
+        if let Some(real) = cached {
+            return Found::Real(real);
+        }
+        let found = read(&self.lkeys).get(&v).copied();
+        match found {
+            Some(real) => {
+                RECENTS.with(|r| {
+                    if let Ok(mut r) = r.try_borrow_mut() {
+                        r.valid_for(owner, generation).lkeys[slot] = Some((v, real));
+                    }
+                });
+                Found::Real(real)
+            }
             None => Found::Unknown(v),
         }
     }
@@ -162,11 +249,13 @@ impl Tables {
     /// Records one of our QPs and its shadow.
     pub fn set_qp(&self, real: u32, virt: u32, shadow: usize) {
         write(&self.local_qpns).insert(real, (virt, shadow));
+        GENERATION.fetch_add(1, Release);
     }
 
     /// Forgets one of our QPs by its real number.
     pub fn drop_qp(&self, real: u32) {
         write(&self.local_qpns).remove(&real);
+        GENERATION.fetch_add(1, Release);
     }
 
     /// Whether a virtual QP number of ours is taken.
@@ -209,7 +298,26 @@ impl Tables {
     /// The virtual number and shadow of one of our QPs, by its real number.
     #[inline]
     pub fn local_qp(&self, real: u32) -> Option<(u32, usize)> {
-        read(&self.local_qpns).get(&real).copied()
+        let generation = GENERATION.load(Acquire);
+        let owner = self as *const Tables as usize;
+        let slot = real as usize % RECENT;
+        let cached = RECENTS.with(|r| {
+            let r = r.try_borrow_mut().ok()?;
+            let (k, virt, shadow) = r.qps[slot]?;
+            (r.owner == owner && r.generation == generation && k == real).then_some((virt, shadow))
+        });
+        if cached.is_some() {
+            return cached;
+        }
+        let found = read(&self.local_qpns).get(&real).copied();
+        if let Some((virt, shadow)) = found {
+            RECENTS.with(|r| {
+                if let Ok(mut r) = r.try_borrow_mut() {
+                    r.valid_for(owner, generation).qps[slot] = Some((real, virt, shadow));
+                }
+            });
+        }
+        found
     }
 
     /// Learns a peer QP's new real number.
@@ -323,6 +431,41 @@ mod tests {
         assert_eq!(t.local_qp(0x2a), Some((0x11, 2)));
         assert!(t.qpn_in_use(0x11));
         assert_eq!(t.local_qpn(0x11), Found::Unknown(0x11));
+    }
+
+    #[test]
+    fn a_threads_recent_lookups_follow_every_change_and_never_mix_tables() {
+        let (t, u) = (Tables::default(), Tables::default());
+        // Keys in one cache slot (index bits 0x1 and 0x11), looked up in turn.
+        t.set_mr(0x100, 0x200, 0x100, 0x200);
+        t.set_mr(0x1100, 0x1200, 0x1100, 0x1200);
+        u.set_mr(0x100, 0x300, 0x100, 0x300);
+        for _ in 0..3 {
+            assert_eq!(t.lkey(0x100), Found::Real(0x200));
+            assert_eq!(t.lkey(0x1100), Found::Real(0x1200));
+            assert_eq!(u.lkey(0x100), Found::Real(0x300), "another table's key");
+        }
+        assert_eq!(u.lkey(0x1100), Found::Unknown(0x1100));
+        t.drop_mr(0x1100, 0x1100);
+        assert_eq!(t.lkey(0x1100), Found::Unknown(0x1100), "deregistered");
+        assert_eq!(t.lkey(0x100), Found::Real(0x200));
+
+        t.set_qp(0x2a, 0x11, 2);
+        assert_eq!(t.local_qp(0x2a), Some((0x11, 2)));
+        assert_eq!(u.local_qp(0x2a), None);
+        t.drop_qp(0x2a);
+        assert_eq!(t.local_qp(0x2a), None, "destroyed");
+        t.set_qp(0x2a, 0x2a, 3);
+        assert_eq!(
+            t.local_qp(0x2a),
+            Some((0x2a, 3)),
+            "a new QP with that number"
+        );
+        // Another thread's change is seen here.
+        std::thread::scope(|s| {
+            s.spawn(|| t.set_mr(0x100, 0x400, 0x100, 0x400));
+        });
+        assert_eq!(t.lkey(0x100), Found::Real(0x400));
     }
 
     #[test]

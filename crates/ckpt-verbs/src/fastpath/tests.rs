@@ -399,7 +399,7 @@ fn wc(wr_id: u64, status: u32, opcode: u32, qp_num: u32) -> ffi::ibv_wc {
 fn receive(wr_id: u64) -> crate::shadow::Receive {
     crate::shadow::Receive {
         wr_id,
-        sges: vec![sge(0x1000, 0x1100)],
+        sges: smallvec::smallvec![sge(0x1000, 0x1100)],
     }
 }
 
@@ -515,7 +515,7 @@ fn a_ud_receive_names_its_sender_by_the_virtual_qp_number_after_the_sender_moved
     let from_new = from_v6;
     let at = |b: &[u8; 64]| crate::shadow::Receive {
         wr_id: 0,
-        sges: vec![sge(b.as_ptr() as u64, 0x1100)],
+        sges: smallvec::smallvec![sge(b.as_ptr() as u64, 0x1100)],
     };
     let ok = ffi::ibv_wc_status::IBV_WC_SUCCESS;
     let mut wcs: Vec<ffi::ibv_wc> = (1..=4)
