@@ -50,38 +50,27 @@ for mode in verbs tcp; do
     echo "GUEST $mode without ckpt: $(grep '^checksum' "$W/check-$mode")"
 done
 
+CKPTD_LOG_GREP="WARN|ERROR"
+. "$(dirname "$0")/../../tests/guest/standalone.sh"
 LOG=$W/ckptd.log
-export CKPT_SOCKET=$W/ckptd.sock
-CKPTD= PRECOPY=
-# (Re)starts ckptd with its agent's pre-copy on or off ($1); the database and work directories
-# carry over.
+cp "$W/ckptd.toml" "$W/ckptd.base.toml"
+PRECOPY=default
+# Restarts ckptd with its agent's pre-copy on or off ($1), one epoch kept locally; the database
+# and work directories carry over.
 ckptd_with_precopy() {
     [ "$PRECOPY" = "$1" ] && return 0
-    if [ -n "$CKPTD" ]; then kill "$CKPTD"; wait "$CKPTD" 2>/dev/null || true; fi
+    kill "$CKPTD"; wait "$CKPTD" 2>/dev/null || true
     local pc='enabled = false'
     [ "$1" = on ] && pc='first_after = "1s"
 check_every = "200ms"
 min_interval = "1h"'
-    cat > "$W/ckptd.toml" <<TOML
-listen = "127.0.0.1:0"
-socket = "$W/ckptd.sock"
-database = "$W/ckptd.redb"
-tls_dir = "$W/tls"
-[agent]
-state_dir = "$W/state"
-local_dir = "$W/local"
-allow_root_jobs = true
-[agent.precopy]
-$pc
-[retention]
-keep_local = 1
-TOML
+    { cat "$W/ckptd.base.toml"; printf '[agent.precopy]\n%s\n[retention]\nkeep_local = 1\n' "$pc"; } \
+        > "$W/ckptd.toml"
     "$BIN/ckptd" --standalone --config "$W/ckptd.toml" >> "$LOG" 2>&1 &
     CKPTD=$! PRECOPY=$1
     for _ in $(seq 200); do "$BIN/ckptctl" list > /dev/null 2>&1 && return 0; sleep 0.1; done
     say "ckptd did not start"; tail -n 20 "$LOG"; exit 3
 }
-trap '[ -z "$CKPTD" ] || kill $CKPTD 2>/dev/null || true; echo "--- ckptd log"; grep -E "WARN|ERROR" "$LOG" | tail -n 60' EXIT
 page_bytes() { find "$@" -maxdepth 1 -name 'pages-*.img' -printf '%s\n' | awk '{s += $1} END {print s + 0}'; }
 
 # FIELD of the last log line containing MESSAGE after line FROM of ckptd's log ("-" if none).
