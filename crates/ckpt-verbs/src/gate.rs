@@ -20,7 +20,7 @@
 //! each caller's fence elsewhere.
 use std::cell::Cell;
 use std::os::raw::c_int;
-use std::sync::atomic::Ordering::{Relaxed, Release, SeqCst};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{compiler_fence, fence, AtomicBool, AtomicI32, AtomicU32, AtomicUsize};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -36,11 +36,18 @@ const PICKUP: Duration = Duration::from_secs(1);
 /// Threads with a slot of their own.
 const SLOTS: usize = 256;
 
-/// One thread's calls inside the gate (more than 1 while a call nests, e.g. in a signal
-/// handler); written by that thread only. A cache line each: threads do not share lines.
+/// One thread's place at the gate, written by that thread only (a cache line each: threads
+/// do not share lines).
 #[derive(Debug, Default)]
 #[repr(align(64))]
-struct Slot(AtomicU32);
+struct Slot {
+    /// Its calls at the gate or inside it, which a close waits to see at 0 (more than 1 only
+    /// while a signal handler's call interrupts one on its way in or out).
+    inside: AtomicU32,
+    /// How deep the calls admitted now nest (a signal handler's call in one of them): a
+    /// nested call goes in without looking at the gate, since a close waits for the outer one.
+    depth: AtomicU32,
+}
 
 /// The gate (one per process: every shadow object belongs to it).
 #[derive(Debug)]
@@ -98,16 +105,50 @@ impl std::fmt::Debug for TaskSlot {
     }
 }
 
-/// Held while a call is inside the gate: the calling thread's slot, or the shared counter.
+/// Held while a call is inside the gate; dropped on the thread that entered (not `Send`).
 #[derive(Debug)]
-pub struct Pass<'a>(&'a Gate, Option<&'a AtomicU32>);
+pub struct Pass<'a> {
+    gate: &'a Gate,
+    how: Admitted<'a>,
+    _thread: std::marker::PhantomData<*const ()>,
+}
+
+/// How a call went in.
+#[derive(Debug)]
+enum Admitted<'a> {
+    /// The outermost call of a thread with a slot; `inside` was this before it.
+    Outer(&'a Slot, u32),
+    /// A call nested in an admitted one of the same thread.
+    Nested(&'a Slot),
+    /// A call of a thread without a slot, counted in the shared counter.
+    Shared,
+}
+
+impl<'a> Pass<'a> {
+    fn new(gate: &'a Gate, how: Admitted<'a>) -> Self {
+        Pass {
+            gate,
+            how,
+            _thread: std::marker::PhantomData,
+        }
+    }
+}
 
 impl Drop for Pass<'_> {
     fn drop(&mut self) {
-        match self.1 {
-            Some(n) => n.store(n.load(Relaxed) - 1, Release),
-            None => {
-                self.0.inflight.fetch_sub(1, SeqCst);
+        match self.how {
+            Admitted::Outer(slot, before) => {
+                // Out of the nesting first: a signal handler's call between the two stores
+                // finds none admitted and goes through the gate.
+                slot.depth.store(0, Relaxed);
+                compiler_fence(SeqCst);
+                slot.inside.store(before, Release);
+            }
+            Admitted::Nested(slot) => {
+                slot.depth.store(slot.depth.load(Relaxed) - 1, Relaxed);
+            }
+            Admitted::Shared => {
+                self.gate.inflight.fetch_sub(1, SeqCst);
             }
         }
     }
@@ -129,36 +170,42 @@ impl Gate {
     /// Enters (waiting while closed, and doing the layer's work if it is this thread's).
     #[inline]
     pub fn enter(&self) -> Pass<'_> {
-        let Some(n) = self.my_slot() else {
+        let Some(slot) = self.my_slot() else {
             return self.enter_shared();
         };
+        let depth = slot.depth.load(Relaxed);
+        if depth > 0 {
+            slot.depth.store(depth + 1, Relaxed);
+            return Pass::new(self, Admitted::Nested(slot));
+        }
+        // Not 0 only when this call is a signal handler's that interrupted one of this
+        // thread's on its way in or out: restored as found.
+        let before = slot.inside.load(Relaxed);
         loop {
             // Counted, then the gate read; a close stores, then reads the counts. A barrier
             // on each side between its store and its load (here a fence, or the one the
             // close's membarrier puts in this thread) makes one see the other's store.
-            let before = n.load(Relaxed);
-            n.store(before + 1, Relaxed);
-            if before > 0 {
-                // Nested in a call of this thread (a signal handler's): a close waits for
-                // the outer call, so this one goes on too.
-                return Pass(self, Some(n));
-            }
+            slot.inside.store(before + 1, Relaxed);
             if self.asymmetric.load(Relaxed) {
                 compiler_fence(SeqCst);
             } else {
                 fence(SeqCst);
             }
-            if !self.closed.load(Relaxed) {
-                return Pass(self, Some(n));
+            // Acquire: what the rebuild before the last open wrote (the real objects, the
+            // tables) is seen by the call.
+            if !self.closed.load(Acquire) {
+                compiler_fence(SeqCst);
+                slot.depth.store(1, Relaxed);
+                return Pass::new(self, Admitted::Outer(slot, before));
             }
-            n.store(before, Release);
+            slot.inside.store(before, Release);
             self.wait();
         }
     }
 
     /// This thread's slot (handed out at its first call), or none when all are taken.
     #[inline]
-    fn my_slot(&self) -> Option<&AtomicU32> {
+    fn my_slot(&self) -> Option<&Slot> {
         let me = self as *const Gate as usize;
         let (gate, index) = MY_SLOT.with(Cell::get);
         let index = if gate == me {
@@ -168,7 +215,7 @@ impl Gate {
             MY_SLOT.with(|c| c.set((me, i)));
             i
         };
-        self.slots.get(index).map(|s| &s.0)
+        self.slots.get(index)
     }
 
     #[cold]
@@ -176,7 +223,7 @@ impl Gate {
         loop {
             self.inflight.fetch_add(1, SeqCst);
             if !self.closed.load(SeqCst) {
-                return Pass(self, None);
+                return Pass::new(self, Admitted::Shared);
             }
             self.inflight.fetch_sub(1, SeqCst);
             self.wait();
@@ -189,7 +236,7 @@ impl Gate {
         self.inflight.load(SeqCst)
             + self.slots[..handed]
                 .iter()
-                .map(|s| s.0.load(SeqCst) as usize)
+                .map(|s| s.inside.load(SeqCst) as usize)
                 .sum::<usize>()
     }
 
@@ -402,6 +449,32 @@ mod tests {
             "the last threads had no slot"
         );
         assert_eq!(g.inside(), 0);
+    }
+
+    #[test]
+    fn a_call_that_interrupts_another_on_its_way_in_waits_at_a_closed_gate() {
+        let g: &'static Gate = Box::leak(Box::default());
+        g.close(Duration::from_secs(1)).expect("nobody inside");
+        let passed = Arc::new(AtomicBool::new(false));
+        let caller = {
+            let passed = passed.clone();
+            std::thread::spawn(move || {
+                let slot = g.my_slot().expect("a slot");
+                // What a signal handler's call finds when it interrupts one of its thread's
+                // that has counted itself and not yet read the gate: not admitted.
+                slot.inside.store(1, SeqCst);
+                {
+                    let _p = g.enter();
+                    passed.store(true, SeqCst);
+                }
+                slot.inside.load(SeqCst)
+            })
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!passed.load(SeqCst), "a call went into a closed gate");
+        g.open();
+        assert_eq!(caller.join().expect("caller"), 1, "left as it found it");
+        assert!(passed.load(SeqCst));
     }
 
     #[test]

@@ -14,11 +14,12 @@
 //! address, like the real ones they started as. The address is virtual too: after a restart
 //! on other nodes the program still addresses a peer by the GID it had, and [`Tables::peer`]
 //! gives the one it has now.
-use std::cell::RefCell;
+use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{
-    AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+    compiler_fence, AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+    Ordering::SeqCst,
 };
 use std::sync::RwLock;
 
@@ -141,8 +142,37 @@ fn lkey_slot(k: u32) -> usize {
     (k >> 8) as usize % RECENT
 }
 
+/// A thread's cache and whether a lookup of this thread is using it (a signal handler's lookup
+/// that interrupts one finds it busy and reads the tables instead).
+struct Recents {
+    busy: AtomicBool,
+    cache: UnsafeCell<Recent>,
+}
+
 thread_local! {
-    static RECENTS: RefCell<Recent> = const { RefCell::new(Recent::EMPTY) };
+    static RECENTS: Recents = const {
+        Recents {
+            busy: AtomicBool::new(false),
+            cache: UnsafeCell::new(Recent::EMPTY),
+        }
+    };
+}
+
+/// `f` on this thread's cache, unless a lookup it interrupted (in a signal handler) has it.
+fn with_recent<R>(f: impl FnOnce(&mut Recent) -> Option<R>) -> Option<R> {
+    RECENTS.with(|r| {
+        if r.busy.load(Relaxed) {
+            return None;
+        }
+        r.busy.store(true, Relaxed);
+        compiler_fence(SeqCst);
+        // SAFETY: only this thread reaches its cache, and `busy` keeps the lookups of a
+        // signal handler that interrupts this one away from it.
+        let out = f(unsafe { &mut *r.cache.get() });
+        compiler_fence(SeqCst);
+        r.busy.store(false, Relaxed);
+        out
+    })
 }
 
 /// Every translation table of a process.
@@ -170,6 +200,13 @@ pub struct Tables {
     remote_rkeys: RwLock<Map<(u64, u32), u32>>,
     /// Peers' ports now, by address id (empty until a rebuild).
     peers: RwLock<Map<u64, PeerPort>>,
+}
+
+impl Drop for Tables {
+    fn drop(&mut self) {
+        // Others may be made where these were (tests): no cache of these holds for them.
+        GENERATION.fetch_add(1, Release);
+    }
 }
 
 impl Default for Tables {
@@ -224,8 +261,7 @@ impl Tables {
         let generation = GENERATION.load(Acquire);
         let owner = self as *const Tables as usize;
         let slot = lkey_slot(v);
-        let cached = RECENTS.with(|r| {
-            let r = r.try_borrow_mut().ok()?;
+        let cached = with_recent(|r| {
             let (k, real) = r.lkeys[slot]?;
             (r.owner == owner && r.generation == generation && k == v).then_some(real)
         });
@@ -235,10 +271,9 @@ impl Tables {
         let found = read(&self.lkeys).get(&v).copied();
         match found {
             Some(real) => {
-                RECENTS.with(|r| {
-                    if let Ok(mut r) = r.try_borrow_mut() {
-                        r.valid_for(owner, generation).lkeys[slot] = Some((v, real));
-                    }
+                with_recent(|r| {
+                    r.valid_for(owner, generation).lkeys[slot] = Some((v, real));
+                    Some(())
                 });
                 Found::Real(real)
             }
@@ -301,8 +336,7 @@ impl Tables {
         let generation = GENERATION.load(Acquire);
         let owner = self as *const Tables as usize;
         let slot = real as usize % RECENT;
-        let cached = RECENTS.with(|r| {
-            let r = r.try_borrow_mut().ok()?;
+        let cached = with_recent(|r| {
             let (k, virt, shadow) = r.qps[slot]?;
             (r.owner == owner && r.generation == generation && k == real).then_some((virt, shadow))
         });
@@ -311,10 +345,9 @@ impl Tables {
         }
         let found = read(&self.local_qpns).get(&real).copied();
         if let Some((virt, shadow)) = found {
-            RECENTS.with(|r| {
-                if let Ok(mut r) = r.try_borrow_mut() {
-                    r.valid_for(owner, generation).qps[slot] = Some((real, virt, shadow));
-                }
+            with_recent(|r| {
+                r.valid_for(owner, generation).qps[slot] = Some((real, virt, shadow));
+                Some(())
             });
         }
         found
