@@ -66,9 +66,10 @@ fn gate(c: &mut Criterion) {
                 })
             })
         });
-        g.bench_function(format!("shared counter (before), {threads} thread(s)"), |b| {
-            b.iter_custom(|n| timed(n, busy, &|| before.pass()))
-        });
+        g.bench_function(
+            format!("shared counter (before), {threads} thread(s)"),
+            |b| b.iter_custom(|n| timed(n, busy, &|| before.pass())),
+        );
     }
     g.finish();
 }
