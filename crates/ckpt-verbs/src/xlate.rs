@@ -108,14 +108,14 @@ static GENERATION: AtomicU64 = AtomicU64::new(1);
 /// Entries of a thread's cache of recent lookups, per table (direct-mapped).
 const RECENT: usize = 16;
 
-/// A thread's recent lookups of the tables at `owner` made at `generation`: every message
+/// A thread's recent lookups of the tables `owner` ([`TablesId`]) made at `generation`: every message
 /// posts and polls, and a lock-free hit here spares the hot path the table locks (a program
 /// uses a handful of keys and QPs at a time; registrations and QPs change rarely).
 struct Recent {
-    owner: usize,
+    owner: u64,
     generation: u64,
     lkeys: [Option<(u32, u32)>; RECENT],
-    qps: [Option<(u32, u32, usize)>; RECENT],
+    qps: [Option<(u32, (u32, usize))>; RECENT],
 }
 
 impl Recent {
@@ -127,7 +127,7 @@ impl Recent {
     };
 
     /// This thread's cache for `owner` at `generation`, emptied first if it was for others.
-    fn valid_for(&mut self, owner: usize, generation: u64) -> &mut Self {
+    fn valid_for(&mut self, owner: u64, generation: u64) -> &mut Self {
         if self.owner != owner || self.generation != generation {
             *self = Recent::EMPTY;
             self.owner = owner;
@@ -175,9 +175,22 @@ fn with_recent<R>(f: impl FnOnce(&mut Recent) -> Option<R>) -> Option<R> {
     })
 }
 
-/// Every translation table of a process.
+/// A set of [`Tables`], for the thread caches: unique in the process (tests make many).
 #[derive(Debug)]
+struct TablesId(u64);
+
+impl Default for TablesId {
+    fn default() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        TablesId(NEXT.fetch_add(1, Relaxed))
+    }
+}
+
+/// Every translation table of a process.
+#[derive(Debug, Default)]
 pub struct Tables {
+    /// Which tables these are to the thread caches.
+    id: TablesId,
     /// Our memory regions: virtual lkey → real lkey.
     lkeys: RwLock<Map<u32, u32>>,
     /// Our memory regions: virtual rkey → real rkey (what peers learn after a rebuild).
@@ -200,31 +213,6 @@ pub struct Tables {
     remote_rkeys: RwLock<Map<(u64, u32), u32>>,
     /// Peers' ports now, by address id (empty until a rebuild).
     peers: RwLock<Map<u64, PeerPort>>,
-}
-
-impl Drop for Tables {
-    fn drop(&mut self) {
-        // Others may be made where these were (tests): no cache of these holds for them.
-        GENERATION.fetch_add(1, Release);
-    }
-}
-
-impl Default for Tables {
-    fn default() -> Self {
-        // A new set of tables may sit where dropped ones were (tests): no cache holds for it.
-        GENERATION.fetch_add(1, Release);
-        Tables {
-            lkeys: RwLock::default(),
-            rkeys: RwLock::default(),
-            local_qpns: RwLock::default(),
-            remote_qpns: RwLock::default(),
-            remote_virtual_qpns: RwLock::default(),
-            translating_remote_qpns: AtomicBool::default(),
-            peers_by_port: RwLock::default(),
-            remote_rkeys: RwLock::default(),
-            peers: RwLock::default(),
-        }
-    }
 }
 
 fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -258,27 +246,42 @@ impl Tables {
     /// The real lkey of one of our virtual lkeys.
     #[inline]
     pub fn lkey(&self, v: u32) -> Found {
-        let generation = GENERATION.load(Acquire);
-        let owner = self as *const Tables as usize;
-        let slot = lkey_slot(v);
-        let cached = with_recent(|r| {
-            let (k, real) = r.lkeys[slot]?;
-            (r.owner == owner && r.generation == generation && k == v).then_some(real)
-        });
-        if let Some(real) = cached {
-            return Found::Real(real);
-        }
-        let found = read(&self.lkeys).get(&v).copied();
+        let found = self.through_recent(
+            v,
+            |r| &mut r.lkeys[lkey_slot(v)],
+            || read(&self.lkeys).get(&v).copied(),
+        );
         match found {
-            Some(real) => {
-                with_recent(|r| {
-                    r.valid_for(owner, generation).lkeys[slot] = Some((v, real));
-                    Some(())
-                });
-                Found::Real(real)
-            }
+            Some(real) => Found::Real(real),
             None => Found::Unknown(v),
         }
+    }
+
+    /// `key`'s value from this thread's cache entry `entry` when it holds it for these tables
+    /// as they are now, else from `table` (and then cached).
+    #[inline]
+    fn through_recent<V: Copy>(
+        &self,
+        key: u32,
+        entry: impl Fn(&mut Recent) -> &mut Option<(u32, V)>,
+        table: impl FnOnce() -> Option<V>,
+    ) -> Option<V> {
+        let generation = GENERATION.load(Acquire);
+        let owner = self.id.0;
+        let cached = with_recent(|r| {
+            let fresh = r.owner == owner && r.generation == generation;
+            let (k, v) = (*entry(r))?;
+            (fresh && k == key).then_some(v)
+        });
+        if cached.is_some() {
+            return cached;
+        }
+        let found = table()?;
+        with_recent(|r| {
+            *entry(r.valid_for(owner, generation)) = Some((key, found));
+            Some(())
+        });
+        Some(found)
     }
 
     /// Records one of our QPs and its shadow.
@@ -333,24 +336,11 @@ impl Tables {
     /// The virtual number and shadow of one of our QPs, by its real number.
     #[inline]
     pub fn local_qp(&self, real: u32) -> Option<(u32, usize)> {
-        let generation = GENERATION.load(Acquire);
-        let owner = self as *const Tables as usize;
-        let slot = real as usize % RECENT;
-        let cached = with_recent(|r| {
-            let (k, virt, shadow) = r.qps[slot]?;
-            (r.owner == owner && r.generation == generation && k == real).then_some((virt, shadow))
-        });
-        if cached.is_some() {
-            return cached;
-        }
-        let found = read(&self.local_qpns).get(&real).copied();
-        if let Some((virt, shadow)) = found {
-            with_recent(|r| {
-                r.valid_for(owner, generation).qps[slot] = Some((real, virt, shadow));
-                Some(())
-            });
-        }
-        found
+        self.through_recent(
+            real,
+            |r| &mut r.qps[real as usize % RECENT],
+            || read(&self.local_qpns).get(&real).copied(),
+        )
     }
 
     /// Learns a peer QP's new real number.
