@@ -951,10 +951,10 @@ impl Cell {
 /// The cell CI runs, beside the tests above that are cells of their own (drain, restart
 /// --map, the launcher's node destroyed, a link cut) and the soak's rounds (MPICH's launcher
 /// node destroyed, an Open MPI attached node's agent killed): an Open MPI launcher moved after
-/// its node's agent died (its parts fenced with nobody to clean up after them), with shared
-/// storage. `CKPT_FULL=1` adds an MPICH attached node destroyed; `CKPT_MATRIX=full` runs all
+/// its node's link was cut (its parts fenced by their lease; calls to it answered by nobody,
+/// so the restart must not ask it), with shared storage. `CKPT_FULL=1` adds an MPICH attached node destroyed; `CKPT_MATRIX=full` runs all
 /// 40, `CKPT_MATRIX=NAME,NAME` the named ones.
-const SLICE: [&str; 1] = ["openmpi/Launcher/AgentKilled/shared"];
+const SLICE: [&str; 1] = ["openmpi/Launcher/LinkCut/shared"];
 /// The cell `CKPT_FULL=1` adds to [`SLICE`].
 const FULL_SLICE: &str = "mpich/Attached/Destroyed/shared";
 
@@ -966,9 +966,13 @@ const FULL_SLICE: &str = "mpich/Attached/Destroyed/shared";
 fn run_cell(cell: Cell) -> String {
     let mpi = cell.mpi;
     let want = mpi.reference_checksum(RANKS, N, ITERS);
-    let Some((cluster, mut d, job)) =
-        three_and_a_spare_with(mpi, cell.shared, "[recovery]\non_failure = \"restart:2\"\n")
-    else {
+    // deadlines.sync far longer than a restart takes to begin: one that waited out a call to
+    // the lost node shows (below).
+    let Some((cluster, mut d, job)) = three_and_a_spare_with(
+        mpi,
+        cell.shared,
+        "[recovery]\non_failure = \"restart:2\"\n[deadlines]\nsync = \"5m\"\n",
+    ) else {
         return "skipped".into();
     };
     let node = match cell.role {
@@ -1026,6 +1030,13 @@ fn run_cell(cell: Cell) -> String {
             r["moves"],
             serde_json::json!([format!("{node}=n4")]),
             "{st}"
+        );
+        // Begun at once, not after a call to the lost node (which answers nothing when its
+        // link is cut) waited out its deadline.
+        let waited = r["at_unix_ms"].as_u64().unwrap() - r["noticed_unix_ms"].as_u64().unwrap();
+        assert!(
+            waited < 60_000,
+            "the restart began {waited} ms after the loss was noticed: {st}"
         );
         "restarted by itself"
     } else {

@@ -201,7 +201,10 @@ impl Coordinator {
     }
 
     /// Asks the job's agent whether its processes still run, and records an exit the heartbeat
-    /// has not reported yet. Errors reaching the agent leave the record as it is.
+    /// has not reported yet. Errors reaching the agent leave the record as it is. A node that is
+    /// down is not asked (a dead node answers nothing: the call would only wait out its
+    /// deadline, and a restart of a job whose launcher's node was lost would wait with it); one
+    /// that is up has `node_timeout` to answer, as in [`Coordinator::inspect`].
     pub async fn refresh(&self, id: u64) -> Result<Job, DriveError> {
         let job = self
             .registry
@@ -210,13 +213,17 @@ impl Coordinator {
         if job.state != JobState::Running && job.state != JobState::Lost {
             return Ok(job);
         }
+        let timeout = self.cfg.node_timeout;
+        if !self.agents.up(&job.node, timeout) {
+            return Ok(job);
+        }
         let Ok(mut c) = self.agents.client(&job.node) else {
             return Ok(job);
         };
         let info = match call(
             &job.node,
             "inspect",
-            self.cfg.deadlines.sync,
+            timeout.min(self.cfg.deadlines.sync),
             c.inspect(pb::InspectRequest { job_id: id }),
         )
         .await

@@ -79,7 +79,14 @@ impl Coordinator {
                 .into_iter()
                 .filter(|n| !down.contains_key(n))
                 .collect();
-            if self.lose(&job, node, since, alive).await? {
+            let why = format!(
+                "no heartbeat for {} (node_timeout {})",
+                humantime::format_duration(Duration::from_millis(
+                    now_ms().saturating_sub(since) / 100 * 100
+                )),
+                humantime::format_duration(self.cfg.node_timeout)
+            );
+            if self.lose(&job, node, since, alive, &why).await? {
                 marked.push(job.id);
             }
         }
@@ -87,14 +94,15 @@ impl Coordinator {
     }
 
     /// Takes `job`, as read, to `lost` because of `node` (last heard from at `since`, ms since
-    /// the Unix epoch), and kills what is left of it on `alive`. False when the job ended or was
-    /// restarted since it was read.
+    /// the Unix epoch; `why`, for the log), and kills what is left of it on `alive`. False when
+    /// the job ended or was restarted since it was read.
     async fn lose(
         &self,
         job: &Job,
         node: String,
         since: u64,
         alive: Vec<String>,
+        why: &str,
     ) -> Result<bool, DriveError> {
         let lost = LostNode {
             node,
@@ -117,6 +125,7 @@ impl Coordinator {
         warn!(
             job = job.id,
             node = %lost.node,
+            why,
             "job lost: a node of it is down or fenced; what is left of it elsewhere is killed (restart it with `ckptctl restart {}`)",
             job.id
         );
@@ -139,7 +148,11 @@ impl Coordinator {
             }
             let alive = nodes.into_iter().filter(|n| n != node).collect();
             let since = now_ms().saturating_sub(after_ms);
-            if let Err(e) = self.lose(&job, node.to_string(), since, alive).await {
+            let why = format!(
+                "its shims fenced (killed) its part: the node had no answer from ckptd for {after_ms} ms, past its lease (fence_lease {})",
+                humantime::format_duration(self.cfg.lease())
+            );
+            if let Err(e) = self.lose(&job, node.to_string(), since, alive, &why).await {
                 warn!(job = id, error = %e, "cannot record a fenced job as lost");
             }
         }

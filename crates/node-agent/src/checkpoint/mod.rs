@@ -101,7 +101,16 @@ impl Jobs {
     #[instrument(skip_all, fields(phase = "initial-sync", job = job_id, epoch = epoch, node = self.node()))]
     pub async fn initial_sync(&self, job_id: u64, epoch: u32) -> Result<Synced, AgentError> {
         // A pre-dump in progress finishes first; none starts until the epoch ends.
+        let begin = Instant::now();
         let chain = self.hold_chain(job_id).await;
+        if begin.elapsed() > Duration::from_secs(1) {
+            info!(
+                job = job_id,
+                epoch,
+                waited_ms = begin.elapsed().as_millis() as u64,
+                "initial-sync waited for the job's pre-dump in progress (the wait counts against ckptd's deadlines.sync)"
+            );
+        }
         let j = self.get(job_id)?;
         let mut job = j.lock().await;
         if let Some(w) = &job.work {

@@ -130,7 +130,7 @@ pub async fn run(
             match tokio::time::timeout(CALL_TIMEOUT, c.register(req)).await {
                 Ok(Ok(r)) => {
                     info!(coordinator = %cfg.coordinator, "registered");
-                    jobs.node.lease.renew(sent, r.get_ref().lease_ms);
+                    renew(&jobs, sent, r.get_ref().lease_ms);
                     registered = true;
                 }
                 Ok(Err(e))
@@ -155,7 +155,7 @@ pub async fn run(
             };
             let sent = crate::rpc::lease::boottime_ms();
             match tokio::time::timeout(CALL_TIMEOUT, c.heartbeat(req)).await {
-                Ok(Ok(r)) => jobs.node.lease.renew(sent, r.get_ref().lease_ms),
+                Ok(Ok(r)) => renew(&jobs, sent, r.get_ref().lease_ms),
                 Ok(Err(e)) => {
                     warn!(error = %e, "heartbeat failed; registering again");
                     registered = false;
@@ -167,6 +167,19 @@ pub async fn run(
             }
         }
         tokio::time::sleep(interval(cfg.heartbeat_interval, jobs.node.lease.granted())).await;
+    }
+}
+
+/// Renews the node's lease with ckptd's answer to a call sent at `sent` (`CLOCK_BOOTTIME`, ms),
+/// and warns when the lease had run more than half out: at its end the shims kill the node's
+/// job parts.
+fn renew(jobs: &Jobs, sent: u64, lease_ms: u64) {
+    if let Some(unrenewed) = jobs.node.lease.renew(sent, lease_ms) {
+        warn!(
+            unrenewed_ms = unrenewed.as_millis() as u64,
+            lease_ms,
+            "ckptd's answer came late, past half of this node's lease: had none come within the lease, this node's job parts would have been killed (fenced); a ckptd or a node this loaded needs a longer node_timeout and fence_lease in ckptd.toml"
+        );
     }
 }
 

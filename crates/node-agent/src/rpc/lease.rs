@@ -112,8 +112,11 @@ impl Keeper {
         &self.path
     }
 
-    /// ckptd answered a call sent at `sent_ms`, granting `lease_ms`.
-    pub fn renew(&self, sent_ms: u64, lease_ms: u64) {
+    /// ckptd answered a call sent at `sent_ms`, granting `lease_ms`. Returns how long the
+    /// lease had run unrenewed when the answer came, if that was more than half of it: a node
+    /// this close to fencing its parts says so.
+    pub fn renew(&self, sent_ms: u64, lease_ms: u64) -> Option<Duration> {
+        let answered = boottime_ms();
         let lease = Lease {
             boot: self.boot,
             contact_ms: sent_ms,
@@ -121,13 +124,19 @@ impl Keeper {
         };
         let mut last = self.last.lock().expect("lease lock");
         if last.is_some_and(|l| l.contact_ms > sent_ms) {
-            return;
+            return None;
         }
+        let close = last
+            .filter(|l| l.lease_ms > 0)
+            .map(|l| (answered.saturating_sub(l.contact_ms), l.lease_ms))
+            .filter(|&(unrenewed, lease)| unrenewed * 2 > lease)
+            .map(|(unrenewed, _)| Duration::from_millis(unrenewed));
         *last = Some(lease);
         let bytes = serde_json::to_vec(&lease).expect("serializable");
         if let Err(e) = crate::os::modes::write_private(&self.path, &bytes) {
             tracing::warn!(path = %self.path.display(), error = %e, "cannot record the lease");
         }
+        close
     }
 
     /// The lease granted last, if any.
@@ -196,9 +205,13 @@ mod tests {
         assert_eq!(k.overdue(), None);
         assert_eq!(Expiry::new(k.path().to_path_buf()).check(), None);
         let now = boottime_ms();
-        k.renew(now, 60_000);
+        assert_eq!(k.renew(now - 50_000, 60_000), None, "the first lease");
+        // The next answer comes 50 s into the 60 s lease: said.
+        let close = k.renew(now, 60_000).expect("over half of the lease");
+        assert!(close >= Duration::from_secs(50), "{close:?}");
+        assert_eq!(k.renew(now, 60_000), None, "renewed well within");
         // An answer to an older call, arriving late, does not move the contact back.
-        k.renew(now - 50_000, 60_000);
+        assert_eq!(k.renew(now - 40_000, 60_000), None);
         let l: Lease = crate::os::modes::read_json(k.path()).unwrap();
         assert_eq!(l.contact_ms, now);
         assert_eq!(k.overdue(), None);
