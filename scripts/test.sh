@@ -89,10 +89,17 @@ sed -n 's/^test \([^ ]*\) \.\.\. \([a-zA-Z]*\) <\([0-9.]*\)s>$/\3 \1 \2/p' "$LOG
     sort -rn | awk 'NR <= 15 { printf "  %6.0f s  %s %s\n", $1, $2, ($3 == "ok" ? "" : $3) }'
 # Each failure's message once more, here at the end: a log cut to its head and tail keeps it.
 if [ "$FAILED" = 1 ] && grep -q "panicked at" "$LOG"; then
-    echo "[test] failures (each panic's message, up to 25 lines):"
-    awk '/panicked at/ { n = 25 }
-         n > 0 && (/^stack backtrace:/ || /^note: /) { n = 0 }
-         n > 0 { print "  " $0; n-- }' "$LOG"
+    # Its first 25 lines and its last 15: an assertion's message often holds a guest's whole
+    # console, and `left`/`right` and the console's end (where a script says why) come last.
+    echo "[test] failures (each panic's message: its first 25 and last 15 lines):"
+    awk 'function flush(   i) {
+             for (i = 1; i <= n; i++) if (i <= 25 || i > n - 15) print "  " b[i]; else if (i == 26) print "  [...]"
+             n = 0; on = 0
+         }
+         /panicked at/ { if (on) flush(); on = 1 }
+         on && (/^stack backtrace:/ || /^note: / || /^failures:$/ || /^---- .* stdout ----$/) { flush() }
+         on { b[++n] = $0 }
+         END { if (on) flush() }' "$LOG"
 fi
 echo "[test] time per suite:"
 printf '  %s\n' "${TIMES[@]}"

@@ -588,7 +588,8 @@ fn a_verbs_fd_outside_the_layer_and_multicast_in_use_are_refused_and_the_job_run
     );
 }
 
-/// Two guests, the unmodified `heat` under MPICH with 4 ranks, 2 on each guest, started by
+/// Three guests, c a spare. The unmodified `heat` under MPICH with 4 ranks, 2 on each of a and
+/// b, started by
 /// `ckptctl run --rdma` in sandboxes (a job network): the ranks of a guest talk through UCX's
 /// shared memory, the guests over verbs through the layer. Checkpointed under traffic, then
 /// once more with `--kill`, then restarted with the parts swapped (`--map ga=gb --map
@@ -597,10 +598,12 @@ fn a_verbs_fd_outside_the_layer_and_multicast_in_use_are_refused_and_the_job_run
 /// Pre-copy is on, as by default: both parts are pre-dumped (through the agents' CRIU plugin)
 /// before the first checkpoint.
 ///
-/// Before it, in the same boots, `tests/apps/verbs_newqp`: two processes of one job over UD QPs
-/// through the layer, moved to b and back (`--map`), each making 8 more QPs after each restart on
-/// a device that hands out again, to new QPs, numbers the old ones hold as virtual ones. Every
-/// message reaches the QP it was sent to, and the layers set such numbers aside.
+/// After it, in the same boots, `tests/apps/verbs_newqp`: two processes of one job over UD QPs
+/// through the layer, moved to b (`--map`); then guest b powers off, as a node that fails, and
+/// ckptd restarts the job by itself (`--on-failure`) on the spare, guest c. Each process makes 8
+/// more QPs after each restart on a device that hands out again, to new QPs, numbers the old
+/// ones hold as virtual ones. Every message reaches the QP it was sent to, and the layers set
+/// such numbers aside.
 #[test]
 fn an_rdma_job_with_shared_memory_moves_to_other_guests() {
     if let Some(why) = vm::unavailable() {
@@ -609,7 +612,7 @@ fn an_rdma_job_with_shared_memory_moves_to_other_guests() {
     }
     let bin = ckpt_tests::bin_dir();
     verbs_layer();
-    let (n, iters) = (128, 12000);
+    let (n, iters) = (128, 5000);
     let reference = ckpt_tests::Mpi::Mpich.reference_checksum(4, n, iters);
     let app = ckpt_tests::Mpi::Mpich.heat_app();
     let env = format!(
@@ -618,7 +621,8 @@ fn an_rdma_job_with_shared_memory_moves_to_other_guests() {
         app.display(),
         ckpt_tests::apps().join("verbs_newqp").display(),
     );
-    let (a, b) = vm::run_two("verbsmv", "tests/guest/verbs_move.sh", &env, 17995, 1500);
+    let runs = vm::run_guests("verbsmv", "tests/guest/verbs_move.sh", &env, 17995, 1500, 3);
+    let (a, b) = (&runs[0], &runs[1]);
     let res = results(&a.console);
     let value = |p: &str| value_of(&res, p, &a.console);
     // Where heat stood when its second checkpoint stopped it (how long its rest runs after the
@@ -751,7 +755,8 @@ fn an_rdma_job_with_shared_memory_moves_to_other_guests() {
 
 /// What `verbs_newqp` and its layers reported in [`an_rdma_job_with_shared_memory_moves_to_other_guests`]:
 /// both processes have 17 QPs (1, then 8 after each restart) and know the other's 17, every
-/// message arrived on the QP it named, the restarts moved the job (a to b, b to a), and the
+/// message arrived on the QP it named, the restarts moved the job (a to b by hand, b to the
+/// spare c by ckptd itself when b was lost), and the
 /// layers set aside real numbers that were virtual ones of the job, keeping every virtual
 /// number of the job's address unique.
 fn assert_new_qps_after_restarts_never_collide(res: &[String], console: &str) {
@@ -759,10 +764,23 @@ fn assert_new_qps_after_restarts_never_collide(res: &[String], console: &str) {
         .iter()
         .filter(|l| l.starts_with("newqp restart"))
         .collect();
-    assert_eq!(moves.len(), 2, "{console}");
+    assert_eq!(moves.len(), 1, "{console}");
+    assert!(moves[0].contains("moving"), "{moves:?}");
+    // Guest b lost: ckptd restarted the job by itself, its part on the spare.
+    let recovery: serde_json::Value =
+        serde_json::from_str(&value_of(res, "newqp recovery ", console)).unwrap();
+    assert_eq!(recovery["trigger"], "node gb lost", "{recovery}\n{console}");
+    assert_eq!(
+        recovery["moves"],
+        serde_json::json!(["gb=gc"]),
+        "{recovery}"
+    );
     assert!(
-        moves[0].contains("moving") && moves[1].contains("moving"),
-        "{moves:?}"
+        recovery["outcome"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("running again"),
+        "{recovery}\n{console}"
     );
     for who in ["p", "q"] {
         let line = value_of(res, &format!("newqp {who} "), console);

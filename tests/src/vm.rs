@@ -170,7 +170,9 @@ pub fn run_script(name: &str, script: &str, env: &str, timeout_s: u32) -> GuestR
             &format!("timeout={timeout_s}"),
         ],
     );
-    assert_eq!(r.status, 0, "guest script failed: {}", r.console);
+    if r.status != 0 {
+        panic!("{}", failed_guests(&[("guest", &r)]));
+    }
     r
 }
 
@@ -186,70 +188,211 @@ pub fn run_two(
     port: u16,
     timeout_s: u32,
 ) -> (GuestRun, GuestRun) {
-    for attempt in 1..=2 {
-        let (a, b) = two_once(name, script, env, port, timeout_s);
-        if (a.status == LOCKED_UP || b.status == LOCKED_UP) && attempt == 1 {
-            // The guest kernel hung, not the test: said, and tried once more.
-            eprintln!(
-                "NOTE: a guest kernel locked up (soft lockup); running both guests again:\n{}{}",
-                tail(&a.console),
-                tail(&b.console)
-            );
-            continue;
-        }
-        assert_eq!(
-            a.status, 0,
-            "guest a: {}\nguest b: {}",
-            a.console, b.console
-        );
-        assert_eq!(b.status, 0, "guest b: {}", b.console);
-        return (a, b);
-    }
-    unreachable!("the second attempt returns or panics")
+    let mut runs = run_guests(name, script, env, port, timeout_s, 2).into_iter();
+    let (a, b) = (runs.next(), runs.next());
+    (a.expect("guest a"), b.expect("guest b"))
 }
 
-/// The last lines of a console.
-fn tail(console: &str) -> String {
-    let lines: Vec<&str> = console.lines().collect();
-    lines[lines.len().saturating_sub(8)..].join("\n") + "\n"
-}
+/// Roles of the guests of [`run_guests`], in order.
+const ROLES: [&str; 3] = ["a", "b", "c"];
 
-/// One run of [`run_two`]'s guests, ended together if either kernel locks up.
-fn two_once(
+/// [`run_two`] for `count` guests (2 or 3): `c` is 192.168.98.3 with 2.5 GiB. Three guests share
+/// one segment through a hub on this host (ports `port + 10` to `port + 12`); two are joined by
+/// a plain wire. Returns the runs in the order a, b, c.
+pub fn run_guests(
     name: &str,
     script: &str,
     env: &str,
     port: u16,
     timeout_s: u32,
-) -> (GuestRun, GuestRun) {
+    count: usize,
+) -> Vec<GuestRun> {
+    assert!((2..=ROLES.len()).contains(&count), "2 or 3 guests");
+    for attempt in 1..=2 {
+        let runs = guests_once(name, script, env, port, timeout_s, count);
+        if runs.iter().any(|r| r.status == LOCKED_UP) && attempt == 1 {
+            // The guest kernel hung, not the test: said, and tried once more.
+            let tails: String = runs.iter().map(|r| tail(&r.console)).collect();
+            eprintln!(
+                "NOTE: a guest kernel locked up (soft lockup); running the guests again:\n{tails}"
+            );
+            continue;
+        }
+        if runs.iter().any(|r| r.status != 0) {
+            let named: Vec<(&str, &GuestRun)> = ["guest a", "guest b", "guest c"]
+                .into_iter()
+                .zip(&runs)
+                .collect();
+            panic!("{}", failed_guests(&named));
+        }
+        return runs;
+    }
+    unreachable!("the second attempt returns or panics")
+}
+
+/// One run of [`run_guests`]'s guests, ended together if a kernel locks up.
+fn guests_once(
+    name: &str,
+    script: &str,
+    env: &str,
+    port: u16,
+    timeout_s: u32,
+    count: usize,
+) -> Vec<GuestRun> {
     let script = crate::workspace().join(script);
-    let body = |role: &str| format!("export ROLE={role} {env}\nbash {}\n", script.display());
     let share = tempfile::tempdir().expect("share dir");
     let share_arg = format!("share={}", share.path().display());
     let timeout = format!("timeout={timeout_s}");
-    let guest = |role: &str, me: u16, peer: u16, mem: &str| {
-        let settings = [
+    // Guest i sends from `port + i`; to its peer's port with two, to the hub's with three.
+    let hub = (count > 2).then(|| Hub::start(port, port + 10, count));
+    let settings = |i: usize| {
+        let role = ROLES[i];
+        let peer = match &hub {
+            Some(_) => port + 10 + i as u16,
+            None => port + 1 - i as u16,
+        };
+        vec![
             format!("name={name}{role}"),
-            format!("ip=192.168.98.{}/24", if role == "a" { 1 } else { 2 }),
-            format!("mac=52:54:00:00:98:1{}", if role == "a" { 1 } else { 2 }),
-            format!("wire={me}:{peer}"),
-            format!("mem={mem}"),
+            format!("ip=192.168.98.{}/24", i + 1),
+            format!("mac=52:54:00:00:98:1{}", i + 1),
+            format!("wire={}:{peer}", port + i as u16),
+            format!("mem={}", if i == 0 { "3072" } else { "2560" }),
             timeout.clone(),
             share_arg.clone(),
-        ];
-        (body(role), settings)
+        ]
+    };
+    let body = |i: usize| {
+        format!(
+            "export ROLE={} {env}\nbash {}\n",
+            ROLES[i],
+            script.display()
+        )
     };
     let abort = Arc::new(AtomicBool::new(false));
-    let (body_b, set_b) = guest("b", port + 1, port, "2560");
-    let abort_b = Arc::clone(&abort);
-    let b = std::thread::spawn(move || {
-        let set: Vec<&str> = set_b.iter().map(String::as_str).collect();
-        run_watched(&body_b, &set, &abort_b)
-    });
-    let (body_a, set_a) = guest("a", port, port + 1, "3072");
-    let set: Vec<&str> = set_a.iter().map(String::as_str).collect();
-    let a = run_watched(&body_a, &set, &abort);
-    (a, b.join().expect("guest b"))
+    let others: Vec<_> = (1..count)
+        .map(|i| {
+            let (body, set, abort) = (body(i), settings(i), Arc::clone(&abort));
+            std::thread::spawn(move || {
+                let set: Vec<&str> = set.iter().map(String::as_str).collect();
+                run_watched(&body, &set, &abort)
+            })
+        })
+        .collect();
+    let set = settings(0);
+    let set: Vec<&str> = set.iter().map(String::as_str).collect();
+    let mut runs = vec![run_watched(&body(0), &set, &abort)];
+    runs.extend(others.into_iter().map(|t| t.join().expect("guest")));
+    drop(hub);
+    runs
+}
+
+/// An Ethernet segment for three or more guests: guest i's wire sends to this host's UDP port
+/// `base + i`, and each frame goes on, from that same port, to the guests that should see it
+/// (the one its destination address was last seen from; every other guest until then, and for
+/// broadcasts). Ended when dropped.
+struct Hub {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Hub {
+    /// Listens on `base..base + count`; guest i receives at `guests + i`.
+    fn start(guests: u16, base: u16, count: usize) -> Hub {
+        use std::collections::HashMap;
+        use std::net::UdpSocket;
+        use std::sync::Mutex;
+        let sockets: Arc<Vec<UdpSocket>> = Arc::new(
+            (0..count)
+                .map(|i| {
+                    let s = UdpSocket::bind(("127.0.0.1", base + i as u16)).expect("hub port");
+                    s.set_read_timeout(Some(std::time::Duration::from_millis(200)))
+                        .expect("hub timeout");
+                    s
+                })
+                .collect(),
+        );
+        let seen: Arc<Mutex<HashMap<[u8; 6], usize>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..count)
+            .map(|from| {
+                let (sockets, seen, stop) = (sockets.clone(), seen.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut frame = vec![0u8; 65536];
+                    while !stop.load(Ordering::Relaxed) {
+                        let Ok(n) = sockets[from].recv(&mut frame) else {
+                            continue;
+                        };
+                        if n < 12 {
+                            continue;
+                        }
+                        let mac = |at: usize| -> [u8; 6] {
+                            frame[at..at + 6].try_into().expect("6 bytes")
+                        };
+                        let to = {
+                            let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+                            seen.insert(mac(6), from);
+                            seen.get(&mac(0)).copied()
+                        };
+                        for i in (0..count).filter(|&i| i != from && to.is_none_or(|t| t == i)) {
+                            let _ =
+                                sockets[i].send_to(&frame[..n], ("127.0.0.1", guests + i as u16));
+                        }
+                    }
+                })
+            })
+            .collect();
+        Hub { stop, threads }
+    }
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The last lines of a console.
+fn tail(console: &str) -> String {
+    tail_n(console, 8)
+}
+
+/// The last `n` lines of a console.
+pub fn tail_n(console: &str, n: usize) -> String {
+    let lines: Vec<&str> = console.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n") + "\n"
+}
+
+/// The message of a failed guest run: each guest's status, and first the lines of a failed
+/// one's console before its script's failure report (a line with "ends with status", which
+/// tests/guest/two_nodes.sh prints; else its last lines): there a script says why it stopped,
+/// and a CI log cut to each panic's first lines keeps it. Then the ends and the whole consoles.
+pub fn failed_guests(runs: &[(&str, &GuestRun)]) -> String {
+    let mut m = String::new();
+    for (name, r) in runs {
+        m += &format!("{name}: script status {}\n", r.status);
+    }
+    for (name, r) in runs.iter().filter(|(_, r)| r.status != 0) {
+        let lines: Vec<&str> = r.console.lines().collect();
+        let end = lines
+            .iter()
+            .rposition(|l| l.contains(" ends with status "))
+            .map_or(lines.len(), |i| i + 1);
+        let why = lines[end.saturating_sub(20)..end].join("\n");
+        m += &format!("--- {name}, why it stopped\n{why}\n");
+    }
+    for (name, r) in runs {
+        m += &format!(
+            "--- {name}, the end of its console\n{}",
+            tail_n(&r.console, 30)
+        );
+    }
+    for (name, r) in runs {
+        m += &format!("--- {name}, its whole console\n{}", r.console);
+    }
+    m
 }
 
 /// Runs the named tests of the calling test binary again inside one guest (`name`: the guest's
@@ -277,7 +420,9 @@ pub fn rerun_in_guest_with(name: &str, tests: &[&str], env: &[(&str, String)]) {
         tests = tests.join(" "),
     );
     let r = run(&body, &[&format!("name={name}"), "mem=2048", "timeout=900"]);
-    assert_eq!(r.status, 0, "guest run failed: {}", r.console);
+    if r.status != 0 {
+        panic!("{}", failed_guests(&[("guest", &r)]));
+    }
     let want = format!("test result: ok. {} passed", tests.len());
     assert!(r.console.contains(&want), "all ran: {}", r.console);
     for line in ["SKIPPED", "NOTE:"] {
@@ -296,5 +441,53 @@ mod tests {
         assert!(super::locked_up(&line(120)));
         assert!(!super::locked_up(&line(22)));
         assert!(!super::locked_up("stuck for 500s"));
+    }
+
+    /// The hub floods a frame for an address it has not seen to every other guest, and once
+    /// it has seen an address, sends frames for it to that guest only.
+    #[test]
+    fn the_hub_floods_unknown_addresses_and_learns_where_each_is() {
+        use std::net::UdpSocket;
+        use std::time::Duration;
+        // Ports of their own (the guest tests use 17991-18007).
+        let base = 17960;
+        let guests: Vec<UdpSocket> = (0..3)
+            .map(|i| {
+                let s = UdpSocket::bind(("127.0.0.1", base + i)).unwrap();
+                s.set_read_timeout(Some(Duration::from_millis(300)))
+                    .unwrap();
+                s
+            })
+            .collect();
+        let hub_base = base + 10;
+        let _hub = super::Hub::start(base, hub_base, 3);
+        let frame = |dst: u8, src: u8| {
+            let mut f = vec![0u8; 60];
+            f[..6].copy_from_slice(&[2, 0, 0, 0, 0, dst]);
+            f[6..12].copy_from_slice(&[2, 0, 0, 0, 0, src]);
+            f
+        };
+        let got = |i: usize| {
+            let mut buf = [0u8; 100];
+            guests[i].recv(&mut buf).ok().map(|n| buf[..n].to_vec())
+        };
+        // From guest 0 (address 10) to 12, unknown yet: both others get it.
+        guests[0]
+            .send_to(&frame(12, 10), ("127.0.0.1", hub_base))
+            .unwrap();
+        assert_eq!(got(1), Some(frame(12, 10)));
+        assert_eq!(got(2), Some(frame(12, 10)));
+        // Guest 2 answers from 12: only guest 0 (where 10 was seen) gets it.
+        guests[2]
+            .send_to(&frame(10, 12), ("127.0.0.1", hub_base + 2))
+            .unwrap();
+        assert_eq!(got(0), Some(frame(10, 12)));
+        assert_eq!(got(1), None, "guest 1 is not where 10 is");
+        // Now 12 is known: guest 0's next frame to it reaches guest 2 only.
+        guests[0]
+            .send_to(&frame(12, 10), ("127.0.0.1", hub_base))
+            .unwrap();
+        assert_eq!(got(2), Some(frame(12, 10)));
+        assert_eq!(got(1), None);
     }
 }
