@@ -208,8 +208,16 @@ pub fn run_guests(
     count: usize,
 ) -> Vec<GuestRun> {
     assert!((2..=ROLES.len()).contains(&count), "2 or 3 guests");
+    let boot = Boot {
+        name,
+        script,
+        env,
+        port,
+        timeout_s,
+        count,
+    };
     for attempt in 1..=2 {
-        let runs = guests_once(name, script, env, port, timeout_s, count);
+        let runs = guests_once(&boot);
         if runs.iter().any(|r| r.status == LOCKED_UP) && attempt == 1 {
             // The guest kernel hung, not the test: said, and tried once more.
             let tails: String = runs.iter().map(|r| tail(&r.console)).collect();
@@ -230,19 +238,23 @@ pub fn run_guests(
     unreachable!("the second attempt returns or panics")
 }
 
-/// One run of [`run_guests`]'s guests, ended together if a kernel locks up.
-fn guests_once(
-    name: &str,
-    script: &str,
-    env: &str,
+/// What [`run_guests`] boots (its arguments).
+struct Boot<'a> {
+    name: &'a str,
+    script: &'a str,
+    env: &'a str,
     port: u16,
     timeout_s: u32,
     count: usize,
-) -> Vec<GuestRun> {
-    let script = crate::workspace().join(script);
+}
+
+/// One run of [`run_guests`]'s guests, ended together if a kernel locks up.
+fn guests_once(boot: &Boot) -> Vec<GuestRun> {
+    let (name, env, port, count) = (boot.name, boot.env, boot.port, boot.count);
+    let script = crate::workspace().join(boot.script);
     let share = tempfile::tempdir().expect("share dir");
     let share_arg = format!("share={}", share.path().display());
-    let timeout = format!("timeout={timeout_s}");
+    let timeout = format!("timeout={}", boot.timeout_s);
     // Guest i sends from `port + i`; to its peer's port with two, to the hub's with three.
     let hub = (count > 2).then(|| Hub::start(port, port + 10, count));
     let settings = |i: usize| {
