@@ -12,7 +12,7 @@
 # sandboxes reach; JOBNET must lie in 192.168.98.48/28, routed through host0. The agents then
 # also share storage, /share/shared. Sets: W (the work directory, the same path in both guests, as a site's agents share one state_dir: MPICH's Hydra copies
 # the job's environment, and with it the agent's socket path, to the other node), S (/share),
-# IP, CKPT_SOCKET (on a); defines say, wait_file, kill_job, serve_kills.
+# IP, CKPT_SOCKET (on a); defines say, wait_file, kill_job, serve_kills, fail_node.
 : "${ROLE:?}" "${BIN:?}" "${CGPREFIX:?}"
 W=/tmp/ckpt-two
 mkdir -m 700 "$W"
@@ -98,7 +98,7 @@ cleanup() { # THE-LAST-COMMAND
             echo "--- guest a ends with status $rc (the last command: $1); ckptd log"; tail -n 60 "$W/ckptd.log" 2>/dev/null
             echo "--- agent log (a)"; tail -n 60 "$W/agent.log" 2>/dev/null
             diag
-            echo "--- guest b a few seconds before"; cat "$S/diag-b.txt" 2>/dev/null
+            for g in $OTHERS; do echo "--- guest $g a few seconds before"; cat "$S/diag-$g.txt" 2>/dev/null; done
         fi
         touch "$S/a-ended"
     fi
@@ -155,7 +155,7 @@ kill_job() { # every process of the jobs on this node, as a node crash would
 serve_kills() { # "K..." PATTERN [END]
     # What a's failure report shows of this guest (its processes may be gone by then).
     ( while [ ! -e "$S/done" ] && [ ! -e "$S/a-ended" ]; do
-          diag > "$S/diag-b.tmp" 2>&1 && mv "$S/diag-b.tmp" "$S/diag-b.txt"; sleep 5
+          diag > "$S/diag-$ROLE.tmp" 2>&1 && mv "$S/diag-$ROLE.tmp" "$S/diag-$ROLE.txt"; sleep 5
       done ) &
     touch "$S/$ROLE-up"
     for k in $1; do
