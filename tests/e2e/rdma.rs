@@ -505,15 +505,18 @@ fn unmodified_mpi_jobs_over_verbs_across_two_guests_are_checkpointed_killed_and_
     );
 }
 
-/// One guest, a plain verbs program (`tests/apps/verbs_refusals.c`: a UD QP in RTS) with the
-/// verbs layer preloaded, under ckpt. Alone it is checkpointed. When it also holds the device
-/// file open itself, or has its QP attached to a multicast group through the layer (passed
-/// through to rxe), a checkpoint is refused at initial sync naming the process and the
-/// descriptor or the feature. Each time the program keeps running. And a program that got an
-/// asynchronous event (its SRQ's limit reached) and acknowledges it only after a checkpoint is
-/// checkpointed, twice.
+/// One guest, plain verbs programs with the verbs layer preloaded, under ckpt
+/// (`tests/guest/verbs_plain.sh`). `tests/apps/verbs_refusals.c` (a UD QP in RTS): alone it is
+/// checkpointed. When it also holds the device file open itself, or has its QP attached to a
+/// multicast group through the layer (passed through to rxe), a checkpoint is refused at
+/// initial sync naming the process and the descriptor or the feature. Each time the program
+/// keeps running. A program that got an asynchronous event (its SRQ's limit reached) and
+/// acknowledges it only after a checkpoint is checkpointed, twice. And `tests/apps/verbs_wr.c`,
+/// posting with the newer calls (`ibv_create_qp_ex`, `ibv_wr_*`: RDMA write, read, atomic and
+/// send with immediate and inline data in one session a tick), is checkpointed, stopped,
+/// restarted and checkpointed again with every tick right.
 #[test]
-fn a_verbs_fd_outside_the_layer_and_multicast_in_use_are_refused_and_the_job_runs_on() {
+fn plain_verbs_programs_refused_features_unacknowledged_events_and_the_newer_post_calls() {
     if let Some(why) = vm::unavailable() {
         eprintln!("SKIPPED: {why}");
         return;
@@ -521,14 +524,18 @@ fn a_verbs_fd_outside_the_layer_and_multicast_in_use_are_refused_and_the_job_run
     let bin = ckpt_tests::bin_dir();
     let lib = verbs_layer();
     let app = ckpt_tests::apps().join("verbs_refusals");
-    assert!(app.exists(), "{} (make -C tests/apps)", app.display());
+    let wr = ckpt_tests::apps().join("verbs_wr");
+    for a in [&app, &wr] {
+        assert!(a.exists(), "{} (make -C tests/apps)", a.display());
+    }
     let env = format!(
-        "BIN={} LIB={} APP={}",
+        "BIN={} LIB={} APP={} WR={}",
         bin.display(),
         lib.display(),
         app.display(),
+        wr.display(),
     );
-    let r = vm::run_script("refusals", "tests/guest/verbs_refusals.sh", &env, 600);
+    let r = vm::run_script("plain", "tests/guest/verbs_plain.sh", &env, 900);
     let res = results(&r.console);
     let value = |p: &str| value_of(&res, p, &r.console);
     // rxe takes the multicast attach the layer passes through.
@@ -586,6 +593,45 @@ fn a_verbs_fd_outside_the_layer_and_multicast_in_use_are_refused_and_the_job_run
         "the layer acknowledged the event once, at the first release: {}",
         layer[0]
     );
+
+    // The newer post calls: an extended QP through a checkpoint, a stop, a restart (its real
+    // QPs, keys and numbers new) and a checkpoint after it; the program checks every tick's
+    // read-back, counter (one atomic lost or repeated would show) and message.
+    assert_eq!(value("wr "), "ready");
+    value("wr checkpoint 1 ok");
+    value("wr restarted");
+    value("wr checkpoint 3 ok");
+    let stopped = ticks_of(&value("wr stopped at "));
+    let last = value("wr last ");
+    let (t, ok, bad) = ticks_of(&last);
+    assert_eq!(bad, 0, "every tick checked out: {last}\n{}", r.console);
+    assert_eq!(ok, t, "{last}");
+    assert!(
+        t >= stopped.0 + 10,
+        "it went on after the restart: {last} (stopped at tick {})",
+        stopped.0
+    );
+    let layer = statuses(&res, "wr layer ");
+    assert_eq!(layer.len(), 1, "{}", r.console);
+    assert_eq!(layer[0]["refused"], serde_json::json!([]), "{}", layer[0]);
+    assert!(
+        layer[0]["send_wrs"].as_u64().unwrap_or(0) >= 4 * 10,
+        "the sessions went through the layer: {}",
+        layer[0]
+    );
+}
+
+/// `tick T ok O bad B` as (T, O, B).
+fn ticks_of(line: &str) -> (u64, u64, u64) {
+    let w: Vec<&str> = line.split_whitespace().collect();
+    let n = |k: &str| {
+        w.iter()
+            .position(|x| *x == k)
+            .and_then(|i| w.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{k} in {line:?}"))
+    };
+    (n("tick"), n("ok"), n("bad"))
 }
 
 /// Three guests, c a spare. The unmodified `heat` under MPICH with 4 ranks, 2 on each of a and

@@ -332,11 +332,14 @@ fn is_receive(qp: &ShadowQp, cq: usize, wc: &ffi::ibv_wc) -> bool {
     if wc.is_valid() {
         return wc.opcode() & ffi::ibv_wc_opcode::IBV_WC_RECV != 0;
     }
-    match (qp.qp.send_cq as usize == cq, qp.qp.recv_cq as usize == cq) {
+    match (
+        qp.ex.qp_base.send_cq as usize == cq,
+        qp.ex.qp_base.recv_cq as usize == cq,
+    ) {
         (false, true) => true,
         (true, false) => false,
         _ => {
-            qp.qp.srq.is_null()
+            qp.ex.qp_base.srq.is_null()
                 && lock(&qp.receives)
                     .front()
                     .is_some_and(|r| r.wr_id == wc.wr_id())
@@ -347,11 +350,11 @@ fn is_receive(qp: &ShadowQp, cq: usize, wc: &ffi::ibv_wc) -> bool {
 /// Forgets the receive a completion consumed, and returns it: the oldest of the QP's own (they
 /// complete in order), or the SRQ's with its id.
 fn consumed(qp: &ShadowQp, wr_id: u64) -> Option<Receive> {
-    if qp.qp.srq.is_null() {
+    if qp.ex.qp_base.srq.is_null() {
         return lock(&qp.receives).pop_front();
     }
     // SAFETY: a shadow QP's SRQ is a shadow SRQ, alive while a QP uses it.
-    let srq = unsafe { &*(qp.qp.srq as *const ShadowSrq) };
+    let srq = unsafe { &*(qp.ex.qp_base.srq as *const ShadowSrq) };
     let mut r = lock(&srq.receives);
     let i = r.iter().position(|x| x.wr_id == wr_id)?;
     r.remove(i)
@@ -414,7 +417,7 @@ pub fn settle_completions(t: &Tables, cq: usize, wcs: &mut [ffi::ibv_wc]) -> usi
                 if is_receive(qp, cq, &wc) {
                     let r = consumed(qp, wc.wr_id());
                     if let Some(r) = r.filter(|_| {
-                        qp.qp.qp_type == ffi::ibv_qp_type::IBV_QPT_UD
+                        qp.ex.qp_base.qp_type == ffi::ibv_qp_type::IBV_QPT_UD
                             && wc.is_valid()
                             && t.translates_remote_qpns()
                     }) {
@@ -460,7 +463,7 @@ pub unsafe extern "C" fn post_send(
     let mut peer = || s.peer.lock().ok().and_then(|p| p.map(|(a, _)| a));
     let target = SendTarget {
         peer: &mut peer,
-        ud: s.qp.qp_type == ffi::ibv_qp_type::IBV_QPT_UD,
+        ud: s.ex.qp_base.qp_type == ffi::ibv_qp_type::IBV_QPT_UD,
     };
     with_scratch(|sc| {
         // SAFETY: the program's chain, as the verbs contract requires.

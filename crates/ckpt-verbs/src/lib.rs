@@ -9,9 +9,10 @@
 //! behind them are released before a snapshot and created again after it.
 //!
 //! What the layer cannot take through a checkpoint is hidden or refused, so libraries fall
-//! back to what it can: the extended verbs (`ibv_create_cq_ex`, `ibv_wr_*`, DEVX...) are
-//! absent from the shadow context; imports, dmabuf regions and ECE answer EOPNOTSUPP and are
-//! named in the status ([`status`]). Multicast, which a program cannot do without, goes through
+//! back to what it can: the extended verbs (`ibv_create_cq_ex`, DEVX...) are absent from the
+//! shadow context, except the newer post calls (`ibv_create_qp_ex`, `ibv_wr_*`), which
+//! [`extended`] offers over the same fast path; imports, dmabuf regions and ECE answer
+//! EOPNOTSUPP and are named in the status ([`status`]). Multicast, which a program cannot do without, goes through
 //! to the real QP; while a group is attached the layer tells the agent, which then refuses to
 //! checkpoint the process (nothing rebuilds the group). `docs/infiniband.md` lists what each
 //! supported stack calls and how each call is handled.
@@ -20,6 +21,7 @@
 pub mod cycle;
 pub mod events;
 pub mod exports;
+pub mod extended;
 pub mod fastpath;
 pub mod gate;
 pub mod real;

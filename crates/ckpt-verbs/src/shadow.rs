@@ -22,10 +22,37 @@ use crate::xlate::{Addr, Tables};
 /// What the program sees of a verbs object, whose real counterpart a rebuild replaces.
 pub type Real<T> = AtomicPtr<T>;
 
+/// The extended operations libibverbs' header reads just before a context whose `abi_compat`
+/// says it is extended (the tail of rdma-core's `struct verbs_context`, from `create_qp_ex` to
+/// the context; operations added later sit before it). `sz` covers only this tail, so the
+/// header's `verbs_get_ctx_op` finds every older operation absent and the program falls back
+/// to the exported calls, as for a plain context; `create_qp_ex` is the one offered
+/// ([`crate::extended`]).
+#[repr(C)]
+#[derive(Default)]
+pub struct ExtendedOps {
+    /// `create_qp_ex`.
+    pub create_qp_ex: Option<
+        unsafe extern "C" fn(
+            *mut ffi::ibv_context,
+            *mut ffi::ibv_qp_init_attr_ex,
+        ) -> *mut ffi::ibv_qp,
+    >,
+    /// `get_srq_num`, `create_srq_ex`, `open_xrcd`, `close_xrcd` and a placeholder: none.
+    pub none: [usize; 5],
+    /// The size of the extended part, counted from `create_qp_ex` to the context's end.
+    pub sz: usize,
+}
+
+// The context follows its extended operations with no gap, as in `struct verbs_context`.
+const _: () = assert!(std::mem::offset_of!(ShadowCtx, ctx) == std::mem::size_of::<ExtendedOps>());
+
 /// The shadow of a device context. The program sees `ctx`, whose `async_fd` is a proxy
-/// ([`crate::events`]) that outlives the real context.
+/// ([`crate::events`]) that outlives the real context, preceded by its extended operations.
 #[repr(C)]
 pub struct ShadowCtx {
+    /// What libibverbs' header finds before an extended context.
+    pub ext: ExtendedOps,
     /// What the program sees: device, fds and the operation table of this layer.
     pub ctx: ffi::ibv_context,
     /// libibverbs' context.
@@ -55,7 +82,14 @@ impl ShadowCtx {
         device: String,
         async_proxy: crate::events::Proxy,
     ) -> Self {
+        let mut ctx = ctx;
+        ctx.abi_compat = usize::MAX as *mut std::ffi::c_void;
         ShadowCtx {
+            ext: ExtendedOps {
+                create_qp_ex: Some(crate::extended::create_qp_ex),
+                none: [0; 5],
+                sz: std::mem::size_of::<ExtendedOps>() + std::mem::size_of::<ffi::ibv_context>(),
+            },
             ctx,
             real: AtomicPtr::new(real),
             device,
@@ -64,6 +98,11 @@ impl ShadowCtx {
             async_proxy,
             cmd_fd: AtomicI32::new(-1),
         }
+    }
+
+    /// The shadow whose `ctx` is at `ctx`.
+    pub fn of(ctx: *const ffi::ibv_context) -> *mut ShadowCtx {
+        ctx.wrapping_byte_sub(std::mem::offset_of!(ShadowCtx, ctx)) as *mut ShadowCtx
     }
 }
 
@@ -250,11 +289,14 @@ pub struct Transition {
     pub mask: i32,
 }
 
-/// The shadow of a queue pair; `qp.qp_num` is virtual. The real QP's `qp_context` points here.
+/// The shadow of a queue pair; `ex.qp_base.qp_num` is virtual. The real QP's `qp_context`
+/// points here.
 #[repr(C)]
 pub struct ShadowQp {
-    /// What the program sees.
-    pub qp: ffi::ibv_qp,
+    /// What the program sees: the QP (`qp_base`, at the shadow's address) and, for a QP made
+    /// with `ibv_create_qp_ex` and send operations, the extended post calls
+    /// ([`crate::extended`]) that `ibv_qp_to_qp_ex` hands out.
+    pub ex: ffi::ibv_qp_ex,
     /// The real QP.
     pub real: Real<ffi::ibv_qp>,
     /// The real QP number now.
@@ -273,6 +315,12 @@ pub struct ShadowQp {
     pub markers: AtomicU32,
     /// Its asynchronous events not acknowledged.
     pub async_events: AsyncAcks,
+    /// The send operations it was made for (`ibv_create_qp_ex`'s `send_ops_flags`; 0: a
+    /// plain QP, without the extended post calls). A rebuild makes the real QP with them too.
+    pub send_ops: u64,
+    /// The extended post calls' work requests since `ibv_wr_start`, posted at once by
+    /// `ibv_wr_complete`.
+    pub session: Mutex<crate::extended::Session>,
 }
 
 impl ShadowQp {
@@ -283,8 +331,10 @@ impl ShadowQp {
         real_qpn: u32,
         init: ffi::ibv_qp_init_attr,
     ) -> Self {
+        let mut ex: ffi::ibv_qp_ex = zeroed();
+        ex.qp_base = qp;
         ShadowQp {
-            qp,
+            ex,
             real: AtomicPtr::new(real),
             real_qpn: AtomicU32::new(real_qpn),
             peer: Mutex::new(None),
@@ -294,6 +344,8 @@ impl ShadowQp {
             receives: Mutex::new(VecDeque::new()),
             markers: AtomicU32::new(0),
             async_events: AsyncAcks::default(),
+            send_ops: 0,
+            session: Mutex::new(crate::extended::Session::default()),
         }
     }
 }
@@ -380,7 +432,7 @@ impl Layer {
 
     /// Whether `ctx` is one of this layer's contexts (otherwise a real one, passed through).
     pub fn is_shadow(&self, ctx: *mut ffi::ibv_context) -> bool {
-        !ctx.is_null() && lock(&self.contexts).contains(&(ctx as usize))
+        !ctx.is_null() && lock(&self.contexts).contains(&(ShadowCtx::of(ctx) as usize))
     }
 
     /// Records a refused call: counted, kept for the status (at most 64 distinct).

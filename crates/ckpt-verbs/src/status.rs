@@ -136,10 +136,10 @@ pub fn report() -> Value {
             let s = unsafe { &*(p as *const ShadowQp) };
             let peer = s.peer.lock().ok().and_then(|p| *p).map(|(_, q)| q);
             json!({
-                "virtual_qpn": s.qp.qp_num,
+                "virtual_qpn": s.ex.qp_base.qp_num,
                 "real_qpn": s.real_qpn.load(Acquire),
-                "type": match s.qp.qp_type { 2 => "RC", 4 => "UD", _ => "other" },
-                "state": s.qp.state,
+                "type": match s.ex.qp_base.qp_type { 2 => "RC", 4 => "UD", _ => "other" },
+                "state": s.ex.qp_base.state,
                 "peer_qpn": peer,
                 "transitions": s.transitions.lock().map(|t| t.len()).unwrap_or(0),
             })

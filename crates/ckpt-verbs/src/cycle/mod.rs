@@ -223,7 +223,7 @@ impl Controlled for Control {
 pub unsafe fn note_source(ctx: *mut ffi::ibv_context, ah: &ffi::ibv_ah_attr) {
     use std::sync::atomic::Ordering::Relaxed;
     // SAFETY: as the caller promises.
-    let c = unsafe { &*(ctx as *const ShadowCtx) };
+    let c = unsafe { &*ShadowCtx::of(ctx) };
     if c.ident.load(Relaxed) != 0 {
         return;
     }
@@ -347,7 +347,7 @@ fn post_marker(qp: &ShadowQp) -> Result<bool, String> {
         libc::ENOMEM => Ok(false),
         e => Err(format!(
             "QP {:#x}: the flush marker could not be posted: {}",
-            qp.qp.qp_num,
+            qp.ex.qp_base.qp_num,
             std::io::Error::from_raw_os_error(e)
         )),
     }
@@ -355,14 +355,15 @@ fn post_marker(qp: &ShadowQp) -> Result<bool, String> {
 
 /// Whether a QP carries traffic that must drain: connected (RC in RTS) or sending (UD).
 fn live_rc(qp: &ShadowQp) -> bool {
-    qp.qp.qp_type == ffi::ibv_qp_type::IBV_QPT_RC && qp.qp.state == ffi::ibv_qp_state::IBV_QPS_RTS
+    qp.ex.qp_base.qp_type == ffi::ibv_qp_type::IBV_QPT_RC
+        && qp.ex.qp_base.state == ffi::ibv_qp_state::IBV_QPS_RTS
 }
 
 /// What is still in flight on a QP, for messages.
 fn in_flight(qp: &ShadowQp) -> Option<String> {
     use std::sync::atomic::Ordering::Relaxed;
     if matches!(
-        qp.qp.state,
+        qp.ex.qp_base.state,
         ffi::ibv_qp_state::IBV_QPS_ERR | ffi::ibv_qp_state::IBV_QPS_RESET
     ) {
         return None;
@@ -371,7 +372,7 @@ fn in_flight(qp: &ShadowQp) -> Option<String> {
     (s > 0 || m > 0).then(|| {
         format!(
             "QP {:#x}: {s} signalled send(s), {m} marker(s)",
-            qp.qp.qp_num
+            qp.ex.qp_base.qp_num
         )
     })
 }

@@ -77,7 +77,7 @@ fn open_again(name: &str) -> Result<*mut ffi::ibv_context, String> {
 /// `ctx` is a shadow context.
 unsafe fn real_ctx(ctx: *mut ffi::ibv_context) -> *mut ffi::ibv_context {
     // SAFETY: as the caller promises.
-    unsafe { (*(ctx as *const ShadowCtx)).real.load(Acquire) }
+    unsafe { (*ShadowCtx::of(ctx)).real.load(Acquire) }
 }
 
 /// The real PD behind a shadow one.
@@ -113,7 +113,7 @@ fn needs_peer(t: &Transition) -> bool {
 /// or from it on (`later` true). A QP the program moved to the error state goes straight there.
 pub(super) fn to_replay(qp: &ShadowQp, later: bool) -> Vec<Transition> {
     let all = lock(&qp.transitions).clone();
-    if qp.qp.state == ffi::ibv_qp_state::IBV_QPS_ERR {
+    if qp.ex.qp_base.state == ffi::ibv_qp_state::IBV_QPS_ERR {
         if later {
             return Vec::new();
         }
@@ -154,7 +154,7 @@ fn replay(qp: &ShadowQp, ts: &[Transition]) -> Result<(), String> {
         if rc != 0 {
             return Err(format!(
                 "verbs layer: QP {:#x}: replaying its change to state {} failed: {}",
-                qp.qp.qp_num,
+                qp.ex.qp_base.qp_num,
                 t.attr.qp_state,
                 std::io::Error::from_raw_os_error(rc)
             ));
@@ -294,17 +294,17 @@ pub(super) fn rebuild() -> Result<Vec<Endpoint>, String> {
             a.send_cq = real_of(a.send_cq, |c: &ShadowCq| c.real.load(Acquire));
             a.recv_cq = real_of(a.recv_cq, |c: &ShadowCq| c.real.load(Acquire));
             a.srq = real_of(a.srq, |s: &ShadowSrq| s.real.load(Acquire));
-            let what = format!("QP {:#x}", (*qp).qp.qp_num);
+            let what = format!("QP {:#x}", (*qp).ex.qp_base.qp_num);
             let real = made(
-                create_qp(real_pd((*qp).qp.pd), &mut a),
+                create_qp(real_pd((*qp).ex.qp_base.pd), &mut a),
                 "ibv_create_qp",
                 &what,
             )?;
-            (*qp).qp.handle = (*real).handle;
+            (*qp).ex.qp_base.handle = (*real).handle;
             (*qp).real_qpn.store((*real).qp_num, Release);
             (*qp).real.store(real, Release);
             l.tables
-                .set_qp((*real).qp_num, (*qp).qp.qp_num, qp as usize);
+                .set_qp((*real).qp_num, (*qp).ex.qp_base.qp_num, qp as usize);
             replay(&*qp, &to_replay(&*qp, false))?;
         }
     }
@@ -349,13 +349,13 @@ fn endpoints() -> Vec<Endpoint> {
     let (qps, mrs) = unsafe { (all::<ShadowQp>(&l.qps), all::<ShadowMr>(&l.mrs)) };
     for qp in qps {
         // SAFETY: a shadow QP's context is a shadow context.
-        let c = unsafe { &*(qp.qp.context as *const ShadowCtx) };
+        let c = unsafe { &*ShadowCtx::of(qp.ex.qp_base.context) };
         let ident = c.ident.load(Relaxed);
         let first = !out.iter().any(|e| e.id.0 == ident);
         let rkeys = if first {
             mrs.iter()
                 // SAFETY: a shadow MR's PD is a shadow PD.
-                .filter(|m| unsafe { (*m.mr.pd).context } == qp.qp.context)
+                .filter(|m| unsafe { (*m.mr.pd).context } == qp.ex.qp_base.context)
                 // SAFETY: its real MR was just registered.
                 .map(|m| (m.mr.rkey, unsafe { (*m.real.load(Acquire)).rkey }))
                 .collect()
@@ -363,7 +363,7 @@ fn endpoints() -> Vec<Endpoint> {
             Vec::new()
         };
         out.push(Endpoint {
-            id: (ident, qp.qp.qp_num),
+            id: (ident, qp.ex.qp_base.qp_num),
             port: port_now(c, port_of(qp)),
             qpn: qp.real_qpn.load(Acquire),
             rkeys,
@@ -413,12 +413,13 @@ pub(super) fn reconnect(eps: &[Endpoint]) -> Result<(), String> {
         }
         for qp in all::<ShadowQp>(&l.qps) {
             replay(qp, &to_replay(qp, true))?;
-            if qp.qp.srq.is_null() && qp.qp.state != ffi::ibv_qp_state::IBV_QPS_ERR {
+            if qp.ex.qp_base.srq.is_null() && qp.ex.qp_base.state != ffi::ibv_qp_state::IBV_QPS_ERR
+            {
                 let real = qp.real.load(Acquire);
                 let post = (*(*real).context).ops.post_recv.expect("post_recv");
                 post_again(
                     &lock(&qp.receives),
-                    &format!("QP {:#x}", qp.qp.qp_num),
+                    &format!("QP {:#x}", qp.ex.qp_base.qp_num),
                     |w| {
                         let mut bad = null_mut();
                         post(real, w, &mut bad)

@@ -28,7 +28,7 @@ fn a_qp_is_replayed_up_to_its_peer_then_on_from_there_and_an_errored_one_goes_to
     );
     let rts = change(s::IBV_QPS_RTS, m::IBV_QP_STATE.0 | m::IBV_QP_SQ_PSN.0);
     qp.transitions.lock().unwrap().extend([init, rtr, rts]);
-    qp.qp.state = s::IBV_QPS_RTS;
+    qp.ex.qp_base.state = s::IBV_QPS_RTS;
     let states = |ts: Vec<Transition>| ts.iter().map(|t| t.attr.qp_state).collect::<Vec<_>>();
     assert_eq!(
         states(to_replay(&qp, false)),
@@ -44,11 +44,11 @@ fn a_qp_is_replayed_up_to_its_peer_then_on_from_there_and_an_errored_one_goes_to
     let mut ud = ShadowQp::new(zeroed(), null_mut(), 10, zeroed());
     let ud_rtr = change(s::IBV_QPS_RTR, m::IBV_QP_STATE.0);
     ud.transitions.lock().unwrap().extend([init, ud_rtr, rts]);
-    ud.qp.state = s::IBV_QPS_RTS;
+    ud.ex.qp_base.state = s::IBV_QPS_RTS;
     assert_eq!(to_replay(&ud, false).len(), 3);
     assert!(to_replay(&ud, true).is_empty());
     // A QP the program moved to the error state goes straight there, and no further.
-    qp.qp.state = s::IBV_QPS_ERR;
+    qp.ex.qp_base.state = s::IBV_QPS_ERR;
     let e = to_replay(&qp, false);
     assert_eq!(states(e.clone()), [s::IBV_QPS_ERR]);
     assert_eq!(e[0].mask as u32, m::IBV_QP_STATE.0);

@@ -24,7 +24,7 @@ use crate::shadow::{
 pub(super) unsafe fn real_ctx(ctx: *mut ffi::ibv_context) -> *mut ffi::ibv_context {
     if layer().is_shadow(ctx) {
         // SAFETY: a registered shadow context.
-        unsafe { (*(ctx as *mut ShadowCtx)).real.load(Acquire) }
+        unsafe { (*ShadowCtx::of(ctx)).real.load(Acquire) }
     } else {
         ctx
     }
@@ -64,10 +64,10 @@ fn has_own_channel() -> bool {
 }
 
 /// `ibv_open_device`: the real context, behind a shadow whose operation table is this
-/// layer's and whose `async_fd` is a proxy. Extended operations are hidden (`abi_compat` is
-/// not the extended marker), so callers fall back to the exported calls: `ibv_create_cq_ex`
-/// fails with EOPNOTSUPP and UCX creates its CQs with `ibv_create_cq`; `ibv_query_port` and
-/// `ibv_query_device_ex` use the exported queries. Under a ckpt agent, the first shadow starts
+/// layer's and whose `async_fd` is a proxy. Of the extended operations only `create_qp_ex` is
+/// offered ([`crate::shadow::ExtendedOps`]); for the others callers fall back to the exported
+/// calls: `ibv_create_cq_ex` fails with EOPNOTSUPP and UCX creates its CQs with
+/// `ibv_create_cq`; `ibv_query_port` and `ibv_query_device_ex` use the exported queries. Under a ckpt agent, the first shadow starts
 /// the layer's control thread.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi::ibv_context {
@@ -126,7 +126,7 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut ffi::ibv_context) -> c_int {
         return unsafe { close(ctx) };
     }
     let _pass = gate().enter();
-    let s = ctx as *mut ShadowCtx;
+    let s = ShadowCtx::of(ctx);
     // SAFETY: a registered shadow; freed only once closed.
     unsafe {
         (*s).async_proxy.detach();
@@ -195,7 +195,7 @@ pub unsafe extern "C" fn ibv_get_async_event(
         // SAFETY: libibverbs' own context.
         return unsafe { get(ctx, ev) };
     }
-    let s = ctx as *mut ShadowCtx;
+    let s = ShadowCtx::of(ctx);
     // SAFETY: a shadow context; `ev` is the program's event to fill. The real objects of a
     // shadow context were all made by this layer, with their user context set to the shadow.
     unsafe {

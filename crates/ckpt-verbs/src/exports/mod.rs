@@ -10,7 +10,8 @@
 //! - `device.rs`: contexts, asynchronous events, queries, PDs, memory regions, and the calls
 //!   refused (`ibv_import_*`, `ibv_reg_dmabuf_mr`, `ibv_rereg_mr`).
 //! - `queues.rs`: completion channels and queues, SRQs, QPs and address handles, the QP calls
-//!   refused (ECE, `ibv_qp_to_qp_ex`), and multicast, passed through and reported in use.
+//!   refused (ECE), and multicast, passed through and reported in use. `ibv_qp_to_qp_ex` and
+//!   the extended QP are [`crate::extended`]'s.
 // Each function here is libibverbs' call of the same name, with the contract verbs.h and its
 // manual page give it; they are not restated per function.
 #![allow(clippy::missing_safety_doc)]
@@ -19,7 +20,7 @@ use std::os::raw::c_int;
 mod device;
 mod queues;
 
-pub(crate) use queues::real_channel;
+pub(crate) use queues::{create_shadow_qp, real_channel};
 
 /// Sets `errno` for the program.
 pub(crate) fn set_errno(e: c_int) {

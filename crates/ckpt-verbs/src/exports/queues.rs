@@ -382,12 +382,30 @@ pub unsafe extern "C" fn ibv_create_qp(
     attr: *mut ffi::ibv_qp_init_attr,
 ) -> *mut ffi::ibv_qp {
     let create = real_or!(ibv_create_qp, null_mut());
-    let l = layer();
-    // SAFETY: the program's PD and attributes; `s` lives until the QP is destroyed.
+    // SAFETY: the program's PD and attributes.
     unsafe {
-        if !l.is_shadow((*pd).context) {
+        if !layer().is_shadow((*pd).context) {
             return create(pd, attr);
         }
+        create_shadow_qp(pd, attr, 0)
+    }
+}
+
+/// A shadow QP on the shadow PD `pd` over a real one made with `ibv_create_qp`; with the
+/// extended post calls of `send_ops` ([`crate::extended`]) when not 0. `attr` gets the
+/// capacities the device gave.
+///
+/// # Safety
+/// `pd` is a shadow PD; `attr` the program's valid attributes.
+pub(crate) unsafe fn create_shadow_qp(
+    pd: *mut ffi::ibv_pd,
+    attr: *mut ffi::ibv_qp_init_attr,
+    send_ops: u64,
+) -> *mut ffi::ibv_qp {
+    let create = real_or!(ibv_create_qp, null_mut());
+    let l = layer();
+    // SAFETY: as the caller promises; `s` lives until the QP is destroyed.
+    unsafe {
         let _pass = gate().enter();
         let init = *attr;
         match init.qp_type {
@@ -417,7 +435,7 @@ pub unsafe extern "C" fn ibv_create_qp(
         // The new QP's virtual number is its real one, which its peers use as it is (they
         // know of no translation for it); a real number that is already a virtual one of this
         // process, or of a node-mate the peers translate for, is set aside for another.
-        let me = (*((*pd).context as *const crate::shadow::ShadowCtx))
+        let me = (*crate::shadow::ShadowCtx::of((*pd).context))
             .ident
             .load(std::sync::atomic::Ordering::Relaxed);
         let mut aside = Vec::new();
@@ -457,14 +475,17 @@ pub unsafe extern "C" fn ibv_create_qp(
         (*attr).cap = a.cap;
         (*s).init.cap = a.cap;
         let v = (*real).qp_num;
-        (*s).qp.qp_num = v;
-        (*s).qp.handle = (*real).handle;
-        (*s).qp.state = (*real).state;
+        (*s).ex.qp_base.qp_num = v;
+        (*s).ex.qp_base.handle = (*real).handle;
+        (*s).ex.qp_base.state = (*real).state;
         (*s).real_qpn.store((*real).qp_num, Release);
         (*s).real.store(real, Release);
+        if send_ops != 0 {
+            crate::extended::offer(&mut *s, send_ops);
+        }
         l.tables.set_qp((*real).qp_num, v, s as usize);
         Layer::track(&l.qps, s as usize);
-        &mut (*s).qp
+        &mut (*s).ex.qp_base
     }
 }
 
@@ -490,7 +511,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
         let mut a = given;
         let m = mask as c_uint;
         if m & ffi::ibv_qp_attr_mask::IBV_QP_AV.0 != 0 {
-            crate::cycle::note_source(s.qp.context, &given.ah_attr);
+            crate::cycle::note_source(s.ex.qp_base.context, &given.ah_attr);
             crate::cycle::to_real_av(&mut a.ah_attr);
         }
         if m & ffi::ibv_qp_attr_mask::IBV_QP_DEST_QPN.0 != 0 {
@@ -501,7 +522,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
         let rc = modify(s.real.load(Acquire), &mut a, mask);
         if rc == 0 {
             if m & ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 != 0 {
-                (*(qp as *mut ShadowQp)).qp.state = given.qp_state;
+                (*(qp as *mut ShadowQp)).ex.qp_base.state = given.qp_state;
             }
             lock(&s.transitions).push(Transition { attr: given, mask });
         }
@@ -538,10 +559,10 @@ pub unsafe extern "C" fn ibv_query_qp(
                 (*attr).ah_attr = t.attr.ah_attr;
             }
             if !init.is_null() {
-                (*init).qp_context = s.qp.qp_context;
-                (*init).send_cq = s.qp.send_cq;
-                (*init).recv_cq = s.qp.recv_cq;
-                (*init).srq = s.qp.srq;
+                (*init).qp_context = s.ex.qp_base.qp_context;
+                (*init).send_cq = s.ex.qp_base.send_cq;
+                (*init).recv_cq = s.ex.qp_base.recv_cq;
+                (*init).srq = s.ex.qp_base.srq;
             }
         }
         rc
@@ -703,11 +724,6 @@ macro_rules! refused_on_shadow_qp {
 }
 
 refused_on_shadow_qp!(
-    /// `ibv_qp_to_qp_ex`: no extended QP for shadows (the `ibv_wr_*` calls dispatch through
-    /// it, beyond this layer's reach), so libraries use `ibv_post_send`.
-    ibv_qp_to_qp_ex(qp) -> *mut ffi::ibv_qp_ex, null_mut()
-);
-refused_on_shadow_qp!(
     /// `ibv_query_ece`: not offered (UCX then does without ECE).
     ibv_query_ece(qp, ece: *mut ffi::ibv_ece) -> c_int, libc::EOPNOTSUPP
 );
@@ -738,7 +754,7 @@ pub unsafe extern "C" fn ibv_attach_mcast(
         if rc == 0 {
             l.attach_multicast(Attachment {
                 qp: qp as usize,
-                qpn: s.qp.qp_num,
+                qpn: s.ex.qp_base.qp_num,
                 gid: (*gid).raw,
                 lid,
             });

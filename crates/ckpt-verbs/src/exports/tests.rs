@@ -6,8 +6,9 @@ use std::sync::atomic::AtomicPtr;
 use ibverbs_sys as ffi;
 
 use super::device::{ibv_reg_dmabuf_mr, ibv_rereg_mr};
-use super::queues::{ibv_create_qp, ibv_qp_to_qp_ex};
+use super::queues::ibv_create_qp;
 use crate::events::Proxy;
+use crate::extended::ibv_qp_to_qp_ex;
 use crate::shadow::{boxed, free, layer, zeroed, ShadowCtx, ShadowPd, ShadowQp};
 use crate::status::report;
 
@@ -25,7 +26,7 @@ fn refused(call: &str) -> bool {
 }
 
 #[test]
-fn unsupported_qp_types_extended_qps_and_foreign_memory_are_refused_and_named() {
+fn unsupported_qp_types_extended_qp_requests_and_foreign_memory_are_refused_and_named() {
     let l = layer();
     // A shadow context and PD with nothing real behind them: a call that reached libibverbs
     // would crash on the null pointers.
@@ -52,12 +53,52 @@ fn unsupported_qp_types_extended_qps_and_foreign_memory_are_refused_and_named() 
     assert_eq!(errno(), libc::EOPNOTSUPP);
     assert!(refused("ibv_create_qp of type 3"), "{}", report());
 
-    let mut shadow_qp = ShadowQp::new(zeroed(), null_mut(), 0, zeroed());
-    shadow_qp.qp.context = ctx_ptr;
-    // SAFETY: a shadow QP.
-    assert!(unsafe { ibv_qp_to_qp_ex(&mut shadow_qp.qp) }.is_null());
+    // The header's `ibv_create_qp_ex` finds the layer's extended operation on the shadow
+    // context; what it cannot rebuild or translate is refused there, named.
+    // SAFETY: `ctx` is live; the extended part precedes its context, as verbs.h reads it.
+    let create_ex = unsafe {
+        assert_eq!(
+            (*ctx).ctx.abi_compat as usize,
+            usize::MAX,
+            "an extended context"
+        );
+        let ops = &*(ctx_ptr.byte_sub(std::mem::size_of::<crate::shadow::ExtendedOps>())
+            as *const crate::shadow::ExtendedOps);
+        assert_eq!(
+            ops.sz,
+            std::mem::size_of::<crate::shadow::ExtendedOps>()
+                + std::mem::size_of::<ffi::ibv_context>(),
+            "nothing before create_qp_ex is offered"
+        );
+        ops.create_qp_ex.expect("create_qp_ex offered")
+    };
+    let mut ex: ffi::ibv_qp_init_attr_ex = zeroed();
+    ex.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
+    ex.pd = &mut pd.pd;
+    ex.comp_mask = ffi::IBV_QP_INIT_ATTR_PD | ffi::IBV_QP_INIT_ATTR_CREATE_FLAGS;
+    // SAFETY: a shadow context and valid attributes.
+    assert!(unsafe { create_ex(ctx_ptr, &mut ex) }.is_null());
     assert_eq!(errno(), libc::EOPNOTSUPP);
-    assert!(refused("ibv_qp_to_qp_ex"));
+    assert!(
+        refused("ibv_create_qp_ex with comp_mask 0x5"),
+        "{}",
+        report()
+    );
+    ex.comp_mask = ffi::IBV_QP_INIT_ATTR_PD | ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    ex.send_ops_flags = (ffi::IBV_QP_EX_WITH_SEND | ffi::IBV_QP_EX_WITH_BIND_MW) as u64;
+    // SAFETY: as above.
+    assert!(unsafe { create_ex(ctx_ptr, &mut ex) }.is_null());
+    assert!(
+        refused("ibv_create_qp_ex with send operations BIND_MW (supported: RDMA_WRITE|"),
+        "{}",
+        report()
+    );
+
+    // A QP made without send operations has no extended QP, as libibverbs answers.
+    let mut shadow_qp = ShadowQp::new(zeroed(), null_mut(), 0, zeroed());
+    shadow_qp.ex.qp_base.context = ctx_ptr;
+    // SAFETY: a shadow QP.
+    assert!(unsafe { ibv_qp_to_qp_ex(&mut shadow_qp.ex.qp_base) }.is_null());
 
     // SAFETY: refused before any argument is used.
     assert!(unsafe { ibv_reg_dmabuf_mr(&mut pd.pd, 0, 4096, 0, -1, 0) }.is_null());

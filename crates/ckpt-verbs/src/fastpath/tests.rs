@@ -320,12 +320,12 @@ fn the_operation_table_posts_translated_requests_maps_a_refusal_back_and_transla
     *qp.peer.lock().unwrap() = Some((peer(), 0x33));
     l.tables
         .set_qp(REAL_QPN, VIRTUAL_QPN, &qp as *const ShadowQp as usize);
-    qp.qp.context = &mut shadow_ctx;
-    qp.qp.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
-    qp.qp.qp_num = VIRTUAL_QPN;
+    qp.ex.qp_base.context = &mut shadow_ctx;
+    qp.ex.qp_base.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
+    qp.ex.qp_base.qp_num = VIRTUAL_QPN;
     let mut cq = ShadowCq::new(zeroed(), &mut real_cq, 16, 0);
     cq.cq.context = &mut shadow_ctx;
-    let qpp = &mut qp.qp as *mut ffi::ibv_qp;
+    let qpp = &mut qp.ex.qp_base as *mut ffi::ibv_qp;
     let cqp = &mut cq.cq as *mut ffi::ibv_cq;
 
     // What a program does: the header's inline calls go through its context's table.
@@ -409,8 +409,8 @@ fn completions_settle_the_qps_books_and_the_layers_markers_never_reach_the_progr
     let t = Tables::default();
     let (send_cq, recv_cq) = (0x1000usize, 0x2000usize);
     let mut qp = ShadowQp::new(zeroed(), null_mut(), 0x3c, zeroed());
-    qp.qp.send_cq = send_cq as *mut ffi::ibv_cq;
-    qp.qp.recv_cq = recv_cq as *mut ffi::ibv_cq;
+    qp.ex.qp_base.send_cq = send_cq as *mut ffi::ibv_cq;
+    qp.ex.qp_base.recv_cq = recv_cq as *mut ffi::ibv_cq;
     qp.signalled.store(2, Relaxed);
     qp.markers.store(1, Relaxed);
     qp.receives
@@ -492,8 +492,8 @@ fn a_ud_receive_names_its_sender_by_the_virtual_qp_number_after_the_sender_moved
     let t = Tables::default();
     let recv_cq = 0x2000usize;
     let mut qp = ShadowQp::new(zeroed(), null_mut(), 0x3d, zeroed());
-    qp.qp.qp_type = ffi::ibv_qp_type::IBV_QPT_UD;
-    qp.qp.recv_cq = recv_cq as *mut ffi::ibv_cq;
+    qp.ex.qp_base.qp_type = ffi::ibv_qp_type::IBV_QPT_UD;
+    qp.ex.qp_base.recv_cq = recv_cq as *mut ffi::ibv_cq;
     t.set_qp(0x3d, 0x72, &qp as *const ShadowQp as usize);
     // Two senders, both rebuilt: one known by an IPv4-mapped GID that moved to 10.0.0.9 (RoCE
     // v2 over IPv4), one by an IPv6 GID that stayed. Their QP 0x12 is real 0x51 and 0x52 now.
