@@ -18,6 +18,7 @@ pub mod commit;
 pub mod copy;
 pub mod dedup;
 pub mod digest;
+pub mod erasure;
 pub mod layout;
 pub mod manifest;
 pub mod stream;
