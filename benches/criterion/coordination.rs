@@ -98,6 +98,13 @@ impl Agent for NoopAgent {
     async fn receive(&self, _: Request<tonic::Streaming<pb::ImageChunk>>) -> R<pb::PhaseReply> {
         Err(Status::unimplemented("this agent keeps no partner copies"))
     }
+    async fn encode(&self, _: Request<pb::EncodeRequest>) -> R<pb::EncodeReply> {
+        Err(Status::unimplemented("this agent encodes no parity"))
+    }
+    type ReadSegmentStream = tokio_stream::Empty<Result<pb::SegmentChunk, Status>>;
+    async fn read_segment(&self, _: Request<pb::SegmentRequest>) -> R<Self::ReadSegmentStream> {
+        Err(Status::unimplemented("this agent keeps no images"))
+    }
     type SendStream = tokio_stream::Empty<Result<pb::ImageChunk, Status>>;
     async fn send(&self, _: Request<pb::SendRequest>) -> R<Self::SendStream> {
         Err(Status::unimplemented("this agent keeps no partner copies"))

@@ -57,13 +57,14 @@ impl ProcessState {
 }
 
 impl CopyLocation {
-    /// Name shown to users: "local", "partner", "shared", or "unknown" (unspecified).
+    /// Name shown to users: "local", "partner", "shared", "parity", or "unknown" (unspecified).
     pub fn name(self) -> &'static str {
         match self {
             CopyLocation::Unspecified => "unknown",
             CopyLocation::Local => "local",
             CopyLocation::Partner => "partner",
             CopyLocation::Shared => "shared",
+            CopyLocation::Parity => "parity",
         }
     }
 }

@@ -134,6 +134,7 @@ fn an_epochs_json_keeps_its_keys_and_values() {
         local_copy: false,
         shared_copy: false,
         partner_copy: false,
+        encoded: String::new(),
         shared_bytes: 0,
         trigger: String::new(),
         durable_ms: 0,
@@ -152,7 +153,7 @@ fn an_epochs_json_keeps_its_keys_and_values() {
             "frozen_ms": 0, "total_ms": 500, "image_bytes": 0, "image_files": 0, "kill": false,
             "nodes": ["n1", "n2"], "storage": "", "flush_detail": "", "flushed_bytes": 0,
             "flush_ms": 0, "local_copy": false, "shared_copy": false, "partner_copy": false,
-            "shared_bytes": 0, "durable_ms": 0, "trigger": "user", "engine": "criu",
+            "encoded": "", "shared_bytes": 0, "durable_ms": 0, "trigger": "user", "engine": "criu",
             "restarts": [],
         })
     );
@@ -171,6 +172,7 @@ fn an_epochs_json_keeps_its_keys_and_values() {
         local_copy: true,
         shared_copy: true,
         partner_copy: true,
+        encoded: "xor:8".into(),
         shared_bytes: 1 << 20,
         trigger: "periodic".into(),
         durable_ms: 800,
@@ -200,6 +202,7 @@ fn an_epochs_json_keeps_its_keys_and_values() {
         "{v}"
     );
     assert_eq!(v["restarts"][0]["trigger"], "node n2 lost", "{v}");
+    assert_eq!(v["encoded"], "xor:8", "{v}");
 }
 
 /// Nodes up, down and absent, spares among them, as ckptd describes them.

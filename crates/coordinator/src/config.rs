@@ -138,13 +138,39 @@ pub struct Redundancy {
     /// After commit, every node of a job on several nodes also sends its images to the next
     /// node of the job (in name order, the last to the first), which keeps them in its
     /// `local_dir`: a node whose copy is lost or damaged restores from there before trying
-    /// shared storage. Doubles the local space a checkpoint takes.
+    /// shared storage. Doubles the local space a checkpoint takes. With `scheme` other than
+    /// `partner` this is not used; `partner = false` with `scheme = "partner"` turns redundancy
+    /// off.
     pub partner: bool,
+    /// How a committed epoch survives lost nodes without shared storage: `partner` (the copy
+    /// above), `xor:G` (XOR parity over groups of G nodes: one lost node per group) or
+    /// `rs:K+M` (Reed-Solomon, M parity shards per K data: M lost nodes per group of K+M).
+    /// Checked at start.
+    pub scheme: String,
+    /// Failure domains (rack, switch, power) by node name: the members of a group are taken
+    /// from different domains in turn. Nodes not named are a domain each.
+    pub domains: std::collections::BTreeMap<String, String>,
+}
+
+impl Redundancy {
+    /// The scheme in force: none when partner copies are off and no other scheme is set.
+    pub fn scheme(&self) -> Option<ckpt_store::erasure::Scheme> {
+        use ckpt_store::erasure::Scheme;
+        match self.scheme.parse::<Scheme>() {
+            Ok(Scheme::Partner) if !self.partner => None,
+            Ok(s) => Some(s),
+            Err(_) => None,
+        }
+    }
 }
 
 impl Default for Redundancy {
     fn default() -> Self {
-        Redundancy { partner: true }
+        Redundancy {
+            partner: true,
+            scheme: "partner".into(),
+            domains: Default::default(),
+        }
     }
 }
 
@@ -380,6 +406,13 @@ impl TomlConfig for CoordinatorConfig {
                 });
             }
         }
+        self.redundancy
+            .scheme
+            .parse::<ckpt_store::erasure::Scheme>()
+            .map_err(|problem| ConfigError::Invalid {
+                key: "redundancy.scheme",
+                problem,
+            })?;
         crate::model::OnFailure::parse(&self.recovery.on_failure).map_err(|problem| {
             ConfigError::Invalid {
                 key: "recovery.on_failure",

@@ -148,6 +148,11 @@ pub fn epoch_info(e: &Epoch, flushed: Option<(u64, u64)>) -> pb::EpochInfo {
         local_copy: e.is_restorable() && e.local_copy,
         shared_copy: e.is_restorable() && e.is_durable(),
         partner_copy: e.is_restorable() && e.has_partner_copies(),
+        encoded: if e.is_restorable() {
+            e.encoded_scheme().unwrap_or_default().to_string()
+        } else {
+            String::new()
+        },
         // A user's request has no words on the wire, as before `Trigger`.
         trigger: match e.trigger {
             Trigger::User => String::new(),

@@ -213,6 +213,16 @@ pub enum AgentError {
         /// What happened.
         message: String,
     },
+    /// Encoding a group's parity, or rebuilding a member's images from it, failed.
+    #[error("job {job} epoch {epoch}: erasure-coded copy: {message}")]
+    Erasure {
+        /// Job id.
+        job: u64,
+        /// Epoch.
+        epoch: u32,
+        /// What happened.
+        message: String,
+    },
     /// No copy of a node's images of an epoch can be restored: each source tried, and why not.
     #[error("job {job} epoch {epoch}: no usable copy of node {node}'s images ({tried}); restart from an earlier epoch (`ckptctl epochs {job}`)")]
     NoUsableCopy {

@@ -315,7 +315,10 @@ impl EpochRun<'_> {
             coord.registry.put_job_and_epoch(&job, &self.epoch)?;
             let pruned = coord.apply_retention(id)?;
             coord.prune_in_background(id, pruned);
-            if flush || coord.plans_partners(&self.epoch) {
+            if flush
+                || coord.plans_partners(&self.epoch)
+                || coord.plans_encoding(&self.epoch).is_some()
+            {
                 coord.flush_in_background(id, number);
             }
         }

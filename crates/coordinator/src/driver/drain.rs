@@ -221,17 +221,18 @@ impl Coordinator {
                 .registry
                 .epoch(id, number)?
                 .ok_or(DriveError::UnknownJob { job: id })?;
-            if e.partners.contains_key(node) || e.is_durable() {
+            if e.partners.contains_key(node) || e.encoding_of(node).is_some() || e.is_durable() {
                 return Ok(());
             }
-            let partners_pending = self.plans_partners(&e) && e.partners.is_empty();
+            let partners_pending = (self.plans_partners(&e) && e.partners.is_empty())
+                || (self.plans_encoding(&e).is_some() && e.encodings.is_empty());
             let flush_pending = e.flush == FlushState::Flushing;
             if (partners_pending || flush_pending) && begin.elapsed() < self.cfg.deadlines.finalize
             {
                 if !told {
                     say(
                         number,
-                        format!("waiting for a copy of {node}'s images of epoch {number} on another node (partner or shared storage)"),
+                        format!("waiting for a copy of {node}'s images of epoch {number} on another node (partner, parity or shared storage)"),
                     );
                     told = true;
                 }
@@ -243,7 +244,7 @@ impl Coordinator {
                 FlushState::Failed { reason } => {
                     format!("it has no partner copy and its flush to shared storage failed ({reason})")
                 }
-                _ => "it has no partner copy ([redundancy] partner) and is not flushed to shared storage (a node without shared_dir, or [flush] every)".to_string(),
+                _ => "it has no partner copy or parity ([redundancy] scheme) and is not flushed to shared storage (a node without shared_dir, or [flush] every)".to_string(),
             };
             return Err(DriveError::Node(NodeFailure {
                 node: node.into(),

@@ -134,7 +134,10 @@ impl Coordinator {
     /// Whether a just-committed epoch gets partner copies: redundancy is on and the job spans
     /// several nodes.
     pub(crate) fn plans_partners(&self, e: &Epoch) -> bool {
-        self.cfg.redundancy.partner && e.nodes.len() > 1
+        matches!(
+            self.cfg.redundancy.scheme(),
+            Some(ckpt_store::erasure::Scheme::Partner)
+        ) && e.nodes.len() > 1
     }
 
     /// Starts the flushes whose nodes have all registered again.
@@ -181,16 +184,24 @@ impl Coordinator {
         };
         if self.plans_partners(&epoch) && epoch.partners.is_empty() && epoch.local_copy {
             let partners = self.copy_to_partners(&epoch).await;
-            let _g = self.state.lock().await;
-            match self.registry.epoch(id, number) {
-                Ok(Some(mut e)) if e.is_restorable() => {
-                    e.partners = partners;
-                    if let Err(err) = self.registry.put_epoch(&e) {
-                        warn!(job = id, epoch = number, error = %err, "cannot record partner copies");
-                    }
-                    epoch = e;
+            match self
+                .record(id, number, "partner copies", |e| e.partners = partners)
+                .await
+            {
+                Some(e) => epoch = e,
+                None => return,
+            }
+        }
+        if let Some(scheme) = self.plans_encoding(&epoch) {
+            if epoch.encodings.is_empty() && epoch.local_copy {
+                let encodings = self.encode_groups(&epoch, scheme).await;
+                match self
+                    .record(id, number, "the parity", |e| e.encodings = encodings)
+                    .await
+                {
+                    Some(e) => epoch = e,
+                    None => return,
                 }
-                _ => return,
             }
         }
         if epoch.flush != FlushState::Flushing {
@@ -259,6 +270,28 @@ impl Coordinator {
             }
         };
         self.prune_in_background(id, pruned);
+    }
+
+    /// Records what the background work made of a committed epoch (`what`, for the log), under
+    /// the state lock; the epoch as recorded, or none if it is no longer restorable.
+    async fn record(
+        &self,
+        id: u64,
+        number: u32,
+        what: &str,
+        change: impl FnOnce(&mut Epoch),
+    ) -> Option<Epoch> {
+        let _g = self.state.lock().await;
+        match self.registry.epoch(id, number) {
+            Ok(Some(mut e)) if e.is_restorable() => {
+                change(&mut e);
+                if let Err(err) = self.registry.put_epoch(&e) {
+                    warn!(job = id, epoch = number, error = %err, "cannot record {what}");
+                }
+                Some(e)
+            }
+            _ => None,
+        }
     }
 
     /// Has every node send its images to the next node of the epoch (a ring in name order), in

@@ -20,6 +20,7 @@ mod attach;
 mod checkpoint;
 mod deadline;
 mod drain;
+mod encode;
 mod endpoints;
 pub mod flush;
 mod gauges;
@@ -305,7 +306,15 @@ impl Coordinator {
         for mut job in registry.jobs()? {
             let mut changed = false;
             for mut e in registry.epochs(job.id)? {
-                if e.is_restorable() && e.flush == FlushState::Flushing {
+                // An encoding is recorded only once complete: one interrupted is done again.
+                let encode_pending = e.is_restorable()
+                    && e.local_copy
+                    && e.encodings.is_empty()
+                    && cfg
+                        .redundancy
+                        .scheme()
+                        .is_some_and(|s| s.code().is_some() && e.nodes.len() > s.parity());
+                if e.is_restorable() && (e.flush == FlushState::Flushing || encode_pending) {
                     // Interrupted: copied again from the start once every node is back.
                     flushes.wait_for_nodes(job.id, e.number);
                 }

@@ -283,43 +283,6 @@ impl Coordinator {
         }
     }
 
-    /// Lets `to` fetch the partner copy of `source`'s images that `holder` keeps, for as long as
-    /// a restore may take; false (logged) if the holder cannot be asked.
-    async fn allow_fetch(
-        &self,
-        holder: &str,
-        job: u64,
-        epoch: u32,
-        source: &str,
-        to: &str,
-        digest: &str,
-    ) -> bool {
-        let req = pb::AllowFetchRequest {
-            job_id: job,
-            epoch,
-            node: source.into(),
-            grantee: to.into(),
-            manifest_digest: digest.into(),
-            ttl_ms: self.cfg.deadlines.restore.as_millis() as u64,
-        };
-        match self
-            .agents
-            .call(
-                holder,
-                "allow-fetch",
-                self.cfg.deadlines.sync,
-                |mut c| async move { c.allow_fetch(req).await },
-            )
-            .await
-        {
-            Ok(_) => true,
-            Err(e) => {
-                warn!(job, epoch, %holder, error = %e, "the partner copy of a moved part cannot be granted; the restore uses shared storage");
-                false
-            }
-        }
-    }
-
     /// Keeps the record of a restart with the epoch it restored (`restored`: every node holds
     /// its images in local staging again).
     async fn keep_restart(
@@ -405,7 +368,7 @@ impl Coordinator {
     ) -> (String, String, Result<pb::RestoreReply, NodeFailure>) {
         let (id, number) = (job.id, epoch.number);
         // A part that moves restores the images of the node it ran on: from a partner copy
-        // this node keeps, or from shared storage.
+        // this node keeps, rebuilt from its erasure-coded group, or from shared storage.
         let n = moves.get(source).unwrap_or(source);
         let moved = n != source;
         let partner = epoch
@@ -424,6 +387,8 @@ impl Coordinator {
             partner,
             local_pruned: !epoch.local_copy,
             source_node: if moved { source.clone() } else { String::new() },
+            encoding: String::new(),
+            group: Vec::new(),
         };
         if moved && !req.partner.is_empty() {
             // The part moved: the node keeping its partner copy serves it to n only with a
@@ -431,11 +396,18 @@ impl Coordinator {
             let holder = req.partner.clone();
             let granted = holder != *n
                 && self
-                    .allow_fetch(&holder, id, number, source, n, &req.manifest_digest)
+                    .grant_read(epoch, &holder, source, n, false, self.cfg.deadlines.restore)
                     .await;
             if !granted {
                 req.partner.clear();
                 req.partner_address.clear();
+            }
+        }
+        if moved {
+            // Under an erasure-coded scheme, n may rebuild the images from the group.
+            if let Some((encoding, group)) = self.group_for(epoch, source, n).await {
+                req.encoding = encoding;
+                req.group = group;
             }
         }
         let d = self.cfg.deadlines.restore;

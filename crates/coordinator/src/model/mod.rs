@@ -190,6 +190,10 @@ pub struct Epoch {
     /// Every restart from this epoch, oldest first (the last [`MAX_RESTARTS_KEPT`]).
     #[serde(default)]
     pub restarts: Vec<Recovery>,
+    /// Under an erasure-coded scheme: each group's encoding record, once all its parity is
+    /// held (`[redundancy] scheme`).
+    #[serde(default)]
+    pub encodings: Vec<ckpt_store::erasure::Encoding>,
 }
 
 /// Restarts an epoch's record keeps: a job restarted that often from one epoch has a problem
@@ -217,6 +221,7 @@ impl Epoch {
             trigger: Trigger::User,
             resident_bytes: 0,
             restarts: Vec::new(),
+            encodings: Vec::new(),
         }
     }
 
@@ -333,6 +338,25 @@ impl Epoch {
     /// Whether every node's images have a partner copy on another node.
     pub fn has_partner_copies(&self) -> bool {
         self.local_copy && self.nodes.iter().all(|n| self.partners.contains_key(n))
+    }
+
+    /// The encoding of the group `node`'s images are in, if they are protected by parity.
+    pub fn encoding_of(&self, node: &str) -> Option<&ckpt_store::erasure::Encoding> {
+        if !self.local_copy {
+            return None;
+        }
+        self.encodings
+            .iter()
+            .find(|g| g.members.iter().any(|m| m.node == node))
+    }
+
+    /// The scheme protecting every node's images by parity (`None` unless all are).
+    pub fn encoded_scheme(&self) -> Option<&str> {
+        let first = self.encodings.first()?;
+        self.nodes
+            .iter()
+            .all(|n| self.encoding_of(n).is_some())
+            .then_some(first.scheme.as_str())
     }
 
     /// Whether this epoch may be restored.

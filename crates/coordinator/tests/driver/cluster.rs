@@ -224,10 +224,16 @@ impl Agent for FakeAgent {
         } else {
             format!(" partner={}", r.partner)
         };
+        let group = if r.encoding.is_empty() {
+            String::new()
+        } else {
+            let names: Vec<&str> = r.group.iter().map(|g| g.node.as_str()).collect();
+            format!(" group={}", names.join(","))
+        };
         self.enter(
             "restore",
             format!(
-                "{} hold={} digest={}{partner}{from}",
+                "{} hold={} digest={}{partner}{group}{from}",
                 r.epoch, r.hold, r.manifest_digest
             ),
         )
@@ -304,9 +310,10 @@ impl Agent for FakeAgent {
         r: Request<pb::AllowFetchRequest>,
     ) -> Result<Response<pb::PhaseReply>, Status> {
         let r = r.into_inner();
+        let what = if r.parity { " parity" } else { "" };
         self.enter(
             "allow-fetch",
-            format!("{} {} {}->{}", r.job_id, r.epoch, r.node, r.grantee),
+            format!("{} {} {}->{}{what}", r.job_id, r.epoch, r.node, r.grantee),
         )
         .await?;
         Ok(Response::new(pb::PhaseReply::default()))
@@ -330,6 +337,58 @@ impl Agent for FakeAgent {
         _: Request<tonic::Streaming<pb::ImageChunk>>,
     ) -> Result<Response<pb::PhaseReply>, Status> {
         Err(Status::unimplemented("receive"))
+    }
+    /// Every member's images are 10,000 bytes times its place in the group, plus 1; this node
+    /// answers for the rows the layout gives it.
+    async fn encode(
+        &self,
+        r: Request<pb::EncodeRequest>,
+    ) -> Result<Response<pb::EncodeReply>, Status> {
+        let r = r.into_inner();
+        let names: Vec<&str> = r.members.iter().map(|m| m.node.as_str()).collect();
+        self.enter(
+            "encode",
+            format!("{} {} {}", r.epoch, r.scheme, names.join(",")),
+        )
+        .await?;
+        let scheme: ckpt_store::erasure::Scheme =
+            r.scheme.parse().map_err(Status::invalid_argument)?;
+        let lens: Vec<u64> = (1..=names.len() as u64).map(|i| i * 10_000 + 1).collect();
+        let layout = ckpt_store::erasure::Layout::new(scheme.parity(), &lens)
+            .map_err(Status::invalid_argument)?;
+        let me = names
+            .iter()
+            .position(|n| *n == self.node)
+            .expect("a member");
+        let shards = (0..layout.members())
+            .flat_map(|row| {
+                let holders = layout.holders(row);
+                let size = layout.row_size(row);
+                holders
+                    .into_iter()
+                    .enumerate()
+                    .filter(move |(_, h)| *h == me)
+                    .map(move |(index, _)| pb::ParityShardInfo {
+                        row: row as u32,
+                        index: index as u32,
+                        size,
+                        digest: format!("p{row}.{index}"),
+                    })
+            })
+            .collect();
+        Ok(Response::new(pb::EncodeReply {
+            shards,
+            stream_lens: lens,
+            manifest_lens: vec![100; names.len()],
+            elapsed_us: 0,
+        }))
+    }
+    type ReadSegmentStream = Stream<pb::SegmentChunk>;
+    async fn read_segment(
+        &self,
+        _: Request<pb::SegmentRequest>,
+    ) -> Result<Response<Self::ReadSegmentStream>, Status> {
+        Err(Status::unimplemented("read_segment"))
     }
     type SendStream = Stream<pb::ImageChunk>;
     async fn send(

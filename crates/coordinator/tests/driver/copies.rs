@@ -94,3 +94,90 @@ async fn a_moved_part_may_fetch_its_partner_copy_from_a_third_node() {
         .1;
     assert!(n4.ends_with(" partner=n1 from=n3"), "{n4}");
 }
+
+/// Under `[redundancy] scheme = "xor:3"`, a committed epoch of a job on n1..n3 is encoded: every
+/// member lets the two others read its images, each encodes the rows it holds, and the epoch
+/// records the group's parity (no partner copies). A part moved to n4 then restores with the
+/// group named and the grants to read the two members left and their parity.
+#[tokio::test]
+async fn an_encoded_epoch_records_its_groups_parity_and_a_moved_part_gets_the_group() {
+    let c = Cluster::start_with(|cfg| {
+        cfg.job_network.addresses = "10.9.0.10-10.9.0.20".into();
+        cfg.job_network.prefix = 24;
+        cfg.redundancy.scheme = "xor:3".into();
+    })
+    .await;
+    c.add_node("n4").await;
+    let job = c.stopped_job().await;
+    let encodings = |epoch| {
+        c.coord
+            .registry
+            .epoch(job, epoch)
+            .unwrap()
+            .unwrap()
+            .encodings
+    };
+    let begin = std::time::Instant::now();
+    while encodings(2).is_empty() {
+        assert!(begin.elapsed() < Duration::from_secs(10), "not encoded");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let e = c.coord.registry.epoch(job, 2).unwrap().unwrap();
+    assert!(e.partners.is_empty(), "parity instead of partner copies");
+    assert_eq!(e.encoded_scheme(), Some("xor:3"));
+    let g = &e.encodings[0];
+    assert_eq!(
+        g.members
+            .iter()
+            .map(|m| m.node.as_str())
+            .collect::<Vec<_>>(),
+        ["n1", "n2", "n3"]
+    );
+    assert_eq!(g.parity.len(), 3, "one shard a row");
+    for n in ["n1", "n2", "n3"] {
+        assert!(c
+            .calls("encode")
+            .iter()
+            .any(|(m, d)| m == n && d == "2 xor:3 n1,n2,n3"));
+    }
+    c.world.lock().unwrap().log.clear();
+    assert_eq!(
+        c.restart_on(job, 2, &placed(&[], &["n3=n4"]))
+            .await
+            .unwrap(),
+        2
+    );
+    let mut grants = c.calls("allow-fetch");
+    grants.sort();
+    assert_eq!(
+        grants,
+        [
+            ("n1".to_string(), format!("{job} 2 n1->n4")),
+            ("n1".to_string(), format!("{job} 2 n1->n4 parity")),
+            ("n2".to_string(), format!("{job} 2 n2->n4")),
+            ("n2".to_string(), format!("{job} 2 n2->n4 parity")),
+        ]
+    );
+    let n4 = c
+        .calls("restore")
+        .into_iter()
+        .find(|(n, _)| n == "n4")
+        .unwrap()
+        .1;
+    assert!(n4.ends_with(" group=n1,n2,n3 from=n3"), "{n4}");
+}
+
+/// A member whose encode fails leaves its group without a record: the epoch is not shown as
+/// protected by parity, and stays restorable.
+#[tokio::test]
+async fn a_failed_encode_records_no_parity_for_its_group() {
+    let c = Cluster::start_with(|cfg| cfg.redundancy.scheme = "xor:3".into()).await;
+    let job = c.job().await;
+    c.script("n2", "encode", Act::Fail(tonic::Code::Unavailable));
+    assert_eq!(c.checkpoint(job, false).await.unwrap(), 1);
+    c.wait_call("n2", "encode").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let e = c.coord.registry.epoch(job, 1).unwrap().unwrap();
+    assert!(e.encodings.is_empty() && e.encoded_scheme().is_none());
+    assert!(e.is_restorable());
+}

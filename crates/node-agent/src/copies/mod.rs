@@ -7,6 +7,7 @@
 //! or restore steps and nothing else of `rpc/`. The restore steps, the Agent service and the
 //! table (each job's pre-dump chain) import from here.
 
+pub(crate) mod erasure;
 pub(crate) mod precopy;
 
 use std::fs;
@@ -34,6 +35,9 @@ pub struct Sources {
     /// The node of the epoch whose images are wanted, when a part moves here; none: this
     /// node's. Its local copy here is a partner copy this node keeps for it.
     pub source_node: Option<String>,
+    /// Under an erasure-coded scheme: the encoding record of the group of the images wanted
+    /// (JSON) and its members' agents; tried after the partner copy.
+    pub group: Option<(String, Vec<erasure::Member>)>,
 }
 
 /// A flush running in a blocking thread.
@@ -61,6 +65,8 @@ pub enum Location {
     Partner,
     /// Shared storage.
     Shared,
+    /// Rebuilt from the other members of its erasure-coded group and their parity.
+    Parity,
 }
 
 impl Location {
@@ -70,6 +76,7 @@ impl Location {
             Location::Local => "local",
             Location::Partner => "partner",
             Location::Shared => "shared",
+            Location::Parity => "parity",
         }
     }
 }
@@ -330,7 +337,8 @@ impl Jobs {
     }
 
     /// Images to restore from, in order: the local copy if intact, else a fresh local copy
-    /// fetched from the partner node, else from shared storage (for a durable epoch), each
+    /// fetched from the partner node, else rebuilt from the node's erasure-coded group, else
+    /// from shared storage (for a durable epoch), each
     /// verified as it is read. Returns the manifest, where the images came from and why the
     /// sources before it were not used.
     ///
@@ -402,6 +410,26 @@ impl Jobs {
                     });
                 }
                 Err(e) => tried.push(format!("partner copy on {pn}: {e}")),
+            }
+        }
+        if let Some((encoding, members)) = sources.group.as_ref() {
+            info!(job = job_id, epoch, source = %node, "rebuilding the images from the other members of the group and their parity");
+            match self
+                .usable_from_group(
+                    job_id,
+                    epoch,
+                    node,
+                    committed_digest,
+                    encoding,
+                    members,
+                    &tmp,
+                    &dest,
+                    tried.join("; "),
+                )
+                .await
+            {
+                Ok(u) => return Ok(u),
+                Err(e) => tried.push(format!("rebuild from its group: {e}")),
             }
         }
         if sources.shared_durable {

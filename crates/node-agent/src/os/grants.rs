@@ -1,6 +1,8 @@
 //! Grants from the coordinator for restarts that move a part: the node a part moved to may
 //! fetch, for a while, the partner copy this node keeps of the images of the node the part ran
-//! on. Without one, a node fetches only its own images back.
+//! on. Without one, a node fetches only its own images back. Under an erasure-coded scheme the
+//! members of a group read each other's images by range, and a node rebuilding a lost member
+//! reads the parity the others hold, each with a grant of its own.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -18,6 +20,8 @@ struct Grant {
     node: String,
     grantee: String,
     digest: String,
+    /// A grant for the parity this node holds of the epoch (`node` and `digest` empty).
+    parity: bool,
     until: Instant,
 }
 
@@ -40,6 +44,26 @@ impl Grants {
         digest: &str,
         ttl: Duration,
     ) {
+        self.push(job, epoch, node, grantee, digest, false, ttl);
+    }
+
+    /// Lets `grantee` read the parity this node holds of one epoch, for `ttl` (at most
+    /// [`MAX_TTL`]).
+    pub fn allow_parity(&self, job: u64, epoch: u32, grantee: &str, ttl: Duration) {
+        self.push(job, epoch, "", grantee, "", true, ttl);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn push(
+        &self,
+        job: u64,
+        epoch: u32,
+        node: &str,
+        grantee: &str,
+        digest: &str,
+        parity: bool,
+        ttl: Duration,
+    ) {
         let now = Instant::now();
         let mut l = self.list.lock().expect("grants lock");
         l.retain(|g| g.until > now);
@@ -52,6 +76,7 @@ impl Grants {
             node: node.into(),
             grantee: grantee.into(),
             digest: digest.into(),
+            parity,
             until: now + ttl.min(MAX_TTL),
         });
     }
@@ -67,7 +92,16 @@ impl Grants {
                     && g.node == node
                     && g.grantee == grantee
                     && g.digest == digest
+                    && !g.parity
             })
+    }
+
+    /// Whether `grantee` may read the parity this node holds of that epoch, now.
+    pub fn permits_parity(&self, grantee: &str, job: u64, epoch: u32) -> bool {
+        let now = Instant::now();
+        self.list.lock().expect("grants lock").iter().any(|g| {
+            g.until > now && g.parity && g.job == job && g.epoch == epoch && g.grantee == grantee
+        })
     }
 }
 
@@ -93,8 +127,18 @@ mod tests {
                 "{grantee} {job} {epoch} {node} {digest:?}"
             );
         }
+        // A grant for images is none for parity, and the other way round.
+        assert!(!g.permits_parity("n4", 7, 2));
+        g.allow_parity(7, 2, "n5", Duration::from_millis(200));
+        assert!(g.permits_parity("n5", 7, 2));
+        assert!(!g.permits_parity("n5", 7, 1) && !g.permits_parity("n4", 7, 2));
+        assert!(
+            !g.permits("n5", 7, 2, "", ""),
+            "a parity grant reads no images"
+        );
         std::thread::sleep(Duration::from_millis(250));
         assert!(!g.permits("n4", 7, 2, "n3", "d1"), "expired");
+        assert!(!g.permits_parity("n5", 7, 2), "expired");
     }
 
     #[test]

@@ -62,7 +62,9 @@ pub fn to_status(e: AgentError) -> Status {
         AgentError::NoShared { .. } | AgentError::NoEngine { .. } => {
             Status::failed_precondition(msg)
         }
-        AgentError::Partner { .. } | AgentError::Fenced { .. } => Status::unavailable(msg),
+        AgentError::Partner { .. } | AgentError::Fenced { .. } | AgentError::Erasure { .. } => {
+            Status::unavailable(msg)
+        }
         AgentError::Channel { .. } => Status::aborted(msg),
         AgentError::Timeout { .. } => Status::deadline_exceeded(msg),
         AgentError::Engine { .. }
@@ -164,6 +166,15 @@ fn took(d: std::time::Duration) -> Response<pb::PhaseReply> {
 /// socket). Every call of this service is the coordinator's except the three below: `Poll`
 /// (a job's `ckpt-rsh`, with the job's token), `Receive` and `Send` (the agents of the
 /// cluster, each for its own images).
+/// A group member as the coordinator names it.
+fn member_of(g: pb::GroupMember) -> crate::copies::erasure::Member {
+    crate::copies::erasure::Member {
+        node: g.node,
+        address: g.address,
+        digest: g.manifest_digest,
+    }
+}
+
 fn from_coordinator<T>(req: &Request<T>, call: &str) -> Result<(), Status> {
     if ckpt_auth::peer_of(req).is_coordinator() {
         Ok(())
@@ -273,6 +284,8 @@ impl Agent for AgentHandler {
                     shared_durable: r.shared_durable,
                     local_pruned: r.local_pruned,
                     source_node: (!r.source_node.is_empty()).then_some(r.source_node),
+                    group: (!r.encoding.is_empty())
+                        .then(|| (r.encoding, r.group.into_iter().map(member_of).collect())),
                 },
             )
             .await
@@ -286,6 +299,132 @@ impl Agent for AgentHandler {
             channels: done.channels,
             fetch_us: done.fetch_ms * 1000,
         }))
+    }
+
+    async fn encode(
+        &self,
+        req: Request<pb::EncodeRequest>,
+    ) -> Result<Response<pb::EncodeReply>, Status> {
+        from_coordinator(&req, "Agent.Encode")?;
+        let r = req.into_inner();
+        let begin = std::time::Instant::now();
+        let e = self
+            .jobs
+            .encode(
+                r.job_id,
+                r.epoch,
+                &r.scheme,
+                r.members.into_iter().map(member_of).collect(),
+            )
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::EncodeReply {
+            shards: e
+                .shards
+                .iter()
+                .map(|s| pb::ParityShardInfo {
+                    row: s.row as u32,
+                    index: s.index as u32,
+                    size: s.size,
+                    digest: s.digest.clone(),
+                })
+                .collect(),
+            stream_lens: e.stream_lens,
+            manifest_lens: e.manifest_lens,
+            elapsed_us: us(begin.elapsed()),
+        }))
+    }
+
+    type ReadSegmentStream = std::pin::Pin<
+        Box<dyn tokio_stream::Stream<Item = Result<pb::SegmentChunk, Status>> + Send>,
+    >;
+
+    async fn read_segment(
+        &self,
+        req: Request<pb::SegmentRequest>,
+    ) -> Result<Response<Self::ReadSegmentStream>, Status> {
+        let peer = ckpt_auth::peer_of(&req);
+        let r = req.get_ref();
+        // Who calls first: an anonymous caller learns nothing, not even what it got wrong.
+        if matches!(peer, ckpt_auth::Peer::Anonymous) {
+            return Err(ckpt_auth::refuse(
+                &req,
+                "Agent.ReadSegment",
+                "a node of this cluster with the coordinator's grant, or the coordinator",
+            ));
+        }
+        if !ckpt_auth::valid_node_name(&r.node) {
+            return Err(Status::invalid_argument(format!(
+                "{:?} is not a node name",
+                r.node
+            )));
+        }
+        let granted = match &peer {
+            ckpt_auth::Peer::Daemon(ckpt_auth::Identity::Node(g)) if r.parity => {
+                r.node == self.jobs.node() && self.grants.permits_parity(g, r.job_id, r.epoch)
+            }
+            ckpt_auth::Peer::Daemon(ckpt_auth::Identity::Node(g)) => {
+                self.grants
+                    .permits(g, r.job_id, r.epoch, &r.node, &r.manifest_digest)
+            }
+            _ => false,
+        };
+        if !(peer.is_coordinator() || granted) {
+            let allowed = if r.parity {
+                format!(
+                    "a node the coordinator let read the parity {} holds",
+                    r.node
+                )
+            } else {
+                format!("a node the coordinator let read node {}'s images", r.node)
+            };
+            return Err(ckpt_auth::refuse(&req, "Agent.ReadSegment", &allowed));
+        }
+        let r = req.into_inner();
+        let jobs = self.jobs.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            if r.parity {
+                jobs.read_parity(
+                    r.job_id,
+                    r.epoch,
+                    r.row as usize,
+                    r.index as usize,
+                    r.offset,
+                    r.length,
+                )
+                .map(|(size, data)| (size, 0, data))
+            } else {
+                jobs.read_images(
+                    r.job_id,
+                    r.epoch,
+                    &r.node,
+                    &r.manifest_digest,
+                    r.offset,
+                    r.length,
+                )
+            }
+        })
+        .await
+        .expect("read task")
+        .map_err(to_status)?;
+        let (stream_len, manifest_len, data) = read;
+        let mut chunks: Vec<Result<pb::SegmentChunk, Status>> = data
+            .chunks(ckpt_store::stream::CHUNK)
+            .map(|c| {
+                Ok(pb::SegmentChunk {
+                    data: c.to_vec(),
+                    ..Default::default()
+                })
+            })
+            .collect();
+        if chunks.is_empty() {
+            chunks.push(Ok(pb::SegmentChunk::default()));
+        }
+        if let Some(Ok(first)) = chunks.first_mut() {
+            first.stream_len = stream_len;
+            first.manifest_len = manifest_len;
+        }
+        Ok(Response::new(Box::pin(tokio_stream::iter(chunks))))
     }
 
     async fn rebuild(
@@ -709,6 +848,24 @@ impl Agent for AgentHandler {
                     "{n:?} is not a node name"
                 )));
             }
+        }
+        if r.parity {
+            if r.node != self.jobs.node() {
+                return Err(Status::invalid_argument(format!(
+                    "node {} grants reads of its own parity only, not {}'s",
+                    self.jobs.node(),
+                    r.node
+                )));
+            }
+            self.grants.allow_parity(
+                r.job_id,
+                r.epoch,
+                &r.grantee,
+                std::time::Duration::from_millis(r.ttl_ms),
+            );
+            tracing::info!(job = r.job_id, epoch = r.epoch, grantee = %r.grantee,
+                "allowed a node to read the parity kept here");
+            return Ok(Response::new(pb::PhaseReply::default()));
         }
         if r.manifest_digest.is_empty() {
             return Err(Status::invalid_argument(

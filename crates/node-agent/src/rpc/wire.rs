@@ -36,6 +36,7 @@ impl From<Location> for pb::CopyLocation {
             Location::Local => pb::CopyLocation::Local,
             Location::Partner => pb::CopyLocation::Partner,
             Location::Shared => pb::CopyLocation::Shared,
+            Location::Parity => pb::CopyLocation::Parity,
         }
     }
 }
@@ -200,7 +201,12 @@ mod tests {
 
     #[test]
     fn copy_locations_on_the_wire() {
-        for l in [Location::Local, Location::Partner, Location::Shared] {
+        for l in [
+            Location::Local,
+            Location::Partner,
+            Location::Shared,
+            Location::Parity,
+        ] {
             assert_eq!(pb::CopyLocation::from(l).name(), l.name());
         }
     }
