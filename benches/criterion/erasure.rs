@@ -74,6 +74,7 @@ fn bench(c: &mut Criterion) {
                         &mut coder,
                         &layout,
                         &losses,
+                        &[0],
                         &mut read,
                         &mut read_parity,
                         &mut write,

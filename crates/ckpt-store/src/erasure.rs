@@ -673,7 +673,9 @@ pub fn check_rebuildable(layout: &Layout, losses: &Losses) -> Result<(), CodeErr
     Ok(())
 }
 
-/// Rebuilds the streams of the lost members: for every row with a lost member's segment, the
+/// Rebuilds the streams of the `wanted` lost members (every other lost member's bytes are
+/// rebuilt only as far as the code needs them, and not handed out): for every row with a wanted
+/// member's segment, the
 /// surviving segments (through `read`) and the parity shards left (through
 /// `read_parity(row, index, offset, buf)`), stripe by stripe; each rebuilt stretch goes to
 /// `write(member, offset, bytes)` (never past the member's stream end). Refused before
@@ -682,6 +684,7 @@ pub fn rebuild(
     coder: &mut Coder,
     layout: &Layout,
     losses: &Losses,
+    wanted: &[usize],
     read: &mut ReadData<'_>,
     read_parity: &mut ReadParity<'_>,
     write: &mut WriteRebuilt<'_>,
@@ -689,7 +692,7 @@ pub fn rebuild(
     check_rebuildable(layout, losses)?;
     for row in 0..layout.members() {
         let contributors = layout.contributors(row);
-        if !contributors.iter().any(|c| losses.member(c.member)) {
+        if !contributors.iter().any(|c| wanted.contains(&c.member)) {
             continue;
         }
         let size = layout.row_size(row);
@@ -725,6 +728,9 @@ pub fn rebuild(
             let parity: Vec<Option<&[u8]>> = parity_bufs.iter().map(|b| b.as_deref()).collect();
             for (i, bytes) in coder.decode(&data, &parity, len)? {
                 let c = contributors[i];
+                if !wanted.contains(&c.member) {
+                    continue;
+                }
                 let (start, real) = layout.segment_in_stream(c);
                 if at < real {
                     let n = (real - at).min(len as u64) as usize;

@@ -416,6 +416,7 @@ impl Jobs {
                     &mut erasure::Coder::new(code),
                     &layout,
                     losses,
+                    &[lost],
                     &mut read,
                     read_parity,
                     &mut write,
