@@ -277,6 +277,20 @@ fn every_daemon_port_refuses_users_foreign_hosts_and_other_nodes() {
                 "n2 granting itself another node's images: {}",
                 code("Agent.AllowFetch")
             );
+            // Erasure coding: no grant of parity, no encode, no read of another node's
+            // images or parity without the coordinator's grant.
+            for rpc in [
+                "Agent.AllowFetchParity",
+                "Agent.Encode",
+                "Agent.ReadSegment",
+                "Agent.ReadSegmentParity",
+            ] {
+                assert!(
+                    code(rpc).starts_with("PermissionDenied"),
+                    "{rpc}: {}",
+                    code(rpc)
+                );
+            }
         }
     }
 

@@ -189,10 +189,11 @@ pub struct Candidate {
     pub domain: Option<String>,
 }
 
-/// Splits a job's nodes into the groups of `scheme`: as many groups as groups of the scheme's
-/// size need, their sizes differing by one at most, each large enough to hold its parity and
-/// one data segment a row (fewer, larger groups when the scheme's size would leave one too
-/// small). Nodes with failure domains are dealt so that consecutive members of a group are in
+/// Splits a job's nodes into the groups of `scheme`: as many groups of the scheme's size as fit,
+/// the nodes left over shared among them (so every group has between G and 2G − 1 nodes, and
+/// stores no more parity per image byte than the scheme says), or one group of all the nodes
+/// when there are fewer than G (it needs one more node than parity shards a row). Nodes with
+/// failure domains are dealt so that consecutive members of a group are in
 /// different domains where the domains allow it; without, groups follow the nodes' order.
 /// `partner` has no groups (an error), and too few nodes for one group is an error naming the
 /// least the scheme needs.
@@ -209,10 +210,9 @@ pub fn groups(scheme: Scheme, nodes: &[Candidate]) -> Result<Vec<Vec<String>>, S
             parity + 1
         ));
     }
-    let mut count = n.div_ceil(size);
-    while count > 1 && n / count < parity + 1 {
-        count -= 1;
-    }
+    // Groups of the scheme's size at least (so a row never has fewer data segments than the
+    // scheme's, nor more parity per byte), the nodes left over shared among them.
+    let count = (n / size).max(1);
     let order = interleave_domains(nodes);
     let (base, extra) = (n / count, n % count);
     let mut out = Vec::with_capacity(count);

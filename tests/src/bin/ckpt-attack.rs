@@ -347,6 +347,50 @@ async fn main() {
             ttl_ms: 60_000,
         })
     );
+    // Grant itself the parity another node holds; encode as if the coordinator asked; read
+    // another node's images and parity by range (erasure coding).
+    attack!(
+        "Agent.AllowFetchParity",
+        ag.allow_fetch(AllowFetchRequest {
+            job_id: job,
+            epoch: 1,
+            node: victim.clone(),
+            grantee: me.clone().unwrap_or_else(|| "n9".into()),
+            ttl_ms: 60_000,
+            parity: true,
+        })
+    );
+    attack!(
+        "Agent.Encode",
+        ag.encode(EncodeRequest {
+            job_id: job,
+            epoch: 1,
+            scheme: "xor:2".into(),
+        })
+    );
+    for (name, parity) in [
+        ("Agent.ReadSegment", false),
+        ("Agent.ReadSegmentParity", true),
+    ] {
+        let r = ag
+            .read_segment(pb::SegmentRequest {
+                job_id: job,
+                epoch: 1,
+                node: victim.clone(),
+                manifest_digest: "0".repeat(64),
+                parity,
+                length: 4096,
+                ..Default::default()
+            })
+            .await;
+        match r {
+            Ok(r) => match r.into_inner().message().await {
+                Ok(_) => println!("RPC {name} Ok -"),
+                Err(e) => println!("RPC {name} {:?} {}", e.code(), e.message()),
+            },
+            Err(e) => report::<()>(name, Err(e)),
+        }
+    }
     // Stream someone's images out, with no digest to check against.
     let send = ag
         .send(pb::SendRequest {

@@ -39,12 +39,24 @@ fn schemes_parse_and_print_and_bad_ones_say_what_a_scheme_is() {
 
 #[test]
 fn groups_are_balanced_spread_over_failure_domains_and_never_too_small() {
-    let nodes: Vec<Candidate> = (0..10).map(|i| cand(&format!("n{i}"), None)).collect();
-    let g = groups(Scheme::Xor { group: 8 }, &nodes).unwrap();
-    assert_eq!(g.iter().map(Vec::len).collect::<Vec<_>>(), [5, 5]);
+    let nodes: Vec<Candidate> = (0..20).map(|i| cand(&format!("n{i}"), None)).collect();
+    let sizes = |scheme, n: usize| -> Vec<usize> {
+        groups(scheme, &nodes[..n])
+            .unwrap()
+            .iter()
+            .map(Vec::len)
+            .collect()
+    };
+    let xor8 = Scheme::Xor { group: 8 };
+    // Never fewer than G a group (but for a job smaller than G): the rest shared out.
+    assert_eq!(sizes(xor8, 10), [10]);
+    assert_eq!(sizes(xor8, 17), [9, 8]);
+    assert_eq!(sizes(xor8, 5), [5]);
+    assert_eq!(sizes(Scheme::Rs { data: 4, parity: 2 }, 7), [7]);
+    let g = groups(xor8, &nodes[..16]).unwrap();
     assert_eq!(
         g[0],
-        ["n0", "n1", "n2", "n3", "n4"],
+        ["n0", "n1", "n2", "n3", "n4", "n5", "n6", "n7"],
         "node order without domains"
     );
 
@@ -55,7 +67,7 @@ fn groups_are_balanced_spread_over_failure_domains_and_never_too_small() {
     let g = groups(Scheme::Xor { group: 4 }, &racked).unwrap();
     assert_eq!(g, [["n0", "n4", "n1", "n5"], ["n2", "n6", "n3", "n7"]]);
 
-    // rs:1+4 over 6 nodes: two groups of 3 could not hold 4 parity shards a row; one of 6 can.
+    // rs:1+4 over 6 nodes: one group of 6.
     let six = &nodes[..6];
     assert_eq!(
         groups(Scheme::Rs { data: 1, parity: 4 }, six)

@@ -139,6 +139,8 @@ impl Jobs {
                 )
                 .await
                 {
+                    // Named by the caller: "member n5: its agent: cannot reach ...".
+                    Err(AgentError::Partner { message, .. }) => Err(message),
                     Err(e) => Err(e.to_string()),
                     Ok(mut c) => {
                         let probe = pb::SegmentRequest {
@@ -602,5 +604,51 @@ fn read_member(
             buf.copy_from_slice(&data);
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(node: &str, digest: &str) -> Member {
+        Member {
+            node: node.into(),
+            address: String::new(),
+            digest: digest.into(),
+        }
+    }
+
+    #[test]
+    fn reads_stay_within_what_is_there_and_are_bounded() {
+        assert!(check_range(1, 1, 0, 0, 0).is_ok());
+        assert!(check_range(1, 1, 10, 90, 100).is_ok());
+        for (offset, length, size) in [
+            (10, 91, 100),
+            (101, 0, 100),
+            (u64::MAX, 2, 100),
+            (0, MAX_SEGMENT_READ + 1, u64::MAX),
+        ] {
+            let e = check_range(1, 1, offset, length, size)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("within the stream"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_group_names_each_member_once_with_a_valid_name_and_a_digest() {
+        assert!(check_members(1, 1, &[member("n1", "d"), member("n2", "d")]).is_ok());
+        for bad in [
+            vec![member("n1", "d"), member("n1", "e")],
+            vec![member("../x", "d")],
+            vec![member("n1", "")],
+        ] {
+            assert!(check_members(1, 1, &bad).is_err());
+        }
+        let many: Vec<Member> = (0..=erasure::MAX_GROUP)
+            .map(|i| member(&format!("n{i}"), "d"))
+            .collect();
+        assert!(check_members(1, 1, &many).is_err());
     }
 }
