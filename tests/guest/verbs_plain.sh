@@ -31,6 +31,14 @@ CKPTD_LOG_GREP="WARN|ERROR|channel|layer|refus"
 
 ticks() { grep -c '^tick ' "$1" 2>/dev/null || true; }
 registered=0
+# The layer says hello when the program opens the device; a check needs it registered.
+one_more_registered() {
+    registered=$((registered + 1))
+    for _ in $(seq 100); do
+        [ "$(grep -c 'ib-quiesce channel registered' "$W/ckptd.log")" -ge $registered ] && return 0
+        sleep 0.1
+    done
+}
 for mode in none fd mcast; do
     JOB=$("$BIN/ckptctl" run --name "refuse-$mode" -- env LD_PRELOAD="$LIB" "$APP" "$mode" 300)
     OUT=$W/state/jobs/$JOB/stdout
@@ -38,12 +46,7 @@ for mode in none fd mcast; do
     for _ in $(seq 300); do [ "$(ticks "$OUT")" -gt 0 ] && break; sleep 0.1; done
     [ "$(ticks "$OUT")" -gt 0 ] || { say "$mode: no tick"; cat "$OUT" "${OUT%stdout}stderr"; exit 4; }
     echo "RESULT $mode $(grep -m1 '^ready' "$OUT")"
-    # The layer says hello when the program opens the device; the check needs it registered.
-    registered=$((registered + 1))
-    for _ in $(seq 100); do
-        [ "$(grep -c 'ib-quiesce channel registered' "$W/ckptd.log")" -ge $registered ] && break
-        sleep 0.1
-    done
+    one_more_registered
     if "$BIN/ckptctl" checkpoint "$JOB" --wait > "$W/$mode.ckpt" 2>&1; then
         echo "RESULT $mode checkpointed"
         [ "$mode" = none ] || { cat "$W/$mode.ckpt"; exit 5; }
@@ -71,11 +74,7 @@ say "event: job $JOB started"
 for _ in $(seq 300); do grep -q '^event srq limit reached' "$OUT" 2>/dev/null && break; sleep 0.1; done
 grep -q '^event srq limit reached' "$OUT" || { say "event: none came"; cat "$OUT" "${OUT%stdout}stderr"; exit 4; }
 echo "RESULT event $(grep -m1 '^ready' "$OUT"): $(grep -m1 '^event' "$OUT")"
-registered=$((registered + 1))
-for _ in $(seq 100); do
-    [ "$(grep -c 'ib-quiesce channel registered' "$W/ckptd.log")" -ge $registered ] && break
-    sleep 0.1
-done
+one_more_registered
 for round in 1 2; do
     if timeout 120 "$BIN/ckptctl" checkpoint "$JOB" --wait > "$W/event$round.ckpt" 2>&1; then
         echo "RESULT event checkpoint $round ok"
@@ -110,11 +109,7 @@ wr_more() { # at least N more ticks than now, within 60 s
 }
 wr_more 5
 echo "RESULT wr $(grep -m1 '^ready' "$OUT")"
-registered=$((registered + 1))
-for _ in $(seq 100); do
-    [ "$(grep -c 'ib-quiesce channel registered' "$W/ckptd.log")" -ge $registered ] && break
-    sleep 0.1
-done
+one_more_registered
 "$BIN/ckptctl" checkpoint "$JOB" --wait > "$W/wr1.ckpt" 2>&1 || { cat "$W/wr1.ckpt"; exit 7; }
 echo "RESULT wr checkpoint 1 ok"
 wr_more 5

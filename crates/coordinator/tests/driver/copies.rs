@@ -75,6 +75,14 @@ async fn a_moved_part_may_fetch_its_partner_copy_from_a_third_node() {
         Some("n1"),
         "{partners:?}"
     );
+    let (grants, n4) = restart_n3_on_n4(&c, job).await;
+    assert_eq!(grants, [("n1".to_string(), format!("{job} 2 n3->n4"))]);
+    assert!(n4.ends_with(" partner=n1 from=n3"), "{n4}");
+}
+
+/// Restarts epoch 2 with n3's part on n4: the grants ckptd gave for it (sorted) and what n4
+/// was asked to restore.
+async fn restart_n3_on_n4(c: &Cluster, job: u64) -> (Vec<(String, String)>, String) {
     c.world.lock().unwrap().log.clear();
     assert_eq!(
         c.restart_on(job, 2, &placed(&[], &["n3=n4"]))
@@ -82,17 +90,15 @@ async fn a_moved_part_may_fetch_its_partner_copy_from_a_third_node() {
             .unwrap(),
         2
     );
-    assert_eq!(
-        c.calls("allow-fetch"),
-        [("n1".to_string(), format!("{job} 2 n3->n4"))]
-    );
+    let mut grants = c.calls("allow-fetch");
+    grants.sort();
     let n4 = c
         .calls("restore")
         .into_iter()
         .find(|(n, _)| n == "n4")
         .unwrap()
         .1;
-    assert!(n4.ends_with(" partner=n1 from=n3"), "{n4}");
+    (grants, n4)
 }
 
 /// Under `[redundancy] scheme = "xor:3"`, a committed epoch of a job on n1..n3 is encoded: every
@@ -140,15 +146,7 @@ async fn an_encoded_epoch_records_its_groups_parity_and_a_moved_part_gets_the_gr
             .iter()
             .any(|(m, d)| m == n && d == "2 xor:3 n1,n2,n3"));
     }
-    c.world.lock().unwrap().log.clear();
-    assert_eq!(
-        c.restart_on(job, 2, &placed(&[], &["n3=n4"]))
-            .await
-            .unwrap(),
-        2
-    );
-    let mut grants = c.calls("allow-fetch");
-    grants.sort();
+    let (grants, n4) = restart_n3_on_n4(&c, job).await;
     assert_eq!(
         grants,
         [
@@ -158,12 +156,6 @@ async fn an_encoded_epoch_records_its_groups_parity_and_a_moved_part_gets_the_gr
             ("n2".to_string(), format!("{job} 2 n2->n4 parity")),
         ]
     );
-    let n4 = c
-        .calls("restore")
-        .into_iter()
-        .find(|(n, _)| n == "n4")
-        .unwrap()
-        .1;
     assert!(n4.ends_with(" group=n1,n2,n3 from=n3"), "{n4}");
 }
 

@@ -175,6 +175,27 @@ fn member_of(g: pb::GroupMember) -> crate::copies::erasure::Member {
     }
 }
 
+/// The caller of a call that reads a node's images, refused unless authenticated (who calls is
+/// checked first: an anonymous caller learns nothing, not even what it got wrong), and the node
+/// it names checked as a name.
+fn known_caller<T>(
+    req: &Request<T>,
+    call: &str,
+    allowed: &str,
+    node: &str,
+) -> Result<ckpt_auth::Peer, Status> {
+    let peer = ckpt_auth::peer_of(req);
+    if matches!(peer, ckpt_auth::Peer::Anonymous) {
+        return Err(ckpt_auth::refuse(req, call, allowed));
+    }
+    if !ckpt_auth::valid_node_name(node) {
+        return Err(Status::invalid_argument(format!(
+            "{node:?} is not a node name"
+        )));
+    }
+    Ok(peer)
+}
+
 fn from_coordinator<T>(req: &Request<T>, call: &str) -> Result<(), Status> {
     if ckpt_auth::peer_of(req).is_coordinator() {
         Ok(())
@@ -343,22 +364,13 @@ impl Agent for AgentHandler {
         &self,
         req: Request<pb::SegmentRequest>,
     ) -> Result<Response<Self::ReadSegmentStream>, Status> {
-        let peer = ckpt_auth::peer_of(&req);
+        let peer = known_caller(
+            &req,
+            "Agent.ReadSegment",
+            "a node of this cluster with the coordinator's grant, or the coordinator",
+            &req.get_ref().node,
+        )?;
         let r = req.get_ref();
-        // Who calls first: an anonymous caller learns nothing, not even what it got wrong.
-        if matches!(peer, ckpt_auth::Peer::Anonymous) {
-            return Err(ckpt_auth::refuse(
-                &req,
-                "Agent.ReadSegment",
-                "a node of this cluster with the coordinator's grant, or the coordinator",
-            ));
-        }
-        if !ckpt_auth::valid_node_name(&r.node) {
-            return Err(Status::invalid_argument(format!(
-                "{:?} is not a node name",
-                r.node
-            )));
-        }
         let granted = match &peer {
             ckpt_auth::Peer::Daemon(ckpt_auth::Identity::Node(g)) if r.parity => {
                 r.node == self.jobs.node() && self.grants.permits_parity(g, r.job_id, r.epoch)
@@ -785,22 +797,13 @@ impl Agent for AgentHandler {
         req: Request<pb::SendRequest>,
     ) -> Result<Response<Self::SendStream>, Status> {
         use tokio_stream::StreamExt;
-        let peer = ckpt_auth::peer_of(&req);
+        let peer = known_caller(
+            &req,
+            "Agent.Send",
+            "a node of this cluster or the coordinator",
+            &req.get_ref().node,
+        )?;
         let r = req.get_ref();
-        // Who calls first: an anonymous caller learns nothing, not even what it got wrong.
-        if matches!(peer, ckpt_auth::Peer::Anonymous) {
-            return Err(ckpt_auth::refuse(
-                &req,
-                "Agent.Send",
-                "a node of this cluster or the coordinator",
-            ));
-        }
-        if !ckpt_auth::valid_node_name(&r.node) {
-            return Err(Status::invalid_argument(format!(
-                "{:?} is not a node name",
-                r.node
-            )));
-        }
         // A node fetches back its own images (or the coordinator asks on its behalf); the node
         // a restart moved a part to fetches that part's images with the coordinator's grant.
         let granted = match &peer {
