@@ -668,11 +668,12 @@ fn openmpi_lost_nodes_part_restarts_on_another_node_from_a_third_nodes_partner_c
 }
 
 /// Erasure-coded redundancy, without shared storage: `[redundancy] scheme = "xor:4"`, a job
-/// on n1..n4 (one group), n5 the spare. Two checkpoints, each encoded (every node holds one
-/// row's parity). Then n3 is lost with its disks, and one byte of a parity shard of epoch 2
-/// that n3's rebuild needs is flipped on n1: the restart on the spare finds epoch 2's rebuild
-/// wrong (the unpack checks every file), the shard failing its digest, falls back to epoch 1,
-/// rebuilds n3's images on n5 from n1, n2, n4 and their parity, and the job ends right.
+/// on n1..n4 (one group), n5 the spare. Three checkpoints, each encoded (every node holds one
+/// row's parity); retention (`keep_local = 2`) deletes epoch 1's images and parity everywhere.
+/// Then n3 is lost with its disks, and one byte of a parity shard of epoch 3 that n3's rebuild
+/// needs is flipped on n1: the restart on the spare finds epoch 3's rebuild wrong (the unpack
+/// checks every file), the shard failing its digest, falls back to epoch 2, rebuilds n3's
+/// images on n5 from n1, n2, n4 and their parity, and the job ends right.
 #[test]
 fn xor_parity_rebuilds_a_lost_nodes_part_on_the_spare_and_a_flipped_parity_byte_is_caught() {
     skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "nsenter", "nft");
@@ -691,9 +692,10 @@ fn rs_parity_rebuilds_two_lost_nodes_parts() {
     parity_rebuilds_lost_nodes("rs:4+2", 6, &["n2", "n5"], false);
 }
 
-/// A job on n1..n`job_nodes` under `scheme`, checkpointed twice; the nodes in `lose` lost with
-/// their disks, their parts restarted on the spares (the nodes after the job's) from parity.
-/// With `flip`, a parity byte of epoch 2 that the rebuild needs is flipped first.
+/// A job on n1..n`job_nodes` under `scheme`, checkpointed three times (two kept); the nodes in
+/// `lose` lost with their disks, their parts restarted on the spares (the nodes after the
+/// job's) from parity. With `flip`, a parity byte of epoch 3 that the rebuild needs is flipped
+/// first.
 fn parity_rebuilds_lost_nodes(scheme: &str, job_nodes: usize, lose: &[&str], flip: bool) {
     let mpi = Mpi::Mpich;
     let ranks = job_nodes as u32;
@@ -714,7 +716,7 @@ fn parity_rebuilds_lost_nodes(scheme: &str, job_nodes: usize, lose: &[&str], fli
         true,
         None,
         &format!(
-            "node_timeout = \"2s\"\n[redundancy]\nscheme = \"{scheme}\"\n[spares]\nnodes = [{spare_list}]\n"
+            "node_timeout = \"2s\"\n[redundancy]\nscheme = \"{scheme}\"\n[retention]\nkeep_local = 2\n[spares]\nnodes = [{spare_list}]\n"
         ),
     ) else {
         return;
@@ -741,7 +743,7 @@ fn parity_rebuilds_lost_nodes(scheme: &str, job_nodes: usize, lose: &[&str], fli
             .join(&id)
             .join(epoch.to_string())
     };
-    for epoch in [1u32, 2] {
+    for epoch in [1u32, 2, 3] {
         d.ctl(&["checkpoint", &id, "--wait"]).ok();
         let begin = Instant::now();
         while d.epochs(job)[epoch as usize - 1]["encoded"] != scheme {
@@ -778,10 +780,20 @@ fn parity_rebuilds_lost_nodes(scheme: &str, job_nodes: usize, lose: &[&str], fli
             (images + parity_bytes) as f64 / images as f64
         );
     }
+    // Retention (keep_local = 2) deleted epoch 1 everywhere: images and parity.
+    let begin = Instant::now();
+    while let Some(n) = all[..job_nodes].iter().find(|n| local(n, 1).exists()) {
+        assert!(
+            begin.elapsed() < LIMIT,
+            "{n} keeps epoch 1: {}",
+            local(n, 1).display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     if flip {
         // Row 0's parity (held by n1) covers a segment of every member but n1: n3's rebuild
         // needs it.
-        let shard = local("n1", 2).join("parity/0.0");
+        let shard = local("n1", 3).join("parity/0.0");
         let mut bytes = std::fs::read(&shard).unwrap();
         let at = bytes.len() / 2;
         bytes[at] ^= 0x40;
@@ -830,9 +842,9 @@ fn parity_rebuilds_lost_nodes(scheme: &str, job_nodes: usize, lose: &[&str], fli
     }
     if flip {
         assert!(
-            r.stderr.contains("epoch 2 cannot be restored")
+            r.stderr.contains("epoch 3 cannot be restored")
                 && r.stderr.contains("fail their digests")
-                && r.stderr.contains("trying epoch 1"),
+                && r.stderr.contains("trying epoch 2"),
             "{r:?}"
         );
     }

@@ -560,9 +560,10 @@ impl Jobs {
         self.node.staging.node_dir(job_id, epoch, node)
     }
 
-    /// Deletes this node's images of the given epochs (retention): the local copies unless
-    /// `keep_local`, and with `shared` the shared copies (the epoch's commit record first, so a
-    /// partly deleted epoch never looks complete). Missing ones are fine.
+    /// Deletes this node's images of the given epochs (retention): the local copies (with the
+    /// partner copies and parity kept here for the epoch's other nodes) unless `keep_local`,
+    /// and with `shared` the shared copies (the epoch's commit record first, so a partly
+    /// deleted epoch never looks complete). Missing ones are fine.
     pub async fn prune(
         &self,
         job_id: u64,
@@ -595,9 +596,9 @@ impl Jobs {
                     ckpt_store::dedup::sweep(sh, job_id, &node).map_err(store_err)?;
                 }
                 if !keep_local {
-                    staging
-                        .remove_node_dir(job_id, e, &node)
-                        .map_err(store_err)?;
+                    // Everything of the epoch here: this node's images, the partner copies and
+                    // the parity it keeps for other nodes of the epoch (all pruned together).
+                    staging.remove_epoch_dir(job_id, e).map_err(store_err)?;
                 }
             }
             Ok(())
