@@ -246,6 +246,7 @@ async fn setup(n: usize) -> Setup {
                 policy: Default::default(),
                 engine: String::new(),
                 on_failure: String::new(),
+                redundancy: String::new(),
             },
         )
         .await

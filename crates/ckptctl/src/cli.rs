@@ -218,6 +218,13 @@ pub struct RunArgs {
     /// (ckptd.toml `[job_network]`). Default: ckptd.toml `[recovery] on_failure`.
     #[arg(long, value_name = "POLICY")]
     pub on_failure: Option<String>,
+    /// How the job's checkpoints survive lost nodes before shared storage has them: `partner`
+    /// (a full copy on the next node), `xor:G` (XOR parity over groups of G nodes: one lost
+    /// node per group), `rs:K+M` (Reed-Solomon: any M lost nodes per group of K+M) or `none`.
+    /// Default: ckptd.toml `[redundancy] scheme` (docs/operations.md, "Choosing a redundancy
+    /// scheme").
+    #[arg(long, value_name = "SCHEME")]
+    pub redundancy: Option<String>,
     /// Follow the job to its end and exit with its status: its exit code, 128+N when signal
     /// N killed it, 75 (EX_TEMPFAIL: try again later) when ckpt stopped it after a checkpoint
     /// (`checkpoint --kill`, `drain`, `--checkpoint-on`) or its node was lost, so that a

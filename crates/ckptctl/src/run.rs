@@ -149,6 +149,7 @@ pub async fn run(c: &mut ControlClient<Channel>, a: RunArgs, json: bool) -> Resu
         part_env,
         every: a.every.unwrap_or_default(),
         on_failure: a.on_failure.clone().unwrap_or_default(),
+        redundancy: a.redundancy.clone().unwrap_or_default(),
         resume: a.resume,
         deadline_unix_ms,
         engine: a.engine.clone().unwrap_or_default(),

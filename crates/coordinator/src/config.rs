@@ -162,6 +162,16 @@ impl Redundancy {
             Err(_) => None,
         }
     }
+
+    /// The scheme of a job that chose `own` (`ckptctl run --redundancy`: a scheme, `none`, or
+    /// empty for this configuration's).
+    pub fn scheme_for(&self, own: &str) -> Option<ckpt_store::erasure::Scheme> {
+        match own {
+            "" => self.scheme(),
+            "none" => None,
+            s => s.parse().ok(),
+        }
+    }
 }
 
 impl Default for Redundancy {

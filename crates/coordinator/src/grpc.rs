@@ -212,6 +212,7 @@ impl pb::control_server::Control for ControlHandler {
             },
             engine: r.engine,
             on_failure: r.on_failure,
+            redundancy: r.redundancy,
         };
         let job = self.coord.run(who, spec).await.map_err(|e| to_status(&e))?;
         let nodes = self.coord.inspect(&job).await;

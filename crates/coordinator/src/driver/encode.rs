@@ -16,7 +16,7 @@ impl Coordinator {
     /// The erasure-coded scheme a just-committed epoch gets, if any: one is configured and the
     /// job has more nodes than parity shards per row.
     pub(crate) fn plans_encoding(&self, e: &Epoch) -> Option<Scheme> {
-        let s = self.cfg.redundancy.scheme()?;
+        let s = self.scheme_of(e.job_id)?;
         s.code()?;
         (e.nodes.len() > s.parity()).then_some(s)
     }

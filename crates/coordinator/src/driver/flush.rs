@@ -135,9 +135,19 @@ impl Coordinator {
     /// several nodes.
     pub(crate) fn plans_partners(&self, e: &Epoch) -> bool {
         matches!(
-            self.cfg.redundancy.scheme(),
+            self.scheme_of(e.job_id),
             Some(ckpt_store::erasure::Scheme::Partner)
         ) && e.nodes.len() > 1
+    }
+
+    /// The redundancy scheme of a job's checkpoints: its own (`ckptctl run --redundancy`),
+    /// else ckptd.toml's.
+    pub(crate) fn scheme_of(&self, job: u64) -> Option<ckpt_store::erasure::Scheme> {
+        let own = match self.registry.job(job) {
+            Ok(Some(j)) => j.redundancy,
+            _ => String::new(),
+        };
+        self.cfg.redundancy.scheme_for(&own)
     }
 
     /// Starts the flushes whose nodes have all registered again.

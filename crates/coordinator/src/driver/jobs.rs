@@ -269,6 +269,11 @@ impl Coordinator {
         };
         let engine = asked.unwrap_or_default();
         let on_failure = self.on_failure(&spec.on_failure, engine)?;
+        if !spec.redundancy.is_empty() && spec.redundancy != "none" {
+            spec.redundancy
+                .parse::<ckpt_store::erasure::Scheme>()
+                .map_err(|e| DriveError::Invalid(format!("--redundancy {e}, or `none`")))?;
+        }
         let node = if spec.node.is_empty() {
             // The first node that has the engine.
             let nodes = self.agents.list();
@@ -325,6 +330,7 @@ impl Coordinator {
                 engine: asked,
                 lost: None,
                 on_failure,
+                redundancy: spec.redundancy.clone(),
                 recoveries: Vec::new(),
                 recovery_note: String::new(),
                 gave_up: None,

@@ -254,6 +254,8 @@ pub struct RunSpec {
     pub engine: String,
     /// `--on-failure`: "stop", "restart", "restart:N"; empty: ckptd.toml `[recovery]`.
     pub on_failure: String,
+    /// `ckptctl run --redundancy` ("" for ckptd.toml's).
+    pub redundancy: String,
 }
 
 /// The coordinator: registry, agents, configuration.
@@ -312,7 +314,7 @@ impl Coordinator {
                     && e.encodings.is_empty()
                     && cfg
                         .redundancy
-                        .scheme()
+                        .scheme_for(&job.redundancy)
                         .is_some_and(|s| s.code().is_some() && e.nodes.len() > s.parity());
                 if e.is_restorable() && (e.flush == FlushState::Flushing || encode_pending) {
                     // Interrupted: copied again from the start once every node is back.

@@ -506,6 +506,10 @@ pub struct Job {
     /// What ckptd does when the job fails.
     #[serde(default)]
     pub on_failure: OnFailure,
+    /// How the job's checkpoints survive lost nodes, when it chose (`ckptctl run
+    /// --redundancy`): a scheme, or `none`; empty: ckptd.toml's `[redundancy] scheme`.
+    #[serde(default)]
+    pub redundancy: String,
     /// The automatic restarts ckptd did, oldest first.
     #[serde(default)]
     pub recoveries: Vec<Recovery>,
@@ -791,6 +795,7 @@ pub(crate) mod fixtures {
             engine: None,
             lost: None,
             on_failure: OnFailure::Stop,
+            redundancy: String::new(),
             recoveries: Vec::new(),
             recovery_note: String::new(),
             gave_up: None,

@@ -521,6 +521,11 @@ impl Cluster {
 
     /// A running job: launched on n1, with parts attached on n2 and n3.
     pub(crate) async fn job(&self) -> u64 {
+        self.job_with_redundancy("").await
+    }
+
+    /// [`Cluster::job`] with `ckptctl run --redundancy` (empty: none given).
+    pub(crate) async fn job_with_redundancy(&self, redundancy: &str) -> u64 {
         let spec = RunSpec {
             name: "fake".into(),
             argv: vec!["mpiexec".into()],
@@ -531,6 +536,7 @@ impl Cluster {
             policy: Default::default(),
             engine: String::new(),
             on_failure: String::new(),
+            redundancy: redundancy.into(),
         };
         let job = self.coord.run(OWNER, spec).await.unwrap();
         for host in &NODES[1..] {
@@ -680,5 +686,6 @@ pub(crate) fn sleep_on(node: &str) -> RunSpec {
         policy: Default::default(),
         engine: String::new(),
         on_failure: String::new(),
+        redundancy: String::new(),
     }
 }

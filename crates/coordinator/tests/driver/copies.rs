@@ -173,3 +173,42 @@ async fn a_failed_encode_records_no_parity_for_its_group() {
     assert!(e.encodings.is_empty() && e.encoded_scheme().is_none());
     assert!(e.is_restorable());
 }
+
+/// `ckptctl run --redundancy` overrides ckptd.toml's scheme for one job: under partner copies,
+/// a job that asked for `xor:3` gets parity and no partner copies, one that asked for `none`
+/// gets neither, and a scheme that does not parse is refused when the job is run.
+#[tokio::test]
+async fn a_job_may_choose_its_own_redundancy_scheme() {
+    let c = Cluster::start_with(|cfg| cfg.redundancy.partner = true).await;
+    let parity = c.job_with_redundancy("xor:3").await;
+    assert_eq!(c.checkpoint(parity, false).await.unwrap(), 1);
+    c.wait_call("n3", "encode").await;
+    let begin = std::time::Instant::now();
+    loop {
+        let e = c.coord.registry.epoch(parity, 1).unwrap().unwrap();
+        if e.encoded_scheme() == Some("xor:3") {
+            assert!(e.partners.is_empty(), "no partner copies for it");
+            break;
+        }
+        assert!(begin.elapsed() < Duration::from_secs(10), "not encoded");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    c.coord.cancel(&OWNER, parity).await.unwrap();
+
+    let none = c.job_with_redundancy("none").await;
+    assert_eq!(c.checkpoint(none, false).await.unwrap(), 1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(c.calls("replicate").is_empty() && c.calls("encode").is_empty());
+    let e = c.coord.registry.epoch(none, 1).unwrap().unwrap();
+    assert!(e.partners.is_empty() && e.encodings.is_empty());
+
+    let bad = coordinator::driver::RunSpec {
+        redundancy: "raid5".into(),
+        ..sleep_on("n1")
+    };
+    let err = c.coord.run(OWNER, bad).await.unwrap_err();
+    assert!(
+        matches!(&err, coordinator::driver::DriveError::Invalid(m) if m.contains("--redundancy \"raid5\": unknown")),
+        "{err}"
+    );
+}

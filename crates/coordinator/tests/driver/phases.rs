@@ -45,6 +45,7 @@ async fn a_run_whose_part_env_sets_ckpts_own_variables_is_refused_before_any_lau
         policy: Default::default(),
         engine: String::new(),
         on_failure: String::new(),
+        redundancy: String::new(),
     };
     let e = c.coord.run(OWNER, spec).await.unwrap_err();
     assert!(
@@ -70,6 +71,7 @@ async fn a_run_asking_for_an_engine_its_node_lacks_is_refused_before_any_launch(
         policy: Default::default(),
         engine: engine.into(),
         on_failure: String::new(),
+        redundancy: String::new(),
     };
     let e = c.coord.run(OWNER, spec("dmtcp")).await.unwrap_err();
     assert!(
