@@ -65,20 +65,22 @@ impl CopyProgress {
 
 /// A token bucket shared by every stream: a stream that got ahead of the rate sleeps.
 #[derive(Debug)]
-pub(crate) struct Throttle {
+pub struct Throttle {
     rate: u64,
     state: Mutex<(Instant, u64)>,
 }
 
 impl Throttle {
-    pub(crate) fn new(rate: u64) -> Self {
+    /// A bucket of `rate` bytes per second.
+    pub fn new(rate: u64) -> Self {
         Throttle {
             rate: rate.max(1),
             state: Mutex::new((Instant::now(), 0)),
         }
     }
 
-    pub(crate) fn take(&self, n: u64) {
+    /// Takes `n` bytes, sleeping while the bucket is ahead of the rate.
+    pub fn take(&self, n: u64) {
         let due = {
             let mut s = self.state.lock().expect("throttle lock");
             s.1 += n;

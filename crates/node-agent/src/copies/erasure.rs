@@ -216,6 +216,12 @@ impl Jobs {
             .collect();
         let names: Vec<String> = members.iter().map(|m| m.node.clone()).collect();
         let progress = ckpt_store::copy::CopyProgress::pausing_on(self.node.frozen.clone());
+        // The flush's bandwidth limit bounds what an encode reads too.
+        let throttle = self
+            .node
+            .copy_opts
+            .bandwidth
+            .map(ckpt_store::copy::Throttle::new);
         let task = tokio::task::spawn_blocking(move || -> Result<Vec<ParityShard>, String> {
             fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
             let mut coder = erasure::Coder::new(code);
@@ -227,6 +233,9 @@ impl Jobs {
                 let mut read = |m: usize, at: u64, buf: &mut [u8]| -> std::io::Result<()> {
                     // A job frozen on this node gets the CPU and the disk first.
                     progress.wait_unpaused();
+                    if let Some(t) = &throttle {
+                        t.take(buf.len() as u64);
+                    }
                     read_member(&handle, &mut sources[m], &names[m], &digests[m], at, buf)
                 };
                 let mut write = |jj: usize, b: &[u8]| -> std::io::Result<()> {
