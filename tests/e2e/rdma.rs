@@ -658,7 +658,7 @@ fn an_rdma_job_with_shared_memory_moves_to_other_guests() {
     }
     let bin = ckpt_tests::bin_dir();
     verbs_layer();
-    let (n, iters) = (128, 5000);
+    let (n, iters) = (128, 4000);
     let reference = ckpt_tests::Mpi::Mpich.reference_checksum(4, n, iters);
     let app = ckpt_tests::Mpi::Mpich.heat_app();
     let env = format!(
