@@ -4,7 +4,8 @@
 //! proven: the node-local staging layout ([`layout`]), the per-node manifest format
 //! ([`manifest`], documented in `docs/formats.md`), crash-safe file replacement ([`atomic`]), and
 //! digesting and verifying image trees ([`digest`]), verified copies between stores ([`copy`]:
-//! flush to shared storage and fetch back) and the global commit record ([`commit`]).
+//! flush to shared storage and fetch back), the global commit record ([`commit`]) and the
+//! erasure-coded parity of groups of nodes ([`erasure`]).
 //! Every path and node name read from a file or a peer is checked ([`validate`]) before it is
 //! joined onto a directory.
 //!
