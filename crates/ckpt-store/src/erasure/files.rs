@@ -109,6 +109,11 @@ impl NodeStream {
         self.len
     }
 
+    /// The manifest file's length (the stream starts with it).
+    pub fn manifest_len(&self) -> u64 {
+        self.manifest_bytes.len() as u64
+    }
+
     /// Whether the stream is empty (never: it holds the manifest).
     pub fn is_empty(&self) -> bool {
         self.len == 0
@@ -119,7 +124,7 @@ impl NodeStream {
         EncodedMember {
             node: node.to_string(),
             stream_len: self.len,
-            manifest_len: self.manifest_bytes.len() as u64,
+            manifest_len: self.manifest_len(),
             manifest_digest: committed.to_string(),
         }
     }

@@ -125,7 +125,7 @@ impl Jobs {
                     .await
                     .expect("open task")
                     .map(|s| {
-                        let ml = s.member("", "").manifest_len;
+                        let ml = s.manifest_len();
                         let len = s.len();
                         (Source::Local(Box::new(s)), len, ml)
                     })
@@ -509,7 +509,7 @@ impl Jobs {
         let dir = self.node.staging.node_dir(job, epoch, node);
         let mut s =
             NodeStream::open(&dir, digest).map_err(|source| AgentError::Store { job, source })?;
-        let ml = s.member("", "").manifest_len;
+        let ml = s.manifest_len();
         check_range(job, epoch, offset, length, s.len())?;
         let mut buf = vec![0u8; length as usize];
         s.read_at(offset, &mut buf)

@@ -17,8 +17,8 @@ use crate::rpc::wire;
 /// Handler of the Agent service.
 #[derive(Debug, Clone)]
 pub struct AgentHandler {
-    jobs: Arc<Jobs>,
-    grants: Arc<Grants>,
+    pub(super) jobs: Arc<Jobs>,
+    pub(super) grants: Arc<Grants>,
 }
 
 impl AgentHandler {
@@ -153,12 +153,12 @@ fn failed(ev: pb::EpochEvent, jobs: &Jobs, s: &Status) -> pb::EpochEvent {
 /// How often a flush reports progress.
 const FLUSH_PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
-fn us(d: std::time::Duration) -> u64 {
+pub(super) fn us(d: std::time::Duration) -> u64 {
     d.as_micros() as u64
 }
 
 /// The reply of a step that took `d`.
-fn took(d: std::time::Duration) -> Response<pb::PhaseReply> {
+pub(super) fn took(d: std::time::Duration) -> Response<pb::PhaseReply> {
     Response::new(pb::PhaseReply { elapsed_us: us(d) })
 }
 
@@ -167,7 +167,7 @@ fn took(d: std::time::Duration) -> Response<pb::PhaseReply> {
 /// (a job's `ckpt-rsh`, with the job's token), `Receive` and `Send` (the agents of the
 /// cluster, each for its own images).
 /// A group member as the coordinator names it.
-fn member_of(g: pb::GroupMember) -> crate::copies::erasure::Member {
+pub(super) fn member_of(g: pb::GroupMember) -> crate::copies::erasure::Member {
     crate::copies::erasure::Member {
         node: g.node,
         address: g.address,
@@ -178,7 +178,7 @@ fn member_of(g: pb::GroupMember) -> crate::copies::erasure::Member {
 /// The caller of a call that reads a node's images, refused unless authenticated (who calls is
 /// checked first: an anonymous caller learns nothing, not even what it got wrong), and the node
 /// it names checked as a name.
-fn known_caller<T>(
+pub(super) fn known_caller<T>(
     req: &Request<T>,
     call: &str,
     allowed: &str,
@@ -196,7 +196,7 @@ fn known_caller<T>(
     Ok(peer)
 }
 
-fn from_coordinator<T>(req: &Request<T>, call: &str) -> Result<(), Status> {
+pub(super) fn from_coordinator<T>(req: &Request<T>, call: &str) -> Result<(), Status> {
     if ckpt_auth::peer_of(req).is_coordinator() {
         Ok(())
     } else {
@@ -326,34 +326,7 @@ impl Agent for AgentHandler {
         &self,
         req: Request<pb::EncodeRequest>,
     ) -> Result<Response<pb::EncodeReply>, Status> {
-        from_coordinator(&req, "Agent.Encode")?;
-        let r = req.into_inner();
-        let begin = std::time::Instant::now();
-        let e = self
-            .jobs
-            .encode(
-                r.job_id,
-                r.epoch,
-                &r.scheme,
-                r.members.into_iter().map(member_of).collect(),
-            )
-            .await
-            .map_err(to_status)?;
-        Ok(Response::new(pb::EncodeReply {
-            shards: e
-                .shards
-                .iter()
-                .map(|s| pb::ParityShardInfo {
-                    row: s.row as u32,
-                    index: s.index as u32,
-                    size: s.size,
-                    digest: s.digest.clone(),
-                })
-                .collect(),
-            stream_lens: e.stream_lens,
-            manifest_lens: e.manifest_lens,
-            elapsed_us: us(begin.elapsed()),
-        }))
+        self.encode_call(req).await
     }
 
     type ReadSegmentStream = std::pin::Pin<
@@ -364,79 +337,7 @@ impl Agent for AgentHandler {
         &self,
         req: Request<pb::SegmentRequest>,
     ) -> Result<Response<Self::ReadSegmentStream>, Status> {
-        let peer = known_caller(
-            &req,
-            "Agent.ReadSegment",
-            "a node of this cluster with the coordinator's grant, or the coordinator",
-            &req.get_ref().node,
-        )?;
-        let r = req.get_ref();
-        let granted = match &peer {
-            ckpt_auth::Peer::Daemon(ckpt_auth::Identity::Node(g)) if r.parity => {
-                r.node == self.jobs.node() && self.grants.permits_parity(g, r.job_id, r.epoch)
-            }
-            ckpt_auth::Peer::Daemon(ckpt_auth::Identity::Node(g)) => {
-                self.grants
-                    .permits(g, r.job_id, r.epoch, &r.node, &r.manifest_digest)
-            }
-            _ => false,
-        };
-        if !(peer.is_coordinator() || granted) {
-            let allowed = if r.parity {
-                format!(
-                    "a node the coordinator let read the parity {} holds",
-                    r.node
-                )
-            } else {
-                format!("a node the coordinator let read node {}'s images", r.node)
-            };
-            return Err(ckpt_auth::refuse(&req, "Agent.ReadSegment", &allowed));
-        }
-        let r = req.into_inner();
-        let jobs = self.jobs.clone();
-        let read = tokio::task::spawn_blocking(move || {
-            if r.parity {
-                jobs.read_parity(
-                    r.job_id,
-                    r.epoch,
-                    r.row as usize,
-                    r.index as usize,
-                    r.offset,
-                    r.length,
-                )
-                .map(|(size, data)| (size, 0, data))
-            } else {
-                jobs.read_images(
-                    r.job_id,
-                    r.epoch,
-                    &r.node,
-                    &r.manifest_digest,
-                    r.offset,
-                    r.length,
-                )
-            }
-        })
-        .await
-        .expect("read task")
-        .map_err(to_status)?;
-        let (stream_len, manifest_len, data) = read;
-        let mut chunks: Vec<Result<pb::SegmentChunk, Status>> = data
-            .chunks(ckpt_store::stream::CHUNK)
-            .map(|c| {
-                Ok(pb::SegmentChunk {
-                    data: c.to_vec(),
-                    ..Default::default()
-                })
-            })
-            .collect();
-        if chunks.is_empty() {
-            chunks.push(Ok(pb::SegmentChunk::default()));
-        }
-        if let Some(Ok(first)) = chunks.first_mut() {
-            first.stream_len = stream_len;
-            first.manifest_len = manifest_len;
-        }
-        Ok(Response::new(Box::pin(tokio_stream::iter(chunks))))
+        self.read_segment_call(req).await
     }
 
     async fn rebuild(
@@ -716,77 +617,14 @@ impl Agent for AgentHandler {
         &self,
         req: Request<pb::ReplicateRequest>,
     ) -> Result<Response<pb::PhaseReply>, Status> {
-        from_coordinator(&req, "Agent.Replicate")?;
-        let r = req.into_inner();
-        let begin = std::time::Instant::now();
-        self.jobs
-            .replicate(
-                r.job_id,
-                r.epoch,
-                &r.manifest_digest,
-                &r.partner,
-                &r.partner_address,
-            )
-            .await
-            .map_err(to_status)?;
-        Ok(took(begin.elapsed()))
+        self.replicate_call(req).await
     }
 
     async fn receive(
         &self,
         req: Request<tonic::Streaming<pb::ImageChunk>>,
     ) -> Result<Response<pb::PhaseReply>, Status> {
-        let begin = std::time::Instant::now();
-        // Another node's agent, keeping its own images here: nothing is read from anyone else.
-        let peer = ckpt_auth::peer_of(&req);
-        if !matches!(
-            peer,
-            ckpt_auth::Peer::Daemon(ckpt_auth::Identity::Node(_)) | ckpt_auth::Peer::LocalRoot
-        ) {
-            return Err(ckpt_auth::refuse(
-                &req,
-                "Agent.Receive",
-                "the agents of the cluster",
-            ));
-        }
-        let (header, rest) = crate::rpc::partner::split_header(req.into_inner()).await?;
-        if !peer.is_node(&header.node) {
-            tracing::warn!(%peer, node = %header.node, job = header.job_id, "refused a partner copy sent for another node");
-            return Err(Status::permission_denied(format!(
-                "{peer} cannot send node {}'s images: a node sends only its own",
-                header.node
-            )));
-        }
-        if header.node == self.jobs.node() || !ckpt_auth::valid_node_name(&header.node) {
-            return Err(Status::invalid_argument(format!(
-                "node {} cannot keep a partner copy of {:?}",
-                self.jobs.node(),
-                header.node
-            )));
-        }
-        let (job, digest) = (header.job_id, header.manifest_digest.clone());
-        let dest = self.jobs.node_dir(job, header.epoch, &header.node);
-        let sender = header.node.clone();
-        crate::rpc::partner::receive(job, &sender, dest, header, &digest, rest)
-            .await
-            .map_err(|e| match e {
-                // What the peer sent is unusable (a path leaving the directory, a bad name, no
-                // digest, an absurd count): its fault, not damaged data here.
-                AgentError::Store {
-                    source:
-                        ckpt_store::StoreError::UnsafePath { .. }
-                        | ckpt_store::StoreError::UnsafeName { .. }
-                        | ckpt_store::StoreError::LimitExceeded { .. }
-                        | ckpt_store::StoreError::DigestRequired { .. }
-                        | ckpt_store::StoreError::BadDigest { .. },
-                    ..
-                } => {
-                    tracing::warn!(%peer, job, error = %e, "refused a partner copy");
-                    Status::invalid_argument(e.to_string())
-                }
-                e => to_status(e),
-            })?;
-        Ok(took(begin.elapsed()))
+        self.receive_call(req).await
     }
 
     type SendStream =
@@ -796,96 +634,14 @@ impl Agent for AgentHandler {
         &self,
         req: Request<pb::SendRequest>,
     ) -> Result<Response<Self::SendStream>, Status> {
-        use tokio_stream::StreamExt;
-        let peer = known_caller(
-            &req,
-            "Agent.Send",
-            "a node of this cluster or the coordinator",
-            &req.get_ref().node,
-        )?;
-        let r = req.get_ref();
-        // A node fetches back its own images (or the coordinator asks on its behalf); the node
-        // a restart moved a part to fetches that part's images with the coordinator's grant.
-        let granted = match &peer {
-            ckpt_auth::Peer::Daemon(ckpt_auth::Identity::Node(g)) => {
-                self.grants
-                    .permits(g, r.job_id, r.epoch, &r.node, &r.manifest_digest)
-            }
-            _ => false,
-        };
-        if !(peer.is_node(&r.node) || peer.is_coordinator() || granted) {
-            let allowed = format!(
-                "node {}, the coordinator, or a node the coordinator moved its part to",
-                r.node
-            );
-            return Err(ckpt_auth::refuse(&req, "Agent.Send", &allowed));
-        }
-        let r = req.into_inner();
-        let header = pb::ChunkHeader {
-            job_id: r.job_id,
-            epoch: r.epoch,
-            node: r.node.clone(),
-            ..Default::default()
-        };
-        let rx = crate::rpc::partner::chunks(
-            self.jobs.node_dir(r.job_id, r.epoch, &r.node),
-            header,
-            r.manifest_digest,
-            // A restore is waiting for this copy: it does not yield to checkpoints.
-            std::sync::Arc::default(),
-        );
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx).map(|c| c.map_err(to_status)),
-        )))
+        self.send_call(req).await
     }
 
     async fn allow_fetch(
         &self,
         req: Request<pb::AllowFetchRequest>,
     ) -> Result<Response<pb::PhaseReply>, Status> {
-        from_coordinator(&req, "Agent.AllowFetch")?;
-        let r = req.into_inner();
-        for n in [&r.node, &r.grantee] {
-            if !ckpt_auth::valid_node_name(n) {
-                return Err(Status::invalid_argument(format!(
-                    "{n:?} is not a node name"
-                )));
-            }
-        }
-        if r.parity {
-            if r.node != self.jobs.node() {
-                return Err(Status::invalid_argument(format!(
-                    "node {} grants reads of its own parity only, not {}'s",
-                    self.jobs.node(),
-                    r.node
-                )));
-            }
-            self.grants.allow_parity(
-                r.job_id,
-                r.epoch,
-                &r.grantee,
-                std::time::Duration::from_millis(r.ttl_ms),
-            );
-            tracing::info!(job = r.job_id, epoch = r.epoch, grantee = %r.grantee,
-                "allowed a node to read the parity kept here");
-            return Ok(Response::new(pb::PhaseReply::default()));
-        }
-        if r.manifest_digest.is_empty() {
-            return Err(Status::invalid_argument(
-                "a grant names the committed manifest digest of the copy",
-            ));
-        }
-        self.grants.allow(
-            r.job_id,
-            r.epoch,
-            &r.node,
-            &r.grantee,
-            &r.manifest_digest,
-            std::time::Duration::from_millis(r.ttl_ms),
-        );
-        tracing::info!(job = r.job_id, epoch = r.epoch, node = %r.node, grantee = %r.grantee,
-            "allowed a moved part's node to fetch the partner copy kept here");
-        Ok(Response::new(pb::PhaseReply::default()))
+        self.allow_fetch_call(req).await
     }
 
     async fn poll(&self, req: Request<pb::PollRequest>) -> Result<Response<pb::PollReply>, Status> {

@@ -1,5 +1,6 @@
 //! The agent's transport: what crosses the network to the coordinator and to other agents.
-//! The Agent gRPC service (`grpc.rs`) and the agent's types on the wire (`wire.rs`);
+//! The Agent gRPC service (`grpc.rs`; the calls that move images and parity between nodes in
+//! `images.rs`) and the agent's types on the wire (`wire.rs`);
 //! registration and heartbeats (`heartbeat.rs`) and the lease the coordinator grants with them
 //! (`lease.rs`), which the shims fence on; partner copies streamed between agents
 //! (`partner.rs`).
@@ -11,6 +12,7 @@
 
 pub(crate) mod grpc;
 pub(crate) mod heartbeat;
+mod images;
 pub(crate) mod lease;
 pub(crate) mod partner;
 pub(crate) mod wire;
