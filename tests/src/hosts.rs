@@ -79,49 +79,86 @@ pub fn run_on(d: &Ckptd, node: &str, argv: &[String]) -> u64 {
     job
 }
 
-/// Waits (bounded) for the job's result printed by its launcher on `node`, then for its end.
-/// MPICH over UCX/TCP sometimes hangs in `MPI_Finalize` after the result is printed, with or
-/// without checkpoints (UCX issue 8738): a job still running 8 s after its result (a clean
-/// exit takes under a second) is cancelled, which must end it on every node.
+/// Waits (bounded) for the job's result printed by its launcher, then for its end. The
+/// launcher is where the job's status says it runs (`node` until it says). MPICH over UCX/TCP
+/// sometimes hangs in `MPI_Finalize` after the result is printed, with or without checkpoints
+/// (UCX issue 8738): a job still running 8 s after its result (a clean exit takes under a
+/// second) is cancelled, which must end it on every node.
 pub fn result_on(d: &Ckptd, node: &str, job: u64) -> String {
     result_and_end(d, node, job, Duration::from_secs(8)).0
 }
 
+/// The node a job's launcher runs on now, by its status; `fallback` if it names none.
+pub fn launcher_of(d: &Ckptd, job: u64, fallback: &str) -> String {
+    d.status(job)["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|n| n["role"] == "launcher")
+        .and_then(|n| n["node"].as_str())
+        .unwrap_or(fallback)
+        .to_string()
+}
+
 /// [`result_on`], waiting `patience` for the end after the result, and whether the job hung
 /// after its result and was cancelled.
+///
+/// A result is not the end: a job whose launcher has printed its result but not exited is
+/// still running, and a node lost then restarts it from its last epoch, which takes the
+/// printed result back (its output is restored to what it was at that epoch). So this waits
+/// for the job to stop being active, counting `patience` from when a result was last seen
+/// with the job running, and reads the result the job ended with.
 pub fn result_and_end(d: &Ckptd, node: &str, job: u64, patience: Duration) -> (String, bool) {
-    let out = d.job_dir_on(node, job).join("stdout");
     let begin = Instant::now();
-    let sum = loop {
-        if let Some(c) = checksum_in(&std::fs::read_to_string(&out).unwrap_or_default()) {
-            break c;
+    let mut printed: Option<Instant> = None;
+    let mut hung = false;
+    loop {
+        let st = d.status(job);
+        let state = st["state"].as_str().unwrap_or_default().to_string();
+        // A job that failed and is about to restart by itself is not over either.
+        let active = st["recovering"] == true
+            || matches!(
+                state.as_str(),
+                "starting" | "running" | "checkpointing" | "restarting"
+            );
+        let launcher = launcher_of(d, job, node);
+        let out = std::fs::read_to_string(d.job_dir_on(&launcher, job).join("stdout"));
+        let sum = checksum_in(&out.unwrap_or_default());
+        if !active {
+            let sum = sum.unwrap_or_else(|| {
+                panic!(
+                    "the job ended ({state}) without a result: {st}\n{}",
+                    d.job_output_on(&launcher, job)
+                )
+            });
+            return (sum, hung);
+        }
+        match (&sum, state.as_str()) {
+            (Some(_), "running" | "checkpointing") => {
+                let since = *printed.get_or_insert_with(Instant::now);
+                if since.elapsed() > patience {
+                    hung = true;
+                    eprintln!("job {job} printed its result but did not exit; cancelling it");
+                    d.ctl(&["cancel", &job.to_string()]).ok();
+                    for n in ALL {
+                        assert!(
+                            d.job_pids_on(n, job).is_empty(),
+                            "cancel left processes on {n}"
+                        );
+                    }
+                    return (sum.unwrap_or_default(), hung);
+                }
+            }
+            _ => printed = None,
         }
         assert!(
-            begin.elapsed() < LIMIT,
-            "no result after {LIMIT:?}: {}\n{}",
-            d.status(job),
-            d.job_output_on(node, job)
+            begin.elapsed() < 2 * LIMIT,
+            "no result and end after {:?}: {st}\n{}",
+            2 * LIMIT,
+            d.job_output_on(&launcher, job)
         );
         std::thread::sleep(Duration::from_millis(100));
-    };
-    let begin = Instant::now();
-    let mut hung = false;
-    while d.status(job)["state"] == "running" {
-        if begin.elapsed() > patience {
-            hung = true;
-            eprintln!("job {job} printed its result but did not exit; cancelling it");
-            d.ctl(&["cancel", &job.to_string()]).ok();
-            for n in ALL {
-                assert!(
-                    d.job_pids_on(n, job).is_empty(),
-                    "cancel left processes on {n}"
-                );
-            }
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
     }
-    (sum, hung)
 }
 
 /// Waits (bounded) until the job's first epoch has a copy on another node than each of its
