@@ -16,7 +16,8 @@
  * Benchmarks give it memory of its own to write: with HEAT_BALLAST_MIB=M each rank also holds M
  * MiB, written once at start, and rewrites HEAT_BALLAST_PCT % of it (10 by default; one window
  * that moves through it) at its next iteration after each SIGUSR1, then prints
- * "ballast K rewritten" (K-th time, on stderr). The checksum does not depend on it.
+ * "ballast K rewritten" (K-th time, on stderr). The checksum does not depend on it. With
+ * HEAT_BALLAST_RANDOM=1 the ballast starts as pseudo-random bytes instead of ones.
  */
 #include <mpi.h>
 #include <inttypes.h>
@@ -78,7 +79,20 @@ static unsigned char *make_ballast(size_t *bytes, size_t *window)
         fprintf(stderr, "heat: out of memory for the ballast\n");
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    memset(b, 1, *bytes);
+    /* HEAT_BALLAST_RANDOM=1: bytes no compression or deduplication shrinks (xorshift64,
+     * seeded by the process), as an application's data would be; else all ones. */
+    const char *rnd = getenv("HEAT_BALLAST_RANDOM");
+    if (rnd && strcmp(rnd, "1") == 0) {
+        uint64_t x = 0x9e3779b97f4a7c15ULL ^ ((uint64_t)getpid() << 17) ^ (uint64_t)time(NULL);
+        for (size_t i = 0; i + 8 <= *bytes; i += 8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            memcpy(b + i, &x, 8);
+        }
+    } else {
+        memset(b, 1, *bytes);
+    }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = ask_ballast;

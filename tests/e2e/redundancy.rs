@@ -118,6 +118,10 @@ fn parity_rebuilds_lost_nodes(scheme: &str, job_nodes: usize, lose: &[&str], fli
                 .map(|f| f.metadata().unwrap().len())
                 .sum::<u64>();
         }
+        assert_eq!(
+            e["parity_bytes"], parity_bytes,
+            "what `ckptctl epochs` says the parity takes: {e}"
+        );
         let images = e["image_bytes"].as_u64().unwrap();
         eprintln!(
             "{scheme} epoch {epoch}: {images} image bytes, {parity_bytes} parity bytes: {:.3} stored per image byte",

@@ -135,6 +135,7 @@ fn an_epochs_json_keeps_its_keys_and_values() {
         shared_copy: false,
         partner_copy: false,
         encoded: String::new(),
+        parity_bytes: 0,
         shared_bytes: 0,
         trigger: String::new(),
         durable_ms: 0,
@@ -153,7 +154,7 @@ fn an_epochs_json_keeps_its_keys_and_values() {
             "frozen_ms": 0, "total_ms": 500, "image_bytes": 0, "image_files": 0, "kill": false,
             "nodes": ["n1", "n2"], "storage": "", "flush_detail": "", "flushed_bytes": 0,
             "flush_ms": 0, "local_copy": false, "shared_copy": false, "partner_copy": false,
-            "encoded": "", "shared_bytes": 0, "durable_ms": 0, "trigger": "user", "engine": "criu",
+            "encoded": "", "parity_bytes": 0, "shared_bytes": 0, "durable_ms": 0, "trigger": "user", "engine": "criu",
             "restarts": [],
         })
     );
@@ -173,6 +174,7 @@ fn an_epochs_json_keeps_its_keys_and_values() {
         shared_copy: true,
         partner_copy: true,
         encoded: "xor:8".into(),
+        parity_bytes: 300 << 10,
         shared_bytes: 1 << 20,
         trigger: "periodic".into(),
         durable_ms: 800,
@@ -203,6 +205,7 @@ fn an_epochs_json_keeps_its_keys_and_values() {
     );
     assert_eq!(v["restarts"][0]["trigger"], "node n2 lost", "{v}");
     assert_eq!(v["encoded"], "xor:8", "{v}");
+    assert_eq!(v["parity_bytes"], 300 << 10, "{v}");
 }
 
 /// Nodes up, down and absent, spares among them, as ckptd describes them.

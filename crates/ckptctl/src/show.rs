@@ -186,7 +186,7 @@ pub fn epoch_json(e: &pb::EpochInfo) -> Value {
         "image_files": e.image_files, "kill": e.kill, "nodes": e.nodes,
         "storage": e.storage, "flush_detail": e.flush_detail, "flushed_bytes": e.flushed_bytes,
         "flush_ms": e.flush_ms, "local_copy": e.local_copy, "shared_copy": e.shared_copy,
-        "partner_copy": e.partner_copy, "encoded": e.encoded, "shared_bytes": e.shared_bytes, "durable_ms": e.durable_ms,
+        "partner_copy": e.partner_copy, "encoded": e.encoded, "parity_bytes": e.parity_bytes, "shared_bytes": e.shared_bytes, "durable_ms": e.durable_ms,
         "trigger": trigger_text(e),
         "engine": e.engine,
         "restarts": e.restarts.iter().map(restart_json).collect::<Vec<_>>(),

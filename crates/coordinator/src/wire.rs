@@ -153,6 +153,15 @@ pub fn epoch_info(e: &Epoch, flushed: Option<(u64, u64)>) -> pb::EpochInfo {
         } else {
             String::new()
         },
+        parity_bytes: if e.is_restorable() && e.encoded_scheme().is_some() {
+            e.encodings
+                .iter()
+                .flat_map(|g| &g.parity)
+                .map(|s| s.size)
+                .sum()
+        } else {
+            0
+        },
         // A user's request has no words on the wire, as before `Trigger`.
         trigger: match e.trigger {
             Trigger::User => String::new(),

@@ -6,7 +6,7 @@
 //! and unpacks them verified against the committed manifest ([`ckpt_store::erasure`]).
 //!
 //! The coding runs in a blocking thread; its reads of other nodes go through the async client
-//! from there, one stripe (1 MiB) a call.
+//! from there, read ahead in blocks of [`MAX_SEGMENT_READ`] ([`super::read_ahead`]).
 use std::fs;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -18,6 +18,7 @@ use ckpt_store::manifest::NodeManifest;
 use tonic::transport::Channel;
 use tracing::{info, warn};
 
+use super::read_ahead::ReadAhead;
 use super::{install, Location, Usable};
 use crate::error::AgentError;
 use crate::jobs::Jobs;
@@ -71,11 +72,11 @@ fn parity_path(dir: &Path, row: usize, index: usize) -> PathBuf {
 /// How a member's bytes are reached: here, or over its agent.
 enum Source {
     Local(Box<NodeStream>),
-    Remote(AgentClient<Channel>),
+    Remote(Box<ReadAhead>),
 }
 
 /// Reads one range of a member's images or parity through its agent.
-async fn read_remote(
+pub(super) async fn read_remote(
     c: &mut AgentClient<Channel>,
     req: pb::SegmentRequest,
 ) -> Result<(u64, u64, Vec<u8>), tonic::Status> {
@@ -150,8 +151,12 @@ impl Jobs {
                             manifest_digest: m.digest.clone(),
                             ..Default::default()
                         };
-                        match read_remote(&mut c, probe).await {
-                            Ok((len, ml, _)) => Ok((Source::Remote(c), len, ml)),
+                        match read_remote(&mut c, probe.clone()).await {
+                            Ok((len, ml, _)) => Ok((
+                                Source::Remote(Box::new(ReadAhead::new(c, probe, len))),
+                                len,
+                                ml,
+                            )),
                             Err(s) => Err(s.message().to_string()),
                         }
                     }
@@ -210,11 +215,6 @@ impl Jobs {
             })
             .collect();
         let handle = tokio::runtime::Handle::current();
-        let digests: Vec<(u64, u32, String)> = members
-            .iter()
-            .map(|m| (job, epoch, m.digest.clone()))
-            .collect();
-        let names: Vec<String> = members.iter().map(|m| m.node.clone()).collect();
         let progress = ckpt_store::copy::CopyProgress::pausing_on(self.node.frozen.clone());
         // The flush's bandwidth limit bounds what an encode reads too.
         let throttle = self
@@ -236,7 +236,7 @@ impl Jobs {
                     if let Some(t) = &throttle {
                         t.take(buf.len() as u64);
                     }
-                    read_member(&handle, &mut sources[m], &names[m], &digests[m], at, buf)
+                    read_member(&handle, &mut sources[m], at, buf)
                 };
                 let mut write = |jj: usize, b: &[u8]| -> std::io::Result<()> {
                     if jj == j {
@@ -354,15 +354,12 @@ impl Jobs {
             .join(format!(".{node}.rebuild"));
         let handle = tokio::runtime::Handle::current();
         let names: Vec<String> = members.iter().map(|m| m.node.clone()).collect();
-        let digests: Vec<(u64, u32, String)> = members
-            .iter()
-            .map(|m| (job, epoch, m.digest.clone()))
-            .collect();
-        // Parity is read over clients of its own (the data reads hold the sources).
-        let mut parity_clients: Vec<Option<AgentClient<Channel>>> = sources
+        // Parity is read over readers of its own (the data reads hold the sources), one shard
+        // at a time per holder.
+        let mut parity_readers: Vec<Option<(AgentClient<Channel>, Option<ReadAhead>)>> = sources
             .iter()
             .map(|s| match s {
-                Some(Source::Remote(c)) => Some(c.clone()),
+                Some(Source::Remote(r)) => Some((r.client(), None)),
                 _ => None,
             })
             .collect();
@@ -379,28 +376,28 @@ impl Jobs {
                         return fs::File::open(parity_path(&parity_here, row, index))?
                             .read_exact_at(buf, at);
                     }
-                    let Some(c) = &mut parity_clients[holder] else {
+                    let Some((c, reader)) = &mut parity_readers[holder] else {
                         return Err(std::io::Error::other(format!(
                             "{} is not reachable",
                             names[holder]
                         )));
                     };
-                    let req = pb::SegmentRequest {
+                    let base = pb::SegmentRequest {
                         job_id: job,
                         epoch,
                         node: names[holder].clone(),
                         parity: true,
                         row: row as u32,
                         index: index as u32,
-                        offset: at,
-                        length: buf.len() as u64,
                         ..Default::default()
                     };
-                    let (_, _, data) = handle
-                        .block_on(read_remote(c, req))
-                        .map_err(|s| std::io::Error::other(s.message().to_string()))?;
-                    buf.copy_from_slice(&data);
-                    Ok(())
+                    if !reader.as_ref().is_some_and(|r| r.reads(&base)) {
+                        *reader = Some(ReadAhead::new(c.clone(), base, layout.row_size(row)));
+                    }
+                    reader
+                        .as_mut()
+                        .expect("a reader of the shard")
+                        .read_at(&handle, at, buf)
                 };
             let mut attempt = |losses: &Losses,
                                read_parity: &mut erasure::ReadParity<'_>|
@@ -418,7 +415,7 @@ impl Jobs {
                 out.set_len(member.stream_len).map_err(|e| e.to_string())?;
                 let mut read = |m: usize, at: u64, buf: &mut [u8]| -> std::io::Result<()> {
                     match &mut sources[m] {
-                        Some(s) => read_member(&handle, s, &names[m], &digests[m], at, buf),
+                        Some(s) => read_member(&handle, s, at, buf),
                         None => Err(std::io::Error::other(format!("{} is lost", names[m]))),
                     }
                 };
@@ -590,29 +587,12 @@ fn check_members(job: u64, epoch: u32, members: &[Member]) -> Result<(), AgentEr
 fn read_member(
     handle: &tokio::runtime::Handle,
     source: &mut Source,
-    node: &str,
-    (job, epoch, digest): &(u64, u32, String),
     at: u64,
     buf: &mut [u8],
 ) -> std::io::Result<()> {
     match source {
         Source::Local(s) => s.read_at(at, buf),
-        Source::Remote(c) => {
-            let req = pb::SegmentRequest {
-                job_id: *job,
-                epoch: *epoch,
-                node: node.to_string(),
-                manifest_digest: digest.clone(),
-                offset: at,
-                length: buf.len() as u64,
-                ..Default::default()
-            };
-            let (_, _, data) = handle
-                .block_on(read_remote(c, req))
-                .map_err(|s| std::io::Error::other(format!("{node}: {}", s.message())))?;
-            buf.copy_from_slice(&data);
-            Ok(())
-        }
+        Source::Remote(r) => r.read_at(handle, at, buf),
     }
 }
 

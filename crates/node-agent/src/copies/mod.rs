@@ -9,6 +9,7 @@
 
 pub(crate) mod erasure;
 pub(crate) mod precopy;
+mod read_ahead;
 
 use std::fs;
 use std::path::{Path, PathBuf};
