@@ -13,7 +13,8 @@ const SLEEP_US: u32 = 2000;
 
 /// Erasure-coded redundancy, without shared storage: `[redundancy] scheme = "xor:4"`, a job
 /// on n1..n4 (one group), n5 the spare. Three checkpoints, each encoded (every node holds one
-/// row's parity); retention (`keep_local = 2`) deletes epoch 1's images and parity everywhere.
+/// row's parity; epoch 2's encode held while ckptd restarts, and done again by the new one);
+/// retention (`keep_local = 2`) deletes epoch 1's images and parity everywhere.
 /// Then n3 is lost with its disks, and one byte of a parity shard of epoch 3 that n3's rebuild
 /// needs is flipped on n1: the restart on the spare finds epoch 3's rebuild wrong (the unpack
 /// checks every file), the shard failing its digest, falls back to epoch 2, rebuilds n3's
@@ -56,7 +57,7 @@ fn parity_rebuilds_lost_nodes(scheme: &str, job_nodes: usize, lose: &[&str], fli
         .join(", ");
     let Some((cluster, mut d)) = hosts_with(
         &all,
-        false,
+        flip,
         true,
         None,
         &format!(
@@ -79,16 +80,30 @@ fn parity_rebuilds_lost_nodes(scheme: &str, job_nodes: usize, lose: &[&str], fli
         .parse::<ckpt_store::erasure::Scheme>()
         .unwrap()
         .parity();
+    let root = d.dir.path().to_path_buf();
     let local = |n: &str, epoch: u32| {
-        d.dir
-            .path()
-            .join(n)
+        root.join(n)
             .join("local")
             .join(&id)
             .join(epoch.to_string())
     };
     for epoch in [1u32, 2, 3] {
+        // With `flip`, epoch 2's encode is held on every node while ckptd restarts: the epoch
+        // comes back without parity (an encoding is recorded only once whole) and is encoded
+        // again.
+        let interrupt = flip && epoch == 2;
+        if interrupt {
+            d.set_failpoints("encode=delay:3s\n");
+        }
         d.ctl(&["checkpoint", &id, "--wait"]).ok();
+        if interrupt {
+            std::thread::sleep(Duration::from_millis(500));
+            assert_eq!(d.epochs(job)[1]["encoded"], "", "held: {}", d.epochs(job)[1]);
+            d.stop_daemon();
+            d.set_failpoints("");
+            d.start_daemon();
+            d.wait_agents(&all);
+        }
         let begin = Instant::now();
         while d.epochs(job)[epoch as usize - 1]["encoded"] != scheme {
             assert!(
@@ -97,6 +112,14 @@ fn parity_rebuilds_lost_nodes(scheme: &str, job_nodes: usize, lose: &[&str], fli
                 d.epochs(job)[epoch as usize - 1]
             );
             std::thread::sleep(Duration::from_millis(100));
+        }
+        if interrupt {
+            let log = std::fs::read_to_string(d.dir.path().join("ckptd.log")).unwrap_or_default();
+            assert!(
+                log.lines().any(|l| l.contains("flushing again after a coordinator restart")
+                    && l.contains("epoch=2")),
+                "epoch 2 encoded again by the new ckptd"
+            );
         }
         let e = &d.epochs(job)[epoch as usize - 1];
         assert_eq!(

@@ -157,6 +157,10 @@ pub enum Cmd {
         job: u64,
     },
     /// Kill a running job (SIGTERM, then SIGKILL). Its checkpoints stay restorable.
+    ///
+    /// A job that is stopped, killed or lost (one `ckptctl restart` would bring back, or ckptd
+    /// is about to restart by itself) is given up instead: it gives back its job addresses and
+    /// is not restarted by itself. It can still be restarted by hand from its checkpoints.
     Cancel {
         /// Job id.
         job: u64,

@@ -1,11 +1,12 @@
 //! Fault injection for tests and fire drills, off unless asked for.
 //!
-//! When the agent starts with `CKPT_FAILPOINTS=/path/to/file`, every checkpoint phase, restore
-//! and release reads that file as it begins. A line `PHASE=error` makes the phase fail;
+//! When the agent starts with `CKPT_FAILPOINTS=/path/to/file`, every checkpoint phase, restore,
+//! release and encode reads that file as it begins. A line `PHASE=error` makes the phase fail;
 //! `PHASE=delay:DURATION` (e.g. `local-checkpoint=delay:5s`) makes it wait first;
 //! `PHASE@NODE=...` applies on that node only. Phases, by their protocol names:
 //! `initial-sync`, `quiesce`, `local-checkpoint`, `resume`, `finalize`, and `restore`,
-//! `release`. Without the variable (production), nothing is read.
+//! `release`, `encode` (an erasure-coded group's parity). Without the variable (production),
+//! nothing is read.
 use std::path::PathBuf;
 use std::time::Duration;
 

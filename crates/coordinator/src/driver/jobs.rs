@@ -391,13 +391,21 @@ impl Coordinator {
         Ok(job)
     }
 
-    /// Kills a running job (SIGTERM, then SIGKILL). Its epochs stay restorable.
+    /// Kills a running job (SIGTERM, then SIGKILL); gives up one that ended in a way a restart
+    /// follows, which gives back its job addresses ([`Job::cancel`]). Its epochs stay
+    /// restorable.
     pub async fn cancel(&self, caller: &Caller, id: u64) -> Result<Job, DriveError> {
         self.job_for(caller, id)?;
         let job = self.refresh(id).await?;
         if job.state != JobState::Running {
-            // Refused by the guard, with the job's state in the message.
-            job.clone().cancel()?;
+            // Nothing runs: only its state changes (refused by the guard, with the job's
+            // state in the message, when it is not one a restart follows).
+            let was = job.state.name();
+            let job = self
+                .update_job(id, |j| j.cancel().map_err(DriveError::from))
+                .await?;
+            info!(job = id, was, "job cancelled: its job addresses are free again, and it is not restarted by itself; its checkpoints stay restorable");
+            return Ok(job);
         }
         let node = job.node.clone();
         let client = self.agents.client(&node)?;

@@ -731,9 +731,17 @@ impl Job {
         true
     }
 
-    /// Cancels: only a running job.
+    /// Cancels a running job (its processes are then killed), or one that ended in a way a
+    /// restart follows (stopped by ckpt, killed, lost, or failed and about to restart by
+    /// itself): it gives back its job addresses and is not restarted by itself. Its epochs
+    /// stay restorable by hand.
     pub fn cancel(&mut self) -> Result<(), TransitionError> {
-        if self.state != JobState::Running {
+        let may = match self.state {
+            JobState::Running | JobState::Stopped | JobState::Lost => true,
+            JobState::Exited { .. } => self.holds_addresses() || self.failure().is_some(),
+            _ => false,
+        };
+        if !may {
             return Err(self.refuse("cancel it"));
         }
         self.state = JobState::Cancelled;

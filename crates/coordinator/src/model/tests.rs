@@ -176,10 +176,12 @@ fn job_guards_refuse_every_illegal_transition() {
             !s.is_active(),
             "restart from {s:?}"
         );
+        // Running (killed), or ended in a way a restart follows (given up); not one that
+        // starts, checkpoints, restarts, finished with its own code or was cancelled.
         let mut j3 = job(s.clone());
         assert_eq!(
             j3.cancel().is_ok(),
-            s == JobState::Running,
+            matches!(s, JobState::Running | JobState::Stopped | JobState::Lost),
             "cancel from {s:?}"
         );
         let mut j4 = job(s.clone());
@@ -193,6 +195,15 @@ fn job_guards_refuse_every_illegal_transition() {
             assert_eq!(j.state, s, "refused checkpoint changed state");
         }
     }
+    // Killed by a signal: a restart follows, so it may be given up (and gives back its
+    // addresses).
+    let mut killed = job(JobState::Exited {
+        code: None,
+        signal: Some(9),
+    });
+    assert!(killed.holds_addresses());
+    killed.cancel().unwrap();
+    assert!(!killed.holds_addresses());
     let err = job(JobState::Running).begin_restart().unwrap_err();
     assert!(err.to_string().contains("job 3 is running"), "{err}");
 }

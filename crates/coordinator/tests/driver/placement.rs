@@ -737,3 +737,32 @@ async fn a_rank_killed_on_another_node_makes_the_launchers_end_a_failure() {
     assert!(j.recoveries[0].moves.is_empty(), "in place");
     assert!(j.killed.is_empty(), "forgotten with the old incarnation");
 }
+
+/// Every job address held by a stopped job: another job is refused ("no free job address ...
+/// cancel jobs that will not restart"). Cancelling the stopped job, as that says, gives them
+/// back without a call to its nodes (nothing of it runs); its checkpoints stay restorable, and
+/// the other job starts.
+#[tokio::test]
+async fn cancelling_a_stopped_job_gives_back_its_job_addresses() {
+    let c = Cluster::start_with(|cfg| {
+        cfg.job_network.addresses = "10.9.0.10-10.9.0.12".into();
+        cfg.job_network.prefix = 24;
+    })
+    .await;
+    let stopped = c.stopped_job().await;
+    let refused = c.coord.run(OWNER, sleep_on("n1")).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("no free job address")
+            && refused.to_string().contains("cancel jobs that will not restart"),
+        "{refused}"
+    );
+    let job = c.coord.cancel(&OWNER, stopped).await.unwrap();
+    assert_eq!(job.state, JobState::Cancelled);
+    assert!(c.calls("signal").is_empty(), "{:?}", c.calls("signal"));
+    let e = c.coord.registry.epoch(stopped, 2).unwrap().unwrap();
+    assert!(e.is_restorable());
+    c.coord.run(OWNER, sleep_on("n1")).await.unwrap();
+    // Cancelled once, it is not cancelled again.
+    let again = c.coord.cancel(&OWNER, stopped).await.unwrap_err();
+    assert!(again.to_string().contains("cancelled"), "{again}");
+}

@@ -26,6 +26,9 @@ use crate::jobs::Jobs;
 /// The most bytes one `ReadSegment` call returns.
 pub const MAX_SEGMENT_READ: u64 = 4 << 20;
 
+/// Encodes started by this agent, naming their files in progress.
+static ENCODES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// The largest encoding record a restore request may carry.
 pub const MAX_ENCODING_JSON: usize = 1 << 20;
 
@@ -176,6 +179,7 @@ impl Jobs {
         scheme: &str,
         members: Vec<Member>,
     ) -> Result<Encoded, AgentError> {
+        self.failpoint(job, "encode").await?;
         let scheme: Scheme = scheme.parse().map_err(|e| failed(job, epoch, e))?;
         let code = scheme
             .code()
@@ -227,7 +231,12 @@ impl Jobs {
             let mut coder = erasure::Coder::new(code);
             let mut out = Vec::new();
             for (row, j) in held {
-                let tmp = dir.join(format!(".{row}.{j}.tmp"));
+                // Its own name: an encode that ckptd asks for again (after its restart) may
+                // run beside one still going.
+                let tmp = dir.join(format!(
+                    ".{row}.{j}.{}.tmp",
+                    ENCODES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                ));
                 let mut file =
                     fs::File::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
                 let mut read = |m: usize, at: u64, buf: &mut [u8]| -> std::io::Result<()> {
