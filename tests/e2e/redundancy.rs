@@ -81,12 +81,7 @@ fn parity_rebuilds_lost_nodes(scheme: &str, job_nodes: usize, lose: &[&str], fli
         .unwrap()
         .parity();
     let root = d.dir.path().to_path_buf();
-    let local = |n: &str, epoch: u32| {
-        root.join(n)
-            .join("local")
-            .join(&id)
-            .join(epoch.to_string())
-    };
+    let local = |n: &str, epoch: u32| root.join(n).join("local").join(&id).join(epoch.to_string());
     for epoch in [1u32, 2, 3] {
         // With `flip`, epoch 2's encode is held on every node while ckptd restarts: the epoch
         // comes back without parity (an encoding is recorded only once whole) and is encoded
@@ -98,7 +93,12 @@ fn parity_rebuilds_lost_nodes(scheme: &str, job_nodes: usize, lose: &[&str], fli
         d.ctl(&["checkpoint", &id, "--wait"]).ok();
         if interrupt {
             std::thread::sleep(Duration::from_millis(500));
-            assert_eq!(d.epochs(job)[1]["encoded"], "", "held: {}", d.epochs(job)[1]);
+            assert_eq!(
+                d.epochs(job)[1]["encoded"],
+                "",
+                "held: {}",
+                d.epochs(job)[1]
+            );
             d.stop_daemon();
             d.set_failpoints("");
             d.start_daemon();
@@ -116,8 +116,9 @@ fn parity_rebuilds_lost_nodes(scheme: &str, job_nodes: usize, lose: &[&str], fli
         if interrupt {
             let log = std::fs::read_to_string(d.dir.path().join("ckptd.log")).unwrap_or_default();
             assert!(
-                log.lines().any(|l| l.contains("flushing again after a coordinator restart")
-                    && l.contains("epoch=2")),
+                log.lines()
+                    .any(|l| l.contains("flushing again after a coordinator restart")
+                        && l.contains("epoch=2")),
                 "epoch 2 encoded again by the new ckptd"
             );
         }

@@ -753,7 +753,9 @@ async fn cancelling_a_stopped_job_gives_back_its_job_addresses() {
     let refused = c.coord.run(OWNER, sleep_on("n1")).await.unwrap_err();
     assert!(
         refused.to_string().contains("no free job address")
-            && refused.to_string().contains("cancel jobs that will not restart"),
+            && refused
+                .to_string()
+                .contains("cancel jobs that will not restart"),
         "{refused}"
     );
     let job = c.coord.cancel(&OWNER, stopped).await.unwrap();

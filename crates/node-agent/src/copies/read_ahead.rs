@@ -109,7 +109,9 @@ impl ReadAhead {
         match handle.block_on(call) {
             Ok(Ok(data)) => Ok(data),
             Ok(Err(s)) => Err(std::io::Error::other(format!("{node}: {}", s.message()))),
-            Err(e) => Err(std::io::Error::other(format!("{node}: the read failed: {e}"))),
+            Err(e) => Err(std::io::Error::other(format!(
+                "{node}: the read failed: {e}"
+            ))),
         }
     }
 
