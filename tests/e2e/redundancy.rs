@@ -14,7 +14,8 @@ const SLEEP_US: u32 = 2000;
 /// Erasure-coded redundancy, without shared storage: `[redundancy] scheme = "xor:4"`, a job
 /// on n1..n4 (one group), n5 the spare. Three checkpoints, each encoded (every node holds one
 /// row's parity; epoch 2's encode held while ckptd restarts, and done again by the new one);
-/// retention (`keep_local = 2`) deletes epoch 1's images and parity everywhere.
+/// retention (`keep_local = 2`) deletes epoch 1's images and parity everywhere. n2's images of
+/// epoch 3 deleted (its disk replaced), a restart in place rebuilds them from the group.
 /// Then n3 is lost with its disks, and one byte of a parity shard of epoch 3 that n3's rebuild
 /// needs is flipped on n1: the restart on the spare finds epoch 3's rebuild wrong (the unpack
 /// checks every file), the shard failing its digest, falls back to epoch 2, rebuilds n3's
@@ -161,6 +162,25 @@ fn parity_rebuilds_lost_nodes(scheme: &str, job_nodes: usize, lose: &[&str], fli
             local(n, 1).display()
         );
         std::thread::sleep(Duration::from_millis(100));
+    }
+    if flip {
+        // A disk replaced under a node that stays: n2's images of epoch 3 gone, the job killed
+        // everywhere. The restart in place finds nothing usable on n2 and restores its part
+        // from the group's parity there.
+        d.kill_job_on(&all[..job_nodes], job);
+        d.wait_state(job, "killed", LIMIT);
+        std::fs::remove_dir_all(local("n2", 3).join("n2")).unwrap();
+        let r = d.ctl(&["restart", &id]);
+        assert_eq!(r.code, 0, "{r:?}");
+        assert!(
+            r.stderr
+                .contains("node n2 restored (held) from its parity copy"),
+            "{r:?}"
+        );
+        assert!(
+            local("n2", 3).join("n2").is_dir(),
+            "rebuilt into n2's staging"
+        );
     }
     if flip {
         // Row 0's parity (held by n1) covers a segment of every member but n1: n3's rebuild

@@ -4,7 +4,7 @@
 use ckpt_proto::v1 as pb;
 use futures_util::future::join_all;
 use tokio::sync::mpsc;
-use tracing::{instrument, warn};
+use tracing::{info, instrument, warn};
 
 use super::placement::{Moves, Placement};
 use super::{now_ms, Caller, Coordinator, DriveError, OperationPhase, Step};
@@ -411,10 +411,30 @@ impl Coordinator {
             }
         }
         let d = self.cfg.deadlines.restore;
-        let r = self
+        let first = req.clone();
+        let mut r = self
             .agents
-            .call(n, "restore", d, |mut c| async move { c.restore(req).await })
+            .call(
+                n,
+                "restore",
+                d,
+                |mut c| async move { c.restore(first).await },
+            )
             .await;
+        if !moved && matches!(&r, Err(f) if f.kind == FailureKind::DataLoss) {
+            // In place, its images gone or damaged (a disk replaced, say) and no other copy
+            // served: once more with its erasure-coded group, which takes grants to read the
+            // other members (asked for only now, as few restores need them).
+            if let Some((encoding, group)) = self.group_for(epoch, source, n).await {
+                info!(job = id, epoch = number, node = %n, "its images are not usable there; restoring again from its group's parity");
+                req.encoding = encoding;
+                req.group = group;
+                r = self
+                    .agents
+                    .call(n, "restore", d, |mut c| async move { c.restore(req).await })
+                    .await;
+            }
+        }
         if let Ok(reply) = &r {
             let held = if hold { " (held)" } else { "" };
             let message = match reply.source() {

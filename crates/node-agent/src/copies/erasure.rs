@@ -226,47 +226,50 @@ impl Jobs {
             .copy_opts
             .bandwidth
             .map(ckpt_store::copy::Throttle::new);
-        let task = tokio::task::spawn_blocking(move || -> Result<Vec<ParityShard>, String> {
-            fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-            let mut coder = erasure::Coder::new(code);
-            let mut out = Vec::new();
-            for (row, j) in held {
-                // Its own name: an encode that ckptd asks for again (after its restart) may
-                // run beside one still going.
-                let tmp = dir.join(format!(
-                    ".{row}.{j}.{}.tmp",
-                    ENCODES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                ));
-                let mut file =
-                    fs::File::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
-                let mut read = |m: usize, at: u64, buf: &mut [u8]| -> std::io::Result<()> {
-                    // A job frozen on this node gets the CPU and the disk first.
-                    progress.wait_unpaused();
-                    if let Some(t) = &throttle {
-                        t.take(buf.len() as u64);
-                    }
-                    read_member(&handle, &mut sources[m], at, buf)
-                };
-                let mut write = |jj: usize, b: &[u8]| -> std::io::Result<()> {
-                    if jj == j {
-                        std::io::Write::write_all(&mut file, b)?;
-                    }
-                    Ok(())
-                };
-                let shards = erasure::encode_row(&mut coder, &layout, row, &mut read, &mut write)
-                    .map_err(|e| e.to_string())?;
-                file.sync_all()
-                    .map_err(|e| format!("{}: {e}", tmp.display()))?;
-                let path = parity_path(&dir, row, j);
-                fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
-                out.push(shards.into_iter().nth(j).expect("a shard per index"));
-            }
-            ckpt_store::atomic::sync_dir(&dir).map_err(|e| e.to_string())?;
-            Ok(out)
-        });
+        // At the lowest CPU priority: the job on this node computes first.
+        let task =
+            crate::os::background::run("encode", move || -> Result<Vec<ParityShard>, String> {
+                fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+                let mut coder = erasure::Coder::new(code);
+                let mut out = Vec::new();
+                for (row, j) in held {
+                    // Its own name: an encode that ckptd asks for again (after its restart) may
+                    // run beside one still going.
+                    let tmp = dir.join(format!(
+                        ".{row}.{j}.{}.tmp",
+                        ENCODES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                    ));
+                    let mut file =
+                        fs::File::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+                    let mut read = |m: usize, at: u64, buf: &mut [u8]| -> std::io::Result<()> {
+                        // A job frozen on this node gets the CPU and the disk first.
+                        progress.wait_unpaused();
+                        if let Some(t) = &throttle {
+                            t.take(buf.len() as u64);
+                        }
+                        read_member(&handle, &mut sources[m], at, buf)
+                    };
+                    let mut write = |jj: usize, b: &[u8]| -> std::io::Result<()> {
+                        if jj == j {
+                            std::io::Write::write_all(&mut file, b)?;
+                        }
+                        Ok(())
+                    };
+                    let shards =
+                        erasure::encode_row(&mut coder, &layout, row, &mut read, &mut write)
+                            .map_err(|e| e.to_string())?;
+                    file.sync_all()
+                        .map_err(|e| format!("{}: {e}", tmp.display()))?;
+                    let path = parity_path(&dir, row, j);
+                    fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+                    out.push(shards.into_iter().nth(j).expect("a shard per index"));
+                }
+                ckpt_store::atomic::sync_dir(&dir).map_err(|e| e.to_string())?;
+                Ok(out)
+            });
         let shards = task
             .await
-            .expect("encode task")
+            .map_err(|e| failed(job, epoch, format!("the encoding thread: {e}")))?
             .map_err(|e| failed(job, epoch, e))?;
         info!(job, epoch, %scheme, rows = shards.len(), "parity encoded");
         Ok(Encoded {

@@ -3,13 +3,15 @@
 //! (`sockdiag.rs`), a child born in a cgroup (`clone_into.rs`), a part's namespaces
 //! (`sandbox.rs`, `sandbox/job_dir.rs`), acting as the job's owner and private modes
 //! (`owner.rs`, `modes.rs`), the grants that let a moved part fetch a partner copy
-//! (`grants.rs`), the nftables fence around DMTCP coordinators (`fence.rs`), and the `Host`
+//! (`grants.rs`), the nftables fence around DMTCP coordinators (`fence.rs`), background work at
+//! the lowest CPU priority (`background.rs`), and the `Host`
 //! trait that the checkpoint and restore steps reach the machine through (`host.rs`, with a
 //! recording fake in `host/fake.rs` for tests).
 //!
 //! Nothing here imports a layer above it: only other files of this folder and the crate's
 //! error type (`error.rs`). Everything else in the crate may import from here.
 
+pub(crate) mod background;
 pub(crate) mod cgroup;
 pub(crate) mod clone_into;
 pub(crate) mod fence;
