@@ -335,6 +335,24 @@ impl Coordinator {
         let results = join_all(calls).await;
         let restored_at = now_ms();
         let mut tally = Tally::of(results, epoch, moves, id);
+        if tally.failure.is_none() && !moves.is_empty() {
+            // Placed before the parts run: a restored ckpt-rsh whose part ended on the node it
+            // left (killed by the checkpoint) asks where the part runs now, and must hear the
+            // new node; else it reports the killed part's end and the launcher aborts the job.
+            let placed = self
+                .update_job(id, |j| {
+                    j.place_from(&epoch.nodes, moves);
+                    Ok(())
+                })
+                .await;
+            if let Err(e) = placed {
+                tally.failure.get_or_insert(NodeFailure {
+                    node: String::new(),
+                    kind: FailureKind::Internal,
+                    message: format!("cannot record where the moved parts run: {e}"),
+                });
+            }
+        }
         self.release_together(id, hold, &mut tally).await;
         if let Some(f) = tally.failure {
             return Err(f);

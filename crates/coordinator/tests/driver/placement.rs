@@ -768,3 +768,26 @@ async fn cancelling_a_stopped_job_gives_back_its_job_addresses() {
     let again = c.coord.cancel(&OWNER, stopped).await.unwrap_err();
     assert!(again.to_string().contains("cancelled"), "{again}");
 }
+
+/// A restart that moves n3's part to n4 records where it runs before the parts are released:
+/// a restored `ckpt-rsh` that finds its part ended on n3 (killed by the checkpoint) and asks
+/// where it is hears n4, not n3 (and does not report the killed part's end to its launcher).
+#[tokio::test]
+async fn a_moved_part_is_located_on_its_new_node_before_the_parts_run() {
+    let c = with_job_network().await;
+    let job = c.stopped_job().await;
+    let token = c.coord.registry.job(job).unwrap().unwrap().token;
+    c.script("n1", "release", Act::Hang);
+    let moves = placed(&[], &["n3=n4"]);
+    let (_, located) = tokio::join!(c.restart_on(job, 0, &moves), async {
+        c.wait_call("n1", "release").await;
+        c.coord
+            .locate(ckpt_proto::v1::LocateRequest {
+                job_id: job,
+                token: token.clone(),
+                node: "n3".into(),
+            })
+            .await
+    });
+    assert_eq!(located.unwrap().node, "n4");
+}
