@@ -139,6 +139,11 @@ fn a_restart_places_the_job_from_its_epoch_whatever_ran_since() {
     assert_eq!(j.nodes(), v(&["n1", "n2", "n5"]));
     assert_eq!(j.moved, m(&[("n3", "n5")]));
     assert_eq!(j.addresses.get("n5").map(String::as_str), Some("a3"));
+    // A restart places the job before it releases the parts and again once they run: the
+    // second placement changes nothing.
+    let once = (j.nodes(), j.addresses.clone(), j.moved.clone());
+    j.place_from(&epoch2, &m(&[("n4", "n5")]));
+    assert_eq!((j.nodes(), j.addresses.clone(), j.moved.clone()), once);
 }
 
 fn job(state: JobState) -> Job {
