@@ -320,7 +320,7 @@ def slowdown(ckpt, cluster, args, app, res):
 
 # ---------------------------------------------------------------- report
 
-def render_storage(cells, sizes, schemes, at):
+def render_storage(sizes, schemes, at):
     """Part A's tables."""
     lines = ["### Stored per image byte (A)", "",
               "Bytes in every node's staging for the epoch (images, partner copies, parity) over the "
@@ -366,7 +366,7 @@ def render(res, args, header):
     def at(s, z):
         return next((c for c in cells if c["scheme"] == s and c["size_mib"] == z), None)
     if cells:
-        lines += render_storage(cells, sizes, schemes, at)
+        lines += render_storage(sizes, schemes, at)
     slow = res.get("slow")
     if slow and len(slow.get("runs", [])) >= 3:
         runs = slow["runs"]

@@ -88,9 +88,9 @@ pub fn result_on(d: &Ckptd, node: &str, job: u64) -> String {
     result_and_end(d, node, job, Duration::from_secs(8)).0
 }
 
-/// The node a job's launcher runs on now, by its status; `fallback` if it names none.
-pub fn launcher_of(d: &Ckptd, job: u64, fallback: &str) -> String {
-    d.status(job)["nodes"]
+/// The node a job's launcher runs on, by its status `st`; `fallback` if it names none.
+fn launcher_in(st: &serde_json::Value, fallback: &str) -> String {
+    st["nodes"]
         .as_array()
         .into_iter()
         .flatten()
@@ -111,7 +111,6 @@ pub fn launcher_of(d: &Ckptd, job: u64, fallback: &str) -> String {
 pub fn result_and_end(d: &Ckptd, node: &str, job: u64, patience: Duration) -> (String, bool) {
     let begin = Instant::now();
     let mut printed: Option<Instant> = None;
-    let mut hung = false;
     loop {
         let st = d.status(job);
         let state = st["state"].as_str().unwrap_or_default().to_string();
@@ -121,7 +120,7 @@ pub fn result_and_end(d: &Ckptd, node: &str, job: u64, patience: Duration) -> (S
                 state.as_str(),
                 "starting" | "running" | "checkpointing" | "restarting"
             );
-        let launcher = launcher_of(d, job, node);
+        let launcher = launcher_in(&st, node);
         let out = std::fs::read_to_string(d.job_dir_on(&launcher, job).join("stdout"));
         let sum = checksum_in(&out.unwrap_or_default());
         if !active {
@@ -131,13 +130,12 @@ pub fn result_and_end(d: &Ckptd, node: &str, job: u64, patience: Duration) -> (S
                     d.job_output_on(&launcher, job)
                 )
             });
-            return (sum, hung);
+            return (sum, false);
         }
         match (&sum, state.as_str()) {
             (Some(_), "running" | "checkpointing") => {
                 let since = *printed.get_or_insert_with(Instant::now);
                 if since.elapsed() > patience {
-                    hung = true;
                     eprintln!("job {job} printed its result but did not exit; cancelling it");
                     d.ctl(&["cancel", &job.to_string()]).ok();
                     for n in ALL {
@@ -146,7 +144,7 @@ pub fn result_and_end(d: &Ckptd, node: &str, job: u64, patience: Duration) -> (S
                             "cancel left processes on {n}"
                         );
                     }
-                    return (sum.unwrap_or_default(), hung);
+                    return (sum.unwrap_or_default(), true);
                 }
             }
             _ => printed = None,
