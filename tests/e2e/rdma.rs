@@ -662,7 +662,7 @@ fn an_rdma_job_with_shared_memory_moves_to_other_guests() {
     let reference = ckpt_tests::Mpi::Mpich.reference_checksum(4, n, iters);
     let app = ckpt_tests::Mpi::Mpich.heat_app();
     let env = format!(
-        "BIN={} APP={} NEWQP={} N={n} ITERS={iters} SLEEP=3000",
+        "BIN={} APP={} NEWQP={} N={n} ITERS={iters} SLEEP=3000 REF={reference}",
         bin.display(),
         app.display(),
         ckpt_tests::apps().join("verbs_newqp").display(),
@@ -680,11 +680,24 @@ fn an_rdma_job_with_shared_memory_moves_to_other_guests() {
         eprintln!("{l}");
     }
     assert_new_qps_after_restarts_never_collide(&res, &a.console);
+    // Another answer than an uninterrupted run's: where heat stood, what each checkpoint and
+    // the restart did first (a CI log keeps a panic's first lines), then the guests' reports.
+    let steps: Vec<&str> = res
+        .iter()
+        .map(String::as_str)
+        .filter(|l| {
+            ["heat stopped", "epochs ", "restart ", "ckpt"]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
+        .collect();
     assert_eq!(
         value("restarted "),
         format!("checksum {reference}"),
-        "{}",
-        a.console
+        "{}\n--- guest a\n{}\n--- guest b\n{}",
+        steps.join("\n"),
+        a.console,
+        b.console
     );
     assert!(
         value("run ").contains("UCX_TLS=rc_verbs,ud_verbs,sm,self"),

@@ -20,7 +20,7 @@
 # job by itself (`--on-failure`) on the spare c.
 #
 # Environment: ROLE (a|b|c), BIN, APP (heat.mpich), NEWQP (verbs_newqp), N, ITERS, SLEEP (µs per
-# iteration).
+# iteration); REF, heat's checksum uninterrupted (on another, the guests report what they did).
 set -eu
 : "${ROLE:?}" "${BIN:?}" "${APP:?}" "${NEWQP:?}" "${N:?}" "${ITERS:?}" "${SLEEP:?}"
 CGPREFIX=verbsmv-
@@ -38,11 +38,16 @@ if [ "$ROLE" = b ]; then
         for _ in $(seq 9000); do
             [ -e "$S/done" ] || [ -e "$S/lose-b" ] && break
             c=$(cat "$W"/state/jobs/*/stdout 2>/dev/null | grep -m1 '^checksum' || true)
-            if [ -n "$c" ]; then echo "$c" > "$S/b-checksum.tmp" && mv "$S/b-checksum.tmp" "$S/b-checksum"; break; fi
+            if [ -n "$c" ]; then
+                cat "$W"/state/jobs/*/stdout > "$S/b-stdout" 2>/dev/null || true
+                echo "$c" > "$S/b-checksum.tmp" && mv "$S/b-checksum.tmp" "$S/b-checksum"; break
+            fi
             sleep 0.2
         done
     ) &
     serve_kills "" "$LOGS" lose-b
+    # heat ended with another checksum than an uninterrupted run: all this agent said of it.
+    [ -e "$S/mismatch" ] && { echo "--- agent log (b), job 1"; grep -E 'job=1[^0-9]|job 1[^0-9]' "$W/agent.log" | tail -n 150; }
     echo "RESULT b sent_pkts $(( $(cat $COUNTER) - before ))"
     fail_node
 fi
@@ -151,6 +156,15 @@ sed 's/^/RESULT restart /' "$W/restart"
 for _ in $(seq 3000); do [ -e "$S/b-checksum" ] && break; sleep 0.1; done
 "$BIN/ckptctl" status "$JOB" | head -1
 echo "RESULT restarted $(cat "$S/b-checksum" 2>/dev/null || echo 'no checksum')"
+if [ -n "${REF:-}" ] && [ "$(cat "$S/b-checksum" 2>/dev/null)" != "checksum $REF" ]; then
+    # Not the answer of an uninterrupted run: what each step did, for the failure report.
+    touch "$S/mismatch"
+    say "heat's checksum is not $REF; its output after the restart, and what ckptd and the agents did"
+    cat "$S/b-stdout" 2>/dev/null
+    "$BIN/ckptctl" --json epochs "$JOB"
+    echo "--- ckptd log, job $JOB"; grep -E "job=$JOB[^0-9]|job $JOB[^0-9]" "$W/ckptd.log" | tail -n 80
+    echo "--- agent log (a), job $JOB"; grep -E "job=$JOB[^0-9]|job $JOB[^0-9]" "$W/agent.log" | tail -n 150
+fi
 for _ in $(seq 100); do [ "$(ls "$STATUS"/*.json 2>/dev/null | wc -l)" -ge 4 ] && break; sleep 0.1; done
 for f in "$STATUS"/*.json; do echo "RESULT final status $(cat "$f")"; done
 # Ended before newqp moves onto its nodes (a node runs one part of a job at a time).
