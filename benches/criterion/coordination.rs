@@ -259,6 +259,7 @@ async fn setup(n: usize) -> Setup {
                 host: format!("a{i}"),
                 command: "proxy".into(),
                 cwd: "/".into(),
+                attempt: String::new(),
             })
             .await
             .expect("attach");

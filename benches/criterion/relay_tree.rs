@@ -199,6 +199,7 @@ fn command(phase: pb::Phase, deadline: Duration) -> pb::EpochCommand {
         phase: phase as i32,
         kill: false,
         deadline_ms: deadline.as_millis() as u32,
+        prune: Vec::new(),
     }
 }
 

@@ -153,16 +153,6 @@ fn parity_rebuilds_lost_nodes(scheme: &str, job_nodes: usize, lose: &[&str], fli
             (images + parity_bytes) as f64 / images as f64
         );
     }
-    // Retention (keep_local = 2) deleted epoch 1 everywhere: images and parity.
-    let begin = Instant::now();
-    while let Some(n) = all[..job_nodes].iter().find(|n| local(n, 1).exists()) {
-        assert!(
-            begin.elapsed() < LIMIT,
-            "{n} keeps epoch 1: {}",
-            local(n, 1).display()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
     if flip {
         // A disk replaced under a node that stays: n2's images of epoch 3 gone, the job killed
         // everywhere. The restart in place finds nothing usable on n2 and restores its part
@@ -201,6 +191,17 @@ fn parity_rebuilds_lost_nodes(scheme: &str, job_nodes: usize, lose: &[&str], fli
         std::fs::remove_dir_all(d.dir.path().join(n).join("local")).unwrap();
     }
     d.wait_state(job, "lost", LIMIT);
+    // Retention (keep_local = 2) expired epoch 1 with epoch 3; the job's next epoch would have
+    // deleted it: a restart or the job's loss has it deleted everywhere, images and parity.
+    let begin = Instant::now();
+    while let Some(n) = all[..job_nodes].iter().find(|n| local(n, 1).exists()) {
+        assert!(
+            begin.elapsed() < LIMIT,
+            "{n} keeps epoch 1: {}",
+            local(n, 1).display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     // The job is lost with the first of them; the restart places around every node down.
     let begin = Instant::now();
     loop {

@@ -122,7 +122,7 @@ pub fn send_all(
     cmd: pb::EpochCommand,
 ) -> Result<(), NodeFailure> {
     for l in links.iter_mut() {
-        l.send(cmd)?;
+        l.send(cmd.clone())?;
     }
     Ok(())
 }

@@ -1,6 +1,13 @@
 //! The job registry and epoch history, in an embedded redb database, so that a restarted ckptd
 //! loses nothing. Values are JSON of [`Job`] and [`Epoch`]; every write is one transaction.
 //!
+//! An epoch is stored in two records: its head (everything but what each node reported at and
+//! after the commit), rewritten as the epoch moves through its phases, and its details (each
+//! node's manifest digest, partner, parity group: [`EpochDetails`]), written when they change.
+//! At a thousand nodes the details are ~90 KB of an epoch's ~100; the phases, retention and the
+//! periodic policy read and write heads only ([`Registry::epoch_heads`]). Records written before
+//! the split hold everything in the head and read as before.
+//!
 //! The database holds every job's secret and command line: it is root's alone (0600), also when
 //! an older ckptd created it with other modes.
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
@@ -11,8 +18,72 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use crate::model::{Epoch, Job};
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
-/// Key: (job id, epoch number).
+/// Key: (job id, epoch number). An epoch's head.
 const EPOCHS: TableDefinition<(u64, u32), &[u8]> = TableDefinition::new("epochs");
+/// Key: (job id, epoch number). An epoch's [`EpochDetails`], once it has any.
+const EPOCH_DETAILS: TableDefinition<(u64, u32), &[u8]> = TableDefinition::new("epoch_details");
+
+/// What an epoch's nodes reported at and after its commit, stored apart from its head.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct EpochDetails {
+    #[serde(default)]
+    manifests: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    partners: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    encodings: Vec<ckpt_store::erasure::Encoding>,
+}
+
+/// An epoch read without its details (`manifests`, `partners` and `encodings` empty): what
+/// the phases, retention and the policies need. It cannot be written back: a change is made to
+/// the whole epoch ([`Registry::epoch`]).
+#[derive(Debug, Clone)]
+pub struct EpochHead(Epoch);
+
+impl std::borrow::Borrow<Epoch> for EpochHead {
+    fn borrow(&self) -> &Epoch {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for EpochHead {
+    type Target = Epoch;
+    fn deref(&self) -> &Epoch {
+        &self.0
+    }
+}
+
+/// [`EpochDetails`] of an epoch, borrowed for writing.
+#[derive(serde::Serialize)]
+struct DetailsOf<'a> {
+    manifests: &'a std::collections::BTreeMap<String, String>,
+    partners: &'a std::collections::BTreeMap<String, String>,
+    encodings: &'a [ckpt_store::erasure::Encoding],
+}
+
+/// An epoch's head and details (none while it has none), as stored.
+fn split(epoch: &Epoch) -> (Vec<u8>, Option<Vec<u8>>) {
+    let details = DetailsOf {
+        manifests: &epoch.manifests,
+        partners: &epoch.partners,
+        encodings: &epoch.encodings,
+    };
+    let has = !(details.manifests.is_empty()
+        && details.partners.is_empty()
+        && details.encodings.is_empty());
+    let details = has.then(|| serde_json::to_vec(&details).expect("serializable"));
+    let head = Epoch {
+        manifests: Default::default(),
+        partners: Default::default(),
+        encodings: Default::default(),
+        nodes: epoch.nodes.clone(),
+        restarts: epoch.restarts.clone(),
+        state: epoch.state.clone(),
+        flush: epoch.flush.clone(),
+        ..*epoch
+    };
+    (serde_json::to_vec(&head).expect("serializable"), details)
+}
 
 /// Registry failures; each names the database file.
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +154,7 @@ impl Registry {
         {
             tx.open_table(JOBS).map_err(|e| r.err(e))?;
             tx.open_table(EPOCHS).map_err(|e| r.err(e))?;
+            tx.open_table(EPOCH_DETAILS).map_err(|e| r.err(e))?;
         }
         tx.commit().map_err(|e| r.err(e))?;
         Ok(r)
@@ -129,29 +201,65 @@ impl Registry {
 
     /// Stores a job and one of its epochs in one transaction.
     pub fn put_job_and_epoch(&self, job: &Job, epoch: &Epoch) -> Result<(), RegistryError> {
+        self.put_job_and_epochs(job, [epoch])
+    }
+
+    /// Stores a job and some of its epochs in one transaction (one sync).
+    pub fn put_job_and_epochs<'e>(
+        &self,
+        job: &Job,
+        epochs: impl IntoIterator<Item = &'e Epoch>,
+    ) -> Result<(), RegistryError> {
         let jb = serde_json::to_vec(job).expect("serializable");
-        let eb = serde_json::to_vec(epoch).expect("serializable");
         let tx = self.db.begin_write().map_err(|e| self.err(e))?;
         {
             let mut t = tx.open_table(JOBS).map_err(|e| self.err(e))?;
             t.insert(job.id, jb.as_slice()).map_err(|e| self.err(e))?;
-            let mut t = tx.open_table(EPOCHS).map_err(|e| self.err(e))?;
-            t.insert((epoch.job_id, epoch.number), eb.as_slice())
-                .map_err(|e| self.err(e))?;
+        }
+        for e in epochs {
+            self.write_epoch(&tx, e)?;
         }
         tx.commit().map_err(|e| self.err(e))
     }
 
     /// Stores an epoch.
     pub fn put_epoch(&self, epoch: &Epoch) -> Result<(), RegistryError> {
-        let eb = serde_json::to_vec(epoch).expect("serializable");
+        self.put_epochs(std::slice::from_ref(epoch))
+    }
+
+    /// Stores epochs in one transaction (none: nothing is written).
+    pub fn put_epochs(&self, epochs: &[Epoch]) -> Result<(), RegistryError> {
+        if epochs.is_empty() {
+            return Ok(());
+        }
         let tx = self.db.begin_write().map_err(|e| self.err(e))?;
-        {
-            let mut t = tx.open_table(EPOCHS).map_err(|e| self.err(e))?;
-            t.insert((epoch.job_id, epoch.number), eb.as_slice())
-                .map_err(|e| self.err(e))?;
+        for e in epochs {
+            self.write_epoch(&tx, e)?;
         }
         tx.commit().map_err(|e| self.err(e))
+    }
+
+    /// Writes an epoch's head, and its details where they changed.
+    fn write_epoch(&self, tx: &redb::WriteTransaction, epoch: &Epoch) -> Result<(), RegistryError> {
+        let key = (epoch.job_id, epoch.number);
+        let (head, details) = split(epoch);
+        let mut t = tx.open_table(EPOCHS).map_err(|e| self.err(e))?;
+        t.insert(key, head.as_slice()).map_err(|e| self.err(e))?;
+        let mut t = tx.open_table(EPOCH_DETAILS).map_err(|e| self.err(e))?;
+        let stored = t.get(key).map_err(|e| self.err(e))?;
+        let same = stored.as_ref().map(|v| v.value()) == details.as_deref();
+        drop(stored);
+        if !same {
+            match details {
+                Some(d) => {
+                    t.insert(key, d.as_slice()).map_err(|e| self.err(e))?;
+                }
+                None => {
+                    t.remove(key).map_err(|e| self.err(e))?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Records an epoch's progress for readers (`ckptctl status`, `epochs`) without syncing it
@@ -159,15 +267,10 @@ impl Registry {
     /// before that finds the epoch as [`Registry::put_job_and_epoch`] began it, which the next
     /// start-up marks failed all the same. An epoch so costs two fsyncs, not one per phase.
     pub fn note_epoch(&self, epoch: &Epoch) -> Result<(), RegistryError> {
-        let eb = serde_json::to_vec(epoch).expect("serializable");
         let mut tx = self.db.begin_write().map_err(|e| self.err(e))?;
         tx.set_durability(redb::Durability::None)
             .map_err(|e| self.err(e))?;
-        {
-            let mut t = tx.open_table(EPOCHS).map_err(|e| self.err(e))?;
-            t.insert((epoch.job_id, epoch.number), eb.as_slice())
-                .map_err(|e| self.err(e))?;
-        }
+        self.write_epoch(&tx, epoch)?;
         tx.commit().map_err(|e| self.err(e))
     }
 
@@ -197,17 +300,45 @@ impl Registry {
     pub fn epoch(&self, job: u64, number: u32) -> Result<Option<Epoch>, RegistryError> {
         let tx = self.db.begin_read().map_err(|e| self.err(e))?;
         let t = tx.open_table(EPOCHS).map_err(|e| self.err(e))?;
-        match t.get((job, number)).map_err(|e| self.err(e))? {
-            Some(v) => Ok(Some(
-                self.decode(format!("job {job} epoch {number}"), v.value())?,
-            )),
-            None => Ok(None),
-        }
+        let Some(head) = t.get((job, number)).map_err(|e| self.err(e))? else {
+            return Ok(None);
+        };
+        let mut e: Epoch = self.decode(format!("job {job} epoch {number}"), head.value())?;
+        let details = tx.open_table(EPOCH_DETAILS).map_err(|e| self.err(e))?;
+        self.add_details(&details, &mut e)?;
+        Ok(Some(e))
     }
 
     /// Every epoch of a job, oldest first.
     pub fn epochs(&self, job: u64) -> Result<Vec<Epoch>, RegistryError> {
         let tx = self.db.begin_read().map_err(|e| self.err(e))?;
+        let details = tx.open_table(EPOCH_DETAILS).map_err(|e| self.err(e))?;
+        let mut out = self.heads(&tx, job)?;
+        for e in &mut out {
+            self.add_details(&details, e)?;
+        }
+        Ok(out)
+    }
+
+    /// One epoch without its details, if known.
+    pub fn epoch_head(&self, job: u64, number: u32) -> Result<Option<EpochHead>, RegistryError> {
+        let tx = self.db.begin_read().map_err(|e| self.err(e))?;
+        let t = tx.open_table(EPOCHS).map_err(|e| self.err(e))?;
+        match t.get((job, number)).map_err(|e| self.err(e))? {
+            Some(v) => Ok(Some(EpochHead(
+                self.decode(format!("job {job} epoch {number}"), v.value())?,
+            ))),
+            None => Ok(None),
+        }
+    }
+
+    /// Every epoch of a job without its details, oldest first.
+    pub fn epoch_heads(&self, job: u64) -> Result<Vec<EpochHead>, RegistryError> {
+        let tx = self.db.begin_read().map_err(|e| self.err(e))?;
+        Ok(self.heads(&tx, job)?.into_iter().map(EpochHead).collect())
+    }
+
+    fn heads(&self, tx: &redb::ReadTransaction, job: u64) -> Result<Vec<Epoch>, RegistryError> {
         let t = tx.open_table(EPOCHS).map_err(|e| self.err(e))?;
         let mut out = Vec::new();
         for item in t
@@ -219,6 +350,26 @@ impl Registry {
             out.push(self.decode(format!("job {j} epoch {n}"), v.value())?);
         }
         Ok(out)
+    }
+
+    /// Fills in an epoch's details, if stored apart (records from before the split hold them
+    /// in the head).
+    fn add_details(
+        &self,
+        t: &redb::ReadOnlyTable<(u64, u32), &[u8]>,
+        e: &mut Epoch,
+    ) -> Result<(), RegistryError> {
+        let Some(v) = t.get((e.job_id, e.number)).map_err(|err| self.err(err))? else {
+            return Ok(());
+        };
+        let d: EpochDetails = self.decode(
+            format!("job {} epoch {} details", e.job_id, e.number),
+            v.value(),
+        )?;
+        e.manifests = d.manifests;
+        e.partners = d.partners;
+        e.encodings = d.encodings;
+        Ok(())
     }
 }
 
@@ -254,6 +405,61 @@ mod tests {
             r.epoch(1, 1).unwrap().unwrap().state,
             crate::model::EpochState::InProgress(Phase::LocalCheckpoint)
         );
+    }
+
+    #[test]
+    fn an_epochs_details_are_stored_apart_read_back_whole_and_left_out_of_heads() {
+        let d = tempfile::tempdir().unwrap();
+        let r = Registry::open(&d.path().join("ckptd.redb")).unwrap();
+        let nodes: Vec<String> = ["n1", "n2"].map(String::from).to_vec();
+        let mut e = Epoch::begin(1, 1, false, nodes.clone(), 0);
+        r.put_job_and_epoch(&job(1), &e).unwrap();
+        crate::model::fixtures::commit(
+            &mut e,
+            [("n1".into(), "d1".into()), ("n2".into(), "d2".into())].into(),
+            5,
+        );
+        e.partners = [("n1".into(), "n2".into())].into();
+        r.put_epoch(&e).unwrap();
+        assert_eq!(r.epoch(1, 1).unwrap().unwrap(), e);
+        assert_eq!(r.epochs(1).unwrap(), [e.clone()]);
+        let head = r.epoch_head(1, 1).unwrap().unwrap();
+        assert!(head.manifests.is_empty() && head.partners.is_empty());
+        assert_eq!(
+            (head.nodes.clone(), head.state.clone()),
+            (nodes, e.state.clone())
+        );
+        assert_eq!(r.epoch_heads(1).unwrap().len(), 1);
+        // The head alone holds no manifest: what the phases rewrite stays small.
+        let tx = r.db.begin_read().unwrap();
+        let t = tx.open_table(EPOCHS).unwrap();
+        let stored = t.get((1, 1)).unwrap().unwrap().value().to_vec();
+        assert!(!String::from_utf8_lossy(&stored).contains("d1"));
+        // Expired, with its details: they stay.
+        e.expire("x").unwrap();
+        r.put_job_and_epochs(&job(1), [&e]).unwrap();
+        assert_eq!(r.epoch(1, 1).unwrap().unwrap(), e);
+    }
+
+    #[test]
+    fn epochs_recorded_whole_before_the_split_still_read() {
+        let d = tempfile::tempdir().unwrap();
+        let r = Registry::open(&d.path().join("ckptd.redb")).unwrap();
+        let mut e = Epoch::begin(1, 1, false, vec!["n1".into()], 0);
+        crate::model::fixtures::commit(&mut e, [("n1".into(), "d1".into())].into(), 5);
+        let whole = serde_json::to_vec(&e).unwrap();
+        let tx = r.db.begin_write().unwrap();
+        tx.open_table(EPOCHS)
+            .unwrap()
+            .insert((1, 1), whole.as_slice())
+            .unwrap();
+        tx.commit().unwrap();
+        assert_eq!(r.epoch(1, 1).unwrap().unwrap(), e);
+        assert_eq!(r.epochs(1).unwrap(), [e.clone()]);
+        // Written again, it is split.
+        r.put_epoch(&e).unwrap();
+        assert_eq!(r.epoch(1, 1).unwrap().unwrap(), e);
+        assert!(r.epoch_head(1, 1).unwrap().unwrap().manifests.is_empty());
     }
 
     #[test]

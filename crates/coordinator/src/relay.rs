@@ -203,6 +203,7 @@ mod tests {
             phase: phase as i32,
             kill: false,
             deadline_ms: deadline.as_millis() as u32,
+            prune: Vec::new(),
         }
     }
 

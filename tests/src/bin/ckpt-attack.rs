@@ -215,13 +215,15 @@ async fn main() {
             node: victim.clone(),
         })
     );
-    // The epoch stream, its first command a dump (or a kill, with resume).
+    // The epoch stream, its first command a dump (or a kill, with resume, or the deletion of
+    // the job's images with initial-sync).
     let epoch_cmd = |phase: pb::Phase| pb::EpochCommand {
         job_id: job,
         epoch: 1,
         phase: phase as i32,
         kill: true,
         deadline_ms: 1000,
+        prune: vec![1, 2, 3],
     };
     attack!(
         "Agent.Launch",
@@ -244,6 +246,11 @@ async fn main() {
     report(
         "Agent.EpochKill",
         ag.epoch(tokio_stream::iter(vec![epoch_cmd(pb::Phase::Resume)]))
+            .await,
+    );
+    report(
+        "Agent.EpochPrune",
+        ag.epoch(tokio_stream::iter(vec![epoch_cmd(pb::Phase::InitialSync)]))
             .await,
     );
     attack!(

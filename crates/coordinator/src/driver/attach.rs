@@ -1,12 +1,70 @@
 //! A job's processes on other nodes: `ckpt-rsh` resolving a host and attaching a part of the
 //! job there (checked by the job token), and locating a job by its token.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
 use ckpt_proto::v1 as pb;
 use ckpt_proto::Engine;
-use tracing::{info, instrument};
+use tokio::sync::watch;
+use tracing::{info, instrument, warn};
 
 use super::{Coordinator, DriveError};
+use crate::agents::NodeFailure;
 use crate::model::{Job, JobState};
+
+/// What became of an attach: the reply, or how the node failed to start the part.
+type Outcome = Option<Result<pb::AttachReply, NodeFailure>>;
+
+/// Parts `ckpt-rsh` asked to start, by (job, node): the attempt that asked and its outcome,
+/// once known. A `ckpt-rsh` whose call timed out while the node was slow to start the part asks
+/// again with the same attempt and gets the first call's outcome: the part is started once,
+/// whatever became of the calls.
+#[derive(Debug, Default)]
+pub(crate) struct Attaches(Mutex<HashMap<(u64, String), Asked>>);
+
+/// One attach: who asked, when, and what became of it.
+#[derive(Debug)]
+struct Asked {
+    attempt: String,
+    since: Instant,
+    outcome: watch::Receiver<Outcome>,
+}
+
+/// How long an attach's outcome is kept for retries: longer than `ckpt-rsh` retries.
+const ATTACH_KEPT: Duration = Duration::from_secs(600);
+
+impl Attaches {
+    /// The outcome of `attempt`'s attach of `node`, if it made one.
+    fn of(&self, job: u64, node: &str, attempt: &str) -> Option<watch::Receiver<Outcome>> {
+        let m = self.0.lock().expect("attaches lock");
+        m.get(&(job, node.to_string()))
+            .filter(|a| !attempt.is_empty() && a.attempt == attempt)
+            .map(|a| a.outcome.clone())
+    }
+
+    fn insert(&self, job: u64, node: &str, attempt: &str, rx: watch::Receiver<Outcome>) {
+        let mut m = self.0.lock().expect("attaches lock");
+        m.retain(|_, a| a.since.elapsed() < ATTACH_KEPT);
+        let asked = Asked {
+            attempt: attempt.to_string(),
+            since: Instant::now(),
+            outcome: rx,
+        };
+        m.insert((job, node.to_string()), asked);
+    }
+}
+
+/// Waits for an attach's outcome.
+async fn outcome(mut rx: watch::Receiver<Outcome>) -> Result<pb::AttachReply, DriveError> {
+    match rx.wait_for(Option::is_some).await {
+        Ok(o) => o.clone().expect("waited for").map_err(DriveError::from),
+        Err(_) => Err(DriveError::Busy(
+            "the part's start was interrupted; try again".into(),
+        )),
+    }
+}
 
 impl Coordinator {
     /// The node a host name from an MPI host list means: a node name (also without its domain),
@@ -56,8 +114,15 @@ impl Coordinator {
     /// Starts a part of a running job on another node, for `ckpt-rsh`: the command runs there
     /// through `/bin/sh -c` as the job's owner, in the job's cgroup, with the environment sshd
     /// would give it. Returns the node and its agent's address.
+    ///
+    /// The part starts in a task of its own: a caller that stops waiting (its call timed out)
+    /// neither interrupts it nor leaves the job recording a part that never started, and its
+    /// retry (the same `attempt`) gets the outcome.
     #[instrument(skip_all, fields(job = req.job_id, host = %req.host))]
-    pub async fn attach(&self, req: pb::AttachRequest) -> Result<pb::AttachReply, DriveError> {
+    pub async fn attach(
+        self: &Arc<Self>,
+        req: pb::AttachRequest,
+    ) -> Result<pb::AttachReply, DriveError> {
         let id = req.job_id;
         // The token first: a caller without it learns nothing of the cluster's nodes.
         self.job_by_token(id, &req.token)?;
@@ -93,6 +158,11 @@ impl Coordinator {
                 )));
             }
             if job.parts.contains(&node) {
+                if let Some(rx) = self.attaches.of(id, &node, &req.attempt) {
+                    drop(_g);
+                    info!(node, "ckpt-rsh asked again for the part it asked for");
+                    return outcome(rx).await;
+                }
                 return Err(DriveError::Invalid(format!(
                     "job {id} already has processes on node {node}; name each host once in mpiexec's host list"
                 )));
@@ -139,36 +209,41 @@ impl Coordinator {
                 String::new()
             },
         };
-        let r = self
-            .agents
-            .call(
-                &node,
-                "launch",
-                self.cfg.deadlines.sync,
-                |mut c| async move { c.launch(launch).await },
-            )
-            .await;
-        match r {
-            Ok(reply) => {
-                info!(node, pid = reply.pid, part, "job part started");
-                Ok(pb::AttachReply {
-                    agent: self.agents.address(&node).unwrap_or_default(),
-                    node,
-                    pid: reply.pid,
-                    incarnation: reply.incarnation,
+        let (tx, rx) = watch::channel(None);
+        self.attaches.insert(id, &node, &req.attempt, rx.clone());
+        let me = self.clone();
+        tokio::spawn(async move {
+            let r = me
+                .agents
+                .call(&node, "launch", me.cfg.deadlines.sync, |mut c| async move {
+                    c.launch(launch).await
                 })
-            }
-            Err(failure) => {
-                let _ = self
-                    .update_job(id, |j| {
-                        j.parts.retain(|p| *p != node);
-                        j.addresses.remove(&node);
-                        Ok(())
+                .await;
+            let r = match r {
+                Ok(reply) => {
+                    info!(job = id, node, pid = reply.pid, part, "job part started");
+                    Ok(pb::AttachReply {
+                        agent: me.agents.address(&node).unwrap_or_default(),
+                        node,
+                        pid: reply.pid,
+                        incarnation: reply.incarnation,
                     })
-                    .await;
-                Err(failure.into())
-            }
-        }
+                }
+                Err(failure) => {
+                    warn!(job = id, node, error = %failure, "job part not started");
+                    let _ = me
+                        .update_job(id, |j| {
+                            j.parts.retain(|p| *p != node);
+                            j.addresses.remove(&node);
+                            Ok(())
+                        })
+                        .await;
+                    Err(failure)
+                }
+            };
+            let _ = tx.send(Some(r));
+        });
+        outcome(rx).await
     }
 
     /// The current address of a node's agent, for `ckpt-rsh` of a job with a part there.

@@ -13,6 +13,7 @@ use ckpt_proto::v1 as pb;
 use tokio::sync::mpsc;
 use tracing::{info, instrument, warn};
 
+use super::flush::Prune;
 use super::{now_ms, Caller, Coordinator, DriveError, OperationPhase, Step};
 use crate::agents::{FailureKind, NodeFailure};
 use crate::config::Deadlines;
@@ -77,6 +78,7 @@ impl Coordinator {
             links: Vec::new(),
             generations: Vec::new(),
             finalize_sent: false,
+            prune: job.unpruned.clone(),
         };
         match run.phases().await {
             Ok(manifests) => run.commit(manifests).await,
@@ -110,6 +112,9 @@ struct EpochRun<'c> {
     generations: Vec<u64>,
     /// Finalize went out right behind resume (no rebuild between them).
     finalize_sent: bool,
+    /// Expired epochs whose images the nodes delete at the initial synchronization (the job's
+    /// `unpruned` when the epoch began).
+    prune: Vec<u32>,
 }
 
 impl EpochRun<'_> {
@@ -130,6 +135,10 @@ impl EpochRun<'_> {
             phase: wire_phase(phase) as i32,
             kill: self.epoch.kill,
             deadline_ms: u32::try_from(deadline.as_millis()).unwrap_or(u32::MAX),
+            prune: match phase {
+                Phase::InitialSync => self.prune.clone(),
+                _ => Vec::new(),
+            },
         };
         send_all(&mut self.links, cmd).map_err(|f| (phase, f))
     }
@@ -312,9 +321,12 @@ impl EpochRun<'_> {
                 .job(id)?
                 .ok_or(DriveError::UnknownJob { job: id })?;
             job.end_checkpoint(Some(number), self.epoch.kill)?;
-            coord.registry.put_job_and_epoch(&job, &self.epoch)?;
-            let pruned = coord.apply_retention(id)?;
-            coord.prune_in_background(id, pruned);
+            let retained = coord.retention(id, Some(&self.epoch))?;
+            let now = self.defer_prunes(&mut job, retained.pruned);
+            coord
+                .registry
+                .put_job_and_epochs(&job, std::iter::once(&self.epoch).chain(&retained.changed))?;
+            coord.prune_in_background(id, now);
             if flush
                 || coord.plans_partners(&self.epoch)
                 || coord.plans_encoding(&self.epoch).is_some()
@@ -359,6 +371,29 @@ impl EpochRun<'_> {
         m.epoch_seconds.observe(self.begin.elapsed().as_secs_f64());
         m.image_bytes.inc_by(e.image_bytes);
         Ok(self.epoch)
+    }
+
+    /// Which of retention's deletions wait for the job's next epoch (recorded in `job`), once
+    /// those this epoch's initial synchronization carried are done; returns the ones to make
+    /// now. A deletion waits when its epoch's local copies are all on nodes of this epoch
+    /// and the job runs on (a `--kill` epoch stopped it: everything now). A restart has the
+    /// waiting ones made at once (`begin_restart`): the nodes a job runs on change only then.
+    fn defer_prunes(&self, job: &mut Job, pruned: Vec<Prune>) -> Vec<Prune> {
+        let ours: std::collections::BTreeSet<&str> =
+            self.nodes.iter().map(String::as_str).collect();
+        job.unpruned.retain(|n| !self.prune.contains(n));
+        let mut now = Vec::new();
+        for p in pruned {
+            let waits = !p.shared
+                && !self.epoch.kill
+                && p.epoch.nodes.iter().all(|x| ours.contains(x.as_str()));
+            if waits {
+                job.unpruned.push(p.epoch.number);
+            } else {
+                now.push(p);
+            }
+        }
+        now
     }
 
     /// Abort after `failure` in `phase`: every node thaws what it froze and drops the epoch's

@@ -23,7 +23,7 @@ use futures_util::future::join_all;
 use tracing::{info, warn};
 
 use super::{Coordinator, DriveError};
-use crate::agents::{from_status, FailureKind, NodeFailure};
+use crate::agents::{call, from_status, FailureKind, NodeFailure};
 use crate::model::{Epoch, FlushState};
 
 /// Bytes copied and bytes to copy, by node, of each flush in progress.
@@ -109,6 +109,15 @@ pub struct Prune {
     pub epoch: Epoch,
     /// Delete the shared copies too.
     pub shared: bool,
+}
+
+/// What [`Coordinator::retention`] decided.
+#[derive(Debug)]
+pub struct Retention {
+    /// The epochs it changed, to be recorded.
+    pub changed: Vec<Epoch>,
+    /// What to delete.
+    pub pruned: Vec<Prune>,
 }
 
 impl Coordinator {
@@ -455,68 +464,174 @@ impl Coordinator {
         });
     }
 
-    /// Applies retention to a job's committed epochs (newest first) and records the outcome;
-    /// returns what to delete. Call with the state lock held.
+    /// Applies retention to a job's committed epochs and records the outcome (see
+    /// [`Coordinator::retention`]); returns what to delete. Call with the state lock held.
+    pub(crate) fn apply_retention(&self, id: u64) -> Result<Vec<Prune>, DriveError> {
+        let r = self.retention(id, None)?;
+        self.registry.put_epochs(&r.changed)?;
+        Ok(r.pruned)
+    }
+
+    /// What retention makes of a job's committed epochs (newest first), with `newest` (being
+    /// committed, not recorded yet) among them; nothing is recorded. Call with the state lock
+    /// held. Decided on the epochs' heads: only the epochs it changes are read whole.
     ///
     /// * Local copies: the newest `keep_local` epochs keep them. An older epoch that is durable
     ///   loses only its local copies (a restart fetches it from shared storage); one being
     ///   flushed waits for its flush; any other is expired.
     /// * Shared copies: the newest `keep_shared` durable epochs keep them; older ones expire.
-    pub(crate) fn apply_retention(&self, id: u64) -> Result<Vec<Prune>, DriveError> {
+    pub(crate) fn retention(
+        &self,
+        id: u64,
+        newest: Option<&Epoch>,
+    ) -> Result<Retention, DriveError> {
         let r = &self.cfg.retention;
-        let mut committed: Vec<Epoch> = self
-            .registry
-            .epochs(id)?
-            .into_iter()
-            .filter(Epoch::is_restorable)
+        let heads = self.registry.epoch_heads(id)?;
+        let skip = newest.map(|e| e.number);
+        let mut committed: Vec<&Epoch> = heads
+            .iter()
+            .map(|h| &**h)
+            .filter(|e| Some(e.number) != skip)
+            .chain(newest)
+            .filter(|e| e.is_restorable())
             .collect();
         committed.sort_by_key(|e| std::cmp::Reverse(e.number));
+        let mut changed: BTreeMap<u32, Epoch> = BTreeMap::new();
         let mut out = Vec::new();
+        let whole = |n: u32| -> Result<Epoch, DriveError> {
+            self.registry
+                .epoch(id, n)?
+                .ok_or(DriveError::UnknownJob { job: id })
+        };
         if r.keep_local > 0 {
             let keep = r.keep_local;
-            for e in committed.iter_mut().skip(keep as usize) {
+            for e in committed.iter().skip(keep as usize) {
                 match e.flush {
                     FlushState::Flushing => continue,
                     FlushState::Durable { .. } if !e.local_copy => continue,
-                    FlushState::Durable { .. } => {
-                        e.local_copy = false;
-                        info!(
-                            job = id,
-                            epoch = e.number,
-                            "local copies deleted; durable in shared storage"
-                        );
-                    }
-                    _ => {
-                        e.expire(format!("images deleted by retention (keep_local = {keep})"))?;
-                        info!(job = id, epoch = e.number, "epoch expired");
-                    }
+                    _ => {}
                 }
-                self.registry.put_epoch(e)?;
+                let mut e = whole(e.number)?;
+                if matches!(e.flush, FlushState::Durable { .. }) {
+                    e.local_copy = false;
+                    info!(
+                        job = id,
+                        epoch = e.number,
+                        "local copies deleted; durable in shared storage"
+                    );
+                } else {
+                    e.expire(format!("images deleted by retention (keep_local = {keep})"))?;
+                    info!(job = id, epoch = e.number, "epoch expired");
+                }
                 out.push(Prune {
                     epoch: e.clone(),
                     shared: false,
                 });
+                changed.insert(e.number, e);
             }
         }
         if r.keep_shared > 0 {
             let keep = r.keep_shared;
-            for e in committed
-                .iter_mut()
+            let durable: Vec<u32> = committed
+                .iter()
+                .map(|e| changed.get(&e.number).unwrap_or(e))
                 .filter(|e| e.is_restorable() && e.is_durable())
                 .skip(keep as usize)
-            {
+                .map(|e| e.number)
+                .collect();
+            for n in durable {
+                let mut e = match changed.remove(&n) {
+                    Some(e) => e,
+                    None => whole(n)?,
+                };
                 e.expire(format!(
                     "shared copies deleted by retention (keep_shared = {keep})"
                 ))?;
                 info!(job = id, epoch = e.number, "epoch expired");
-                self.registry.put_epoch(e)?;
                 out.push(Prune {
                     epoch: e.clone(),
                     shared: true,
                 });
+                changed.insert(n, e);
             }
         }
-        Ok(out)
+        Ok(Retention {
+            changed: changed.into_values().collect(),
+            pruned: out,
+        })
+    }
+
+    /// Has the nodes of a job that stopped or ended delete the images of the epochs it kept for
+    /// its next epoch to delete ([`crate::model::Job::unpruned`]), without holding up the
+    /// caller.
+    pub(crate) async fn prune_unpruned(&self, id: u64) {
+        let taken = {
+            let _g = self.state.lock().await;
+            let Ok(Some(mut job)) = self.registry.job(id) else {
+                return;
+            };
+            if job.state.is_active() || job.unpruned.is_empty() {
+                return;
+            }
+            let taken = std::mem::take(&mut job.unpruned);
+            if let Err(e) = self.registry.put_job(&job) {
+                warn!(job = id, error = %e, "cannot record the deletion of expired epochs");
+                return;
+            }
+            taken
+        };
+        self.prune_detached(id, taken);
+    }
+
+    /// Deletes the local images of expired epochs of a job on the nodes each ran on, from a
+    /// task of its own (over the nodes' clients: callers need no `Arc` of the coordinator).
+    /// A node that cannot be reached keeps them (logged) until they are removed by hand.
+    pub(crate) fn prune_detached(&self, id: u64, epochs: Vec<u32>) {
+        let mut by_node: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        for n in epochs {
+            match self.registry.epoch_head(id, n) {
+                Ok(Some(e)) => {
+                    for node in &e.nodes {
+                        by_node.entry(node.clone()).or_default().push(n);
+                    }
+                }
+                Ok(None) => {}
+                Err(err) => {
+                    warn!(job = id, epoch = n, error = %err, "cannot read an expired epoch; its images stay on its nodes")
+                }
+            }
+        }
+        if by_node.is_empty() {
+            return;
+        }
+        let calls: Vec<_> = by_node
+            .into_iter()
+            .map(|(node, epochs)| {
+                let client = self.agents.client(&node);
+                (node, client, epochs)
+            })
+            .collect();
+        let deadline = self.cfg.deadlines.abort;
+        // All at once: a node that does not answer holds up no other.
+        tokio::spawn(join_all(calls.into_iter().map(
+            move |(node, client, epochs)| async move {
+                let req = pb::PruneRequest {
+                    job_id: id,
+                    epochs,
+                    shared: false,
+                    keep_local: false,
+                };
+                let r = match client {
+                    Ok(mut c) => call(&node, "prune", deadline, c.prune(req))
+                        .await
+                        .map(|_| ()),
+                    Err(f) => Err(f),
+                };
+                if let Err(f) = r {
+                    warn!(job = id, error = %f, "cannot delete images retention released; they stay on the node");
+                }
+            },
+        )));
     }
 
     /// Deletes what retention decided on the epochs' nodes, without holding up the caller. A

@@ -336,6 +336,7 @@ impl Coordinator {
                 gave_up: None,
                 killed: String::new(),
                 before_restart: None,
+                unpruned: Vec::new(),
             };
             let mut job = job;
             self.check_live_jobs(&job)?;

@@ -281,6 +281,8 @@ pub struct Coordinator {
     held_ends: std::sync::Mutex<std::collections::HashMap<(u64, u32), std::time::Instant>>,
     /// Jobs a cancel is killing: their end is the cancel's, never a failure to recover from.
     cancelling: std::sync::Mutex<std::collections::HashSet<u64>>,
+    /// Parts `ckpt-rsh` asked to start, by job and node, for its retries.
+    attaches: attach::Attaches,
     /// What `[limits]` counts in memory.
     usage: quota::Usage,
     /// When this coordinator started: a node that has not registered `node_timeout` after it
@@ -366,6 +368,7 @@ impl Coordinator {
             interrupted: std::sync::Mutex::new(interrupted),
             held_ends: Default::default(),
             cancelling: Default::default(),
+            attaches: Default::default(),
             credential,
             flushes,
             usage: Default::default(),

@@ -136,15 +136,20 @@ impl Coordinator {
         self.check_addresses_free(&job)?;
         let moves = self.place(&job, &e, placement)?;
         let mut previous = job.state.clone();
+        let mut unpruned = Vec::new();
         let job = self
             .update_job(id, |j| {
                 previous = j.state.clone();
                 if !j.state.is_active() {
                     self.check_live_jobs(j)?;
                 }
-                Ok(j.begin_restart()?)
+                j.begin_restart()?;
+                // Its nodes may change: the deletions its next epoch would carry go now.
+                unpruned = std::mem::take(&mut j.unpruned);
+                Ok(())
             })
             .await?;
+        self.prune_detached(id, unpruned);
         // A restored job's next epoch opens new streams.
         self.agents.forget_job(id);
         self.interrupted

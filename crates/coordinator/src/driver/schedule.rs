@@ -79,7 +79,7 @@ impl Coordinator {
         if job.state != JobState::Running {
             return Ok(None);
         }
-        let epochs = self.registry.epochs(job.id)?;
+        let epochs = self.registry.epoch_heads(job.id)?;
         let iv = policy::interval(
             every,
             job.nodes().len(),
@@ -133,6 +133,10 @@ impl Coordinator {
         };
         let now = now_ms();
         for job in jobs {
+            if !job.state.is_active() && !job.unpruned.is_empty() {
+                // No next epoch will carry its deletions.
+                self.prune_unpruned(job.id).await;
+            }
             if job.state != JobState::Running {
                 continue;
             }

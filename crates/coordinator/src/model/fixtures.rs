@@ -56,6 +56,7 @@ pub(crate) fn job(id: u64, state: JobState) -> Job {
         gave_up: None,
         killed: String::new(),
         before_restart: None,
+        unpruned: Vec::new(),
     }
 }
 

@@ -527,6 +527,11 @@ pub struct Job {
     /// restart goes back to (the old incarnation had ended; its late reports are stale).
     #[serde(default)]
     pub before_restart: Option<JobState>,
+    /// Epochs retention expired whose local images the job's nodes were not told yet to
+    /// delete: its next epoch tells them with its initial synchronization (one message, not a
+    /// call per node); a job that stops or ends has them deleted at once.
+    #[serde(default)]
+    pub unpruned: Vec<u32>,
 }
 
 /// The node whose loss made a job `lost`.

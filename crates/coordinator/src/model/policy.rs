@@ -149,14 +149,23 @@ pub fn rough(d: Duration) -> String {
 }
 
 /// The interval of a policy for a job on `nodes` nodes whose epochs are `epochs` (any order).
-pub fn interval(every: Every, nodes: usize, epochs: &[Epoch], p: &AutoParams) -> Interval {
+pub fn interval<E: std::borrow::Borrow<Epoch>>(
+    every: Every,
+    nodes: usize,
+    epochs: &[E],
+    p: &AutoParams,
+) -> Interval {
     if let Every::Seconds(s) = every {
         return Interval {
             every: Duration::from_secs(s),
             why: String::new(),
         };
     }
-    let mut committed: Vec<&Epoch> = epochs.iter().filter(|e| e.is_restorable()).collect();
+    let mut committed: Vec<&Epoch> = epochs
+        .iter()
+        .map(|e| e.borrow())
+        .filter(|e| e.is_restorable())
+        .collect();
     committed.sort_by_key(|e| e.number);
     let recent: Vec<&Epoch> = committed
         .iter()
@@ -254,7 +263,7 @@ mod tests {
     #[test]
     fn auto_takes_the_cost_of_the_last_three_commits_and_the_job_mtbf() {
         let p = params();
-        let first = interval(Every::Auto, 4, &[], &p);
+        let first = interval::<Epoch>(Every::Auto, 4, &[], &p);
         assert_eq!(first.every, Duration::from_secs(600));
         assert!(first.why.contains("first after 10 min"), "{}", first.why);
         // Epoch 1 is dear and old, epoch 5 failed: neither counts.

@@ -24,6 +24,8 @@ pub(crate) enum Act {
     FailIf(Code, &'static str),
     /// Never answers (the test's end drops it).
     Hang,
+    /// Answers after the delay, as if unscripted.
+    Delay(Duration),
 }
 
 /// The calls of every fake agent, and what they are told to do.
@@ -75,6 +77,10 @@ impl FakeAgent {
                 std::future::pending::<()>().await;
                 unreachable!()
             }
+            Some(Act::Delay(d)) => {
+                tokio::time::sleep(d).await;
+                Ok(())
+            }
         }
     }
 }
@@ -86,6 +92,9 @@ impl FakeAgent {
         let call = phase_call(phase);
         let detail = match phase {
             pb::Phase::Resume => format!("{} kill={}", cmd.epoch, cmd.kill),
+            pb::Phase::InitialSync if !cmd.prune.is_empty() => {
+                format!("{} prune={:?}", cmd.epoch, cmd.prune)
+            }
             _ => cmd.epoch.to_string(),
         };
         let mut ev = pb::EpochEvent {
@@ -288,9 +297,11 @@ impl Agent for FakeAgent {
     }
     async fn prune(
         &self,
-        _: Request<pb::PruneRequest>,
+        r: Request<pb::PruneRequest>,
     ) -> Result<Response<pb::PhaseReply>, Status> {
-        self.enter("prune", String::new()).await?;
+        let r = r.into_inner();
+        let detail = format!("{:?}{}", r.epochs, if r.shared { " shared" } else { "" });
+        self.enter("prune", detail).await?;
         Ok(Response::new(pb::PhaseReply::default()))
     }
     type FlushStream = Stream<pb::FlushProgress>;
@@ -547,6 +558,7 @@ impl Cluster {
                     host: host.to_string(),
                     command: "rank".into(),
                     cwd: "/".into(),
+                    attempt: String::new(),
                 })
                 .await
                 .unwrap();

@@ -63,6 +63,7 @@ async fn a_user_beyond_the_job_address_limit_is_refused_at_run_and_attach() {
                 host: "n2".into(),
                 command: "rank".into(),
                 cwd: "/".into(),
+                attempt: String::new(),
             })
             .await,
         "addresses",

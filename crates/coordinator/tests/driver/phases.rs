@@ -564,3 +564,130 @@ async fn images_lost_in_every_epoch_fail_the_restart_naming_each() {
     assert!(e.to_string().contains("before that, epoch 2"), "{e}");
     assert_eq!(c.job_state(job), JobState::Stopped);
 }
+
+/// The nodes each got `call` with `detail`, sorted.
+fn nodes_told(c: &Cluster, call: &str, detail: &str) -> Vec<String> {
+    let mut v: Vec<String> = c
+        .calls(call)
+        .into_iter()
+        .filter(|(_, d)| d == detail)
+        .map(|(n, _)| n)
+        .collect();
+    v.sort();
+    v
+}
+
+/// Retention's deletions ride the job's next epoch: a commit that expires an epoch makes no
+/// call to any node; the next initial synchronization tells every node, once. A `--kill` epoch
+/// (no next epoch follows) has its nodes delete at once.
+#[tokio::test]
+async fn retention_deletes_with_the_next_initial_sync_not_a_call_per_node() {
+    let c = Cluster::start_with(|cfg| cfg.retention.keep_local = 2).await;
+    let job = c.job().await;
+    let unpruned = || c.coord.registry.job(job).unwrap().unwrap().unpruned;
+    for _ in 0..3 {
+        c.checkpoint(job, false).await.unwrap();
+    }
+    assert!(matches!(c.epoch_state(job, 1), EpochState::Expired { .. }));
+    assert_eq!(unpruned(), [1], "epoch 1's deletion waits for epoch 4");
+    assert!(c.calls("prune").is_empty());
+    assert_eq!(nodes_told(&c, "initial-sync", "3"), all_nodes());
+    c.checkpoint(job, false).await.unwrap();
+    assert_eq!(nodes_told(&c, "initial-sync", "4 prune=[1]"), all_nodes());
+    assert_eq!(unpruned(), [2], "told: only epoch 2 waits now");
+    assert!(c.calls("prune").is_empty(), "{:?}", c.calls("prune"));
+    // An epoch that fails keeps what it carried for the next.
+    c.script("n2", "quiesce", Act::Fail(Code::FailedPrecondition));
+    c.checkpoint(job, false).await.unwrap_err();
+    c.unscript();
+    assert_eq!(nodes_told(&c, "initial-sync", "5 prune=[2]"), all_nodes());
+    assert_eq!(unpruned(), [2]);
+    // The job stops with this one: epoch 3 (expired by it) and 2 go now.
+    assert_eq!(c.checkpoint(job, true).await.unwrap(), 6);
+    assert_eq!(nodes_told(&c, "initial-sync", "6 prune=[2]"), all_nodes());
+    for n in NODES {
+        c.wait_call(n, "prune").await;
+    }
+    assert_eq!(nodes_told(&c, "prune", "[3]"), all_nodes());
+    assert!(unpruned().is_empty());
+    assert!(matches!(c.epoch_state(job, 3), EpochState::Expired { .. }));
+    assert_eq!(c.epoch_state(job, 4), EpochState::Committed);
+}
+
+/// A restart may move the job's parts: the deletions its next epoch would have carried are
+/// made at once, on the nodes of their epochs.
+#[tokio::test]
+async fn a_restart_has_the_waiting_deletions_made_at_once() {
+    let c = Cluster::start_with(|cfg| cfg.retention.keep_local = 1).await;
+    let job = c.job().await;
+    c.checkpoint(job, false).await.unwrap();
+    c.checkpoint(job, false).await.unwrap();
+    c.script("n1", "finalize", Act::Fail(Code::Internal));
+    c.checkpoint(job, true).await.unwrap_err();
+    c.unscript();
+    assert_eq!(c.job_state(job), JobState::Stopped);
+    assert_eq!(c.coord.registry.job(job).unwrap().unwrap().unpruned, [1]);
+    assert!(c.calls("prune").is_empty());
+    c.restart(job, 2).await.unwrap();
+    for n in NODES {
+        c.wait_call(n, "prune").await;
+    }
+    assert_eq!(nodes_told(&c, "prune", "[1]"), all_nodes());
+    assert!(c
+        .coord
+        .registry
+        .job(job)
+        .unwrap()
+        .unwrap()
+        .unpruned
+        .is_empty());
+}
+
+/// `ckpt-rsh` stops waiting for a part slow to start (its call times out) and asks again with
+/// the same attempt: the part starts once and the retry gets it; another `ckpt-rsh` naming the
+/// same host is refused. A part whose start fails after its caller went away is not left
+/// recorded: a later `ckpt-rsh` may start it.
+#[tokio::test]
+async fn a_slow_part_start_outlives_its_callers_timeout_and_the_retry_gets_it() {
+    use std::time::Duration;
+    // Deadlines of 300 ms: the slow start takes half of one.
+    let c = Cluster::start().await;
+    let job = c.coord.run(OWNER, sleep_on("n1")).await.unwrap();
+    let attach = |host: &str, attempt: &str| ckpt_proto::v1::AttachRequest {
+        job_id: job.id,
+        token: job.token.clone(),
+        host: host.into(),
+        command: "rank".into(),
+        cwd: "/".into(),
+        attempt: attempt.into(),
+    };
+    let gave_up = |r: Result<_, tokio::time::error::Elapsed>| r.is_err();
+    let launches_on = |n: &str| c.calls("launch").iter().filter(|(x, _)| x == n).count();
+    c.script("n2", "launch", Act::Delay(Duration::from_millis(150)));
+    let first = c.coord.attach(attach("n2", "a1"));
+    assert!(gave_up(
+        tokio::time::timeout(Duration::from_millis(30), first).await
+    ));
+    let r = c.coord.attach(attach("n2", "a1")).await.unwrap();
+    assert_eq!((r.node.as_str(), r.pid), ("n2", 100));
+    assert_eq!(launches_on("n2"), 1, "started once");
+    let e = c.coord.attach(attach("n2", "a2")).await.unwrap_err();
+    assert!(
+        e.to_string().contains("already has processes on node n2"),
+        "{e}"
+    );
+    c.script("n3", "launch", Act::Hang);
+    let first = c.coord.attach(attach("n3", "b1"));
+    assert!(gave_up(
+        tokio::time::timeout(Duration::from_millis(30), first).await
+    ));
+    let parts = || c.coord.registry.job(job.id).unwrap().unwrap().parts;
+    let begin = std::time::Instant::now();
+    while parts().contains(&"n3".to_string()) {
+        assert!(begin.elapsed() < Duration::from_secs(10), "{:?}", parts());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    c.unscript();
+    c.coord.attach(attach("n3", "b2")).await.unwrap();
+    assert_eq!(parts(), ["n2", "n3"]);
+}

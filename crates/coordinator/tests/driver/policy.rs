@@ -308,3 +308,37 @@ async fn a_deadline_stops_the_job_after_a_final_checkpoint_before_it() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A job that stops with expired epochs' deletions still waiting for its next epoch (its
+/// `--kill` checkpoint failed after the kill): the scheduler has its nodes delete them.
+#[tokio::test]
+async fn a_stopped_jobs_waiting_deletions_are_made_by_the_scheduler() {
+    let c = Cluster::start_with(|cfg| cfg.retention.keep_local = 1).await;
+    let job = c.job().await;
+    c.checkpoint(job, false).await.unwrap();
+    c.checkpoint(job, false).await.unwrap();
+    assert_eq!(c.coord.registry.job(job).unwrap().unwrap().unpruned, [1]);
+    c.script("n1", "finalize", Act::Fail(tonic::Code::Internal));
+    c.checkpoint(job, true).await.unwrap_err();
+    assert_eq!(c.job_state(job), JobState::Stopped);
+    assert!(c.calls("prune").is_empty());
+    let _run = schedule(&c);
+    for n in NODES {
+        c.wait_call(n, "prune").await;
+    }
+    let mut told: Vec<(String, String)> = c.calls("prune");
+    told.sort();
+    let want: Vec<(String, String)> = NODES
+        .iter()
+        .map(|n| (n.to_string(), "[1]".to_string()))
+        .collect();
+    assert_eq!(told, want);
+    assert!(c
+        .coord
+        .registry
+        .job(job)
+        .unwrap()
+        .unwrap()
+        .unpruned
+        .is_empty());
+}

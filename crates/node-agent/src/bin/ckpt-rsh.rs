@@ -111,6 +111,15 @@ async fn attach(job: &Job, host: &str, command: &str) -> Result<pb::AttachReply,
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| "/".into());
     let begin = Instant::now();
+    // This invocation's, on every try: a retry after a call that timed out while the node was
+    // slow to start the part gets that part, not a refusal as a second one.
+    let attempt = format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    );
     let mut wait = Duration::from_millis(100);
     loop {
         let err = match connect(&job.coordinator, ckpt_auth::Identity::Coordinator).await {
@@ -121,6 +130,7 @@ async fn attach(job: &Job, host: &str, command: &str) -> Result<pb::AttachReply,
                     host: host.into(),
                     command: command.into(),
                     cwd: cwd.clone(),
+                    attempt: attempt.clone(),
                 };
                 match with_timeout(RegistryClient::new(ch).attach(req)).await {
                     Ok(r) => return Ok(r.into_inner()),

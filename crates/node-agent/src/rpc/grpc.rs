@@ -77,6 +77,9 @@ pub fn to_status(e: AgentError) -> Status {
 
 /// Runs one phase of an epoch stream; `stream_job` is the job the stream's first command
 /// named: a stream carries the epochs of one job, one after the other.
+///
+/// An initial synchronization first deletes the images of the epochs it names as expired
+/// (retention, see `EpochCommand.prune`).
 async fn run_phase(
     jobs: &Jobs,
     cmd: pb::EpochCommand,
@@ -95,7 +98,13 @@ async fn run_phase(
             cmd.job_id
         ))),
         (job, epoch) => match phase {
-            pb::Phase::InitialSync => jobs.initial_sync(job, epoch).await.map(|p| {
+            // Retention's deletions come first: the free staging reported counts their room.
+            // Never the epoch the command begins.
+            pb::Phase::InitialSync => match prune_expired(jobs, job, epoch, &cmd.prune).await {
+                Ok(()) => jobs.initial_sync(job, epoch).await,
+                Err(e) => Err(e),
+            }
+            .map(|p| {
                 ev.processes = p.processes;
                 ev.estimated_bytes = p.estimated_bytes;
                 ev.staging_free_bytes = p.staging_free_bytes;
@@ -135,6 +144,21 @@ async fn run_phase(
         }
         Err(s) => failed(ev, jobs, &s),
     }
+}
+
+/// Deletes this node's images of the epochs retention expired (`EpochCommand.prune`), never
+/// those of `epoch`, the one beginning.
+async fn prune_expired(
+    jobs: &Jobs,
+    job: u64,
+    epoch: u32,
+    expired: &[u32],
+) -> Result<(), AgentError> {
+    let old: Vec<u32> = expired.iter().copied().filter(|&e| e != epoch).collect();
+    if old.is_empty() {
+        return Ok(());
+    }
+    jobs.prune(job, &old, false, false).await
 }
 
 /// The event of a phase that failed with `s`.
