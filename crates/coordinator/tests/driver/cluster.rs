@@ -611,6 +611,32 @@ impl Cluster {
         v
     }
 
+    /// The nodes that got `call` with exactly `detail`, sorted.
+    pub(crate) fn nodes_told(&self, call: &str, detail: &str) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .calls(call)
+            .into_iter()
+            .filter(|(_, d)| d == detail)
+            .map(|(n, _)| n)
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Waits (bounded) until every node got `prune` (made in the background); returns the
+    /// nodes told to delete `epochs` ("[1]").
+    pub(crate) async fn pruned(&self, epochs: &str) -> Vec<String> {
+        for n in NODES {
+            self.wait_call(n, "prune").await;
+        }
+        self.nodes_told("prune", epochs)
+    }
+
+    /// The epochs a job's next epoch is to have its nodes delete.
+    pub(crate) fn unpruned(&self, job: u64) -> Vec<u32> {
+        self.coord.registry.job(job).unwrap().unwrap().unpruned
+    }
+
     /// Waits (bounded) until `node` got `call`: for calls made in the background.
     pub(crate) async fn wait_call(&self, node: &str, call: &str) {
         for _ in 0..500 {

@@ -565,18 +565,6 @@ async fn images_lost_in_every_epoch_fail_the_restart_naming_each() {
     assert_eq!(c.job_state(job), JobState::Stopped);
 }
 
-/// The nodes each got `call` with `detail`, sorted.
-fn nodes_told(c: &Cluster, call: &str, detail: &str) -> Vec<String> {
-    let mut v: Vec<String> = c
-        .calls(call)
-        .into_iter()
-        .filter(|(_, d)| d == detail)
-        .map(|(n, _)| n)
-        .collect();
-    v.sort();
-    v
-}
-
 /// Retention's deletions ride the job's next epoch: a commit that expires an epoch makes no
 /// call to any node; the next initial synchronization tells every node, once. A `--kill` epoch
 /// (no next epoch follows) has its nodes delete at once.
@@ -584,31 +572,28 @@ fn nodes_told(c: &Cluster, call: &str, detail: &str) -> Vec<String> {
 async fn retention_deletes_with_the_next_initial_sync_not_a_call_per_node() {
     let c = Cluster::start_with(|cfg| cfg.retention.keep_local = 2).await;
     let job = c.job().await;
-    let unpruned = || c.coord.registry.job(job).unwrap().unwrap().unpruned;
+    let unpruned = || c.unpruned(job);
     for _ in 0..3 {
         c.checkpoint(job, false).await.unwrap();
     }
     assert!(matches!(c.epoch_state(job, 1), EpochState::Expired { .. }));
     assert_eq!(unpruned(), [1], "epoch 1's deletion waits for epoch 4");
     assert!(c.calls("prune").is_empty());
-    assert_eq!(nodes_told(&c, "initial-sync", "3"), all_nodes());
+    assert_eq!(c.nodes_told("initial-sync", "3"), all_nodes());
     c.checkpoint(job, false).await.unwrap();
-    assert_eq!(nodes_told(&c, "initial-sync", "4 prune=[1]"), all_nodes());
+    assert_eq!(c.nodes_told("initial-sync", "4 prune=[1]"), all_nodes());
     assert_eq!(unpruned(), [2], "told: only epoch 2 waits now");
     assert!(c.calls("prune").is_empty(), "{:?}", c.calls("prune"));
     // An epoch that fails keeps what it carried for the next.
     c.script("n2", "quiesce", Act::Fail(Code::FailedPrecondition));
     c.checkpoint(job, false).await.unwrap_err();
     c.unscript();
-    assert_eq!(nodes_told(&c, "initial-sync", "5 prune=[2]"), all_nodes());
+    assert_eq!(c.nodes_told("initial-sync", "5 prune=[2]"), all_nodes());
     assert_eq!(unpruned(), [2]);
     // The job stops with this one: epoch 3 (expired by it) and 2 go now.
     assert_eq!(c.checkpoint(job, true).await.unwrap(), 6);
-    assert_eq!(nodes_told(&c, "initial-sync", "6 prune=[2]"), all_nodes());
-    for n in NODES {
-        c.wait_call(n, "prune").await;
-    }
-    assert_eq!(nodes_told(&c, "prune", "[3]"), all_nodes());
+    assert_eq!(c.nodes_told("initial-sync", "6 prune=[2]"), all_nodes());
+    assert_eq!(c.pruned("[3]").await, all_nodes());
     assert!(unpruned().is_empty());
     assert!(matches!(c.epoch_state(job, 3), EpochState::Expired { .. }));
     assert_eq!(c.epoch_state(job, 4), EpochState::Committed);
@@ -626,21 +611,11 @@ async fn a_restart_has_the_waiting_deletions_made_at_once() {
     c.checkpoint(job, true).await.unwrap_err();
     c.unscript();
     assert_eq!(c.job_state(job), JobState::Stopped);
-    assert_eq!(c.coord.registry.job(job).unwrap().unwrap().unpruned, [1]);
+    assert_eq!(c.unpruned(job), [1]);
     assert!(c.calls("prune").is_empty());
     c.restart(job, 2).await.unwrap();
-    for n in NODES {
-        c.wait_call(n, "prune").await;
-    }
-    assert_eq!(nodes_told(&c, "prune", "[1]"), all_nodes());
-    assert!(c
-        .coord
-        .registry
-        .job(job)
-        .unwrap()
-        .unwrap()
-        .unpruned
-        .is_empty());
+    assert_eq!(c.pruned("[1]").await, all_nodes());
+    assert!(c.unpruned(job).is_empty());
 }
 
 /// `ckpt-rsh` stops waiting for a part slow to start (its call times out) and asks again with

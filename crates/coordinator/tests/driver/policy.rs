@@ -317,28 +317,12 @@ async fn a_stopped_jobs_waiting_deletions_are_made_by_the_scheduler() {
     let job = c.job().await;
     c.checkpoint(job, false).await.unwrap();
     c.checkpoint(job, false).await.unwrap();
-    assert_eq!(c.coord.registry.job(job).unwrap().unwrap().unpruned, [1]);
+    assert_eq!(c.unpruned(job), [1]);
     c.script("n1", "finalize", Act::Fail(tonic::Code::Internal));
     c.checkpoint(job, true).await.unwrap_err();
     assert_eq!(c.job_state(job), JobState::Stopped);
     assert!(c.calls("prune").is_empty());
     let _run = schedule(&c);
-    for n in NODES {
-        c.wait_call(n, "prune").await;
-    }
-    let mut told: Vec<(String, String)> = c.calls("prune");
-    told.sort();
-    let want: Vec<(String, String)> = NODES
-        .iter()
-        .map(|n| (n.to_string(), "[1]".to_string()))
-        .collect();
-    assert_eq!(told, want);
-    assert!(c
-        .coord
-        .registry
-        .job(job)
-        .unwrap()
-        .unwrap()
-        .unpruned
-        .is_empty());
+    assert_eq!(c.pruned("[1]").await, all_nodes());
+    assert!(c.unpruned(job).is_empty());
 }
