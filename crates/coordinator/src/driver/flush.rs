@@ -587,12 +587,12 @@ impl Coordinator {
     /// task of its own (over the nodes' clients: callers need no `Arc` of the coordinator).
     /// A node that cannot be reached keeps them (logged) until they are removed by hand.
     pub(crate) fn prune_detached(&self, id: u64, epochs: Vec<u32>) {
-        let mut by_node: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        let mut by_node: BTreeMap<(String, bool), Vec<u32>> = BTreeMap::new();
         for n in epochs {
             match self.registry.epoch_head(id, n) {
                 Ok(Some(e)) => {
                     for node in &e.nodes {
-                        by_node.entry(node.clone()).or_default().push(n);
+                        by_node.entry((node.clone(), false)).or_default().push(n);
                     }
                 }
                 Ok(None) => {}
@@ -601,37 +601,46 @@ impl Coordinator {
                 }
             }
         }
-        if by_node.is_empty() {
-            return;
+        if !by_node.is_empty() {
+            tokio::spawn(self.prune_calls(id, by_node));
         }
+    }
+
+    /// The `Prune` calls deleting, on each (node, with its shared copies), the epochs listed;
+    /// made all at once (a node that does not answer holds up no other). Needs nothing of the
+    /// coordinator once made: the nodes' clients are taken now.
+    fn prune_calls(
+        &self,
+        id: u64,
+        by_node: BTreeMap<(String, bool), Vec<u32>>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let deadline = self.cfg.deadlines.abort;
         let calls: Vec<_> = by_node
             .into_iter()
-            .map(|(node, epochs)| {
+            .map(|((node, shared), epochs)| {
                 let client = self.agents.client(&node);
-                (node, client, epochs)
-            })
-            .collect();
-        let deadline = self.cfg.deadlines.abort;
-        // All at once: a node that does not answer holds up no other.
-        tokio::spawn(join_all(calls.into_iter().map(
-            move |(node, client, epochs)| async move {
                 let req = pb::PruneRequest {
                     job_id: id,
                     epochs,
-                    shared: false,
+                    shared,
                     keep_local: false,
                 };
-                let r = match client {
-                    Ok(mut c) => call(&node, "prune", deadline, c.prune(req))
-                        .await
-                        .map(|_| ()),
-                    Err(f) => Err(f),
-                };
-                if let Err(f) = r {
-                    warn!(job = id, error = %f, "cannot delete images retention released; they stay on the node");
+                async move {
+                    let r = match client {
+                        Ok(mut c) => call(&node, "prune", deadline, c.prune(req))
+                            .await
+                            .map(|_| ()),
+                        Err(f) => Err(f),
+                    };
+                    if let Err(f) = r {
+                        warn!(job = id, error = %f, "cannot delete images retention released; they stay on the node");
+                    }
                 }
-            },
-        )));
+            })
+            .collect();
+        async move {
+            join_all(calls).await;
+        }
     }
 
     /// Deletes what retention decided on the epochs' nodes, without holding up the caller. A
@@ -649,33 +658,18 @@ impl Coordinator {
                     .push(p.epoch.number);
             }
         }
-        let me = self.clone();
+        let shared = by_node.keys().any(|(_, shared)| *shared);
+        let calls = self.prune_calls(id, by_node);
+        let turns = self.flushes.turns(id);
         tokio::spawn(async move {
             // Shared copies are never deleted while a flush of the job runs: it may be using
             // the packs a sweep would free. Local copies need not wait.
-            let turns = me.flushes.turns(id);
-            let _g = if by_node.keys().any(|(_, shared)| *shared) {
+            let _g = if shared {
                 Some(turns.shared.lock().await)
             } else {
                 None
             };
-            for ((n, shared), epochs) in by_node {
-                let req = pb::PruneRequest {
-                    job_id: id,
-                    epochs,
-                    shared,
-                    keep_local: false,
-                };
-                let r = me
-                    .agents
-                    .call(&n, "prune", me.cfg.deadlines.abort, |mut c| async move {
-                        c.prune(req).await
-                    })
-                    .await;
-                if let Err(f) = r {
-                    warn!(job = id, error = %f, "cannot delete images retention released; they stay on the node");
-                }
-            }
+            calls.await;
         });
     }
 
