@@ -69,6 +69,10 @@ PKGS=(build-essential pkg-config mpich libmpich-dev openmpi-bin libopenmpi-dev
 # prometheus (the server and promtool): the metrics test scrapes the daemons with its own
 # Prometheus on loopback; the packaged service is stopped and disabled right after install.
 PKGS+=(prometheus)
+# etcd-server and openssl: the standby-ckptd tests run their own 3-member etcd on loopback, with
+# TLS from a CA they make with openssl; the packaged
+# service is stopped and disabled right after install.
+PKGS+=(etcd-server openssl)
 command -v systemd-analyze >/dev/null 2>&1 || PKGS+=(systemd)
 ((WITH_VM)) && PKGS+=(qemu-system-x86 busybox-static cpio rdma-core ibverbs-utils ibverbs-providers)
 
@@ -82,6 +86,13 @@ if ((${#missing[@]})); then
     log "installing system packages: ${missing[*]}"
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    if [[ " ${missing[*]} " == *" etcd-server "* ]]; then
+        if [[ -d /run/systemd/system ]]; then
+            systemctl disable --now etcd.service >/dev/null 2>&1 || true
+        else
+            deb-systemd-helper disable etcd.service >/dev/null 2>&1 || true
+        fi
+    fi
     if [[ " ${missing[*]} " == *" prometheus "* ]]; then
         if [[ -d /run/systemd/system ]]; then
             systemctl disable --now prometheus.service >/dev/null 2>&1 || true

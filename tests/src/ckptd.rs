@@ -37,6 +37,12 @@ pub struct Options {
     /// Extra keys of the `[agent]` table itself (e.g. `"allow_root_jobs = false\nmin_uid = 500\n"`).
     /// Without `allow_root_jobs` among them, the harness allows root jobs (the tests run as root).
     pub agent_keys: String,
+    /// Keep the registry in the etcd cluster these `[registry]` keys reach
+    /// ([`crate::etcd::Etcd::registry_keys`]), under a prefix of this instance's own.
+    pub etcd: Option<String>,
+    /// With `etcd`: start a second ckptd, standing by ([`Ckptd::start_standby`] is called once
+    /// the first serves). Agents and ckptctl are given both addresses and sockets.
+    pub standby: bool,
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -58,6 +64,11 @@ pub struct Ckptd {
     agent_port: u16,
     node_agents: Vec<(String, Child)>,
     coord_port: u16,
+    /// The second ckptd (`standby`): its process, config, socket and port.
+    standby: Option<Child>,
+    standby_config: PathBuf,
+    standby_socket: PathBuf,
+    standby_port: u16,
 }
 
 /// A TCP port free on loopback now.
@@ -116,7 +127,39 @@ impl Ckptd {
                 String::new()
             },
         );
-        std::fs::write(&config, text).expect("write config");
+        let text = match &opts.etcd {
+            // A table of its own, before [agent].
+            Some(etcd) => text.replacen(
+                "\n[agent]\n",
+                &format!(
+                    "\n[registry]\nbackend = \"etcd\"\nprefix = \"/{prefix}/\"\n{etcd}[agent]\n"
+                ),
+                1,
+            ),
+            None => text,
+        };
+        std::fs::write(&config, &text).expect("write config");
+        let standby_socket = dir.path().join("ckptd-b.sock");
+        let standby_config = dir.path().join("ckptd-b.toml");
+        let standby_port = free_port();
+        if opts.standby {
+            assert!(
+                opts.etcd.is_some(),
+                "a standby ckptd needs the etcd registry"
+            );
+            let b = text
+                .replacen(
+                    &format!("socket = \"{}\"", socket.display()),
+                    &format!("socket = \"{}\"", standby_socket.display()),
+                    1,
+                )
+                .replacen(
+                    &format!(":{coord_port}\"\nsocket"),
+                    &format!(":{standby_port}\"\nsocket"),
+                    1,
+                );
+            std::fs::write(&standby_config, b).expect("write the standby's config");
+        }
         if opts.separate_agent || opts.no_agent {
             // Agents on TCP: a cluster CA, as a site creates it (`ckptd ca init`); each agent is
             // enrolled when it starts. A standalone ckptd alone gets none and opens no TCP port.
@@ -158,10 +201,17 @@ impl Ckptd {
             agent_port: free_port(),
             node_agents: Vec::new(),
             coord_port,
+            standby: None,
+            standby_config,
+            standby_socket,
+            standby_port,
         };
         me.start_daemon();
         if me.opts.no_agent {
             me.wait_agents(&[]);
+            if me.opts.standby {
+                me.start_standby();
+            }
             return me;
         }
         if me.opts.separate_agent {
@@ -224,6 +274,50 @@ impl Ckptd {
         self.daemon = Some(self.spawn_logged(&mut cmd, "ckptd.log", "start ckptd"));
     }
 
+    /// Starts (or restarts) the second ckptd, which stands by while the first is active.
+    pub fn start_standby(&mut self) {
+        let mut cmd = Command::new(bin_dir().join("ckptd"));
+        cmd.arg("--config").arg(&self.standby_config);
+        if !self.opts.separate_agent {
+            // As the first: its embedded agent (the same node0) starts once it is active.
+            cmd.arg("--standalone");
+        }
+        self.standby = Some(self.spawn_logged(&mut cmd, "ckptd-b.log", "start the standby ckptd"));
+    }
+
+    /// What ckptctl is given: the control socket, or both with a standby.
+    pub fn ctl_socket(&self) -> PathBuf {
+        if self.opts.standby {
+            format!(
+                "{},{}",
+                self.socket.display(),
+                self.standby_socket.display()
+            )
+            .into()
+        } else {
+            self.socket.clone()
+        }
+    }
+
+    /// SIGKILLs the first ckptd (`standby == false`) or the second, as a lost head node would
+    /// stop it; returns whether it was running.
+    pub fn kill_daemon_hard(&mut self, standby: bool) -> bool {
+        let child = if standby {
+            self.standby.take()
+        } else {
+            self.daemon.take()
+        };
+        match child {
+            Some(mut c) => {
+                let running = matches!(c.try_wait(), Ok(None));
+                let _ = c.kill();
+                let _ = c.wait();
+                running
+            }
+            None => false,
+        }
+    }
+
     /// Starts (or restarts) the separate ckpt-agent process.
     pub fn start_agent(&mut self) {
         let agent_cfg = self.dir.path().join("agent.toml");
@@ -265,13 +359,21 @@ impl Ckptd {
         std::fs::write(
             &cfg,
             format!(
-                "node_name = \"{node}\"\nlisten = \"{ip}:7601\"\ncoordinator = \"{host}:{port}\"\n\
+                "node_name = \"{node}\"\nlisten = \"{ip}:7601\"\ncoordinator = \"{coordinator}\"\n\
                  state_dir = \"{d}/state\"\nlocal_dir = \"{d}/local\"\nheartbeat_interval = \"200ms\"\n\
                  tls_dir = \"{d}/tls\"\nallow_root_jobs = true\n{shared}\
                  [cgroup]\nprefix = \"{prefix}{node}-\"\n{tables}",
                 ip = n.mgmt_ip,
-                host = cluster.host_ip,
-                port = self.coord_port,
+                coordinator = if self.opts.standby {
+                    format!(
+                        "{h}:{},{h}:{}",
+                        self.coord_port,
+                        self.standby_port,
+                        h = cluster.host_ip
+                    )
+                } else {
+                    format!("{}:{}", cluster.host_ip, self.coord_port)
+                },
                 d = d.display(),
                 prefix = self.prefix,
                 // One shared file system for every test host, as NFS would be.
@@ -466,7 +568,7 @@ impl Ckptd {
     pub fn ctl_as(&self, uid: u32, args: &[&str]) -> Ctl {
         let mut cmd = Command::new(bin_dir().join("ckptctl"));
         cmd.arg("--socket")
-            .arg(&self.socket)
+            .arg(self.ctl_socket())
             .args(args)
             .stdin(Stdio::null())
             .current_dir("/");
@@ -479,7 +581,7 @@ impl Ckptd {
         Ctl::from(
             Command::new(bin_dir().join("ckptctl"))
                 .arg("--socket")
-                .arg(&self.socket)
+                .arg(self.ctl_socket())
                 .args(args)
                 .stdin(Stdio::null())
                 .output()
@@ -491,7 +593,7 @@ impl Ckptd {
     pub fn ctl_spawn(&self, args: &[&str]) -> Child {
         Command::new(bin_dir().join("ckptctl"))
             .arg("--socket")
-            .arg(&self.socket)
+            .arg(self.ctl_socket())
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -651,7 +753,10 @@ impl Ckptd {
 
     /// Stops ckptd with SIGTERM (as systemd would) and waits for it.
     pub fn stop_daemon(&mut self) {
-        if let Some(mut d) = self.daemon.take() {
+        for mut d in [self.daemon.take(), self.standby.take()]
+            .into_iter()
+            .flatten()
+        {
             // SAFETY: kill(2) on our own child's PID.
             unsafe { libc::kill(d.id() as i32, libc::SIGTERM) };
             if !wait_child(&mut d, Duration::from_secs(10)) {

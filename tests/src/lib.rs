@@ -12,6 +12,7 @@ use std::process::{Command, Stdio};
 
 mod ckptd;
 mod ctl;
+pub mod etcd;
 mod files;
 pub mod hosts;
 mod mpi;

@@ -377,11 +377,21 @@ pub async fn connect(addr: &str, dial: Dial, connect_timeout: Duration) -> Resul
 
 fn endpoint(addr: &str) -> Result<Endpoint, String> {
     // The URI only fills HTTP/2's :authority; the connector dials `addr` itself.
-    let uri = match target(addr) {
+    let first = addresses(addr).into_iter().next().unwrap_or_default();
+    let uri = match target(&first) {
         Target::Tcp(a) => format!("http://{a}"),
         Target::Unix(_) => "http://localhost".into(),
     };
     Endpoint::from_shared(uri).map_err(|e| format!("bad address {addr:?}: {e}"))
+}
+
+/// The addresses of a list (`a:7600,b:7600`): a server with standbys, of which one serves.
+fn addresses(addr: &str) -> Vec<String> {
+    addr.split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(String::from)
+        .collect()
 }
 
 type Io = TokioIo<Pin<Box<dyn IoStream>>>;
@@ -390,6 +400,9 @@ type Io = TokioIo<Pin<Box<dyn IoStream>>>;
 trait IoStream: AsyncRead + AsyncWrite + Send {}
 impl<T: AsyncRead + AsyncWrite + Send> IoStream for T {}
 
+/// Dials `addr`: one address, or a list of which the first that answers serves (an active
+/// ckptd among standbys, which listen on nothing). The one that answered is tried first next
+/// time.
 fn connector(
     addr: &str,
     dial: Dial,
@@ -400,40 +413,66 @@ fn connector(
     Error = io::Error,
     Future = Pin<Box<dyn std::future::Future<Output = io::Result<Io>> + Send>>,
 > + Clone {
-    let addr = addr.to_string();
+    let addrs = Arc::new(addresses(addr));
+    let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     tower::service_fn(move |_: Uri| {
-        let (addr, dial) = (addr.clone(), dial.clone());
+        let (addrs, answered, dial) = (addrs.clone(), answered.clone(), dial.clone());
         Box::pin(async move {
-            let fut = async move {
-                match (target(&addr), dial) {
-                    (Target::Unix(p), _) => {
-                        let s = tokio::net::UnixStream::connect(&p).await?;
-                        Ok(TokioIo::new(Box::pin(s) as Pin<Box<dyn IoStream>>))
+            let first = answered.load(std::sync::atomic::Ordering::Relaxed);
+            let mut errors = Vec::new();
+            for i in 0..addrs.len() {
+                let at = (first + i) % addrs.len();
+                match dial_one(&addrs[at], dial.clone(), connect_timeout).await {
+                    Ok(io) => {
+                        answered.store(at, std::sync::atomic::Ordering::Relaxed);
+                        return Ok(io);
                     }
-                    (Target::Tcp(a), Dial::Tls(cfg)) => {
-                        let tcp = TcpStream::connect(&a).await?;
-                        let _ = tcp.set_nodelay(true);
-                        let name = ServerName::try_from(CLUSTER_NAME).expect("a valid DNS name");
-                        let tls = tokio_rustls::TlsConnector::from(cfg)
-                            .connect(name, tcp)
-                            .await?;
-                        Ok(TokioIo::new(Box::pin(tls) as Pin<Box<dyn IoStream>>))
-                    }
-                    (Target::Tcp(a), Dial::LocalOnly) => Err(io::Error::new(
-                        io::ErrorKind::PermissionDenied,
-                        format!("{a} is a network address and this daemon has no cluster credential to reach it with"),
-                    )),
+                    Err(e) if addrs.len() == 1 => return Err(e),
+                    Err(e) => errors.push(format!("{}: {e}", addrs[at])),
                 }
-            };
-            match tokio::time::timeout(connect_timeout, fut).await {
-                Ok(r) => r,
-                Err(_) => Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("no connection within {connect_timeout:?}"),
-                )),
             }
+            Err(io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                if errors.is_empty() {
+                    "no address to dial".to_string()
+                } else {
+                    errors.join("; ")
+                },
+            ))
         }) as Pin<Box<dyn std::future::Future<Output = io::Result<Io>> + Send>>
     })
+}
+
+/// Dials one address, within `connect_timeout`.
+async fn dial_one(addr: &str, dial: Dial, connect_timeout: Duration) -> io::Result<Io> {
+    let fut = async move {
+        match (target(addr), dial) {
+            (Target::Unix(p), _) => {
+                let s = tokio::net::UnixStream::connect(&p).await?;
+                Ok(TokioIo::new(Box::pin(s) as Pin<Box<dyn IoStream>>))
+            }
+            (Target::Tcp(a), Dial::Tls(cfg)) => {
+                let tcp = TcpStream::connect(&a).await?;
+                let _ = tcp.set_nodelay(true);
+                let name = ServerName::try_from(CLUSTER_NAME).expect("a valid DNS name");
+                let tls = tokio_rustls::TlsConnector::from(cfg)
+                    .connect(name, tcp)
+                    .await?;
+                Ok(TokioIo::new(Box::pin(tls) as Pin<Box<dyn IoStream>>))
+            }
+            (Target::Tcp(a), Dial::LocalOnly) => Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{a} is a network address and this daemon has no cluster credential to reach it with"),
+            )),
+        }
+    };
+    match tokio::time::timeout(connect_timeout, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("no connection within {connect_timeout:?}"),
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -507,5 +546,30 @@ mod tests {
         // No credential at all and a network address: refused before dialling.
         let e = connect(&addr, Dial::LocalOnly, t).await.unwrap_err();
         assert!(e.contains("no cluster credential"), "{e}");
+        // A list (an active ckptd among standbys, which listen on nothing): the first address
+        // refuses, the next serves.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .to_string();
+        let good = node.client_config(Identity::Coordinator).unwrap();
+        connect(&format!("{closed}, {addr}"), Dial::Tls(good.clone()), t)
+            .await
+            .unwrap();
+        assert_eq!(
+            peers.recv().await,
+            Some(Peer::Daemon(Identity::Node("n1".into())))
+        );
+        // None serves: the error names each.
+        let closed2 = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .to_string();
+        let e = connect(&format!("{closed},{closed2}"), Dial::Tls(good), t)
+            .await
+            .unwrap_err();
+        assert!(e.contains(&closed) && e.contains(&closed2), "{e}");
     }
 }

@@ -30,7 +30,8 @@ Exit codes:
 #[derive(Parser, Debug)]
 #[command(version, about, long_about, after_help = AFTER_HELP)]
 pub struct Cli {
-    /// ckptd's control socket.
+    /// ckptd's control socket; a comma-separated list tries each in turn (an active ckptd
+    /// and its standbys on this machine: only the active one serves).
     #[arg(long, global = true, env = "CKPT_SOCKET", default_value = client::DEFAULT_SOCKET)]
     pub socket: PathBuf,
     /// Print machine-readable JSON on stdout instead of text.

@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use config::CkptdConfig;
 use coordinator::config::CoordinatorConfig;
 use coordinator::driver::Coordinator;
-use coordinator::registry::Registry;
+use coordinator::registry::{etcd, Registry};
 
 mod config;
 
@@ -23,9 +23,13 @@ mod config;
 /// `ckptd ca issue NODE | ssh NODE ckpt-agent enroll -`); a standalone ckptd without one opens
 /// no TCP port.
 ///
+/// With `[registry] backend = "etcd"` the registry lives in an etcd cluster instead, and
+/// several ckptd (on several head nodes) may run: one is active, the others stand by, serve
+/// nothing, and take over when it is lost (docs/operations.md, "A standby ckptd").
+///
 /// Exit codes: 0 clean shutdown, 2 bad config or arguments or no usable cluster credential, 3
 /// snapshot engine (CRIU) missing or unusable (--standalone), 4 cannot open the database or bind
-/// a socket.
+/// a socket, 5 lost the leadership to another ckptd (etcd registry; restarted, it stands by).
 #[derive(Parser, Debug)]
 #[command(version, about, long_about)]
 struct Cli {
@@ -203,9 +207,16 @@ fn main() -> ExitCode {
     } else {
         None
     };
-    let registry = match Registry::open(&cfg.database) {
-        Ok(r) => r,
-        Err(e) => return startup::fail("ckptd", e, 4),
+    let registry = if cfg.registry.etcd() {
+        match etcd::Store::connect(&cfg.registry) {
+            Ok(s) => Db::Etcd(s),
+            Err(e) => return startup::fail("ckptd", e, 4),
+        }
+    } else {
+        match Registry::open(&cfg.database) {
+            Ok(r) => Db::Redb(r),
+            Err(e) => return startup::fail("ckptd", e, 4),
+        }
     };
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     let r = rt.block_on(serve(Serve {
@@ -221,7 +232,79 @@ fn main() -> ExitCode {
     rt.shutdown_timeout(std::time::Duration::from_millis(200));
     match r {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => startup::fail("ckptd", e, 4),
+        Err(Stop::Failed(e)) => startup::fail("ckptd", e, 4),
+        Err(Stop::Deposed(why)) => startup::fail(
+            "ckptd",
+            format_args!(
+                "lost the leadership ({why}): stopping, so that only the active ckptd acts; started again, this one stands by"
+            ),
+            5,
+        ),
+    }
+}
+
+/// Where the registry lives.
+enum Db {
+    /// In this head node's file.
+    Redb(Registry),
+    /// In etcd: usable once this ckptd has won the leadership.
+    Etcd(etcd::Store),
+}
+
+/// Why [`serve`] stopped serving, other than a stop asked for.
+enum Stop {
+    /// A socket or the registry failed.
+    Failed(String),
+    /// The leadership was lost (etcd registry).
+    Deposed(String),
+}
+
+impl From<String> for Stop {
+    fn from(e: String) -> Self {
+        Stop::Failed(e)
+    }
+}
+
+/// Waits (etcd registry) until this ckptd is the active one; meanwhile it stands by, serving
+/// nothing. `None` if asked to stop first.
+async fn stand_by(
+    mut store: etcd::Store,
+    cfg: &CoordinatorConfig,
+    notifier: &ckpt_daemon::notify::Notifier,
+) -> Option<(Registry, etcd::Leader)> {
+    let me = format!(
+        "{} pid {} (agents on {}, ckptctl on {})",
+        node_agent::config::hostname(),
+        std::process::id(),
+        cfg.listen,
+        cfg.socket.display()
+    );
+    notifier.ready(&format!("standing by: campaigning in {}", store.name()));
+    tracing::info!(
+        registry = store.name(),
+        "campaigning to be the active ckptd"
+    );
+    let campaign = async {
+        loop {
+            let standby = |active: &str| {
+                tracing::info!(active, "standing by: another ckptd is active");
+                notifier.status(&format!("standing by; active: {active}"));
+            };
+            match store.campaign(&me, cfg.registry.lease, standby).await {
+                Ok(leader) => return leader,
+                Err(e) => {
+                    tracing::warn!(registry = store.name(), error = %e, "cannot reach etcd; trying again");
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+            }
+        }
+    };
+    tokio::select! {
+        leader = campaign => {
+            tracing::info!(registry = store.name(), "this ckptd is now the active one");
+            Some((Registry::on_etcd(store), leader))
+        }
+        _ = shutdown_signal() => None,
     }
 }
 
@@ -250,7 +333,7 @@ fn credential(
 
 /// What [`serve`] runs with, once configured.
 struct Serve {
-    registry: Registry,
+    registry: Db,
     cfg: CoordinatorConfig,
     acfg: node_agent::AgentConfig,
     credential: Option<ckpt_auth::tls::Credential>,
@@ -261,7 +344,7 @@ struct Serve {
 
 /// Binds every socket (agents over TLS, ckptctl's, metrics, the embedded agent's), tells
 /// systemd it serves, and serves until SIGTERM or SIGINT.
-async fn serve(s: Serve) -> Result<(), String> {
+async fn serve(s: Serve) -> Result<(), Stop> {
     let Serve {
         registry,
         cfg,
@@ -270,6 +353,17 @@ async fn serve(s: Serve) -> Result<(), String> {
         jobs,
         notifier,
     } = s;
+    notifier.spawn_watchdog();
+    let (registry, leader) = match registry {
+        Db::Redb(r) => (r, None),
+        Db::Etcd(store) => match stand_by(store, &cfg, &notifier).await {
+            Some((r, l)) => (r, Some(Arc::new(l))),
+            None => {
+                notifier.stopping();
+                return Ok(());
+            }
+        },
+    };
 
     let coord: Arc<Coordinator> =
         Coordinator::new(registry, cfg.clone(), credential.clone()).map_err(|e| e.to_string())?;
@@ -334,18 +428,39 @@ async fn serve(s: Serve) -> Result<(), String> {
     }
     // Every socket is bound: connections wait in their queues until served.
     notifier.ready(&serving);
-    notifier.spawn_watchdog();
     tokio::spawn(async move {
         shutdown_signal().await;
         notifier.stopping();
         let _ = stop_tx.send(true);
     });
     let mut rx = stop_rx;
+    let deposed = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let (leader_ref, deposed_set) = (leader.clone(), deposed.clone());
     coordinator::server::run(coord, agents, control, async move {
-        let _ = rx.wait_for(|v| *v).await;
+        let lost = async {
+            match leader_ref {
+                Some(l) => l.lost().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = rx.wait_for(|v| *v) => {}
+            why = lost => {
+                tracing::error!(reason = %why, "lost the leadership: stopping");
+                *deposed_set.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+            }
+        }
     })
     .await
-    .map_err(|e| e.to_string())
+    .map_err(|e| e.to_string())?;
+    if let Some(why) = deposed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(Stop::Deposed(why));
+    }
+    if let Some(l) = &leader {
+        // A standby takes over now rather than after the lease.
+        l.resign().await;
+    }
+    Ok(())
 }
 
 async fn shutdown_signal() {

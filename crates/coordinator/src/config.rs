@@ -15,8 +15,11 @@ pub struct CoordinatorConfig {
     pub listen: SocketAddr,
     /// Unix socket ckptctl connects to.
     pub socket: PathBuf,
-    /// Job registry and epoch history (redb file).
+    /// Job registry and epoch history (redb file), unless `[registry]` puts them in etcd.
     pub database: PathBuf,
+    /// Where the registry lives: this file (the default), or an etcd cluster shared by an
+    /// active ckptd and its standbys.
+    pub registry: RegistryConfig,
     /// Phase deadlines.
     pub deadlines: Deadlines,
     /// How many checkpoints are kept.
@@ -55,6 +58,107 @@ pub struct CoordinatorConfig {
     /// The `[agent]` table: the embedded agent's settings, used with `--standalone`. The ckptd
     /// binary reads and validates it; the coordinator does not look inside.
     pub agent: toml::Table,
+}
+
+/// The `[registry]` table: where the job registry lives.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RegistryConfig {
+    /// `"redb"`: the `database` file of this head node. `"etcd"`: an etcd cluster; several
+    /// ckptd may then run (on several head nodes), one active and the others standing by.
+    pub backend: String,
+    /// The etcd cluster's client URLs (`https://head1:2379`, ...): TLS only.
+    pub endpoints: Vec<String>,
+    /// Where ckpt's keys live in etcd.
+    pub prefix: String,
+    /// How long the active ckptd holds its leadership without renewing it: a standby takes
+    /// over this long after the active ckptd is lost. Whole seconds, 2 s at least (etcd's least
+    /// lease), and longer than etcd takes to elect a new leader when its own is lost (up to
+    /// twice its election timeout, 1 s by default), or the active ckptd stops then; at least
+    /// 1 s below `fence_lease`, so that the agents' leases outlast a failover.
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
+    /// The CA that signed the etcd members' certificates (PEM).
+    pub ca: Option<PathBuf>,
+    /// ckptd's client certificate for etcd (PEM): etcd admits ckptd alone (`--client-cert-auth`).
+    pub cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    pub key: Option<PathBuf>,
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        RegistryConfig {
+            backend: "redb".into(),
+            endpoints: Vec::new(),
+            prefix: "/ckpt/".into(),
+            lease: Duration::from_secs(3),
+            ca: None,
+            cert: None,
+            key: None,
+        }
+    }
+}
+
+impl RegistryConfig {
+    /// Whether the registry lives in etcd.
+    pub fn etcd(&self) -> bool {
+        self.backend == "etcd"
+    }
+
+    fn validate(&self, fence_lease: Duration) -> Result<(), ConfigError> {
+        let invalid = |key, problem: String| Err(ConfigError::Invalid { key, problem });
+        match self.backend.as_str() {
+            "redb" => return Ok(()),
+            "etcd" => {}
+            other => {
+                return invalid(
+                    "registry.backend",
+                    format!("is {other:?}: \"redb\" (a file on this head node) or \"etcd\""),
+                )
+            }
+        }
+        if self.endpoints.is_empty() {
+            return invalid(
+                "registry.endpoints",
+                "must list the etcd cluster's client URLs (https://HOST:2379, ...)".into(),
+            );
+        }
+        if let Some(e) = self.endpoints.iter().find(|e| !e.starts_with("https://")) {
+            return invalid(
+                "registry.endpoints",
+                format!("has {e}: the registry holds every job's secret and command line, so ckptd reaches etcd over TLS only (https://HOST:PORT)"),
+            );
+        }
+        if self.ca.is_none() || self.cert.is_none() || self.key.is_none() {
+            return invalid(
+                "registry.ca",
+                "`ca` (the etcd members' CA), `cert` and `key` (ckptd's client certificate) are all needed: etcd must admit ckptd alone (--client-cert-auth)".into(),
+            );
+        }
+        if !self.prefix.starts_with('/') || !self.prefix.ends_with('/') {
+            return invalid(
+                "registry.prefix",
+                format!("is {:?}: it begins and ends with '/'", self.prefix),
+            );
+        }
+        if self.lease < Duration::from_secs(2) || self.lease.subsec_nanos() != 0 {
+            return invalid(
+                "registry.lease",
+                "must be whole seconds, 2 s at least (etcd grants no shorter lease)".into(),
+            );
+        }
+        if self.lease + Duration::from_secs(1) >= fence_lease {
+            return invalid(
+                "registry.lease",
+                format!(
+                    "must be at least 1 s shorter than fence_lease ({}): a standby must take over before the agents' leases end and their jobs are fenced",
+                    humantime::format_duration(fence_lease)
+                ),
+            );
+        }
+        Ok(())
+    }
 }
 
 /// The `[recovery]` table: what ckptd does when a job fails (a node of it lost, a process of it
@@ -359,6 +463,7 @@ impl Default for CoordinatorConfig {
             listen: "0.0.0.0:7600".parse().expect("valid"),
             socket: "/run/ckpt/ckptd.sock".into(),
             database: "/var/lib/ckpt/ckptd.redb".into(),
+            registry: RegistryConfig::default(),
             deadlines: Deadlines::default(),
             retention: Retention::default(),
             flush: Flush::default(),
@@ -440,6 +545,7 @@ impl TomlConfig for CoordinatorConfig {
                 ),
             });
         }
+        self.registry.validate(lease)?;
         self.job_network
             .range()
             .map_err(|problem| ConfigError::Invalid {
@@ -498,6 +604,57 @@ mod tests {
         assert_eq!(c.deadlines.dump, Duration::from_secs(120));
         assert_eq!(c.deadlines.sync, Duration::from_secs(30));
         assert_eq!(c.agent["node_name"].as_str(), Some("head"));
+    }
+
+    #[test]
+    fn an_etcd_registry_is_reached_over_tls_with_a_client_certificate_and_outlasted_by_the_fence() {
+        let c = |t: &str| CoordinatorConfig::from_toml(Path::new("c.toml"), t);
+        let tls = "ca = \"/etc/ckpt/etcd/ca.pem\"\ncert = \"/etc/ckpt/etcd/ckptd.pem\"\nkey = \"/etc/ckpt/etcd/ckptd.key\"\n";
+        let ok = c(&format!(
+            "[registry]\nbackend = \"etcd\"\nendpoints = [\"https://h1:2379\", \"https://h2:2379\"]\n{tls}"
+        ))
+        .unwrap();
+        assert!(ok.registry.etcd());
+        assert_eq!(ok.registry.lease, Duration::from_secs(3));
+        assert!(!c("").unwrap().registry.etcd(), "redb is the default");
+        for (bad, key, says) in [
+            ("backend = \"zk\"\n", "registry.backend", "\"etcd\""),
+            ("backend = \"etcd\"\n", "registry.endpoints", "https://"),
+            (
+                "backend = \"etcd\"\nendpoints = [\"http://127.0.0.1:2379\"]\n",
+                "registry.endpoints",
+                "TLS only",
+            ),
+            (
+                "backend = \"etcd\"\nendpoints = [\"https://h1:2379\"]\nca = \"/ca.pem\"\n",
+                "registry.ca",
+                "client certificate",
+            ),
+            (
+                &format!("backend = \"etcd\"\nendpoints = [\"https://h1:2379\"]\n{tls}lease = \"1500ms\"\n"),
+                "registry.lease",
+                "whole seconds",
+            ),
+            (
+                &format!("backend = \"etcd\"\nendpoints = [\"https://h1:2379\"]\n{tls}lease = \"4s\"\n"),
+                "registry.lease",
+                "fence_lease (5s)",
+            ),
+            (
+                &format!("backend = \"etcd\"\nendpoints = [\"https://h1:2379\"]\n{tls}prefix = \"ckpt\"\n"),
+                "registry.prefix",
+                "'/'",
+            ),
+        ] {
+            let e = c(&format!("[registry]\n{bad}")).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains(says), "{bad}: {e}");
+        }
+        // A longer lease fits a longer fence.
+        let long = c(&format!(
+            "node_timeout = \"20s\"\n[registry]\nbackend = \"etcd\"\nendpoints = [\"https://h1:2379\"]\n{tls}lease = \"6s\"\n"
+        ))
+        .unwrap();
+        assert_eq!(long.registry.lease, Duration::from_secs(6));
     }
 
     #[test]

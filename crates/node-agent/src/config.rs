@@ -21,7 +21,9 @@ pub struct AgentConfig {
     /// Address the coordinator uses to reach this agent. Default: `listen` (with the real port
     /// when `listen` has port 0).
     pub advertise: Option<String>,
-    /// Coordinator's agent-facing address (`host:port`). Empty when embedded in `ckptd --standalone`.
+    /// Coordinator's agent-facing address (`host:port`); with standby ckptd, all of theirs,
+    /// comma-separated (`head1:7600,head2:7600`): the agent and its jobs' `ckpt-rsh` reach
+    /// whichever is active. Empty when embedded in `ckptd --standalone`.
     pub coordinator: String,
     /// Per-job state: launch specs, stdout/stderr, exit status, engine logs.
     pub state_dir: PathBuf,

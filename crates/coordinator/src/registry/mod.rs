@@ -1,5 +1,7 @@
-//! The job registry and epoch history, in an embedded redb database, so that a restarted ckptd
-//! loses nothing. Values are JSON of [`Job`] and [`Epoch`]; every write is one transaction.
+//! The job registry and epoch history, so that a restarted ckptd loses nothing: in an embedded
+//! redb database (the default: one head node), or in an etcd cluster ([`etcd`]), where a
+//! standby ckptd takes over when the active one is lost. Values are JSON of [`Job`] and
+//! [`Epoch`]; every write is one transaction.
 //!
 //! An epoch is stored in two records: its head (everything but what each node reported at and
 //! after the commit), rewritten as the epoch moves through its phases, and its details (each
@@ -8,14 +10,17 @@
 //! periodic policy read and write heads only ([`Registry::epoch_heads`]). Records written before
 //! the split hold everything in the head and read as before.
 //!
-//! The database holds every job's secret and command line: it is root's alone (0600), also when
-//! an older ckptd created it with other modes.
+//! The database holds every job's secret and command line: the redb file is root's alone (0600),
+//! also when an older ckptd created it with other modes; an etcd cluster must admit ckptd alone
+//! (docs/operations.md).
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::model::{Epoch, Job};
+
+pub mod etcd;
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 /// Key: (job id, epoch number). An epoch's head.
@@ -85,21 +90,21 @@ fn split(epoch: &Epoch) -> (Vec<u8>, Option<Vec<u8>>) {
     (serde_json::to_vec(&head).expect("serializable"), details)
 }
 
-/// Registry failures; each names the database file.
+/// Registry failures; each names the database (a file, or an etcd cluster).
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
     /// The database cannot be opened or used.
     #[error("job database {path}: {message}")]
     Db {
-        /// File.
+        /// File, or `etcd:` and the endpoints and prefix.
         path: PathBuf,
-        /// redb's message.
+        /// The store's message.
         message: String,
     },
     /// A stored record does not decode.
     #[error("job database {path}: corrupt record {key}: {source}")]
     Decode {
-        /// File.
+        /// File, or `etcd:` and the endpoints and prefix.
         path: PathBuf,
         /// Which record.
         key: String,
@@ -109,10 +114,38 @@ pub enum RegistryError {
     },
 }
 
+/// What a record belongs to. Jobs are keyed `(id, 0)`, epochs `(job, number)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Table {
+    Jobs,
+    Heads,
+    Details,
+}
+
+type Key = (u64, u32);
+
+/// One change of a write.
+#[derive(Debug)]
+enum Op {
+    Put(Table, Key, Vec<u8>),
+    /// An epoch's details: written only if they differ from those stored; `None` removes them.
+    Details(Key, Option<Vec<u8>>),
+}
+
+/// Where the records live.
+#[derive(Debug)]
+enum Backend {
+    /// An embedded database file: one head node.
+    Redb(Database),
+    /// An etcd cluster, written only while this ckptd is the active one.
+    Etcd(etcd::Store),
+}
+
 /// The persistent registry.
 #[derive(Debug)]
 pub struct Registry {
-    db: Database,
+    backend: Backend,
+    /// Names the database in errors.
     path: PathBuf,
 }
 
@@ -146,11 +179,12 @@ impl Registry {
         drop(file);
         let db = Database::create(path).map_err(|e| db_err(&e))?;
         let r = Registry {
-            db,
+            backend: Backend::Redb(db),
             path: path.into(),
         };
         // Create the tables so that reads of an empty database succeed.
-        let tx = r.db.begin_write().map_err(|e| r.err(e))?;
+        let db = r.redb().expect("redb");
+        let tx = db.begin_write().map_err(|e| r.err(e))?;
         {
             tx.open_table(JOBS).map_err(|e| r.err(e))?;
             tx.open_table(EPOCHS).map_err(|e| r.err(e))?;
@@ -158,6 +192,22 @@ impl Registry {
         }
         tx.commit().map_err(|e| r.err(e))?;
         Ok(r)
+    }
+
+    /// The registry in an etcd cluster, through `store`, which won the leadership: every write
+    /// is made only while it still holds it ([`etcd::Store::campaign`]).
+    pub fn on_etcd(store: etcd::Store) -> Self {
+        Registry {
+            path: store.name().into(),
+            backend: Backend::Etcd(store),
+        }
+    }
+
+    fn redb(&self) -> Option<&Database> {
+        match &self.backend {
+            Backend::Redb(db) => Some(db),
+            Backend::Etcd(_) => None,
+        }
     }
 
     fn err(&self, e: impl std::fmt::Display) -> RegistryError {
@@ -181,22 +231,21 @@ impl Registry {
 
     /// Next unused job id (one more than the highest stored).
     pub fn next_job_id(&self) -> Result<u64, RegistryError> {
-        let tx = self.db.begin_read().map_err(|e| self.err(e))?;
-        let t = tx.open_table(JOBS).map_err(|e| self.err(e))?;
-        let last = t.last().map_err(|e| self.err(e))?.map(|(k, _)| k.value());
+        let last = match &self.backend {
+            Backend::Redb(db) => {
+                let tx = db.begin_read().map_err(|e| self.err(e))?;
+                let t = tx.open_table(JOBS).map_err(|e| self.err(e))?;
+                let last = t.last().map_err(|e| self.err(e))?.map(|(k, _)| k.value());
+                last
+            }
+            Backend::Etcd(s) => s.last_job().map_err(|e| self.err(e))?,
+        };
         Ok(last.unwrap_or(0) + 1)
     }
 
     /// Stores a job.
     pub fn put_job(&self, job: &Job) -> Result<(), RegistryError> {
-        let bytes = serde_json::to_vec(job).expect("serializable");
-        let tx = self.db.begin_write().map_err(|e| self.err(e))?;
-        {
-            let mut t = tx.open_table(JOBS).map_err(|e| self.err(e))?;
-            t.insert(job.id, bytes.as_slice())
-                .map_err(|e| self.err(e))?;
-        }
-        tx.commit().map_err(|e| self.err(e))
+        self.put_job_and_epochs(job, [])
     }
 
     /// Stores a job and one of its epochs in one transaction.
@@ -210,16 +259,15 @@ impl Registry {
         job: &Job,
         epochs: impl IntoIterator<Item = &'e Epoch>,
     ) -> Result<(), RegistryError> {
-        let jb = serde_json::to_vec(job).expect("serializable");
-        let tx = self.db.begin_write().map_err(|e| self.err(e))?;
-        {
-            let mut t = tx.open_table(JOBS).map_err(|e| self.err(e))?;
-            t.insert(job.id, jb.as_slice()).map_err(|e| self.err(e))?;
-        }
+        let mut ops = vec![Op::Put(
+            Table::Jobs,
+            (job.id, 0),
+            serde_json::to_vec(job).expect("serializable"),
+        )];
         for e in epochs {
-            self.write_epoch(&tx, e)?;
+            epoch_ops(e, &mut ops);
         }
-        tx.commit().map_err(|e| self.err(e))
+        self.write(ops, true)
     }
 
     /// Stores an epoch.
@@ -229,104 +277,187 @@ impl Registry {
 
     /// Stores epochs in one transaction (none: nothing is written).
     pub fn put_epochs(&self, epochs: &[Epoch]) -> Result<(), RegistryError> {
-        if epochs.is_empty() {
-            return Ok(());
-        }
-        let tx = self.db.begin_write().map_err(|e| self.err(e))?;
+        let mut ops = Vec::new();
         for e in epochs {
-            self.write_epoch(&tx, e)?;
+            epoch_ops(e, &mut ops);
         }
-        tx.commit().map_err(|e| self.err(e))
-    }
-
-    /// Writes an epoch's head, and its details where they changed.
-    fn write_epoch(&self, tx: &redb::WriteTransaction, epoch: &Epoch) -> Result<(), RegistryError> {
-        let key = (epoch.job_id, epoch.number);
-        let (head, details) = split(epoch);
-        let mut t = tx.open_table(EPOCHS).map_err(|e| self.err(e))?;
-        t.insert(key, head.as_slice()).map_err(|e| self.err(e))?;
-        let mut t = tx.open_table(EPOCH_DETAILS).map_err(|e| self.err(e))?;
-        let stored = t.get(key).map_err(|e| self.err(e))?;
-        let same = stored.as_ref().map(|v| v.value()) == details.as_deref();
-        drop(stored);
-        if !same {
-            match details {
-                Some(d) => {
-                    t.insert(key, d.as_slice()).map_err(|e| self.err(e))?;
-                }
-                None => {
-                    t.remove(key).map_err(|e| self.err(e))?;
-                }
-            }
-        }
-        Ok(())
+        self.write(ops, true)
     }
 
     /// Records an epoch's progress for readers (`ckptctl status`, `epochs`) without syncing it
     /// to disk: the next durable write (the epoch's commit or abort) makes it durable. A crash
     /// before that finds the epoch as [`Registry::put_job_and_epoch`] began it, which the next
     /// start-up marks failed all the same. An epoch so costs two fsyncs, not one per phase.
+    /// (etcd makes every write durable on a quorum: there, this is an ordinary write.)
     pub fn note_epoch(&self, epoch: &Epoch) -> Result<(), RegistryError> {
-        let mut tx = self.db.begin_write().map_err(|e| self.err(e))?;
-        tx.set_durability(redb::Durability::None)
-            .map_err(|e| self.err(e))?;
-        self.write_epoch(&tx, epoch)?;
-        tx.commit().map_err(|e| self.err(e))
+        let mut ops = Vec::new();
+        epoch_ops(epoch, &mut ops);
+        self.write(ops, false)
+    }
+
+    /// Makes `ops` in one transaction (none: nothing is written); `durable`: synced before it
+    /// returns.
+    fn write(&self, ops: Vec<Op>, durable: bool) -> Result<(), RegistryError> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        match &self.backend {
+            Backend::Redb(db) => {
+                let mut tx = db.begin_write().map_err(|e| self.err(e))?;
+                if !durable {
+                    tx.set_durability(redb::Durability::None)
+                        .map_err(|e| self.err(e))?;
+                }
+                for op in ops {
+                    self.redb_op(&tx, op)?;
+                }
+                tx.commit().map_err(|e| self.err(e))
+            }
+            Backend::Etcd(s) => s.write(ops).map_err(|e| self.err(e)),
+        }
+    }
+
+    fn redb_op(&self, tx: &redb::WriteTransaction, op: Op) -> Result<(), RegistryError> {
+        match op {
+            Op::Put(Table::Jobs, (id, _), v) => {
+                let mut t = tx.open_table(JOBS).map_err(|e| self.err(e))?;
+                t.insert(id, v.as_slice()).map_err(|e| self.err(e))?;
+            }
+            Op::Put(table, key, v) => {
+                let def = if table == Table::Heads {
+                    EPOCHS
+                } else {
+                    EPOCH_DETAILS
+                };
+                let mut t = tx.open_table(def).map_err(|e| self.err(e))?;
+                t.insert(key, v.as_slice()).map_err(|e| self.err(e))?;
+            }
+            Op::Details(key, details) => {
+                let mut t = tx.open_table(EPOCH_DETAILS).map_err(|e| self.err(e))?;
+                let stored = t.get(key).map_err(|e| self.err(e))?;
+                let same = stored.as_ref().map(|v| v.value()) == details.as_deref();
+                drop(stored);
+                if !same {
+                    match details {
+                        Some(d) => {
+                            t.insert(key, d.as_slice()).map_err(|e| self.err(e))?;
+                        }
+                        None => {
+                            t.remove(key).map_err(|e| self.err(e))?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One record, if stored.
+    fn get(&self, table: Table, key: Key) -> Result<Option<Vec<u8>>, RegistryError> {
+        match &self.backend {
+            Backend::Redb(db) => {
+                let tx = db.begin_read().map_err(|e| self.err(e))?;
+                let v = if table == Table::Jobs {
+                    let t = tx.open_table(JOBS).map_err(|e| self.err(e))?;
+                    t.get(key.0)
+                        .map_err(|e| self.err(e))?
+                        .map(|v| v.value().to_vec())
+                } else {
+                    let def = if table == Table::Heads {
+                        EPOCHS
+                    } else {
+                        EPOCH_DETAILS
+                    };
+                    let t = tx.open_table(def).map_err(|e| self.err(e))?;
+                    t.get(key)
+                        .map_err(|e| self.err(e))?
+                        .map(|v| v.value().to_vec())
+                };
+                Ok(v)
+            }
+            Backend::Etcd(s) => s.get(table, key).map_err(|e| self.err(e)),
+        }
+    }
+
+    /// Every record of `job` in an epoch table, or every job (`Table::Jobs`, `job` unused), in
+    /// key order.
+    fn range(&self, table: Table, job: u64) -> Result<Vec<(Key, Vec<u8>)>, RegistryError> {
+        match &self.backend {
+            Backend::Redb(db) => {
+                let tx = db.begin_read().map_err(|e| self.err(e))?;
+                let mut out = Vec::new();
+                if table == Table::Jobs {
+                    let t = tx.open_table(JOBS).map_err(|e| self.err(e))?;
+                    for item in t.iter().map_err(|e| self.err(e))? {
+                        let (k, v) = item.map_err(|e| self.err(e))?;
+                        out.push(((k.value(), 0), v.value().to_vec()));
+                    }
+                    return Ok(out);
+                }
+                let def = if table == Table::Heads {
+                    EPOCHS
+                } else {
+                    EPOCH_DETAILS
+                };
+                let t = tx.open_table(def).map_err(|e| self.err(e))?;
+                for item in t
+                    .range((job, 0)..=(job, u32::MAX))
+                    .map_err(|e| self.err(e))?
+                {
+                    let (k, v) = item.map_err(|e| self.err(e))?;
+                    out.push((k.value(), v.value().to_vec()));
+                }
+                Ok(out)
+            }
+            Backend::Etcd(s) => s.range(table, job).map_err(|e| self.err(e)),
+        }
     }
 
     /// A job, if known.
     pub fn job(&self, id: u64) -> Result<Option<Job>, RegistryError> {
-        let tx = self.db.begin_read().map_err(|e| self.err(e))?;
-        let t = tx.open_table(JOBS).map_err(|e| self.err(e))?;
-        match t.get(id).map_err(|e| self.err(e))? {
-            Some(v) => Ok(Some(self.decode(format!("job {id}"), v.value())?)),
+        match self.get(Table::Jobs, (id, 0))? {
+            Some(v) => Ok(Some(self.decode(format!("job {id}"), &v)?)),
             None => Ok(None),
         }
     }
 
     /// Every job, by id.
     pub fn jobs(&self) -> Result<Vec<Job>, RegistryError> {
-        let tx = self.db.begin_read().map_err(|e| self.err(e))?;
-        let t = tx.open_table(JOBS).map_err(|e| self.err(e))?;
-        let mut out = Vec::new();
-        for item in t.iter().map_err(|e| self.err(e))? {
-            let (k, v) = item.map_err(|e| self.err(e))?;
-            out.push(self.decode(format!("job {}", k.value()), v.value())?);
-        }
-        Ok(out)
+        self.range(Table::Jobs, 0)?
+            .into_iter()
+            .map(|((id, _), v)| self.decode(format!("job {id}"), &v))
+            .collect()
     }
 
     /// One epoch, if known.
     pub fn epoch(&self, job: u64, number: u32) -> Result<Option<Epoch>, RegistryError> {
-        let tx = self.db.begin_read().map_err(|e| self.err(e))?;
-        let t = tx.open_table(EPOCHS).map_err(|e| self.err(e))?;
-        let Some(head) = t.get((job, number)).map_err(|e| self.err(e))? else {
+        let Some(mut e) = self.epoch_head(job, number)?.map(|h| h.0) else {
             return Ok(None);
         };
-        let mut e: Epoch = self.decode(format!("job {job} epoch {number}"), head.value())?;
-        let details = tx.open_table(EPOCH_DETAILS).map_err(|e| self.err(e))?;
-        self.add_details(&details, &mut e)?;
+        if let Some(d) = self.get(Table::Details, (job, number))? {
+            self.add_details(&mut e, &d)?;
+        }
         Ok(Some(e))
     }
 
     /// Every epoch of a job, oldest first.
     pub fn epochs(&self, job: u64) -> Result<Vec<Epoch>, RegistryError> {
-        let tx = self.db.begin_read().map_err(|e| self.err(e))?;
-        let details = tx.open_table(EPOCH_DETAILS).map_err(|e| self.err(e))?;
-        let mut out = self.heads(&tx, job)?;
+        let mut out = self.heads(job)?;
+        let details: std::collections::HashMap<Key, Vec<u8>> =
+            self.range(Table::Details, job)?.into_iter().collect();
         for e in &mut out {
-            self.add_details(&details, e)?;
+            if let Some(d) = details.get(&(e.job_id, e.number)) {
+                self.add_details(e, d)?;
+            }
         }
         Ok(out)
     }
 
     /// One epoch without its details, if known.
     pub fn epoch_head(&self, job: u64, number: u32) -> Result<Option<EpochHead>, RegistryError> {
-        let tx = self.db.begin_read().map_err(|e| self.err(e))?;
-        let t = tx.open_table(EPOCHS).map_err(|e| self.err(e))?;
-        match t.get((job, number)).map_err(|e| self.err(e))? {
+        match self.get(Table::Heads, (job, number))? {
             Some(v) => Ok(Some(EpochHead(
-                self.decode(format!("job {job} epoch {number}"), v.value())?,
+                self.decode(format!("job {job} epoch {number}"), &v)?,
             ))),
             None => Ok(None),
         }
@@ -334,43 +465,36 @@ impl Registry {
 
     /// Every epoch of a job without its details, oldest first.
     pub fn epoch_heads(&self, job: u64) -> Result<Vec<EpochHead>, RegistryError> {
-        let tx = self.db.begin_read().map_err(|e| self.err(e))?;
-        Ok(self.heads(&tx, job)?.into_iter().map(EpochHead).collect())
+        Ok(self.heads(job)?.into_iter().map(EpochHead).collect())
     }
 
-    fn heads(&self, tx: &redb::ReadTransaction, job: u64) -> Result<Vec<Epoch>, RegistryError> {
-        let t = tx.open_table(EPOCHS).map_err(|e| self.err(e))?;
-        let mut out = Vec::new();
-        for item in t
-            .range((job, 0)..=(job, u32::MAX))
-            .map_err(|e| self.err(e))?
-        {
-            let (k, v) = item.map_err(|e| self.err(e))?;
-            let (j, n) = k.value();
-            out.push(self.decode(format!("job {j} epoch {n}"), v.value())?);
-        }
-        Ok(out)
+    fn heads(&self, job: u64) -> Result<Vec<Epoch>, RegistryError> {
+        self.range(Table::Heads, job)?
+            .into_iter()
+            .map(|((j, n), v)| self.decode(format!("job {j} epoch {n}"), &v))
+            .collect()
     }
 
-    /// Fills in an epoch's details, if stored apart (records from before the split hold them
-    /// in the head).
-    fn add_details(
-        &self,
-        t: &redb::ReadOnlyTable<(u64, u32), &[u8]>,
-        e: &mut Epoch,
-    ) -> Result<(), RegistryError> {
-        let Some(v) = t.get((e.job_id, e.number)).map_err(|err| self.err(err))? else {
-            return Ok(());
-        };
+    /// Fills in an epoch's details from their record (records from before the split hold them
+    /// in the head and have none).
+    fn add_details(&self, e: &mut Epoch, stored: &[u8]) -> Result<(), RegistryError> {
         let d: EpochDetails = self.decode(
             format!("job {} epoch {} details", e.job_id, e.number),
-            v.value(),
+            stored,
         )?;
         e.manifests = d.manifests;
         e.partners = d.partners;
         e.encodings = d.encodings;
         Ok(())
     }
+}
+
+/// The changes that store `epoch`: its head, and its details where they changed.
+fn epoch_ops(epoch: &Epoch, ops: &mut Vec<Op>) {
+    let key = (epoch.job_id, epoch.number);
+    let (head, details) = split(epoch);
+    ops.push(Op::Put(Table::Heads, key, head));
+    ops.push(Op::Details(key, details));
 }
 
 #[cfg(test)]
@@ -431,7 +555,7 @@ mod tests {
         );
         assert_eq!(r.epoch_heads(1).unwrap().len(), 1);
         // The head alone holds no manifest: what the phases rewrite stays small.
-        let tx = r.db.begin_read().unwrap();
+        let tx = r.redb().unwrap().begin_read().unwrap();
         let t = tx.open_table(EPOCHS).unwrap();
         let stored = t.get((1, 1)).unwrap().unwrap().value().to_vec();
         assert!(!String::from_utf8_lossy(&stored).contains("d1"));
@@ -448,7 +572,7 @@ mod tests {
         let mut e = Epoch::begin(1, 1, false, vec!["n1".into()], 0);
         crate::model::fixtures::commit(&mut e, [("n1".into(), "d1".into())].into(), 5);
         let whole = serde_json::to_vec(&e).unwrap();
-        let tx = r.db.begin_write().unwrap();
+        let tx = r.redb().unwrap().begin_write().unwrap();
         tx.open_table(EPOCHS)
             .unwrap()
             .insert((1, 1), whole.as_slice())

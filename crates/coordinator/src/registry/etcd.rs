@@ -1,0 +1,467 @@
+//! The registry in an etcd cluster, and the election of the one ckptd that writes it.
+//!
+//! Every ckptd of a site points at the same cluster. Each campaigns for one key
+//! (`PREFIX/leader`), created under a lease it keeps alive: the one that creates it is the
+//! active ckptd, the others stand by and try again when the key goes (the active one stopped,
+//! or died and its lease ran out). Every write of the active ckptd is a transaction that first
+//! compares the key's creation revision with the one it won: a ckptd that lost the key, even
+//! one that does not know it yet (stopped by a debugger, cut off), writes nothing more. When its
+//! lease cannot be renewed, [`Leader::lost`] says so and ckptd stops.
+//!
+//! The registry's calls are synchronous (the embedded database's are); this store runs the
+//! etcd client on a runtime of its own and waits for each answer, bounded.
+//!
+//! It holds one connection per member and sends each call to the member that last answered,
+//! going on to the next when one is unreachable or has no leader: a client balancing over all
+//! members would keep sending a share of the calls to a member that is down.
+use std::future::Future;
+use std::time::Duration;
+
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions,
+    SortOrder, SortTarget, TlsOptions, Txn, TxnOp,
+};
+
+use super::{Key, Op, Table};
+use crate::config::RegistryConfig;
+
+/// How long one call to one member may take before the next member is tried.
+const CALL: Duration = Duration::from_secs(5);
+/// How often a standby looks whether the active ckptd's key is gone.
+const POLL: Duration = Duration::from_millis(250);
+/// The most changes one transaction carries (etcd's default limit is 128).
+const MAX_OPS: usize = 120;
+
+/// A connection to each member, and which answered last.
+struct Members {
+    each: Vec<(String, Client)>,
+    answered: std::sync::atomic::AtomicUsize,
+}
+
+impl Members {
+    /// Runs `call` on the member that answered last, or on the next ones while a member is
+    /// unreachable (or cut off from the others: it has no leader).
+    async fn call<T, F, Fut>(&self, call: F) -> Result<T, String>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        use std::sync::atomic::Ordering::Relaxed;
+        let first = self.answered.load(Relaxed);
+        let mut errors = Vec::new();
+        for i in 0..self.each.len() {
+            let at = (first + i) % self.each.len();
+            let (endpoint, client) = &self.each[at];
+            match tokio::time::timeout(CALL, call(client.clone())).await {
+                Ok(Ok(v)) => {
+                    self.answered.store(at, Relaxed);
+                    return Ok(v);
+                }
+                Ok(Err(e)) if !unreachable(&e) => return Err(format!("{endpoint}: {e}")),
+                Ok(Err(e)) => errors.push(format!("{endpoint}: {e}")),
+                Err(_) => errors.push(format!(
+                    "{endpoint}: no answer within {}",
+                    humantime::format_duration(CALL)
+                )),
+            }
+        }
+        Err(format!("no etcd member answered: {}", errors.join("; ")))
+    }
+}
+
+/// Whether `e` says the member could not serve the call (down, unreachable, without a
+/// leader), so that another may.
+fn unreachable(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        etcd_client::Error::GRpcStatus(s) => matches!(
+            s.code(),
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown
+        ),
+        _ => false,
+    }
+}
+
+/// ckpt's keys in one etcd cluster.
+pub struct Store {
+    members: std::sync::Arc<Members>,
+    prefix: String,
+    /// `etcd:ENDPOINTS PREFIX`, naming the store in errors.
+    name: String,
+    /// The leadership key's creation revision this ckptd won; none before it has.
+    fence: Option<i64>,
+    runtime: Runtime,
+}
+
+/// The store's own runtime, shut down without waiting when the store goes (it may go inside
+/// ckptd's runtime, where waiting is not allowed).
+#[derive(Debug)]
+struct Runtime(Option<tokio::runtime::Runtime>);
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// This ckptd's leadership, won by [`Store::campaign`].
+pub struct Leader {
+    lost: tokio::sync::watch::Receiver<Option<String>>,
+    lease: i64,
+    members: std::sync::Arc<Members>,
+    handle: tokio::runtime::Handle,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("name", &self.name)
+            .field("fence", &self.fence)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Leader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leader")
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Leader {
+    /// Resolves when the leadership is lost, with why: the lease could not be renewed in time,
+    /// so another ckptd may be active now.
+    pub async fn lost(&self) -> String {
+        let mut rx = self.lost.clone();
+        let why = match rx.wait_for(|v| v.is_some()).await {
+            Ok(v) => v.clone().unwrap_or_default(),
+            Err(_) => "the lease keeper stopped".into(),
+        };
+        why
+    }
+
+    /// Gives the leadership up now (a clean stop): a standby takes over at once instead of
+    /// after the lease.
+    pub async fn resign(&self) {
+        let (members, lease) = (self.members.clone(), self.lease);
+        let revoke = self.handle.spawn(async move {
+            let _ = members
+                .call(|mut c| async move { c.lease_revoke(lease).await })
+                .await;
+        });
+        let _ = revoke.await;
+    }
+}
+
+impl Store {
+    /// Connects to the cluster `cfg` names (lazily: a cluster not up yet is waited for by the
+    /// first call).
+    pub fn connect(cfg: &RegistryConfig) -> Result<Store, String> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("ckptd-etcd")
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the etcd client's runtime: {e}"))?;
+        let mut opts = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(3))
+            .with_timeout(CALL)
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+            .with_require_leader(true);
+        if let Some(ca) = &cfg.ca {
+            let read = |p: &std::path::Path| {
+                std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()))
+            };
+            let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(read(ca)?));
+            if let (Some(cert), Some(key)) = (&cfg.cert, &cfg.key) {
+                tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+            }
+            opts = opts.with_tls(tls);
+        }
+        let mut each = Vec::new();
+        for endpoint in &cfg.endpoints {
+            let (e, o) = (endpoint.clone(), opts.clone());
+            // One endpoint: connected when first used, so a member down now is no error.
+            let client = runtime
+                .block_on(async move { Client::connect([e], Some(o)).await })
+                .map_err(|e| format!("etcd at {endpoint}: {e}"))?;
+            each.push((endpoint.clone(), client));
+        }
+        Ok(Store {
+            members: std::sync::Arc::new(Members {
+                each,
+                answered: Default::default(),
+            }),
+            prefix: cfg.prefix.clone(),
+            name: format!("etcd:{}{}", cfg.endpoints.join(","), cfg.prefix),
+            fence: None,
+            runtime: Runtime(Some(runtime)),
+        })
+    }
+
+    /// Names the store in errors: `etcd:ENDPOINTS PREFIX`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn handle(&self) -> &tokio::runtime::Handle {
+        self.runtime.0.as_ref().expect("running").handle()
+    }
+
+    /// The key of the leadership.
+    fn leader_key(&self) -> String {
+        format!("{}leader", self.prefix)
+    }
+
+    /// Waits until this ckptd is the active one, then returns its leadership; meanwhile
+    /// `standby` is told who is active (once per change). `me` names this ckptd to the others.
+    /// Cancel-safe: a campaign dropped while waiting holds nothing.
+    pub async fn campaign(
+        &mut self,
+        me: &str,
+        lease: Duration,
+        mut standby: impl FnMut(&str),
+    ) -> Result<Leader, String> {
+        let key = self.leader_key();
+        let ttl = lease.as_secs() as i64;
+        let mut active = String::new();
+        loop {
+            let k = key.clone();
+            let holder = self
+                .spawn(move |mut c| {
+                    let k = k.clone();
+                    async move { c.get(k, None).await }
+                })
+                .await?
+                .kvs()
+                .first()
+                .map(|kv| String::from_utf8_lossy(kv.value()).into_owned());
+            if let Some(h) = holder {
+                if h != active {
+                    standby(&h);
+                    active = h;
+                }
+                tokio::time::sleep(POLL).await;
+                continue;
+            }
+            let granted = self
+                .spawn(move |mut c| async move { c.lease_grant(ttl, None).await })
+                .await?;
+            let id = granted.id();
+            let (k, v) = (key.clone(), me.to_string());
+            let won = self
+                .spawn(move |mut c| {
+                    let txn = Txn::new()
+                        .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
+                        .and_then([TxnOp::put(
+                            k.clone(),
+                            v.clone(),
+                            Some(PutOptions::new().with_lease(id)),
+                        )]);
+                    async move { c.txn(txn).await }
+                })
+                .await?;
+            if !won.succeeded() {
+                let _ = self
+                    .spawn(move |mut c| async move { c.lease_revoke(id).await })
+                    .await;
+                continue;
+            }
+            let revision = won.header().map_or(0, |h| h.revision());
+            self.fence = Some(revision);
+            return Ok(self.keep(id, lease));
+        }
+    }
+
+    /// Keeps lease `id` alive (three renewals a lease, through whichever member answers) until
+    /// no renewal has succeeded for a whole lease, or etcd says the lease is gone.
+    fn keep(&self, id: i64, lease: Duration) -> Leader {
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        let members = self.members.clone();
+        self.handle().spawn(async move {
+            let mut renewed = tokio::time::Instant::now();
+            // After a failed renewal (etcd electing a new leader, a member down), sooner.
+            let mut pause = lease / 3;
+            let why = loop {
+                tokio::time::sleep(pause).await;
+                pause = Duration::from_millis(100);
+                let sent = tokio::time::Instant::now();
+                let renew = members.call(|mut c| async move {
+                    let (mut keeper, mut answers) = c.lease_keep_alive(id).await?;
+                    keeper.keep_alive().await?;
+                    answers.message().await
+                });
+                let left = lease.saturating_sub(renewed.elapsed());
+                match tokio::time::timeout(left, renew).await {
+                    Ok(Ok(Some(a))) if a.ttl() > 0 => {
+                        renewed = sent;
+                        pause = lease / 3;
+                    }
+                    Ok(Ok(Some(_))) => break "etcd says the lease expired".to_string(),
+                    Ok(Ok(None)) | Ok(Err(_)) if renewed.elapsed() < lease => continue,
+                    Ok(Ok(None)) => break "etcd closed the lease stream".to_string(),
+                    Ok(Err(e)) => break format!("cannot renew the lease: {e}"),
+                    Err(_) => {
+                        break format!(
+                            "the lease was not renewed within {}",
+                            humantime::format_duration(lease)
+                        )
+                    }
+                }
+            };
+            let _ = tx.send(Some(why));
+        });
+        Leader {
+            lost: rx,
+            lease: id,
+            members: self.members.clone(),
+            handle: self.handle().clone(),
+        }
+    }
+
+    /// Runs `call` (on the members in turn, [`Members::call`]) on the store's runtime; the
+    /// caller may be on any runtime.
+    fn spawn<T, F, Fut>(&self, call: F) -> impl Future<Output = Result<T, String>>
+    where
+        T: Send + 'static,
+        F: Fn(Client) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
+    {
+        let (name, members) = (self.name.clone(), self.members.clone());
+        let task = self.handle().spawn(async move { members.call(call).await });
+        async move {
+            task.await
+                .unwrap_or_else(|e| Err(format!("{name}: the call failed: {e}")))
+        }
+    }
+
+    /// [`Store::spawn`], waited for here (a synchronous caller).
+    fn wait<T, F, Fut>(&self, call: F) -> Result<T, String>
+    where
+        T: Send + 'static,
+        F: Fn(Client) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
+    {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let call = self.spawn(call);
+        self.handle().spawn(async move {
+            let _ = tx.send(call.await);
+        });
+        rx.recv()
+            .unwrap_or_else(|_| Err("the etcd client stopped".into()))
+    }
+
+    fn key(&self, table: Table, (job, n): Key) -> String {
+        match table {
+            Table::Jobs => format!("{}jobs/{job:020}", self.prefix),
+            Table::Heads => format!("{}epochs/{job:020}/{n:010}", self.prefix),
+            Table::Details => format!("{}details/{job:020}/{n:010}", self.prefix),
+        }
+    }
+
+    /// The key a stored name stands for (`None`: not one of ours).
+    fn parse(&self, table: Table, name: &[u8]) -> Option<Key> {
+        let name = std::str::from_utf8(name).ok()?.strip_prefix(&self.prefix)?;
+        match table {
+            Table::Jobs => Some((name.strip_prefix("jobs/")?.parse().ok()?, 0)),
+            Table::Heads | Table::Details => {
+                let rest = name
+                    .strip_prefix("epochs/")
+                    .or_else(|| name.strip_prefix("details/"))?;
+                let (j, n) = rest.split_once('/')?;
+                Some((j.parse().ok()?, n.parse().ok()?))
+            }
+        }
+    }
+
+    /// One record, if stored.
+    pub(super) fn get(&self, table: Table, key: Key) -> Result<Option<Vec<u8>>, String> {
+        let k = self.key(table, key);
+        let r = self.wait(move |mut c| {
+            let k = k.clone();
+            async move { c.get(k, None).await }
+        })?;
+        Ok(r.kvs().first().map(|kv| kv.value().to_vec()))
+    }
+
+    /// Every job (`Table::Jobs`), or every record of `job` in an epoch table, in key order.
+    pub(super) fn range(&self, table: Table, job: u64) -> Result<Vec<(Key, Vec<u8>)>, String> {
+        let prefix = match table {
+            Table::Jobs => format!("{}jobs/", self.prefix),
+            Table::Heads => format!("{}epochs/{job:020}/", self.prefix),
+            Table::Details => format!("{}details/{job:020}/", self.prefix),
+        };
+        let r = self.wait(move |mut c| {
+            let (prefix, opts) = (
+                prefix.clone(),
+                GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Key, SortOrder::Ascend),
+            );
+            async move { c.get(prefix, Some(opts)).await }
+        })?;
+        Ok(r.kvs()
+            .iter()
+            .filter_map(|kv| Some((self.parse(table, kv.key())?, kv.value().to_vec())))
+            .collect())
+    }
+
+    /// The highest job id stored.
+    pub(super) fn last_job(&self) -> Result<Option<u64>, String> {
+        let prefix = format!("{}jobs/", self.prefix);
+        let r = self.wait(move |mut c| {
+            let (prefix, opts) = (
+                prefix.clone(),
+                GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Key, SortOrder::Descend)
+                    .with_limit(1),
+            );
+            async move { c.get(prefix, Some(opts)).await }
+        })?;
+        Ok(r.kvs()
+            .first()
+            .and_then(|kv| self.parse(Table::Jobs, kv.key()))
+            .map(|k| k.0))
+    }
+
+    /// Makes `ops` while this ckptd holds the leadership; more than a transaction holds go in
+    /// several, in order (a job's record first). A transaction whose answer was lost with its
+    /// member is sent again to the next: it writes the same values.
+    pub(super) fn write(&self, ops: Vec<Op>) -> Result<(), String> {
+        let Some(fence) = self.fence else {
+            return Err("this ckptd is not the active one: it writes nothing".into());
+        };
+        let txn_ops: Vec<TxnOp> = ops
+            .into_iter()
+            .map(|op| match op {
+                Op::Put(t, k, v) => TxnOp::put(self.key(t, k), v, None),
+                Op::Details(k, Some(v)) => TxnOp::put(self.key(Table::Details, k), v, None),
+                Op::Details(k, None) => TxnOp::delete(self.key(Table::Details, k), None),
+            })
+            .collect();
+        for chunk in txn_ops.chunks(MAX_OPS) {
+            let (leader, chunk) = (self.leader_key(), chunk.to_vec());
+            let r = self.wait(move |mut c| {
+                let txn = Txn::new()
+                    .when([Compare::create_revision(
+                        leader.clone(),
+                        CompareOp::Equal,
+                        fence,
+                    )])
+                    .and_then(chunk.clone());
+                async move { c.txn(txn).await }
+            })?;
+            if !r.succeeded() {
+                return Err(
+                    "this ckptd lost its leadership (another ckptd is active now): the write was refused"
+                        .into(),
+                );
+            }
+        }
+        Ok(())
+    }
+}

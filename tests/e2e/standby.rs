@@ -1,0 +1,172 @@
+//! A standby ckptd: the registry in a 3-member etcd on loopback, two ckptd processes, agents
+//! on test hosts given both addresses. The active ckptd is SIGKILLed in the middle of a
+//! checkpoint; the standby takes over, the interrupted epoch is aborted (the job runs on),
+//! the next checkpoint commits and a restart from it computes the right answer. Skips with a
+//! printed reason where etcd, namespaces, CRIU or MPICH are missing.
+use std::time::{Duration, Instant};
+
+use ckpt_tests::etcd::Etcd;
+use ckpt_tests::hosts::{committed_epochs, result_on, run_on, LIMIT};
+use ckpt_tests::netns::Cluster;
+use ckpt_tests::{skip_unless_ready, slow_variant, Ckptd, Mpi, Options};
+
+const NODES: [&str; 2] = ["n1", "n2"];
+const RANKS: u32 = 4;
+const N: u32 = 256;
+const ITERS: u32 = 6000;
+const SLEEP_US: u32 = 2000;
+
+#[test]
+fn the_active_ckptd_killed_during_a_checkpoint_the_standby_takes_over() {
+    failover(false);
+}
+
+/// The same, etcd having lost its leading member first.
+#[test]
+fn the_same_with_etcd_down_one_member() {
+    slow_variant!("the_active_ckptd_killed_during_a_checkpoint_the_standby_takes_over");
+    failover(true);
+}
+
+/// The last `n` lines of `text`.
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+fn failover(lose_etcd_member: bool) {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "nsenter", "etcd");
+    if let Some(why) = Etcd::unavailable().or_else(Cluster::unavailable) {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let want = Mpi::Mpich.reference_checksum(RANKS, N, ITERS);
+    let mut etcd = Etcd::start(3);
+    let cluster = Cluster::create(NODES.len()).expect("create test hosts");
+    let mut d = Ckptd::start(Options {
+        no_agent: true,
+        failpoints: true,
+        etcd: Some(etcd.registry_keys()),
+        standby: true,
+        ..Options::default()
+    });
+    for n in NODES {
+        d.start_agent_in(&cluster, n);
+    }
+    d.wait_agents(&NODES);
+    let hosts: Vec<&str> = cluster.nodes.iter().map(|n| n.ip.as_str()).collect();
+    let job = run_on(
+        &d,
+        "n1",
+        &Mpi::Mpich.heat_argv_on(&hosts, RANKS, N, ITERS, SLEEP_US),
+    );
+    let id = job.to_string();
+    d.ctl(&["checkpoint", &id, "--wait"]).ok();
+    let log = |d: &Ckptd, name: &str| {
+        std::fs::read_to_string(d.dir.path().join(name)).unwrap_or_default()
+    };
+    assert!(
+        log(&d, "ckptd-b.log").contains("standing by: another ckptd is active"),
+        "the second ckptd stands by: {}",
+        log(&d, "ckptd-b.log")
+    );
+    if lose_etcd_member {
+        // The member that leads etcd: the others elect another, the two left are a quorum.
+        let leader = etcd.leader().expect("an etcd member leads");
+        etcd.kill_member(leader);
+    }
+
+    // The dump is held 4 s on every node; in it, the active ckptd is lost.
+    d.set_failpoints("local-checkpoint=delay:4s\n");
+    let ctl = d.ctl_spawn(&["checkpoint", &id, "--wait"]);
+    let state = d.cgroup_on("n2", job).join("freezer.state");
+    let begin = Instant::now();
+    while std::fs::read_to_string(&state).unwrap_or_default().trim() != "FROZEN" {
+        assert!(
+            begin.elapsed() < LIMIT,
+            "n2 never froze: {}\n{}",
+            tail(&log(&d, "ckptd.log"), 30),
+            etcd.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        d.kill_daemon_hard(false),
+        "the first ckptd was running: {}",
+        tail(&log(&d, "ckptd.log"), 20)
+    );
+    let killed = Instant::now();
+    let out = ctl.wait_with_output().unwrap();
+    assert_ne!(out.status.code(), Some(0), "{out:?}");
+    d.set_failpoints("");
+
+    // The standby serves: ckptctl, given both sockets, reaches it.
+    while d.ctl(&["list"]).code != 0 {
+        assert!(
+            killed.elapsed() < LIMIT,
+            "the standby did not take over: {}",
+            log(&d, "ckptd-b.log")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let serving = killed.elapsed();
+    assert!(
+        log(&d, "ckptd-b.log").contains("this ckptd is now the active one"),
+        "{}",
+        log(&d, "ckptd-b.log")
+    );
+    // The interrupted epoch is failed, the one before stays committed, and the job ran on.
+    let e = &d.epochs(job)[1];
+    assert_eq!(e["state"], "failed", "{e}");
+    assert!(
+        e["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("coordinator"),
+        "{e}"
+    );
+    assert_eq!(committed_epochs(&d, job), [1]);
+    let st = d.status(job);
+    assert_eq!(st["state"], "running", "{st}");
+
+    // Every node's agent finds the new ckptd; the next checkpoint commits there.
+    let begin = Instant::now();
+    loop {
+        let v: serde_json::Value =
+            serde_json::from_str(d.ctl(&["nodes", "--json"]).ok().trim()).expect("nodes --json");
+        let up = |n: &str| {
+            v["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|x| x["name"] == n && x["state"] == "up")
+        };
+        if NODES.iter().all(|n| up(n)) {
+            break;
+        }
+        assert!(begin.elapsed() < LIMIT, "the agents did not register: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    d.ctl(&["checkpoint", &id, "--wait"]).ok();
+    let committed = killed.elapsed();
+    eprintln!(
+        "failover: ckptctl served {:.1} s after the kill, the next checkpoint committed at {:.1} s",
+        serving.as_secs_f64(),
+        committed.as_secs_f64()
+    );
+    assert_eq!(committed_epochs(&d, job), [1, 3]);
+
+    // A restart from it, through the new ckptd, gives the right answer.
+    d.kill_job_on(&NODES, job);
+    d.wait_state(job, "killed", LIMIT);
+    let r = d.ctl(&["restart", &id]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(result_on(&d, "n1", job), want);
+    drop(d);
+    assert!(
+        lose_etcd_member || etcd.healthy(),
+        "etcd stayed healthy: {}",
+        etcd.logs()
+    );
+}
