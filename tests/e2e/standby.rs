@@ -1,8 +1,11 @@
-//! A standby ckptd: the registry in a 3-member etcd on loopback, two ckptd processes, agents
-//! on test hosts given both addresses. The active ckptd is SIGKILLed in the middle of a
-//! checkpoint; the standby takes over, the interrupted epoch is aborted (the job runs on),
-//! the next checkpoint commits and a restart from it computes the right answer. Skips with a
-//! printed reason where etcd, namespaces, CRIU or MPICH are missing.
+//! A standby ckptd: the registry in a 3-member etcd on loopback (TLS, client certificates), two
+//! ckptd processes, agents on test hosts given both addresses. The active ckptd is SIGKILLed
+//! in the middle of a checkpoint; the standby takes over, the interrupted epoch is aborted (the
+//! job runs on), the next checkpoint commits. Then the first ckptd, started again, stands by;
+//! the active one hangs (SIGSTOP) and is deposed: the first takes over, a checkpoint commits,
+//! and the hung one, continued, stops on its own (exit 5). A restart from the last checkpoint
+//! computes the right answer. Skips with a printed reason where etcd, namespaces, CRIU or MPICH
+//! are missing.
 use std::time::{Duration, Instant};
 
 use ckpt_tests::etcd::Etcd;
@@ -13,7 +16,7 @@ use ckpt_tests::{skip_unless_ready, slow_variant, Ckptd, Mpi, Options};
 const NODES: [&str; 2] = ["n1", "n2"];
 const RANKS: u32 = 4;
 const N: u32 = 256;
-const ITERS: u32 = 6000;
+const ITERS: u32 = 12000;
 const SLEEP_US: u32 = 2000;
 
 #[test]
@@ -26,6 +29,44 @@ fn the_active_ckptd_killed_during_a_checkpoint_the_standby_takes_over() {
 fn the_same_with_etcd_down_one_member() {
     slow_variant!("the_active_ckptd_killed_during_a_checkpoint_the_standby_takes_over");
     failover(true);
+}
+
+fn log(d: &Ckptd, name: &str) -> String {
+    std::fs::read_to_string(d.dir.path().join(name)).unwrap_or_default()
+}
+
+/// Waits (bounded) until `name` holds `what` `times` times.
+fn wait_log(d: &Ckptd, name: &str, what: &str, times: usize) {
+    let begin = Instant::now();
+    while log(d, name).matches(what).count() < times {
+        assert!(
+            begin.elapsed() < LIMIT,
+            "{name} never said {what:?} {times} times: {}",
+            tail(&log(d, name), 20)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits (bounded) until every node's agent has registered with the active ckptd.
+fn wait_nodes_up(d: &Ckptd) {
+    let begin = Instant::now();
+    loop {
+        let v: serde_json::Value =
+            serde_json::from_str(d.ctl(&["nodes", "--json"]).ok().trim()).expect("nodes --json");
+        let up = |n: &str| {
+            v["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|x| x["name"] == n && x["state"] == "up")
+        };
+        if NODES.iter().all(|n| up(n)) {
+            return;
+        }
+        assert!(begin.elapsed() < LIMIT, "the agents did not register: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// The last `n` lines of `text`.
@@ -48,6 +89,8 @@ fn failover(lose_etcd_member: bool) {
         failpoints: true,
         etcd: Some(etcd.registry_keys()),
         standby: true,
+        // Twice the registry's lease (5 s) and 1 s: the agents' leases outlast a failover.
+        extra_toml: "fence_lease = \"11s\"\nnode_timeout = \"12s\"\n".into(),
         ..Options::default()
     });
     for n in NODES {
@@ -62,9 +105,6 @@ fn failover(lose_etcd_member: bool) {
     );
     let id = job.to_string();
     d.ctl(&["checkpoint", &id, "--wait"]).ok();
-    let log = |d: &Ckptd, name: &str| {
-        std::fs::read_to_string(d.dir.path().join(name)).unwrap_or_default()
-    };
     assert!(
         log(&d, "ckptd-b.log").contains("standing by: another ckptd is active"),
         "the second ckptd stands by: {}",
@@ -131,23 +171,7 @@ fn failover(lose_etcd_member: bool) {
     assert_eq!(st["state"], "running", "{st}");
 
     // Every node's agent finds the new ckptd; the next checkpoint commits there.
-    let begin = Instant::now();
-    loop {
-        let v: serde_json::Value =
-            serde_json::from_str(d.ctl(&["nodes", "--json"]).ok().trim()).expect("nodes --json");
-        let up = |n: &str| {
-            v["nodes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|x| x["name"] == n && x["state"] == "up")
-        };
-        if NODES.iter().all(|n| up(n)) {
-            break;
-        }
-        assert!(begin.elapsed() < LIMIT, "the agents did not register: {v}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_nodes_up(&d);
     d.ctl(&["checkpoint", &id, "--wait"]).ok();
     let committed = killed.elapsed();
     eprintln!(
@@ -156,6 +180,40 @@ fn failover(lose_etcd_member: bool) {
         committed.as_secs_f64()
     );
     assert_eq!(committed_epochs(&d, job), [1, 3]);
+
+    // The first ckptd, started again, stands by. The active one hangs (a head node that stops
+    // answering, its process alive): its lease runs out, the first takes over, and the agents
+    // give the hung one up within a quarter of their lease and reach it.
+    d.start_daemon();
+    wait_log(&d, "ckptd.log", "standing by: another ckptd is active", 1);
+    d.signal_daemon(true, libc::SIGSTOP);
+    let hung = Instant::now();
+    wait_log(&d, "ckptd.log", "this ckptd is now the active one", 2);
+    wait_nodes_up(&d);
+    d.ctl(&["checkpoint", &id, "--wait"]).ok();
+    eprintln!(
+        "a hung ckptd: the other took over and committed a checkpoint {:.1} s after it hung",
+        hung.elapsed().as_secs_f64()
+    );
+    assert_eq!(committed_epochs(&d, job).last(), Some(&4));
+    // Continued, the hung one finds its lease gone and stops, without a write.
+    d.signal_daemon(true, libc::SIGCONT);
+    let begin = Instant::now();
+    let code = loop {
+        if let Some(code) = d.daemon_exit(true) {
+            break code;
+        }
+        assert!(
+            begin.elapsed() < LIMIT,
+            "the deposed ckptd runs on: {}",
+            tail(&log(&d, "ckptd-b.log"), 20)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(code, 5, "{}", tail(&log(&d, "ckptd-b.log"), 20));
+    assert!(log(&d, "ckptd-b.log").contains("lost the leadership"));
+    assert_eq!(d.status(job)["state"], "running");
+    assert_eq!(committed_epochs(&d, job).last(), Some(&4));
 
     // A restart from it, through the new ckptd, gives the right answer.
     d.kill_job_on(&NODES, job);

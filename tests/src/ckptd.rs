@@ -318,6 +318,30 @@ impl Ckptd {
         }
     }
 
+    /// Sends `signal` to the first ckptd (`standby == false`) or the second: SIGSTOP stands for
+    /// a head node that hangs, SIGCONT for one that comes back.
+    pub fn signal_daemon(&self, standby: bool, signal: i32) {
+        let child = if standby {
+            self.standby.as_ref()
+        } else {
+            self.daemon.as_ref()
+        };
+        if let Some(c) = child {
+            // SAFETY: kill(2) on our own child's PID.
+            unsafe { libc::kill(c.id() as i32, signal) };
+        }
+    }
+
+    /// The exit code of the first ckptd or the second, once it has exited.
+    pub fn daemon_exit(&mut self, standby: bool) -> Option<i32> {
+        let child = if standby {
+            self.standby.as_mut()
+        } else {
+            self.daemon.as_mut()
+        };
+        child?.try_wait().ok().flatten().and_then(|st| st.code())
+    }
+
     /// Starts (or restarts) the separate ckpt-agent process.
     pub fn start_agent(&mut self) {
         let agent_cfg = self.dir.path().join("agent.toml");

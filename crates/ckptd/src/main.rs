@@ -233,14 +233,15 @@ fn main() -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(Stop::Failed(e)) => startup::fail("ckptd", e, 4),
-        Err(Stop::Deposed(why)) => startup::fail(
-            "ckptd",
-            format_args!(
-                "lost the leadership ({why}): stopping, so that only the active ckptd acts; started again, this one stands by"
-            ),
-            5,
-        ),
     }
+}
+
+/// Says why the leadership was lost; the exit code that says so.
+fn deposed(why: &str) -> u8 {
+    eprintln!(
+        "ckptd: lost the leadership ({why}): stopping, so that only the active ckptd acts; started again, this one stands by"
+    );
+    5
 }
 
 /// Where the registry lives.
@@ -251,12 +252,11 @@ enum Db {
     Etcd(etcd::Store),
 }
 
-/// Why [`serve`] stopped serving, other than a stop asked for.
+/// Why [`serve`] stopped serving, other than a stop asked for (or the leadership lost, which
+/// ends the process at once).
 enum Stop {
     /// A socket or the registry failed.
     Failed(String),
-    /// The leadership was lost (etcd registry).
-    Deposed(String),
 }
 
 impl From<String> for Stop {
@@ -434,8 +434,7 @@ async fn serve(s: Serve) -> Result<(), Stop> {
         let _ = stop_tx.send(true);
     });
     let mut rx = stop_rx;
-    let deposed = std::sync::Arc::new(std::sync::Mutex::new(None));
-    let (leader_ref, deposed_set) = (leader.clone(), deposed.clone());
+    let leader_ref = leader.clone();
     coordinator::server::run(coord, agents, control, async move {
         let lost = async {
             match leader_ref {
@@ -446,16 +445,14 @@ async fn serve(s: Serve) -> Result<(), Stop> {
         tokio::select! {
             _ = rx.wait_for(|v| *v) => {}
             why = lost => {
+                // At once, calls in flight too: a standby may win a third of a lease from now.
                 tracing::error!(reason = %why, "lost the leadership: stopping");
-                *deposed_set.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+                std::process::exit(deposed(&why).into());
             }
         }
     })
     .await
     .map_err(|e| e.to_string())?;
-    if let Some(why) = deposed.lock().unwrap_or_else(|p| p.into_inner()).take() {
-        return Err(Stop::Deposed(why));
-    }
     if let Some(l) = &leader {
         // A standby takes over now rather than after the lease.
         l.resign().await;

@@ -74,8 +74,9 @@ pub struct RegistryConfig {
     /// How long the active ckptd holds its leadership without renewing it: a standby takes
     /// over this long after the active ckptd is lost. Whole seconds, 2 s at least (etcd's least
     /// lease), and longer than etcd takes to elect a new leader when its own is lost (up to
-    /// twice its election timeout, 1 s by default), or the active ckptd stops then; at least
-    /// 1 s below `fence_lease`, so that the agents' leases outlast a failover.
+    /// twice its election timeout, 1 s by default), or the active ckptd stops then; and
+    /// `fence_lease` at least twice it and 1 s more, so that the agents' leases outlast a
+    /// failover (with the default 5 s: `fence_lease = "11s"`, or `node_timeout = "22s"`).
     #[serde(with = "humantime_serde")]
     pub lease: Duration,
     /// The CA that signed the etcd members' certificates (PEM).
@@ -92,7 +93,7 @@ impl Default for RegistryConfig {
             backend: "redb".into(),
             endpoints: Vec::new(),
             prefix: "/ckpt/".into(),
-            lease: Duration::from_secs(3),
+            lease: Duration::from_secs(5),
             ca: None,
             cert: None,
             key: None,
@@ -148,12 +149,16 @@ impl RegistryConfig {
                 "must be whole seconds, 2 s at least (etcd grants no shorter lease)".into(),
             );
         }
-        if self.lease + Duration::from_secs(1) >= fence_lease {
+        let least = self.lease * 2 + Duration::from_secs(1);
+        if fence_lease < least {
             return invalid(
                 "registry.lease",
                 format!(
-                    "must be at least 1 s shorter than fence_lease ({}): a standby must take over before the agents' leases end and their jobs are fenced",
-                    humantime::format_duration(fence_lease)
+                    "({}) needs fence_lease ({}) of twice it and 1 s more, {} (node_timeout {} or more leaves that by default): a standby takes over up to a lease after the active ckptd was lost, and the agents must reach it before their leases end and their jobs are fenced",
+                    humantime::format_duration(self.lease),
+                    humantime::format_duration(fence_lease),
+                    humantime::format_duration(least),
+                    humantime::format_duration(least * 2),
                 ),
             );
         }
@@ -611,11 +616,11 @@ mod tests {
         let c = |t: &str| CoordinatorConfig::from_toml(Path::new("c.toml"), t);
         let tls = "ca = \"/etc/ckpt/etcd/ca.pem\"\ncert = \"/etc/ckpt/etcd/ckptd.pem\"\nkey = \"/etc/ckpt/etcd/ckptd.key\"\n";
         let ok = c(&format!(
-            "[registry]\nbackend = \"etcd\"\nendpoints = [\"https://h1:2379\", \"https://h2:2379\"]\n{tls}"
+            "fence_lease = \"11s\"\nnode_timeout = \"12s\"\n[registry]\nbackend = \"etcd\"\nendpoints = [\"https://h1:2379\", \"https://h2:2379\"]\n{tls}"
         ))
         .unwrap();
         assert!(ok.registry.etcd());
-        assert_eq!(ok.registry.lease, Duration::from_secs(3));
+        assert_eq!(ok.registry.lease, Duration::from_secs(5));
         assert!(!c("").unwrap().registry.etcd(), "redb is the default");
         for (bad, key, says) in [
             ("backend = \"zk\"\n", "registry.backend", "\"etcd\""),
@@ -636,9 +641,9 @@ mod tests {
                 "whole seconds",
             ),
             (
-                &format!("backend = \"etcd\"\nendpoints = [\"https://h1:2379\"]\n{tls}lease = \"4s\"\n"),
+                &format!("backend = \"etcd\"\nendpoints = [\"https://h1:2379\"]\n{tls}lease = \"6s\"\n"),
                 "registry.lease",
-                "fence_lease (5s)",
+                "fence_lease (11s) of twice it and 1 s more, 13s (node_timeout 26s",
             ),
             (
                 &format!("backend = \"etcd\"\nendpoints = [\"https://h1:2379\"]\n{tls}prefix = \"ckpt\"\n"),
@@ -646,12 +651,24 @@ mod tests {
                 "'/'",
             ),
         ] {
-            let e = c(&format!("[registry]\n{bad}")).unwrap_err().to_string();
+            let e = c(&format!(
+                "fence_lease = \"11s\"\nnode_timeout = \"12s\"\n[registry]\n{bad}"
+            ))
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(key) && e.contains(says), "{bad}: {e}");
         }
+        // The default fence (half of node_timeout's 10 s) is too short for a failover: the
+        // error says what to set.
+        let e = c(&format!(
+            "[registry]\nbackend = \"etcd\"\nendpoints = [\"https://h1:2379\"]\n{tls}"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("11s (node_timeout 22s"), "{e}");
         // A longer lease fits a longer fence.
         let long = c(&format!(
-            "node_timeout = \"20s\"\n[registry]\nbackend = \"etcd\"\nendpoints = [\"https://h1:2379\"]\n{tls}lease = \"6s\"\n"
+            "node_timeout = \"26s\"\n[registry]\nbackend = \"etcd\"\nendpoints = [\"https://h1:2379\"]\n{tls}lease = \"6s\"\n"
         ))
         .unwrap();
         assert_eq!(long.registry.lease, Duration::from_secs(6));

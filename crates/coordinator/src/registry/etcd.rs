@@ -31,6 +31,16 @@ const CALL: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_millis(250);
 /// The most changes one transaction carries (etcd's default limit is 128).
 const MAX_OPS: usize = 120;
+/// The most bytes of keys and values one transaction carries (etcd's default limit on a
+/// request is 1.5 MiB).
+const MAX_BYTES: usize = 1024 * 1024;
+/// The largest answer read (a job's whole history at a thousand nodes is megabytes).
+const MAX_ANSWER: usize = 256 * 1024 * 1024;
+
+/// The key-value calls of `c`, taking answers up to [`MAX_ANSWER`].
+fn kv(c: &Client) -> etcd_client::KvClient {
+    c.kv_client().max_decoding_message_size(MAX_ANSWER)
+}
 
 /// A connection to each member, and which answered last.
 struct Members {
@@ -46,13 +56,22 @@ impl Members {
         F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
+        self.call_within(CALL, call).await
+    }
+
+    /// [`Members::call`], giving each member `each` to answer.
+    async fn call_within<T, F, Fut>(&self, each: Duration, call: F) -> Result<T, String>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
         use std::sync::atomic::Ordering::Relaxed;
         let first = self.answered.load(Relaxed);
         let mut errors = Vec::new();
         for i in 0..self.each.len() {
             let at = (first + i) % self.each.len();
             let (endpoint, client) = &self.each[at];
-            match tokio::time::timeout(CALL, call(client.clone())).await {
+            match tokio::time::timeout(each, call(client.clone())).await {
                 Ok(Ok(v)) => {
                     self.answered.store(at, Relaxed);
                     return Ok(v);
@@ -61,7 +80,7 @@ impl Members {
                 Ok(Err(e)) => errors.push(format!("{endpoint}: {e}")),
                 Err(_) => errors.push(format!(
                     "{endpoint}: no answer within {}",
-                    humantime::format_duration(CALL)
+                    humantime::format_duration(each)
                 )),
             }
         }
@@ -90,6 +109,8 @@ pub struct Store {
     name: String,
     /// The leadership key's creation revision this ckptd won; none before it has.
     fence: Option<i64>,
+    /// Tells the [`Leader`] it was deposed (a write refused: the key is not ours any more).
+    deposed: Option<tokio::sync::watch::Sender<Option<String>>>,
     runtime: Runtime,
 }
 
@@ -198,6 +219,7 @@ impl Store {
             prefix: cfg.prefix.clone(),
             name: format!("etcd:{}{}", cfg.endpoints.join(","), cfg.prefix),
             fence: None,
+            deposed: None,
             runtime: Runtime(Some(runtime)),
         })
     }
@@ -247,6 +269,8 @@ impl Store {
                 tokio::time::sleep(POLL).await;
                 continue;
             }
+            // The lease runs from before it was asked for, at the latest.
+            let asked = tokio::time::Instant::now();
             let granted = self
                 .spawn(move |mut c| async move { c.lease_grant(ttl, None).await })
                 .await?;
@@ -270,46 +294,54 @@ impl Store {
                     .await;
                 continue;
             }
-            let revision = won.header().map_or(0, |h| h.revision());
+            let Some(revision) = won.header().map(|h| h.revision()).filter(|r| *r > 0) else {
+                let _ = self
+                    .spawn(move |mut c| async move { c.lease_revoke(id).await })
+                    .await;
+                return Err("etcd's answer carried no revision".into());
+            };
             self.fence = Some(revision);
-            return Ok(self.keep(id, lease));
+            return Ok(self.keep(id, lease, asked));
         }
     }
 
-    /// Keeps lease `id` alive (three renewals a lease, through whichever member answers) until
-    /// no renewal has succeeded for a whole lease, or etcd says the lease is gone.
-    fn keep(&self, id: i64, lease: Duration) -> Leader {
+    /// Keeps lease `id`, granted after `asked`, alive: three renewals a lease, each member
+    /// given a third of it. The leadership is declared lost a tenth of a lease (half a second
+    /// at least) before etcd could let it expire, counted from before each renewal was sent,
+    /// so that this ckptd has stopped before a standby can win; or at once when etcd says the
+    /// lease is gone, or a write was refused ([`Store::write`]).
+    fn keep(&mut self, id: i64, lease: Duration, asked: tokio::time::Instant) -> Leader {
         let (tx, rx) = tokio::sync::watch::channel(None);
+        self.deposed = Some(tx.clone());
         let members = self.members.clone();
         self.handle().spawn(async move {
-            let mut renewed = tokio::time::Instant::now();
+            let mut renewed = asked;
+            let deadline = lease.saturating_sub((lease / 10).max(Duration::from_millis(500)));
             // After a failed renewal (etcd electing a new leader, a member down), sooner.
             let mut pause = lease / 3;
             let why = loop {
                 tokio::time::sleep(pause).await;
                 pause = Duration::from_millis(100);
                 let sent = tokio::time::Instant::now();
-                let renew = members.call(|mut c| async move {
+                let left = deadline.saturating_sub(renewed.elapsed());
+                if left.is_zero() {
+                    break format!(
+                        "the lease was not renewed within {}",
+                        humantime::format_duration(deadline)
+                    );
+                }
+                let renew = members.call_within(lease / 3, |mut c| async move {
                     let (mut keeper, mut answers) = c.lease_keep_alive(id).await?;
                     keeper.keep_alive().await?;
                     answers.message().await
                 });
-                let left = lease.saturating_sub(renewed.elapsed());
                 match tokio::time::timeout(left, renew).await {
                     Ok(Ok(Some(a))) if a.ttl() > 0 => {
                         renewed = sent;
                         pause = lease / 3;
                     }
                     Ok(Ok(Some(_))) => break "etcd says the lease expired".to_string(),
-                    Ok(Ok(None)) | Ok(Err(_)) if renewed.elapsed() < lease => continue,
-                    Ok(Ok(None)) => break "etcd closed the lease stream".to_string(),
-                    Ok(Err(e)) => break format!("cannot renew the lease: {e}"),
-                    Err(_) => {
-                        break format!(
-                            "the lease was not renewed within {}",
-                            humantime::format_duration(lease)
-                        )
-                    }
+                    Ok(Ok(None)) | Ok(Err(_)) | Err(_) => continue,
                 }
             };
             let _ = tx.send(Some(why));
@@ -350,8 +382,15 @@ impl Store {
         self.handle().spawn(async move {
             let _ = tx.send(call.await);
         });
-        rx.recv()
-            .unwrap_or_else(|_| Err("the etcd client stopped".into()))
+        let recv = || {
+            rx.recv()
+                .unwrap_or_else(|_| Err("the etcd client stopped".into()))
+        };
+        // On one of ckptd's workers, the others go on with its other tasks meanwhile.
+        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(recv),
+            _ => recv(),
+        }
     }
 
     fn key(&self, table: Table, (job, n): Key) -> String {
@@ -380,9 +419,9 @@ impl Store {
     /// One record, if stored.
     pub(super) fn get(&self, table: Table, key: Key) -> Result<Option<Vec<u8>>, String> {
         let k = self.key(table, key);
-        let r = self.wait(move |mut c| {
+        let r = self.wait(move |c| {
             let k = k.clone();
-            async move { c.get(k, None).await }
+            async move { kv(&c).get(k, None).await }
         })?;
         Ok(r.kvs().first().map(|kv| kv.value().to_vec()))
     }
@@ -394,14 +433,14 @@ impl Store {
             Table::Heads => format!("{}epochs/{job:020}/", self.prefix),
             Table::Details => format!("{}details/{job:020}/", self.prefix),
         };
-        let r = self.wait(move |mut c| {
+        let r = self.wait(move |c| {
             let (prefix, opts) = (
                 prefix.clone(),
                 GetOptions::new()
                     .with_prefix()
                     .with_sort(SortTarget::Key, SortOrder::Ascend),
             );
-            async move { c.get(prefix, Some(opts)).await }
+            async move { kv(&c).get(prefix, Some(opts)).await }
         })?;
         Ok(r.kvs()
             .iter()
@@ -435,17 +474,40 @@ impl Store {
         let Some(fence) = self.fence else {
             return Err("this ckptd is not the active one: it writes nothing".into());
         };
-        let txn_ops: Vec<TxnOp> = ops
-            .into_iter()
-            .map(|op| match op {
-                Op::Put(t, k, v) => TxnOp::put(self.key(t, k), v, None),
-                Op::Details(k, Some(v)) => TxnOp::put(self.key(Table::Details, k), v, None),
-                Op::Details(k, None) => TxnOp::delete(self.key(Table::Details, k), None),
-            })
-            .collect();
-        for chunk in txn_ops.chunks(MAX_OPS) {
-            let (leader, chunk) = (self.leader_key(), chunk.to_vec());
-            let r = self.wait(move |mut c| {
+        let mut txn_ops: Vec<(TxnOp, usize)> = Vec::new();
+        for op in ops {
+            let (key, value) = match op {
+                Op::Put(t, k, v) => (self.key(t, k), Some(v)),
+                Op::Details(k, v) => {
+                    // Written only when changed: ~90 KB at a thousand nodes, and etcd keeps
+                    // every version until compacted.
+                    if self.get(Table::Details, k)? == v {
+                        continue;
+                    }
+                    (self.key(Table::Details, k), v)
+                }
+            };
+            let size = key.len() + value.as_ref().map_or(0, Vec::len);
+            txn_ops.push(match value {
+                Some(v) => (TxnOp::put(key, v, None), size),
+                None => (TxnOp::delete(key, None), size),
+            });
+        }
+        // etcd takes at most 128 operations and 1.5 MiB a request.
+        let mut chunks: Vec<Vec<TxnOp>> = vec![Vec::new()];
+        let mut bytes = 0;
+        for (op, size) in txn_ops {
+            let last = chunks.last_mut().expect("one");
+            if !last.is_empty() && (last.len() >= MAX_OPS || bytes + size > MAX_BYTES) {
+                chunks.push(Vec::new());
+                bytes = 0;
+            }
+            bytes += size;
+            chunks.last_mut().expect("one").push(op);
+        }
+        for chunk in chunks.into_iter().filter(|c| !c.is_empty()) {
+            let leader = self.leader_key();
+            let r = self.wait(move |c| {
                 let txn = Txn::new()
                     .when([Compare::create_revision(
                         leader.clone(),
@@ -453,13 +515,14 @@ impl Store {
                         fence,
                     )])
                     .and_then(chunk.clone());
-                async move { c.txn(txn).await }
+                async move { kv(&c).txn(txn).await }
             })?;
             if !r.succeeded() {
-                return Err(
-                    "this ckptd lost its leadership (another ckptd is active now): the write was refused"
-                        .into(),
-                );
+                let why = "a write was refused: the leadership key is not this ckptd's any more (another ckptd is active)";
+                if let Some(tx) = &self.deposed {
+                    let _ = tx.send(Some(why.into()));
+                }
+                return Err(why.into());
             }
         }
         Ok(())

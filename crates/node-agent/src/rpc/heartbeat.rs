@@ -10,8 +10,18 @@ use crate::config::AgentConfig;
 use crate::jobs::{Jobs, Observed};
 
 /// How long one registration or heartbeat call may take: the coordinator answers from memory,
-/// so a slow answer means it is down or unreachable.
+/// so a slow answer means it is down or unreachable. Less under a lease ([`call_timeout`]).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a call (or a connection to one address) may take under `lease`: a quarter of it,
+/// so that a ckptd that hangs (a stopped process, a head node hung) is given up in time to reach
+/// a standby that took over, or ckptd restarted, before the lease ends and the parts are fenced.
+fn call_timeout(lease: Option<Duration>) -> Duration {
+    match lease {
+        Some(l) => (l / 4).clamp(Duration::from_millis(500), CALL_TIMEOUT),
+        None => CALL_TIMEOUT,
+    }
+}
 
 /// The reports of every job of this node whose lock is free.
 pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
@@ -89,9 +99,23 @@ pub async fn run(
 ) {
     let mut registered = false;
     let mut client: Option<RegistryClient<tonic::transport::Channel>> = None;
+    // ckptd and its standbys: one address at a time, the next after a failed call, so that one
+    // that hangs is given up after a call's timeout however the list is ordered.
+    let addresses: Vec<&str> = cfg
+        .coordinator
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .collect();
+    let mut at = 0;
     loop {
+        let timeout = call_timeout(jobs.node.lease.granted());
+        let coordinator = addresses
+            .get(at % addresses.len().max(1))
+            .copied()
+            .unwrap_or("");
         if client.is_none() {
-            match ckpt_auth::transport::channel(&cfg.coordinator, dial.clone(), CALL_TIMEOUT) {
+            match ckpt_auth::transport::channel(coordinator, dial.clone(), timeout) {
                 Ok(ch) => client = Some(RegistryClient::new(ch)),
                 Err(e) => {
                     warn!(coordinator = %cfg.coordinator, error = %e, "bad coordinator address");
@@ -127,9 +151,9 @@ pub async fn run(
                 )),
             };
             let sent = crate::rpc::lease::boottime_ms();
-            match tokio::time::timeout(CALL_TIMEOUT, c.register(req)).await {
+            match tokio::time::timeout(timeout, c.register(req)).await {
                 Ok(Ok(r)) => {
-                    info!(coordinator = %cfg.coordinator, "registered");
+                    info!(coordinator, "registered");
                     renew(&jobs, sent, r.get_ref().lease_ms);
                     registered = true;
                 }
@@ -141,8 +165,16 @@ pub async fn run(
                 {
                     warn!(error = %e.message(), "the coordinator refused the registration; retrying");
                 }
-                Ok(Err(e)) => debug!(error = %e, "registration failed; retrying"),
-                Err(_) => debug!("registration timed out; retrying"),
+                Ok(Err(e)) => {
+                    debug!(coordinator, error = %e, "registration failed; retrying");
+                    client = None;
+                    at += 1;
+                }
+                Err(_) => {
+                    debug!(coordinator, "registration timed out; retrying");
+                    client = None;
+                    at += 1;
+                }
             }
         } else {
             let (staging_free_bytes, staging_total_bytes) =
@@ -154,15 +186,21 @@ pub async fn run(
                 staging_total_bytes,
             };
             let sent = crate::rpc::lease::boottime_ms();
-            match tokio::time::timeout(CALL_TIMEOUT, c.heartbeat(req)).await {
+            match tokio::time::timeout(timeout, c.heartbeat(req)).await {
                 Ok(Ok(r)) => renew(&jobs, sent, r.get_ref().lease_ms),
+                // A new connection next: the one that failed may be to a ckptd that hangs,
+                // where a standby now serves (or ckptd restarted).
                 Ok(Err(e)) => {
-                    warn!(error = %e, "heartbeat failed; registering again");
+                    warn!(coordinator, error = %e, "heartbeat failed; registering again");
                     registered = false;
+                    client = None;
+                    at += 1;
                 }
                 Err(_) => {
-                    warn!("heartbeat timed out; registering again");
+                    warn!(coordinator, "heartbeat timed out; registering again");
                     registered = false;
+                    client = None;
+                    at += 1;
                 }
             }
         }
@@ -195,6 +233,20 @@ fn interval(configured: Duration, lease: Option<Duration>) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_is_given_up_within_a_quarter_of_the_lease() {
+        assert_eq!(call_timeout(None), CALL_TIMEOUT);
+        assert_eq!(
+            call_timeout(Some(Duration::from_secs(5))),
+            Duration::from_millis(1250)
+        );
+        assert_eq!(
+            call_timeout(Some(Duration::from_secs(1))),
+            Duration::from_millis(500)
+        );
+        assert_eq!(call_timeout(Some(Duration::from_secs(60))), CALL_TIMEOUT);
+    }
 
     #[test]
     fn heartbeats_fit_several_times_in_the_lease() {
