@@ -203,23 +203,7 @@ fn parity_rebuilds_lost_nodes(scheme: &str, job_nodes: usize, lose: &[&str], fli
         std::thread::sleep(Duration::from_millis(100));
     }
     // The job is lost with the first of them; the restart places around every node down.
-    let begin = Instant::now();
-    loop {
-        let v: serde_json::Value =
-            serde_json::from_str(d.ctl(&["nodes", "--json"]).ok().trim()).expect("nodes --json");
-        let down = |n: &str| {
-            v["nodes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|x| x["name"] == n && x["state"] == "down")
-        };
-        if lose.iter().all(|n| down(n)) {
-            break;
-        }
-        assert!(begin.elapsed() < LIMIT, "not all down: {v}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    d.wait_nodes_in(lose, "down", LIMIT);
     let r = d.ctl(&["restart", &id, "--on-spares"]);
     assert_eq!(r.code, 0, "{r:?}");
     for n in lose {

@@ -48,27 +48,6 @@ fn wait_log(d: &Ckptd, name: &str, what: &str, times: usize) {
     }
 }
 
-/// Waits (bounded) until every node's agent has registered with the active ckptd.
-fn wait_nodes_up(d: &Ckptd) {
-    let begin = Instant::now();
-    loop {
-        let v: serde_json::Value =
-            serde_json::from_str(d.ctl(&["nodes", "--json"]).ok().trim()).expect("nodes --json");
-        let up = |n: &str| {
-            v["nodes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|x| x["name"] == n && x["state"] == "up")
-        };
-        if NODES.iter().all(|n| up(n)) {
-            return;
-        }
-        assert!(begin.elapsed() < LIMIT, "the agents did not register: {v}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// The last `n` lines of `text`.
 fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
@@ -171,7 +150,7 @@ fn failover(lose_etcd_member: bool) {
     assert_eq!(st["state"], "running", "{st}");
 
     // Every node's agent finds the new ckptd; the next checkpoint commits there.
-    wait_nodes_up(&d);
+    d.wait_nodes_in(&NODES, "up", LIMIT);
     d.ctl(&["checkpoint", &id, "--wait"]).ok();
     let committed = killed.elapsed();
     eprintln!(
@@ -189,7 +168,7 @@ fn failover(lose_etcd_member: bool) {
     d.signal_daemon(true, libc::SIGSTOP);
     let hung = Instant::now();
     wait_log(&d, "ckptd.log", "this ckptd is now the active one", 2);
-    wait_nodes_up(&d);
+    d.wait_nodes_in(&NODES, "up", LIMIT);
     d.ctl(&["checkpoint", &id, "--wait"]).ok();
     eprintln!(
         "a hung ckptd: the other took over and committed a checkpoint {:.1} s after it hung",

@@ -530,6 +530,28 @@ impl Ckptd {
         }
     }
 
+    /// Waits (bounded by `limit`) until `ckptctl nodes` shows every one of `nodes` in `state`
+    /// (`up`, `down`, ...).
+    pub fn wait_nodes_in(&self, nodes: &[&str], state: &str, limit: Duration) {
+        let begin = Instant::now();
+        loop {
+            let v: serde_json::Value =
+                serde_json::from_str(self.ctl(&["nodes", "--json"]).ok().trim())
+                    .expect("nodes --json");
+            let listed = v["nodes"].as_array().expect("nodes");
+            let is = |n: &&str| {
+                listed
+                    .iter()
+                    .any(|x| x["name"] == *n && x["state"] == state)
+            };
+            if nodes.iter().all(is) {
+                return;
+            }
+            assert!(begin.elapsed() < limit, "not all of {nodes:?} {state}: {v}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// The directory of a job on a namespace node.
     pub fn job_dir_on(&self, node: &str, job: u64) -> PathBuf {
         self.dir
