@@ -494,3 +494,49 @@ fn a_staging_or_state_directory_a_user_made_or_may_write_is_refused_at_start() {
     use std::os::unix::fs::MetadataExt;
     assert_eq!((local.uid(), local.mode() & 0o7777), (0, 0o700));
 }
+
+/// `[registry] backend = "etcd"` reached without TLS is refused at start (the registry holds
+/// every job's secret); with a CA file that is not there, ckptd says which file and stops.
+#[test]
+fn an_etcd_registry_without_tls_or_its_files_is_refused() {
+    if !have_bins() {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let tls = d.path().join("tls");
+    let cfg = d.path().join("ckptd.toml");
+    let base = format!(
+        "listen = \"127.0.0.1:0\"\nsocket = \"{}\"\ntls_dir = \"{}\"\nfence_lease = \"11s\"\nnode_timeout = \"12s\"\n",
+        d.path().join("ckptd.sock").display(),
+        tls.display()
+    );
+    std::fs::write(&cfg, &base).unwrap();
+    let (code, err) = run("ckptd", &cfg, &["ca", "init"]);
+    assert_eq!(code, 0, "{err}");
+    std::fs::write(
+        &cfg,
+        format!("{base}[registry]\nbackend = \"etcd\"\nendpoints = [\"http://127.0.0.1:2379\"]\n"),
+    )
+    .unwrap();
+    let (code, err) = run("ckptd", &cfg, &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("registry.endpoints") && err.contains("TLS only"),
+        "{err}"
+    );
+    let missing = d.path().join("etcd-ca.pem");
+    std::fs::write(
+        &cfg,
+        format!(
+            "{base}[registry]\nbackend = \"etcd\"\nendpoints = [\"https://127.0.0.1:2379\"]\n\
+             ca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n",
+            missing.display(),
+            tls.join("ckptd.pem").display(),
+            tls.join("ckptd.key").display()
+        ),
+    )
+    .unwrap();
+    let (code, err) = run("ckptd", &cfg, &[]);
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains(&missing.display().to_string()), "{err}");
+}

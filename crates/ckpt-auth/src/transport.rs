@@ -386,7 +386,7 @@ fn endpoint(addr: &str) -> Result<Endpoint, String> {
 }
 
 /// The addresses of a list (`a:7600,b:7600`): a server with standbys, of which one serves.
-fn addresses(addr: &str) -> Vec<String> {
+pub fn addresses(addr: &str) -> Vec<String> {
     addr.split(',')
         .map(str::trim)
         .filter(|a| !a.is_empty())

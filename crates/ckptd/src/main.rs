@@ -232,7 +232,7 @@ fn main() -> ExitCode {
     rt.shutdown_timeout(std::time::Duration::from_millis(200));
     match r {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Stop::Failed(e)) => startup::fail("ckptd", e, 4),
+        Err(e) => startup::fail("ckptd", e, 4),
     }
 }
 
@@ -250,19 +250,6 @@ enum Db {
     Redb(Registry),
     /// In etcd: usable once this ckptd has won the leadership.
     Etcd(etcd::Store),
-}
-
-/// Why [`serve`] stopped serving, other than a stop asked for (or the leadership lost, which
-/// ends the process at once).
-enum Stop {
-    /// A socket or the registry failed.
-    Failed(String),
-}
-
-impl From<String> for Stop {
-    fn from(e: String) -> Self {
-        Stop::Failed(e)
-    }
 }
 
 /// Waits (etcd registry) until this ckptd is the active one; meanwhile it stands by, serving
@@ -344,7 +331,7 @@ struct Serve {
 
 /// Binds every socket (agents over TLS, ckptctl's, metrics, the embedded agent's), tells
 /// systemd it serves, and serves until SIGTERM or SIGINT.
-async fn serve(s: Serve) -> Result<(), Stop> {
+async fn serve(s: Serve) -> Result<(), String> {
     let Serve {
         registry,
         cfg,

@@ -101,6 +101,13 @@ fn unreachable(e: &etcd_client::Error) -> bool {
     }
 }
 
+/// Revokes lease `id` (best effort: unrevoked, it runs out by itself).
+async fn revoke(members: std::sync::Arc<Members>, id: i64) {
+    let _ = members
+        .call(|mut c| async move { c.lease_revoke(id).await })
+        .await;
+}
+
 /// ckpt's keys in one etcd cluster.
 pub struct Store {
     members: std::sync::Arc<Members>,
@@ -167,12 +174,7 @@ impl Leader {
     /// Gives the leadership up now (a clean stop): a standby takes over at once instead of
     /// after the lease.
     pub async fn resign(&self) {
-        let (members, lease) = (self.members.clone(), self.lease);
-        let revoke = self.handle.spawn(async move {
-            let _ = members
-                .call(|mut c| async move { c.lease_revoke(lease).await })
-                .await;
-        });
+        let revoke = self.handle.spawn(revoke(self.members.clone(), self.lease));
         let _ = revoke.await;
     }
 }
@@ -187,21 +189,23 @@ impl Store {
             .enable_all()
             .build()
             .map_err(|e| format!("cannot start the etcd client's runtime: {e}"))?;
-        let mut opts = ConnectOptions::new()
+        let opts = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(3))
             .with_timeout(CALL)
             .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
             .with_require_leader(true);
-        if let Some(ca) = &cfg.ca {
-            let read = |p: &std::path::Path| {
-                std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()))
-            };
-            let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(read(ca)?));
-            if let (Some(cert), Some(key)) = (&cfg.cert, &cfg.key) {
-                tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
-            }
-            opts = opts.with_tls(tls);
-        }
+        // TLS with ckptd's client certificate, always (the config requires all three).
+        let read = |p: &Option<std::path::PathBuf>, what: &str| match p {
+            Some(p) => std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display())),
+            None => Err(format!("[registry] {what} is not set")),
+        };
+        let tls = TlsOptions::new()
+            .ca_certificate(Certificate::from_pem(read(&cfg.ca, "ca")?))
+            .identity(Identity::from_pem(
+                read(&cfg.cert, "cert")?,
+                read(&cfg.key, "key")?,
+            ));
+        let opts = opts.with_tls(tls);
         let mut each = Vec::new();
         for endpoint in &cfg.endpoints {
             let (e, o) = (endpoint.clone(), opts.clone());
@@ -288,17 +292,13 @@ impl Store {
                     async move { c.txn(txn).await }
                 })
                 .await?;
-            if !won.succeeded() {
-                let _ = self
-                    .spawn(move |mut c| async move { c.lease_revoke(id).await })
-                    .await;
+            let revision = won.header().map(|h| h.revision()).filter(|r| *r > 0);
+            let Some(revision) = revision.filter(|_| won.succeeded()) else {
+                let _ = self.handle().spawn(revoke(self.members.clone(), id)).await;
+                if won.succeeded() {
+                    return Err("etcd's answer carried no revision".into());
+                }
                 continue;
-            }
-            let Some(revision) = won.header().map(|h| h.revision()).filter(|r| *r > 0) else {
-                let _ = self
-                    .spawn(move |mut c| async move { c.lease_revoke(id).await })
-                    .await;
-                return Err("etcd's answer carried no revision".into());
             };
             self.fence = Some(revision);
             return Ok(self.keep(id, lease, asked));

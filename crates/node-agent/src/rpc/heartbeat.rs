@@ -101,19 +101,13 @@ pub async fn run(
     let mut client: Option<RegistryClient<tonic::transport::Channel>> = None;
     // ckptd and its standbys: one address at a time, the next after a failed call, so that one
     // that hangs is given up after a call's timeout however the list is ordered.
-    let addresses: Vec<&str> = cfg
-        .coordinator
-        .split(',')
-        .map(str::trim)
-        .filter(|a| !a.is_empty())
-        .collect();
+    let addresses = ckpt_auth::transport::addresses(&cfg.coordinator);
     let mut at = 0;
     loop {
         let timeout = call_timeout(jobs.node.lease.granted());
         let coordinator = addresses
             .get(at % addresses.len().max(1))
-            .copied()
-            .unwrap_or("");
+            .map_or("", String::as_str);
         if client.is_none() {
             match ckpt_auth::transport::channel(coordinator, dial.clone(), timeout) {
                 Ok(ch) => client = Some(RegistryClient::new(ch)),
