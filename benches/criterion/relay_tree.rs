@@ -23,7 +23,6 @@ use std::time::Duration;
 use ckpt_proto::v1 as pb;
 use coordinator::agents::NodeFailure;
 use coordinator::link::{barrier, send_all, EpochLink};
-use coordinator::model::Phase;
 use coordinator::relay::{levels, Relay};
 use tokio::sync::Mutex;
 use tokio::time::{sleep, Instant};
@@ -171,21 +170,21 @@ async fn round(n: usize, fanout: usize, costs: Costs) -> Duration {
     // A minute of the cluster (scaled); nothing comes near it.
     let deadline = Duration::from_secs(60_000);
     let t = Instant::now();
-    for (phase, wire) in [
-        (Phase::InitialSync, pb::Phase::InitialSync),
-        (Phase::Quiesce, pb::Phase::Quiesce),
-        (Phase::LocalCheckpoint, pb::Phase::LocalCheckpoint),
+    for phase in [
+        pb::Phase::InitialSync,
+        pb::Phase::Quiesce,
+        pb::Phase::LocalCheckpoint,
     ] {
-        send_all(&mut links, command(wire, deadline)).expect("send");
+        send_all(&mut links, command(phase, deadline)).expect("send");
         let ev = barrier(&mut links, phase, deadline).await.expect("phase");
         assert_eq!(ev.nodes as usize, n);
     }
     send_all(&mut links, command(pb::Phase::Resume, deadline)).expect("send");
     send_all(&mut links, command(pb::Phase::Finalize, deadline)).expect("send");
-    barrier(&mut links, Phase::Resume, deadline)
+    barrier(&mut links, pb::Phase::Resume, deadline)
         .await
         .expect("resume");
-    let sealed = barrier(&mut links, Phase::Finalize, deadline)
+    let sealed = barrier(&mut links, pb::Phase::Finalize, deadline)
         .await
         .expect("finalize");
     assert_eq!(sealed.manifests.len(), n);
@@ -199,7 +198,7 @@ fn command(phase: pb::Phase, deadline: Duration) -> pb::EpochCommand {
         phase: phase as i32,
         kill: false,
         deadline_ms: deadline.as_millis() as u32,
-        prune: Vec::new(),
+        ..Default::default()
     }
 }
 

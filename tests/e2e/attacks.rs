@@ -245,7 +245,14 @@ fn every_daemon_port_refuses_users_foreign_hosts_and_other_nodes() {
             continue;
         }
         let addr = network_addr(&cluster, name, a.port());
-        let args = vec![addr.clone(), "--cred".into(), n2_tls.clone(), "n2".into()];
+        let mut args = vec![addr.clone(), "--cred".into(), n2_tls.clone(), "n2".into()];
+        if name != "ckptd" {
+            // Relay grants n2 could hold from real epochs, shown outside what they cover.
+            args.extend([
+                "--grants".into(),
+                d.dir.path().join("tls").display().to_string(),
+            ]);
+        }
         let out = attack_in("n2", &attack_args(name, args));
         let calls = assert_refused("node n2", &addr, &out);
         let code = |rpc: &str| {
@@ -277,6 +284,23 @@ fn every_daemon_port_refuses_users_foreign_hosts_and_other_nodes() {
                 "n2 granting itself another node's images: {}",
                 code("Agent.AllowFetch")
             );
+            // A relay's grant covers its job, epoch, relay and nodes until it expires, and is
+            // the coordinator's; a relay plan is the coordinator's alone.
+            for (rpc, why) in [
+                ("Agent.EpochGrantOtherJob", "not job"),
+                ("Agent.EpochGrantOtherEpoch", "not epoch 2"),
+                ("Agent.EpochGrantExpired", "expired"),
+                ("Agent.EpochGrantOtherRelay", "is node n9's"),
+                ("Agent.EpochGrantOtherNode", "does not cover this node"),
+                ("Agent.EpochGrantForged", "signed by node n2"),
+                ("Agent.EpochRelayPlan", "only the coordinator"),
+            ] {
+                let c = code(rpc);
+                assert!(
+                    c.starts_with("PermissionDenied") && c.contains(why),
+                    "{rpc} to {name}: {c}"
+                );
+            }
             // Erasure coding: no grant of parity, no encode, no read of another node's
             // images or parity without the coordinator's grant.
             for rpc in [

@@ -411,6 +411,103 @@ fn agent_killed_during_local_checkpoint_aborts_and_the_job_goes_on_everywhere() 
     }
 }
 
+/// Relays deployed: with `[relays] above = 2, fanout = 2`, ckptd drives the epochs of a job on
+/// three nodes through n1, which relays to n2 under a grant ckptd signs, and n3 directly.
+/// A relayed checkpoint commits; the relay's agent killed while n2 (below it) dumps fails the
+/// epoch naming n1, every node thaws and the job runs on; the next relayed checkpoint commits,
+/// and the job killed everywhere restarts from it to the checksum of an uninterrupted run.
+#[test]
+fn relays_carry_epochs_and_a_dead_relay_aborts_one() {
+    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "nsenter");
+    let want = Mpi::Mpich.reference_checksum(RANKS, N, ITERS);
+    let Some((cluster, mut d)) = hosts_with(
+        &NODES,
+        true,
+        false,
+        None,
+        "[relays]\nabove = 2\nfanout = 2\n",
+    ) else {
+        return;
+    };
+    let dir = d.dir.path().to_path_buf();
+    let log = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+    let job = run_across(&d, &cluster, Mpi::Mpich);
+    d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
+    assert!(
+        log("ckptd.log").contains("the epoch goes through relays: n1 (2 nodes)"),
+        "{}",
+        log("ckptd.log")
+    );
+    let relayed = |n: usize| {
+        log("agent-n1.log")
+            .matches("relaying the epoch to 1 node(s) below n1")
+            .count()
+            >= n
+    };
+    assert!(relayed(1), "{}", log("agent-n1.log"));
+
+    // The relay dies while the node below it dumps.
+    d.set_failpoints("local-checkpoint=delay:4s\n");
+    let ctl = d.ctl_spawn(&["checkpoint", &job.to_string(), "--wait"]);
+    let state = d.cgroup_on("n2", job).join("freezer.state");
+    let begin = Instant::now();
+    while std::fs::read_to_string(&state).unwrap_or_default().trim() != "FROZEN" {
+        assert!(begin.elapsed() < LIMIT, "n2 never froze");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    d.kill_agent_on("n1");
+    let out = ctl.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(6), "{stderr}");
+    assert!(
+        stderr.contains("node n1"),
+        "the dead relay is named: {stderr}"
+    );
+    d.set_failpoints("");
+    // The node below the dead relay was told to abort by ckptd itself, and thawed.
+    let begin = Instant::now();
+    while std::fs::read_to_string(&state).unwrap_or_default().trim() != "THAWED" {
+        assert!(
+            begin.elapsed() < LIMIT,
+            "n2 stayed frozen after its relay died"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let registrations = || {
+        log("ckptd.log")
+            .lines()
+            .filter(|l| l.contains("agent registered") && l.contains("\"n1\""))
+            .count()
+    };
+    let before = registrations();
+    d.start_agent_in(&cluster, "n1");
+    let begin = Instant::now();
+    while registrations() == before {
+        assert!(begin.elapsed() < LIMIT, "n1's agent did not register again");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let e = &d.epochs(job)[1];
+    assert_eq!(
+        (e["state"].as_str(), e["failed_phase"].as_str()),
+        (Some("failed"), Some("local-checkpoint")),
+        "{e}"
+    );
+
+    // The next epoch goes through the restarted relay, and the job restarts from it.
+    d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
+    assert!(relayed(2), "{}", log("agent-n1.log"));
+    assert_eq!(d.epochs(job)[2]["state"], "committed");
+    d.kill_job_on(&NODES, job);
+    d.wait_state(job, "killed", LIMIT);
+    d.ctl(&["restart", &job.to_string()]).ok();
+    assert_eq!(
+        result_on_n1(&d, job),
+        want,
+        "restarted from the relayed epoch"
+    );
+}
+
 /// Job sandboxes: a 6-rank MPICH job across three nodes runs in sandboxes (its own PID, IPC and
 /// UTS namespaces and a job address per part); it is checkpointed, killed on every node, every
 /// PID it had is then taken by other processes, and the restart succeeds anyway, to the

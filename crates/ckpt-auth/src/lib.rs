@@ -24,6 +24,7 @@
 
 pub mod ca;
 pub mod cert;
+pub mod sign;
 pub mod tls;
 pub mod transport;
 

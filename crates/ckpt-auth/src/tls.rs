@@ -20,7 +20,7 @@ use crate::ca::{self, CLUSTER_NAME};
 use crate::cert::identity_of;
 use crate::{AuthError, Identity};
 
-fn provider() -> Arc<CryptoProvider> {
+pub(crate) fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 

@@ -32,6 +32,8 @@ pub struct CoordinatorConfig {
     pub job_network: JobNetwork,
     /// Nodes kept free to take the parts of nodes that are down.
     pub spares: Spares,
+    /// When an epoch's phases go through relay agents instead of from ckptd to every node.
+    pub relays: Relays,
     /// Periodic checkpoints (`ckptctl run --every`, `ckptctl policy`).
     pub policy: PolicyConfig,
     /// What one user may hold and ask for.
@@ -353,6 +355,41 @@ pub struct Spares {
     pub nodes: Vec<String>,
 }
 
+/// Relays: above `above` nodes, ckptd drives an epoch through relay agents instead of holding
+/// a stream to every node. The job's nodes are cut into groups of `fanout` in their order;
+/// the first node of each group relays, for that epoch only, to the others, under a grant
+/// ckptd signs for that job, epoch, relay and group, void when the epoch's deadlines have all
+/// passed. ckptd then handles one stream per group.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Relays {
+    /// Epochs over at most this many nodes are driven flat, ckptd to every node; 0 never
+    /// relays.
+    pub above: usize,
+    /// Nodes per group (the relay's own included); at least 2.
+    pub fanout: usize,
+}
+
+impl Default for Relays {
+    fn default() -> Self {
+        Relays {
+            above: 256,
+            fanout: 32,
+        }
+    }
+}
+
+impl Relays {
+    /// The groups of `nodes` an epoch is driven through: one per link ckptd holds, its first
+    /// node the relay (a group of one is a node driven directly).
+    pub fn groups<'n>(&self, nodes: &'n [String]) -> Vec<&'n [String]> {
+        if self.above == 0 || nodes.len() <= self.above {
+            return nodes.chunks(1).collect();
+        }
+        nodes.chunks(self.fanout.max(2)).collect()
+    }
+}
+
 /// When committed epochs are copied to shared storage (nodes without `shared_dir` never are).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -475,6 +512,7 @@ impl Default for CoordinatorConfig {
             redundancy: Redundancy::default(),
             job_network: JobNetwork::default(),
             spares: Spares::default(),
+            relays: Relays::default(),
             policy: PolicyConfig::default(),
             limits: Limits::default(),
             recovery: RecoveryConfig::default(),
@@ -575,6 +613,12 @@ impl TomlConfig for CoordinatorConfig {
                 problem: "must not exceed policy.auto_max".into(),
             });
         }
+        if self.relays.fanout < 2 {
+            return Err(ConfigError::Invalid {
+                key: "relays.fanout",
+                problem: "must be at least 2 (a relay and one node below it)".into(),
+            });
+        }
         let mut seen = std::collections::BTreeSet::new();
         for n in &self.spares.nodes {
             if n.trim().is_empty() || !seen.insert(n) {
@@ -598,6 +642,39 @@ impl TomlConfig for CoordinatorConfig {
 mod tests {
     use super::*;
     use std::path::Path;
+
+    #[test]
+    fn relays_cut_a_large_epoch_into_groups_in_node_order() {
+        let nodes: Vec<String> = (0..10).map(|i| format!("n{i}")).collect();
+        let flat = Relays::default().groups(&nodes);
+        assert_eq!(flat.len(), 10);
+        assert!(flat.iter().all(|g| g.len() == 1));
+        let r = Relays {
+            above: 4,
+            fanout: 4,
+        };
+        let g = r.groups(&nodes);
+        assert_eq!(g.iter().map(|g| g.len()).collect::<Vec<_>>(), [4, 4, 2]);
+        assert_eq!(g[1][0], "n4");
+        assert_eq!(
+            Relays {
+                above: 0,
+                fanout: 4
+            }
+            .groups(&nodes)
+            .len(),
+            10
+        );
+        assert_eq!(
+            Relays {
+                above: 10,
+                fanout: 4
+            }
+            .groups(&nodes)
+            .len(),
+            10
+        );
+    }
 
     #[test]
     fn parses_deadlines_and_agent_table() {
@@ -723,5 +800,18 @@ mod example_config {
         let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/config/ckptd.toml");
         let c = CoordinatorConfig::load(&p).unwrap();
         assert_eq!(c.deadlines.dump, Duration::from_secs(600));
+        assert_eq!((c.relays.above, c.relays.fanout), (256, 32));
+    }
+
+    #[test]
+    fn a_relay_fanout_below_two_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("ckptd.toml");
+        std::fs::write(&p, "[relays]\nfanout = 1\n").unwrap();
+        let e = CoordinatorConfig::load(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("relays.fanout") && e.contains("at least 2"),
+            "{e}"
+        );
     }
 }

@@ -8,21 +8,21 @@
 //! daemon; the `ckptd` crate starts it.
 //!
 //! The modules depend on each other in one direction (`scripts/modgraph.py` checks that no two
-//! reach each other): [`model`], [`clock`], [`failure`] and [`metrics`] at the bottom;
-//! [`config`] and [`registry`] over the model; [`link`], then [`agents`] (which keeps links
-//! open between epochs) and [`relay`]; then [`driver`]; [`grpc`] and [`server`] on top.
+//! reach each other): [`model`], [`clock`] and [`metrics`] at the bottom; [`config`] and
+//! [`registry`] over the model; [`agents`] (which keeps links open between epochs); then
+//! [`driver`]; [`grpc`] and [`server`] on top. [`failure`], [`link`] and [`relay`] come from
+//! the `epoch-link` crate, which relay agents share.
 #![warn(missing_docs)]
 
 pub mod agents;
 pub mod clock;
 pub mod config;
 pub mod driver;
-pub mod failure;
 pub mod grpc;
-pub mod link;
 pub mod metrics;
 pub mod model;
 pub mod registry;
-pub mod relay;
 pub mod server;
 pub mod wire;
+
+pub use epoch_link::{failure, link, relay};

@@ -516,6 +516,11 @@ impl Jobs {
         &self.node.name
     }
 
+    /// This node's cluster credential (none in the standalone daemon).
+    pub fn credential(&self) -> Option<&ckpt_auth::tls::Credential> {
+        self.node.credential.as_ref()
+    }
+
     /// The default snapshot engine.
     pub fn engine(&self) -> &Arc<dyn SnapshotEngine> {
         &self.node.engine

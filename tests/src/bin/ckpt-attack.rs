@@ -2,12 +2,17 @@
 //! security end-to-end tests. Calls every RPC of the Registry and Agent services at one address
 //! and prints one line per call: `RPC <service>.<call> <gRPC code> <message>`.
 //!
-//! Usage: `ckpt-attack ADDRESS [--ca CA_PEM] [--cred DIR NODE] [--target NODE] [--job ID]`
+//! Usage: `ckpt-attack ADDRESS [--ca CA_PEM] [--cred DIR NODE] [--target NODE] [--job ID]
+//!         [--grants DIR]`
 //! - ADDRESS: `host:port` (TLS when `--ca` is given, else plain HTTP/2) or `unix:/path`.
 //! - `--ca`: trust this CA (what any user can read) and present no certificate.
 //! - `--cred DIR NODE`: present node NODE's credential from DIR (a compromised node).
 //! - `--target NODE`: the identity the server must prove (default: the coordinator).
 //! - `--job ID`: the job to aim at (default 1).
+//! - `--grants DIR`: the coordinator's credential directory, to make relay grants with. It
+//!   stands for the grants a compromised relay node keeps from real epochs: each is shown to
+//!   the target outside what it covers (another job, another epoch, expired, another relay,
+//!   another node), next to one the node signed itself and a relay plan of its own.
 //!
 //! Every call asks for something harmful: run a command as root (creating
 //! `/tmp/ckpt-attack-pwned`), take over a node name, stream a job's images, write `/etc/x` or
@@ -24,7 +29,7 @@ const PWNED: &str = "/tmp/ckpt-attack-pwned";
 
 fn usage() -> ! {
     eprintln!(
-        "usage: ckpt-attack ADDRESS [--ca CA_PEM] [--cred DIR NODE] [--target NODE] [--job ID]"
+        "usage: ckpt-attack ADDRESS [--ca CA_PEM] [--cred DIR NODE] [--target NODE] [--job ID] [--grants DIR]"
     );
     std::process::exit(2)
 }
@@ -40,6 +45,45 @@ async fn channel(addr: &str, dial: Option<ckpt_auth::transport::Dial>) -> Result
             .await
             .map_err(|e| format!("cannot connect: {e}")),
     }
+}
+
+/// Reports an epoch stream by its first answer: a refusal ends the stream there.
+async fn report_epoch(
+    name: &str,
+    r: Result<tonic::Response<tonic::Streaming<pb::EpochEvent>>, tonic::Status>,
+) {
+    let first = match r {
+        Ok(resp) => resp.into_inner().message().await,
+        Err(s) => Err(s),
+    };
+    match first {
+        Ok(Some(ev)) => match ev.failure {
+            Some(f) => println!(
+                "RPC {name} {:?} {}",
+                tonic::Code::from_i32(f.code),
+                f.message.replace('\n', " ")
+            ),
+            None => println!("RPC {name} Ok -"),
+        },
+        Ok(None) => println!("RPC {name} Ok (stream ended)"),
+        Err(s) => println!(
+            "RPC {name} {:?} {}",
+            s.code(),
+            s.message().replace('\n', " ")
+        ),
+    }
+}
+
+/// A relay grant over `target` for `relay`, signed with `by`.
+fn grant(by: &ckpt_auth::tls::Credential, g: pb::Delegation) -> Option<pb::DelegatedAuthority> {
+    use prost::Message;
+    let grant = g.encode_to_vec();
+    let (signature, issuer) = by.sign(&grant).expect("sign");
+    Some(pb::DelegatedAuthority {
+        grant,
+        signature,
+        issuer,
+    })
 }
 
 fn report<T>(name: &str, r: Result<tonic::Response<T>, tonic::Status>) {
@@ -108,6 +152,7 @@ async fn main() {
         usage()
     };
     let (mut ca, mut cred, mut target, mut job) = (None, None, None, 1u64);
+    let mut grants = None;
     let mut i = 1;
     while i < args.len() {
         match args[i].as_str() {
@@ -124,6 +169,10 @@ async fn main() {
             }
             "--target" => {
                 target = args.get(i + 1).cloned();
+                i += 2;
+            }
+            "--grants" => {
+                grants = args.get(i + 1).cloned();
                 i += 2;
             }
             "--job" => {
@@ -224,6 +273,7 @@ async fn main() {
         kill: true,
         deadline_ms: 1000,
         prune: vec![1, 2, 3],
+        ..Default::default()
     };
     attack!(
         "Agent.Launch",
@@ -236,23 +286,134 @@ async fn main() {
             token: "t".into(),
         })
     );
-    report(
+    report_epoch(
         "Agent.EpochDump",
         ag.epoch(tokio_stream::iter(vec![epoch_cmd(
             pb::Phase::LocalCheckpoint,
         )]))
         .await,
-    );
-    report(
+    )
+    .await;
+    report_epoch(
         "Agent.EpochKill",
         ag.epoch(tokio_stream::iter(vec![epoch_cmd(pb::Phase::Resume)]))
             .await,
-    );
-    report(
+    )
+    .await;
+    report_epoch(
         "Agent.EpochPrune",
         ag.epoch(tokio_stream::iter(vec![epoch_cmd(pb::Phase::InitialSync)]))
             .await,
-    );
+    )
+    .await;
+    // A relay's grants shown outside what they cover (see `--grants`).
+    if let (Some(dir), Some(me), Some(victim)) = (&grants, &me, &target) {
+        let coord = ckpt_auth::tls::Credential::load(
+            std::path::Path::new(dir),
+            &ckpt_auth::Identity::Coordinator,
+        )
+        .expect("the coordinator's credential");
+        let mine = ckpt_auth::tls::Credential::load(
+            std::path::Path::new(&cred.as_ref().expect("--cred").0),
+            &ckpt_auth::Identity::Node(me.clone()),
+        )
+        .expect("credential");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let covering = pb::Delegation {
+            job_id: job,
+            epoch: 1,
+            relay: me.clone(),
+            nodes: vec![victim.clone()],
+            phases: vec![
+                pb::Phase::InitialSync as i32,
+                pb::Phase::Quiesce as i32,
+                pb::Phase::LocalCheckpoint as i32,
+                pb::Phase::Resume as i32,
+                pb::Phase::Finalize as i32,
+            ],
+            not_after_ms: now + 60_000,
+        };
+        let cases = [
+            (
+                "Agent.EpochGrantOtherJob",
+                grant(
+                    &coord,
+                    pb::Delegation {
+                        job_id: job + 1,
+                        ..covering.clone()
+                    },
+                ),
+                1,
+            ),
+            (
+                "Agent.EpochGrantOtherEpoch",
+                grant(&coord, covering.clone()),
+                2,
+            ),
+            (
+                "Agent.EpochGrantExpired",
+                grant(
+                    &coord,
+                    pb::Delegation {
+                        not_after_ms: now - 1000,
+                        ..covering.clone()
+                    },
+                ),
+                1,
+            ),
+            (
+                "Agent.EpochGrantOtherRelay",
+                grant(
+                    &coord,
+                    pb::Delegation {
+                        relay: "n9".into(),
+                        ..covering.clone()
+                    },
+                ),
+                1,
+            ),
+            (
+                "Agent.EpochGrantOtherNode",
+                grant(
+                    &coord,
+                    pb::Delegation {
+                        nodes: vec!["n9".into()],
+                        ..covering.clone()
+                    },
+                ),
+                1,
+            ),
+            ("Agent.EpochGrantForged", grant(&mine, covering.clone()), 1),
+        ];
+        for (name, authority, epoch) in cases {
+            let cmd = pb::EpochCommand {
+                epoch,
+                authority,
+                ..epoch_cmd(pb::Phase::InitialSync)
+            };
+            report_epoch(name, ag.epoch(tokio_stream::iter(vec![cmd])).await).await;
+        }
+        // A relay plan from a node: it would make the target dial and drive others.
+        let cmd = pb::EpochCommand {
+            authority: grant(&coord, covering.clone()),
+            relay: Some(pb::RelayPlan {
+                authority: grant(&coord, covering.clone()),
+                children: vec![pb::RelayChild {
+                    node: "n9".into(),
+                    address: "127.0.0.1:1".into(),
+                }],
+            }),
+            ..epoch_cmd(pb::Phase::InitialSync)
+        };
+        report_epoch(
+            "Agent.EpochRelayPlan",
+            ag.epoch(tokio_stream::iter(vec![cmd])).await,
+        )
+        .await;
+    }
     attack!(
         "Agent.Abort",
         ag.abort(AbortRequest {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ckpt_proto::v1 as pb;
+use prost::Message;
 use tokio::sync::mpsc;
 use tracing::{info, instrument, warn};
 
@@ -17,7 +18,7 @@ use super::flush::Prune;
 use super::{now_ms, Caller, Coordinator, DriveError, OperationPhase, Step};
 use crate::agents::{FailureKind, NodeFailure};
 use crate::config::Deadlines;
-use crate::link::{barrier, send_all, wire_phase, EpochLink};
+use crate::link::{barrier, send_all, EpochLink};
 use crate::metrics::metrics;
 use crate::model::{Epoch, FlushState, Job, JobState, Phase, TransitionError, Trigger};
 
@@ -76,6 +77,7 @@ impl Coordinator {
             timings: Vec::new(),
             channels: 0,
             links: Vec::new(),
+            link_nodes: Vec::new(),
             generations: Vec::new(),
             finalize_sent: false,
             prune: job.unpruned.clone(),
@@ -84,6 +86,17 @@ impl Coordinator {
             Ok(manifests) => run.commit(manifests).await,
             Err((phase, failure)) => run.abort(phase, failure).await,
         }
+    }
+}
+
+/// The protocol's name of a driver phase (commit has none: no node takes part in it).
+pub(crate) fn wire_phase(p: Phase) -> pb::Phase {
+    match p {
+        Phase::InitialSync => pb::Phase::InitialSync,
+        Phase::Quiesce => pb::Phase::Quiesce,
+        Phase::LocalCheckpoint => pb::Phase::LocalCheckpoint,
+        Phase::Resume => pb::Phase::Resume,
+        Phase::Finalize | Phase::Commit => pb::Phase::Finalize,
     }
 }
 
@@ -109,6 +122,8 @@ struct EpochRun<'c> {
     /// One link per node (in `nodes` order), taken by the initial synchronization, and the
     /// registration of the node's agent it belongs to.
     links: Vec<Box<dyn EpochLink>>,
+    /// The node each link reaches (a relay's own node when it drives a group).
+    link_nodes: Vec<String>,
     generations: Vec<u64>,
     /// Finalize went out right behind resume (no rebuild between them).
     finalize_sent: bool,
@@ -129,7 +144,13 @@ impl EpochRun<'_> {
 
     /// Sends `phase` to every node; its answers are gathered by [`EpochRun::gather`].
     fn send(&mut self, phase: Phase, deadline: Duration) -> StepResult<()> {
-        let cmd = pb::EpochCommand {
+        let cmd = self.command(phase, deadline);
+        send_all(&mut self.links, cmd).map_err(|f| (phase, f))
+    }
+
+    /// The command of `phase`, as every node gets it.
+    fn command(&self, phase: Phase, deadline: Duration) -> pb::EpochCommand {
+        pb::EpochCommand {
             job_id: self.id,
             epoch: self.epoch.number,
             phase: wire_phase(phase) as i32,
@@ -139,13 +160,13 @@ impl EpochRun<'_> {
                 Phase::InitialSync => self.prune.clone(),
                 _ => Vec::new(),
             },
-        };
-        send_all(&mut self.links, cmd).map_err(|f| (phase, f))
+            ..Default::default()
+        }
     }
 
     /// Every node's answer to `phase`, merged; the first failure fails the phase.
     async fn gather(&mut self, phase: Phase, deadline: Duration) -> StepResult<pb::EpochEvent> {
-        barrier(&mut self.links, phase, deadline)
+        barrier(&mut self.links, wire_phase(phase), deadline)
             .await
             .map_err(|f| (phase, f))
     }
@@ -183,19 +204,132 @@ impl EpochRun<'_> {
             Phase::InitialSync,
             format!("checking {} node(s)", self.nodes.len()),
         );
-        for n in &self.nodes {
-            let (link, generation) = self
+        let relays = &self.coord.cfg.relays;
+        let groups: Vec<Vec<String>> = match self.coord.credential {
+            Some(_) => relays.groups(&self.nodes),
+            None => self.nodes.chunks(1).collect(),
+        }
+        .into_iter()
+        .map(<[String]>::to_vec)
+        .collect();
+        let relaying = groups.iter().filter(|g| g.len() > 1).count();
+        if relaying > 0 {
+            info!(
+                relays = relaying,
+                fanout = relays.fanout,
+                "the epoch goes through relays: {}",
+                groups
+                    .iter()
+                    .filter(|g| g.len() > 1)
+                    .map(|g| format!("{} ({} nodes)", g[0], g.len()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        let cmd = self.command(Phase::InitialSync, self.deadlines.sync);
+        for group in &groups {
+            let plan = self
+                .relay_plan(group)
+                .map_err(|f| (Phase::InitialSync, f))?;
+            let (mut link, generation) = self
                 .coord
                 .agents
-                .epoch_link(n, self.id)
+                .epoch_link(&group[0], self.id)
                 .map_err(|f| (Phase::InitialSync, f))?;
+            link.send(pb::EpochCommand {
+                relay: plan,
+                ..cmd.clone()
+            })
+            .map_err(|f| (Phase::InitialSync, f))?;
             self.links.push(link);
+            self.link_nodes.push(group[0].clone());
             self.generations.push(generation);
         }
-        let synced = self.step(Phase::InitialSync, self.deadlines.sync).await?;
+        let synced = self.gather(Phase::InitialSync, self.deadlines.sync).await?;
+        if synced.nodes as usize != self.nodes.len() {
+            return Err((
+                Phase::InitialSync,
+                NodeFailure {
+                    node: self.nodes[0].clone(),
+                    kind: FailureKind::Internal,
+                    message: format!(
+                        "{} node(s) answered the initial synchronization, not the epoch's {}",
+                        synced.nodes,
+                        self.nodes.len()
+                    ),
+                },
+            ));
+        }
         self.channels = synced.channels;
         self.epoch.resident_bytes = synced.estimated_bytes;
         Ok(synced)
+    }
+
+    /// The plan of a group whose first node relays to the others, with the grant it shows
+    /// them, signed by this ckptd: this job, this epoch, its phases, those nodes, until every
+    /// phase's deadline has passed. None for a group of one (driven directly).
+    fn relay_plan(&self, group: &[String]) -> Result<Option<pb::RelayPlan>, NodeFailure> {
+        let [relay, below @ ..] = group else {
+            return Ok(None);
+        };
+        if below.is_empty() {
+            return Ok(None);
+        }
+        let d = &self.deadlines;
+        let all = d.sync + d.quiesce * 2 + d.dump + d.resume + d.finalize;
+        let grant = pb::Delegation {
+            job_id: self.id,
+            epoch: self.epoch.number,
+            relay: relay.clone(),
+            nodes: below.to_vec(),
+            phases: [
+                pb::Phase::InitialSync,
+                pb::Phase::Quiesce,
+                pb::Phase::LocalCheckpoint,
+                pb::Phase::Resume,
+                pb::Phase::Finalize,
+            ]
+            .map(|p| p as i32)
+            .to_vec(),
+            not_after_ms: now_ms() + all.as_millis() as u64,
+        }
+        .encode_to_vec();
+        let internal = |message: String| NodeFailure {
+            node: relay.clone(),
+            kind: FailureKind::Internal,
+            message,
+        };
+        let cred = self.coord.credential.as_ref().ok_or_else(|| {
+            internal("ckptd has no cluster credential to sign a relay's grant with".into())
+        })?;
+        let (signature, issuer) = cred
+            .sign(&grant)
+            .map_err(|e| internal(format!("ckptd cannot sign the relay's grant: {e}")))?;
+        let children = below
+            .iter()
+            .map(|n| {
+                let address = self.coord.agents.address(n).ok_or_else(|| NodeFailure {
+                    node: n.clone(),
+                    kind: FailureKind::Unreachable,
+                    message: format!(
+                        "its agent is not registered; {}",
+                        crate::agents::UNREACHABLE_FIX
+                    ),
+                })?;
+                Ok(pb::RelayChild {
+                    node: n.clone(),
+                    address,
+                })
+            })
+            .collect::<Result<_, NodeFailure>>()?;
+        Ok(Some(pb::RelayPlan {
+            authority: Some(pb::DelegatedAuthority {
+                grant,
+                signature,
+                issuer,
+            }),
+            children,
+        }))
     }
 
     /// Quiesce: every node drains its InfiniBand channels and freezes the job's processes.
@@ -337,7 +471,9 @@ impl EpochRun<'_> {
         // The job runs on: its streams carry its next epoch (a --kill epoch stopped it).
         if !self.epoch.kill {
             let links = std::mem::take(&mut self.links);
-            for ((node, link), generation) in self.nodes.iter().zip(links).zip(&self.generations) {
+            for ((node, link), generation) in
+                self.link_nodes.iter().zip(links).zip(&self.generations)
+            {
                 coord.agents.keep_epoch_link(node, id, link, *generation);
             }
         }
@@ -463,5 +599,23 @@ impl EpochRun<'_> {
             phase: phase.name(),
             failure,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_driver_phase_but_commit_has_its_own_protocol_name() {
+        for p in [
+            Phase::InitialSync,
+            Phase::Quiesce,
+            Phase::LocalCheckpoint,
+            Phase::Resume,
+            Phase::Finalize,
+        ] {
+            assert_eq!(crate::link::phase_name(wire_phase(p)), p.name());
+        }
     }
 }

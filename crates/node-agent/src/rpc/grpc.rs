@@ -75,105 +75,6 @@ pub fn to_status(e: AgentError) -> Status {
     }
 }
 
-/// Runs one phase of an epoch stream; `stream_job` is the job the stream's first command
-/// named: a stream carries the epochs of one job, one after the other.
-///
-/// An initial synchronization first deletes the images of the epochs it names as expired
-/// (retention, see `EpochCommand.prune`).
-async fn run_phase(
-    jobs: &Jobs,
-    cmd: pb::EpochCommand,
-    stream_job: &mut Option<u64>,
-) -> pb::EpochEvent {
-    let phase = cmd.phase();
-    let begin = std::time::Instant::now();
-    let mut ev = pb::EpochEvent {
-        phase: phase as i32,
-        nodes: 1,
-        ..Default::default()
-    };
-    let done = match (*stream_job.get_or_insert(cmd.job_id), cmd.epoch) {
-        (j, _) if j != cmd.job_id => Err(Status::invalid_argument(format!(
-            "this epoch stream carries job {j}, not job {}",
-            cmd.job_id
-        ))),
-        (job, epoch) => match phase {
-            // Retention's deletions come first: the free staging reported counts their room.
-            // Never the epoch the command begins.
-            pb::Phase::InitialSync => match prune_expired(jobs, job, epoch, &cmd.prune).await {
-                Ok(()) => jobs.initial_sync(job, epoch).await,
-                Err(e) => Err(e),
-            }
-            .map(|p| {
-                ev.processes = p.processes;
-                ev.estimated_bytes = p.estimated_bytes;
-                ev.staging_free_bytes = p.staging_free_bytes;
-                ev.channels = p.channels;
-            }),
-            pb::Phase::Quiesce => jobs
-                .quiesce(job, epoch)
-                .await
-                .map(|(_, drained)| ev.drained = drained),
-            pb::Phase::LocalCheckpoint => jobs
-                .local_checkpoint(job, epoch)
-                .await
-                .map(|(_, frozen)| ev.frozen_us = us(frozen)),
-            pb::Phase::Resume => jobs
-                .resume(job, epoch, cmd.kill)
-                .await
-                .map(|(_, frozen)| ev.frozen_us = us(frozen)),
-            pb::Phase::Finalize => jobs.finalize(job, epoch).await.map(|f| {
-                ev.image_bytes = f.image_bytes;
-                ev.image_files = f.image_files;
-                ev.manifests = [(jobs.node().to_string(), f.manifest_digest)].into();
-            }),
-            pb::Phase::Unspecified => {
-                return failed(
-                    ev,
-                    jobs,
-                    &Status::invalid_argument("epoch command without a phase"),
-                )
-            }
-        }
-        .map_err(to_status),
-    };
-    match done {
-        Ok(()) => {
-            ev.elapsed_us = us(begin.elapsed());
-            ev
-        }
-        Err(s) => failed(ev, jobs, &s),
-    }
-}
-
-/// Deletes this node's images of the epochs retention expired (`EpochCommand.prune`), never
-/// those of `epoch`, the one beginning.
-async fn prune_expired(
-    jobs: &Jobs,
-    job: u64,
-    epoch: u32,
-    expired: &[u32],
-) -> Result<(), AgentError> {
-    let old: Vec<u32> = expired.iter().copied().filter(|&e| e != epoch).collect();
-    if old.is_empty() {
-        return Ok(());
-    }
-    jobs.prune(job, &old, false, false).await
-}
-
-/// The event of a phase that failed with `s`.
-fn failed(ev: pb::EpochEvent, jobs: &Jobs, s: &Status) -> pb::EpochEvent {
-    pb::EpochEvent {
-        phase: ev.phase,
-        failure: Some(pb::PhaseFailure {
-            node: jobs.node().to_string(),
-            code: s.code() as i32,
-            message: s.message().to_string(),
-        }),
-        ..Default::default()
-    }
-}
-
 /// How often a flush reports progress.
 const FLUSH_PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
@@ -270,23 +171,21 @@ impl Agent for AgentHandler {
         &self,
         req: Request<tonic::Streaming<pb::EpochCommand>>,
     ) -> Result<Response<Self::EpochStream>, Status> {
-        from_coordinator(&req, "Agent.Epoch")?;
-        let mut commands = req.into_inner();
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let jobs = self.jobs.clone();
-        tokio::spawn(async move {
-            let mut job = None;
-            // Phases run one after the other, in the order they came; the stream ends when
-            // the coordinator closes its side (or goes away).
-            while let Ok(Some(cmd)) = commands.message().await {
-                let ev = run_phase(&jobs, cmd, &mut job).await;
-                if tx.send(Ok(ev)).await.is_err() {
-                    break;
-                }
+        // The coordinator, or another node's agent relaying for it: each of its commands
+        // must then show the coordinator's grant (checked before it runs).
+        let relay_caller = match ckpt_auth::peer_of(&req) {
+            p if p.is_coordinator() => None,
+            ckpt_auth::Peer::Daemon(ckpt_auth::Identity::Node(n)) => Some(n),
+            _ => {
+                return Err(ckpt_auth::refuse(
+                    &req,
+                    "Agent.Epoch",
+                    "the coordinator, or a relay",
+                ))
             }
-        });
+        };
         Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
+            self.epoch_stream(relay_caller, req.into_inner()),
         )))
     }
 

@@ -19,9 +19,8 @@ use std::time::Duration;
 
 use ckpt_proto::v1 as pb;
 
-use crate::agents::NodeFailure;
+use crate::failure::{FailureKind, NodeFailure};
 use crate::link::{barrier, send_all, EpochLink};
-use crate::model::Phase;
 
 /// What each level of relays keeps of a phase's deadline to report a silent node below it.
 pub const RELAY_MARGIN: Duration = Duration::from_millis(200);
@@ -32,7 +31,7 @@ pub struct Relay {
     node: String,
     links: Vec<Box<dyn EpochLink>>,
     /// Deadlines of the commands sent and not yet answered.
-    pending: std::collections::VecDeque<(Phase, Duration)>,
+    pending: std::collections::VecDeque<(pb::Phase, Duration)>,
 }
 
 impl std::fmt::Debug for Relay {
@@ -56,17 +55,6 @@ impl Relay {
     }
 }
 
-/// The driver phase a protocol phase stands for.
-fn driver_phase(p: pb::Phase) -> Phase {
-    match p {
-        pb::Phase::Quiesce => Phase::Quiesce,
-        pb::Phase::LocalCheckpoint => Phase::LocalCheckpoint,
-        pb::Phase::Resume => Phase::Resume,
-        pb::Phase::Finalize => Phase::Finalize,
-        pb::Phase::InitialSync | pb::Phase::Unspecified => Phase::InitialSync,
-    }
-}
-
 #[tonic::async_trait]
 impl EpochLink for Relay {
     fn node(&self) -> &str {
@@ -79,7 +67,7 @@ impl EpochLink for Relay {
         // by a margin, and again at every level down, so that each level names a silent node
         // before its parent gives up on it.
         let below = full.saturating_sub(RELAY_MARGIN);
-        self.pending.push_back((driver_phase(cmd.phase()), below));
+        self.pending.push_back((cmd.phase(), below));
         send_all(
             &mut self.links,
             pb::EpochCommand {
@@ -93,7 +81,7 @@ impl EpochLink for Relay {
         let Some((phase, deadline)) = self.pending.pop_front() else {
             return Err(NodeFailure {
                 node: self.node.clone(),
-                kind: crate::agents::FailureKind::Internal,
+                kind: FailureKind::Internal,
                 message: "relay asked for an answer to a phase it was not sent".into(),
             });
         };
@@ -133,7 +121,6 @@ pub fn levels(n: usize, fanout: usize) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agents::FailureKind;
     use crate::link::{barrier, send_all};
 
     /// A node answering every phase at once, or failing or hanging in one.
@@ -203,7 +190,7 @@ mod tests {
             phase: phase as i32,
             kill: false,
             deadline_ms: deadline.as_millis() as u32,
-            prune: Vec::new(),
+            ..Default::default()
         }
     }
 
@@ -224,7 +211,7 @@ mod tests {
         let mut top = tree(leaves(1000, |_| {}), 8);
         let d = Duration::from_secs(5);
         send_all(&mut top, cmd(pb::Phase::Resume, d)).unwrap();
-        let all = barrier(&mut top, Phase::Resume, d).await.unwrap();
+        let all = barrier(&mut top, pb::Phase::Resume, d).await.unwrap();
         assert_eq!(all.nodes, 1000);
         assert_eq!(all.processes, 2000);
         assert_eq!(all.frozen_us, 999);
@@ -245,8 +232,8 @@ mod tests {
         for p in [pb::Phase::Quiesce, pb::Phase::LocalCheckpoint] {
             send_all(&mut top, cmd(p, d)).unwrap();
         }
-        barrier(&mut top, Phase::Quiesce, d).await.unwrap();
-        let f = barrier(&mut top, Phase::LocalCheckpoint, d)
+        barrier(&mut top, pb::Phase::Quiesce, d).await.unwrap();
+        let f = barrier(&mut top, pb::Phase::LocalCheckpoint, d)
             .await
             .unwrap_err();
         assert_eq!(f.node, "n437");
@@ -267,7 +254,7 @@ mod tests {
         // Three levels of relays wait 800, 600 and 400 ms below the driver's second.
         let d = Duration::from_secs(1);
         send_all(&mut top, cmd(pb::Phase::Quiesce, d)).unwrap();
-        let f = barrier(&mut top, Phase::Quiesce, d).await.unwrap_err();
+        let f = barrier(&mut top, pb::Phase::Quiesce, d).await.unwrap_err();
         assert_eq!(f.node, "n123", "{f}");
         assert_eq!(f.kind, FailureKind::Deadline);
     }

@@ -20,7 +20,6 @@ use tonic::transport::Channel;
 use tonic::Streaming;
 
 use crate::failure::{from_status, FailureKind, NodeFailure, UNREACHABLE_FIX};
-use crate::model::Phase;
 
 /// One node's (or one subtree's) end of an epoch.
 #[tonic::async_trait]
@@ -39,39 +38,40 @@ pub trait EpochLink: Send + std::fmt::Debug {
     }
 }
 
-/// The protocol's name of a driver phase (commit has none: no node takes part in it).
-pub fn wire_phase(p: Phase) -> pb::Phase {
-    match p {
-        Phase::InitialSync => pb::Phase::InitialSync,
-        Phase::Quiesce => pb::Phase::Quiesce,
-        Phase::LocalCheckpoint => pb::Phase::LocalCheckpoint,
-        Phase::Resume => pb::Phase::Resume,
-        Phase::Finalize | Phase::Commit => pb::Phase::Finalize,
-    }
-}
-
-/// The user-facing name of a protocol phase.
+/// The user-facing name of a protocol phase (the coordinator's phases carry the same names).
 pub fn phase_name(p: pb::Phase) -> &'static str {
     match p {
-        pb::Phase::InitialSync => Phase::InitialSync.name(),
-        pb::Phase::Quiesce => Phase::Quiesce.name(),
-        pb::Phase::LocalCheckpoint => Phase::LocalCheckpoint.name(),
-        pb::Phase::Resume => Phase::Resume.name(),
-        pb::Phase::Finalize => Phase::Finalize.name(),
+        pb::Phase::InitialSync => "initial-sync",
+        pb::Phase::Quiesce => "quiesce",
+        pb::Phase::LocalCheckpoint => "local-checkpoint",
+        pb::Phase::Resume => "resume",
+        pb::Phase::Finalize => "finalize",
         pb::Phase::Unspecified => "unspecified phase",
     }
 }
 
-/// The failure an event reports, if it reports one.
+/// The failure an event reports, if it reports one: the node it names, the kind its code
+/// means and its message as it is.
 pub fn failure_of(ev: &pb::EpochEvent) -> Option<NodeFailure> {
-    ev.failure.as_ref().map(|f| {
-        let what = phase_name(ev.phase());
-        from_status(
-            &f.node,
-            what,
-            &tonic::Status::new(tonic::Code::from_i32(f.code), f.message.clone()),
-        )
+    ev.failure.as_ref().map(|f| NodeFailure {
+        node: f.node.clone(),
+        kind: FailureKind::of(tonic::Code::from_i32(f.code)),
+        message: f.message.clone(),
     })
+}
+
+/// The event that reports `failure` in `phase` (a relay answering for the nodes below it);
+/// [`failure_of`] reads it back.
+pub fn failure_event(phase: pb::Phase, failure: &NodeFailure) -> pb::EpochEvent {
+    pb::EpochEvent {
+        phase: phase as i32,
+        failure: Some(pb::PhaseFailure {
+            node: failure.node.clone(),
+            code: failure.kind.code() as i32,
+            message: failure.message.clone(),
+        }),
+        ..Default::default()
+    }
 }
 
 /// Adds one answer to the answers gathered so far: counts add up, times take the longest,
@@ -98,13 +98,13 @@ pub fn merge(into: &mut pb::EpochEvent, ev: pb::EpochEvent) {
 /// failing link in `links` order names the failure. `phase` names a missed deadline.
 pub async fn barrier(
     links: &mut [Box<dyn EpochLink>],
-    phase: Phase,
+    phase: pb::Phase,
     deadline: Duration,
 ) -> Result<pb::EpochEvent, NodeFailure> {
     let answers = join_all(links.iter_mut().map(|l| async move {
         match tokio::time::timeout(deadline, l.next()).await {
             Ok(r) => r,
-            Err(_) => Err(missed(l.node(), phase.name(), deadline)),
+            Err(_) => Err(missed(l.node(), phase_name(phase), deadline)),
         }
     }))
     .await;
@@ -112,7 +112,7 @@ pub async fn barrier(
     for a in answers {
         merge(&mut all, a?);
     }
-    all.phase = wire_phase(phase) as i32;
+    all.phase = phase as i32;
     Ok(all)
 }
 
@@ -155,13 +155,16 @@ enum Inbound {
 }
 
 /// One `Agent.Epoch` stream to a node's agent. It carries one job's epochs, one after the
-/// other: a committed epoch leaves it open for the next (see [`crate::agents::Agents::epoch_link`]).
+/// other: a committed epoch leaves it open for the next (the coordinator's `Agents::epoch_link`).
 pub struct GrpcLink {
     node: String,
     out: mpsc::UnboundedSender<pb::EpochCommand>,
     inbound: Inbound,
     /// Phases sent and not yet answered, to name what a broken stream interrupted.
     pending: VecDeque<pb::Phase>,
+    /// The nodes its answers speak for: its own, then, when the epoch's initial-sync carried a
+    /// relay plan, the plan's nodes.
+    speaks_for: Vec<String>,
 }
 
 impl std::fmt::Debug for GrpcLink {
@@ -187,6 +190,7 @@ impl GrpcLink {
             out: tx,
             inbound: Inbound::Opening(Box::pin(call)),
             pending: VecDeque::new(),
+            speaks_for: vec![node.to_string()],
         }
     }
 
@@ -205,6 +209,13 @@ impl EpochLink for GrpcLink {
 
     fn send(&mut self, cmd: pb::EpochCommand) -> Result<(), NodeFailure> {
         let phase = cmd.phase();
+        if phase == pb::Phase::InitialSync {
+            self.speaks_for.truncate(1);
+            if let Some(plan) = &cmd.relay {
+                self.speaks_for
+                    .extend(plan.children.iter().map(|c| c.node.clone()));
+            }
+        }
         self.out.send(cmd).map_err(|_| NodeFailure {
             node: self.node.clone(),
             kind: FailureKind::Unreachable,
@@ -244,6 +255,9 @@ impl EpochLink for GrpcLink {
             Err(s) => return Err(self.broken(what, &s)),
         };
         self.pending.pop_front();
+        if self.speaks_for.len() > 1 {
+            return self.relayed(what, ev);
+        }
         // An agent speaks for its own node only, whatever it says: its failure and its
         // manifest are its node's.
         if let Some(f) = failure_of(&ev) {
@@ -272,6 +286,54 @@ impl EpochLink for GrpcLink {
             manifests,
             ..ev
         })
+    }
+}
+
+impl GrpcLink {
+    /// A relay's answer: it speaks for the nodes of its plan and no other, for each of them
+    /// once. A failure it reports names one of them (else the relay itself); an answer that
+    /// counts other nodes, or seals a manifest for a node outside the plan or not for every
+    /// node in it, is the relay's failure.
+    fn relayed(&self, what: &str, ev: pb::EpochEvent) -> Result<pb::EpochEvent, NodeFailure> {
+        let ours = |n: &str| self.speaks_for.iter().any(|x| x == n);
+        let wrong = |message: String| NodeFailure {
+            node: self.node.clone(),
+            kind: FailureKind::Internal,
+            message,
+        };
+        if let Some(f) = failure_of(&ev) {
+            return Err(if ours(&f.node) {
+                f
+            } else {
+                NodeFailure {
+                    node: self.node.clone(),
+                    message: format!(
+                        "{} (the relay named node {:?}, not one of its nodes)",
+                        f.message, f.node
+                    ),
+                    ..f
+                }
+            });
+        }
+        let n = self.speaks_for.len();
+        if ev.nodes as usize != n {
+            return Err(wrong(format!(
+                "the relay answered {what} for {} node(s), not its {n}",
+                ev.nodes
+            )));
+        }
+        if let Some(other) = ev.manifests.keys().find(|k| !ours(k)) {
+            return Err(wrong(format!(
+                "the relay sealed a manifest for node {other:?}, not one of its nodes"
+            )));
+        }
+        if ev.phase() == pb::Phase::Finalize && ev.manifests.len() != n {
+            return Err(wrong(format!(
+                "the relay sealed {} manifest(s) for its {n} nodes",
+                ev.manifests.len()
+            )));
+        }
+        Ok(ev)
     }
 }
 
@@ -320,18 +382,5 @@ mod tests {
         assert_eq!(f.kind, FailureKind::NoRoom);
         assert_eq!(f.message, "staging full");
         assert!(failure_of(&pb::EpochEvent::default()).is_none());
-    }
-
-    #[test]
-    fn every_driver_phase_but_commit_has_its_own_protocol_name() {
-        for p in [
-            Phase::InitialSync,
-            Phase::Quiesce,
-            Phase::LocalCheckpoint,
-            Phase::Resume,
-            Phase::Finalize,
-        ] {
-            assert_eq!(phase_name(wire_phase(p)), p.name());
-        }
     }
 }
