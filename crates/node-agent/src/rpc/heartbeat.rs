@@ -102,9 +102,16 @@ pub async fn run(
     // ckptd and its standbys: one address at a time, the next after a failed call, so that one
     // that hangs is given up after a call's timeout however the list is ordered.
     let addresses = ckpt_auth::transport::addresses(&cfg.coordinator);
+    // With one ckptd there is nowhere else to go: a slow answer is waited for as long as ever
+    // and the connection kept (a new TLS handshake costs a loaded node more than it saves).
+    let standbys = addresses.len() > 1;
     let mut at = 0;
     loop {
-        let timeout = call_timeout(jobs.node.lease.granted());
+        let timeout = if standbys {
+            call_timeout(jobs.node.lease.granted())
+        } else {
+            CALL_TIMEOUT
+        };
         let coordinator = addresses
             .get(at % addresses.len().max(1))
             .map_or("", String::as_str);
@@ -161,13 +168,11 @@ pub async fn run(
                 }
                 Ok(Err(e)) => {
                     debug!(coordinator, error = %e, "registration failed; retrying");
-                    client = None;
-                    at += 1;
+                    next(&mut client, &mut at, standbys);
                 }
                 Err(_) => {
                     debug!(coordinator, "registration timed out; retrying");
-                    client = None;
-                    at += 1;
+                    next(&mut client, &mut at, standbys);
                 }
             }
         } else {
@@ -182,23 +187,33 @@ pub async fn run(
             let sent = crate::rpc::lease::boottime_ms();
             match tokio::time::timeout(timeout, c.heartbeat(req)).await {
                 Ok(Ok(r)) => renew(&jobs, sent, r.get_ref().lease_ms),
-                // A new connection next: the one that failed may be to a ckptd that hangs,
-                // where a standby now serves (or ckptd restarted).
                 Ok(Err(e)) => {
                     warn!(coordinator, error = %e, "heartbeat failed; registering again");
                     registered = false;
-                    client = None;
-                    at += 1;
+                    next(&mut client, &mut at, standbys);
                 }
                 Err(_) => {
                     warn!(coordinator, "heartbeat timed out; registering again");
                     registered = false;
-                    client = None;
-                    at += 1;
+                    next(&mut client, &mut at, standbys);
                 }
             }
         }
         tokio::time::sleep(interval(cfg.heartbeat_interval, jobs.node.lease.granted())).await;
+    }
+}
+
+/// After a failed call: with standbys, the next address on a new connection (the one that
+/// failed may be to a ckptd that hangs, where a standby now serves); with one ckptd, the same
+/// connection, which reconnects by itself when it broke.
+fn next(
+    client: &mut Option<RegistryClient<tonic::transport::Channel>>,
+    at: &mut usize,
+    standbys: bool,
+) {
+    if standbys {
+        *client = None;
+        *at += 1;
     }
 }
 
