@@ -77,6 +77,10 @@ impl EpochLink for Relay {
         )
     }
 
+    fn reusable(&self) -> bool {
+        self.pending.is_empty() && self.links.iter().all(|l| l.reusable())
+    }
+
     async fn next(&mut self) -> Result<pb::EpochEvent, NodeFailure> {
         let Some((phase, deadline)) = self.pending.pop_front() else {
             return Err(NodeFailure {

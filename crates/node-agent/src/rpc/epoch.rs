@@ -42,13 +42,18 @@ impl AgentHandler {
                 let ev = match cmd.relay.take() {
                     // The coordinator makes this node a relay for the epoch this begins.
                     Some(plan) if cmd.phase() == pb::Phase::InitialSync => {
-                        relaying = None;
-                        let local = Box::new(LocalLink {
-                            jobs: jobs.clone(),
-                            job: Some(cmd.job_id),
-                            queue: VecDeque::new(),
-                        });
-                        match Relaying::open(&jobs, plan, &cmd, local).await {
+                        let opened = match relaying.take().and_then(|r| r.reuse(&plan, &cmd)) {
+                            Some(kept) => Ok(kept),
+                            None => {
+                                let local = Box::new(LocalLink {
+                                    jobs: jobs.clone(),
+                                    job: Some(cmd.job_id),
+                                    queue: VecDeque::new(),
+                                });
+                                Relaying::open(&jobs, plan, &cmd, local).await
+                            }
+                        };
+                        match opened {
                             Ok(mut r) => {
                                 let ev = r.run(cmd).await;
                                 relaying = Some(r);
@@ -99,6 +104,10 @@ impl EpochLink for LocalLink {
     fn send(&mut self, cmd: pb::EpochCommand) -> Result<(), NodeFailure> {
         self.queue.push_back(cmd);
         Ok(())
+    }
+
+    fn reusable(&self) -> bool {
+        self.queue.is_empty()
     }
 
     async fn next(&mut self) -> Result<pb::EpochEvent, NodeFailure> {

@@ -162,9 +162,15 @@ pub(super) fn authorize(
     }
 }
 
-/// A relay for one epoch: the plan's nodes and this node, driven as one.
+/// The grant a relay's links show, replaced when a later epoch reuses them.
+type Authority = Arc<std::sync::Mutex<Option<pb::DelegatedAuthority>>>;
+
+/// A relay for one epoch: the plan's nodes and this node, driven as one. Its streams stay open
+/// for the job's next epoch when that has the same plan (as ckptd keeps its own).
 pub(super) struct Relaying {
     epoch: u32,
+    children: Vec<pb::RelayChild>,
+    authority: Authority,
     relay: Relay,
 }
 
@@ -178,7 +184,7 @@ impl Relaying {
         local: Box<dyn EpochLink>,
     ) -> Result<Relaying, NodeFailure> {
         let me = jobs.node().to_string();
-        let authority = plan.authority.clone();
+        let authority: Authority = Arc::new(std::sync::Mutex::new(plan.authority.clone()));
         let dials = plan.children.iter().map(|c| dial(jobs.credential(), c));
         let mut links: Vec<Box<dyn EpochLink>> = vec![local];
         for (child, client) in plan
@@ -200,7 +206,22 @@ impl Relaying {
         );
         Ok(Relaying {
             epoch: cmd.epoch,
+            children: plan.children,
+            authority,
             relay: Relay::new(&me, links),
+        })
+    }
+
+    /// This relay again for the epoch `cmd` begins, if `plan` names the same nodes at the same
+    /// addresses and every stream is still open and idle; its links then show the new grant.
+    pub(super) fn reuse(self, plan: &pb::RelayPlan, cmd: &pb::EpochCommand) -> Option<Relaying> {
+        if self.children != plan.children || !self.relay.reusable() {
+            return None;
+        }
+        *self.authority.lock().expect("relay grant lock") = plan.authority.clone();
+        Some(Relaying {
+            epoch: cmd.epoch,
+            ..self
         })
     }
 
@@ -223,11 +244,11 @@ impl Relaying {
     }
 }
 
-/// A link below a relay: every command it sends shows the coordinator's grant.
+/// A link below a relay: every command it sends shows the coordinator's current grant.
 #[derive(Debug)]
 struct Authorized {
     inner: GrpcLink,
-    authority: Option<pb::DelegatedAuthority>,
+    authority: Authority,
 }
 
 #[tonic::async_trait]
@@ -237,10 +258,13 @@ impl EpochLink for Authorized {
     }
     fn send(&mut self, cmd: pb::EpochCommand) -> Result<(), NodeFailure> {
         self.inner.send(pb::EpochCommand {
-            authority: self.authority.clone(),
+            authority: self.authority.lock().expect("relay grant lock").clone(),
             relay: None,
             ..cmd
         })
+    }
+    fn reusable(&self) -> bool {
+        self.inner.reusable()
     }
     async fn next(&mut self) -> Result<pb::EpochEvent, NodeFailure> {
         self.inner.next().await
