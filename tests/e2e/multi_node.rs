@@ -360,6 +360,31 @@ fn openmpi_across_three_nodes_checkpoint_kill_restart() {
     checkpoint_kill_restart_across_three_nodes(Mpi::OpenMpi, Obstacle::MissingAddress);
 }
 
+/// Checkpoints `job` with every dump held 4 s and kills the agent of `kill` once `watch` is
+/// frozen and dumping: ckptctl fails (exit 6) naming `kill`.
+fn kill_agent_during_dump(d: &mut Ckptd, job: u64, watch: &str, kill: &str) {
+    d.set_failpoints("local-checkpoint=delay:4s\n");
+    let ctl = d.ctl_spawn(&["checkpoint", &job.to_string(), "--wait"]);
+    let state = d.cgroup_on(watch, job).join("freezer.state");
+    let begin = Instant::now();
+    while std::fs::read_to_string(&state).unwrap_or_default().trim() != "FROZEN" {
+        assert!(begin.elapsed() < LIMIT, "{watch} never froze");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Frozen is the end of the quiesce phase; its reply may still be on the way. The dump is
+    // held for 4 s, so one second later the node is in the local checkpoint.
+    std::thread::sleep(Duration::from_secs(1));
+    d.kill_agent_on(kill);
+    let out = ctl.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(6), "{stderr}");
+    assert!(
+        stderr.contains(&format!("node {kill}")),
+        "{kill} is named: {stderr}"
+    );
+    d.set_failpoints("");
+}
+
 /// An agent killed while its node dumps: the epoch is aborted, every node thaws (the killed
 /// agent's node when systemd restarts the agent), and the job finishes right on all nodes.
 #[test]
@@ -371,23 +396,7 @@ fn agent_killed_during_local_checkpoint_aborts_and_the_job_goes_on_everywhere() 
     };
     let job = run_across(&d, &cluster, Mpi::Mpich);
     d.ctl(&["checkpoint", &job.to_string(), "--wait"]).ok();
-    d.set_failpoints("local-checkpoint=delay:4s\n");
-    let ctl = d.ctl_spawn(&["checkpoint", &job.to_string(), "--wait"]);
-    let state = d.cgroup_on("n2", job).join("freezer.state");
-    let begin = Instant::now();
-    while std::fs::read_to_string(&state).unwrap_or_default().trim() != "FROZEN" {
-        assert!(begin.elapsed() < LIMIT, "n2 never froze");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    // Frozen is the end of the quiesce phase; its reply may still be on the way. The dump is
-    // held for 4 s, so one second later n2 is in the local checkpoint.
-    std::thread::sleep(Duration::from_secs(1));
-    d.kill_agent_on("n2");
-    let out = ctl.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(6), "{stderr}");
-    assert!(stderr.contains("node n2"), "{stderr}");
-    d.set_failpoints("");
+    kill_agent_during_dump(&mut d, job, "n2", "n2");
     // systemd restarts the agent: it thaws its part and is told to abort the epoch.
     d.start_agent_in(&cluster, "n2");
     let e = &d.epochs(job)[1];
@@ -447,24 +456,8 @@ fn relays_carry_epochs_and_a_dead_relay_aborts_one() {
     assert!(relayed(1), "{}", log("agent-n1.log"));
 
     // The relay dies while the node below it dumps.
-    d.set_failpoints("local-checkpoint=delay:4s\n");
-    let ctl = d.ctl_spawn(&["checkpoint", &job.to_string(), "--wait"]);
+    kill_agent_during_dump(&mut d, job, "n2", "n1");
     let state = d.cgroup_on("n2", job).join("freezer.state");
-    let begin = Instant::now();
-    while std::fs::read_to_string(&state).unwrap_or_default().trim() != "FROZEN" {
-        assert!(begin.elapsed() < LIMIT, "n2 never froze");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::thread::sleep(Duration::from_secs(1));
-    d.kill_agent_on("n1");
-    let out = ctl.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(6), "{stderr}");
-    assert!(
-        stderr.contains("node n1"),
-        "the dead relay is named: {stderr}"
-    );
-    d.set_failpoints("");
     // The node below the dead relay was told to abort by ckptd itself, and thawed.
     let begin = Instant::now();
     while std::fs::read_to_string(&state).unwrap_or_default().trim() != "THAWED" {
