@@ -3,9 +3,11 @@
 //! under ckpt with docs/slurm.md's batch script; Slurm takes the nodes away (`scontrol requeue`, or a
 //! job of a higher-priority partition that preempts it by requeueing); the job is checkpointed
 //! on the signal, requeued, resumes from its checkpoint and finishes with the checksum of an
-//! uninterrupted run.
+//! uninterrupted run. When Slurm gives the requeued job other nodes (one of its first ones
+//! drained), a job that runs in sandboxes resumes on its new allocation.
 use std::time::{Duration, Instant};
 
+use ckpt_tests::hosts::hosts_with;
 use ckpt_tests::netns::Cluster;
 use ckpt_tests::slurm::Slurm;
 use ckpt_tests::{
@@ -13,6 +15,8 @@ use ckpt_tests::{
 };
 
 const NODES: [&str; 3] = ["n1", "n2", "n3"];
+/// With a fourth node for the requeued job to move to.
+const FOUR: [&str; 4] = ["n1", "n2", "n3", "n4"];
 const RANKS: u32 = 6;
 const N: u32 = 256;
 const ITERS: u32 = 3000;
@@ -27,9 +31,15 @@ enum Preemption {
     Requeue,
     /// A job of the `high` partition wants every node.
     HigherPriorityJob,
+    /// `scontrol requeue JOB` with its first node drained: Slurm gives it n2, n3 and n4 (the
+    /// job runs in sandboxes, on a job network).
+    RequeueOntoOtherNodes,
 }
 
-fn batch_script(d: &Ckptd) -> String {
+/// The batch script; MPI's hosts are the allocation's `field` (`NodeAddr`, or
+/// `NodeHostName` for a job in sandboxes: each sandbox keeps its node's host name, and
+/// ckpt-rsh finds the node a part runs on now).
+fn batch_script(d: &Ckptd, field: &str) -> String {
     format!(
         r#"#!/bin/bash
 #SBATCH --job-name=heat
@@ -40,7 +50,7 @@ fn batch_script(d: &Ckptd) -> String {
 #SBATCH --signal=B:USR1@60
 # The allocation's addresses, for mpiexec.
 hosts=$(for h in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
-          scontrol show node "$h" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p'
+          scontrol show node "$h" | sed -n 's/.*{field}=\([^ ]*\).*/\1/p'
         done | paste -sd,)
 echo "batch run ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST"
 {ctl} --socket {socket} run --name "heat-$SLURM_JOB_ID" --node "$SLURMD_NODENAME" --resume \
@@ -67,18 +77,28 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
         return;
     }
     let want = Mpi::Mpich.reference_checksum(RANKS, N, ITERS);
-    let cluster = Cluster::create(3).expect("create test hosts");
-    let mut d = Ckptd::start(Options {
-        no_agent: true,
-        ..Options::default()
-    });
-    for n in NODES {
-        d.start_agent_in(&cluster, n);
-    }
-    d.wait_agents(&NODES);
+    let moves = how == Preemption::RequeueOntoOtherNodes;
+    let (cluster, d) = if moves {
+        match hosts_with(&FOUR, false, true, None, "") {
+            Some(hosts) => hosts,
+            None => return,
+        }
+    } else {
+        let cluster = Cluster::create(3).expect("create test hosts");
+        let mut d = Ckptd::start(Options {
+            no_agent: true,
+            ..Options::default()
+        });
+        for n in NODES {
+            d.start_agent_in(&cluster, n);
+        }
+        d.wait_agents(&NODES);
+        (cluster, d)
+    };
     let slurm = Slurm::start(&cluster, &d.dir.path().join("slurm")).expect("start Slurm");
     let script = d.dir.path().join("heat.sbatch");
-    std::fs::write(&script, batch_script(&d)).unwrap();
+    let field = if moves { "NodeHostName" } else { "NodeAddr" };
+    std::fs::write(&script, batch_script(&d, field)).unwrap();
     let out = slurm.dir.join("heat.out");
     let id = slurm
         .sbatch(&[
@@ -90,6 +110,13 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
         ])
         .expect("sbatch");
     slurm.wait_job(id, "RUNNING", LIMIT);
+    let first_nodes = slurm.job_field(id, "NodeList");
+    assert_eq!(
+        first_nodes,
+        "n[1-3]",
+        "the first run's nodes: {}",
+        slurm.explain(id)
+    );
 
     // Once the job computes, Slurm takes its nodes.
     let begin = Instant::now();
@@ -109,6 +136,22 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
         std::thread::sleep(Duration::from_millis(100));
     }
     let high = match how {
+        Preemption::RequeueOntoOtherNodes => {
+            // n1 is drained: the requeued job cannot have it again.
+            let st = slurm
+                .command("scontrol")
+                .args(["update", "NodeName=n1", "State=DRAIN", "Reason=ckpt-test"])
+                .status()
+                .unwrap();
+            assert!(st.success());
+            let st = slurm
+                .command("scontrol")
+                .args(["requeue", &id.to_string()])
+                .status()
+                .unwrap();
+            assert!(st.success());
+            None
+        }
         Preemption::Requeue => {
             let st = slurm
                 .command("scontrol")
@@ -160,6 +203,12 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
     // Slurm's own two-minute hold is there for this; a 2 s wait is enough.
     std::thread::sleep(Duration::from_secs(2));
     start_now();
+    // The launcher's part moved with the others: its output goes on in its new job directory.
+    let progress = if moves {
+        d.job_dir_on("n4", job).join("stdout")
+    } else {
+        progress
+    };
     let begin = Instant::now();
     let mut asked = Instant::now();
     while checksum_in(&read(&progress)).is_none() {
@@ -216,6 +265,38 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
     if finished {
         assert_eq!(d.status(job)["state"], "exited (0)");
     }
+    if moves {
+        assert!(
+            text.contains(&format!(
+                "restarting on the nodes of Slurm job {id} (n2, n3, n4)"
+            )),
+            "{text}"
+        );
+        let nodes = d.status(job)["nodes"].clone();
+        let part = |n: &str| {
+            nodes
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["node"] == n)
+                .cloned()
+                .unwrap_or_else(|| panic!("no part on {n}: {nodes}"))
+        };
+        assert_eq!(part("n4")["moved_from"], "n1", "{nodes}");
+        for n in ["n2", "n3"] {
+            assert!(
+                part(n)["moved_from"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .is_empty(),
+                "{nodes}"
+            );
+        }
+        assert!(
+            !nodes.as_array().unwrap().iter().any(|p| p["node"] == "n1"),
+            "nothing runs on the drained node: {nodes}"
+        );
+    }
 }
 
 fn read(p: &std::path::Path) -> String {
@@ -227,6 +308,12 @@ fn slurm_requeue_checkpoints_the_batch_job_and_it_resumes() {
     // Preemption requeues the job the same way, through Slurm's own decision.
     slow_variant!("slurm_preemption_by_a_higher_priority_job_checkpoints_and_resumes");
     preempted_batch_job_resumes_from_its_checkpoint(Preemption::Requeue);
+}
+
+/// Slurm gives the requeued job other nodes: it resumes on its new allocation.
+#[test]
+fn slurm_requeue_onto_other_nodes_resumes_on_the_new_allocation() {
+    preempted_batch_job_resumes_from_its_checkpoint(Preemption::RequeueOntoOtherNodes);
 }
 
 #[test]

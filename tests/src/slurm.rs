@@ -98,8 +98,8 @@ impl Slurm {
         let mut nodes = String::new();
         for n in &cluster.nodes {
             nodes.push_str(&format!(
-                "NodeName={} NodeAddr={} CPUs=2 RealMemory=1000 State=UNKNOWN\n",
-                n.name, n.ip
+                "NodeName={} NodeAddr={} NodeHostname={} CPUs=2 RealMemory=1000 State=UNKNOWN\n",
+                n.name, n.ip, n.netns
             ));
         }
         let names: Vec<&str> = cluster.nodes.iter().map(|n| n.name.as_str()).collect();

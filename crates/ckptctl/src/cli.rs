@@ -238,7 +238,11 @@ pub struct RunArgs {
     pub wait: bool,
     /// Restart your latest job called NAME (`--name`) from its latest committed checkpoint
     /// when its processes are gone; start it fresh when it has none. Refused (exit 4) while
-    /// that job still runs, and (exit 5) when NAME is another user's job.
+    /// that job still runs, and (exit 5) when NAME is another user's job. Inside a Slurm job
+    /// (SLURM_JOB_ID and SLURM_JOB_NODELIST set) the job restarts on that allocation: a part
+    /// that ran on one of its nodes stays there, the others take its unused nodes in order
+    /// (this needs a job that ran in sandboxes; refused, exit 2, when the allocation has fewer
+    /// nodes than the job has parts).
     #[arg(long, requires = "name")]
     pub resume: bool,
     /// On any of these signals (`USR1`, `TERM`, ...; comma-separated), checkpoint the job and

@@ -14,6 +14,7 @@ mod nodes;
 mod rdma;
 mod run;
 mod show;
+mod slurm;
 mod when;
 
 use ckpt_proto::v1 as pb;
@@ -110,6 +111,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     nodes,
                     map,
                     on_spares,
+                    allocation: None,
                 })
                 .await?
                 .into_inner();

@@ -166,10 +166,21 @@ pub async fn run(c: &mut ControlClient<Channel>, a: RunArgs, json: bool) -> Resu
                 reply.resume_epoch
             );
         }
+        // Inside a Slurm job, onto its allocation: Slurm gives a requeued job whatever
+        // nodes are free.
+        let allocation = crate::slurm::allocation().map_err(invalid)?;
+        if let (Some(a), false) = (&allocation, json) {
+            say_err!(
+                "job {id}: restarting on the nodes of {} ({})",
+                a.name,
+                a.nodes.join(", ")
+            );
+        }
         let stream = c
             .restart(pb::RestartRequest {
                 job_id: id,
                 epoch: 0,
+                allocation,
                 ..Default::default()
             })
             .await?

@@ -267,6 +267,14 @@ impl pb::control_server::Control for ControlHandler {
             map: r.map.clone(),
             on_spares: r.on_spares,
             vacate: Vec::new(),
+            allocation: r.allocation.as_ref().map(|a| crate::driver::Allocation {
+                name: if a.name.is_empty() {
+                    "the allocation".into()
+                } else {
+                    a.name.clone()
+                },
+                nodes: a.nodes.clone(),
+            }),
         };
         let begun = self
             .coord

@@ -20,6 +20,31 @@ pub struct Placement {
     pub on_spares: bool,
     /// Nodes whose parts go to spares even though they are up (a node being drained).
     pub vacate: Vec<String>,
+    /// The nodes a batch scheduler gave the job: its parts restart there (see
+    /// [`onto_allocation`]).
+    pub allocation: Option<Allocation>,
+}
+
+/// A batch scheduler's allocation (`ckptctl run --resume` inside a Slurm job).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Allocation {
+    /// Whose it is, for messages: "Slurm job 42".
+    pub name: String,
+    /// Its nodes, in the scheduler's order.
+    pub nodes: Vec<String>,
+}
+
+/// The moves that put an epoch's parts on an allocation with at least as many nodes: a part
+/// that ran on a node of the allocation stays there; the others take its unused nodes, in the
+/// allocation's order (the epoch's order decides which part gets which). The same epoch and
+/// allocation always give the same moves.
+pub fn onto_allocation(epoch_nodes: &[String], allocation: &[String]) -> Moves {
+    let mut free = allocation.iter().filter(|n| !epoch_nodes.contains(n));
+    epoch_nodes
+        .iter()
+        .filter(|n| !allocation.contains(n))
+        .filter_map(|old| free.next().map(|new| (old.clone(), new.clone())))
+        .collect()
 }
 
 /// The epoch's nodes that move, to where; nodes not in it restart where they ran.
@@ -37,6 +62,15 @@ impl Coordinator {
         let ran_on = epoch.nodes.join(", ");
         let mut moves = Moves::new();
         let named = !placement.nodes.is_empty() || !placement.map.is_empty();
+        if let Some(a) = &placement.allocation {
+            if named || placement.on_spares {
+                return Err(DriveError::Invalid(format!(
+                    "a restart onto {}'s nodes places every part itself; --nodes, --map and --on-spares do not go with it",
+                    a.name
+                )));
+            }
+            moves = self.fit_allocation(job, epoch, a)?;
+        }
         if placement.on_spares && named {
             return Err(DriveError::Invalid(
                 "--on-spares replaces the nodes that are down; name nodes with --nodes or --map instead, not both".into(),
@@ -83,6 +117,7 @@ impl Coordinator {
                 }
                 moves.retain(|old, new| old != new);
             }
+            (true, true) if placement.allocation.is_some() => {}
             (true, true) => {
                 if placement.on_spares
                     || !placement.vacate.is_empty()
@@ -90,6 +125,22 @@ impl Coordinator {
                 {
                     moves = self.onto_spares(job, epoch, placement)?;
                 }
+            }
+        }
+        // A job that cannot move, and an allocation that is not where it ran.
+        if let (Some(a), false) = (&placement.allocation, moves.is_empty()) {
+            if job.addresses.is_empty() && !job.engine_virtualizes() {
+                let outside: Vec<&str> = moves.keys().map(String::as_str).collect();
+                return Err(DriveError::NodeNotFree {
+                    node: moves.values().next().cloned().unwrap_or_default(),
+                    reason: format!(
+                        "{} has the nodes {}, but job {id} ran on {ran_on} ({} outside them) without a job network (ckptd.toml [job_network]): its parts keep the nodes' PIDs and addresses, so they restart only where they ran. Ask the scheduler for those nodes (sbatch --nodelist={}), or run a job that must move with a job network",
+                        a.name,
+                        a.nodes.join(", "),
+                        outside.join(", "),
+                        epoch.nodes.join(","),
+                    ),
+                });
             }
         }
         // DMTCP virtualizes PIDs and reconnects sockets itself: its jobs move without one.
@@ -155,6 +206,37 @@ impl Coordinator {
             }
         }
         Ok(moves)
+    }
+
+    /// The moves onto a scheduler's allocation ([`onto_allocation`]); refused when it has fewer
+    /// nodes than the epoch has parts, or names a node twice.
+    fn fit_allocation(
+        &self,
+        job: &Job,
+        epoch: &Epoch,
+        a: &Allocation,
+    ) -> Result<Moves, DriveError> {
+        let (id, number) = (job.id, epoch.number);
+        let mut seen = BTreeSet::new();
+        if let Some(twice) = a.nodes.iter().find(|n| !seen.insert(*n)) {
+            return Err(DriveError::Invalid(format!(
+                "{} names node {twice} twice",
+                a.name
+            )));
+        }
+        if a.nodes.len() < epoch.nodes.len() {
+            return Err(DriveError::Invalid(format!(
+                "epoch {number} of job {id} has {} parts, one per node ({}), but {} has {} node(s) ({}): ask for at least {} (sbatch --nodes={})",
+                epoch.nodes.len(),
+                epoch.nodes.join(", "),
+                a.name,
+                a.nodes.len(),
+                a.nodes.join(", "),
+                epoch.nodes.len(),
+                epoch.nodes.len(),
+            )));
+        }
+        Ok(onto_allocation(&epoch.nodes, &a.nodes))
     }
 
     /// Moves every node of the epoch that is down, or to be vacated, to a free spare: one that
@@ -227,5 +309,40 @@ impl Coordinator {
             .zip(free)
             .map(|(old, new)| (old.clone(), new.clone()))
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::onto_allocation;
+
+    fn names(s: &str) -> Vec<String> {
+        s.split(',').map(str::to_string).collect()
+    }
+
+    fn moves(epoch: &str, allocation: &str) -> Vec<(String, String)> {
+        onto_allocation(&names(epoch), &names(allocation))
+            .into_iter()
+            .collect()
+    }
+
+    #[test]
+    fn parts_on_the_allocation_stay_and_the_others_take_its_free_nodes_in_order() {
+        assert!(moves("a,b,c", "a,b,c").is_empty());
+        assert!(moves("a,b,c", "c,b,a,d").is_empty());
+        assert_eq!(moves("a,b,c", "b,c,d"), [("a".into(), "d".into())]);
+        assert_eq!(
+            moves("a,b,c", "d,e,f,b"),
+            [("a".into(), "d".into()), ("c".into(), "e".into())]
+        );
+        // The epoch's order decides which part takes which node.
+        assert_eq!(
+            moves("c,a,b", "x,y,z"),
+            [
+                ("a".into(), "y".into()),
+                ("b".into(), "z".into()),
+                ("c".into(), "x".into())
+            ]
+        );
     }
 }

@@ -147,6 +147,120 @@ async fn a_job_without_sandboxes_restarts_only_on_its_own_nodes() {
     assert!(e.contains("without a job network"), "{e}");
 }
 
+/// A placement onto a Slurm allocation of `nodes`.
+fn allocation(nodes: &[&str]) -> coordinator::driver::Placement {
+    coordinator::driver::Placement {
+        allocation: Some(coordinator::driver::Allocation {
+            name: "Slurm job 42".into(),
+            nodes: nodes.iter().map(|n| n.to_string()).collect(),
+        }),
+        ..Default::default()
+    }
+}
+
+/// `run --resume` inside a Slurm job that got n4, n3 and n2: n1's part goes to n4, the
+/// others stay where they ran.
+#[tokio::test]
+async fn a_restart_onto_an_allocation_keeps_the_parts_on_it_and_moves_the_others() {
+    let c = with_job_network().await;
+    let job = c.stopped_job().await;
+    assert_eq!(
+        c.restart_on(job, 0, &allocation(&["n4", "n3", "n2"]))
+            .await
+            .unwrap(),
+        2
+    );
+    let mut restored: Vec<String> = c
+        .calls("restore")
+        .into_iter()
+        .map(|(n, d)| format!("{n}{}", if d.ends_with(" from=n1") { "<-n1" } else { "" }))
+        .collect();
+    restored.sort();
+    assert_eq!(restored, ["n2", "n3", "n4<-n1"]);
+    let after = c.coord.registry.job(job).unwrap().unwrap();
+    assert_eq!(after.moved, BTreeMap::from([("n1".into(), "n4".into())]));
+}
+
+/// An allocation too small, one that names a node twice, one given with --map, and a job
+/// without sandboxes outside its nodes: refused before any node restores anything, naming
+/// the allocation and what to do.
+#[tokio::test]
+async fn a_restart_onto_an_allocation_that_cannot_hold_the_job_is_refused() {
+    let c = with_job_network().await;
+    let job = c.stopped_job().await;
+    let e = refused_restart(&c, job, allocation(&["n3", "n4"]), Code::InvalidArgument).await;
+    assert!(
+        e.contains("has 3 parts")
+            && e.contains("Slurm job 42 has 2 node(s)")
+            && e.contains("sbatch --nodes=3"),
+        "{e}"
+    );
+    // Another user's allocation reaches no job of the owner's.
+    let stranger = coordinator::driver::Caller {
+        uid: OWNER.uid + 1,
+        gid: OWNER.gid + 1,
+        pid: None,
+    };
+    let e = c
+        .coord
+        .begin_restart(&stranger, job, 0, &allocation(&["n2", "n3", "n4"]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        coordinator::grpc::to_status(&e).code(),
+        Code::PermissionDenied,
+        "{e}"
+    );
+    let e = refused_restart(
+        &c,
+        job,
+        allocation(&["n2", "n3", "n3"]),
+        Code::InvalidArgument,
+    )
+    .await;
+    assert!(e.contains("names node n3 twice"), "{e}");
+    let with_map = coordinator::driver::Placement {
+        map: vec!["n3=n4".into()],
+        ..allocation(&["n2", "n3", "n4"])
+    };
+    let e = refused_restart(&c, job, with_map, Code::InvalidArgument).await;
+    assert!(e.contains("do not go with it"), "{e}");
+    // Another job runs on the allocation's free node.
+    let other = c.job_on("n4").await;
+    let e = refused_restart(
+        &c,
+        job,
+        allocation(&["n2", "n3", "n4"]),
+        Code::FailedPrecondition,
+    )
+    .await;
+    assert!(e.contains(&format!("job {other} runs a part there")), "{e}");
+
+    let c = Cluster::start().await;
+    c.add_node("n4").await;
+    let job = c.stopped_job().await;
+    let e = refused_restart(
+        &c,
+        job,
+        allocation(&["n2", "n3", "n4"]),
+        Code::FailedPrecondition,
+    )
+    .await;
+    assert!(
+        e.contains("Slurm job 42 has the nodes n2, n3, n4")
+            && e.contains("(n1 outside them) without a job network")
+            && e.contains("sbatch --nodelist=n1,n2,n3"),
+        "{e}"
+    );
+    // Where it ran, it restarts without a job network.
+    assert_eq!(
+        c.restart_on(job, 0, &allocation(&["n3", "n1", "n2", "n4"]))
+            .await
+            .unwrap(),
+        2
+    );
+}
+
 /// A cluster with a job network, spares n5 and n4 (in that order), a 1 s node timeout, and
 /// shared storage on every node.
 async fn with_spares() -> Cluster {
