@@ -31,7 +31,7 @@ use coordinator::driver::{Caller, Coordinator, RunSpec};
 use coordinator::failure::NodeFailure;
 use coordinator::link::{EpochLink, GrpcLink};
 use coordinator::registry::Registry;
-use coordinator::relay::Relay;
+use coordinator::relay::{Authorized, Relay, ShownGrant};
 use std::io::{BufRead, Write};
 
 use criterion::{BenchmarkId, Criterion};
@@ -79,37 +79,10 @@ impl EpochLink for NoopLink {
     }
 }
 
-/// The grant a relay shows, replaced at each epoch's initial-sync.
-type Authority = Arc<std::sync::Mutex<Option<pb::DelegatedAuthority>>>;
-
-/// A link below a relay: every command shows the current grant.
-#[derive(Debug)]
-struct Shown {
-    inner: GrpcLink,
-    authority: Authority,
-}
-
-#[tonic::async_trait]
-impl EpochLink for Shown {
-    fn node(&self) -> &str {
-        self.inner.node()
-    }
-    fn send(&mut self, cmd: pb::EpochCommand) -> Result<(), NodeFailure> {
-        self.inner.send(pb::EpochCommand {
-            authority: self.authority.lock().expect("grant").clone(),
-            relay: None,
-            ..cmd
-        })
-    }
-    async fn next(&mut self) -> Result<pb::EpochEvent, NodeFailure> {
-        self.inner.next().await
-    }
-}
-
 /// A relay over a group: its nodes, the grant its links show, the relay.
 struct Relaying {
     children: Vec<String>,
-    authority: Authority,
+    authority: ShownGrant,
     relay: Relay,
 }
 
@@ -123,7 +96,7 @@ impl NoopAgent {
             *r.authority.lock().expect("grant") = plan.authority;
             return r;
         }
-        let authority: Authority = Arc::new(std::sync::Mutex::new(plan.authority));
+        let authority: ShownGrant = Arc::new(std::sync::Mutex::new(plan.authority));
         let dials: Vec<_> = plan
             .children
             .iter()
@@ -149,10 +122,10 @@ impl NoopAgent {
         })];
         for (c, dial) in plan.children.iter().zip(dials) {
             let ch = dial.await.expect("dial task").expect("dial a child");
-            links.push(Box::new(Shown {
-                inner: GrpcLink::open(&c.node, AgentClient::new(ch)),
-                authority: authority.clone(),
-            }));
+            links.push(Box::new(Authorized::new(
+                GrpcLink::open(&c.node, AgentClient::new(ch)),
+                authority.clone(),
+            )));
         }
         Relaying {
             children,

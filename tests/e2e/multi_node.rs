@@ -995,19 +995,23 @@ struct Cell {
     role: Role,
     fault: Fault,
     shared: bool,
+    /// Epochs go through relays (`[relays] above = 2, fanout = 2`: n1 relays to n2, n3 is
+    /// driven by ckptd).
+    relayed: bool,
 }
 
 impl Cell {
     fn name(&self) -> String {
         format!(
-            "{}/{:?}/{:?}/{}",
+            "{}/{:?}/{:?}/{}{}",
             match self.mpi {
                 Mpi::Mpich => "mpich",
                 Mpi::OpenMpi => "openmpi",
             },
             self.role,
             self.fault,
-            if self.shared { "shared" } else { "partner" }
+            if self.shared { "shared" } else { "partner" },
+            if self.relayed { "/relayed" } else { "" }
         )
     }
 
@@ -1024,12 +1028,15 @@ impl Cell {
                     Fault::RestartMap,
                 ] {
                     for shared in [false, true] {
-                        cells.push(Cell {
-                            mpi,
-                            role,
-                            fault,
-                            shared,
-                        });
+                        for relayed in [false, true] {
+                            cells.push(Cell {
+                                mpi,
+                                role,
+                                fault,
+                                shared,
+                                relayed,
+                            });
+                        }
                     }
                 }
             }
@@ -1042,9 +1049,10 @@ impl Cell {
 /// --map, the launcher's node destroyed, a link cut) and the soak's rounds (MPICH's launcher
 /// node destroyed, an Open MPI attached node's agent killed): an Open MPI launcher moved after
 /// its node's link was cut (its parts fenced by their lease; calls to it answered by nobody,
-/// so the restart must not ask it), with shared storage. `CKPT_FULL=1` adds an MPICH attached node destroyed; `CKPT_MATRIX=full` runs all
-/// 40, `CKPT_MATRIX=NAME,NAME` the named ones.
-const SLICE: [&str; 1] = ["openmpi/Launcher/LinkCut/shared"];
+/// so the restart must not ask it), with shared storage, its epochs through relays (the
+/// launcher's node was the relay). `CKPT_FULL=1` adds an MPICH attached node destroyed;
+/// `CKPT_MATRIX=full` runs all 80, `CKPT_MATRIX=NAME,NAME` the named ones.
+const SLICE: [&str; 1] = ["openmpi/Launcher/LinkCut/shared/relayed"];
 /// The cell `CKPT_FULL=1` adds to [`SLICE`].
 const FULL_SLICE: &str = "mpich/Attached/Destroyed/shared";
 
@@ -1058,10 +1066,15 @@ fn run_cell(cell: Cell) -> String {
     let want = mpi.reference_checksum(RANKS, N, ITERS);
     // deadlines.sync far longer than a restart takes to begin: one that waited out a call to
     // the lost node shows (below).
+    let relays = if cell.relayed {
+        "[relays]\nabove = 2\nfanout = 2\n"
+    } else {
+        ""
+    };
     let Some((cluster, mut d, job)) = three_and_a_spare_with(
         mpi,
         cell.shared,
-        "[recovery]\non_failure = \"restart:2\"\n[deadlines]\nsync = \"5m\"\n",
+        &format!("[recovery]\non_failure = \"restart:2\"\n[deadlines]\nsync = \"5m\"\n{relays}"),
     ) else {
         return "skipped".into();
     };
@@ -1103,6 +1116,14 @@ fn run_cell(cell: Cell) -> String {
         }
     }
     let committed = committed_epochs(&d, job);
+    if cell.relayed {
+        let log = std::fs::read_to_string(d.dir.path().join("ckptd.log")).unwrap_or_default();
+        assert!(
+            log.contains("the epoch goes through relays: n1 (2 nodes)"),
+            "the checkpoint went through n1 as a relay: {}",
+            log.lines().rev().take(20).collect::<Vec<_>>().join("\n")
+        );
+    }
     let launcher = if cell.role == Role::Launcher {
         "n4"
     } else {
@@ -1151,7 +1172,7 @@ fn run_cell(cell: Cell) -> String {
 }
 
 /// {MPICH, Open MPI} × {launcher's node, attached node} × {destroyed, agent killed, link cut,
-/// drain --migrate, restart --map} × {partner copy, shared storage}. Prints a table of every
+/// drain --migrate, restart --map} × {partner copy, shared storage} × {flat, through relays}. Prints a table of every
 /// cell run; fails if any failed.
 #[test]
 fn recovery_matrix() {

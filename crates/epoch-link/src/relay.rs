@@ -10,17 +10,57 @@
 //! first failure up unchanged: the driver sees one answer per link, with the failing node's own
 //! name, whichever level it sits at.
 //!
-//! Deployed, the fan-out stays flat (every agent a direct link: `Agent.Epoch` streams, measured
-//! to 1,024 agents); the tree is exercised by the unit tests below and by the coordination bench,
-//! which simulates 16,384 nodes in one process (`benches/criterion/coordination.rs`). Running a
-//! relay inside an agent needs only a link from it to its children: the same `Agent.Epoch`
-//! stream, with the agent's cluster credential.
+//! Deployed, ckptd makes relays of agents for epochs over more than `[relays] above` nodes,
+//! one level deep: a relay agent drives its group's nodes over `Agent.Epoch` streams it opens
+//! with its own credential, each command showing ckptd's signed grant ([`Authorized`]). Deeper
+//! trees run in the unit tests below and in `benches/criterion/relay_tree.rs`, which simulates
+//! 16,384 nodes in virtual time.
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ckpt_proto::v1 as pb;
 
 use crate::failure::{FailureKind, NodeFailure};
 use crate::link::{barrier, send_all, EpochLink};
+
+/// The grant a relay's links show: ckptd's signed delegation for the current epoch, replaced
+/// when the job's next epoch reuses the links.
+pub type ShownGrant = Arc<Mutex<Option<pb::DelegatedAuthority>>>;
+
+/// A link below a relay: every command it sends shows the current grant, and never a relay
+/// plan (a node below a relay relays nothing).
+#[derive(Debug)]
+pub struct Authorized<L> {
+    inner: L,
+    grant: ShownGrant,
+}
+
+impl<L: EpochLink> Authorized<L> {
+    pub fn new(inner: L, grant: ShownGrant) -> Self {
+        Authorized { inner, grant }
+    }
+}
+
+#[tonic::async_trait]
+impl<L: EpochLink> EpochLink for Authorized<L> {
+    fn node(&self) -> &str {
+        self.inner.node()
+    }
+    fn send(&mut self, cmd: pb::EpochCommand) -> Result<(), NodeFailure> {
+        let authority = self.grant.lock().expect("relay grant lock").clone();
+        self.inner.send(pb::EpochCommand {
+            authority,
+            relay: None,
+            ..cmd
+        })
+    }
+    fn reusable(&self) -> bool {
+        self.inner.reusable()
+    }
+    async fn next(&mut self) -> Result<pb::EpochEvent, NodeFailure> {
+        self.inner.next().await
+    }
+}
 
 /// What each level of relays keeps of a phase's deadline to report a silent node below it.
 pub const RELAY_MARGIN: Duration = Duration::from_millis(200);

@@ -19,7 +19,7 @@ use ckpt_proto::v1 as pb;
 use ckpt_proto::v1::agent_client::AgentClient;
 use epoch_link::failure::{FailureKind, NodeFailure, UNREACHABLE_FIX};
 use epoch_link::link::{failure_event, EpochLink, GrpcLink};
-use epoch_link::relay::Relay;
+use epoch_link::relay::{Authorized, Relay, ShownGrant};
 use prost::Message;
 use tonic::Status;
 use tracing::{info, warn};
@@ -162,15 +162,12 @@ pub(super) fn authorize(
     }
 }
 
-/// The grant a relay's links show, replaced when a later epoch reuses them.
-type Authority = Arc<std::sync::Mutex<Option<pb::DelegatedAuthority>>>;
-
 /// A relay for one epoch: the plan's nodes and this node, driven as one. Its streams stay open
 /// for the job's next epoch when that has the same plan (as ckptd keeps its own).
 pub(super) struct Relaying {
     epoch: u32,
     children: Vec<pb::RelayChild>,
-    authority: Authority,
+    authority: ShownGrant,
     relay: Relay,
 }
 
@@ -184,7 +181,7 @@ impl Relaying {
         local: Box<dyn EpochLink>,
     ) -> Result<Relaying, NodeFailure> {
         let me = jobs.node().to_string();
-        let authority: Authority = Arc::new(std::sync::Mutex::new(plan.authority.clone()));
+        let authority: ShownGrant = Arc::new(std::sync::Mutex::new(plan.authority.clone()));
         let dials = plan.children.iter().map(|c| dial(jobs.credential(), c));
         let mut links: Vec<Box<dyn EpochLink>> = vec![local];
         for (child, client) in plan
@@ -192,10 +189,10 @@ impl Relaying {
             .iter()
             .zip(futures_util::future::join_all(dials).await)
         {
-            links.push(Box::new(Authorized {
-                inner: GrpcLink::open(&child.node, client?),
-                authority: authority.clone(),
-            }));
+            links.push(Box::new(Authorized::new(
+                GrpcLink::open(&child.node, client?),
+                authority.clone(),
+            )));
         }
         info!(
             job = cmd.job_id,
@@ -241,33 +238,6 @@ impl Relaying {
             Ok(ev) => ev,
             Err(f) => failure_event(phase, &f),
         }
-    }
-}
-
-/// A link below a relay: every command it sends shows the coordinator's current grant.
-#[derive(Debug)]
-struct Authorized {
-    inner: GrpcLink,
-    authority: Authority,
-}
-
-#[tonic::async_trait]
-impl EpochLink for Authorized {
-    fn node(&self) -> &str {
-        self.inner.node()
-    }
-    fn send(&mut self, cmd: pb::EpochCommand) -> Result<(), NodeFailure> {
-        self.inner.send(pb::EpochCommand {
-            authority: self.authority.lock().expect("relay grant lock").clone(),
-            relay: None,
-            ..cmd
-        })
-    }
-    fn reusable(&self) -> bool {
-        self.inner.reusable()
-    }
-    async fn next(&mut self) -> Result<pb::EpochEvent, NodeFailure> {
-        self.inner.next().await
     }
 }
 
