@@ -138,27 +138,15 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
     let high = match how {
         Preemption::RequeueOntoOtherNodes => {
             // n1 is drained: the requeued job cannot have it again.
-            let st = slurm
-                .command("scontrol")
-                .args(["update", "NodeName=n1", "State=DRAIN", "Reason=ckpt-test"])
-                .status()
-                .unwrap();
-            assert!(st.success());
-            let st = slurm
-                .command("scontrol")
-                .args(["requeue", &id.to_string()])
-                .status()
-                .unwrap();
-            assert!(st.success());
+            scontrol(
+                &slurm,
+                &["update", "NodeName=n1", "State=DRAIN", "Reason=ckpt-test"],
+            );
+            scontrol(&slurm, &["requeue", &id.to_string()]);
             None
         }
         Preemption::Requeue => {
-            let st = slurm
-                .command("scontrol")
-                .args(["requeue", &id.to_string()])
-                .status()
-                .unwrap();
-            assert!(st.success());
+            scontrol(&slurm, &["requeue", &id.to_string()]);
             None
         }
         Preemption::HigherPriorityJob => Some(
@@ -189,14 +177,7 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
     // Requeued, run again, resumed, finished. Slurm holds a requeued job back for two
     // minutes (its begin time); the test does not wait that long.
     slurm.wait_job(id, "PENDING", LIMIT);
-    let start_now = || {
-        let st = slurm
-            .command("scontrol")
-            .args(["update", &format!("JobId={id}"), "StartTime=now"])
-            .status()
-            .unwrap();
-        assert!(st.success());
-    };
+    let start_now = || scontrol(&slurm, &["update", &format!("JobId={id}"), "StartTime=now"]);
     // Not in the second the first run's credential was revoked: slurmd compares the new
     // credential's creation time with the revocation time in whole seconds, and a job started
     // within the same second is killed at once ("Job credential revoked"), failed for good.
@@ -297,6 +278,13 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
             "nothing runs on the drained node: {nodes}"
         );
     }
+}
+
+/// `scontrol ARGS`, which must succeed.
+#[track_caller]
+fn scontrol(slurm: &Slurm, args: &[&str]) {
+    let st = slurm.command("scontrol").args(args).status().unwrap();
+    assert!(st.success(), "scontrol {args:?}: {st}");
 }
 
 fn read(p: &std::path::Path) -> String {

@@ -116,6 +116,27 @@ async fn a_restart_refuses_bad_placements_before_touching_any_node() {
     assert!(e.contains(&format!("job {other} runs a part there")), "{e}");
 }
 
+/// The nodes that restored, sorted, the one that restored `from`'s images marked `<-from`.
+fn restored_from(c: &Cluster, from: &str) -> Vec<String> {
+    let mut restored: Vec<String> = c
+        .calls("restore")
+        .into_iter()
+        .map(|(n, d)| {
+            let moved = d.ends_with(&format!(" from={from}"));
+            format!(
+                "{n}{}",
+                if moved {
+                    format!("<-{from}")
+                } else {
+                    String::new()
+                }
+            )
+        })
+        .collect();
+    restored.sort();
+    restored
+}
+
 /// A restart refused with `code` before any node restored anything; the job stays stopped.
 async fn refused_restart(
     c: &Cluster,
@@ -170,13 +191,7 @@ async fn a_restart_onto_an_allocation_keeps_the_parts_on_it_and_moves_the_others
             .unwrap(),
         2
     );
-    let mut restored: Vec<String> = c
-        .calls("restore")
-        .into_iter()
-        .map(|(n, d)| format!("{n}{}", if d.ends_with(" from=n1") { "<-n1" } else { "" }))
-        .collect();
-    restored.sort();
-    assert_eq!(restored, ["n2", "n3", "n4<-n1"]);
+    assert_eq!(restored_from(&c, "n1"), ["n2", "n3", "n4<-n1"]);
     let after = c.coord.registry.job(job).unwrap().unwrap();
     assert_eq!(after.moved, BTreeMap::from([("n1".into(), "n4".into())]));
 }
@@ -311,13 +326,7 @@ async fn a_restart_puts_the_part_of_a_node_that_is_down_on_a_free_spare() {
     };
     refused_restart(&c, job, both, Code::InvalidArgument).await;
     assert_eq!(c.restart_on(job, 0, &on_spares).await.unwrap(), 2);
-    let mut restored: Vec<String> = c
-        .calls("restore")
-        .into_iter()
-        .map(|(n, d)| format!("{n}{}", if d.ends_with(" from=n3") { "<-n3" } else { "" }))
-        .collect();
-    restored.sort();
-    assert_eq!(restored, ["n1", "n2", "n4<-n3"]);
+    assert_eq!(restored_from(&c, "n3"), ["n1", "n2", "n4<-n3"]);
     let after = c.coord.registry.job(job).unwrap().unwrap();
     assert_eq!(after.nodes(), ["n1", "n2", "n4"]);
     assert_eq!(after.addresses.get("n4"), before.addresses.get("n3"));
