@@ -159,7 +159,12 @@ impl Coordinator {
             let target = moves.get(n).unwrap_or(n);
             let down = moves.contains_key(n) && !self.agents.up(target, self.cfg.node_timeout);
             if self.agents.address(target).is_none() || down {
-                let hint = if moves.contains_key(n) {
+                let hint = if let Some(a) = &placement.allocation {
+                    format!(
+                        "{target} is a node of {} but has no ckpt agent up there; start ckpt-agent on it, with agent.toml node_name set to the scheduler's name for the node",
+                        a.name
+                    )
+                } else if moves.contains_key(n) {
                     format!("{target} has no registered agent, or it has sent no heartbeat for {} (ckptd.toml node_timeout); name another node", humantime::format_duration(self.cfg.node_timeout))
                 } else {
                     format!(

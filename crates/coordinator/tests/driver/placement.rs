@@ -245,6 +245,12 @@ async fn a_restart_onto_an_allocation_that_cannot_hold_the_job_is_refused() {
             Code::FailedPrecondition,
             runs_there.as_str(),
         ),
+        // A node whose agent is not registered (e.g. under another name than Slurm's).
+        (
+            allocation(&["n2", "n3", "n9"]),
+            Code::NotFound,
+            "n9 is a node of Slurm job 42 but has no ckpt agent up there; start ckpt-agent on it, with agent.toml node_name",
+        ),
     ];
     for (placement, code, says) in cases {
         let e = refused_restart(&c, job, placement, code).await;
