@@ -36,7 +36,7 @@ mod schedule;
 
 pub use drain::Drained;
 pub use nodes::NodeState;
-pub use placement::{onto_allocation, Allocation, Moves, Placement};
+pub use placement::{Allocation, Moves, Placement};
 pub use restart::Begun;
 pub use resume::Resume;
 

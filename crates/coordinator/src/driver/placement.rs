@@ -127,30 +127,24 @@ impl Coordinator {
                 }
             }
         }
-        // A job that cannot move, and an allocation that is not where it ran.
-        if let (Some(a), false) = (&placement.allocation, moves.is_empty()) {
-            if job.addresses.is_empty() && !job.engine_virtualizes() {
-                let outside: Vec<&str> = moves.keys().map(String::as_str).collect();
-                return Err(DriveError::NodeNotFree {
-                    node: moves.values().next().cloned().unwrap_or_default(),
-                    reason: format!(
-                        "{} has the nodes {}, but job {id} ran on {ran_on} ({} outside them) without a job network (ckptd.toml [job_network]): its parts keep the nodes' PIDs and addresses, so they restart only where they ran. Ask the scheduler for those nodes (sbatch --nodelist={}), or run a job that must move with a job network",
-                        a.name,
-                        a.nodes.join(", "),
-                        outside.join(", "),
-                        epoch.nodes.join(","),
-                    ),
-                });
-            }
-        }
         // DMTCP virtualizes PIDs and reconnects sockets itself: its jobs move without one.
         let engine = job.snapshot_engine();
         if !moves.is_empty() && job.addresses.is_empty() && !job.engine_virtualizes() {
-            return Err(DriveError::NodeNotFree {
-                node: moves.values().next().cloned().unwrap_or_default(),
-                reason: format!(
+            let reason = match &placement.allocation {
+                Some(a) => format!(
+                    "{} has the nodes {}, but job {id} ran on {ran_on} ({} outside them) without a job network (ckptd.toml [job_network]): its parts keep the nodes' PIDs and addresses, so they restart only where they ran. Ask the scheduler for those nodes (sbatch --nodelist={}), or run a job that must move with a job network",
+                    a.name,
+                    a.nodes.join(", "),
+                    moves.keys().map(String::as_str).collect::<Vec<_>>().join(", "),
+                    epoch.nodes.join(","),
+                ),
+                None => format!(
                     "job {id} ran without a job network (ckptd.toml [job_network]), so its parts keep the nodes' PIDs and addresses: it restarts only on the nodes it ran on ({ran_on})"
                 ),
+            };
+            return Err(DriveError::NodeNotFree {
+                node: moves.values().next().cloned().unwrap_or_default(),
+                reason,
             });
         }
         // Every part lands on a registered node, one part per node.
