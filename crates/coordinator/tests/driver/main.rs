@@ -5,6 +5,8 @@
 mod cluster;
 mod copies;
 mod limits;
+mod lost;
 mod phases;
 mod placement;
 mod policy;
+mod spares;
