@@ -18,12 +18,14 @@ trap 'rm -f "$LOG"' EXIT
 echo "[test] cargo fmt --check"
 cargo fmt --all -- --check
 
-# Where cargo builds: target/ in the checkout, or CARGO_TARGET_DIR. CI's checkouts are new
-# each run, so .ci/run keeps one build directory between runs: the dependencies are compiled
-# once, this workspace's crates every run. The previous run's copies of them are removed
-# first (they differ by the checkout's path), so that the directory does not grow.
+# Where cargo builds: target/ in the checkout, or CARGO_TARGET_DIR. .ci/run keeps one build
+# directory and one copy of the sources between runs: the dependencies are compiled once, and
+# this workspace's crates when they change. A build directory last used from another checkout
+# has this workspace's crates built for that path (cargo names them by it): they are removed
+# first, so that the directory does not grow.
 TARGET=${CARGO_TARGET_DIR:-$PWD/target}
-if [ -n "${CARGO_TARGET_DIR:-}" ] && [ -d "$CARGO_TARGET_DIR/release" ]; then
+if [ -n "${CARGO_TARGET_DIR:-}" ] && [ -d "$CARGO_TARGET_DIR/release" ] &&
+    [ "$(cat "$CARGO_TARGET_DIR/.ckpt-source" 2>/dev/null)" != "$PWD" ]; then
     OWN=$(cargo metadata --no-deps --format-version 1 --locked |
         python3 -c 'import json, sys; print(" ".join("-p " + p["name"] for p in json.load(sys.stdin)["packages"]))')
     # Never a bare `cargo clean`, which would remove the dependencies too.
@@ -31,6 +33,7 @@ if [ -n "${CARGO_TARGET_DIR:-}" ] && [ -d "$CARGO_TARGET_DIR/release" ]; then
     echo "[test] build directory $CARGO_TARGET_DIR: this workspace's old builds removed, dependencies kept"
     cargo clean --release --quiet $OWN
 fi
+[ -z "${CARGO_TARGET_DIR:-}" ] || { mkdir -p "$CARGO_TARGET_DIR" && echo "$PWD" > "$CARGO_TARGET_DIR/.ckpt-source"; }
 
 # One feature set for every build below: the release binaries, the tests and the e2e tests
 # are all built with the workspace's dev-dependencies (`--tests`, `--workspace` every time).

@@ -31,11 +31,10 @@ fn a_guest_has_an_active_soft_roce_port_and_criu_works_there() {
 }
 
 /// Two guests joined by a UDP wire form a two-node RoCE fabric: an RC ping-pong between them.
-/// Only with `CKPT_FULL=1`: every run has two guests exchange RC and UD traffic through the layer
-/// in `an_rdma_job_with_shared_memory_moves_to_other_guests`.
+/// The one test across guests that every run takes (the fabric the others need); jobs over it
+/// run under `CKPT_FULL=1` (`an_rdma_job_with_shared_memory_moves_to_other_guests`).
 #[test]
 fn two_guests_exchange_rc_messages_over_soft_roce() {
-    ckpt_tests::slow_variant!("an_rdma_job_with_shared_memory_moves_to_other_guests");
     if let Some(why) = vm::unavailable() {
         eprintln!("SKIPPED: {why}");
         return;
@@ -219,15 +218,12 @@ fn rdma_job_in_a_guest(engine: &str) {
 /// (another name, another GID, as on a node a part moved to), and the restarted job finishes
 /// with the checksums of an uninterrupted run, each rank having rebuilt its QPs behind the same
 /// virtual numbers (rank 0 with new real ones; rank 1's are the first of a fresh device, which
-/// may be the old numbers again). Only with `CKPT_FULL=1`: every run restarts a job across two
-/// guests on new GIDs (through the verbs layer) in
-/// `an_rdma_job_with_shared_memory_moves_to_other_guests`, and a job linked with ib-quiesce in
-/// `an_rdma_job_is_checkpointed_killed_and_restarted_in_a_guest`.
+/// may be the old numbers again). Only with `CKPT_FULL=1`, as
+/// `an_rdma_job_with_shared_memory_moves_to_other_guests` (a job across guests on new GIDs) is:
+/// every run takes a job linked with ib-quiesce in one guest.
 #[test]
 fn an_rdma_job_across_two_guests_is_checkpointed_killed_and_restarted() {
-    ckpt_tests::slow_variant!(
-        "an_rdma_job_with_shared_memory_moves_to_other_guests and an_rdma_job_is_checkpointed_killed_and_restarted_in_a_guest"
-    );
+    ckpt_tests::slow_variant!("an_rdma_job_is_checkpointed_killed_and_restarted_in_a_guest");
     if let Some(why) = vm::unavailable() {
         eprintln!("SKIPPED: {why}");
         return;
@@ -433,12 +429,14 @@ fn an_unmodified_mpi_job_over_verbs_is_checkpointed_aborted_killed_and_restarted
 /// through the job's part_env, mpiexec starts the rank there through ckpt-rsh). Each job is
 /// checkpointed twice under traffic, SIGKILLed on both guests and restarted, and ends with the
 /// checksum of an uninterrupted run; every rank's layer shows new real QPNs and rkeys behind
-/// unchanged virtual ones. Only with `CKPT_FULL=1`: every run takes MPICH over verbs across two
-/// guests through a checkpoint, a kill and a restart (moved) in
-/// `an_rdma_job_with_shared_memory_moves_to_other_guests`, and Open MPI over verbs in one guest.
+/// unchanged virtual ones. Only with `CKPT_FULL=1`, as
+/// `an_rdma_job_with_shared_memory_moves_to_other_guests` (MPICH over verbs across two guests,
+/// moved) is: every run takes Open MPI over verbs in one guest.
 #[test]
 fn unmodified_mpi_jobs_over_verbs_across_two_guests_are_checkpointed_killed_and_restarted() {
-    ckpt_tests::slow_variant!("an_rdma_job_with_shared_memory_moves_to_other_guests");
+    ckpt_tests::slow_variant!(
+        "an_unmodified_mpi_job_over_verbs_is_checkpointed_aborted_killed_and_restarted (one guest)"
+    );
     if let Some(why) = vm::unavailable() {
         eprintln!("SKIPPED: {why}");
         return;
@@ -650,8 +648,17 @@ fn ticks_of(line: &str) -> (u64, u64, u64) {
 /// more QPs after each restart on a device that hands out again, to new QPs, numbers the old
 /// ones hold as virtual ones. Every message reaches the QP it was sent to, and the layers set
 /// such numbers aside.
+///
+/// Only with `CKPT_FULL=1`: three guests under emulation on two cores take 8 to 16 minutes.
+/// Every run takes an unmodified MPI job over verbs through the layer in one guest, with new
+/// real numbers behind the same virtual ones, in
+/// `an_unmodified_mpi_job_over_verbs_is_checkpointed_aborted_killed_and_restarted`; what only
+/// this test runs is a part moving to another guest's device, and the spare.
 #[test]
 fn an_rdma_job_with_shared_memory_moves_to_other_guests() {
+    ckpt_tests::slow_variant!(
+        "an_unmodified_mpi_job_over_verbs_is_checkpointed_aborted_killed_and_restarted (one guest: no move)"
+    );
     if let Some(why) = vm::unavailable() {
         eprintln!("SKIPPED: {why}");
         return;

@@ -113,9 +113,10 @@ socket = "$W/ckptd.sock"
 database = "$W/ckptd.redb"
 tls_dir = "$W/ca"
 # Guests under emulation, more vCPUs than this host has cores, stall for seconds while CRIU
-# runs: a ckptd answer was seen 5 s late, and the default 5 s lease fenced a part. 30 s here
-# (lease 15 s); a lost guest is noticed that much later.
-node_timeout = "30s"
+# runs: a ckptd answer was seen 5 s late, and the default 5 s lease fenced a part; with three
+# guests on two cores, an agent went 15 s without an answer during a dump and a 15 s lease
+# fenced its part. 60 s here (lease 30 s); a lost guest is noticed that much later.
+node_timeout = "60s"
 # A checkpoint waits in initial-sync for a pre-dump in progress, which took 32 s with three
 # guests (the default deadline is 30 s).
 [deadlines]
