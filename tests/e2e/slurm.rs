@@ -4,14 +4,15 @@
 //! job of a higher-priority partition that preempts it by requeueing); the job is checkpointed
 //! on the signal, requeued, resumes from its checkpoint and finishes with the checksum of an
 //! uninterrupted run. When Slurm gives the requeued job other nodes (one of its first ones
-//! drained), a job that runs in sandboxes resumes on its new allocation.
+//! drained), a job that runs in sandboxes resumes on its new allocation. The one-line script
+//! (`exec ckptctl run --slurm`), warned of its time limit, requeues itself.
 use std::time::{Duration, Instant};
 
 use ckpt_tests::hosts::hosts_with;
 use ckpt_tests::netns::Cluster;
 use ckpt_tests::slurm::Slurm;
 use ckpt_tests::{
-    apps, bin_dir, checksum_in, skip_unless_ready, slow_variant, Ckptd, Mpi, Options,
+    apps, bin_dir, checksum_in, skip_unless_ready, slow_variant, Ckptd, Mpi, Options, NOBODY,
 };
 
 const NODES: [&str; 3] = ["n1", "n2", "n3"];
@@ -34,12 +35,46 @@ enum Preemption {
     /// `scontrol requeue JOB` with its first node drained: Slurm gives it n2, n3 and n4 (the
     /// job runs in sandboxes, on a job network).
     RequeueOntoOtherNodes,
+    /// The one-line batch script (`exec ckptctl run --slurm`) warned of its time limit: USR1
+    /// to the batch shell, as `#SBATCH --signal=B:USR1@60` sends it (`scancel --batch
+    /// --signal=USR1`). ckptctl checkpoints and stops the job, then asks Slurm itself to
+    /// requeue the batch job.
+    TimeLimitWarning,
+}
+
+impl Preemption {
+    /// Whether the batch script is the one-line `run --slurm`.
+    fn one_line(self) -> bool {
+        self == Preemption::TimeLimitWarning
+    }
 }
 
 /// The batch script; MPI's hosts are the allocation's `field` (`NodeAddr`, or
 /// `NodeHostName` for a job in sandboxes: each sandbox keeps its node's host name, and
-/// ckpt-rsh finds the node a part runs on now).
-fn batch_script(d: &Ckptd, field: &str) -> String {
+/// ckpt-rsh finds the node a part runs on now). docs/slurm.md's long script, or its one line
+/// (`run --slurm`), with a time limit for the deadline it derives.
+fn batch_script(d: &Ckptd, field: &str, one_line: bool) -> String {
+    if one_line {
+        return format!(
+            r#"#!/bin/bash
+#SBATCH --job-name=heat
+#SBATCH --nodes=3
+#SBATCH --exclusive
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --time=30
+#SBATCH --signal=B:USR1@60
+hosts=$(for h in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
+          scontrol show node "$h" | sed -n 's/.*{field}=\([^ ]*\).*/\1/p'
+        done | paste -sd,)
+echo "batch run ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST"
+exec {ctl} --socket {socket} run --slurm -- mpiexec.mpich -hosts "$hosts" -n {RANKS} {app} {N} {ITERS} {SLEEP_US}
+"#,
+            ctl = bin_dir().join("ckptctl").display(),
+            socket = d.socket.display(),
+            app = apps().join("heat.mpich").display(),
+        );
+    }
     format!(
         r#"#!/bin/bash
 #SBATCH --job-name=heat
@@ -98,7 +133,7 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
     let slurm = Slurm::start(&cluster, &d.dir.path().join("slurm")).expect("start Slurm");
     let script = d.dir.path().join("heat.sbatch");
     let field = if moves { "NodeHostName" } else { "NodeAddr" };
-    std::fs::write(&script, batch_script(&d, field)).unwrap();
+    std::fs::write(&script, batch_script(&d, field, how.one_line())).unwrap();
     let out = slurm.dir.join("heat.out");
     let id = slurm
         .sbatch(&[
@@ -123,7 +158,8 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
     let job = loop {
         let list: Vec<serde_json::Value> =
             serde_json::from_str(d.ctl(&["list", "--json"]).ok()).unwrap();
-        if let Some(j) = list.iter().find(|j| j["name"] == format!("heat-{id}")) {
+        let name = if how.one_line() { "slurm" } else { "heat" };
+        if let Some(j) = list.iter().find(|j| j["name"] == format!("{name}-{id}")) {
             break j["id"].as_u64().unwrap();
         }
         assert!(begin.elapsed() < LIMIT, "no ckpt job: {}", read(&out));
@@ -147,6 +183,15 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
         }
         Preemption::Requeue => {
             scontrol(&slurm, &["requeue", &id.to_string()]);
+            None
+        }
+        Preemption::TimeLimitWarning => {
+            let st = slurm
+                .command("scancel")
+                .args(["--batch", "--signal=USR1", &id.to_string()])
+                .status()
+                .unwrap();
+            assert!(st.success(), "scancel --batch --signal=USR1: {st}");
             None
         }
         Preemption::HigherPriorityJob => Some(
@@ -223,15 +268,35 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
         slurm.wait_job(id, "FAILED", LIMIT);
     }
     let text = read(&out);
-    assert!(text.contains("ckptctl exited 75"), "{text}");
+    if how.one_line() {
+        // ckptctl said what it took from Slurm, and asked Slurm itself for the requeue (the
+        // test did not: the job reached PENDING above through it).
+        assert!(
+            text.contains(&format!(
+                "ckptctl: Slurm job {id}: ckpt job \"slurm-{id}\", launched on n1; USR1 or TERM checkpoint and stop it, a final checkpoint before its time limit (20"
+            )),
+            "{text}"
+        );
+        assert!(!text.contains("no final checkpoint"), "{text}");
+        assert!(
+            text.contains(&format!("ckptctl: got SIGUSR1: checkpointing job {job}")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("asking Slurm to requeue job {id}")),
+            "{text}"
+        );
+    } else {
+        assert!(text.contains("ckptctl exited 75"), "{text}");
+        assert_eq!(
+            text.contains("ckptctl exited 0"),
+            finished,
+            "the batch job ends with the job: {text}"
+        );
+    }
     assert!(
         text.contains("resuming from epoch 1"),
         "it resumed from its checkpoint: {text}"
-    );
-    assert_eq!(
-        text.contains("ckptctl exited 0"),
-        finished,
-        "the batch job ends with the job: {text}"
     );
     assert_eq!(
         text.matches("starting it fresh").count(),
@@ -307,4 +372,91 @@ fn slurm_requeue_onto_other_nodes_resumes_on_the_new_allocation() {
 #[test]
 fn slurm_preemption_by_a_higher_priority_job_checkpoints_and_resumes() {
     preempted_batch_job_resumes_from_its_checkpoint(Preemption::HigherPriorityJob);
+}
+
+/// The one-line batch script (`exec ckptctl run --slurm`): warned of its time limit, it
+/// checkpoints, stops and requeues itself, and its next run resumes.
+#[test]
+fn slurm_one_line_script_checkpoints_on_the_time_limit_warning_requeues_itself_and_resumes() {
+    preempted_batch_job_resumes_from_its_checkpoint(Preemption::TimeLimitWarning);
+}
+
+/// Agents with `[slurm] enforce`: a user without a Slurm job on a node is refused there, with
+/// a message naming Slurm; the same user's batch job on n2 runs a program there under ckpt,
+/// and from it a part on n1, outside its allocation, is refused.
+#[test]
+fn enforcing_agents_run_parts_only_for_users_slurm_gave_the_node() {
+    use std::os::unix::fs::{chown, PermissionsExt};
+    skip_unless_ready!("nsenter");
+    if let Some(why) = Cluster::unavailable().or_else(Slurm::unavailable) {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let cluster = Cluster::create(2).expect("create test hosts");
+    let mut d = Ckptd::start(Options {
+        no_agent: true,
+        ..Options::default()
+    });
+    // Other users reach the control socket (the test's directory is private).
+    std::fs::set_permissions(d.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let slurm_dir = d.dir.path().join("slurm");
+    let gate = format!(
+        "[slurm]\nenforce = true\nconf = \"{}\"\n",
+        slurm_dir.join("slurm.conf").display()
+    );
+    for n in ["n1", "n2"] {
+        d.start_agent_in_with(&cluster, n, &gate);
+    }
+    d.wait_agents(&["n1", "n2"]);
+    let slurm = Slurm::start(&cluster, &slurm_dir).expect("start Slurm");
+    let ctl = bin_dir().join("ckptctl");
+
+    // No Slurm job: refused on n2, nothing started.
+    let refused = d.ctl_as(NOBODY, &["run", "--node", "n2", "--", "/bin/sleep", "30"]);
+    assert_eq!(refused.code, 5, "refused as a permission: {refused:?}");
+    for word in ["node n2", "Slurm", "uid 65534 has none there", "sbatch"] {
+        assert!(refused.stderr.contains(word), "{word}: {refused:?}");
+    }
+    let jobs: Vec<serde_json::Value> =
+        serde_json::from_str(d.ctl(&["list", "--json"]).ok()).unwrap();
+    assert!(
+        jobs.iter().all(|j| j["state"] != "running"),
+        "nothing runs: {jobs:?}"
+    );
+
+    // A batch job of the same user on n2: admitted there, not on n1.
+    let work = tempfile::Builder::new()
+        .prefix("ckpt-slurm-user-")
+        .tempdir()
+        .unwrap();
+    chown(work.path(), Some(NOBODY), Some(NOBODY)).unwrap();
+    let out = work.path().join("batch.out");
+    let script = format!(
+        "{ctl} --socket {s} run --wait --node n2 -- /bin/echo admitted; echo \"n2: $?\"; \
+         {ctl} --socket {s} run --node n1 -- /bin/true; echo \"n1: $?\"",
+        ctl = ctl.display(),
+        s = d.socket.display(),
+    );
+    let mut sbatch = slurm.command("sbatch");
+    sbatch
+        .args(["--parsable", "-N1", "-w", "n2", "-o"])
+        .arg(&out)
+        .arg("-D")
+        .arg(work.path())
+        .args(["--wrap", &script]);
+    ckpt_tests::as_user(&mut sbatch, NOBODY);
+    let o = sbatch.output().expect("sbatch");
+    let id: u64 = String::from_utf8_lossy(&o.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("sbatch as nobody: {o:?}"));
+    slurm.wait_job(id, "COMPLETED", LIMIT);
+    let text = read(&out);
+    assert!(text.contains("n2: 0"), "admitted on n2: {text}");
+    assert!(text.contains("started on node n2"), "{text}");
+    assert!(text.contains("n1: 5"), "refused on n1 (permission): {text}");
+    assert!(
+        text.contains("node n1 runs jobs only for users with a running Slurm job on it"),
+        "{text}"
+    );
 }

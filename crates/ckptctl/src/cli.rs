@@ -251,6 +251,17 @@ pub struct RunArgs {
     /// `scontrol requeue` send TERM.
     #[arg(long, value_delimiter = ',', value_name = "SIGNALS")]
     pub checkpoint_on: Vec<String>,
+    /// Inside a Slurm batch script, what a requeueable job needs, in one option
+    /// (docs/slurm.md): the job is called `slurm-$SLURM_JOB_ID` (unless --name), its command
+    /// starts on the batch host ($SLURMD_NODENAME, unless --node) and resumes from its latest
+    /// checkpoint when the batch job runs again (as --resume, on the new allocation); USR1 or
+    /// TERM checkpoint and stop it (unless --checkpoint-on); a final checkpoint makes it
+    /// durable before the job's time limit (as --deadline, from `scontrol show job`'s EndTime,
+    /// unless --deadline); and once ckpt has stopped it (exit 75) ckptctl asks Slurm to
+    /// requeue the batch job (`scontrol requeue`). Start it with `exec`, so that the signals
+    /// of `#SBATCH --signal=B:USR1@120` and of Slurm's preemption reach it.
+    #[arg(long)]
+    pub slurm: bool,
     /// The command, usually `mpiexec ...`.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,

@@ -103,8 +103,16 @@ pub fn end_status(j: &pb::JobInfo) -> Option<(u8, String)> {
 }
 
 /// `ckptctl run`.
-pub async fn run(c: &mut ControlClient<Channel>, a: RunArgs, json: bool) -> Result<(), Failure> {
+pub async fn run(
+    c: &mut ControlClient<Channel>,
+    mut a: RunArgs,
+    json: bool,
+) -> Result<(), Failure> {
     let invalid = |message: String| Failure { code: 2, message };
+    let batch = match a.slurm {
+        true => Some(crate::slurm::prepare(&mut a, json).map_err(invalid)?),
+        false => None,
+    };
     // Handlers first: a signal that comes while the job starts must not kill ckptctl.
     let mut handlers: Vec<(String, Signal)> = Vec::new();
     for name in &a.checkpoint_on {
@@ -154,7 +162,26 @@ pub async fn run(c: &mut ControlClient<Channel>, a: RunArgs, json: bool) -> Resu
         deadline_unix_ms,
         engine: a.engine.clone().unwrap_or_default(),
     };
-    let reply = c.run(req).await?.into_inner();
+    let reply = match c.run(req.clone()).await {
+        // A time limit too short for a final checkpoint: the job runs without one.
+        Err(s)
+            if s.code() == tonic::Code::InvalidArgument
+                && s.message().contains("deadline")
+                && batch.as_ref().is_some_and(|b| b.deadline_from_slurm) =>
+        {
+            say_err!(
+                "ckptctl: no final checkpoint before Slurm's time limit: {}",
+                s.message()
+            );
+            c.run(pb::RunRequest {
+                deadline_unix_ms: 0,
+                ..req
+            })
+            .await?
+        }
+        r => r?,
+    }
+    .into_inner();
     let id = reply.job.as_ref().map(|j| j.id).unwrap_or_default();
     if reply.resume_epoch > 0 {
         if !json {
@@ -221,7 +248,13 @@ pub async fn run(c: &mut ControlClient<Channel>, a: RunArgs, json: bool) -> Resu
     if !wait {
         return Ok(());
     }
-    wait_for_end(c, id, &mut handlers, json).await
+    let end = wait_for_end(c, id, &mut handlers, json).await;
+    if let (Some(b), Err(f)) = (&batch, &end) {
+        if f.code == STOPPED {
+            crate::slurm::requeue(b);
+        }
+    }
+    end
 }
 
 /// Waits for any of `handlers`' signals; never, without handlers.

@@ -1,7 +1,11 @@
 //! Inside a Slurm job: the allocation a resumed job restarts on (`run --resume`), read from
 //! the environment Slurm gives every batch script and step (`SLURM_JOB_ID`,
-//! `SLURM_JOB_NODELIST`).
+//! `SLURM_JOB_NODELIST`); and `run --slurm`, what a requeueable batch job needs in one option.
+use std::process::Command;
+
 use ckpt_proto::v1 as pb;
+
+use crate::cli::RunArgs;
 
 /// More node names than a host list of a real allocation expands to: a guard against a list
 /// like `n[0-999999999]`.
@@ -21,6 +25,117 @@ pub fn allocation() -> Result<Option<pb::Allocation>, String> {
         name: format!("Slurm job {id}"),
         nodes,
     }))
+}
+
+/// The Slurm batch job `run --slurm` runs in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch {
+    /// `SLURM_JOB_ID`.
+    pub job_id: String,
+    /// Whether `--deadline` came from the job's end time (and may be dropped if too close).
+    pub deadline_from_slurm: bool,
+}
+
+/// `run --slurm`: fills in what the batch job gives (the name, the batch host, the signals,
+/// the deadline from the time limit) where the command line did not, and says what it set.
+pub fn prepare(a: &mut RunArgs, json: bool) -> Result<Batch, String> {
+    let job_id = std::env::var("SLURM_JOB_ID").map_err(|_| {
+        "--slurm: not inside a Slurm job (SLURM_JOB_ID is not set): use it in a batch script \
+         run by sbatch, or leave --slurm out"
+            .to_string()
+    })?;
+    if job_id.is_empty() || !job_id.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "--slurm: SLURM_JOB_ID={job_id:?} is not a Slurm job id"
+        ));
+    }
+    let name = a
+        .name
+        .get_or_insert_with(|| format!("slurm-{job_id}"))
+        .clone();
+    if a.node.is_none() {
+        a.node = std::env::var("SLURMD_NODENAME")
+            .ok()
+            .filter(|n| !n.is_empty());
+    }
+    a.resume = true;
+    if a.checkpoint_on.is_empty() {
+        a.checkpoint_on = vec!["USR1".into(), "TERM".into()];
+    }
+    let mut deadline_from_slurm = false;
+    if a.deadline.is_none() {
+        a.deadline = end_time(&job_id)?;
+        deadline_from_slurm = a.deadline.is_some();
+    }
+    if !json {
+        let end = match (&a.deadline, deadline_from_slurm) {
+            (Some(t), true) => format!("a final checkpoint before its time limit ({t})"),
+            (Some(t), false) => format!("a final checkpoint before {t}"),
+            (None, _) => "no time limit".into(),
+        };
+        say_err!(
+            "ckptctl: Slurm job {job_id}: ckpt job {:?}, launched on {}; {} checkpoint and \
+             stop it, {end}; requeued once stopped",
+            crate::term::field(&name),
+            a.node.as_deref().unwrap_or("the first node"),
+            a.checkpoint_on.join(" or "),
+        );
+    }
+    Ok(Batch {
+        job_id,
+        deadline_from_slurm,
+    })
+}
+
+/// The end of Slurm job `job_id`'s time limit, as `--deadline` takes it; `None` without one.
+fn end_time(job_id: &str) -> Result<Option<String>, String> {
+    let out = Command::new("scontrol")
+        .args(["show", "job", "-o", job_id])
+        .output()
+        .map_err(|e| {
+            format!("--slurm: cannot run scontrol ({e}): is Slurm's client installed here?")
+        })?;
+    if !out.status.success() {
+        return Err(format!(
+            "--slurm: `scontrol show job {job_id}` failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(end_of(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// From a line of `scontrol show job -o`: `EndTime` as `YYYY-MM-DD HH:MM:SS` (scontrol's local
+/// time, as `--deadline` reads it), unless the job has no time limit or the end is unknown.
+fn end_of(line: &str) -> Option<String> {
+    let field = |k: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(k)?.strip_prefix('='))
+    };
+    match field("TimeLimit") {
+        None | Some("UNLIMITED" | "INFINITE" | "Partition_Limit") => return None,
+        Some(_) => {}
+    }
+    let (date, clock) = field("EndTime")?.split_once('T')?;
+    let shaped = |s: &str, sep: u8, parts: usize| {
+        s.split(sep as char).count() == parts && s.bytes().all(|b| b.is_ascii_digit() || b == sep)
+    };
+    (shaped(date, b'-', 3) && shaped(clock, b':', 3)).then(|| format!("{date} {clock}"))
+}
+
+/// Asks Slurm to requeue the batch job once ckpt stopped its program (`scontrol requeue`).
+/// After a preemption or an admin's `scontrol requeue`, Slurm requeues it already and refuses
+/// this: said, not an error.
+pub fn requeue(b: &Batch) {
+    let id = &b.job_id;
+    say_err!("ckptctl: asking Slurm to requeue job {id} (`scontrol requeue {id}`)");
+    match Command::new("scontrol").args(["requeue", id]).output() {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => say_err!(
+            "ckptctl: scontrol requeue {id}: {} (a job Slurm preempted or requeued is requeued already)",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => say_err!("ckptctl: cannot run scontrol to requeue job {id}: {e}"),
+    }
 }
 
 /// Slurm's compressed host list (`n[1-3,07],login1`, as in `SLURM_JOB_NODELIST`) as names,
@@ -105,7 +220,32 @@ fn expand_term(term: &str, out: &mut Vec<String>) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::expand;
+    use super::{end_of, expand};
+
+    #[test]
+    fn the_deadline_is_the_end_of_the_time_limit_and_none_without_one() {
+        let line = |limit: &str, end: &str| {
+            format!("JobId=42 JobName=heat UserId=ann(1000) JobState=RUNNING RunTime=00:00:05 TimeLimit={limit} TimeMin=N/A SubmitTime=2026-12-01T01:00:00 StartTime=2026-12-01T01:00:01 EndTime={end} Deadline=N/A Command=/home/ann/heat.sbatch")
+        };
+        assert_eq!(
+            end_of(&line("00:30:00", "2026-12-01T01:30:01")).as_deref(),
+            Some("2026-12-01 01:30:01")
+        );
+        for (limit, end) in [
+            ("UNLIMITED", "2027-12-01T01:00:01"),
+            ("INFINITE", "2027-12-01T01:00:01"),
+            ("00:30:00", "Unknown"),
+            ("00:30:00", "2026-12-01"),
+            ("00:30:00", "2026-12-01T01:30"),
+        ] {
+            assert_eq!(end_of(&line(limit, end)), None, "{limit} {end}");
+        }
+        assert_eq!(
+            end_of("JobId=42 EndTime=2026-12-01T01:30:01"),
+            None,
+            "no TimeLimit"
+        );
+    }
 
     fn names(list: &str) -> Vec<String> {
         expand(list).unwrap_or_else(|e| panic!("{list}: {e}"))

@@ -41,6 +41,7 @@ pub fn to_status(e: &DriveError) -> Status {
             FailureKind::Unreachable => Code::Unavailable,
             FailureKind::Deadline => Code::DeadlineExceeded,
             FailureKind::Refused => Code::FailedPrecondition,
+            FailureKind::Denied => Code::PermissionDenied,
             FailureKind::NotFound => Code::NotFound,
             FailureKind::DataLoss => Code::DataLoss,
             FailureKind::NoRoom => Code::ResourceExhausted,

@@ -11,6 +11,9 @@ pub enum FailureKind {
     Deadline,
     /// It refused: wrong state, unknown job, verbs without channel.
     Refused,
+    /// It refused the job's owner: root or a system account, a user Slurm did not give the
+    /// node (`[slurm] enforce`), a file that is not theirs.
+    Denied,
     /// The job is unknown there.
     NotFound,
     /// Images are corrupt or missing.
@@ -45,6 +48,7 @@ impl FailureKind {
             Code::Unavailable | Code::Unknown | Code::Cancelled => FailureKind::Unreachable,
             Code::DeadlineExceeded => FailureKind::Deadline,
             Code::FailedPrecondition | Code::InvalidArgument => FailureKind::Refused,
+            Code::PermissionDenied => FailureKind::Denied,
             Code::NotFound => FailureKind::NotFound,
             Code::DataLoss => FailureKind::DataLoss,
             Code::ResourceExhausted => FailureKind::NoRoom,
@@ -60,6 +64,7 @@ impl FailureKind {
             FailureKind::Unreachable => Code::Unavailable,
             FailureKind::Deadline => Code::DeadlineExceeded,
             FailureKind::Refused => Code::FailedPrecondition,
+            FailureKind::Denied => Code::PermissionDenied,
             FailureKind::NotFound => Code::NotFound,
             FailureKind::DataLoss => Code::DataLoss,
             FailureKind::NoRoom => Code::ResourceExhausted,

@@ -348,6 +348,28 @@ pub enum AgentError {
         /// The configured `min_uid`.
         min_uid: u32,
     },
+    /// `[slurm] enforce`: the job's owner holds no running Slurm job on this node.
+    #[error("job {job}: node {node} runs jobs only for users with a running Slurm job on it ([slurm] enforce in its agent.toml), and uid {uid} has none there; run it from a Slurm batch job or allocation (sbatch, salloc) that includes {node}")]
+    NoSlurmAllocation {
+        /// Job id.
+        job: u64,
+        /// This node.
+        node: String,
+        /// The job's uid.
+        uid: u32,
+    },
+    /// `[slurm] enforce`: Slurm could not be asked whether the owner holds a job here.
+    #[error("job {job}: node {node} could not ask Slurm whether uid {uid} has a running job on it ([slurm] enforce in its agent.toml): {why}; nothing was started")]
+    SlurmUnanswered {
+        /// Job id.
+        job: u64,
+        /// This node.
+        node: String,
+        /// The job's uid.
+        uid: u32,
+        /// What went wrong.
+        why: String,
+    },
     /// The job's uid has no passwd entry on this node, so its groups are unknown.
     #[error("job {job}: uid {uid} has no passwd entry on node {node} (its groups come from there); add the user to this node (or its directory service)")]
     UnknownUser {

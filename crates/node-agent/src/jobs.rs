@@ -409,6 +409,7 @@ impl Jobs {
                 frozen: Arc::default(),
                 channels,
                 policy: LaunchPolicy::default(),
+                slurm: Default::default(),
                 precopy: crate::copies::precopy::chain::Mode::Off("pre-copy is not set up".into()),
                 fence: crate::os::fence::Fence::off(),
                 lease,
@@ -477,6 +478,12 @@ impl Jobs {
     /// Sets who may run jobs here.
     pub fn with_launch_policy(mut self, policy: LaunchPolicy) -> Self {
         self.node.policy = policy;
+        self
+    }
+
+    /// Sets whether Slurm must have given a job's owner this node (`[slurm] enforce`).
+    pub fn with_slurm_gate(mut self, gate: crate::os::slurm::SlurmGate) -> Self {
+        self.node.slurm = gate;
         self
     }
 

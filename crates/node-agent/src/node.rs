@@ -55,6 +55,8 @@ pub(crate) struct Node {
     pub(crate) channels: Arc<Channels>,
     /// Who may run jobs here.
     pub(crate) policy: LaunchPolicy,
+    /// Whether Slurm must have given a job's owner this node (`[slurm] enforce`).
+    pub(crate) slurm: crate::os::slurm::SlurmGate,
     /// Whether jobs here are pre-copied.
     pub(crate) precopy: crate::copies::precopy::chain::Mode,
     /// The fence around the jobs' DMTCP coordinators.

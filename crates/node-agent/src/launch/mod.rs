@@ -306,6 +306,10 @@ impl Jobs {
             .node
             .policy
             .authorize(spec.job, &self.node.name, spec.uid)?;
+        self.node
+            .slurm
+            .admits(spec.job, &self.node.name, owner.uid)
+            .await?;
         let engine = self.engine_named(spec.job, &spec.engine)?;
         if !engine.freezes() && (spec.part > 0 || spec.sandbox.is_some()) {
             return Err(AgentError::NoEngine {

@@ -4,7 +4,8 @@
 //! (`sandbox.rs`, `sandbox/job_dir.rs`), acting as the job's owner and private modes
 //! (`owner.rs`, `modes.rs`), the grants that let a moved part fetch a partner copy
 //! (`grants.rs`), the nftables fence around DMTCP coordinators (`fence.rs`), background work at
-//! the lowest CPU priority (`background.rs`), and the `Host`
+//! the lowest CPU priority (`background.rs`), whether Slurm admits a job's owner to this node
+//! (`slurm.rs`), and the `Host`
 //! trait that the checkpoint and restore steps reach the machine through (`host.rs`, with a
 //! recording fake in `host/fake.rs` for tests).
 //!
@@ -21,4 +22,5 @@ pub(crate) mod modes;
 pub(crate) mod owner;
 pub(crate) mod procfs;
 pub(crate) mod sandbox;
+pub(crate) mod slurm;
 pub(crate) mod sockdiag;

@@ -172,8 +172,9 @@ impl Jobs {
 
     /// The owner recorded at checkpoint time (committed with the manifest; an older epoch
     /// without the note: the job's record), who must still be allowed to run jobs here: the
-    /// restored part's files are put back, and it runs, as that user. Recorded with the job.
-    pub(super) fn restored_owner(
+    /// restored part's files are put back, and it runs, as that user (with `[slurm] enforce`,
+    /// only if Slurm gave that user this node). Recorded with the job.
+    pub(super) async fn restored_owner(
         &self,
         job: &mut NodeJob,
         m: &NodeManifest,
@@ -191,6 +192,10 @@ impl Jobs {
                 node: self.node.name.clone(),
             })?;
         let owner = self.node.policy.authorize(job_id, &self.node.name, uid)?;
+        self.node
+            .slurm
+            .admits(job_id, &self.node.name, owner.uid)
+            .await?;
         job.record.owner = Some(owner.uid);
         Ok(owner)
     }

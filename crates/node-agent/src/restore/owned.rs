@@ -71,7 +71,7 @@ impl Jobs {
             Some(check) => Some(check_pages(job_id, check).await?.as_millis() as u64),
             None => None,
         };
-        let owner = self.restored_owner(&mut job, v.manifest, v.epoch)?;
+        let owner = self.restored_owner(&mut job, v.manifest, v.epoch).await?;
         let begin = Instant::now();
         job.record.engine = v.manifest.engine.clone();
         job.record.sandbox = None;

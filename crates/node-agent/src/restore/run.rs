@@ -329,7 +329,7 @@ impl<'a> RestoreRun<'a> {
             }
         }
         let job = &mut self.job;
-        let owner = node.restored_owner(job, m, epoch)?;
+        let owner = node.restored_owner(job, m, epoch).await?;
         if sandbox.is_none() {
             let ids: Vec<i32> = m.pids.iter().chain(&m.tids).copied().collect();
             wait_pids_free(job_id, &ids).await?;

@@ -53,6 +53,7 @@ pub fn to_status(e: AgentError) -> Status {
         AgentError::RootRefused { .. }
         | AgentError::UidBelowMinimum { .. }
         | AgentError::UnknownUser { .. }
+        | AgentError::NoSlurmAllocation { .. }
         | AgentError::OwnerUnknown { .. }
         | AgentError::FileRefused { .. } => Status::permission_denied(msg),
         AgentError::NoRoom { .. } => Status::resource_exhausted(msg),
@@ -62,9 +63,10 @@ pub fn to_status(e: AgentError) -> Status {
         AgentError::NoShared { .. } | AgentError::NoEngine { .. } => {
             Status::failed_precondition(msg)
         }
-        AgentError::Partner { .. } | AgentError::Fenced { .. } | AgentError::Erasure { .. } => {
-            Status::unavailable(msg)
-        }
+        AgentError::Partner { .. }
+        | AgentError::Fenced { .. }
+        | AgentError::Erasure { .. }
+        | AgentError::SlurmUnanswered { .. } => Status::unavailable(msg),
         AgentError::Channel { .. } => Status::aborted(msg),
         AgentError::Timeout { .. } => Status::deadline_exceeded(msg),
         AgentError::Engine { .. }
