@@ -30,7 +30,7 @@ const LIMIT: Duration = Duration::from_secs(180);
 enum Preemption {
     /// `scontrol requeue JOB`.
     Requeue,
-    /// A job of the `high` partition wants every node.
+    /// A job of the `high` partition wants every node (the one-line script).
     HigherPriorityJob,
     /// `scontrol requeue JOB` with its first node drained: Slurm gives it n2, n3 and n4 (the
     /// job runs in sandboxes, on a job network).
@@ -40,12 +40,19 @@ enum Preemption {
     /// --signal=USR1`). ckptctl checkpoints and stops the job, then asks Slurm itself to
     /// requeue the batch job.
     TimeLimitWarning,
+    /// The one-line script's batch job cancelled (`scancel`): TERM, as for a preemption, so
+    /// the program is checkpointed and stopped; ckptctl asks for no requeue, and the batch job
+    /// ends.
+    Cancelled,
 }
 
 impl Preemption {
     /// Whether the batch script is the one-line `run --slurm`.
     fn one_line(self) -> bool {
-        self == Preemption::TimeLimitWarning
+        matches!(
+            self,
+            Preemption::TimeLimitWarning | Preemption::Cancelled | Preemption::HigherPriorityJob
+        )
     }
 }
 
@@ -185,6 +192,28 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
             scontrol(&slurm, &["requeue", &id.to_string()]);
             None
         }
+        Preemption::Cancelled => {
+            let st = slurm
+                .command("scancel")
+                .arg(id.to_string())
+                .status()
+                .unwrap();
+            assert!(st.success(), "scancel: {st}");
+            d.wait_state(job, "stopped", LIMIT);
+            slurm.wait_job(id, "CANCELLED", LIMIT);
+            // Not requeued: still cancelled a while later (a requeue shows at once).
+            std::thread::sleep(Duration::from_secs(3));
+            let text = read(&out);
+            assert_eq!(slurm.job_field(id, "JobState"), "CANCELLED", "{text}");
+            assert!(
+                text.contains(&format!("ckptctl: got SIGTERM: checkpointing job {job}")),
+                "{text}"
+            );
+            assert!(text.contains("not asking for a requeue"), "{text}");
+            assert!(!text.contains("asking Slurm to requeue"), "{text}");
+            assert_eq!(d.status(job)["latest_committed_epoch"], 1, "{text}");
+            return;
+        }
         Preemption::TimeLimitWarning => {
             let st = slurm
                 .command("scancel")
@@ -269,8 +298,9 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
     }
     let text = read(&out);
     if how.one_line() {
-        // ckptctl said what it took from Slurm, and asked Slurm itself for the requeue (the
-        // test did not: the job reached PENDING above through it).
+        // ckptctl said what it took from Slurm. Warned by USR1, it asked Slurm itself for the
+        // requeue (the test did not: the job reached PENDING above through it); preempted
+        // (TERM), it left the requeue to Slurm.
         assert!(
             text.contains(&format!(
                 "ckptctl: Slurm job {id}: ckpt job \"slurm-{id}\", launched on n1; USR1 or TERM checkpoint and stop it, a final checkpoint before its time limit (20"
@@ -278,14 +308,17 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
             "{text}"
         );
         assert!(!text.contains("no final checkpoint"), "{text}");
+        let (signal, requeue) = match how {
+            Preemption::TimeLimitWarning => {
+                ("SIGUSR1", format!("asking Slurm to requeue job {id}"))
+            }
+            _ => ("SIGTERM", "not asking for a requeue".to_string()),
+        };
         assert!(
-            text.contains(&format!("ckptctl: got SIGUSR1: checkpointing job {job}")),
+            text.contains(&format!("ckptctl: got {signal}: checkpointing job {job}")),
             "{text}"
         );
-        assert!(
-            text.contains(&format!("asking Slurm to requeue job {id}")),
-            "{text}"
-        );
+        assert!(text.contains(&requeue), "{text}");
     } else {
         assert!(text.contains("ckptctl exited 75"), "{text}");
         assert_eq!(
@@ -369,6 +402,7 @@ fn slurm_requeue_onto_other_nodes_resumes_on_the_new_allocation() {
     preempted_batch_job_resumes_from_its_checkpoint(Preemption::RequeueOntoOtherNodes);
 }
 
+/// With the one-line script: Slurm's TERM checkpoints it, and Slurm requeues it.
 #[test]
 fn slurm_preemption_by_a_higher_priority_job_checkpoints_and_resumes() {
     preempted_batch_job_resumes_from_its_checkpoint(Preemption::HigherPriorityJob);
@@ -459,4 +493,11 @@ fn enforcing_agents_run_parts_only_for_users_slurm_gave_the_node() {
         text.contains("node n1 runs jobs only for users with a running Slurm job on it"),
         "{text}"
     );
+}
+
+/// The one-line script's batch job cancelled: its program is checkpointed and stopped, and the
+/// batch job is not requeued.
+#[test]
+fn slurm_one_line_script_cancelled_with_scancel_stops_its_program_and_is_not_requeued() {
+    preempted_batch_job_resumes_from_its_checkpoint(Preemption::Cancelled);
 }

@@ -257,9 +257,11 @@ pub struct RunArgs {
     /// checkpoint when the batch job runs again (as --resume, on the new allocation); USR1 or
     /// TERM checkpoint and stop it (unless --checkpoint-on); a final checkpoint makes it
     /// durable before the job's time limit (as --deadline, from `scontrol show job`'s EndTime,
-    /// unless --deadline); and once ckpt has stopped it (exit 75) ckptctl asks Slurm to
-    /// requeue the batch job (`scontrol requeue`). Start it with `exec`, so that the signals
-    /// of `#SBATCH --signal=B:USR1@120` and of Slurm's preemption reach it.
+    /// unless --deadline); and once ckpt has stopped it (exit 75) on anything but Slurm's own
+    /// TERM (USR1, the deadline, a drain), ckptctl asks Slurm to requeue the batch job
+    /// (`scontrol requeue`): after a preemption or `scontrol requeue` Slurm requeues it
+    /// itself, and after `scancel` it ends. Start it with `exec`, so that the signals of
+    /// `#SBATCH --signal=B:USR1@120`, Slurm's preemption and scancel reach it.
     #[arg(long)]
     pub slurm: bool,
     /// The command, usually `mpiexec ...`.

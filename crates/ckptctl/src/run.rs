@@ -248,10 +248,11 @@ pub async fn run(
     if !wait {
         return Ok(());
     }
-    let end = wait_for_end(c, id, &mut handlers, json).await;
+    let mut got = None;
+    let end = wait_for_end(c, id, &mut handlers, &mut got, json).await;
     if let (Some(b), Err(f)) = (&batch, &end) {
         if f.code == STOPPED {
-            crate::slurm::requeue(b);
+            crate::slurm::requeue(b, got.as_deref());
         }
     }
     end
@@ -271,17 +272,23 @@ async fn any_signal(handlers: &mut [(String, Signal)]) -> String {
     futures_util::future::select_all(futs).await.0
 }
 
-/// Follows job `id` to its end; on a signal of `handlers`, checkpoints and stops it.
+/// Follows job `id` to its end; on a signal of `handlers`, checkpoints and stops it (the
+/// signal's name in `got`).
 async fn wait_for_end(
     c: &mut ControlClient<Channel>,
     id: u64,
     handlers: &mut [(String, Signal)],
+    got: &mut Option<String>,
     json: bool,
 ) -> Result<(), Failure> {
     let mut unreachable_said = false;
     loop {
         tokio::select! {
-            name = any_signal(handlers) => return checkpoint_and_stop(c, id, &name, json).await,
+            name = any_signal(handlers) => {
+                let end = checkpoint_and_stop(c, id, &name, json).await;
+                *got = Some(name);
+                return end;
+            }
             _ = tokio::time::sleep(POLL) => {}
         }
         let j = match c.status(pb::StatusRequest { job_id: id }).await {

@@ -75,7 +75,7 @@ pub fn prepare(a: &mut RunArgs, json: bool) -> Result<Batch, String> {
         };
         say_err!(
             "ckptctl: Slurm job {job_id}: ckpt job {:?}, launched on {}; {} checkpoint and \
-             stop it, {end}; requeued once stopped",
+             stop it, {end}; requeued when stopped, unless by Slurm's TERM",
             crate::term::field(&name),
             a.node.as_deref().unwrap_or("the first node"),
             a.checkpoint_on.join(" or "),
@@ -107,10 +107,7 @@ fn end_time(job_id: &str) -> Result<Option<String>, String> {
 /// From a line of `scontrol show job -o`: `EndTime` as `YYYY-MM-DD HH:MM:SS` (scontrol's local
 /// time, as `--deadline` reads it), unless the job has no time limit or the end is unknown.
 fn end_of(line: &str) -> Option<String> {
-    let field = |k: &str| {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(k)?.strip_prefix('='))
-    };
+    let field = |k: &str| field(line, k);
     match field("TimeLimit") {
         None | Some("UNLIMITED" | "INFINITE" | "Partition_Limit") => return None,
         Some(_) => {}
@@ -122,11 +119,25 @@ fn end_of(line: &str) -> Option<String> {
     (shaped(date, b'-', 3) && shaped(clock, b':', 3)).then(|| format!("{date} {clock}"))
 }
 
-/// Asks Slurm to requeue the batch job once ckpt stopped its program (`scontrol requeue`).
-/// After a preemption or an admin's `scontrol requeue`, Slurm requeues it already and refuses
-/// this: said, not an error.
-pub fn requeue(b: &Batch) {
+/// A `KEY=VALUE` of a line of `scontrol show job -o`.
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// Asks Slurm to requeue the batch job once ckpt stopped its program (`scontrol requeue`),
+/// unless Slurm's TERM stopped it (`signal`): after a preemption or `scontrol requeue` Slurm
+/// requeues the job itself, and after `scancel` (TERM too, and Slurm would still take a
+/// requeue then) the job is to end. Slurm refusing is said, not an error.
+pub fn requeue(b: &Batch, signal: Option<&str>) {
     let id = &b.job_id;
+    if signal == Some("SIGTERM") {
+        say_err!(
+            "ckptctl: stopped on Slurm's TERM: not asking for a requeue (after a preemption or \
+             `scontrol requeue` Slurm requeues job {id} itself; after scancel it ends)"
+        );
+        return;
+    }
     say_err!("ckptctl: asking Slurm to requeue job {id} (`scontrol requeue {id}`)");
     match Command::new("scontrol").args(["requeue", id]).output() {
         Ok(o) if o.status.success() => {}
