@@ -40,6 +40,10 @@ enum Preemption {
     /// --signal=USR1`). ckptctl checkpoints and stops the job, then asks Slurm itself to
     /// requeue the batch job.
     TimeLimitWarning,
+    /// The one-line script's ckptctl killed outright (SIGKILL to the batch shell): the batch
+    /// job fails, and Slurm's epilog (`ckptctl slurm-epilog`) checkpoints and stops the
+    /// program it left running.
+    BatchKilled,
     /// The one-line script's batch job cancelled (`scancel`): TERM, as for a preemption, so
     /// the program is checkpointed and stopped; ckptctl asks for no requeue, and the batch job
     /// ends.
@@ -51,7 +55,10 @@ impl Preemption {
     fn one_line(self) -> bool {
         matches!(
             self,
-            Preemption::TimeLimitWarning | Preemption::Cancelled | Preemption::HigherPriorityJob
+            Preemption::TimeLimitWarning
+                | Preemption::Cancelled
+                | Preemption::HigherPriorityJob
+                | Preemption::BatchKilled
         )
     }
 }
@@ -137,7 +144,26 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
         d.wait_agents(&NODES);
         (cluster, d)
     };
-    let slurm = Slurm::start(&cluster, &d.dir.path().join("slurm")).expect("start Slurm");
+    // Slurm's epilog, as docs/slurm.md sets it up.
+    let epilog = d.dir.path().join("epilog.sh");
+    let epilog_log = d.dir.path().join("epilog.log");
+    std::fs::write(
+        &epilog,
+        format!(
+            "#!/bin/sh\nexec {} --socket {} slurm-epilog >> {} 2>&1\n",
+            bin_dir().join("ckptctl").display(),
+            d.socket.display(),
+            epilog_log.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&epilog, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let slurm = Slurm::start_with(
+        &cluster,
+        &d.dir.path().join("slurm"),
+        &format!("EpilogSlurmctld={}\n", epilog.display()),
+    )
+    .expect("start Slurm");
     let script = d.dir.path().join("heat.sbatch");
     let field = if moves { "NodeHostName" } else { "NodeAddr" };
     std::fs::write(&script, batch_script(&d, field, how.one_line())).unwrap();
@@ -191,6 +217,50 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
         Preemption::Requeue => {
             scontrol(&slurm, &["requeue", &id.to_string()]);
             None
+        }
+        Preemption::BatchKilled => {
+            // Another user running the epilog for this job reaches nothing of root's.
+            std::fs::set_permissions(
+                d.dir.path(),
+                std::os::unix::fs::PermissionsExt::from_mode(0o755),
+            )
+            .unwrap();
+            let mut other = std::process::Command::new(bin_dir().join("ckptctl"));
+            other
+                .arg("--socket")
+                .arg(&d.socket)
+                .arg("slurm-epilog")
+                .env("SLURM_JOB_ID", id.to_string())
+                .env("SLURM_JOB_UID", "0")
+                .current_dir("/");
+            ckpt_tests::as_user(&mut other, NOBODY);
+            let o = other.output().unwrap();
+            assert!(o.status.success(), "{o:?}");
+            assert_eq!(d.status(job)["state"], "running", "{o:?}");
+            let st = slurm
+                .command("scancel")
+                .args(["--batch", "--signal=KILL", &id.to_string()])
+                .status()
+                .unwrap();
+            assert!(st.success(), "scancel --batch --signal=KILL: {st}");
+            slurm.wait_job(id, "FAILED", LIMIT);
+            d.wait_state(job, "stopped", LIMIT);
+            let log = read(&epilog_log);
+            assert!(
+                log.contains(&format!(
+                    "Slurm job {id} ended with job {job} (slurm-{id}) still running"
+                )),
+                "{log}"
+            );
+            assert!(
+                log.contains(&format!(
+                    "got the end of Slurm job {id}: checkpointing job {job} and stopping it"
+                )),
+                "{log}"
+            );
+            assert_eq!(d.status(job)["latest_committed_epoch"], 1, "{log}");
+            assert!(d.job_pids_on("n1", job).is_empty(), "no process left");
+            return;
         }
         Preemption::Cancelled => {
             let st = slurm
@@ -500,4 +570,11 @@ fn enforcing_agents_run_parts_only_for_users_slurm_gave_the_node() {
 #[test]
 fn slurm_one_line_script_cancelled_with_scancel_stops_its_program_and_is_not_requeued() {
     preempted_batch_job_resumes_from_its_checkpoint(Preemption::Cancelled);
+}
+
+/// The one-line script's ckptctl killed outright: Slurm's epilog checkpoints and stops the
+/// program it left running.
+#[test]
+fn slurm_epilog_stops_the_program_of_a_batch_job_whose_ckptctl_was_killed() {
+    preempted_batch_job_resumes_from_its_checkpoint(Preemption::BatchKilled);
 }

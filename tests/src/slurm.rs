@@ -53,6 +53,11 @@ impl Slurm {
     /// Starts munged, slurmctld and a slurmd on every host of `cluster`, in `dir`; waits
     /// (bounded) until every node is idle.
     pub fn start(cluster: &netns::Cluster, dir: &Path) -> Result<Slurm, String> {
+        Slurm::start_with(cluster, dir, "")
+    }
+
+    /// [`Slurm::start`] with `more` (lines of slurm.conf, e.g. `EpilogSlurmctld=...`).
+    pub fn start_with(cluster: &netns::Cluster, dir: &Path, more: &str) -> Result<Slurm, String> {
         let dir = dir.to_path_buf();
         let munge = dir.join("munge");
         for d in [&munge, &dir.join("state"), &dir.join("log")] {
@@ -120,7 +125,7 @@ impl Slurm {
                  JobRequeue=1\nReturnToService=2\nMpiDefault=none\nSwitchType=switch/none\n\
                  JobCompType=jobcomp/none\nAccountingStorageType=accounting_storage/none\n\
                  PreemptType=preempt/partition_prio\nPreemptMode=REQUEUE\nKillWait=60\n\
-                 {nodes}\
+                 {more}{nodes}\
                  PartitionName=low Nodes={list} Default=YES MaxTime=INFINITE State=UP PriorityTier=1\n\
                  PartitionName=high Nodes={list} MaxTime=INFINITE State=UP PriorityTier=10\n",
                 host = cluster.host_ip,

@@ -166,6 +166,15 @@ pub enum Cmd {
         /// Job id.
         job: u64,
     },
+    /// Slurm's epilog for `run --slurm` jobs: when a batch job has ended, stop what is left of
+    /// its program.
+    ///
+    /// For `EpilogSlurmctld` in slurm.conf (run by slurmctld as root, with SLURM_JOB_ID and
+    /// SLURM_JOB_UID set; docs/slurm.md): a program of that batch job that still runs (its
+    /// ckptctl was killed outright, or its batch host died) is checkpointed and stopped, so
+    /// that a requeued batch job resumes it and a cancelled one leaves no processes; if the
+    /// checkpoint fails, it is cancelled. Does nothing for a program that already ended.
+    SlurmEpilog,
     /// Check a committed checkpoint's images on every node against their digests.
     ///
     /// Reads only: the local copy, and the shared one for a durable epoch. Exit 0 if every

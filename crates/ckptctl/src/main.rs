@@ -182,6 +182,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             });
         }
         Cmd::Verify { job, epoch } => verify(&mut c, job, epoch, json).await?,
+        Cmd::SlurmEpilog => slurm::epilog(&mut c, json).await?,
     }
     Ok(())
 }

@@ -322,7 +322,7 @@ async fn wait_for_end(
 
 /// `--checkpoint-on`: one checkpoint with `--kill`, tried again while another checkpoint or a
 /// restart of the job is in progress (bounded); exit 75 once the job is stopped.
-async fn checkpoint_and_stop(
+pub(crate) async fn checkpoint_and_stop(
     c: &mut ControlClient<Channel>,
     id: u64,
     signal: &str,

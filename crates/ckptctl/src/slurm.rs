@@ -149,6 +149,63 @@ pub fn requeue(b: &Batch, signal: Option<&str>) {
     }
 }
 
+/// `ckptctl slurm-epilog`: the programs of the ended batch job SLURM_JOB_ID (named as `run
+/// --slurm` names them, owned by SLURM_JOB_UID) that still run are checkpointed and stopped,
+/// or cancelled if that fails.
+pub async fn epilog(
+    c: &mut ckpt_proto::v1::control_client::ControlClient<tonic::transport::Channel>,
+    json: bool,
+) -> Result<(), crate::Failure> {
+    let env = |k: &str| {
+        std::env::var(k).map_err(|_| crate::Failure {
+            code: 2,
+            message: format!(
+                "slurm-epilog: {k} is not set: run it as Slurm's EpilogSlurmctld (docs/slurm.md)"
+            ),
+        })
+    };
+    let (id, uid) = (env("SLURM_JOB_ID")?, env("SLURM_JOB_UID")?);
+    let uid: u32 = uid.parse().map_err(|_| crate::Failure {
+        code: 2,
+        message: format!("slurm-epilog: SLURM_JOB_UID={uid:?} is not a uid"),
+    })?;
+    let name = format!("slurm-{id}");
+    let jobs = c
+        .list(pb::ListRequest { all_users: true })
+        .await?
+        .into_inner()
+        .jobs;
+    use pb::JobStateKind as K;
+    let live = jobs.into_iter().filter(|j| {
+        j.name == name
+            && j.owner_uid == uid
+            && matches!(
+                j.state_kind(),
+                K::Starting | K::Running | K::Checkpointing | K::Restarting
+            )
+    });
+    for j in live {
+        say_err!(
+            "ckptctl: Slurm job {id} ended with job {} ({name}) still running",
+            j.id
+        );
+        // As on a signal: a checkpoint in progress (the batch job killed during its last one)
+        // is waited for, not cut short.
+        let why = format!("the end of Slurm job {id}");
+        match crate::run::checkpoint_and_stop(c, j.id, &why, json).await {
+            Err(f) if f.code == crate::run::STOPPED => {}
+            Ok(()) => {}
+            Err(f) => {
+                say_err!("ckptctl: job {}: {}; cancelling it", j.id, f.message);
+                if let Err(s) = c.cancel(pb::CancelRequest { job_id: j.id }).await {
+                    say_err!("ckptctl: job {}: {}", j.id, s.message());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Slurm's compressed host list (`n[1-3,07],login1`, as in `SLURM_JOB_NODELIST`) as names,
 /// in its order, as `scontrol show hostnames` gives them: a range keeps the width of its first
 /// bound (`n[08-10,3]`: n08, n09, n10, n3); a name may have several bracketed parts
