@@ -166,8 +166,7 @@ pub enum Cmd {
         /// Job id.
         job: u64,
     },
-    /// Slurm's epilog for `run --slurm` jobs: when a batch job has ended, stop what is left of
-    /// its program.
+    /// Slurm's epilog: stop what is left of an ended batch job's `run --slurm` program.
     ///
     /// For `EpilogSlurmctld` in slurm.conf (run by slurmctld as root, with SLURM_JOB_ID and
     /// SLURM_JOB_UID set; docs/slurm.md): a program of that batch job that still runs (its
