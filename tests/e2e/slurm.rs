@@ -119,19 +119,38 @@ exit $rc
     )
 }
 
-fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
-    skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "nsenter", "nft");
+/// A batch job of the test Slurm whose program computes under ckpt.
+struct Batch {
+    slurm: Slurm,
+    d: Ckptd,
+    _cluster: Cluster,
+    /// The Slurm job.
+    id: u64,
+    /// The ckpt job.
+    job: u64,
+    /// The batch job's output.
+    out: std::path::PathBuf,
+    /// The program's output (on n1).
+    progress: std::path::PathBuf,
+    /// What Slurm's epilog (`ckptctl slurm-epilog`) printed.
+    epilog_log: std::path::PathBuf,
+}
+
+/// Starts Slurm and ckpt on 3 test hosts (4 to move to), submits the batch script `how`
+/// takes, and waits until its program computes; `None` when the test is skipped.
+fn start_batch(how: Preemption) -> Option<Batch> {
+    if let Some(why) = ckpt_tests::skip_reason(&["mpiexec.mpich", "mpicc.mpich", "nsenter", "nft"])
+    {
+        eprintln!("SKIPPED: {why}");
+        return None;
+    }
     if let Some(why) = Cluster::unavailable().or_else(Slurm::unavailable) {
         eprintln!("SKIPPED: {why}");
-        return;
+        return None;
     }
-    let want = Mpi::Mpich.reference_checksum(RANKS, N, ITERS);
     let moves = how == Preemption::RequeueOntoOtherNodes;
     let (cluster, d) = if moves {
-        match hosts_with(&FOUR, false, true, None, "") {
-            Some(hosts) => hosts,
-            None => return,
-        }
+        hosts_with(&FOUR, false, true, None, "")?
     } else {
         let cluster = Cluster::create(3).expect("create test hosts");
         let mut d = Ckptd::start(Options {
@@ -204,6 +223,34 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
         assert!(begin.elapsed() < LIMIT, "no progress: {}", read(&out));
         std::thread::sleep(Duration::from_millis(100));
     }
+    Some(Batch {
+        slurm,
+        d,
+        _cluster: cluster,
+        id,
+        job,
+        out,
+        progress,
+        epilog_log,
+    })
+}
+
+fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
+    let Some(b) = start_batch(how) else {
+        return;
+    };
+    // The test hosts stay in `b` to the end.
+    let Batch {
+        d,
+        slurm,
+        id,
+        job,
+        out,
+        progress,
+        ..
+    } = b;
+    let want = Mpi::Mpich.reference_checksum(RANKS, N, ITERS);
+    let moves = how == Preemption::RequeueOntoOtherNodes;
     let high = match how {
         Preemption::RequeueOntoOtherNodes => {
             // n1 is drained: the requeued job cannot have it again.
@@ -218,71 +265,8 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
             scontrol(&slurm, &["requeue", &id.to_string()]);
             None
         }
-        Preemption::BatchKilled => {
-            // Another user running the epilog for this job reaches nothing of root's.
-            std::fs::set_permissions(
-                d.dir.path(),
-                std::os::unix::fs::PermissionsExt::from_mode(0o755),
-            )
-            .unwrap();
-            let mut other = std::process::Command::new(bin_dir().join("ckptctl"));
-            other
-                .arg("--socket")
-                .arg(&d.socket)
-                .arg("slurm-epilog")
-                .env("SLURM_JOB_ID", id.to_string())
-                .env("SLURM_JOB_UID", "0")
-                .current_dir("/");
-            ckpt_tests::as_user(&mut other, NOBODY);
-            let o = other.output().unwrap();
-            assert!(o.status.success(), "{o:?}");
-            assert_eq!(d.status(job)["state"], "running", "{o:?}");
-            let st = slurm
-                .command("scancel")
-                .args(["--batch", "--signal=KILL", &id.to_string()])
-                .status()
-                .unwrap();
-            assert!(st.success(), "scancel --batch --signal=KILL: {st}");
-            slurm.wait_job(id, "FAILED", LIMIT);
-            d.wait_state(job, "stopped", LIMIT);
-            let log = read(&epilog_log);
-            assert!(
-                log.contains(&format!(
-                    "Slurm job {id} ended with job {job} (slurm-{id}) still running"
-                )),
-                "{log}"
-            );
-            assert!(
-                log.contains(&format!(
-                    "got the end of Slurm job {id}: checkpointing job {job} and stopping it"
-                )),
-                "{log}"
-            );
-            assert_eq!(d.status(job)["latest_committed_epoch"], 1, "{log}");
-            assert!(d.job_pids_on("n1", job).is_empty(), "no process left");
-            return;
-        }
-        Preemption::Cancelled => {
-            let st = slurm
-                .command("scancel")
-                .arg(id.to_string())
-                .status()
-                .unwrap();
-            assert!(st.success(), "scancel: {st}");
-            d.wait_state(job, "stopped", LIMIT);
-            slurm.wait_job(id, "CANCELLED", LIMIT);
-            // Not requeued: still cancelled a while later (a requeue shows at once).
-            std::thread::sleep(Duration::from_secs(3));
-            let text = read(&out);
-            assert_eq!(slurm.job_field(id, "JobState"), "CANCELLED", "{text}");
-            assert!(
-                text.contains(&format!("ckptctl: got SIGTERM: checkpointing job {job}")),
-                "{text}"
-            );
-            assert!(text.contains("not asking for a requeue"), "{text}");
-            assert!(!text.contains("asking Slurm to requeue"), "{text}");
-            assert_eq!(d.status(job)["latest_committed_epoch"], 1, "{text}");
-            return;
+        Preemption::BatchKilled | Preemption::Cancelled => {
+            unreachable!("the batch job ends: its own tests")
         }
         Preemption::TimeLimitWarning => {
             let st = slurm
@@ -569,12 +553,94 @@ fn enforcing_agents_run_parts_only_for_users_slurm_gave_the_node() {
 /// batch job is not requeued.
 #[test]
 fn slurm_one_line_script_cancelled_with_scancel_stops_its_program_and_is_not_requeued() {
-    preempted_batch_job_resumes_from_its_checkpoint(Preemption::Cancelled);
+    let Some(b) = start_batch(Preemption::Cancelled) else {
+        return;
+    };
+    // The test hosts stay in `b` to the end.
+    let Batch {
+        d,
+        slurm,
+        id,
+        job,
+        out,
+        ..
+    } = b;
+    let st = slurm
+        .command("scancel")
+        .arg(id.to_string())
+        .status()
+        .unwrap();
+    assert!(st.success(), "scancel: {st}");
+    d.wait_state(job, "stopped", LIMIT);
+    slurm.wait_job(id, "CANCELLED", LIMIT);
+    // Not requeued: still cancelled a while later (a requeue shows at once).
+    std::thread::sleep(Duration::from_secs(3));
+    let text = read(&out);
+    assert_eq!(slurm.job_field(id, "JobState"), "CANCELLED", "{text}");
+    assert!(
+        text.contains(&format!("ckptctl: got SIGTERM: checkpointing job {job}")),
+        "{text}"
+    );
+    assert!(text.contains("not asking for a requeue"), "{text}");
+    assert!(!text.contains("asking Slurm to requeue"), "{text}");
+    assert_eq!(d.status(job)["latest_committed_epoch"], 1, "{text}");
 }
 
 /// The one-line script's ckptctl killed outright: Slurm's epilog checkpoints and stops the
 /// program it left running.
 #[test]
 fn slurm_epilog_stops_the_program_of_a_batch_job_whose_ckptctl_was_killed() {
-    preempted_batch_job_resumes_from_its_checkpoint(Preemption::BatchKilled);
+    let Some(b) = start_batch(Preemption::BatchKilled) else {
+        return;
+    };
+    // The test hosts stay in `b` to the end.
+    let Batch {
+        d,
+        slurm,
+        id,
+        job,
+        epilog_log,
+        ..
+    } = b;
+    // Another user running the epilog for this job reaches nothing of root's.
+    std::fs::set_permissions(
+        d.dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let mut other = std::process::Command::new(bin_dir().join("ckptctl"));
+    other
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg("slurm-epilog")
+        .env("SLURM_JOB_ID", id.to_string())
+        .env("SLURM_JOB_UID", "0")
+        .current_dir("/");
+    ckpt_tests::as_user(&mut other, NOBODY);
+    let o = other.output().unwrap();
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(d.status(job)["state"], "running", "{o:?}");
+    let st = slurm
+        .command("scancel")
+        .args(["--batch", "--signal=KILL", &id.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success(), "scancel --batch --signal=KILL: {st}");
+    slurm.wait_job(id, "FAILED", LIMIT);
+    d.wait_state(job, "stopped", LIMIT);
+    let log = read(&epilog_log);
+    assert!(
+        log.contains(&format!(
+            "Slurm job {id} ended with job {job} (slurm-{id}) still running"
+        )),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!(
+            "got the end of Slurm job {id}: checkpointing job {job} and stopping it"
+        )),
+        "{log}"
+    );
+    assert_eq!(d.status(job)["latest_committed_epoch"], 1, "{log}");
+    assert!(d.job_pids_on("n1", job).is_empty(), "no process left");
 }
