@@ -141,8 +141,7 @@ fn a_signal_stops_the_job_after_a_checkpoint_and_resume_finishes_it() {
     use ckpt_tests::NOBODY;
     let want = Mpi::Mpich.reference_checksum(RANKS, N, ITERS);
     let d = Ckptd::start(Options::default());
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(d.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    d.open_to_users();
     let argv = Mpi::Mpich.heat_argv(RANKS, N, ITERS, SLEEP_US);
     let run = |extra: &[&str]| {
         let mut args = vec!["run", "--name", "heat", "--resume"];

@@ -19,11 +19,6 @@ use ckpt_tests::{bin_dir, skip_unless_ready, Ckptd, Ctl, Options};
 use ckpt_tests::NOBODY;
 const LIMIT: Duration = Duration::from_secs(60);
 
-/// Lets other users reach the control socket (the test's directory is private).
-fn open_up(d: &Ckptd) {
-    fs::set_permissions(d.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
-}
-
 /// Runs `prog args` as `uid` (gid the same, no supplementary groups) in `cwd`, as `setpriv`
 /// would; root enters `cwd` first, so a process may have a working directory it cannot enter.
 fn command_as(uid: u32, cwd: &Path, prog: &Path, args: &[&str]) -> Command {
@@ -183,7 +178,7 @@ fn users_jobs_are_checkpointed_in_a_guest() {
 /// A coordinator (the harness allows root's jobs), reachable by other users.
 fn ckptd() -> Ckptd {
     let d = Ckptd::start(Options::default());
-    open_up(&d);
+    d.open_to_users();
     d
 }
 
@@ -626,7 +621,7 @@ fn other_users_read_nothing_the_daemons_keep() {
 fn a_working_directory_the_user_may_not_enter_is_refused() {
     skip_unless_ready!("sh");
     let d = Ckptd::start(Options::default());
-    open_up(&d);
+    d.open_to_users();
     let private = tempfile::Builder::new()
         .prefix("ckpt-sec-private-")
         .tempdir()
@@ -675,7 +670,7 @@ fn launches_as_root_system_accounts_and_unknown_users_are_refused() {
         agent_keys: "allow_root_jobs = false\nmin_uid = 1000\n".into(),
         ..Options::default()
     });
-    open_up(&d);
+    d.open_to_users();
     let out = d.ctl(&["run", "--", "/bin/sleep", "60"]);
     assert_ne!(out.code, 0, "{out:?}");
     assert!(
@@ -887,7 +882,7 @@ fn a_link_raced_over_a_sandboxed_parts_socket_never_reaches_roots_file() {
         ),
         ..Options::default()
     });
-    open_up(&d);
+    d.open_to_users();
     d.start_agent_in(&cluster, "n1");
     d.wait_agents(&["n1"]);
     socket_race(&Part {
@@ -1088,7 +1083,7 @@ fn a_user_past_their_limits_is_refused_and_root_is_not() {
         extra_toml: "[limits]\njobs = 1\ncheckpoints_per_hour = 1\n".into(),
         ..Default::default()
     });
-    open_up(&d);
+    d.open_to_users();
     let sleep = ["/bin/sleep", "600"];
     let job = run_as(&d, NOBODY, Path::new("/"), &sleep);
     let refused = d.ctl_as(NOBODY, &["run", "--", "/bin/sleep", "600"]);

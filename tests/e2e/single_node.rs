@@ -501,9 +501,7 @@ fn users_act_only_on_their_own_jobs() {
     skip_unless_ready!();
     use ckpt_tests::NOBODY;
     let d = Ckptd::start(Options::default());
-    // Let an unprivileged user reach the socket (its directory is private to the test).
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(d.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    d.open_to_users();
     let root_job = d.run_job("sleeper", &["/bin/sleep".to_string(), "60".to_string()]);
     let out = d.ctl_as(NOBODY, &["status", &root_job.to_string()]);
     assert_eq!(out.code, 5, "{out:?}");

@@ -166,17 +166,15 @@ fn start_batch(how: Preemption) -> Option<Batch> {
     // Slurm's epilog, as docs/slurm.md sets it up.
     let epilog = d.dir.path().join("epilog.sh");
     let epilog_log = d.dir.path().join("epilog.log");
-    std::fs::write(
+    ckpt_tests::script(
         &epilog,
-        format!(
-            "#!/bin/sh\nexec {} --socket {} slurm-epilog >> {} 2>&1\n",
+        &format!(
+            "exec {} --socket {} slurm-epilog >> {} 2>&1",
             bin_dir().join("ckptctl").display(),
             d.socket.display(),
             epilog_log.display()
         ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&epilog, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    );
     let slurm = Slurm::start_with(
         &cluster,
         &d.dir.path().join("slurm"),
@@ -206,12 +204,12 @@ fn start_batch(how: Preemption) -> Option<Batch> {
     );
 
     // Once the job computes, Slurm takes its nodes.
+    let name = format!("{}-{id}", if how.one_line() { "slurm" } else { "heat" });
     let begin = Instant::now();
     let job = loop {
         let list: Vec<serde_json::Value> =
             serde_json::from_str(d.ctl(&["list", "--json"]).ok()).unwrap();
-        let name = if how.one_line() { "slurm" } else { "heat" };
-        if let Some(j) = list.iter().find(|j| j["name"] == format!("{name}-{id}")) {
+        if let Some(j) = list.iter().find(|j| j["name"] == name) {
             break j["id"].as_u64().unwrap();
         }
         assert!(begin.elapsed() < LIMIT, "no ckpt job: {}", read(&out));
@@ -269,12 +267,11 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
             unreachable!("the batch job ends: its own tests")
         }
         Preemption::TimeLimitWarning => {
-            let st = slurm
-                .command("scancel")
-                .args(["--batch", "--signal=USR1", &id.to_string()])
-                .status()
-                .unwrap();
-            assert!(st.success(), "scancel --batch --signal=USR1: {st}");
+            run_ok(
+                &slurm,
+                "scancel",
+                &["--batch", "--signal=USR1", &id.to_string()],
+            );
             None
         }
         Preemption::HigherPriorityJob => Some(
@@ -435,8 +432,14 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
 /// `scontrol ARGS`, which must succeed.
 #[track_caller]
 fn scontrol(slurm: &Slurm, args: &[&str]) {
-    let st = slurm.command("scontrol").args(args).status().unwrap();
-    assert!(st.success(), "scontrol {args:?}: {st}");
+    run_ok(slurm, "scontrol", args);
+}
+
+/// Slurm's `program ARGS`, which must succeed.
+#[track_caller]
+fn run_ok(slurm: &Slurm, program: &str, args: &[&str]) {
+    let st = slurm.command(program).args(args).status().unwrap();
+    assert!(st.success(), "{program} {args:?}: {st}");
 }
 
 fn read(p: &std::path::Path) -> String {
@@ -474,7 +477,7 @@ fn slurm_one_line_script_checkpoints_on_the_time_limit_warning_requeues_itself_a
 /// and from it a part on n1, outside its allocation, is refused.
 #[test]
 fn enforcing_agents_run_parts_only_for_users_slurm_gave_the_node() {
-    use std::os::unix::fs::{chown, PermissionsExt};
+    use std::os::unix::fs::chown;
     skip_unless_ready!("nsenter");
     if let Some(why) = Cluster::unavailable().or_else(Slurm::unavailable) {
         eprintln!("SKIPPED: {why}");
@@ -485,8 +488,7 @@ fn enforcing_agents_run_parts_only_for_users_slurm_gave_the_node() {
         no_agent: true,
         ..Options::default()
     });
-    // Other users reach the control socket (the test's directory is private).
-    std::fs::set_permissions(d.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    d.open_to_users();
     let slurm_dir = d.dir.path().join("slurm");
     let gate = format!(
         "[slurm]\nenforce = true\nconf = \"{}\"\n",
@@ -565,12 +567,7 @@ fn slurm_one_line_script_cancelled_with_scancel_stops_its_program_and_is_not_req
         out,
         ..
     } = b;
-    let st = slurm
-        .command("scancel")
-        .arg(id.to_string())
-        .status()
-        .unwrap();
-    assert!(st.success(), "scancel: {st}");
+    run_ok(&slurm, "scancel", &[&id.to_string()]);
     d.wait_state(job, "stopped", LIMIT);
     slurm.wait_job(id, "CANCELLED", LIMIT);
     // Not requeued: still cancelled a while later (a requeue shows at once).
@@ -603,11 +600,7 @@ fn slurm_epilog_stops_the_program_of_a_batch_job_whose_ckptctl_was_killed() {
         ..
     } = b;
     // Another user running the epilog for this job reaches nothing of root's.
-    std::fs::set_permissions(
-        d.dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    d.open_to_users();
     let mut other = std::process::Command::new(bin_dir().join("ckptctl"));
     other
         .arg("--socket")
@@ -620,12 +613,11 @@ fn slurm_epilog_stops_the_program_of_a_batch_job_whose_ckptctl_was_killed() {
     let o = other.output().unwrap();
     assert!(o.status.success(), "{o:?}");
     assert_eq!(d.status(job)["state"], "running", "{o:?}");
-    let st = slurm
-        .command("scancel")
-        .args(["--batch", "--signal=KILL", &id.to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success(), "scancel --batch --signal=KILL: {st}");
+    run_ok(
+        &slurm,
+        "scancel",
+        &["--batch", "--signal=KILL", &id.to_string()],
+    );
     slurm.wait_job(id, "FAILED", LIMIT);
     d.wait_state(job, "stopped", LIMIT);
     let log = read(&epilog_log);

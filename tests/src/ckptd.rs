@@ -610,6 +610,12 @@ impl Ckptd {
         self.wait_agents(&["node0"]);
     }
 
+    /// Lets other users reach the control socket (the test's directory is private to root).
+    pub fn open_to_users(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(self.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
     /// Runs ckptctl with `args` as another user (uid and gid), as `setpriv` would.
     pub fn ctl_as(&self, uid: u32, args: &[&str]) -> Ctl {
         let mut cmd = Command::new(bin_dir().join("ckptctl"));

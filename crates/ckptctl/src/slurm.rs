@@ -107,12 +107,11 @@ fn end_time(job_id: &str) -> Result<Option<String>, String> {
 /// From a line of `scontrol show job -o`: `EndTime` as `YYYY-MM-DD HH:MM:SS` (scontrol's local
 /// time, as `--deadline` reads it), unless the job has no time limit or the end is unknown.
 fn end_of(line: &str) -> Option<String> {
-    let field = |k: &str| field(line, k);
-    match field("TimeLimit") {
+    match field(line, "TimeLimit") {
         None | Some("UNLIMITED" | "INFINITE" | "Partition_Limit") => return None,
         Some(_) => {}
     }
-    let (date, clock) = field("EndTime")?.split_once('T')?;
+    let (date, clock) = field(line, "EndTime")?.split_once('T')?;
     let shaped = |s: &str, sep: u8, parts: usize| {
         s.split(sep as char).count() == parts && s.bytes().all(|b| b.is_ascii_digit() || b == sep)
     };

@@ -60,19 +60,8 @@ pub struct AgentConfig {
     /// Lowest uid other than root that jobs may run as: uids below it are system accounts
     /// (daemon, bin, ...), as in `/etc/login.defs`' `UID_MIN`.
     pub min_uid: u32,
-    /// On a node Slurm schedules: jobs only for users Slurm gave this node.
-    pub slurm: SlurmConfig,
-}
-
-/// `[slurm]`: this node inside Slurm's boundaries.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SlurmConfig {
-    /// Run a job's part (a launch, an attached part, a restore) only for a user who holds a
-    /// running Slurm job on this node (`squeue`); `node_name` must be Slurm's name for it.
-    pub enforce: bool,
-    /// The slurm.conf squeue reads (`SLURM_CONF`). Default: Slurm's own.
-    pub conf: Option<PathBuf>,
+    /// `[slurm]`: on a node Slurm schedules, jobs only for users Slurm gave this node.
+    pub slurm: crate::os::slurm::SlurmGate,
 }
 
 /// How this node copies images to shared storage.
@@ -431,7 +420,7 @@ impl Default for AgentConfig {
             allow_root_jobs: false,
             tls_dir: ckpt_auth::ca::DEFAULT_DIR.into(),
             min_uid: 1000,
-            slurm: SlurmConfig::default(),
+            slurm: Default::default(),
         }
     }
 }

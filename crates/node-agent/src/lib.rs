@@ -234,10 +234,7 @@ pub fn open_jobs(
             allow_root: cfg.allow_root_jobs,
             min_uid: cfg.min_uid,
         })
-        .with_slurm_gate(os::slurm::SlurmGate {
-            enforce: cfg.slurm.enforce,
-            conf: cfg.slurm.conf.clone(),
-        })
+        .with_slurm_gate(cfg.slurm.clone())
         .with_engines(others);
     let jobs = if cfg.engines.dmtcp_fence && jobs.engines().get(Engine::Dmtcp.as_str()).is_ok() {
         jobs.with_fence(&cfg.cgroup.prefix)

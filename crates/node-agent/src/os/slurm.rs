@@ -12,10 +12,12 @@ use crate::error::AgentError;
 /// it after its `MessageTimeout` (10 s by default), once tried again.
 const ASK_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Whether and how this node asks Slurm.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Whether and how this node asks Slurm (`[slurm]` in agent.toml).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct SlurmGate {
-    /// Whether parts run only for users with a running Slurm job here.
+    /// Run a job's part (a launch, an attached part, a restore) only for a user who holds a
+    /// running Slurm job on this node; `node_name` must be Slurm's name for it.
     pub enforce: bool,
     /// The slurm.conf that squeue reads (`SLURM_CONF`); Slurm's own default when `None`.
     pub conf: Option<PathBuf>,
