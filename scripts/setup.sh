@@ -73,6 +73,9 @@ PKGS+=(prometheus)
 # TLS from a CA they make with openssl; the packaged
 # service is stopped and disabled right after install.
 PKGS+=(etcd-server openssl)
+# dpkg-dev (dpkg-shlibdeps), debootstrap and zstd: scripts/package.sh builds the Debian packages
+# and their test installs them on a fresh Debian 12 root made by debootstrap.
+PKGS+=(dpkg-dev debootstrap zstd)
 command -v systemd-analyze >/dev/null 2>&1 || PKGS+=(systemd)
 ((WITH_VM)) && PKGS+=(qemu-system-x86 busybox-static cpio rdma-core ibverbs-utils ibverbs-providers)
 

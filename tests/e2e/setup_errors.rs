@@ -219,7 +219,7 @@ fn example_configs_parse_and_systemd_units_verify() {
     let mut units = Vec::new();
     for unit in ["ckptd.service", "ckpt-agent.service"] {
         let text = std::fs::read_to_string(pkg.join("systemd").join(unit)).unwrap();
-        let text = text.replace("/usr/local/bin", &bin_dir().display().to_string());
+        let text = text.replace("/usr/sbin", &bin_dir().display().to_string());
         let p = d.path().join(unit);
         std::fs::write(&p, text).unwrap();
         units.push(p);

@@ -186,6 +186,21 @@ pub enum Cmd {
         #[arg(long)]
         epoch: Option<u32>,
     },
+    /// Print ckptctl's tab completion for a shell (bash, zsh, fish, elvish, powershell).
+    ///
+    /// The ckpt-client package installs them. By hand, for bash:
+    /// `ckptctl completions bash > /etc/bash_completion.d/ckptctl` (or source it from
+    /// ~/.bashrc); zsh: a file `_ckptctl` in a directory of `$fpath`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write ckptctl's manual pages (ckptctl.1, ckptctl-run.1, ...) into DIR, for packaging.
+    #[command(hide = true)]
+    Manual {
+        /// Where to write the pages (made if missing).
+        dir: PathBuf,
+    },
 }
 
 /// `ckptctl run`.

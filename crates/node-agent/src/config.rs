@@ -340,8 +340,8 @@ pub fn rdma_devices(class: &std::path::Path) -> Vec<String> {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CriuConfig {
-    /// Path of the `criu` binary, or `auto`: `/opt/ckpt/criu/bin/criu` (installed by
-    /// `scripts/setup.sh`) if present, else `criu` on PATH.
+    /// Path of the `criu` binary, or `auto`: the package's `/usr/lib/ckpt/criu/bin/criu`,
+    /// else `/opt/ckpt/criu/bin/criu` (installed by `scripts/setup.sh`), else `criu` on PATH.
     pub path: String,
     /// Network lock method during dump and restore (`nftables` or `iptables`).
     pub network_lock: String,

@@ -28,6 +28,8 @@ pub const MIN_VERSION: (u32, u32) = (4, 2);
 const MIN_VERSION_TEXT: &str = "4.2";
 /// Where `scripts/setup.sh` installs CRIU when the distribution's is too old.
 pub const PRIVATE_PREFIX_BINARY: &str = "/opt/ckpt/criu/bin/criu";
+/// Where the ckpt-daemons package puts its own CRIU (`scripts/package.sh`).
+pub const PACKAGED_BINARY: &str = "/usr/lib/ckpt/criu/bin/criu";
 
 /// The CRIU plugin that lets pre-dumps pass over verbs device mappings (crate
 /// `ckpt-criu-plugin`), installed next to the agent.
@@ -269,10 +271,11 @@ fn resolve_path(configured: &str) -> String {
     if configured != "auto" {
         return configured.to_string();
     }
-    if Path::new(PRIVATE_PREFIX_BINARY).exists() {
-        return PRIVATE_PREFIX_BINARY.to_string();
-    }
-    "criu".to_string()
+    [PACKAGED_BINARY, PRIVATE_PREFIX_BINARY]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .unwrap_or("criu")
+        .to_string()
 }
 
 /// Extracts "4.2.1" from `criu --version` output ("Version: 4.2.1").
