@@ -85,6 +85,10 @@ cat >"$R/tmp/run.sh" <<'EOF'
 # Inside the test host: what an admin and a user do after installing the packages.
 set -euo pipefail
 unit_cmd() { sed -n 's/^ExecStart=//p' "/usr/lib/systemd/system/$1.service"; }
+for u in ckptd ckpt-agent; do
+    doc=$(sed -n 's|^Documentation=file://\([^ ]*\).*|\1|p' "/usr/lib/systemd/system/$u.service")
+    [ -f "$doc" ] || { echo "$u.service points at $doc, which is not installed"; exit 1; }
+done
 as_alice() { setpriv --reuid 1000 --regid 1000 --init-groups env HOME=/home/alice "$@"; }
 # CRIU reads a process's resource limits with prlimit(2), which needs CAP_SYS_RESOURCE for
 # another user's process. A machine (or container) that withholds it from root can checkpoint
