@@ -48,7 +48,8 @@ export CARGO_TARGET_DIR=$TARGET
 command -v dpkg-shlibdeps >/dev/null || die "dpkg-shlibdeps missing: apt-get install dpkg-dev (or run scripts/setup.sh)"
 if [[ "$(cargo deb --version 2>/dev/null || true)" != *" $CARGO_DEB_VERSION"* ]]; then
     log "installing cargo-deb $CARGO_DEB_VERSION (crates.io)"
-    cargo install --quiet --locked cargo-deb --version "$CARGO_DEB_VERSION" >&2 ||
+    # Built apart from ckpt's build directory (cargo install would use CARGO_TARGET_DIR).
+    env -u CARGO_TARGET_DIR cargo install --quiet --locked cargo-deb --version "$CARGO_DEB_VERSION" >&2 ||
         die "cargo install cargo-deb failed"
 fi
 
@@ -61,8 +62,8 @@ for f in ckptd ckpt-agent ckpt-rsh ckpt-init ckptctl libckpt_verbs.so libckpt_cr
     [[ -f $REL/$f ]] || die "$REL/$f missing: build first (drop --no-build)"
 done
 
-# The CRIU: the private prefix's binary and library closure, run through its own loader by a
-# wrapper that names where the package puts it. Its Debian copyright files go to the docs.
+# The CRIU: the private prefix's binary and library closure, run through its own loader. Its
+# Debian copyright files go to the docs.
 [[ -x $PREFIX/usr/sbin/criu && -e $PREFIX/usr/lib/$ARCH_TRIPLET/ld-linux-x86-64.so.2 ]] ||
     die "no private CRIU in $PREFIX: run CKPT_FORCE_PRIVATE_CRIU=1 scripts/setup.sh (or set CKPT_CRIU_PREFIX)"
 STAGE=$REL/pkg
@@ -77,14 +78,9 @@ for d in sbin lib lib64 libexec; do
 done
 rm -f "$STAGE/criu/usr/lib/$ARCH_TRIPLET"/*.a
 cp -a "$PREFIX/usr/share/doc/." "$STAGE/criu-doc/"
-cat >"$STAGE/criu/bin/criu" <<EOF
-#!/bin/sh
-# criu from Debian, run through its own loader and libraries (ckpt-daemons)
-P=$CRIU_DEST
-exec "\$P/usr/lib/$ARCH_TRIPLET/ld-linux-x86-64.so.2" \\
-    --library-path "\$P/usr/lib/$ARCH_TRIPLET:\$P/lib/$ARCH_TRIPLET" \\
-    "\$P/usr/sbin/criu" "\$@"
-EOF
+# setup.sh's wrapper, pointed at where the package puts the prefix.
+grep -q '^P=' "$PREFIX/bin/criu" || die "$PREFIX/bin/criu is not the wrapper scripts/setup.sh writes"
+sed "s|^P=.*|P=$CRIU_DEST|" "$PREFIX/bin/criu" >"$STAGE/criu/bin/criu"
 chmod 755 "$STAGE/criu/bin/criu"
 
 # ckptctl's manual pages and completion, from ckptctl itself.
