@@ -13,6 +13,13 @@ pub mod v1 {
 
 use v1::{job_end::How, CopyLocation, JobEnd, PartState, ProcessState};
 
+/// The metadata key on a ckptd status that names what kind of refusal it is, for a client that
+/// acts on the kind (the message is for people, and may change).
+pub const REFUSAL_KEY: &str = "ckpt-refusal";
+/// A `RunRequest.deadline_unix_ms` (or a policy's deadline) too close for a final checkpoint:
+/// an `InvalidArgument` status carrying this under [`REFUSAL_KEY`].
+pub const REFUSAL_DEADLINE_TOO_CLOSE: &str = "deadline-too-close";
+
 /// Signals whose death of a process is a failure of its job, not a stop someone asked for (as
 /// TERM and INT are): what `JobReport.killed` reports, and what a launcher's exit status 128+N
 /// means.

@@ -446,6 +446,65 @@ fn read(p: &std::path::Path) -> String {
     std::fs::read_to_string(p).unwrap_or_default()
 }
 
+/// `ckptctl run --slurm` where the batch job cannot be read: outside a batch job, and with a
+/// Slurm that does not answer. Each is said before ckptd is asked (none runs here) and exits 2,
+/// naming what to do; no job is started.
+#[test]
+fn run_slurm_outside_a_batch_job_or_without_an_answering_slurm_says_so_and_starts_nothing() {
+    if std::process::Command::new("scontrol")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIPPED: needs scontrol (slurm-client, scripts/setup.sh)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let run = |env: &[(&str, &str)]| {
+        let mut cmd = std::process::Command::new(bin_dir().join("ckptctl"));
+        cmd.arg("--socket")
+            .arg(dir.path().join("no-ckptd.sock"))
+            .args(["run", "--slurm", "--", "true"])
+            .env_remove("SLURM_JOB_ID")
+            .env_remove("SLURM_CONF");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("not inside a Slurm job") && err.contains("sbatch"),
+        "{err}"
+    );
+    let (code, err) = run(&[("SLURM_JOB_ID", "12; rm")]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("is not a Slurm job id"), "{err}");
+    // A controller that refuses connections (nothing listens on its port).
+    let conf = dir.path().join("slurm.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "ClusterName=gone\nSlurmctldHost=gone(127.0.0.1)\nSlurmctldPort={}\n\
+             MessageTimeout=1\nTCPTimeout=1\n",
+            ckpt_tests::free_port()
+        ),
+    )
+    .unwrap();
+    let conf = conf.to_str().unwrap();
+    let (code, err) = run(&[("SLURM_JOB_ID", "12"), ("SLURM_CONF", conf)]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("`scontrol show job 12` failed") && err.contains("Unable to contact"),
+        "{err}"
+    );
+}
+
 #[test]
 fn slurm_requeue_checkpoints_the_batch_job_and_it_resumes() {
     // Preemption requeues the job the same way, through Slurm's own decision.
@@ -474,7 +533,8 @@ fn slurm_one_line_script_checkpoints_on_the_time_limit_warning_requeues_itself_a
 
 /// Agents with `[slurm] enforce`: a user without a Slurm job on a node is refused there, with
 /// a message naming Slurm; the same user's batch job on n2 runs a program there under ckpt,
-/// and from it a part on n1, outside its allocation, is refused.
+/// and from it a part on n1, outside its allocation, is refused. A restart is held to the same
+/// rule as a launch.
 #[test]
 fn enforcing_agents_run_parts_only_for_users_slurm_gave_the_node() {
     use std::os::unix::fs::chown;
@@ -549,6 +609,54 @@ fn enforcing_agents_run_parts_only_for_users_slurm_gave_the_node() {
         text.contains("node n1 runs jobs only for users with a running Slurm job on it"),
         "{text}"
     );
+
+    // A restart passes the same gate: root's program, started from root's batch job on n2 and
+    // stopped by a checkpoint, is refused on n2 once that batch job ended (root is held to
+    // the rule too), and restarts from root's next batch job there.
+    let root_batch = |name: &str, script: String| {
+        let out = work.path().join(name);
+        let o = slurm
+            .command("sbatch")
+            .args(["--parsable", "-N1", "-w", "n2", "-o"])
+            .arg(&out)
+            .args(["--wrap", &script])
+            .output()
+            .expect("sbatch");
+        let id: u64 = String::from_utf8_lossy(&o.stdout)
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("sbatch as root: {o:?}"));
+        slurm.wait_job(id, "COMPLETED", LIMIT);
+        read(&out)
+    };
+    let ckptctl = format!("{} --socket {}", ctl.display(), d.socket.display());
+    let text = root_batch(
+        "root-1.out",
+        format!(
+            "J=$({ckptctl} run --node n2 -- /bin/sleep 300) && echo job=$J && \
+             {ckptctl} checkpoint $J --kill; echo \"stopped: $?\""
+        ),
+    );
+    assert!(text.contains("stopped: 0"), "{text}");
+    let job = text
+        .lines()
+        .find_map(|l| l.strip_prefix("job="))
+        .unwrap_or_else(|| panic!("no job id: {text}"))
+        .to_string();
+    let refused = d.ctl(&["restart", &job]);
+    assert_eq!(
+        refused.code, 5,
+        "restart refused as a permission: {refused:?}"
+    );
+    assert!(
+        refused.stderr.contains("node n2") && refused.stderr.contains("Slurm"),
+        "{refused:?}"
+    );
+    let text = root_batch(
+        "root-2.out",
+        format!("{ckptctl} restart {job}; echo \"restarted: $?\"; {ckptctl} cancel {job}"),
+    );
+    assert!(text.contains("restarted: 0"), "{text}");
 }
 
 /// The one-line script's batch job cancelled: its program is checkpointed and stopped, and the

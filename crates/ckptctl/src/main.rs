@@ -80,11 +80,16 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> Result<(), Failure> {
-    // What needs no ckptd.
-    match &cli.cmd {
+async fn run(mut cli: Cli) -> Result<(), Failure> {
+    // What needs no ckptd: answered, or (what a batch job gives `run --slurm`) checked first.
+    let mut batch = None;
+    match &mut cli.cmd {
         Cmd::Completions { shell } => return manual::completions(*shell),
         Cmd::Manual { dir } => return manual::pages(dir),
+        Cmd::Run(a) if a.slurm => {
+            batch =
+                Some(slurm::prepare(a, cli.json).map_err(|message| Failure { code: 2, message })?)
+        }
         _ => {}
     }
     let mut c = client::connect(cli.socket.clone()).await.map_err(|e| Failure {
@@ -96,7 +101,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     })?;
     let json = cli.json;
     match cli.cmd {
-        Cmd::Run(args) => run::run(&mut c, args, json).await?,
+        Cmd::Run(args) => run::run(&mut c, args, batch, json).await?,
         Cmd::Checkpoint { job, wait, kill } => {
             let stream = c
                 .checkpoint(pb::CheckpointRequest { job_id: job, kill })

@@ -102,17 +102,23 @@ pub fn end_status(j: &pb::JobInfo) -> Option<(u8, String)> {
     }
 }
 
-/// `ckptctl run`.
+/// Whether ckptd refused a deadline as too close for a final checkpoint.
+fn deadline_too_close(s: &tonic::Status) -> bool {
+    s.code() == tonic::Code::InvalidArgument
+        && s.metadata()
+            .get(ckpt_proto::REFUSAL_KEY)
+            .is_some_and(|v| v.as_bytes() == ckpt_proto::REFUSAL_DEADLINE_TOO_CLOSE.as_bytes())
+}
+
+/// `ckptctl run`; `batch`: what `--slurm` took from the batch job ([`crate::slurm::prepare`],
+/// already applied to `a`).
 pub async fn run(
     c: &mut ControlClient<Channel>,
-    mut a: RunArgs,
+    a: RunArgs,
+    batch: Option<crate::slurm::Batch>,
     json: bool,
 ) -> Result<(), Failure> {
     let invalid = |message: String| Failure { code: 2, message };
-    let batch = match a.slurm {
-        true => Some(crate::slurm::prepare(&mut a, json).map_err(invalid)?),
-        false => None,
-    };
     // Handlers first: a signal that comes while the job starts must not kill ckptctl.
     let mut handlers: Vec<(String, Signal)> = Vec::new();
     for name in &a.checkpoint_on {
@@ -165,9 +171,7 @@ pub async fn run(
     let reply = match c.run(req.clone()).await {
         // A time limit too short for a final checkpoint: the job runs without one.
         Err(s)
-            if s.code() == tonic::Code::InvalidArgument
-                && s.message().contains("deadline")
-                && batch.as_ref().is_some_and(|b| b.deadline_from_slurm) =>
+            if deadline_too_close(&s) && batch.as_ref().is_some_and(|b| b.deadline_from_slurm) =>
         {
             say_err!(
                 "ckptctl: no final checkpoint before Slurm's time limit: {}",
@@ -384,6 +388,24 @@ pub(crate) async fn checkpoint_and_stop(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_too_close_deadline_is_known_by_its_refusal_kind_not_its_words() {
+        let mut close = tonic::Status::invalid_argument("any words");
+        close.metadata_mut().insert(
+            ckpt_proto::REFUSAL_KEY,
+            tonic::metadata::MetadataValue::from_static(ckpt_proto::REFUSAL_DEADLINE_TOO_CLOSE),
+        );
+        assert!(deadline_too_close(&close));
+        let words = tonic::Status::invalid_argument("the deadline is in 3 s, too close");
+        assert!(
+            !deadline_too_close(&words),
+            "the message alone is not enough"
+        );
+        let mut other = tonic::Status::failed_precondition("x");
+        *other.metadata_mut() = close.metadata().clone();
+        assert!(!deadline_too_close(&other), "only on InvalidArgument");
+    }
 
     #[test]
     fn signals_parse_with_or_without_sig_and_unknown_ones_are_named() {

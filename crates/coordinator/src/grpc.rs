@@ -23,7 +23,7 @@ pub fn to_status(e: &DriveError) -> Status {
         DriveError::State(_)
         | DriveError::NoCommittedEpoch { .. }
         | DriveError::EpochNotRestorable { .. } => Code::FailedPrecondition,
-        DriveError::Invalid(_) => Code::InvalidArgument,
+        DriveError::Invalid(_) | DriveError::DeadlineTooClose(_) => Code::InvalidArgument,
         DriveError::Denied(_) => Code::PermissionDenied,
         DriveError::Busy(_) => Code::Unavailable,
         DriveError::Quota(_) => Code::ResourceExhausted,
@@ -49,7 +49,14 @@ pub fn to_status(e: &DriveError) -> Status {
         },
         DriveError::Registry(_) => Code::Internal,
     };
-    Status::new(code, msg)
+    let mut status = Status::new(code, msg);
+    if let DriveError::DeadlineTooClose(_) = e {
+        status.metadata_mut().insert(
+            ckpt_proto::REFUSAL_KEY,
+            tonic::metadata::MetadataValue::from_static(ckpt_proto::REFUSAL_DEADLINE_TOO_CLOSE),
+        );
+    }
+    status
 }
 
 fn caller<T>(req: &Request<T>) -> Result<Caller, Status> {

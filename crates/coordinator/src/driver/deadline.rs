@@ -124,7 +124,7 @@ impl Coordinator {
         let (lead, why) = self.deadline_lead(est.as_ref());
         let left = Duration::from_millis(deadline - now);
         if lead > left {
-            return Err(DriveError::Invalid(format!(
+            return Err(DriveError::DeadlineTooClose(format!(
                 "the deadline is in {} s, too close for a final checkpoint: it must start {} s before ({why})",
                 left.as_secs(),
                 lead.as_secs()

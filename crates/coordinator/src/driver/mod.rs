@@ -95,6 +95,9 @@ pub enum DriveError {
     /// Bad request.
     #[error("{0}")]
     Invalid(String),
+    /// A deadline too close for a final checkpoint (the message says the estimate).
+    #[error("{0}")]
+    DeadlineTooClose(String),
     /// The caller may not do this (wrong job secret).
     #[error("{0}")]
     Denied(String),

@@ -258,14 +258,27 @@ async fn a_deadline_stops_the_job_after_a_final_checkpoint_before_it() {
         matches!(&e, DriveError::Invalid(m) if m.contains("passed")),
         "{e}"
     );
+    let refusal = |e: &DriveError| {
+        let s = coordinator::grpc::to_status(e);
+        assert_eq!(s.code(), tonic::Code::InvalidArgument, "{e}");
+        s.metadata()
+            .get(ckpt_proto::REFUSAL_KEY)
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    assert_eq!(refusal(&e), None, "a passed deadline is just invalid");
     let e = c
         .coord
         .set_policy(&OWNER, job, deadline_in(500))
         .await
         .unwrap_err();
     assert!(
-        matches!(&e, DriveError::Invalid(m) if m.contains("too close") && m.contains("margin of 1 s")),
+        matches!(&e, DriveError::DeadlineTooClose(m) if m.contains("too close") && m.contains("margin of 1 s")),
         "{e}"
+    );
+    // What `ckptctl run --slurm` recognises it by (it then runs without a deadline).
+    assert_eq!(
+        refusal(&e).as_deref(),
+        Some(ckpt_proto::REFUSAL_DEADLINE_TOO_CLOSE)
     );
     let deadline = coordinator::driver::now_ms() + 2500;
     c.coord
