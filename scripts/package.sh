@@ -4,9 +4,10 @@
 #                 systemd units, /etc/ckpt/{ckptd,agent}.toml, and the private CRIU
 #   ckpt-client   ckptctl, its manual pages, bash/zsh/fish completion
 #
-# Usage: scripts/package.sh [--no-build] [--out DIR]
-#   --no-build  package the release build already in the target directory (as the tests do)
-#   --out DIR   where the .deb files go (default: TARGET/debian)
+# Usage: scripts/package.sh [--no-build] [--out DIR] [--revision N]
+#   --no-build    package the release build already in the target directory (as the tests do)
+#   --out DIR     where the .deb files go (default: TARGET/debian)
+#   --revision N  the Debian revision (default 1): a rebuild of the same version to upgrade to
 # Environment:
 #   CARGO_TARGET_DIR    the build directory (default: target)
 #   CKPT_CRIU_PREFIX    the private CRIU bundled into ckpt-daemons (default /opt/ckpt/criu, as
@@ -28,6 +29,7 @@ die() { printf '[package] ERROR: %s\n' "$*" >&2; exit 1; }
 
 BUILD=1
 OUT=""
+REVISION=1
 while (($#)); do
     case "$1" in
         --no-build) BUILD=0 ;;
@@ -37,6 +39,11 @@ while (($#)); do
             shift
             ;;
         --out=*) OUT=${1#--out=} ;;
+        --revision)
+            (($# >= 2)) && [[ $2 =~ ^[0-9]+$ ]] || die "--revision needs a number"
+            REVISION=$2
+            shift
+            ;;
         -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
@@ -92,14 +99,14 @@ gzip -9n "$STAGE/client/man"/*.1
 
 # The tests ask for --fast compression (CKPT_PACKAGE_FAST=1): larger packages, made sooner.
 mkdir -p "$OUT"
-DEB_ARGS=(--no-build --locked --no-strip --quiet --output "$OUT")
+DEB_ARGS=(--no-build --locked --no-strip --quiet --deb-revision "$REVISION" --output "$OUT")
 [[ ${CKPT_PACKAGE_FAST:-0} == 1 ]] && DEB_ARGS+=(--fast)
 declare -A DEB
 for pair in ckptd:ckpt-daemons ckptctl:ckpt-client; do
     crate=${pair%%:*} name=${pair#*:}
     log "cargo deb -p $crate ($name)"
     (cd "$ROOT" && cargo deb -p "$crate" "${DEB_ARGS[@]}" >&2) || die "cargo deb -p $crate failed"
-    DEB[$name]=$(ls -t "$OUT/${name}"_*.deb | head -1)
+    DEB[$name]=$(ls -t "$OUT/${name}"_*-"${REVISION}"_*.deb | head -1)
 done
 
 # The daemons' Depends are written by hand (the bundled CRIU brings its own libraries): every

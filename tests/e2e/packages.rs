@@ -33,15 +33,16 @@ fn base() -> PathBuf {
     base
 }
 
-/// Builds the two packages from the release binaries; their paths.
-fn packages(out: &Path) -> Vec<PathBuf> {
+/// Builds the two packages from the release binaries, at Debian revision `revision`; their
+/// paths.
+fn packages(out: &Path, revision: u32) -> Vec<PathBuf> {
     let target = bin_dir()
         .parent()
         .expect("bin dir in a target dir")
         .to_path_buf();
     let r = Command::new("bash")
         .arg(workspace().join("scripts/package.sh"))
-        .args(["--no-build", "--out"])
+        .args(["--no-build", "--revision", &revision.to_string(), "--out"])
         .arg(out)
         .env("CARGO_TARGET_DIR", &target)
         .env("CKPT_PACKAGE_FAST", "1")
@@ -120,8 +121,9 @@ fn check_contents(daemons: &Path, client: &Path) {
 
 /// `scripts/package.sh` builds ckpt-daemons and ckpt-client; on a fresh Debian 12 test host
 /// apt installs them with what they depend on; ckptd and an agent started by their units'
-/// commands run a job that is checkpointed, stopped by a checkpoint, and restarted to the
-/// right output; `dpkg --purge` then leaves no file behind that the host did not have.
+/// commands run a job that is checkpointed, outlives an upgrade of the packages and a restart
+/// of both daemons, is stopped by a checkpoint and restarted to the right output;
+/// `dpkg --purge` then leaves no file behind that the host did not have.
 #[test]
 fn packages_install_run_a_job_and_purge_to_nothing_on_a_fresh_host() {
     skip_unless_ready!();
@@ -140,8 +142,11 @@ fn packages_install_run_a_job_and_purge_to_nothing_on_a_fresh_host() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let debs = packages(&dir.path().join("debs"));
+    let debs = packages(&dir.path().join("debs"), 1);
     check_contents(&debs[0], &debs[1]);
+    // What the host upgrades to while its job runs.
+    let newer = packages(&dir.path().join("debs/upgrade"), 2);
+    assert_eq!(field(&newer[0], "Version"), "0.1.0-2");
     let base = base();
     let work = dir.path().join("host");
     std::fs::create_dir(&work).unwrap();
@@ -163,9 +168,18 @@ fn packages_install_run_a_job_and_purge_to_nothing_on_a_fresh_host() {
     assert!(out.status.success(), "the fresh host failed:\n{text}");
     assert!(text.contains("ckpt-daemons 0.1.0-1 installed"), "{text}");
     assert!(text.contains("ckpt-client 0.1.0-1 installed"), "{text}");
+    assert!(text.contains("epoch 1 committed"), "{text}");
+    // Upgraded under the running job: the site's edit kept, the daemons restarted, the job on.
+    assert!(text.contains("upgraded: ckpt-daemons 0.1.0-2"), "{text}");
+    assert!(text.contains("upgraded: ckpt-client 0.1.0-2"), "{text}");
+    assert!(
+        text.contains("upgrade kept the edited agent.toml"),
+        "{text}"
+    );
+    assert!(text.contains("after the upgrade: job running"), "{text}");
     assert!(text.contains("epoch 2 committed"), "{text}");
     assert!(text.contains("restarted from epoch 2"), "{text}");
-    assert!(text.contains("output: 1 to 60, once each"), "{text}");
+    assert!(text.contains("output: 1 to 100, once each"), "{text}");
     // The inventory sees what the packages put there, so an empty leftover list means something.
     let installed: usize = text
         .lines()

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The packages on a fresh Debian 12 test host (tests/e2e/packages.rs): install ckpt-daemons and
 # ckpt-client with apt, start ckptd and an agent with the commands their units run, run a job as
-# a user, checkpoint it, stop it, restart it from its checkpoint, then purge the packages and
-# list every file they left.
+# a user, checkpoint it, upgrade the packages under it and restart the daemons, stop it with a
+# checkpoint, restart it from there, then purge the packages and list every file they left.
 #
 # Usage: fresh_host.sh BASE_TAR DEB_DIR WORK
 #        fresh_host.sh --base BASE_TAR      (makes BASE_TAR, once: a few minutes)
 #   BASE_TAR  a debootstrap of bookworm (minbase, with systemd), as --base makes it
-#   DEB_DIR   ckpt-daemons_*.deb and ckpt-client_*.deb (scripts/package.sh)
+#   DEB_DIR   ckpt-daemons_*.deb and ckpt-client_*.deb (scripts/package.sh), and in
+#             DEB_DIR/upgrade the same at a later revision
 #   WORK      an empty directory of the caller's: the host's root is WORK/root
 # Prints "step: ..." lines as it goes, "installed paths: N" (new after the install and the
 # job), and "leftover: PATH" for each file the purge left.
@@ -38,6 +39,8 @@ die() { printf 'FAILED: %s\n' "$*"; exit 1; }
 mkdir -p "$R"
 tar -C "$R" --zstd -xf "$BASE_TAR"
 cp "$DEBS"/ckpt-daemons_*.deb "$DEBS"/ckpt-client_*.deb "$R/tmp/"
+mkdir "$R/tmp/upgrade"
+cp "$DEBS"/upgrade/ckpt-daemons_*.deb "$DEBS"/upgrade/ckpt-client_*.deb "$R/tmp/upgrade/"
 cp /etc/resolv.conf "$R/etc/resolv.conf"
 # The user whose job runs (made before the inventory: the purge is not to remove them).
 chroot "$R" useradd -m -u $USER_UID alice
@@ -105,28 +108,60 @@ umask 077
 export CKPT_LOG=info
 ckptd ca init >/tmp/ca.log 2>&1
 ckptd ca issue fresh | ckpt-agent enroll - >>/tmp/ca.log 2>&1
-$(unit_cmd ckptd) >/tmp/ckptd.log 2>&1 &
-$(unit_cmd ckpt-agent) >/tmp/agent.log 2>&1 &
-umask 022
-for _ in $(seq 100); do
-    [ -S /run/ckpt/ckptd.sock ] && ckptctl --json nodes 2>/dev/null | grep -q '"fresh"' && break
-    sleep 0.2
-done
+STARTS=0
+start_daemons() {
+    STARTS=$((STARTS + 1))
+    umask 077
+    $(unit_cmd ckptd) >>/tmp/ckptd.log 2>&1 &
+    CKPTD=$!
+    $(unit_cmd ckpt-agent) >>/tmp/agent.log 2>&1 &
+    AGENT=$!
+    umask 022
+    # Up once this agent registered with this ckptd (the logs are appended to at each start).
+    for _ in $(seq 100); do
+        [ "$(grep -c 'registered coordinator' /tmp/agent.log)" -ge $STARTS ] &&
+            ckptctl --json nodes 2>/dev/null | grep -q '"state": *"up"' && return 0
+        sleep 0.2
+    done
+    echo "the daemons did not come up (start $STARTS)"; return 1
+}
+# As `systemctl stop` does with KillMode=process: TERM to the main process alone.
+stop_daemons() {
+    kill -TERM $CKPTD $AGENT
+    for _ in $(seq 100); do
+        kill -0 $CKPTD 2>/dev/null || kill -0 $AGENT 2>/dev/null || return 0
+        sleep 0.1
+    done
+    echo "a daemon ignored TERM for 10 s"; return 1
+}
+start_daemons
 ckptctl nodes
 cd /home/alice
 JOB=$(as_alice ckptctl run --name count -- /bin/sh -c \
-    'i=0; while [ $i -lt 60 ]; do i=$((i+1)); echo $i; sleep 0.2; done')
+    'i=0; while [ $i -lt 100 ]; do i=$((i+1)); echo $i; sleep 0.2; done')
 echo "job $JOB"
 OUT=/var/lib/ckpt/agent/jobs/$JOB/stdout
+# The job's state, from the first line of `ckptctl status` ("job 1 (count): running").
+state() { ckptctl status "$JOB" | head -1 | sed 's/^[^:]*: //'; }
 wait_for() { # a state, in bounded time
     for _ in $(seq 300); do
-        ckptctl --json status "$JOB" | grep -q "\"state\": *\"$1" && return 0
+        case "$(state)" in "$1"*) return 0 ;; esac
         sleep 0.2
     done
     ckptctl status "$JOB"; return 1
 }
 for _ in $(seq 100); do [ "$(wc -l <"$OUT")" -ge 5 ] && break; sleep 0.2; done
 as_alice ckptctl checkpoint "$JOB" --wait
+# An upgrade while the job runs: dpkg puts the new files in place under the running daemons;
+# where systemd runs, the postinst then try-restarts the units, done here by hand.
+echo "# a site's own line" >>/etc/ckpt/agent.toml
+dpkg -i /tmp/upgrade/ckpt-daemons_*.deb /tmp/upgrade/ckpt-client_*.deb >/tmp/upgrade.log 2>&1 ||
+    { cat /tmp/upgrade.log; exit 1; }
+dpkg-query -W -f='upgraded: ${Package} ${Version}\n' ckpt-daemons ckpt-client
+grep -q "^# a site's own line" /etc/ckpt/agent.toml && echo "upgrade kept the edited agent.toml"
+stop_daemons
+start_daemons
+echo "after the upgrade: job $(state)"
 as_alice ckptctl checkpoint "$JOB" --kill
 wait_for stopped
 STOPPED_AT=$(wc -l <"$OUT")
@@ -134,7 +169,7 @@ echo "stopped after $STOPPED_AT lines"
 as_alice ckptctl restart "$JOB"
 wait_for exited
 as_alice ckptctl epochs "$JOB"
-if [ "$(cat "$OUT")" = "$(seq 60)" ]; then echo "output: 1 to 60, once each"; else
+if [ "$(cat "$OUT")" = "$(seq 100)" ]; then echo "output: 1 to 100, once each"; else
     echo "output: wrong"; cat "$OUT"; exit 1
 fi
 EOF
