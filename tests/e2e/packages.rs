@@ -58,23 +58,23 @@ fn packages(out: &Path, revision: u32) -> Vec<PathBuf> {
     debs
 }
 
-fn field(deb: &Path, name: &str) -> String {
+/// What `dpkg-deb OPTION DEB [ARGS]` prints.
+fn dpkg_deb(option: &str, deb: &Path, args: &[&str]) -> String {
     let out = Command::new("dpkg-deb")
-        .arg("-f")
+        .arg(option)
         .arg(deb)
-        .arg(name)
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-fn contents(deb: &Path) -> String {
-    let out = Command::new("dpkg-deb")
-        .arg("-c")
-        .arg(deb)
+        .args(args)
         .output()
         .unwrap();
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn field(deb: &Path, name: &str) -> String {
+    dpkg_deb("-f", deb, &[name]).trim().to_string()
+}
+
+fn contents(deb: &Path) -> String {
+    dpkg_deb("-c", deb, &[])
 }
 
 /// What each package holds, and what it asks of the system.
