@@ -167,6 +167,12 @@ fn failover(lose_etcd_member: bool) {
     wait_log(&d, "ckptd.log", "standing by: another ckptd is active", 1);
     d.signal_daemon(true, libc::SIGSTOP);
     let hung = Instant::now();
+    // Until the other takes over, ckptctl given both sockets names the hung one (the kernel
+    // still accepts connections for it) instead of waiting on it.
+    let r = d.ctl(&["list"]);
+    if r.code != 0 {
+        assert!(r.stderr.contains("did not answer within"), "{r:?}");
+    }
     wait_log(&d, "ckptd.log", "this ckptd is now the active one", 2);
     d.wait_nodes_in(&NODES, "up", LIMIT);
     d.ctl(&["checkpoint", &id, "--wait"]).ok();

@@ -8,6 +8,10 @@ use std::time::{Duration, Instant};
 use crate::ctl::wait_child;
 use crate::*;
 
+/// How long one ckptctl call may take before the test fails naming it. The longest a test
+/// waits on (a restart or drain of several nodes) takes well under a minute.
+const CTL_LIMIT: Duration = Duration::from_secs(300);
+
 /// How to start a coordinator.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
@@ -625,19 +629,18 @@ impl Ckptd {
             .stdin(Stdio::null())
             .current_dir("/");
         as_user(&mut cmd, uid);
-        Ctl::from(cmd.output().expect("run ckptctl as another user"))
+        Ctl::run(&mut cmd, CTL_LIMIT)
     }
 
     /// Runs ckptctl with `args`.
     pub fn ctl(&self, args: &[&str]) -> Ctl {
-        Ctl::from(
+        Ctl::run(
             Command::new(bin_dir().join("ckptctl"))
                 .arg("--socket")
                 .arg(self.ctl_socket())
                 .args(args)
-                .stdin(Stdio::null())
-                .output()
-                .expect("run ckptctl"),
+                .stdin(Stdio::null()),
+            CTL_LIMIT,
         )
     }
 

@@ -1,5 +1,6 @@
 //! One ckptctl call's result.
-use std::process::{Child, Output};
+use std::io::Read;
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// Result of one ckptctl call.
@@ -22,18 +23,30 @@ impl Ctl {
         }
     }
 
+    /// Runs `cmd` (a ckptctl) and collects what it printed; kills it and fails the test at
+    /// `limit`, naming the call, so that a ckptctl that waits on an answer never hangs a suite.
+    #[track_caller]
+    pub fn run(cmd: &mut Command, limit: Duration) -> Ctl {
+        let child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run ckptctl");
+        let what = format!("{:?}", cmd.get_args().collect::<Vec<_>>());
+        match collect(child, limit) {
+            Ok(c) => c,
+            Err(c) => panic!("ckptctl {what} still running after {limit:?}, killed: {c:?}"),
+        }
+    }
+
     /// Waits (bounded) for a ckptctl started by [`Ckptd::ctl_spawn`] and collects what it
     /// printed; kills it at `limit`.
     #[track_caller]
-    pub fn finish(mut child: Child, limit: Duration) -> Ctl {
-        if !wait_child(&mut child, limit) {
-            let _ = child.kill();
-            panic!(
-                "ckptctl still running after {limit:?}: {:?}",
-                Ctl::from(child.wait_with_output().expect("collect ckptctl"))
-            );
+    pub fn finish(child: Child, limit: Duration) -> Ctl {
+        match collect(child, limit) {
+            Ok(c) => c,
+            Err(c) => panic!("ckptctl still running after {limit:?}: {c:?}"),
         }
-        Ctl::from(child.wait_with_output().expect("collect ckptctl"))
     }
 
     /// Asserts success and returns stdout.
@@ -41,6 +54,36 @@ impl Ctl {
     pub fn ok(&self) -> &str {
         assert_eq!(self.code, 0, "ckptctl failed: {self:?}");
         &self.stdout
+    }
+}
+
+/// Waits (bounded by `limit`) for `child`, reading its output as it comes (a full pipe would
+/// stop it); `Err` with what it printed if it had to be killed.
+fn collect(mut child: Child, limit: Duration) -> Result<Ctl, Ctl> {
+    fn drain(r: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut buf);
+            }
+            buf
+        })
+    }
+    let (out, err) = (drain(child.stdout.take()), drain(child.stderr.take()));
+    let ended = wait_child(&mut child, limit);
+    if !ended {
+        let _ = child.kill();
+    }
+    let status = child.wait().expect("reap ckptctl");
+    let c = Ctl::from(Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    });
+    if ended {
+        Ok(c)
+    } else {
+        Err(c)
     }
 }
 

@@ -92,7 +92,7 @@ async fn run(mut cli: Cli) -> Result<(), Failure> {
         }
         _ => {}
     }
-    let mut c = client::connect(cli.socket.clone()).await.map_err(|e| Failure {
+    let mut c = client::connect(&cli.socket).await.map_err(|e| Failure {
         code: 7,
         message: format!(
             "cannot connect to ckptd at {}: {e} (is ckptd running? start it with `systemctl start ckptd` or `ckptd --standalone`)",
