@@ -14,7 +14,12 @@
  *
  * DIR/ME.status, rewritten every tick: "tick T qps Q peers P sent S ok O bad B src R" (R:
  * messages whose completion named another source QP than the peer's QP 0). Runs until
- * killed. Exits 2 on a usage error, 3 when a verbs call fails (naming it). */
+ * killed. Exits 2 on a usage error, 3 when a verbs call fails (naming it).
+ *
+ * NEWQP_GID_NTH=K: use the K-th IPv4-mapped GID of the port (0: the first), so that two
+ * processes on one node have different addresses. NEWQP_MEET=1: read nothing of the peer until
+ * DIR/meet exists, holding meanwhile only an address handle to itself; a peer met only after a
+ * checkpoint is one whose endpoints the verbs layer was not sent, and must ask for. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -176,7 +181,8 @@ int main(int argc, char **argv)
 {
     struct ibv_device **devs;
     long sent = 0, ok = 0, bad = 0, strange = 0;
-    int n, i, tick, batches = 0;
+    int n, i, tick, batches = 0, nth, meet;
+    struct ibv_ah *self = NULL;
 
     if (argc != 4) {
         fprintf(stderr, "usage: verbs_newqp DIR ME PEER\n");
@@ -190,12 +196,14 @@ int main(int argc, char **argv)
     ctx = ibv_open_device(devs[0]);
     if (!ctx)
         die("ibv_open_device", errno);
-    /* The first IPv4-mapped GID (RoCE), else index 0. */
+    /* The NEWQP_GID_NTH-th IPv4-mapped GID (RoCE), else index 0. */
+    nth = getenv("NEWQP_GID_NTH") ? atoi(getenv("NEWQP_GID_NTH")) : 0;
+    meet = getenv("NEWQP_MEET") && atoi(getenv("NEWQP_MEET"));
     for (i = 0; i < 16 && gid_index < 0; i++) {
         union ibv_gid g;
         static const uint8_t v4[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
 
-        if (ibv_query_gid(ctx, 1, i, &g) == 0 && !memcmp(g.raw, v4, 12))
+        if (ibv_query_gid(ctx, 1, i, &g) == 0 && !memcmp(g.raw, v4, 12) && nth-- == 0)
             gid_index = i, gid = g;
     }
     if (gid_index < 0) {
@@ -217,7 +225,20 @@ int main(int argc, char **argv)
         if (ibv_destroy_qp(new_qp()))
             die("ibv_destroy_qp", errno);
     add_qp();
-    printf("ready qp %u\n", qps[0]->qp_num);
+    if (meet) {
+        struct ibv_ah_attr a;
+
+        memset(&a, 0, sizeof a);
+        a.is_global = 1;
+        a.port_num = 1;
+        a.grh.sgid_index = gid_index;
+        a.grh.hop_limit = 1;
+        a.grh.dgid = gid;
+        self = ibv_create_ah(pd, &a);
+        if (!self)
+            die("ibv_create_ah (itself)", errno);
+    }
+    printf("ready qp %u gid index %d\n", qps[0]->qp_num, gid_index);
     for (tick = 0;; tick++) {
         struct timespec t = {0, 100 * 1000 * 1000};
         struct ibv_wc wc[32];
@@ -231,7 +252,8 @@ int main(int argc, char **argv)
             batches++;
             printf("batch %d: %d qps\n", batches, nq);
         }
-        while (learn_peer())
+        snprintf(path, sizeof path, "%s/meet", dir);
+        while ((!meet || access(path, F_OK) == 0) && learn_peer())
             ;
         for (k = 0; k < npeer; k++) {
             struct msg *m = (struct msg *)(buf + MAXQ * RECVS * SLOT);

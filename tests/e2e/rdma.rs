@@ -523,15 +523,17 @@ fn plain_verbs_programs_refused_features_unacknowledged_events_and_the_newer_pos
     let lib = verbs_layer();
     let app = ckpt_tests::apps().join("verbs_refusals");
     let wr = ckpt_tests::apps().join("verbs_wr");
-    for a in [&app, &wr] {
+    let newqp = ckpt_tests::apps().join("verbs_newqp");
+    for a in [&app, &wr, &newqp] {
         assert!(a.exists(), "{} (make -C tests/apps)", a.display());
     }
     let env = format!(
-        "BIN={} LIB={} APP={} WR={}",
+        "BIN={} LIB={} APP={} WR={} NEWQP={}",
         bin.display(),
         lib.display(),
         app.display(),
         wr.display(),
+        newqp.display(),
     );
     let r = vm::run_script("plain", "tests/guest/verbs_plain.sh", &env, 900);
     let res = results(&r.console);
@@ -617,6 +619,70 @@ fn plain_verbs_programs_refused_features_unacknowledged_events_and_the_newer_pos
         "the sessions went through the layer: {}",
         layer[0]
     );
+    assert_peers_met_after_a_checkpoint_are_looked_up(&res, &r.console);
+}
+
+/// What `verbs_plain.sh` reported of `verbs_newqp` at two addresses, meeting only after a
+/// checkpoint: each layer was sent the endpoint at its own address only (the job has two),
+/// asked the agent once for the other's when the program met it, and the messages went right;
+/// after a kill and a restart each was sent both (its address handle names the peer) and
+/// asked nothing more.
+fn assert_peers_met_after_a_checkpoint_are_looked_up(res: &[String], console: &str) {
+    let ready = value_of(res, "meet ", console);
+    assert_eq!(ready.matches("ready qp").count(), 2, "{ready}");
+    value_of(res, "meet checkpoint 1 ok", console);
+    let rebuilt = |s: &serde_json::Value, i: usize| s["rebuilds"][i]["endpoints_received"].as_u64();
+    let before = statuses(res, "meet before restart ");
+    assert_eq!(before.len(), 2, "{console}");
+    for s in &before {
+        assert_eq!(rebuilt(s, 0), Some(1), "its own QP's endpoint only: {s}");
+        let lookups = s["lookups"].as_array().expect("lookups");
+        assert_eq!(lookups.len(), 1, "one lookup, of the peer met: {s}");
+        assert_eq!(lookups[0]["endpoints"], 1, "{s}");
+        assert!(lookups[0]["error"].is_null(), "{s}");
+    }
+    assert_ne!(
+        before[0]["lookups"][0]["address"], before[1]["lookups"][0]["address"],
+        "each looked up the other"
+    );
+    for who in ["p", "q"] {
+        let line = value_of(res, &format!("meet {who} "), console);
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let num = |k: &str| -> u64 {
+            let i = f
+                .iter()
+                .position(|x| *x == k)
+                .unwrap_or_else(|| panic!("{k}: {line}"));
+            f[i + 1].parse().unwrap()
+        };
+        assert_eq!(num("peers"), 1, "{who}: {line}");
+        assert_eq!(
+            num("bad"),
+            0,
+            "{who}: a message reached another QP: {console}"
+        );
+        assert_eq!(
+            num("src"),
+            0,
+            "{who}: a completion named another sender QP: {console}"
+        );
+        assert!(
+            num("ok") >= 30,
+            "{who}: messages before and after the restart: {line}"
+        );
+    }
+    let after = statuses(res, "meet after restart ");
+    assert_eq!(after.len(), 2, "{console}");
+    for s in &after {
+        let last = s["rebuilds"].as_array().map_or(0, Vec::len);
+        assert!(last >= 2, "{s}");
+        assert_eq!(rebuilt(s, last - 1), Some(2), "its own and the peer's: {s}");
+        assert_eq!(
+            s["lookups"].as_array().map(Vec::len),
+            Some(1),
+            "none since: {s}"
+        );
+    }
 }
 
 /// `tick T ok O bad B` as (T, O, B).

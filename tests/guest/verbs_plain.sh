@@ -13,12 +13,18 @@
 # Then tests/apps/verbs_wr, which posts with rdma-core's newer calls (ibv_create_qp_ex,
 # ibv_wr_*): checkpointed under traffic, checkpointed with --kill, restarted, checkpointed
 # again; every tick's RDMA write, read, atomic and send must check out throughout.
+#
+# Last, tests/apps/verbs_newqp as two processes of one job at two addresses of the guest (a
+# second IPv4 address on eth0 gives rxe0 a second GID) that meet only after a checkpoint: each
+# layer is sent the endpoints at its own address only, then asks the agent for the other's
+# when the program makes its address handle; messages must reach the QP they name, and each
+# completion must name the sender's QP by the number it published; then a kill and a restart.
 # Prints "RESULT ..." lines for the e2e test.
 #
 # Environment: BIN (release binaries), LIB (libckpt_verbs.so), APP (verbs_refusals),
-# WR (verbs_wr).
+# WR (verbs_wr), NEWQP (verbs_newqp).
 set -eu
-: "${BIN:?}" "${LIB:?}" "${APP:?}" "${WR:?}"
+: "${BIN:?}" "${LIB:?}" "${APP:?}" "${WR:?}" "${NEWQP:?}"
 W=$(mktemp -d /tmp/verbsrefusals.XXXXXX)
 say() { echo "[guest] $*"; }
 
@@ -126,4 +132,43 @@ wr_more 5
 echo "RESULT wr last $(tail -n 1 "$OUT")"
 grep -q 'verbs_wr:' "${OUT%stdout}stderr" && { say "wr: it complained:"; cat "${OUT%stdout}stderr"; }
 echo "RESULT wr layer $(cat "$W"/wr-status/*.json 2>/dev/null | tr -d '\n')"
+"$BIN/ckptctl" cancel "$JOB" > /dev/null 2>&1 || true
+
+# Two addresses, two processes that meet after a checkpoint: lookups.
+ip addr add 10.0.9.15/24 dev eth0
+v4gids() { cat /sys/class/infiniband/rxe0/ports/1/gids/* 2>/dev/null | grep -c '^0000:0000:0000:0000:0000:ffff:' || true; }
+for _ in $(seq 100); do [ "$(v4gids)" -ge 2 ] && break; sleep 0.1; done
+[ "$(v4gids)" -ge 2 ] || { say "meet: rxe0 has no second IPv4 GID"; cat /sys/class/infiniband/rxe0/ports/1/gids/*; exit 9; }
+D=$W/meet && mkdir -p "$D" && mkdir -m 700 "$W/meet-status"
+JOB=$("$BIN/ckptctl" run --name meet -- env LD_PRELOAD="$LIB" CKPT_VERBS_STATUS="$W/meet-status" \
+    NEWQP_MEET=1 sh -c "NEWQP_GID_NTH=0 $NEWQP $D p q & NEWQP_GID_NTH=1 $NEWQP $D q p & wait")
+say "meet: job $JOB started"
+field() { awk -v k="$2" '{ for (i = 1; i < NF; i++) if ($i == k) print $(i + 1) }' "$D/$1.status" 2>/dev/null; }
+meet_wait() { # both processes have PEERS peers and got 10 more messages than now, within 60 s
+    local want_p=$(( $(field p ok || echo 0) + 10 )) want_q=$(( $(field q ok || echo 0) + 10 ))
+    for _ in $(seq 600); do
+        [ "$(field p peers)" = "$1" ] && [ "$(field q peers)" = "$1" ] \
+            && [ "$(field p ok)" -ge $want_p ] && [ "$(field q ok)" -ge $want_q ] && return 0
+        sleep 0.1
+    done
+    say "meet: no traffic with $1 peer(s)"; cat "$D"/*.status; cat "$W/state/jobs/$JOB/stdout"; exit 10
+}
+for _ in $(seq 300); do [ -e "$D/p.status" ] && [ -e "$D/q.status" ] && break; sleep 0.1; done
+one_more_registered; one_more_registered # p and q
+echo "RESULT meet $(grep '^ready' "$W/state/jobs/$JOB/stdout" | sort | tr '\n' ' ')"
+"$BIN/ckptctl" checkpoint "$JOB" --wait > "$W/meet1.ckpt" 2>&1 || { cat "$W/meet1.ckpt"; exit 11; }
+echo "RESULT meet checkpoint 1 ok"
+touch "$D/meet"
+meet_wait 1
+say "meet: met; checkpoint --kill and restart"
+"$BIN/ckptctl" checkpoint "$JOB" --kill > "$W/meet2.ckpt" 2>&1 || { cat "$W/meet2.ckpt"; exit 11; }
+for _ in $(seq 100); do "$BIN/ckptctl" status "$JOB" | head -1 | grep -Eq 'stopped|killed' && break; sleep 0.1; done
+for f in "$W"/meet-status/*.json; do echo "RESULT meet before restart $(tr -d '\n' < "$f")"; done
+rm -f "$W"/meet-status/*.json
+"$BIN/ckptctl" restart "$JOB" > "$W/meet.restart" 2>&1 || { cat "$W/meet.restart"; exit 12; }
+meet_wait 1
+"$BIN/ckptctl" checkpoint "$JOB" --wait > "$W/meet3.ckpt" 2>&1 || { cat "$W/meet3.ckpt"; exit 11; }
+meet_wait 1
+for n in p q; do echo "RESULT meet $n $(cat "$D/$n.status")"; done
+for f in "$W"/meet-status/*.json; do echo "RESULT meet after restart $(tr -d '\n' < "$f")"; done
 "$BIN/ckptctl" cancel "$JOB" > /dev/null 2>&1 || true

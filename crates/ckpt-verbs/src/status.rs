@@ -25,6 +25,7 @@ pub const STATUS_ENV: &str = "CKPT_VERBS_STATUS";
 
 static DEVICES: Mutex<Vec<String>> = Mutex::new(Vec::new());
 static REBUILDS: Mutex<Vec<Value>> = Mutex::new(Vec::new());
+static LOOKUPS: Mutex<Vec<Value>> = Mutex::new(Vec::new());
 static AT_EXIT: Once = Once::new();
 
 /// Notes a device opened; the first one arranges the report at exit.
@@ -51,8 +52,23 @@ fn write_now() {
     }
 }
 
-/// Notes a rebuild done (with what the quiesce before it kept), and writes the report.
-pub fn rebuilt(kept: &ib_quiesce::QuiesceReport) {
+/// Notes a lookup of address `id` after a reconnect ([`crate::cycle::meet`]): the endpoints
+/// found there, or why there was no answer; and writes the report (lookups are rare: one per
+/// address met between two checkpoints).
+pub fn looked_up(id: u64, endpoints: usize, error: Option<String>) {
+    if let Ok(mut l) = LOOKUPS.lock() {
+        l.push(json!({
+            "address": format!("{id:016x}"),
+            "endpoints": endpoints,
+            "error": error,
+        }));
+    }
+    write_now();
+}
+
+/// Notes a rebuild done (with what the quiesce before it kept, and how many endpoints its
+/// reconnect was sent), and writes the report.
+pub fn rebuilt(kept: &ib_quiesce::QuiesceReport, endpoints_received: usize) {
     let now = report();
     if let Ok(mut r) = REBUILDS.lock() {
         r.push(json!({
@@ -61,6 +77,7 @@ pub fn rebuilt(kept: &ib_quiesce::QuiesceReport) {
             "contexts": now["contexts"].clone(),
             "kept_receives": kept.kept_receives,
             "held_completions": kept.held_completions,
+            "endpoints_received": endpoints_received,
         }));
     }
     write_now();
@@ -175,6 +192,7 @@ pub fn report() -> Value {
         "qps": qps,
         "mrs": mrs,
         "rebuilds": REBUILDS.lock().map(|r| r.clone()).unwrap_or_default(),
+        "lookups": LOOKUPS.lock().map(|l| l.clone()).unwrap_or_default(),
         "send_wrs": c.send_wrs.load(Relaxed),
         "recv_wrs": c.recv_wrs.load(Relaxed),
         "completions": c.completions.load(Relaxed),

@@ -39,11 +39,7 @@ impl Addr {
     /// The address's 64-bit id (FNV-1a of its bytes, never 0): how peers, endpoints and the
     /// translation tables name it.
     pub fn id(&self) -> u64 {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in self.0 {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-        h.max(1)
+        ib_quiesce::control::address_id(&self.0)
     }
 }
 
@@ -213,6 +209,12 @@ pub struct Tables {
     remote_rkeys: RwLock<Map<(u64, u32), u32>>,
     /// Peers' ports now, by address id (empty until a rebuild).
     peers: RwLock<Map<u64, PeerPort>>,
+    /// Addresses whose endpoints these tables hold as of the last reconnect: those it named
+    /// or was sent, and those looked up since.
+    known: RwLock<std::collections::HashSet<u64, BuildHasherDefault<IdHasher>>>,
+    /// Whether the layer reconnected at least once (before, every translation is the identity
+    /// and there is nothing to look up).
+    reconnected: AtomicBool,
 }
 
 fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -304,10 +306,10 @@ impl Tables {
     /// Whether a new QP of a process known to its peers by address `me` (0: not known yet)
     /// may take `n` as its virtual number, which is its real one: no QP of this process has
     /// it, and no peer table of the job may hold it as one of `me`'s QPs that a rebuild moved
-    /// to another real number. Every layer learns every endpoint of the job at each rebuild
-    /// (its own and its node-mates' too, which share `me`), so a number in
-    /// `remote_qpns` under `me` is one the peers translate; with `me` unknown, a number
-    /// under any address is avoided.
+    /// to another real number. Every layer learns the endpoints at its own address at each
+    /// rebuild (its node-mates' too, which share `me`), so a number in `remote_qpns` under
+    /// `me` is one the peers translate; with `me` unknown (then the layer was sent every
+    /// endpoint of the job), a number under any address is avoided.
     ///
     /// Nor may it be a real number the peers still know as another of `me`'s virtual ones (a QP
     /// destroyed since the rebuild): they would give that one as the source of its UD messages.
@@ -426,6 +428,33 @@ impl Tables {
     /// Where a peer's port is now (None: it never moved, or is unknown).
     pub fn peer(&self, peer: u64) -> Option<PeerPort> {
         read(&self.peers).get(&peer).copied()
+    }
+
+    /// A reconnect is in: the endpoints held are those of the addresses `known`, and no others
+    /// are current.
+    pub fn reconnected(&self, known: impl IntoIterator<Item = u64>) {
+        let mut k = write(&self.known);
+        k.clear();
+        k.extend(known);
+        self.reconnected.store(true, Release);
+    }
+
+    /// Whether the endpoints of address `id` must be asked for: a reconnect happened and
+    /// brought none of them, and none were looked up since.
+    #[inline]
+    pub fn needs_lookup(&self, id: u64) -> bool {
+        self.reconnected.load(Acquire) && !read(&self.known).contains(&id)
+    }
+
+    /// Address `id`'s endpoints are held (or were asked for).
+    pub fn know(&self, id: u64) {
+        write(&self.known).insert(id);
+    }
+
+    /// Whether a peer is known to be at `port` now (a UD completion's source).
+    #[inline]
+    pub fn knows_port(&self, port: Addr) -> bool {
+        read(&self.peers_by_port).contains_key(&port.0)
     }
 }
 
@@ -591,5 +620,23 @@ mod tests {
         );
         assert!(!t.qpn_free_for_new(0, 0x19));
         assert!(t.qpn_free_for_new(other, 0x19), "another address's");
+    }
+
+    #[test]
+    fn addresses_are_looked_up_only_after_a_reconnect_and_once_until_the_next() {
+        let t = Tables::default();
+        let (a, b) = (Addr([1; 16]).id(), Addr([2; 16]).id());
+        assert!(
+            !t.needs_lookup(a),
+            "nothing to look up before any reconnect"
+        );
+        t.reconnected([a]);
+        assert!(!t.needs_lookup(a), "named at the rebuild");
+        assert!(t.needs_lookup(b));
+        t.know(b);
+        assert!(!t.needs_lookup(b), "asked once");
+        // The next reconnect brings new numbers: what was looked up before is stale.
+        t.reconnected([a]);
+        assert!(t.needs_lookup(b));
     }
 }

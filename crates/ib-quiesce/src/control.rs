@@ -31,7 +31,7 @@
 //! Application calls made while the channel is gated block until it is up again, so the
 //! checkpoint is invisible to the application.
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -125,8 +125,25 @@ pub enum ToAgent {
         /// The peer QPs whose new endpoints the reconnect needs (absent: all of the job's).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         peers: Option<Vec<QpId>>,
+        /// Instead of `peers`: the addresses (channel ids) whose QPs' endpoints the reconnect
+        /// needs, every QP of each; the channel asks for others when it meets them
+        /// ([`lookup`]). Absent from the answers of layers built before lookups.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        addresses: Option<Vec<u64>>,
         /// How long it took.
         micros: u64,
+    },
+    /// The first and only message of a connection made to ask for endpoints ([`lookup`]): a
+    /// channel after its reconnect, meeting a peer whose endpoints it was not given.
+    Lookup {
+        /// The protocol version ([`PROTOCOL_VERSION`]).
+        #[serde(default = "unversioned")]
+        version: u32,
+        /// The process, as in its hello.
+        pid: i32,
+        /// The addresses asked for: those the program names its peers by, or where a peer's
+        /// port is now (a completion's source). At most [`MAX_LOOKUP_ADDRESSES`].
+        addresses: Vec<u64>,
     },
     /// Connected again; the application runs.
     Reconnected {
@@ -172,6 +189,12 @@ pub enum ToChannel {
     /// Connect to these endpoints and let the application run.
     Reconnect {
         /// The new endpoints of the peers named in `rebuilt` (or of the whole job).
+        endpoints: Vec<Endpoint>,
+    },
+    /// The answer to a `lookup`: the endpoints of the job's QPs at the addresses asked for,
+    /// as of the last reconnect (none known: empty), on the lookup's own connection.
+    Endpoints {
+        /// The endpoints.
         endpoints: Vec<Endpoint>,
     },
 }
@@ -259,91 +282,6 @@ pub fn excerpt(line: &[u8]) -> String {
         format!("{text:?}... ({} bytes)", line.len())
     } else {
         format!("{text:?}")
-    }
-}
-
-/// A line longer than the reader's cap.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("a line longer than the {cap}-byte cap")]
-pub struct LineTooLong {
-    /// The cap.
-    pub cap: usize,
-}
-
-/// The part of a line read so far. It never holds more than the cap it is fed with: a line
-/// that would grow past it is an error, and the part is dropped.
-#[derive(Debug, Default)]
-pub struct LineBuf {
-    part: Vec<u8>,
-}
-
-impl LineBuf {
-    /// Takes bytes from `avail` up to and including the next newline. Returns how many it took
-    /// and, if the newline was among them, the whole line without it.
-    pub fn feed(
-        &mut self,
-        avail: &[u8],
-        cap: usize,
-    ) -> std::result::Result<(usize, Option<Vec<u8>>), LineTooLong> {
-        let (take, end) = match avail.iter().position(|&b| b == b'\n') {
-            Some(i) => (i, true),
-            None => (avail.len(), false),
-        };
-        if self.part.len() + take > cap {
-            self.part = Vec::new();
-            return Err(LineTooLong { cap });
-        }
-        self.part.extend_from_slice(&avail[..take]);
-        if end {
-            Ok((take + 1, Some(std::mem::take(&mut self.part))))
-        } else {
-            Ok((take, None))
-        }
-    }
-}
-
-/// What a line reader with cap `cap` returns for `input`, read to its end: the lines (without
-/// their newlines) before the first one longer than the cap, and whether it stopped at such a
-/// line. An unterminated last part is never returned, but is too long once it passes the cap.
-/// The model the readers' property tests (here and in the node agent) check against.
-#[doc(hidden)]
-pub fn lines_within_cap(input: &[u8], cap: usize) -> (Vec<Vec<u8>>, bool) {
-    let mut lines = Vec::new();
-    let mut segments: Vec<&[u8]> = input.split(|&b| b == b'\n').collect();
-    let last = segments.pop().unwrap_or_default();
-    for seg in segments {
-        if seg.len() > cap {
-            return (lines, true);
-        }
-        lines.push(seg.to_vec());
-    }
-    (lines, last.len() > cap)
-}
-
-/// Reads the next line of at most `cap` bytes, without its newline; `None` at the end of the
-/// stream (an unterminated last line is dropped: its writer died mid-message). A longer line
-/// is an `InvalidData` error carrying [`LineTooLong`].
-pub fn read_line(
-    r: &mut impl BufRead,
-    part: &mut LineBuf,
-    cap: usize,
-) -> std::io::Result<Option<Vec<u8>>> {
-    loop {
-        let avail = match r.fill_buf() {
-            Ok(a) => a,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        if avail.is_empty() {
-            return Ok(None);
-        }
-        let (used, line) = part
-            .feed(avail, cap)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-        r.consume(used);
-        if line.is_some() {
-            return Ok(line);
-        }
     }
 }
 
@@ -574,9 +512,9 @@ pub trait Controlled: Send + Sync + 'static {
     /// Whether everything is released and not yet connected again (a rebuild or reconnect is
     /// due).
     fn is_down(&self) -> bool;
-    /// Recreates every object: the new endpoints, and the peer QPs whose endpoints the
-    /// reconnect needs (None: every endpoint of the job).
-    fn rebuild(&self) -> std::result::Result<(Vec<Endpoint>, Option<Vec<QpId>>), String>;
+    /// Recreates every object: the new endpoints, and which peers' endpoints the reconnect
+    /// needs.
+    fn rebuild(&self) -> std::result::Result<(Vec<Endpoint>, Wants), String>;
     /// Connects to the peers' new endpoints and lets the application run.
     fn reconnect(&self, endpoints: &[Endpoint]) -> std::result::Result<(), String>;
     /// What it holds now (the answer to `check`), without gating anything.
@@ -604,9 +542,9 @@ impl<V: Verbs + 'static> Controlled for Shared<V> {
     fn is_down(&self) -> bool {
         matches!(self.peek(|c| c.state()), State::Down | State::Rebuilt)
     }
-    fn rebuild(&self) -> std::result::Result<(Vec<Endpoint>, Option<Vec<QpId>>), String> {
+    fn rebuild(&self) -> std::result::Result<(Vec<Endpoint>, Wants), String> {
         Shared::rebuild(self)
-            .map(|(e, p)| (e, Some(p)))
+            .map(|(e, p)| (e, Wants::Qps(p)))
             .map_err(|e| e.to_string())
     }
     fn reconnect(&self, endpoints: &[Endpoint]) -> std::result::Result<(), String> {
@@ -688,13 +626,20 @@ fn obey<T: Controlled>(target: &T, cmd: ToChannel) -> Next {
             Err(e) => failed(e),
         },
         ToChannel::Rebuild => match target.rebuild() {
-            Ok((endpoints, peers)) => Next::Answer(ToAgent::Rebuilt {
-                endpoints,
-                peers,
-                micros: micros(t),
-            }),
+            Ok((endpoints, wants)) => {
+                let (peers, addresses) = wants.into_wire();
+                Next::Answer(ToAgent::Rebuilt {
+                    endpoints,
+                    peers,
+                    addresses,
+                    micros: micros(t),
+                })
+            }
             Err(e) => failed(e),
         },
+        ToChannel::Endpoints { .. } => {
+            failed("endpoints answer a lookup; they are no command".into())
+        }
         ToChannel::Reconnect { endpoints } => match target.reconnect(&endpoints) {
             Ok(()) => Next::Answer(ToAgent::Reconnected { micros: micros(t) }),
             Err(e) => failed(e),
@@ -784,7 +729,11 @@ fn control_loop<T: Controlled>(target: &T, socket: &Path) {
 }
 
 mod flag;
+mod lines;
+mod lookup;
 pub use flag::{flag_dir, flag_path, FlagFor};
+pub use lines::{lines_within_cap, read_line, LineBuf, LineTooLong};
+pub use lookup::{address_id, lookup, matches_address, Wants, MAX_LOOKUP_ADDRESSES};
 
 #[cfg(test)]
 mod tests;

@@ -22,7 +22,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use ib_quiesce::control::{Controlled, Holdings, Quiesce};
+use ib_quiesce::control::{Controlled, Holdings, Quiesce, Wants};
 use ib_quiesce::{Endpoint, QuiesceReport};
 use ibverbs_sys as ffi;
 
@@ -35,7 +35,9 @@ use crate::shadow::{
 };
 use crate::xlate::Addr;
 
+mod peers;
 mod rebuild;
+pub use peers::meet;
 
 /// Where the layer is in the cycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +56,9 @@ static STAGE: Mutex<Stage> = Mutex::new(Stage::Up);
 
 /// What the last release kept for the program (for the status after the rebuild).
 static KEPT: Mutex<Option<QuiesceReport>> = Mutex::new(None);
+
+/// The addresses the last rebuild named ([`peers::named`]), known once the reconnect is in.
+static NAMED: Mutex<Vec<u64>> = Mutex::new(Vec::new());
 
 /// Where the layer is.
 pub fn stage() -> Stage {
@@ -172,13 +177,16 @@ impl Controlled for Control {
         matches!(stage(), Stage::Down | Stage::Rebuilt)
     }
 
-    fn rebuild(&self) -> Result<(Vec<Endpoint>, Option<Vec<ib_quiesce::channel::QpId>>), String> {
+    fn rebuild(&self) -> Result<(Vec<Endpoint>, Wants), String> {
         need(Stage::Down, "rebuild")?;
         let eps = gate().run(true, rebuild::rebuild)?;
         set_stage(Stage::Rebuilt);
-        // A program's UD QPs talk to peers it never names to the layer: it gets every
-        // endpoint of the job.
-        Ok((eps, None))
+        let wants = peers::named();
+        *lock(&NAMED) = match &wants {
+            Wants::Addresses(a) => a.clone(),
+            _ => Vec::new(),
+        };
+        Ok((eps, wants))
     }
 
     /// The command descriptors of the real contexts (none while released), and the
@@ -207,10 +215,14 @@ impl Controlled for Control {
         need(Stage::Rebuilt, "reconnect")?;
         let eps = endpoints.to_vec();
         gate().run(false, move || rebuild::reconnect(&eps))?;
+        let named = std::mem::take(&mut *lock(&NAMED));
+        layer()
+            .tables
+            .reconnected(named.into_iter().chain(endpoints.iter().map(|e| e.id.0)));
         set_stage(Stage::Up);
         gate().open();
         rebuild::owe_events();
-        crate::status::rebuilt(&lock(&KEPT).take().unwrap_or_default());
+        crate::status::rebuilt(&lock(&KEPT).take().unwrap_or_default(), endpoints.len());
         Ok(())
     }
 }

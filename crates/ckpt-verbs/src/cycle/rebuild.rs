@@ -16,7 +16,6 @@ use crate::shadow::{
     addr_of, layer, lock, Receive, ShadowAh, ShadowChannel, ShadowCq, ShadowCtx, ShadowMr,
     ShadowPd, ShadowQp, ShadowSrq, Transition,
 };
-use crate::xlate::PeerPort;
 
 /// The failure of a call, for the agent.
 fn failed(call: &str, what: &str) -> String {
@@ -377,21 +376,7 @@ fn endpoints() -> Vec<Endpoint> {
 /// kept receives posted again, the CQs the program armed armed again.
 pub(super) fn reconnect(eps: &[Endpoint]) -> Result<(), String> {
     let l = layer();
-    let t = &l.tables;
-    for e in eps {
-        let peer = e.id.0;
-        t.set_peer(
-            peer,
-            PeerPort {
-                gid: e.port.gid,
-                lid: e.port.lid,
-            },
-        );
-        t.set_remote_qpn(peer, e.id.1, e.qpn);
-        for &(v, r) in &e.rkeys {
-            t.set_remote_rkey(peer, v, r);
-        }
-    }
+    super::peers::learn(eps);
     let r = real();
     let create_ah = r.ibv_create_ah.ok_or("libibverbs lacks ibv_create_ah")?;
     let notify = |cq: *mut ffi::ibv_cq| {

@@ -512,6 +512,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
         let m = mask as c_uint;
         if m & ffi::ibv_qp_attr_mask::IBV_QP_AV.0 != 0 {
             crate::cycle::note_source(s.ex.qp_base.context, &given.ah_attr);
+            crate::cycle::meet(addr_of(&given.ah_attr).id());
             crate::cycle::to_real_av(&mut a.ah_attr);
         }
         if m & ffi::ibv_qp_attr_mask::IBV_QP_DEST_QPN.0 != 0 {
@@ -629,6 +630,7 @@ pub unsafe extern "C" fn ibv_create_ah(
         let _pass = gate().enter();
         let given = *attr;
         crate::cycle::note_source((*pd).context, &given);
+        crate::cycle::meet(addr_of(&given).id());
         let mut a = given;
         crate::cycle::to_real_av(&mut a);
         let real = create(real_pd(pd), &mut a);

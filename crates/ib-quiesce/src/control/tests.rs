@@ -2,6 +2,7 @@
 use super::*;
 use crate::fake::{Fabric, FakeVerbs};
 use crate::verbs::{QpCaps, RecvWr, SendOp, SendWr, Sge};
+use std::io::BufRead;
 use std::os::unix::net::UnixListener;
 use std::sync::atomic::AtomicBool;
 
@@ -397,7 +398,19 @@ fn samples() -> Vec<Vec<u8>> {
         ToAgent::Rebuilt {
             endpoints: vec![endpoint.clone()],
             peers: Some(vec![(8, 0x710001)]),
+            addresses: None,
             micros: 6,
+        },
+        ToAgent::Rebuilt {
+            endpoints: vec![endpoint.clone()],
+            peers: None,
+            addresses: Some(vec![8, u64::MAX]),
+            micros: 6,
+        },
+        ToAgent::Lookup {
+            version: PROTOCOL_VERSION,
+            pid: 4,
+            addresses: vec![9],
         },
         ToAgent::Reconnected { micros: 7 },
         ToAgent::Resumed,
@@ -413,6 +426,9 @@ fn samples() -> Vec<Vec<u8>> {
         ToChannel::Check,
         ToChannel::Rebuild,
         ToChannel::Reconnect {
+            endpoints: vec![endpoint.clone()],
+        },
+        ToChannel::Endpoints {
             endpoints: vec![endpoint],
         },
     ];

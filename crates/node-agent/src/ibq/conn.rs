@@ -115,8 +115,8 @@ pub(super) struct Conn {
     /// A verbs layer that answered `drained`: connected, its objects alive, waiting for
     /// `release` (or `resume`). Not down.
     pub(super) drained: bool,
-    /// After a rebuild, the peer QPs whose endpoints the channel needs (None: all).
-    pub(super) wants: Option<Vec<QpId>>,
+    /// After a rebuild, the peers whose endpoints the channel needs (sorted).
+    pub(super) wants: Wants,
     /// None once the agent closed the connection (the channel sent a line over the cap).
     pub(super) io: Option<(CappedLines<BufReader<OwnedReadHalf>>, OwnedWriteHalf)>,
     /// The connection's place in its job's count.

@@ -128,6 +128,16 @@ pub enum HelloError {
         /// The line's start.
         excerpt: String,
     },
+    /// A lookup asked for more addresses than one may.
+    #[error("pid {pid} looked up {asked} addresses; a lookup holds at most {max}")]
+    LookupTooLarge {
+        /// The connecting process.
+        pid: i32,
+        /// How many it asked for.
+        asked: usize,
+        /// [`ib_quiesce::control::MAX_LOOKUP_ADDRESSES`].
+        max: usize,
+    },
     /// The hello names another pid than the kernel gave for the connection.
     #[error("pid {pid} claims to be pid {claimed}")]
     Impostor {

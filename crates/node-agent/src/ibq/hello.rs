@@ -55,7 +55,8 @@ impl Channels {
         }
     }
 
-    /// Reads the hello of `pid` (of job `job`) on `stream` and registers its channel.
+    /// Reads the hello of `pid` (of job `job`) on `stream` and registers its channel; or, if
+    /// the connection was made for a lookup, answers it (None).
     pub(super) async fn hello(
         &self,
         stream: UnixStream,
@@ -63,8 +64,8 @@ impl Channels {
         job: u64,
         slot: JobSlot,
         process: &Arc<PeerProcess>,
-    ) -> Result<Arc<Mutex<Conn>>, HelloError> {
-        let (r, writer) = stream.into_split();
+    ) -> Result<Option<Arc<Mutex<Conn>>>, HelloError> {
+        let (r, mut writer) = stream.into_split();
         let mut lines = CappedLines::new(BufReader::new(r));
         let first = match tokio::time::timeout(HELLO, lines.next_line(MAX_LINE)).await {
             Err(_) => return Err(HelloError::Silent { pid, wait: HELLO }),
@@ -78,25 +79,35 @@ impl Channels {
             Some(PROTOCOL_VERSION) | None => {}
             Some(layer) => return Err(HelloError::version(pid, layer)),
         }
-        let ToAgent::Hello {
-            pid: claimed,
-            channel,
-            down,
-            qps,
-            mrs,
-            ..
-        } = ToAgent::decode(&first).map_err(|source| HelloError::Malformed { pid, source })?
-        else {
-            return Err(HelloError::NotHello {
-                pid,
-                excerpt: excerpt(&first),
-            });
+        let (claimed, channel, down, qps, mrs) = match ToAgent::decode(&first)
+            .map_err(|source| HelloError::Malformed { pid, source })?
+        {
+            ToAgent::Hello {
+                pid: claimed,
+                channel,
+                down,
+                qps,
+                mrs,
+                ..
+            } => (claimed, channel, down, qps, mrs),
+            ToAgent::Lookup {
+                pid: claimed,
+                addresses,
+                ..
+            } => {
+                check_claim(pid, claimed)?;
+                self.answer_lookup(&mut writer, pid, job, &addresses)
+                    .await?;
+                return Ok(None);
+            }
+            _ => {
+                return Err(HelloError::NotHello {
+                    pid,
+                    excerpt: excerpt(&first),
+                })
+            }
         };
-        // A process in a job sandbox knows itself by its PID in the sandbox's namespace.
-        let known_as = FlagFor::of_process(pid);
-        if claimed != pid && known_as.map(|w| w.pid) != Some(claimed) {
-            return Err(HelloError::Impostor { pid, claimed });
-        }
+        check_claim(pid, claimed)?;
         if down {
             self.lower_flags([pid]);
         }
@@ -114,7 +125,7 @@ impl Channels {
             channel,
             down,
             drained: false,
-            wants: None,
+            wants: Wants::All,
             io: Some((lines, writer)),
             _slot: slot,
         };
@@ -137,6 +148,16 @@ impl Channels {
                 job,
             },
         );
-        Ok(conn)
+        Ok(Some(conn))
     }
+}
+
+/// Whether `claimed`, the pid a first message says, is `pid`, the kernel's: as the process
+/// knows itself (in a job sandbox, by its PID in the sandbox's namespace).
+fn check_claim(pid: i32, claimed: i32) -> Result<(), HelloError> {
+    let known_as = FlagFor::of_process(pid);
+    if claimed != pid && known_as.map(|w| w.pid) != Some(claimed) {
+        return Err(HelloError::Impostor { pid, claimed });
+    }
+    Ok(())
 }

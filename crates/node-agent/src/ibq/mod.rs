@@ -11,8 +11,9 @@
 //! objects alive; release, sent once every node drained, has it release them and close like a
 //! channel (or resume lets it run on). Rebuild
 //! raises each channel's flag, waits for its hello, has it recreate its objects and returns
-//! their endpoints; reconnect hands every endpoint of the job (gathered by the coordinator
-//! from all nodes) to each channel.
+//! their endpoints; reconnect hands each channel the endpoints it needs (the QPs or addresses
+//! it named, from all nodes through the coordinator). A verbs layer that named addresses asks
+//! for others later (`lookup.rs`), answered from the job's endpoints kept once per node.
 //!
 //! Who may connect: the socket is open to every local user (job processes run as their users),
 //! so each connection is identified when it is accepted, before anything is read from it. The
@@ -32,7 +33,7 @@ use futures_util::future::join_all;
 use ib_quiesce::channel::QpId;
 use ib_quiesce::control::{
     excerpt, flag_dir, flag_path, hello_version, FlagFor, Holdings, LineBuf, LineTooLong, ToAgent,
-    ToChannel, MAX_LINE, PROTOCOL_VERSION,
+    ToChannel, Wants, MAX_LINE, PROTOCOL_VERSION,
 };
 use ib_quiesce::{Endpoint, QuiesceReport};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -44,6 +45,7 @@ use tracing::{debug, info, warn};
 mod conn;
 mod error;
 mod hello;
+mod lookup;
 mod peer;
 mod process;
 use conn::*;
@@ -136,6 +138,9 @@ pub struct Channels {
     /// The flags raised, by the process's pid here: named as the process knows itself, which
     /// cannot be read back once it is gone.
     flags: std::sync::Mutex<HashMap<i32, FlagFor>>,
+    /// Every endpoint of each job, from its last reconnect on this node: what lookups are
+    /// answered from ([`Wants::Addresses`]). Held once per node, not per process.
+    tables: std::sync::Mutex<HashMap<u64, Arc<Vec<Endpoint>>>>,
 }
 
 fn lock_flags(
@@ -177,6 +182,7 @@ impl Channels {
             slots: Arc::default(),
             version_warned: VersionWarned::default(),
             flags: std::sync::Mutex::default(),
+            tables: std::sync::Mutex::default(),
         })
     }
 
@@ -284,7 +290,9 @@ impl Channels {
             .hello(stream, peer.pid, owner.job, slot, &process)
             .await
         {
-            Ok(r) => r,
+            Ok(Some(r)) => r,
+            // A lookup, answered: its connection ends here.
+            Ok(None) => return,
             Err(e) => return self.refused_hello(peer, owner.job, &e),
         };
         // Its process gone, the channel goes: nothing meant for the PID's next process
@@ -584,6 +592,7 @@ impl Channels {
                 Ok(ToAgent::Rebuilt {
                     endpoints,
                     peers,
+                    addresses,
                     micros,
                 }) => {
                     info!(
@@ -593,11 +602,14 @@ impl Channels {
                         qps = endpoints.len(),
                         "channel rebuilt"
                     );
-                    c.wants = peers.clone().map(|mut p| {
-                        p.sort_unstable();
-                        p
-                    });
-                    Ok((endpoints, peers))
+                    c.wants = Wants::from_wire(peers, addresses).sorted();
+                    // What this node needs from the others: the QPs a channel named, or
+                    // every endpoint for one that looks up the peers it meets later.
+                    let node_needs = match &c.wants {
+                        Wants::Qps(q) => Some(q.clone()),
+                        Wants::All | Wants::Addresses(_) => None,
+                    };
+                    Ok((endpoints, node_needs))
                 }
                 Ok(other) => Err(unexpected(other)),
                 Err(e) => Err(e),
@@ -625,26 +637,25 @@ impl Channels {
     }
 
     /// Hands the channels of `pids` the endpoints of their peers (each only those it named
-    /// when it rebuilt), found in `endpoints`; they connect and run again.
+    /// when it rebuilt), found in `endpoints`; they connect and run again. The job's endpoints
+    /// are kept for the lookups of its channels ([`Wants::Addresses`]).
     pub async fn reconnect(
         &self,
         pids: &[i32],
         endpoints: &[Endpoint],
         timeout: Duration,
     ) -> Result<(), ChannelFailure> {
+        self.keep_table(pids, endpoints).await;
         let calls = pids.iter().map(|&pid| async move {
             let Some(conn) = self.live(pid).await else {
                 return (pid, Err(ChannelError::Gone));
             };
             let mut c = conn.lock().await;
-            let endpoints = match &c.wants {
-                Some(w) => endpoints
-                    .iter()
-                    .filter(|e| w.binary_search(&e.id).is_ok())
-                    .cloned()
-                    .collect(),
-                None => endpoints.to_vec(),
-            };
+            let endpoints: Vec<Endpoint> = endpoints
+                .iter()
+                .filter(|e| c.wants.covers(e))
+                .cloned()
+                .collect();
             let cmd = ToChannel::Reconnect { endpoints };
             let r = match c.ask(&cmd, timeout).await {
                 Ok(ToAgent::Reconnected { micros }) => {

@@ -13,7 +13,7 @@ fn conn_pair() -> (Conn, UnixStream) {
         channel: 7,
         down: false,
         drained: true,
-        wants: None,
+        wants: Wants::All,
         io: Some((CappedLines::new(BufReader::new(r)), w)),
         _slot: slots.take(7, 1).unwrap(),
     };

@@ -577,6 +577,7 @@ fn a_drained_layer_stays_up_until_released_then_is_rebuilt_like_a_channel() {
             .say(&ToAgent::Rebuilt {
                 endpoints: Vec::new(),
                 peers: Some(Vec::new()),
+                addresses: None,
                 micros: 10,
             })
             .await;
@@ -628,6 +629,7 @@ fn a_channel_back_before_the_rebuild_is_not_flagged_again() {
             .say(&ToAgent::Rebuilt {
                 endpoints: Vec::new(),
                 peers: Some(Vec::new()),
+                addresses: None,
                 micros: 10,
             })
             .await;
@@ -763,4 +765,5 @@ fn a_check_returns_what_the_layer_holds_and_an_older_one_cannot_tell() {
 
 mod conn;
 mod lifetime;
+mod lookup;
 mod version;
