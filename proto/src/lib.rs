@@ -3,7 +3,11 @@
 //! side (agent, ckptd, ckptctl).
 
 mod engine;
+mod fence;
 pub use engine::{Engine, UnknownEngine};
+pub use fence::{
+    fence_of, fenced_agent, Fence, FenceGuard, FencedAgentClient, FencedChannel, FENCE_KEY,
+};
 
 /// Version 1 of the protocol.
 #[allow(missing_docs, missing_debug_implementations, clippy::all)]

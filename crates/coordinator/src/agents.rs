@@ -5,9 +5,7 @@ use std::future::Future;
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
-use ckpt_proto::v1::agent_client::AgentClient;
-use ckpt_proto::Engine;
-use tonic::transport::Channel;
+use ckpt_proto::{Engine, FencedAgentClient};
 
 use crate::clock::now_ms;
 use crate::link::EpochLink;
@@ -73,7 +71,7 @@ pub struct Registration {
 #[derive(Debug)]
 struct Entry {
     info: Registration,
-    client: AgentClient<Channel>,
+    client: FencedAgentClient,
     last_seen: Instant,
     /// The same moment on the wall clock (ms since the Unix epoch).
     last_seen_unix_ms: u64,
@@ -105,9 +103,24 @@ pub struct AgentView {
 pub struct Agents {
     map: RwLock<BTreeMap<String, Entry>>,
     registrations: std::sync::atomic::AtomicU64,
+    /// Put on every call to an agent ([`ckpt_proto::FenceGuard`]).
+    fence: Option<u64>,
 }
 
 impl Agents {
+    /// No agent yet; every call to one will carry `fence`.
+    pub fn fenced(fence: Option<u64>) -> Self {
+        Agents {
+            fence,
+            ..Agents::default()
+        }
+    }
+
+    /// The fence every call to an agent carries.
+    pub fn fence(&self) -> Option<u64> {
+        self.fence
+    }
+
     /// Records a registration (a re-registration replaces the address and client).
     pub fn register(
         &self,
@@ -131,7 +144,7 @@ impl Agents {
         }
         let channel = ckpt_auth::transport::channel(address, dial, AGENT_CONNECT_TIMEOUT)
             .map_err(|e| format!("bad agent address {address:?}: {e}"))?;
-        let client = AgentClient::new(channel);
+        let client = ckpt_proto::fenced_agent(channel, self.fence);
         self.map.write().expect("agents lock").insert(
             node.to_string(),
             Entry {
@@ -244,7 +257,7 @@ impl Agents {
     }
 
     /// A client for a node.
-    pub fn client(&self, node: &str) -> Result<AgentClient<Channel>, NodeFailure> {
+    pub fn client(&self, node: &str) -> Result<FencedAgentClient, NodeFailure> {
         self.map
             .read()
             .expect("agents lock")
@@ -262,7 +275,7 @@ impl Agents {
         f: F,
     ) -> Result<T, NodeFailure>
     where
-        F: FnOnce(AgentClient<Channel>) -> Fut,
+        F: FnOnce(FencedAgentClient) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let client = self.client(node)?;

@@ -620,6 +620,7 @@ impl pb::registry_server::Registry for RegistryHandler {
         Ok(Response::new(pb::RegisterReply {
             coordinator_id: self.id.clone(),
             lease_ms: lease_for(&peer, &self.coord.cfg),
+            fence: self.coord.agents.fence().unwrap_or(0),
         }))
     }
 
@@ -640,6 +641,7 @@ impl pb::registry_server::Registry for RegistryHandler {
         if self.coord.heartbeat(&r.node, r.jobs, staging).await {
             Ok(Response::new(pb::HeartbeatReply {
                 lease_ms: lease_for(&peer, &self.coord.cfg),
+                fence: self.coord.agents.fence().unwrap_or(0),
             }))
         } else {
             Err(Status::not_found(format!(

@@ -13,10 +13,9 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use ckpt_proto::v1 as pb;
-use ckpt_proto::v1::agent_client::AgentClient;
+use ckpt_proto::FencedAgentClient;
 use futures_util::future::join_all;
 use tokio::sync::mpsc;
-use tonic::transport::Channel;
 use tonic::Streaming;
 
 use crate::failure::{from_status, FailureKind, NodeFailure, UNREACHABLE_FIX};
@@ -178,7 +177,7 @@ impl std::fmt::Debug for GrpcLink {
 
 impl GrpcLink {
     /// Opens the epoch stream over a node's client (the call leaves with the first command).
-    pub fn open(node: &str, mut client: AgentClient<Channel>) -> GrpcLink {
+    pub fn open(node: &str, mut client: FencedAgentClient) -> GrpcLink {
         let (tx, rx) = mpsc::unbounded_channel();
         let call = async move {
             client

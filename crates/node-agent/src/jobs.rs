@@ -413,6 +413,7 @@ impl Jobs {
                 precopy: crate::copies::precopy::chain::Mode::Off("pre-copy is not set up".into()),
                 fence: crate::os::fence::Fence::off(),
                 lease,
+                leader_fence: Arc::default(),
                 exits: Arc::default(),
                 host: Arc::new(RealHost),
             },

@@ -340,8 +340,11 @@ pub async fn run(
             None
         }
     };
-    let server = tonic::transport::Server::builder()
-        .add_service(AgentServer::new(rpc::grpc::AgentHandler::new(jobs)));
+    let fence = jobs.node.leader_fence.clone();
+    let server = tonic::transport::Server::builder().add_service(AgentServer::with_interceptor(
+        rpc::grpc::AgentHandler::new(jobs),
+        move |req| rpc::fence::check(&fence, req),
+    ));
     let r = match listener {
         Listener::Cluster { tcp, credential } => {
             let tls = credential.server_config().map_err(StartError::Auth)?;

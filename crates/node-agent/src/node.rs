@@ -63,6 +63,9 @@ pub(crate) struct Node {
     pub(crate) fence: crate::os::fence::Fence,
     /// The node's lease from ckptd: parts are fenced once it runs out.
     pub(crate) lease: crate::rpc::lease::Keeper,
+    /// The highest fence of a ckptd seen (calls, grants, heartbeat answers): calls from a ckptd
+    /// that another replaced are refused ([`ckpt_proto::FenceGuard`]).
+    pub(crate) leader_fence: Arc<ckpt_proto::FenceGuard>,
     /// Processes of jobs killed by a signal ([`crate::launch::exits`]).
     pub(crate) exits: Arc<crate::launch::exits::Exits>,
     /// What the checkpoint and restore steps ask of the machine ([`crate::os::host`]).

@@ -335,6 +335,7 @@ async fn main() {
                 pb::Phase::Finalize as i32,
             ],
             not_after_ms: now + 60_000,
+            fence: 0,
         };
         let cases = [
             (

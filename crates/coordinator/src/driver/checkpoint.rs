@@ -281,6 +281,7 @@ impl EpochRun<'_> {
             job_id: self.id,
             epoch: self.epoch.number,
             relay: relay.clone(),
+            fence: self.coord.agents.fence().unwrap_or(0),
             nodes: below.to_vec(),
             phases: [
                 pb::Phase::InitialSync,

@@ -426,7 +426,7 @@ impl Coordinator {
         &self,
         id: u64,
         job: &Job,
-        client: ckpt_proto::v1::agent_client::AgentClient<tonic::transport::Channel>,
+        client: ckpt_proto::FencedAgentClient,
     ) -> Result<Job, DriveError> {
         let node = job.node.clone();
         let d = &self.cfg.deadlines;

@@ -362,9 +362,10 @@ impl Coordinator {
                 registry.put_job(&job)?;
             }
         }
+        let fence = registry.fence();
         Ok(Arc::new(Coordinator {
             registry,
-            agents: Agents::default(),
+            agents: Agents::fenced(fence),
             cfg,
             state: Mutex::new(()),
             orphaned: std::sync::Mutex::new(orphaned),
@@ -416,7 +417,7 @@ impl Coordinator {
         f: F,
     ) -> Result<Vec<(String, T)>, NodeFailure>
     where
-        F: Fn(ckpt_proto::v1::agent_client::AgentClient<tonic::transport::Channel>) -> Fut,
+        F: Fn(ckpt_proto::FencedAgentClient) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         self.on_each(nodes, what, deadline, |_, c| f(c)).await
@@ -431,7 +432,7 @@ impl Coordinator {
         f: F,
     ) -> Result<Vec<(String, T)>, NodeFailure>
     where
-        F: Fn(&'n str, ckpt_proto::v1::agent_client::AgentClient<tonic::transport::Channel>) -> Fut,
+        F: Fn(&'n str, ckpt_proto::FencedAgentClient) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let mut calls = Vec::new();
@@ -491,7 +492,7 @@ impl Coordinator {
         f: F,
     ) -> Vec<(String, Result<T, NodeFailure>)>
     where
-        F: Fn(ckpt_proto::v1::agent_client::AgentClient<tonic::transport::Channel>) -> Fut,
+        F: Fn(ckpt_proto::FencedAgentClient) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let f = &f;

@@ -233,6 +233,11 @@ impl Store {
         &self.name
     }
 
+    /// The leadership key's creation revision this ckptd won (none before it has).
+    pub fn fence(&self) -> Option<u64> {
+        self.fence.and_then(|f| u64::try_from(f).ok())
+    }
+
     fn handle(&self) -> &tokio::runtime::Handle {
         self.runtime.0.as_ref().expect("running").handle()
     }

@@ -203,6 +203,15 @@ impl Registry {
         }
     }
 
+    /// The fence this ckptd won the leadership with ([`ckpt_proto::FenceGuard`]): none on the
+    /// embedded database, whose ckptd has no rival.
+    pub fn fence(&self) -> Option<u64> {
+        match &self.backend {
+            Backend::Redb(_) => None,
+            Backend::Etcd(s) => s.fence(),
+        }
+    }
+
     fn redb(&self) -> Option<&Database> {
         match &self.backend {
             Backend::Redb(db) => Some(db),

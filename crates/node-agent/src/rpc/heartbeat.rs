@@ -156,6 +156,7 @@ pub async fn run(
                 Ok(Ok(r)) => {
                     info!(coordinator, "registered");
                     renew(&jobs, sent, r.get_ref().lease_ms);
+                    jobs.node.leader_fence.raise(r.get_ref().fence);
                     registered = true;
                 }
                 Ok(Err(e))
@@ -186,7 +187,10 @@ pub async fn run(
             };
             let sent = crate::rpc::lease::boottime_ms();
             match tokio::time::timeout(timeout, c.heartbeat(req)).await {
-                Ok(Ok(r)) => renew(&jobs, sent, r.get_ref().lease_ms),
+                Ok(Ok(r)) => {
+                    renew(&jobs, sent, r.get_ref().lease_ms);
+                    jobs.node.leader_fence.raise(r.get_ref().fence);
+                }
                 Ok(Err(e)) => {
                     warn!(coordinator, error = %e, "heartbeat failed; registering again");
                     registered = false;

@@ -12,6 +12,7 @@
 //! use: they import only `os/` and the crate's error type.
 
 mod epoch;
+pub(crate) mod fence;
 pub(crate) mod grpc;
 pub(crate) mod heartbeat;
 mod images;

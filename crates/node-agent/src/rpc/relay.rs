@@ -16,7 +16,6 @@ use std::time::Duration;
 use ckpt_auth::tls::Credential;
 use ckpt_auth::Identity;
 use ckpt_proto::v1 as pb;
-use ckpt_proto::v1::agent_client::AgentClient;
 use epoch_link::failure::{FailureKind, NodeFailure, UNREACHABLE_FIX};
 use epoch_link::link::{failure_event, EpochLink, GrpcLink};
 use epoch_link::relay::{Authorized, Relay, ShownGrant};
@@ -37,6 +36,8 @@ pub(super) struct Grant {
     epoch: u32,
     phases: Vec<pb::Phase>,
     not_after_ms: u64,
+    /// The signing ckptd's fence (0: unfenced).
+    fence: u64,
     /// The signature it was checked with: a command showing the same one is not checked again.
     signature: Vec<u8>,
 }
@@ -86,6 +87,7 @@ impl Grant {
             job: g.job_id,
             epoch: g.epoch,
             not_after_ms: g.not_after_ms,
+            fence: g.fence,
             signature: a.signature.clone(),
         })
     }
@@ -155,7 +157,11 @@ pub(super) fn authorize(
         }
     }
     match grant {
-        Some(g) => g.covers(cmd).map_err(refused),
+        // A grant of a ckptd that another replaced is void like an expired one.
+        Some(g) => {
+            g.covers(cmd).map_err(refused)?;
+            jobs.node.leader_fence.admit(Some(g.fence)).map_err(refused)
+        }
         None => Err(refused(denied(format!(
             "Agent.Epoch is only for the coordinator, or a relay showing its grant; node {caller} showed none"
         )))),
@@ -246,7 +252,7 @@ impl Relaying {
 async fn dial(
     credential: Option<&Credential>,
     child: &pb::RelayChild,
-) -> Result<AgentClient<tonic::transport::Channel>, NodeFailure> {
+) -> Result<ckpt_proto::FencedAgentClient, NodeFailure> {
     let unreachable = |why: String| NodeFailure {
         node: child.node.clone(),
         kind: FailureKind::Unreachable,
@@ -275,7 +281,8 @@ async fn dial(
     )
     .await
     .map_err(unreachable)?;
-    Ok(AgentClient::new(ch))
+    // Unfenced: the grant the relay shows carries the fence.
+    Ok(ckpt_proto::fenced_agent(ch, None))
 }
 
 #[cfg(test)]
@@ -320,6 +327,7 @@ mod tests {
             nodes: vec!["b".into(), "c".into()],
             phases: vec![pb::Phase::InitialSync as i32, pb::Phase::Quiesce as i32],
             not_after_ms: now_ms() + 60_000,
+            fence: 0,
         };
         let a = signed(&coord, &grant);
         let g = Grant::check(Some(&b), "b", "a", &a).unwrap();
