@@ -24,7 +24,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ckpt_proto::v1 as pb;
-use ckpt_proto::v1::agent_client::AgentClient;
 use ckpt_proto::v1::agent_server::{Agent, AgentServer};
 use coordinator::config::CoordinatorConfig;
 use coordinator::driver::{Caller, Coordinator, RunSpec};
@@ -123,7 +122,7 @@ impl NoopAgent {
         for (c, dial) in plan.children.iter().zip(dials) {
             let ch = dial.await.expect("dial task").expect("dial a child");
             links.push(Box::new(Authorized::new(
-                GrpcLink::open(&c.node, AgentClient::new(ch)),
+                GrpcLink::open(&c.node, ckpt_proto::fenced_agent(ch, None)),
                 authority.clone(),
             )));
         }

@@ -18,29 +18,11 @@ fn at(a: u8, qpn: u32, now: u8) -> Endpoint {
 /// answering `rebuilt` with `addresses`; returns the node's rebuild result and the layer,
 /// connected again (down) for the reconnect.
 async fn rebuilt_naming(ch: &Arc<Channels>, addresses: Vec<u64>) -> (Rebuilt, FakeLayer) {
-    let pid = me().pid;
     let mut layer = FakeLayer::connect(ch, false).await;
     assert!(comes_up(ch).await);
     drained(ch, &mut layer).await;
-    let release = releasing(ch);
-    assert_eq!(layer.command().await, ToChannel::Release);
-    layer
-        .say(&ToAgent::Quiesced {
-            report: layer_report(),
-            micros: 1,
-        })
-        .await;
-    drop(layer);
-    assert!(release.await.unwrap().1.is_empty());
-    let rebuild = tokio::spawn({
-        let ch = ch.clone();
-        async move { ch.rebuild(&[pid], Duration::from_secs(5)).await }
-    });
-    while !flag_path(ch.socket(), FlagFor::of_process(pid).unwrap()).exists() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let mut layer = FakeLayer::connect(ch, true).await;
-    assert_eq!(layer.command().await, ToChannel::Rebuild);
+    assert!(released(ch, layer).await.1.is_empty());
+    let (rebuild, mut layer) = rebuilding(ch).await;
     layer
         .say(&ToAgent::Rebuilt {
             endpoints: vec![at(1, 0x11, 1)],

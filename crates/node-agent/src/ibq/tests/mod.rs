@@ -535,6 +535,42 @@ fn releasing(ch: &Arc<Channels>) -> tokio::task::JoinHandle<(Quiesced, Vec<Chann
     tokio::spawn(async move { ch.release(&[me().pid], Duration::from_secs(2)).await })
 }
 
+/// Has the agent release this process's drained layer, which answers `quiesced` and closes;
+/// returns the result.
+async fn released(ch: &Arc<Channels>, mut layer: FakeLayer) -> (Quiesced, Vec<ChannelFailure>) {
+    let release = releasing(ch);
+    assert_eq!(layer.command().await, ToChannel::Release);
+    layer
+        .say(&ToAgent::Quiesced {
+            report: layer_report(),
+            micros: 800,
+        })
+        .await;
+    drop(layer);
+    release.await.unwrap()
+}
+
+/// The agent's rebuild of this process's released layer, running, and the layer connected
+/// again (down) with the `rebuild` command read.
+async fn rebuilding(
+    ch: &Arc<Channels>,
+) -> (
+    tokio::task::JoinHandle<Result<Rebuilt, ChannelFailure>>,
+    FakeLayer,
+) {
+    let pid = me().pid;
+    let rebuild = tokio::spawn({
+        let ch = ch.clone();
+        async move { ch.rebuild(&[pid], Duration::from_secs(5)).await }
+    });
+    while !flag_path(ch.socket(), FlagFor::of_process(pid).unwrap()).exists() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut layer = FakeLayer::connect(ch, true).await;
+    assert_eq!(layer.command().await, ToChannel::Rebuild);
+    (rebuild, layer)
+}
+
 /// A layer that answers `drained` is reported drained and stays up (not down); released, it
 /// answers `quiesced` and closes, and is then down, and is rebuilt and reconnected like a
 /// channel.
@@ -550,29 +586,12 @@ fn a_drained_layer_stays_up_until_released_then_is_rebuilt_like_a_channel() {
         assert_eq!(done.slowest, Duration::from_micros(1500));
         assert_eq!(ch.up(&[pid]).await, vec![pid], "drained is not down");
 
-        let release = releasing(&ch);
-        assert_eq!(layer.command().await, ToChannel::Release);
-        layer
-            .say(&ToAgent::Quiesced {
-                report: layer_report(),
-                micros: 800,
-            })
-            .await;
-        drop(layer);
-        let (done, failed) = release.await.unwrap();
+        let (done, failed) = released(&ch, layer).await;
         assert!(failed.is_empty(), "{failed:?}");
         assert_eq!((done.released, done.drained), (vec![pid], vec![]));
         assert!(ch.up(&[pid]).await.is_empty(), "released is down");
 
-        let rebuild = tokio::spawn({
-            let ch = ch.clone();
-            async move { ch.rebuild(&[pid], Duration::from_secs(5)).await }
-        });
-        while !flag_path(ch.socket(), FlagFor::of_process(pid).unwrap()).exists() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let mut layer = FakeLayer::connect(&ch, true).await;
-        assert_eq!(layer.command().await, ToChannel::Rebuild);
+        let (rebuild, mut layer) = rebuilding(&ch).await;
         layer
             .say(&ToAgent::Rebuilt {
                 endpoints: Vec::new(),
