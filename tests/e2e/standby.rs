@@ -159,6 +159,37 @@ fn failover(lose_etcd_member: bool) {
         committed.as_secs_f64()
     );
     assert_eq!(committed_epochs(&d, job), [1, 3]);
+    // A replaced ckptd, back with an old fence (1: below any winner's), is refused by an agent
+    // that has heard from its successor, before the call does anything.
+    let nodes: serde_json::Value =
+        serde_json::from_str(d.ctl(&["nodes", "--json"]).ok()).expect("nodes --json");
+    let n1 = nodes["nodes"]
+        .as_array()
+        .and_then(|a| a.iter().find(|n| n["name"] == "n1"))
+        .and_then(|n| n["address"].as_str())
+        .expect("n1's agent address")
+        .to_string();
+    let tls = d.dir.path().join("tls").display().to_string();
+    let out = std::process::Command::new(ckpt_tests::bin_dir().join("ckpt-attack"))
+        .args([
+            n1.as_str(),
+            "--target",
+            "n1",
+            "--job",
+            &id,
+            "--replaced-ckptd",
+            &tls,
+            "1",
+        ])
+        .output()
+        .expect("run ckpt-attack");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("RPC Agent.InspectFenced FailedPrecondition")
+            && said.contains("fence 1 is older than"),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // The first ckptd, started again, stands by. The active one hangs (a head node that stops
     // answering, its process alive): its lease runs out, the first takes over, and the agents

@@ -172,8 +172,11 @@ fn epochs_flush_to_shared_storage_and_restarts_fall_back_to_it() {
     skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "mkfs.ext4");
     let want = Mpi::Mpich.reference_checksum(4, 256, 3000);
     // A slow shared target (5 MB/s) on its own file system, chunks stored zstd-compressed;
-    // one local epoch kept.
+    // one local epoch kept. Each flush also waits 4 s before it copies (reporting progress):
+    // compressed, the first epoch's chunks take about half a second at 5 MB/s, and the next
+    // epoch must commit while it is still being copied (a race the test once lost).
     let d = Ckptd::start(Options {
+        failpoints: true,
         shared_size: Some("512M".into()),
         agent_toml: "[agent.flush]\nbandwidth_mb = 5\nstreams = 2\ncompress = \"zstd:3\"\n".into(),
         extra_toml: "[retention]\nkeep_local = 1\n".into(),
@@ -185,7 +188,9 @@ fn epochs_flush_to_shared_storage_and_restarts_fall_back_to_it() {
         device_of(&d.dir.path().join("local")),
         "shared_dir is a separate file system"
     );
-    let job = d.run_job("heat", &Mpi::Mpich.heat_argv(4, 256, 3000, 2000));
+    d.set_failpoints("flush=delay:4s\n");
+    // 6 ms a step, about 18 s: it runs on through both delayed flushes.
+    let job = d.run_job("heat", &Mpi::Mpich.heat_argv(4, 256, 3000, 6000));
     let id = job.to_string();
     d.wait_progress(job, 1, LIMIT);
 
@@ -219,6 +224,7 @@ fn epochs_flush_to_shared_storage_and_restarts_fall_back_to_it() {
         (Some("flushing"), Some("flushing")),
         "epoch 2 committed while epoch 1 was still flushing: {e:?}"
     );
+    d.set_failpoints("");
     eprintln!(
         "image bytes {} / {}; frozen {} / {} ms while flushing at 5 MB/s",
         e[0]["image_bytes"], e[1]["image_bytes"], e[0]["frozen_ms"], e[1]["frozen_ms"]

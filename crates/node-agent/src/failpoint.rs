@@ -5,8 +5,8 @@
 //! `PHASE=delay:DURATION` (e.g. `local-checkpoint=delay:5s`) makes it wait first;
 //! `PHASE@NODE=...` applies on that node only. Phases, by their protocol names:
 //! `initial-sync`, `quiesce`, `local-checkpoint`, `resume`, `finalize`, and `restore`,
-//! `release`, `encode` (an erasure-coded group's parity). Without the variable (production),
-//! nothing is read.
+//! `release`, `encode` (an erasure-coded group's parity), `flush` (a copy to shared storage).
+//! Without the variable (production), nothing is read.
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! and prints one line per call: `RPC <service>.<call> <gRPC code> <message>`.
 //!
 //! Usage: `ckpt-attack ADDRESS [--ca CA_PEM] [--cred DIR NODE] [--target NODE] [--job ID]
-//!         [--grants DIR]`
+//!         [--grants DIR] [--replaced-ckptd DIR FENCE]`
 //! - ADDRESS: `host:port` (TLS when `--ca` is given, else plain HTTP/2) or `unix:/path`.
 //! - `--ca`: trust this CA (what any user can read) and present no certificate.
 //! - `--cred DIR NODE`: present node NODE's credential from DIR (a compromised node).
@@ -13,6 +13,9 @@
 //!   stands for the grants a compromised relay node keeps from real epochs: each is shown to
 //!   the target outside what it covers (another job, another epoch, expired, another relay,
 //!   another node), next to one the node signed itself and a relay plan of its own.
+//! - `--replaced-ckptd DIR FENCE`: instead of all that, one call to the target agent
+//!   (`Agent.Inspect` of the job) with the coordinator's credential from DIR and fence FENCE:
+//!   a ckptd that another replaced, continued (`RPC Agent.InspectFenced <code> <message>`).
 //!
 //! Every call asks for something harmful: run a command as root (creating
 //! `/tmp/ckpt-attack-pwned`), take over a node name, stream a job's images, write `/etc/x` or
@@ -29,7 +32,7 @@ const PWNED: &str = "/tmp/ckpt-attack-pwned";
 
 fn usage() -> ! {
     eprintln!(
-        "usage: ckpt-attack ADDRESS [--ca CA_PEM] [--cred DIR NODE] [--target NODE] [--job ID] [--grants DIR]"
+        "usage: ckpt-attack ADDRESS [--ca CA_PEM] [--cred DIR NODE] [--target NODE] [--job ID] [--grants DIR] [--replaced-ckptd DIR FENCE]"
     );
     std::process::exit(2)
 }
@@ -145,6 +148,35 @@ fn evil_stream(job: u64, node: &str, path: &str) -> Vec<pb::ImageChunk> {
     ]
 }
 
+/// One call to an agent as a ckptd that another replaced: the coordinator's own credential,
+/// an old fence.
+async fn as_replaced_ckptd(
+    addr: &str,
+    server: ckpt_auth::Identity,
+    dir: &str,
+    fence: u64,
+    job: u64,
+) {
+    let coord = ckpt_auth::tls::Credential::load(
+        std::path::Path::new(dir),
+        &ckpt_auth::Identity::Coordinator,
+    )
+    .expect("the coordinator's credential");
+    let dial = ckpt_auth::transport::Dial::Tls(coord.client_config(server).expect("client config"));
+    let ch = match channel(addr, Some(dial)).await {
+        Ok(c) => c,
+        Err(e) => {
+            println!("CONNECT refused {}", e.replace('\n', " "));
+            return;
+        }
+    };
+    let mut ag = ckpt_proto::fenced_agent(ch, Some(fence));
+    attack!(
+        "Agent.InspectFenced",
+        ag.inspect(InspectRequest { job_id: job })
+    );
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -153,6 +185,7 @@ async fn main() {
     };
     let (mut ca, mut cred, mut target, mut job) = (None, None, None, 1u64);
     let mut grants = None;
+    let mut replaced: Option<(String, u64)> = None;
     let mut i = 1;
     while i < args.len() {
         match args[i].as_str() {
@@ -175,6 +208,15 @@ async fn main() {
                 grants = args.get(i + 1).cloned();
                 i += 2;
             }
+            "--replaced-ckptd" => {
+                replaced = Some((
+                    args.get(i + 1).cloned().unwrap_or_else(|| usage()),
+                    args.get(i + 2)
+                        .and_then(|f| f.parse().ok())
+                        .unwrap_or_else(|| usage()),
+                ));
+                i += 3;
+            }
             "--job" => {
                 job = args
                     .get(i + 1)
@@ -189,6 +231,9 @@ async fn main() {
         Some(n) => ckpt_auth::Identity::Node(n.clone()),
         None => ckpt_auth::Identity::Coordinator,
     };
+    if let Some((dir, fence)) = replaced {
+        return as_replaced_ckptd(&addr, server, &dir, fence, job).await;
+    }
     let me = cred.as_ref().map(|(_, n)| n.clone());
     let dial = if addr.starts_with("unix:") {
         Some(ckpt_auth::transport::Dial::LocalOnly)

@@ -170,7 +170,9 @@ impl Jobs {
             committed_digest.to_string(),
             self.node.name.clone(),
         );
-        let task = tokio::task::spawn_blocking(move || {
+        // A failpoint holds the copy back, not the call: progress is reported meanwhile.
+        let held = self.node.failpoints.action("flush", &self.node.name);
+        let copy = move || {
             let r = ckpt_store::dedup::flush(
                 &src,
                 &shared,
@@ -188,6 +190,21 @@ impl Jobs {
                 job: job_id,
                 source,
             })
+        };
+        let task = tokio::spawn(async move {
+            match held {
+                Some(crate::failpoint::Action::Error) => {
+                    return Err(AgentError::Injected {
+                        job: job_id,
+                        phase: "flush",
+                    })
+                }
+                Some(crate::failpoint::Action::Delay(d)) => tokio::time::sleep(d).await,
+                None => {}
+            }
+            tokio::task::spawn_blocking(copy)
+                .await
+                .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
         });
         Ok((progress, task))
     }
