@@ -733,7 +733,7 @@ mod lines;
 mod lookup;
 pub use flag::{flag_dir, flag_path, FlagFor};
 pub use lines::{lines_within_cap, read_line, LineBuf, LineTooLong};
-pub use lookup::{address_id, lookup, matches_address, Wants, MAX_LOOKUP_ADDRESSES};
+pub use lookup::{address_id, addresses_of, lookup, Wants, MAX_LOOKUP_ADDRESSES};
 
 #[cfg(test)]
 mod tests;

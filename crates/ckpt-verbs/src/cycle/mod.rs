@@ -57,9 +57,6 @@ static STAGE: Mutex<Stage> = Mutex::new(Stage::Up);
 /// What the last release kept for the program (for the status after the rebuild).
 static KEPT: Mutex<Option<QuiesceReport>> = Mutex::new(None);
 
-/// The addresses the last rebuild named ([`peers::named`]), known once the reconnect is in.
-static NAMED: Mutex<Vec<u64>> = Mutex::new(Vec::new());
-
 /// Where the layer is.
 pub fn stage() -> Stage {
     *lock(&STAGE)
@@ -181,12 +178,7 @@ impl Controlled for Control {
         need(Stage::Down, "rebuild")?;
         let eps = gate().run(true, rebuild::rebuild)?;
         set_stage(Stage::Rebuilt);
-        let wants = peers::named();
-        *lock(&NAMED) = match &wants {
-            Wants::Addresses(a) => a.clone(),
-            _ => Vec::new(),
-        };
-        Ok((eps, wants))
+        Ok((eps, peers::named()))
     }
 
     /// The command descriptors of the real contexts (none while released), and the
@@ -215,7 +207,12 @@ impl Controlled for Control {
         need(Stage::Rebuilt, "reconnect")?;
         let eps = endpoints.to_vec();
         gate().run(false, move || rebuild::reconnect(&eps))?;
-        let named = std::mem::take(&mut *lock(&NAMED));
+        // What the rebuild named (the shadows have not changed since: the gate is closed),
+        // and whatever else came.
+        let named = match peers::named() {
+            Wants::Addresses(a) => a,
+            _ => Vec::new(),
+        };
         layer()
             .tables
             .reconnected(named.into_iter().chain(endpoints.iter().map(|e| e.id.0)));

@@ -59,7 +59,7 @@ impl Wants {
         match self {
             Wants::All => true,
             Wants::Qps(q) => q.binary_search(&e.id).is_ok(),
-            Wants::Addresses(a) => a.iter().any(|&x| matches_address(e, x)),
+            Wants::Addresses(a) => addresses_of(e).any(|x| a.binary_search(&x).is_ok()),
         }
     }
 
@@ -92,19 +92,15 @@ pub fn address_id(addr: &[u8; 16]) -> u64 {
     h.max(1)
 }
 
-/// Whether endpoint `e` is at the address `id`: the one its peers name it by (its channel id),
-/// or where its port is now (its GID, or its LID on InfiniBand without one), which is what a
-/// datagram's completion shows of its sender.
-pub fn matches_address(e: &Endpoint, id: u64) -> bool {
-    if e.id.0 == id {
-        return true;
-    }
-    if e.port.gid != [0; 16] && address_id(&e.port.gid) == id {
-        return true;
-    }
+/// The addresses endpoint `e` is at: the one its peers name it by (its channel id), and where
+/// its port is now (its GID, and its LID on InfiniBand), which is what a datagram's completion
+/// shows of its sender.
+pub fn addresses_of(e: &Endpoint) -> impl Iterator<Item = u64> {
     let mut lid = [0u8; 16];
     lid[14..].copy_from_slice(&e.port.lid.to_be_bytes());
-    e.port.lid != 0 && address_id(&lid) == id
+    let gid = (e.port.gid != [0; 16]).then(|| address_id(&e.port.gid));
+    let lid = (e.port.lid != 0).then(|| address_id(&lid));
+    std::iter::once(e.id.0).chain(gid).chain(lid)
 }
 
 /// Asks the agent at `socket` for the endpoints of the job's QPs at `addresses` ([`Wants`]),

@@ -4,23 +4,69 @@
 //! keys, and the connection is identified as a channel's is.
 use std::collections::HashSet;
 
-use ib_quiesce::control::{matches_address, MAX_LOOKUP_ADDRESSES};
+use ib_quiesce::control::{addresses_of, MAX_LOOKUP_ADDRESSES};
 
 use super::*;
 
+/// Every endpoint of a job as of its last reconnect on this node, indexed by the addresses
+/// each is at ([`addresses_of`]): a channel's share and a lookup's answer are gathered from the
+/// index, not by comparing every endpoint with every address asked for.
+#[derive(Debug)]
+pub(super) struct Table {
+    endpoints: Vec<Endpoint>,
+    by_address: HashMap<u64, Vec<usize>>,
+}
+
+impl Table {
+    fn new(endpoints: &[Endpoint]) -> Self {
+        let mut by_address: HashMap<u64, Vec<usize>> = HashMap::new();
+        for (i, e) in endpoints.iter().enumerate() {
+            for a in addresses_of(e) {
+                let at = by_address.entry(a).or_default();
+                // An endpoint's port id can equal its channel id (it never moved).
+                if at.last() != Some(&i) {
+                    at.push(i);
+                }
+            }
+        }
+        Table {
+            endpoints: endpoints.to_vec(),
+            by_address,
+        }
+    }
+
+    /// The endpoints at any of `addresses`, each once, in the table's order.
+    pub(super) fn at(&self, addresses: &[u64]) -> Vec<Endpoint> {
+        let mut found: Vec<usize> = addresses
+            .iter()
+            .filter_map(|a| self.by_address.get(a))
+            .flatten()
+            .copied()
+            .collect();
+        found.sort_unstable();
+        found.dedup();
+        found
+            .into_iter()
+            .map(|i| self.endpoints[i].clone())
+            .collect()
+    }
+}
+
 impl Channels {
-    /// Keeps `endpoints` as the table of the job of `pids` (in place of its last one); the
-    /// tables of jobs without a registered channel left go.
-    pub(super) async fn keep_table(&self, pids: &[i32], endpoints: &[Endpoint]) {
+    /// Keeps `endpoints` as the table of the job of `pids` (in place of its last one), and
+    /// returns it; the tables of jobs without a registered channel left go.
+    pub(super) async fn keep_table(&self, pids: &[i32], endpoints: &[Endpoint]) -> Arc<Table> {
+        let table = Arc::new(Table::new(endpoints));
         let map = self.conns.lock().await;
         let Some(job) = pids.iter().find_map(|p| map.get(p).map(|r| r.job)) else {
-            return;
+            return table;
         };
         let live: HashSet<u64> = map.values().map(|r| r.job).collect();
         drop(map);
         let mut t = self.tables.lock().unwrap_or_else(|p| p.into_inner());
         t.retain(|j, _| live.contains(j));
-        t.insert(job, Arc::new(endpoints.to_vec()));
+        t.insert(job, table.clone());
+        table
     }
 
     /// Answers the lookup of `pid` (of job `job`) for `addresses` on `writer`: the endpoints
@@ -45,12 +91,7 @@ impl Channels {
             .unwrap_or_else(|p| p.into_inner())
             .get(&job)
             .cloned();
-        let endpoints: Vec<Endpoint> = table
-            .iter()
-            .flat_map(|t| t.iter())
-            .filter(|e| addresses.iter().any(|&a| matches_address(e, a)))
-            .cloned()
-            .collect();
+        let endpoints = table.map(|t| t.at(addresses)).unwrap_or_default();
         debug!(
             pid,
             job,
@@ -69,11 +110,11 @@ impl Channels {
 
     /// The endpoints kept for `job` (tests).
     #[cfg(test)]
-    pub(super) fn table(&self, job: u64) -> Option<Arc<Vec<Endpoint>>> {
+    pub(super) fn table(&self, job: u64) -> Option<Vec<Endpoint>> {
         self.tables
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&job)
-            .cloned()
+            .map(|t| t.endpoints.clone())
     }
 }

@@ -140,7 +140,7 @@ pub struct Channels {
     flags: std::sync::Mutex<HashMap<i32, FlagFor>>,
     /// Every endpoint of each job, from its last reconnect on this node: what lookups are
     /// answered from ([`Wants::Addresses`]). Held once per node, not per process.
-    tables: std::sync::Mutex<HashMap<u64, Arc<Vec<Endpoint>>>>,
+    tables: std::sync::Mutex<HashMap<u64, Arc<lookup::Table>>>,
 }
 
 fn lock_flags(
@@ -645,17 +645,16 @@ impl Channels {
         endpoints: &[Endpoint],
         timeout: Duration,
     ) -> Result<(), ChannelFailure> {
-        self.keep_table(pids, endpoints).await;
+        let table = &self.keep_table(pids, endpoints).await;
         let calls = pids.iter().map(|&pid| async move {
             let Some(conn) = self.live(pid).await else {
                 return (pid, Err(ChannelError::Gone));
             };
             let mut c = conn.lock().await;
-            let endpoints: Vec<Endpoint> = endpoints
-                .iter()
-                .filter(|e| c.wants.covers(e))
-                .cloned()
-                .collect();
+            let endpoints: Vec<Endpoint> = match &c.wants {
+                Wants::Addresses(a) => table.at(a),
+                w => endpoints.iter().filter(|e| w.covers(e)).cloned().collect(),
+            };
             let cmd = ToChannel::Reconnect { endpoints };
             let r = match c.ask(&cmd, timeout).await {
                 Ok(ToAgent::Reconnected { micros }) => {
