@@ -155,8 +155,7 @@ pub async fn run(
             match tokio::time::timeout(timeout, c.register(req)).await {
                 Ok(Ok(r)) => {
                     info!(coordinator, "registered");
-                    renew(&jobs, sent, r.get_ref().lease_ms);
-                    jobs.node.leader_fence.raise(r.get_ref().fence);
+                    renew(&jobs, sent, r.get_ref().lease_ms, r.get_ref().fence);
                     registered = true;
                 }
                 Ok(Err(e))
@@ -187,10 +186,7 @@ pub async fn run(
             };
             let sent = crate::rpc::lease::boottime_ms();
             match tokio::time::timeout(timeout, c.heartbeat(req)).await {
-                Ok(Ok(r)) => {
-                    renew(&jobs, sent, r.get_ref().lease_ms);
-                    jobs.node.leader_fence.raise(r.get_ref().fence);
-                }
+                Ok(Ok(r)) => renew(&jobs, sent, r.get_ref().lease_ms, r.get_ref().fence),
                 Ok(Err(e)) => {
                     warn!(coordinator, error = %e, "heartbeat failed; registering again");
                     registered = false;
@@ -223,8 +219,9 @@ fn next(
 
 /// Renews the node's lease with ckptd's answer to a call sent at `sent` (`CLOCK_BOOTTIME`, ms),
 /// and warns when the lease had run more than half out: at its end the shims kill the node's
-/// job parts.
-fn renew(jobs: &Jobs, sent: u64, lease_ms: u64) {
+/// job parts. Learns the answering ckptd's `fence` ([`ckpt_proto::FenceGuard`]).
+fn renew(jobs: &Jobs, sent: u64, lease_ms: u64, fence: u64) {
+    jobs.node.leader_fence.raise(fence);
     if let Some(unrenewed) = jobs.node.lease.renew(sent, lease_ms) {
         warn!(
             unrenewed_ms = unrenewed.as_millis() as u64,
