@@ -21,6 +21,8 @@ pub struct Slurm {
     /// `slurm.conf`.
     pub conf: PathBuf,
     children: Vec<Child>,
+    /// Slurm's node names, whose cgroup trees (`slurm_<node>`) are removed on drop.
+    nodes: Vec<String>,
 }
 
 fn which(prog: &str) -> bool {
@@ -79,6 +81,7 @@ impl Slurm {
             conf: dir.join("slurm.conf"),
             dir: dir.clone(),
             children: Vec::new(),
+            nodes: cluster.nodes.iter().map(|n| n.name.clone()).collect(),
         };
         let log = |name: &str| -> Result<Stdio, String> {
             std::fs::File::create(dir.join("log").join(name))
@@ -109,6 +112,14 @@ impl Slurm {
         }
         let names: Vec<&str> = cluster.nodes.iter().map(|n| n.name.as_str()).collect();
         let d = dir.display();
+        // Slurm as sites run it: its jobs' processes tracked, confined and counted in cgroups
+        // (v1 here; each slurmd of the test keeps its own tree, `slurm_<node>`), and an extern
+        // step on every node of a job (`PrologFlags=contain`).
+        std::fs::write(
+            dir.join("cgroup.conf"),
+            "CgroupPlugin=autodetect\nConstrainCores=yes\nConstrainRAMSpace=yes\n",
+        )
+        .map_err(|e| e.to_string())?;
         std::fs::write(
             &s.conf,
             format!(
@@ -119,7 +130,8 @@ impl Slurm {
                  SlurmdSpoolDir={d}/spool/%n\nSlurmctldPidFile={d}/slurmctld.pid\n\
                  SlurmdPidFile={d}/slurmd.%n.pid\nSlurmctldLogFile={d}/log/slurmctld.log\n\
                  SlurmdLogFile={d}/log/slurmd.%n.log\nMailProg=/bin/true\n\
-                 ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n\
+                 ProctrackType=proctrack/cgroup\nTaskPlugin=task/cgroup\nPrologFlags=contain\n\
+                 JobAcctGatherType=jobacct_gather/linux\nJobAcctGatherFrequency=task=2\n\
                  SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\n\
                  SchedulerType=sched/backfill\nSchedulerParameters=sched_interval=2,bf_interval=2\n\
                  JobRequeue=1\nReturnToService=2\nMpiDefault=none\nSwitchType=switch/none\n\
@@ -305,7 +317,24 @@ impl Drop for Slurm {
             let _ = c.kill();
             let _ = c.wait();
         }
+        // Each slurmd's cgroup tree, in every hierarchy, once its jobs are gone.
+        for h in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
+            for n in &self.nodes {
+                remove_cgroup_tree(&h.path().join(format!("slurm_{n}")));
+            }
+        }
     }
+}
+
+/// Removes a cgroup directory and its children, deepest first; a cgroup still holding a
+/// process stays.
+fn remove_cgroup_tree(dir: &Path) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_cgroup_tree(&e.path());
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
 }
 
 fn wait_for(mut ok: impl FnMut() -> bool, what: &str) -> Result<(), String> {
