@@ -4,11 +4,14 @@
 //! job of a higher-priority partition that preempts it by requeueing); the job is checkpointed
 //! on the signal, requeued, resumes from its checkpoint and finishes with the checksum of an
 //! uninterrupted run. When Slurm gives the requeued job other nodes (one of its first ones
-//! drained), a job that runs in sandboxes resumes on its new allocation. The one-line script
-//! (`exec ckptctl run --slurm`), warned of its time limit, requeues itself.
+//! taken by the preempting job and drained), a job that runs in sandboxes resumes on its new
+//! allocation; there the agents enforce Slurm's allocations and put every part into the Slurm
+//! job (`[slurm] adopt`), so Slurm tracks, accounts for and may kill its processes, and the
+//! preemption warns the batch script first (a grace time and `preempt_send_user_signal`). The
+//! one-line script (`exec ckptctl run --slurm`), warned of its time limit, requeues itself.
 use std::time::{Duration, Instant};
 
-use ckpt_tests::hosts::hosts_with;
+use ckpt_tests::hosts::hosts_with_agents;
 use ckpt_tests::netns::Cluster;
 use ckpt_tests::slurm::Slurm;
 use ckpt_tests::{
@@ -32,8 +35,12 @@ enum Preemption {
     Requeue,
     /// A job of the `high` partition wants every node (the one-line script).
     HigherPriorityJob,
-    /// `scontrol requeue JOB` with its first node drained: Slurm gives it n2, n3 and n4 (the
-    /// job runs in sandboxes, on a job network).
+    /// A job of the `high` partition wants n1, which is then drained: the agents adopt the
+    /// parts into the Slurm job, so Slurm's kill would reach them; `low` has a grace time and
+    /// Slurm sends the batch script its `--signal` (USR1) at the preemption
+    /// (`preempt_send_user_signal`): ckptctl checkpoints and stops the job, the script
+    /// requeues it, and Slurm gives it n2, n3 and n4 (the job runs in sandboxes, on a job
+    /// network).
     RequeueOntoOtherNodes,
     /// The one-line batch script (`exec ckptctl run --slurm`) warned of its time limit: USR1
     /// to the batch shell, as `#SBATCH --signal=B:USR1@60` sends it (`scancel --batch
@@ -119,11 +126,59 @@ exit $rc
     )
 }
 
+/// agent.toml's `[slurm]` for agents that run parts only for users Slurm gave the node, and
+/// put them into the user's Slurm job there (`adopt`, the default).
+fn slurm_gate(d: &Ckptd) -> String {
+    format!(
+        "[slurm]\nenforce = true\nconf = \"{}\"\n",
+        d.dir.path().join("slurm").join("slurm.conf").display()
+    )
+}
+
+/// The processes Slurm's extern step of job `id` tracks on `node` (`scontrol listpids`, run
+/// on that node), with their command lines.
+fn extern_pids(cluster: &Cluster, slurm: &Slurm, node: &str, id: u64) -> Vec<(i32, String)> {
+    let o = cluster
+        .command_in(node, &std::path::PathBuf::from("scontrol"))
+        .args(["listpids", &id.to_string()])
+        .env("SLURM_CONF", &slurm.conf)
+        .output()
+        .expect("scontrol listpids");
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.split_whitespace().nth(2) == Some("extern"))
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .filter(|&p: &i32| p > 0)
+        .map(|p| {
+            let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+            (p, String::from_utf8_lossy(&cmd).replace('\0', " "))
+        })
+        .collect()
+}
+
+/// Whether Slurm's extern step of job `id` on `node` tracks a process whose command line
+/// contains `what`; waits for it (bounded) and says what it saw if not.
+#[track_caller]
+fn slurm_tracks(cluster: &Cluster, slurm: &Slurm, node: &str, id: u64, what: &str) {
+    let begin = Instant::now();
+    loop {
+        let seen = extern_pids(cluster, slurm, node, id);
+        if seen.iter().any(|(_, cmd)| cmd.contains(what)) {
+            return;
+        }
+        assert!(
+            begin.elapsed() < Duration::from_secs(30),
+            "Slurm's job {id} tracks no {what} on {node}: {seen:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 /// A batch job of the test Slurm whose program computes under ckpt.
 struct Batch {
     slurm: Slurm,
     d: Ckptd,
-    _cluster: Cluster,
+    cluster: Cluster,
     /// The Slurm job.
     id: u64,
     /// The ckpt job.
@@ -150,7 +205,8 @@ fn start_batch(how: Preemption) -> Option<Batch> {
     }
     let moves = how == Preemption::RequeueOntoOtherNodes;
     let (cluster, d) = if moves {
-        hosts_with(&FOUR, false, true, None, "")?
+        // Agents that run parts only inside the Slurm job and put them into it.
+        hosts_with_agents(&FOUR, false, true, None, "", slurm_gate)?
     } else {
         let cluster = Cluster::create(3).expect("create test hosts");
         let mut d = Ckptd::start(Options {
@@ -175,10 +231,19 @@ fn start_batch(how: Preemption) -> Option<Batch> {
             epilog_log.display()
         ),
     );
-    let slurm = Slurm::start_with(
+    let (more, low) = if moves {
+        (
+            "SlurmctldParameters=preempt_send_user_signal\n",
+            "GraceTime=120",
+        )
+    } else {
+        ("", "")
+    };
+    let slurm = Slurm::start_configured(
         &cluster,
         &d.dir.path().join("slurm"),
-        &format!("EpilogSlurmctld={}\n", epilog.display()),
+        &format!("EpilogSlurmctld={}\n{more}", epilog.display()),
+        low,
     )
     .expect("start Slurm");
     let script = d.dir.path().join("heat.sbatch");
@@ -224,7 +289,7 @@ fn start_batch(how: Preemption) -> Option<Batch> {
     Some(Batch {
         slurm,
         d,
-        _cluster: cluster,
+        cluster,
         id,
         job,
         out,
@@ -241,6 +306,7 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
     let Batch {
         d,
         slurm,
+        cluster,
         id,
         job,
         out,
@@ -251,12 +317,33 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
     let moves = how == Preemption::RequeueOntoOtherNodes;
     let high = match how {
         Preemption::RequeueOntoOtherNodes => {
-            // n1 is drained: the requeued job cannot have it again.
-            scontrol(
-                &slurm,
-                &["update", "NodeName=n1", "State=DRAIN", "Reason=ckpt-test"],
+            // The agents put every part into the Slurm job: Slurm tracks the ranks on each
+            // node, and accounts for them.
+            for n in NODES {
+                slurm_tracks(&cluster, &slurm, n, id, "heat.mpich");
+            }
+            let rss = extern_max_rss(&slurm, id);
+            assert!(
+                rss > ACCOUNTED,
+                "Slurm accounts for the parts in {id}.extern (more than its own sleep): MaxRSS {rss}"
             );
-            scontrol(&slurm, &["requeue", &id.to_string()]);
+            // Preempted by a job that wants n1 (drained once the job stopped: the requeued
+            // job cannot have it again).
+            slurm
+                .sbatch(&[
+                    "-p",
+                    "high",
+                    "-N",
+                    "1",
+                    "-w",
+                    "n1",
+                    "--exclusive",
+                    "-o",
+                    "/dev/null",
+                    "--wrap",
+                    "sleep 600",
+                ])
+                .expect("sbatch high");
             None
         }
         Preemption::Requeue => {
@@ -292,6 +379,12 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
     };
     // Checkpointed and stopped by the signal, not killed.
     d.wait_state(job, "stopped", LIMIT);
+    if moves {
+        scontrol(
+            &slurm,
+            &["update", "NodeName=n1", "State=DRAIN", "Reason=ckpt-test"],
+        );
+    }
     assert!(
         !read(&progress).contains("checksum"),
         "stopped before its end; make it longer"
@@ -317,7 +410,14 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
     };
     let begin = Instant::now();
     let mut asked = Instant::now();
+    let mut restored_tracked = false;
     while checksum_in(&read(&progress)).is_none() {
+        // The restored parts went into the new Slurm job: the one moved to n4 among them.
+        if moves && !restored_tracked && read(&out).contains("resuming from epoch") {
+            slurm_tracks(&cluster, &slurm, "n4", id, "heat.mpich");
+            slurm_tracks(&cluster, &slurm, "n2", id, "heat.mpich");
+            restored_tracked = true;
+        }
         assert!(
             begin.elapsed() < LIMIT,
             "no result: {}\n{}",
@@ -402,6 +502,7 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
             )),
             "{text}"
         );
+        assert!(restored_tracked, "checked while it ran");
         let nodes = d.status(job)["nodes"].clone();
         let part = |n: &str| {
             nodes
@@ -426,6 +527,44 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
             !nodes.as_array().unwrap().iter().any(|p| p["node"] == "n1"),
             "nothing runs on the drained node: {nodes}"
         );
+    }
+}
+
+/// More resident memory than the extern step's own `sleep` has (about 1.5 MB).
+const ACCOUNTED: u64 = 8 << 20;
+
+/// The largest resident size (bytes) of a task of job `id`'s extern step, as `sstat` reports
+/// it from Slurm's accounting of the running job; 0 if it reports none.
+fn extern_max_rss(slurm: &Slurm, id: u64) -> u64 {
+    let begin = Instant::now();
+    loop {
+        let o = slurm
+            .command("sstat")
+            .args([
+                "-a",
+                "-n",
+                "-P",
+                "--noconvert",
+                "-o",
+                "JobID,MaxRSS,AveCPU",
+                "-j",
+            ])
+            .arg(id.to_string())
+            .output()
+            .expect("sstat");
+        let text = String::from_utf8_lossy(&o.stdout).to_string();
+        let rss = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{id}.extern|")))
+            .and_then(|l| l.split('|').nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        // Slurm samples every 2 s (JobAcctGatherFrequency): wait for a sample with the parts.
+        if rss > ACCOUNTED || begin.elapsed() > Duration::from_secs(20) {
+            println!("sstat of job {id}:\n{text}");
+            return rss;
+        }
+        std::thread::sleep(Duration::from_millis(500));
     }
 }
 
@@ -609,6 +748,50 @@ fn enforcing_agents_run_parts_only_for_users_slurm_gave_the_node() {
         text.contains("node n1 runs jobs only for users with a running Slurm job on it"),
         "{text}"
     );
+
+    // Inside the Slurm job (`adopt`): Slurm tracks the part among the job's processes, and
+    // `scancel` stops it as it stops any of them.
+    let adopted_out = work.path().join("adopted.out");
+    let script = format!(
+        "J=$({ctl} --socket {s} run --node n2 -- /bin/sleep 301) && echo job=$J; sleep 600",
+        ctl = ctl.display(),
+        s = d.socket.display(),
+    );
+    let mut sbatch = slurm.command("sbatch");
+    sbatch
+        .args(["--parsable", "-N1", "-w", "n2", "-o"])
+        .arg(&adopted_out)
+        .arg("-D")
+        .arg(work.path())
+        .args(["--wrap", &script]);
+    ckpt_tests::as_user(&mut sbatch, NOBODY);
+    let o = sbatch.output().expect("sbatch");
+    let held: u64 = String::from_utf8_lossy(&o.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("sbatch as nobody: {o:?}"));
+    let begin = Instant::now();
+    let adopted = loop {
+        if let Some(j) = read(&adopted_out)
+            .lines()
+            .find_map(|l| l.strip_prefix("job="))
+        {
+            break j.to_string();
+        }
+        assert!(begin.elapsed() < LIMIT, "no job: {}", read(&adopted_out));
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    slurm_tracks(&cluster, &slurm, "n2", held, "sleep 301");
+    run_ok(&slurm, "scancel", &[&held.to_string()]);
+    slurm.wait_job(held, "CANCELLED", LIMIT);
+    let begin = Instant::now();
+    while d.status(adopted.parse().unwrap())["state"] == "running" {
+        assert!(
+            begin.elapsed() < LIMIT,
+            "scancel did not stop job {adopted}'s part"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 
     // A restart passes the same gate: root's program, started from root's batch job on n2 and
     // stopped by a checkpoint, is refused on n2 once that batch job ended (root is held to

@@ -29,6 +29,25 @@ pub fn hosts_with(
     shared_size: Option<&str>,
     more_toml: &str,
 ) -> Option<(Cluster, Ckptd)> {
+    hosts_with_agents(
+        nodes,
+        failpoints,
+        job_network,
+        shared_size,
+        more_toml,
+        |_| String::new(),
+    )
+}
+
+/// [`hosts_with`], with `agent_toml(ckptd)` (TOML tables) in every agent's agent.toml.
+pub fn hosts_with_agents(
+    nodes: &[&str],
+    failpoints: bool,
+    job_network: bool,
+    shared_size: Option<&str>,
+    more_toml: &str,
+    agent_toml: impl Fn(&Ckptd) -> String,
+) -> Option<(Cluster, Ckptd)> {
     if let Some(why) = Cluster::unavailable() {
         eprintln!("SKIPPED: {why}");
         return None;
@@ -51,8 +70,9 @@ pub fn hosts_with(
         shared_size: shared_size.map(str::to_string),
         ..Options::default()
     });
+    let tables = agent_toml(&d);
     for n in nodes {
-        d.start_agent_in(&cluster, n);
+        d.start_agent_in_with(&cluster, n, &tables);
     }
     d.wait_agents(nodes);
     Some((cluster, d))

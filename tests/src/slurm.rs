@@ -60,6 +60,17 @@ impl Slurm {
 
     /// [`Slurm::start`] with `more` (lines of slurm.conf, e.g. `EpilogSlurmctld=...`).
     pub fn start_with(cluster: &netns::Cluster, dir: &Path, more: &str) -> Result<Slurm, String> {
+        Slurm::start_configured(cluster, dir, more, "")
+    }
+
+    /// [`Slurm::start_with`], and `low` (words, e.g. `GraceTime=120`) added to the `low`
+    /// partition's line.
+    pub fn start_configured(
+        cluster: &netns::Cluster,
+        dir: &Path,
+        more: &str,
+        low: &str,
+    ) -> Result<Slurm, String> {
         let dir = dir.to_path_buf();
         let munge = dir.join("munge");
         for d in [&munge, &dir.join("state"), &dir.join("log")] {
@@ -138,7 +149,7 @@ impl Slurm {
                  JobCompType=jobcomp/none\nAccountingStorageType=accounting_storage/none\n\
                  PreemptType=preempt/partition_prio\nPreemptMode=REQUEUE\nKillWait=60\n\
                  {more}{nodes}\
-                 PartitionName=low Nodes={list} Default=YES MaxTime=INFINITE State=UP PriorityTier=1\n\
+                 PartitionName=low Nodes={list} Default=YES MaxTime=INFINITE State=UP PriorityTier=1 {low}\n\
                  PartitionName=high Nodes={list} MaxTime=INFINITE State=UP PriorityTier=10\n",
                 host = cluster.host_ip,
                 list = names.join(","),
@@ -317,13 +328,50 @@ impl Drop for Slurm {
             let _ = c.kill();
             let _ = c.wait();
         }
-        // Each slurmd's cgroup tree, in every hierarchy, once its jobs are gone.
-        for h in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
-            for n in &self.nodes {
-                remove_cgroup_tree(&h.path().join(format!("slurm_{n}")));
-            }
+        // Each slurmd's cgroup tree, in every hierarchy: the processes Slurm left there (a
+        // job's slurmstepd outlives its slurmd) are killed first.
+        let trees: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .flat_map(|h| {
+                let h = h.path();
+                self.nodes.iter().map(move |n| h.join(format!("slurm_{n}")))
+            })
+            .filter(|t| t.is_dir())
+            .collect();
+        let begin = Instant::now();
+        while trees.iter().any(|t| kill_cgroup_tree(t) > 0)
+            && begin.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for t in &trees {
+            remove_cgroup_tree(t);
         }
     }
+}
+
+/// SIGKILLs every process in a cgroup and its children (thawing frozen ones); how many it
+/// found.
+fn kill_cgroup_tree(dir: &Path) -> usize {
+    let mut found = 0;
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            found += kill_cgroup_tree(&e.path());
+        }
+    }
+    let _ = std::fs::write(dir.join("freezer.state"), "THAWED");
+    for pid in std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse::<i32>().ok())
+    {
+        found += 1;
+        // SAFETY: kill(2) on a process of the test Slurm's own cgroup tree.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    found
 }
 
 /// Removes a cgroup directory and its children, deepest first; a cgroup still holding a

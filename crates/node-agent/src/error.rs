@@ -370,6 +370,18 @@ pub enum AgentError {
         /// What went wrong.
         why: String,
     },
+    /// `[slurm] adopt`: the part's processes cannot go into the owner's Slurm job here.
+    #[error("job {job}: node {node} cannot put uid {uid}'s part into its Slurm job ([slurm] adopt in its agent.toml): {why}; nothing was started")]
+    SlurmAdoption {
+        /// Job id.
+        job: u64,
+        /// This node.
+        node: String,
+        /// The job's uid.
+        uid: u32,
+        /// What went wrong, and what to do.
+        why: String,
+    },
     /// The job's uid has no passwd entry on this node, so its groups are unknown.
     #[error("job {job}: uid {uid} has no passwd entry on node {node} (its groups come from there); add the user to this node (or its directory service)")]
     UnknownUser {

@@ -83,6 +83,10 @@ pub struct JobRecord {
     /// The fenced port of the part's DMTCP coordinator ([`crate::os::fence`]), if it has one.
     #[serde(default)]
     pub coordinator_port: Option<u16>,
+    /// The cgroup Slurm lent the current incarnation (`[slurm] adopt`): its Slurm job's
+    /// extern step. None: the agent's own.
+    #[serde(default)]
+    pub slurm: Option<crate::os::cgroup::Lent>,
 }
 
 /// Where one epoch is on this node.
@@ -250,6 +254,32 @@ impl NodeJob {
         Observed::Lost
     }
 
+    /// Puts the job's next incarnation in the cgroup Slurm lends it (`place`), or in the
+    /// agent's own.
+    pub(crate) fn settle_cgroup(
+        &mut self,
+        cgroups: &crate::os::cgroup::CgroupParent,
+        place: Option<&crate::os::slurm::SlurmPlace>,
+    ) {
+        self.record.slurm = place.map(|p| crate::os::cgroup::Lent {
+            slurm_job: p.step.job,
+            socket: p.step.socket().to_path_buf(),
+            freezer: p.cgroups.freezer.clone(),
+            others: p.cgroups.others.clone(),
+        });
+        self.cgroup = match &self.record.slurm {
+            Some(lent) => {
+                // The agent's own cgroup of an earlier incarnation, if empty, goes.
+                let own = cgroups.job(self.record.id);
+                if own.exists() && own.pids().is_ok_and(|p| p.is_empty()) {
+                    let _ = own.remove();
+                }
+                JobCgroup::lent(lent.clone())
+            }
+            None => cgroups.job(self.record.id),
+        };
+    }
+
     /// Removes the job's cgroup if it exists and holds no process.
     pub fn remove_empty_cgroup(&self) {
         if self.cgroup.exists() && self.cgroup.pids().map(|p| p.is_empty()).unwrap_or(false) {
@@ -322,12 +352,26 @@ fn ibq_job_owner(
         // A job's cgroup is `<parent>/<prefix><id>`: try each tail of trailing digits as the id.
         let name = cgroup.file_name()?.to_str()?;
         let digits = name.len() - name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
-        let job = (1..=digits.min(20))
+        let own = (1..=digits.min(20))
             .filter_map(|k| name[name.len() - k..].parse::<u64>().ok())
-            .find(|&id| cgroups.job(id).path() == cgroup)?;
-        let dir = state_dir.join("jobs").join(job.to_string());
-        let uid = shim::read_json::<JobRecord>(&dir.join("job.json"))?.owner?;
-        Some(crate::ibq::JobOwner { job, uid })
+            .find(|&id| cgroups.job(id).path() == cgroup);
+        let jobs = state_dir.join("jobs");
+        let record =
+            |job: u64| shim::read_json::<JobRecord>(&jobs.join(job.to_string()).join("job.json"));
+        let (job, record) = match own {
+            Some(job) => (job, record(job)?),
+            // Else a cgroup Slurm lent (`.../step_extern`): the job whose record holds it.
+            None => fs::read_dir(&jobs)
+                .ok()?
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
+                .filter_map(|job| Some((job, record(job)?)))
+                .find(|(_, r)| r.slurm.as_ref().is_some_and(|l| l.freezer == cgroup))?,
+        };
+        Some(crate::ibq::JobOwner {
+            job,
+            uid: record.owner?,
+        })
     }
 }
 
@@ -352,7 +396,10 @@ impl Jobs {
             else {
                 continue;
             };
-            let cgroup = cgroups.job(record.id);
+            let cgroup = match &record.slurm {
+                Some(lent) => JobCgroup::lent(lent.clone()),
+                None => cgroups.job(record.id),
+            };
             // An older agent's record has no owner: that of the job's live root process, else
             // the user its newest launch here ran as.
             let owner = record.owner.or_else(|| {
@@ -593,6 +640,7 @@ impl Jobs {
                 engine: String::new(),
                 guarded_ns: None,
                 coordinator_port: None,
+                slurm: None,
             },
             dir,
             cgroup: self.node.cgroups.job(job),

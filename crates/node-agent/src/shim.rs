@@ -116,6 +116,9 @@ pub struct ShimSpec {
     pub mode: ShimMode,
     /// `cgroup.procs` of the job's cgroup; the job (or the restoring engine) joins it.
     pub cgroup_procs: PathBuf,
+    /// More `cgroup.procs` it joins: those of the other hierarchies of a cgroup Slurm lent.
+    #[serde(default)]
+    pub also_join: Vec<PathBuf>,
     /// File the job's stdout is appended to.
     pub stdout: PathBuf,
     /// File the job's stderr is appended to.
@@ -271,22 +274,28 @@ fn tell_ready(fd: Option<i32>) {
     }
 }
 
-fn cgroup_join_path(spec: &ShimSpec) -> Result<CString, String> {
-    CString::new(spec.cgroup_procs.display().to_string()).map_err(|e| e.to_string())
+/// The `cgroup.procs` files the job joins: its cgroup's first.
+fn cgroup_join_paths(spec: &ShimSpec) -> Result<Vec<CString>, String> {
+    std::iter::once(&spec.cgroup_procs)
+        .chain(&spec.also_join)
+        .map(|p| CString::new(p.display().to_string()).map_err(|e| e.to_string()))
+        .collect()
 }
 
-/// Joins the cgroup from inside a freshly forked child: only async-signal-safe calls.
-fn join_cgroup(procs: &CString) -> std::io::Result<()> {
-    // SAFETY: open/write/close on a valid C string and a static buffer; async-signal-safe.
-    unsafe {
-        let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let rc = libc::write(fd, b"0".as_ptr().cast(), 1);
-        libc::close(fd);
-        if rc != 1 {
-            return Err(std::io::Error::last_os_error());
+/// Joins the cgroups from inside a freshly forked child: only async-signal-safe calls.
+fn join_cgroup(procs: &[CString]) -> std::io::Result<()> {
+    for p in procs {
+        // SAFETY: open/write/close on a valid C string and a static buffer; async-signal-safe.
+        unsafe {
+            let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let rc = libc::write(fd, b"0".as_ptr().cast(), 1);
+            libc::close(fd);
+            if rc != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
         }
     }
     Ok(())
@@ -428,7 +437,7 @@ impl ChildStep {
 const JOB_UMASK: libc::mode_t = 0o022;
 
 fn start(spec: &ShimSpec) -> Result<i32, String> {
-    let procs = cgroup_join_path(spec)?;
+    let procs = cgroup_join_paths(spec)?;
     let stdout = open_output(&spec.stdout, spec.output_owner)
         .map_err(|e| format!("{}: {e}", spec.stdout.display()))?;
     let stderr = open_output(&spec.stderr, spec.output_owner)
@@ -475,8 +484,8 @@ struct ChildSetup {
     err_path: CString,
     /// The sandbox's first PIDs follow this one.
     pid_base: Option<CString>,
-    /// The job cgroup's `cgroup.procs`.
-    procs: CString,
+    /// The job cgroups' `cgroup.procs`.
+    procs: Vec<CString>,
     uid: libc::uid_t,
     gid: libc::gid_t,
     groups: Vec<libc::gid_t>,
@@ -561,7 +570,7 @@ impl ChildSetup {
 /// job's user, in its cgroup; a failed step of the child is named in the error.
 fn launch(
     spec: &ShimSpec,
-    procs: CString,
+    procs: Vec<CString>,
     stdout: fs::File,
     stderr: fs::File,
 ) -> Result<i32, String> {

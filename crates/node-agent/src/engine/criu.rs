@@ -415,7 +415,7 @@ impl SnapshotEngine for Criu {
                 dir.display()
             ));
         }
-        if let Some(root) = &spec.cgroup_root {
+        for root in &spec.cgroup_roots {
             v.push("--cgroup-root".into());
             v.push(root.clone());
         }

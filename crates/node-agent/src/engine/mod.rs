@@ -60,9 +60,11 @@ pub struct RestoreSpec<'a> {
     pub netns_fd: Option<i32>,
     /// A sandbox's job directory mount is bound to this directory of the node.
     pub job_dir: Option<&'a Path>,
-    /// The job's cgroup here, as the engine names it: the tree goes there whatever cgroup it
-    /// was dumped from (a part moved from a node whose agent names cgroups differently).
-    pub cgroup_root: Option<String>,
+    /// The job's cgroups here, as the engine names them (the freezer's first; a cgroup Slurm
+    /// lent has one in each hierarchy it uses): the tree goes there whatever cgroups it was
+    /// dumped from (a part moved from a node whose agent names cgroups differently, or from
+    /// another Slurm job).
+    pub cgroup_roots: Vec<String>,
     /// A program the engine runs once every process is rebuilt and before any of them runs
     /// again; a non-zero exit makes the engine kill the tree and fail. The agent's restore gate
     /// ([`crate::restore::gate`]): it waits for the verification of the files the engine reads

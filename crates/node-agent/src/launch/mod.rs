@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
-use tracing::{info, instrument};
+use tracing::{info, instrument, warn};
 
 use crate::error::{io_err, AgentError};
 use crate::jobs::{Jobs, NodeJob, Observed};
@@ -226,6 +226,7 @@ impl Jobs {
         let spec = ShimSpec {
             mode,
             cgroup_procs: job.cgroup.procs_file(),
+            also_join: job.cgroup.other_procs_files(),
             stdout: job.dir.join("stdout"),
             stderr: job.dir.join("stderr"),
             run_dir: run_dir.clone(),
@@ -288,6 +289,18 @@ impl Jobs {
             Started::Running { root_pid } => {
                 job.record.root_pid = Some(root_pid);
                 job.save()?;
+                if let Some(lent) = job.cgroup.lender() {
+                    // Already in the step's cgroups; this adds it to Slurm's accounting.
+                    let step =
+                        crate::os::slurm::ExternStep::at(lent.slurm_job, lent.socket.clone());
+                    let adopted = tokio::task::spawn_blocking(move || step.adopt(root_pid)).await;
+                    match adopted.map_err(|e| e.to_string()).and_then(|r| r) {
+                        Ok(()) => info!(root_pid, slurm_job = lent.slurm_job, "adopted by Slurm"),
+                        Err(e) => {
+                            warn!(root_pid, error = %e, "Slurm does not account for the part")
+                        }
+                    }
+                }
                 Ok(root_pid)
             }
             Started::Failed { error } => Err(AgentError::Start {
@@ -306,9 +319,10 @@ impl Jobs {
             .node
             .policy
             .authorize(spec.job, &self.node.name, spec.uid)?;
-        self.node
+        let place = self
+            .node
             .slurm
-            .admits(spec.job, &self.node.name, owner.uid)
+            .place(spec.job, &self.node.name, owner.uid)
             .await?;
         let engine = self.engine_named(spec.job, &spec.engine)?;
         if !engine.freezes() && (spec.part > 0 || spec.sandbox.is_some()) {
@@ -329,6 +343,7 @@ impl Jobs {
                 pids: job.cgroup.pids().unwrap_or_default(),
             });
         }
+        job.settle_cgroup(&self.node.cgroups, place.as_ref());
         let mut env = spec.env;
         self.node
             .launch_env

@@ -48,6 +48,14 @@ pub enum CgroupError {
         /// The cgroup's tasks when it gave up, as "pid N (comm) state S in WCHAN".
         tasks: String,
     },
+    /// A cgroup lent by Slurm (a job's extern step) is gone: its Slurm job has ended.
+    #[error("cgroup {path}: gone, with the Slurm job {slurm_job} it belonged to; start the part again inside a running Slurm job")]
+    Gone {
+        /// Cgroup directory.
+        path: PathBuf,
+        /// Slurm's job.
+        slurm_job: u64,
+    },
     /// Frozen, but some task stayed where a snapshot cannot take it, through every attempt.
     #[error("cgroup {path}: {tasks} stayed in uninterruptible sleep (D) or running through {attempts} freezes: a parent waiting for a vfork child that has not called exec yet cannot be snapshotted; the job was thawed, try again (a child that never execs, e.g. one stopped by a debugger, must finish first)")]
     Unsettled {
@@ -145,18 +153,76 @@ impl CgroupParent {
         JobCgroup {
             path: self.path.join(format!("{}{job_id}", self.prefix)),
             flavor: self.flavor,
+            lent: None,
         }
     }
 }
 
-/// The cgroup holding one job's processes on this node.
+/// The cgroup holding one job's processes on this node: the agent's own, or one Slurm lends.
 #[derive(Debug, Clone)]
 pub struct JobCgroup {
     path: PathBuf,
     flavor: Flavor,
+    lent: Option<Lent>,
+}
+
+/// A job's cgroup that Slurm made and owns: the extern step of the owner's Slurm job (cgroup
+/// v1). The agent freezes it and lists, signals and kills the job's processes in it, but does
+/// not make or remove it, and leaves Slurm's own processes there (the step's `sleep`) alone.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Lent {
+    /// Slurm's job.
+    pub slurm_job: u64,
+    /// Its extern step's slurmstepd socket.
+    pub socket: PathBuf,
+    /// The freezer cgroup (the job's cgroup).
+    pub freezer: PathBuf,
+    /// The step's cgroups in the other hierarchies (limits), which the job's processes join too.
+    pub others: Vec<PathBuf>,
+}
+
+/// The processes a `cgroup.procs` file lists that a job's kill may reach: all but Slurm's own
+/// (in a cgroup Slurm lent).
+pub fn members(procs: &Path) -> Vec<i32> {
+    fs::read_to_string(procs)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .filter(|&p| !slurms(p))
+        .collect()
+}
+
+/// Whether `pid` is one of Slurm's own processes in a cgroup it lent: a child of slurmstepd.
+fn slurms(pid: i32) -> bool {
+    crate::os::procfs::stat(pid)
+        .and_then(|s| crate::os::procfs::stat(s.ppid))
+        .is_some_and(|parent| parent.comm == "slurmstepd")
 }
 
 impl JobCgroup {
+    /// The cgroup Slurm lends (cgroup v1).
+    pub fn lent(lent: Lent) -> JobCgroup {
+        JobCgroup {
+            path: lent.freezer.clone(),
+            flavor: Flavor::V1,
+            lent: Some(lent),
+        }
+    }
+
+    /// What Slurm lent, if it did.
+    pub fn lender(&self) -> Option<&Lent> {
+        self.lent.as_ref()
+    }
+
+    /// The `cgroup.procs` files a process joins besides [`Self::procs_file`]: those of the
+    /// other hierarchies of a cgroup Slurm lent.
+    pub fn other_procs_files(&self) -> Vec<PathBuf> {
+        self.lent
+            .iter()
+            .flat_map(|l| l.others.iter().map(|d| d.join("cgroup.procs")))
+            .collect()
+    }
+
     /// Cgroup directory.
     pub fn path(&self) -> &Path {
         &self.path
@@ -174,6 +240,19 @@ impl JobCgroup {
         })
     }
 
+    /// [`Self::engine_root`], and for a cgroup Slurm lent, each other hierarchy's as
+    /// `CONTROLLERS:/PATH`, so that a restored tree lands in every one of the step's cgroups.
+    pub fn engine_roots(&self) -> Option<Vec<String>> {
+        let mut roots = vec![self.engine_root()?];
+        if let Some(l) = &self.lent {
+            let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
+            for d in &l.others {
+                roots.push(v1_root(&mountinfo, d)?);
+            }
+        }
+        Some(roots)
+    }
+
     /// The `cgroup.procs` file a process writes "0" to in order to join.
     pub fn procs_file(&self) -> PathBuf {
         self.path.join("cgroup.procs")
@@ -183,8 +262,17 @@ impl JobCgroup {
         move |source| CgroupError::Io { op, path, source }
     }
 
-    /// Creates the cgroup (thawed) if it does not exist.
+    /// Creates the cgroup (thawed) if it does not exist; one Slurm lent must exist.
     pub fn create(&self) -> Result<(), CgroupError> {
+        if let Some(l) = &self.lent {
+            return match self.path.is_dir() {
+                true => Ok(()),
+                false => Err(CgroupError::Gone {
+                    path: self.path.clone(),
+                    slurm_job: l.slurm_job,
+                }),
+            };
+        }
         fs::create_dir_all(&self.path).map_err(self.io("create", self.path.clone()))?;
         Ok(())
     }
@@ -203,6 +291,9 @@ impl JobCgroup {
             Err(e) => return Err(self.io("read", f)(e)),
         };
         let mut v: Vec<i32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        if self.lent.is_some() {
+            v.retain(|&p| !slurms(p));
+        }
         v.sort_unstable();
         v.dedup();
         Ok(v)
@@ -412,7 +503,7 @@ impl JobCgroup {
     /// pidfd, opened first and used only if that PID is still in the cgroup once it is held.
     pub fn signal_all(&self, sig: i32) -> Result<usize, CgroupError> {
         let pids = self.pids()?;
-        if sig == libc::SIGKILL && self.flavor == Flavor::V2 {
+        if sig == libc::SIGKILL && self.flavor == Flavor::V2 && self.lent.is_none() {
             let kill = self.path.join("cgroup.kill");
             match fs::OpenOptions::new().write(true).open(&kill) {
                 Ok(mut f) => {
@@ -480,8 +571,11 @@ impl JobCgroup {
         Ok(())
     }
 
-    /// Removes the (empty) cgroup.
+    /// Removes the (empty) cgroup; one Slurm lent stays, for Slurm to remove.
     pub fn remove(&self) -> Result<(), CgroupError> {
+        if self.lent.is_some() {
+            return Ok(());
+        }
         match fs::remove_dir(&self.path) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
@@ -521,6 +615,43 @@ fn hierarchy_path(mountinfo: &str, dir: &Path, flavor: Flavor) -> Option<String>
         }
         let path = Path::new(root).join(rest);
         best = Some((point.len(), path.display().to_string()));
+    }
+    best.map(|(_, p)| p)
+}
+
+/// The engine's name for cgroup v1 directory `dir`, `CONTROLLERS:/PATH` (as CRIU's
+/// `--cgroup-root` takes it), from a mountinfo text: the deepest cgroup v1 mount over it.
+fn v1_root(mountinfo: &str, dir: &Path) -> Option<String> {
+    let mut best: Option<(usize, String)> = None;
+    for line in mountinfo.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let f: Vec<&str> = left.split(' ').collect();
+        let r: Vec<&str> = right.split(' ').collect();
+        let (Some(root), Some(point), Some(&"cgroup"), Some(options)) =
+            (f.get(3), f.get(4), r.first(), r.get(2))
+        else {
+            continue;
+        };
+        let Ok(rest) = dir.strip_prefix(point) else {
+            continue;
+        };
+        if best.as_ref().is_some_and(|(len, _)| *len > point.len()) {
+            continue;
+        }
+        let controllers: Vec<&str> = options
+            .split(',')
+            .filter(|o| {
+                !matches!(*o, "rw" | "ro" | "xattr" | "noprefix" | "clone_children")
+                    && !o.starts_with("release_agent=")
+            })
+            .collect();
+        let path = Path::new(root).join(rest);
+        best = Some((
+            point.len(),
+            format!("{}:{}", controllers.join(","), path.display()),
+        ));
     }
     best.map(|(_, p)| p)
 }
@@ -646,5 +777,87 @@ mod tests {
             "not the freezer"
         );
         assert_eq!(f("/tmp/x", Flavor::V2), None);
+        // Every v1 hierarchy by its controllers, as the engine takes a cgroup root.
+        let info = format!(
+            "{info}34 25 0:30 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,xattr,cpu,cpuacct\n"
+        );
+        let g = |d: &str| v1_root(&info, Path::new(d));
+        assert_eq!(
+            g("/sys/fs/cgroup/memory/slurm/uid_0/job_7/step_extern").as_deref(),
+            Some("memory:/slurm/uid_0/job_7/step_extern")
+        );
+        assert_eq!(
+            g("/sys/fs/cgroup/cpu,cpuacct/slurm").as_deref(),
+            Some("cpu,cpuacct:/slurm")
+        );
+        assert_eq!(g("/sys/fs/cgroup/unified/x"), None, "not v1");
+    }
+
+    #[test]
+    fn a_cgroup_slurm_lends_is_neither_made_nor_removed_and_its_sleep_is_not_the_jobs() {
+        let Some(parent) = test_parent("lent") else {
+            return;
+        };
+        if parent.flavor != Flavor::V1 {
+            eprintln!("SKIPPED: Slurm lends cgroup v1 freezers only, and this host has v2");
+            return;
+        }
+        let own = parent.job(1);
+        own.create().unwrap();
+        let cg = JobCgroup::lent(Lent {
+            slurm_job: 9,
+            socket: PathBuf::new(),
+            freezer: own.path().to_path_buf(),
+            others: Vec::new(),
+        });
+        cg.create().unwrap();
+        // Slurm's part of the step: a `sleep` whose parent is named slurmstepd.
+        let d = tempfile::tempdir().unwrap();
+        let stepd_exe = d.path().join("slurmstepd");
+        fs::copy("/bin/sh", &stepd_exe).unwrap();
+        let mut stepd = std::process::Command::new(&stepd_exe)
+            .args(["-c", "sleep 30 & echo $!; wait"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(stepd.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let slurms_sleep: i32 = line.trim().parse().unwrap();
+        fs::write(cg.procs_file(), slurms_sleep.to_string()).unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        fs::write(cg.procs_file(), child.id().to_string()).unwrap();
+        assert_eq!(
+            cg.pids().unwrap(),
+            vec![child.id() as i32],
+            "the job's only"
+        );
+        cg.remove().unwrap();
+        assert!(cg.exists(), "Slurm removes what it lent");
+        cg.kill_all().unwrap();
+        let _ = child.wait();
+        assert!(
+            crate::os::procfs::stat(slurms_sleep).is_some(),
+            "Slurm's sleep was left alone"
+        );
+        // SAFETY: kill(2) on the sleep this test started.
+        unsafe { libc::kill(slurms_sleep, libc::SIGKILL) };
+        let _ = stepd.wait();
+        own.remove().unwrap();
+        let gone = JobCgroup::lent(Lent {
+            slurm_job: 9,
+            socket: PathBuf::new(),
+            freezer: own.path().to_path_buf(),
+            others: Vec::new(),
+        });
+        let e = gone.create().unwrap_err().to_string();
+        assert!(e.contains("Slurm job 9"), "{e}");
+        assert!(!own.exists(), "not made again");
     }
 }

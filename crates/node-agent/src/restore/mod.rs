@@ -192,10 +192,12 @@ impl Jobs {
                 node: self.node.name.clone(),
             })?;
         let owner = self.node.policy.authorize(job_id, &self.node.name, uid)?;
-        self.node
+        let place = self
+            .node
             .slurm
-            .admits(job_id, &self.node.name, owner.uid)
+            .place(job_id, &self.node.name, owner.uid)
             .await?;
+        job.settle_cgroup(&self.node.cgroups, place.as_ref());
         job.record.owner = Some(owner.uid);
         Ok(owner)
     }

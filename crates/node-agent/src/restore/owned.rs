@@ -103,7 +103,7 @@ impl Jobs {
             pid_file: &session.join("restored.pid"),
             netns_fd: None,
             job_dir: None,
-            cgroup_root: None,
+            cgroup_roots: Vec::new(),
             gate: None,
             session: Some(&session),
             coordinator_port: self.coordinator_port(&mut job, engine.as_ref(), owner.uid)?,

@@ -84,8 +84,8 @@ struct Ready {
     log: PathBuf,
     /// Where the engine writes the restored root's PID.
     pid_file: PathBuf,
-    /// The job cgroup's path within its hierarchy, for the engine.
-    cgroup_root: Option<String>,
+    /// The job cgroups' paths within their hierarchies, for the engine.
+    cgroup_roots: Vec<String>,
     /// When making the node ready began.
     begin: Instant,
 }
@@ -362,8 +362,8 @@ impl<'a> RestoreRun<'a> {
         // The tree goes into this agent's job cgroup, where the hold, the freezer and the kill
         // find it. A part dumped on another node was in that node's job cgroup, whose path need
         // not be this one's; without this node's path, it cannot move here.
-        let cgroup_root = job.cgroup.engine_root();
-        if cgroup_root.is_none() && source_node != node.node() {
+        let cgroup_roots = job.cgroup.engine_roots().unwrap_or_default();
+        if cgroup_roots.is_empty() && source_node != node.node() {
             return Err(AgentError::Start {
                 job: job_id,
                 message: format!(
@@ -381,7 +381,7 @@ impl<'a> RestoreRun<'a> {
             run_dir,
             log,
             pid_file,
-            cgroup_root,
+            cgroup_roots,
             begin,
         })
     }
@@ -442,7 +442,7 @@ impl<'a> RestoreRun<'a> {
                 .is_some()
                 .then_some(crate::shim::RESTORE_NETNS_FD),
             job_dir: ready.netns.is_some().then_some(ready.own_dir.as_path()),
-            cgroup_root: ready.cgroup_root.clone(),
+            cgroup_roots: ready.cgroup_roots.clone(),
             gate: gate.as_ref().map(|_| node.node.shim_exe.as_path()),
             session: None,
             coordinator_port: None,

@@ -60,9 +60,9 @@ pub fn to_status(e: AgentError) -> Status {
         AgentError::Store { .. }
         | AgentError::ManifestMismatch { .. }
         | AgentError::NoUsableCopy { .. } => Status::data_loss(msg),
-        AgentError::NoShared { .. } | AgentError::NoEngine { .. } => {
-            Status::failed_precondition(msg)
-        }
+        AgentError::NoShared { .. }
+        | AgentError::NoEngine { .. }
+        | AgentError::SlurmAdoption { .. } => Status::failed_precondition(msg),
         AgentError::Partner { .. }
         | AgentError::Fenced { .. }
         | AgentError::Erasure { .. }

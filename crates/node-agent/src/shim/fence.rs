@@ -59,13 +59,9 @@ fn kill_cgroup(procs: &Path) {
     }
 }
 
-/// SIGKILLs every process `procs` (a `cgroup.procs`) lists.
+/// SIGKILLs every process `procs` (a `cgroup.procs`) lists, but Slurm's own.
 fn kill_each(procs: &Path) {
-    for pid in fs::read_to_string(procs)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().parse::<i32>().ok())
-    {
+    for pid in crate::os::cgroup::members(procs) {
         // SAFETY: kill takes integers only.
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }

@@ -92,8 +92,8 @@ fn exit_text(status: &Exit) -> String {
 /// How the shim starts the restore engine: in the job's cgroup, with its outputs.
 pub(super) struct Engine<'a> {
     pub(super) cgroup_procs: &'a Path,
-    /// `cgroup.procs` for joining, made before any fork.
-    pub(super) procs: &'a CString,
+    /// `cgroup.procs` for joining (the job cgroup's first), made before any fork.
+    pub(super) procs: &'a [CString],
     pub(super) stdout: &'a fs::File,
     pub(super) stderr: &'a fs::File,
 }
@@ -110,7 +110,7 @@ impl Engine<'_> {
         let (prog, args) = argv.split_first().ok_or("empty restore command")?;
         // Born in the job's cgroup where the kernel can, else joining it before exec.
         let born = match self.cgroup_procs.parent() {
-            Some(cgroup) => crate::os::clone_into::spawn(
+            Some(cgroup) if self.procs.len() == 1 => crate::os::clone_into::spawn(
                 cgroup,
                 &crate::os::clone_into::Child {
                     argv,
@@ -121,7 +121,7 @@ impl Engine<'_> {
                 },
             )
             .map_err(|e| format!("cannot start {prog}: {e}"))?,
-            None => None,
+            _ => None,
         };
         if let Some(pid) = born {
             return Ok(pid);
@@ -136,7 +136,7 @@ impl Engine<'_> {
             .stdout(out(self.stdout)?)
             .stderr(out(self.stderr)?);
         cmd.envs(env);
-        let procs = self.procs.clone();
+        let procs = self.procs.to_vec();
         let pass = pass.to_vec();
         // SAFETY: async-signal-safe calls only, on memory allocated before the fork.
         unsafe {
@@ -216,14 +216,11 @@ fn restore_rpc(
     }
 }
 
-/// SIGKILLs every process listed in `cgroup.procs` at `procs` (bounded: a few rounds).
+/// SIGKILLs every process listed in `cgroup.procs` at `procs` but Slurm's own (bounded: a few
+/// rounds).
 fn kill_cgroup(procs: &Path) {
     for _ in 0..20 {
-        let pids: Vec<i32> = fs::read_to_string(procs)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect();
+        let pids = crate::os::cgroup::members(procs);
         if pids.is_empty() {
             return;
         }

@@ -1,19 +1,24 @@
 //! `[slurm] enforce`: a node that Slurm schedules runs a job's part (a launch, an attached
 //! part, a restore) only for a user who holds a running Slurm job on it, as Slurm's own
 //! `pam_slurm_adopt` admits to a node only such users. Slurm answers (`squeue`): the node's
-//! name must be Slurm's name for it.
+//! name must be Slurm's name for it. With `adopt` (the default), the part's processes then go
+//! into that Slurm job's extern step ([`extern_step`]), where Slurm's accounting, limits and
+//! `scancel` reach them.
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
 use crate::error::AgentError;
 
+pub mod extern_step;
+pub use extern_step::{ExternStep, StepCgroups};
+
 /// How long Slurm may take to answer: slurmctld answers in milliseconds, and squeue gives up on
 /// it after its `MessageTimeout` (10 s by default), once tried again.
 const ASK_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Whether and how this node asks Slurm (`[slurm]` in agent.toml).
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SlurmGate {
     /// Run a job's part (a launch, an attached part, a restore) only for a user who holds a
@@ -21,14 +26,79 @@ pub struct SlurmGate {
     pub enforce: bool,
     /// The slurm.conf that squeue reads (`SLURM_CONF`); Slurm's own default when `None`.
     pub conf: Option<PathBuf>,
+    /// With `enforce`: put the part's processes into the user's Slurm job on this node (its
+    /// extern step: slurm.conf needs `PrologFlags=contain` and `ProctrackType=proctrack/cgroup`
+    /// on cgroup v1), so that Slurm accounts, limits and cancels them as its own.
+    pub adopt: bool,
+}
+
+impl Default for SlurmGate {
+    fn default() -> Self {
+        SlurmGate {
+            enforce: false,
+            conf: None,
+            adopt: true,
+        }
+    }
+}
+
+/// Where a part's processes go on a node that adopts them into Slurm: the extern step of the
+/// owner's Slurm job, and its cgroups.
+#[derive(Debug, Clone)]
+pub struct SlurmPlace {
+    /// The step (its slurmstepd).
+    pub step: ExternStep,
+    /// Its cgroups.
+    pub cgroups: StepCgroups,
 }
 
 impl SlurmGate {
-    /// Whether uid `uid` may run job `job`'s part on `node`: with `enforce`, only if Slurm has a
-    /// running job of that user on the node.
-    pub async fn admits(&self, job: u64, node: &str, uid: u32) -> Result<(), AgentError> {
+    /// Whether uid `uid` may run job `job`'s part on `node` (with `enforce`, only if Slurm has
+    /// a running job of that user on the node), and, with `adopt`, where its processes go.
+    pub async fn place(
+        &self,
+        job: u64,
+        node: &str,
+        uid: u32,
+    ) -> Result<Option<SlurmPlace>, AgentError> {
+        let held = self.admits(job, node, uid).await?;
+        if !self.enforce || !self.adopt {
+            return Ok(None);
+        }
+        let refuse = |why: String| AgentError::SlurmAdoption {
+            job,
+            node: node.to_string(),
+            uid,
+            why,
+        };
+        let slurm_job = match held.as_slice() {
+            [one] => *one,
+            many => {
+                return Err(refuse(format!(
+                    "uid {uid} holds {} Slurm jobs on this node ({}), and a part goes into one: run one Slurm job per node, or set [slurm] adopt = false",
+                    many.len(),
+                    many.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+                )))
+            }
+        };
+        let conf = self.conf.clone();
+        let node_name = node.to_string();
+        tokio::task::spawn_blocking(move || {
+            let step = ExternStep::locate(conf.as_deref(), &node_name, slurm_job)?;
+            let cgroups = step.cgroups()?;
+            Ok(SlurmPlace { step, cgroups })
+        })
+        .await
+        .map_err(|e| refuse(e.to_string()))?
+        .map(Some)
+        .map_err(refuse)
+    }
+
+    /// The running Slurm jobs uid `uid` holds on `node` (none asked for without `enforce`);
+    /// refused if it holds none.
+    pub async fn admits(&self, job: u64, node: &str, uid: u32) -> Result<Vec<u64>, AgentError> {
         if !self.enforce {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let unanswered = |why: String| AgentError::SlurmUnanswered {
             job,
@@ -64,8 +134,9 @@ impl SlurmGate {
                 String::from_utf8_lossy(&out.stderr).trim()
             )));
         }
-        if held(&String::from_utf8_lossy(&out.stdout)) {
-            Ok(())
+        let jobs = held(&String::from_utf8_lossy(&out.stdout));
+        if !jobs.is_empty() {
+            Ok(jobs)
         } else {
             Err(AgentError::NoSlurmAllocation {
                 job,
@@ -76,12 +147,16 @@ impl SlurmGate {
     }
 }
 
-/// Whether squeue's answer (`--format=%A`, one job id a line) names a job.
-fn held(answer: &str) -> bool {
-    answer
+/// The jobs squeue's answer names (`--format=%A`: one job id a line, an array's element by
+/// its own id).
+fn held(answer: &str) -> Vec<u64> {
+    let mut jobs: Vec<u64> = answer
         .lines()
-        .map(str::trim)
-        .any(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit() || b == b'_'))
+        .filter_map(|id| id.trim().parse().ok())
+        .collect();
+    jobs.sort_unstable();
+    jobs.dedup();
+    jobs
 }
 
 #[cfg(test)]
@@ -90,11 +165,11 @@ mod tests {
 
     #[test]
     fn only_an_answer_naming_a_job_admits() {
-        assert!(held("42\n"));
-        assert!(held("  7\n9\n"));
-        assert!(!held(""));
-        assert!(!held("\n"));
-        assert!(!held("squeue: error: Invalid user: 12345\n"));
+        assert_eq!(held("42\n"), vec![42]);
+        assert_eq!(held("  9\n7\n9\n"), vec![7, 9]);
+        assert!(held("").is_empty());
+        assert!(held("\n").is_empty());
+        assert!(held("squeue: error: Invalid user: 12345\n").is_empty());
     }
 
     #[tokio::test]
@@ -113,6 +188,7 @@ mod tests {
         let gate = SlurmGate {
             enforce: true,
             conf: Some(conf),
+            ..Default::default()
         };
         let e = gate.admits(3, "n1", 1000).await.unwrap_err();
         assert!(matches!(e, AgentError::SlurmUnanswered { .. }), "{e}");
