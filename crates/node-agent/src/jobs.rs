@@ -360,13 +360,12 @@ fn ibq_job_owner(
             |job: u64| shim::read_json::<JobRecord>(&jobs.join(job.to_string()).join("job.json"));
         let (job, record) = match own {
             Some(job) => (job, record(job)?),
-            // Else a cgroup Slurm lent (`.../step_extern`): the job whose record holds it.
-            None => fs::read_dir(&jobs)
-                .ok()?
-                .flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
-                .filter_map(|job| Some((job, record(job)?)))
-                .find(|(_, r)| r.slurm.as_ref().is_some_and(|l| l.freezer == cgroup))?,
+            // Else a cgroup Slurm lent (`.../step_extern`): the job whose live part holds it
+            // (one at a time, `Jobs::step_free`).
+            None => {
+                let job = live_holder(&state_dir, cgroup, 0)?;
+                (job, record(job)?)
+            }
         };
         Some(crate::ibq::JobOwner {
             job,
@@ -396,10 +395,11 @@ impl Jobs {
             else {
                 continue;
             };
-            let cgroup = match &record.slurm {
+            let mut cgroup = match &record.slurm {
                 Some(lent) => JobCgroup::lent(lent.clone()),
                 None => cgroups.job(record.id),
             };
+            cgroup.set_tree(record.shim);
             // An older agent's record has no owner: that of the job's live root process, else
             // the user its newest launch here ran as.
             let owner = record.owner.or_else(|| {
@@ -668,6 +668,47 @@ impl Jobs {
     pub fn job_dir(&self, job: u64) -> PathBuf {
         self.node.state_dir.join("jobs").join(job.to_string())
     }
+
+    /// Refuses to put job `job`'s part into a Slurm job's step (`place`) that another live
+    /// part of this node already holds: the step is frozen as one, so a checkpoint of either
+    /// would freeze and thaw the other.
+    pub(crate) fn step_free(
+        &self,
+        job: u64,
+        uid: u32,
+        place: Option<&crate::os::slurm::SlurmPlace>,
+    ) -> Result<(), AgentError> {
+        let Some(p) = place else { return Ok(()) };
+        if let Some(other) = live_holder(&self.node.state_dir, &p.cgroups.freezer, job) {
+            return Err(AgentError::SlurmAdoption {
+                job,
+                node: self.node.name.clone(),
+                uid,
+                why: format!(
+                    "ckpt job {other} already runs in Slurm job {}'s extern step here, and a step holds one (a checkpoint freezes the whole step): cancel job {other}, run this one from another Slurm job, or set [slurm] adopt = false",
+                    p.step.job
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A job other than `except` whose record puts its live part (its shim still running) in the
+/// cgroup Slurm lent at `freezer`.
+fn live_holder(state_dir: &Path, freezer: &Path, except: u64) -> Option<u64> {
+    fs::read_dir(state_dir.join("jobs"))
+        .ok()?
+        .flatten()
+        .filter_map(|e| shim::read_json::<JobRecord>(&e.path().join("job.json")))
+        .find(|r| {
+            r.id != except
+                && r.slurm.as_ref().is_some_and(|l| l.freezer == freezer)
+                && r.shim.is_some_and(|(pid, start)| {
+                    procfs::stat(pid).is_some_and(|s| s.start_ticks == start && s.state != 'Z')
+                })
+        })
+        .map(|r| r.id)
 }
 
 #[cfg(test)]

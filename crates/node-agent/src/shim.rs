@@ -119,6 +119,10 @@ pub struct ShimSpec {
     /// More `cgroup.procs` it joins: those of the other hierarchies of a cgroup Slurm lent.
     #[serde(default)]
     pub also_join: Vec<PathBuf>,
+    /// The job's cgroup is one Slurm lent: the job's processes there are the shim's
+    /// descendants only (its kills leave the rest alone).
+    #[serde(default)]
+    pub lent: bool,
     /// File the job's stdout is appended to.
     pub stdout: PathBuf,
     /// File the job's stderr is appended to.
@@ -240,6 +244,7 @@ pub fn main(spec_path: &Path) -> i32 {
             libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
         }
     }
+    LENT.store(spec.lent, std::sync::atomic::Ordering::Relaxed);
     if let Some(lease) = &spec.lease {
         fence::fence_on_expiry(
             crate::rpc::lease::Expiry::new(lease.clone()),
@@ -275,6 +280,18 @@ fn tell_ready(fd: Option<i32>) {
 }
 
 /// The `cgroup.procs` files the job joins: its cgroup's first.
+/// Whether this shim's job cgroup is one Slurm lent ([`ShimSpec::lent`]).
+static LENT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The processes of the job's cgroup (`procs`) that the shim's kills reach: all of them, or in
+/// a cgroup Slurm lent, the shim's descendants.
+pub(super) fn job_members(procs: &Path) -> Vec<i32> {
+    let of = LENT
+        .load(std::sync::atomic::Ordering::Relaxed)
+        .then(|| (std::process::id() as i32, None));
+    crate::os::cgroup::members(procs, of)
+}
+
 fn cgroup_join_paths(spec: &ShimSpec) -> Result<Vec<CString>, String> {
     std::iter::once(&spec.cgroup_procs)
         .chain(&spec.also_join)

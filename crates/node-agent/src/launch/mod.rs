@@ -227,6 +227,7 @@ impl Jobs {
             mode,
             cgroup_procs: job.cgroup.procs_file(),
             also_join: job.cgroup.other_procs_files(),
+            lent: job.cgroup.lender().is_some(),
             stdout: job.dir.join("stdout"),
             stderr: job.dir.join("stderr"),
             run_dir: run_dir.clone(),
@@ -258,6 +259,7 @@ impl Jobs {
                 job: id,
                 message: format!("cannot start shim {}: {e}", self.node.shim_exe.display()),
             })?;
+        job.cgroup.set_tree(job.record.shim);
         // Only the shim holds the write end now: its byte, or its end-of-file if it dies.
         drop(ready_w);
         let started_file = run_dir.join(shim::STARTED);
@@ -324,6 +326,7 @@ impl Jobs {
             .slurm
             .place(spec.job, &self.node.name, owner.uid)
             .await?;
+        self.step_free(spec.job, owner.uid, place.as_ref())?;
         let engine = self.engine_named(spec.job, &spec.engine)?;
         if !engine.freezes() && (spec.part > 0 || spec.sandbox.is_some()) {
             return Err(AgentError::NoEngine {

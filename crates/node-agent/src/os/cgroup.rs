@@ -154,6 +154,7 @@ impl CgroupParent {
             path: self.path.join(format!("{}{job_id}", self.prefix)),
             flavor: self.flavor,
             lent: None,
+            tree: None,
         }
     }
 }
@@ -164,6 +165,10 @@ pub struct JobCgroup {
     path: PathBuf,
     flavor: Flavor,
     lent: Option<Lent>,
+    /// In a cgroup Slurm lent, the job's processes are the descendants of its shim (PID and
+    /// start time): the step also holds Slurm's `sleep`, ssh sessions Slurm adopted, and
+    /// processes the user moved into cgroups below it.
+    tree: Option<(i32, u64)>,
 }
 
 /// A job's cgroup that Slurm made and owns: the extern step of the owner's Slurm job (cgroup
@@ -181,22 +186,65 @@ pub struct Lent {
     pub others: Vec<PathBuf>,
 }
 
-/// The processes a `cgroup.procs` file lists that a job's kill may reach: all but Slurm's own
-/// (in a cgroup Slurm lent).
-pub fn members(procs: &Path) -> Vec<i32> {
+/// The processes of a job's cgroup whose `cgroup.procs` is `procs`, for its kill: every
+/// member of the agent's own cgroup; of a cgroup Slurm lent (`of`: the job's shim), the shim's
+/// descendants in it or below it.
+pub fn members(procs: &Path, of: Option<(i32, Option<u64>)>) -> Vec<i32> {
+    match (of, procs.parent()) {
+        (Some(shim), Some(dir)) => {
+            let mut v = Vec::new();
+            listed_below(dir, 0, &mut v);
+            v.retain(|&p| descends(p, shim));
+            v
+        }
+        _ => listed(procs),
+    }
+}
+
+/// The PIDs a `cgroup.procs` file lists.
+fn listed(procs: &Path) -> Vec<i32> {
     fs::read_to_string(procs)
         .unwrap_or_default()
         .lines()
         .filter_map(|l| l.trim().parse().ok())
-        .filter(|&p| !slurms(p))
         .collect()
 }
 
-/// Whether `pid` is one of Slurm's own processes in a cgroup it lent: a child of slurmstepd.
-fn slurms(pid: i32) -> bool {
-    crate::os::procfs::stat(pid)
-        .and_then(|s| crate::os::procfs::stat(s.ppid))
-        .is_some_and(|parent| parent.comm == "slurmstepd")
+/// How deep below a lent cgroup its members are looked for (a user may make cgroups there).
+const LENT_DEPTH: usize = 8;
+
+/// The members of cgroup `dir` and of the cgroups below it.
+fn listed_below(dir: &Path, depth: usize, into: &mut Vec<i32>) {
+    into.extend(listed(&dir.join("cgroup.procs")));
+    if depth >= LENT_DEPTH {
+        return;
+    }
+    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            listed_below(&e.path(), depth + 1, into);
+        }
+    }
+}
+
+/// Whether `pid` descends from `ancestor` (PID, and its start time if known), by the parents
+/// `/proc` shows.
+fn descends(pid: i32, ancestor: (i32, Option<u64>)) -> bool {
+    let mut p = pid;
+    for _ in 0..256 {
+        let Some(st) = crate::os::procfs::stat(p) else {
+            return false;
+        };
+        if st.ppid == ancestor.0 {
+            return ancestor.1.is_none_or(|start| {
+                crate::os::procfs::stat(st.ppid).is_some_and(|a| a.start_ticks == start)
+            });
+        }
+        if st.ppid <= 1 {
+            return false;
+        }
+        p = st.ppid;
+    }
+    false
 }
 
 impl JobCgroup {
@@ -206,7 +254,14 @@ impl JobCgroup {
             path: lent.freezer.clone(),
             flavor: Flavor::V1,
             lent: Some(lent),
+            tree: None,
         }
+    }
+
+    /// Names the job's shim (PID, start time): in a cgroup Slurm lent, the job's processes are
+    /// its descendants.
+    pub fn set_tree(&mut self, shim: Option<(i32, u64)>) {
+        self.tree = shim;
     }
 
     /// What Slurm lent, if it did.
@@ -292,7 +347,10 @@ impl JobCgroup {
         };
         let mut v: Vec<i32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
         if self.lent.is_some() {
-            v.retain(|&p| !slurms(p));
+            v = match self.tree {
+                Some((pid, start)) => members(&f, Some((pid, Some(start)))),
+                None => Vec::new(),
+            };
         }
         v.sort_unstable();
         v.dedup();
@@ -794,7 +852,7 @@ mod tests {
     }
 
     #[test]
-    fn a_cgroup_slurm_lends_is_neither_made_nor_removed_and_its_sleep_is_not_the_jobs() {
+    fn a_cgroup_slurm_lends_is_neither_made_nor_removed_and_holds_only_its_shims_descendants() {
         let Some(parent) = test_parent("lent") else {
             return;
         };
@@ -804,51 +862,64 @@ mod tests {
         }
         let own = parent.job(1);
         own.create().unwrap();
-        let cg = JobCgroup::lent(Lent {
+        let mut cg = JobCgroup::lent(Lent {
             slurm_job: 9,
             socket: PathBuf::new(),
             freezer: own.path().to_path_buf(),
             others: Vec::new(),
         });
         cg.create().unwrap();
-        // Slurm's part of the step: a `sleep` whose parent is named slurmstepd.
-        let d = tempfile::tempdir().unwrap();
-        let stepd_exe = d.path().join("slurmstepd");
-        fs::copy("/bin/sh", &stepd_exe).unwrap();
-        let mut stepd = std::process::Command::new(&stepd_exe)
-            .args(["-c", "sleep 30 & echo $!; wait"])
+        // The job's shim and its two processes; one of them moved by "the user" into a
+        // cgroup below the step.
+        let mut shim = std::process::Command::new("sh")
+            .args(["-c", "sleep 31 & echo $!; sleep 32 & echo $!; wait"])
             .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(stepd.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
-        let slurms_sleep: i32 = line.trim().parse().unwrap();
-        fs::write(cg.procs_file(), slurms_sleep.to_string()).unwrap();
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
+        let mut out = std::io::BufReader::new(shim.stdout.take().unwrap());
+        let mut ours = Vec::new();
+        for _ in 0..2 {
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+            ours.push(line.trim().parse::<i32>().unwrap());
+        }
+        ours.sort_unstable();
+        let below = own.path().join("x");
+        fs::create_dir(&below).unwrap();
+        fs::write(cg.procs_file(), ours[0].to_string()).unwrap();
+        fs::write(below.join("cgroup.procs"), ours[1].to_string()).unwrap();
+        // Not the shim's: Slurm's `sleep`, or an ssh session Slurm adopted.
+        let mut foreign = std::process::Command::new("sleep")
+            .arg("33")
             .spawn()
             .unwrap();
-        fs::write(cg.procs_file(), child.id().to_string()).unwrap();
+        fs::write(cg.procs_file(), foreign.id().to_string()).unwrap();
+        assert_eq!(cg.pids().unwrap(), Vec::<i32>::new(), "no shim named yet");
+        let start = crate::os::procfs::stat(shim.id() as i32)
+            .unwrap()
+            .start_ticks;
+        cg.set_tree(Some((shim.id() as i32, start)));
+        assert_eq!(cg.pids().unwrap(), ours, "the shim's, below the step too");
         assert_eq!(
-            cg.pids().unwrap(),
-            vec![child.id() as i32],
-            "the job's only"
+            {
+                let mut m = members(&cg.procs_file(), Some((shim.id() as i32, None)));
+                m.sort_unstable();
+                m
+            },
+            ours,
+            "as the shim's kills see them"
         );
         cg.remove().unwrap();
         assert!(cg.exists(), "Slurm removes what it lent");
         cg.kill_all().unwrap();
-        let _ = child.wait();
+        let _ = shim.wait();
         assert!(
-            crate::os::procfs::stat(slurms_sleep).is_some(),
-            "Slurm's sleep was left alone"
+            crate::os::procfs::stat(foreign.id() as i32).is_some_and(|s| s.state != 'Z'),
+            "what is not the job's was left alone"
         );
-        // SAFETY: kill(2) on the sleep this test started.
-        unsafe { libc::kill(slurms_sleep, libc::SIGKILL) };
-        let _ = stepd.wait();
+        let _ = foreign.kill();
+        let _ = foreign.wait();
+        fs::remove_dir(&below).unwrap();
         own.remove().unwrap();
         let gone = JobCgroup::lent(Lent {
             slurm_job: 9,

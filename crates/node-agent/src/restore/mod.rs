@@ -197,6 +197,7 @@ impl Jobs {
             .slurm
             .place(job_id, &self.node.name, owner.uid)
             .await?;
+        self.step_free(job_id, owner.uid, place.as_ref())?;
         job.settle_cgroup(&self.node.cgroups, place.as_ref());
         job.record.owner = Some(owner.uid);
         Ok(owner)

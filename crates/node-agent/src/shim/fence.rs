@@ -61,7 +61,7 @@ fn kill_cgroup(procs: &Path) {
 
 /// SIGKILLs every process `procs` (a `cgroup.procs`) lists, but Slurm's own.
 fn kill_each(procs: &Path) {
-    for pid in crate::os::cgroup::members(procs) {
+    for pid in super::job_members(procs) {
         // SAFETY: kill takes integers only.
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }

@@ -220,7 +220,7 @@ fn restore_rpc(
 /// rounds).
 fn kill_cgroup(procs: &Path) {
     for _ in 0..20 {
-        let pids = crate::os::cgroup::members(procs);
+        let pids = super::job_members(procs);
         if pids.is_empty() {
             return;
         }

@@ -81,17 +81,33 @@ impl SlurmGate {
                 )))
             }
         };
+        if !v1_freezer_mounted() {
+            tracing::warn!(
+                job,
+                slurm_job,
+                "[slurm] adopt: this node has no cgroup v1 freezer (cgroup v2 is not supported yet): the part runs beside its Slurm job"
+            );
+            return Ok(None);
+        }
         let conf = self.conf.clone();
         let node_name = node.to_string();
-        tokio::task::spawn_blocking(move || {
+        let asked = tokio::task::spawn_blocking(move || {
             let step = ExternStep::locate(conf.as_deref(), &node_name, slurm_job)?;
-            let cgroups = step.cgroups()?;
+            let cgroups = step.cgroups(uid)?;
             Ok(SlurmPlace { step, cgroups })
-        })
-        .await
-        .map_err(|e| refuse(e.to_string()))?
-        .map(Some)
-        .map_err(refuse)
+        });
+        // Bounded as a whole: slurmstepd answers in microseconds; a hung one must not hold the
+        // job (its lock is held meanwhile).
+        match tokio::time::timeout(ASK_TIMEOUT, asked).await {
+            Ok(done) => done
+                .map_err(|e| refuse(e.to_string()))?
+                .map(Some)
+                .map_err(refuse),
+            Err(_) => Err(refuse(format!(
+                "Slurm job {slurm_job}'s slurmstepd had no answer in {} s",
+                ASK_TIMEOUT.as_secs()
+            ))),
+        }
     }
 
     /// The running Slurm jobs uid `uid` holds on `node` (none asked for without `enforce`);
@@ -145,6 +161,20 @@ impl SlurmGate {
             })
         }
     }
+}
+
+/// Whether a cgroup v1 freezer hierarchy is mounted here (Slurm's proctrack/cgroup on v1).
+fn v1_freezer_mounted() -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|m| {
+        m.lines().any(|l| {
+            l.split_once(" - ").is_some_and(|(_, r)| {
+                let mut f = r.split_whitespace();
+                f.next() == Some("cgroup")
+                    && f.nth(1)
+                        .is_some_and(|o| o.split(',').any(|o| o == "freezer"))
+            })
+        })
+    })
 }
 
 /// The jobs squeue's answer names (`--format=%A`: one job id a line, an array's element by
