@@ -642,11 +642,15 @@ impl JobCgroup {
     }
 }
 
-/// The path of `dir` within the cgroup hierarchy mounted over it (of the freezer controller for
-/// v1, the unified one for v2), from a mountinfo text: the deepest matching mount point, plus
-/// the mount's own root within the hierarchy.
-fn hierarchy_path(mountinfo: &str, dir: &Path, flavor: Flavor) -> Option<String> {
-    let mut best: Option<(usize, String)> = None;
+/// Of the mounts in a mountinfo text that `fits` (file system type, super options), the
+/// deepest over `dir` (of two at one point, the later, visible one): `dir`'s path within that
+/// mount's hierarchy (the mount's own root joined with the rest), and the mount's super options.
+fn deepest_mount<'a>(
+    mountinfo: &'a str,
+    dir: &Path,
+    fits: impl Fn(&str, &str) -> bool,
+) -> Option<(String, &'a str)> {
+    let mut best: Option<(usize, String, &str)> = None;
     for line in mountinfo.lines() {
         let Some((left, right)) = line.split_once(" - ") else {
             continue;
@@ -656,62 +660,41 @@ fn hierarchy_path(mountinfo: &str, dir: &Path, flavor: Flavor) -> Option<String>
         let (Some(root), Some(point), Some(fstype)) = (f.get(3), f.get(4), r.first()) else {
             continue;
         };
-        let fits = match flavor {
-            Flavor::V1 => {
-                *fstype == "cgroup"
-                    && r.get(2)
-                        .is_some_and(|o| o.split(',').any(|opt| opt == "freezer"))
-            }
-            Flavor::V2 => *fstype == "cgroup2",
-        };
+        let options = r.get(2).copied().unwrap_or_default();
+        if !fits(fstype, options) || best.as_ref().is_some_and(|(len, ..)| *len > point.len()) {
+            continue;
+        }
         let Ok(rest) = dir.strip_prefix(point) else {
             continue;
         };
-        // The deepest mount point wins; of two at one point, the later (visible) one.
-        if !fits || best.as_ref().is_some_and(|(len, _)| *len > point.len()) {
-            continue;
-        }
-        let path = Path::new(root).join(rest);
-        best = Some((point.len(), path.display().to_string()));
+        let path = Path::new(root).join(rest).display().to_string();
+        best = Some((point.len(), path, options));
     }
-    best.map(|(_, p)| p)
+    best.map(|(_, path, options)| (path, options))
+}
+
+/// The path of `dir` within the cgroup hierarchy mounted over it (of the freezer controller for
+/// v1, the unified one for v2), from a mountinfo text.
+fn hierarchy_path(mountinfo: &str, dir: &Path, flavor: Flavor) -> Option<String> {
+    let fits = |fstype: &str, options: &str| match flavor {
+        Flavor::V1 => fstype == "cgroup" && options.split(',').any(|o| o == "freezer"),
+        Flavor::V2 => fstype == "cgroup2",
+    };
+    deepest_mount(mountinfo, dir, fits).map(|(path, _)| path)
 }
 
 /// The engine's name for cgroup v1 directory `dir`, `CONTROLLERS:/PATH` (as CRIU's
-/// `--cgroup-root` takes it), from a mountinfo text: the deepest cgroup v1 mount over it.
+/// `--cgroup-root` takes it), from a mountinfo text.
 fn v1_root(mountinfo: &str, dir: &Path) -> Option<String> {
-    let mut best: Option<(usize, String)> = None;
-    for line in mountinfo.lines() {
-        let Some((left, right)) = line.split_once(" - ") else {
-            continue;
-        };
-        let f: Vec<&str> = left.split(' ').collect();
-        let r: Vec<&str> = right.split(' ').collect();
-        let (Some(root), Some(point), Some(&"cgroup"), Some(options)) =
-            (f.get(3), f.get(4), r.first(), r.get(2))
-        else {
-            continue;
-        };
-        let Ok(rest) = dir.strip_prefix(point) else {
-            continue;
-        };
-        if best.as_ref().is_some_and(|(len, _)| *len > point.len()) {
-            continue;
-        }
-        let controllers: Vec<&str> = options
-            .split(',')
-            .filter(|o| {
-                !matches!(*o, "rw" | "ro" | "xattr" | "noprefix" | "clone_children")
-                    && !o.starts_with("release_agent=")
-            })
-            .collect();
-        let path = Path::new(root).join(rest);
-        best = Some((
-            point.len(),
-            format!("{}:{}", controllers.join(","), path.display()),
-        ));
-    }
-    best.map(|(_, p)| p)
+    let (path, options) = deepest_mount(mountinfo, dir, |fstype, _| fstype == "cgroup")?;
+    let controllers: Vec<&str> = options
+        .split(',')
+        .filter(|o| {
+            !matches!(*o, "rw" | "ro" | "xattr" | "noprefix" | "clone_children")
+                && !o.starts_with("release_agent=")
+        })
+        .collect();
+    Some(format!("{}:{path}", controllers.join(",")))
 }
 
 /// For tests: a cgroup parent named after `name` and this process, or `None` (with the
