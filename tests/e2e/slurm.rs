@@ -14,9 +14,7 @@ use std::time::{Duration, Instant};
 use ckpt_tests::hosts::hosts_with_agents;
 use ckpt_tests::netns::Cluster;
 use ckpt_tests::slurm::Slurm;
-use ckpt_tests::{
-    apps, bin_dir, checksum_in, skip_unless_ready, slow_variant, Ckptd, Mpi, Options, NOBODY,
-};
+use ckpt_tests::{apps, bin_dir, checksum_in, slow_variant, Ckptd, Mpi, Options, NOBODY};
 
 const NODES: [&str; 3] = ["n1", "n2", "n3"];
 /// With a fourth node for the requeued job to move to.
@@ -133,55 +131,6 @@ fn slurm_gate(d: &Ckptd) -> String {
         "[slurm]\nenforce = true\nconf = \"{}\"\n",
         d.dir.path().join("slurm").join("slurm.conf").display()
     )
-}
-
-/// Whether agents here can put parts into Slurm jobs (a cgroup v1 freezer: adoption on cgroup
-/// v2 is not built); says so when not.
-fn adoption_here() -> bool {
-    let here = std::path::Path::new("/sys/fs/cgroup/freezer/cgroup.procs").exists();
-    if !here {
-        eprintln!("SKIPPED (the checks of parts inside Slurm jobs): no cgroup v1 freezer here");
-    }
-    here
-}
-
-/// The processes Slurm's extern step of job `id` tracks on `node` (`scontrol listpids`, run
-/// on that node), with their command lines.
-fn extern_pids(cluster: &Cluster, slurm: &Slurm, node: &str, id: u64) -> Vec<(i32, String)> {
-    let o = cluster
-        .command_in(node, &std::path::PathBuf::from("scontrol"))
-        .args(["listpids", &id.to_string()])
-        .env("SLURM_CONF", &slurm.conf)
-        .output()
-        .expect("scontrol listpids");
-    String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .filter(|l| l.split_whitespace().nth(2) == Some("extern"))
-        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
-        .filter(|&p: &i32| p > 0)
-        .map(|p| {
-            let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
-            (p, String::from_utf8_lossy(&cmd).replace('\0', " "))
-        })
-        .collect()
-}
-
-/// Whether Slurm's extern step of job `id` on `node` tracks a process whose command line
-/// contains `what`; waits for it (bounded) and says what it saw if not.
-#[track_caller]
-fn slurm_tracks(cluster: &Cluster, slurm: &Slurm, node: &str, id: u64, what: &str) {
-    let begin = Instant::now();
-    loop {
-        let seen = extern_pids(cluster, slurm, node, id);
-        if seen.iter().any(|(_, cmd)| cmd.contains(what)) {
-            return;
-        }
-        assert!(
-            begin.elapsed() < Duration::from_secs(30),
-            "Slurm's job {id} tracks no {what} on {node}: {seen:?}"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
 }
 
 /// A batch job of the test Slurm whose program computes under ckpt.
@@ -329,13 +278,13 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
         Preemption::RequeueOntoOtherNodes => {
             // The agents put every part into the Slurm job: Slurm tracks the ranks on each
             // node, and accounts for them.
-            if adoption_here() {
+            if ckpt_tests::slurm::adoption_here() {
                 for n in NODES {
-                    slurm_tracks(&cluster, &slurm, n, id, "heat.mpich");
+                    slurm.tracks(&cluster, n, id, "heat.mpich");
                 }
-                let rss = extern_max_rss(&slurm, id);
+                let rss = slurm.extern_max_rss(id);
                 assert!(
-                    rss > ACCOUNTED,
+                    rss > ckpt_tests::slurm::ACCOUNTED,
                     "Slurm accounts for the parts in {id}.extern (more than its own sleep): MaxRSS {rss}"
                 );
             }
@@ -422,12 +371,12 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
     };
     let begin = Instant::now();
     let mut asked = Instant::now();
-    let mut restored_tracked = moves && !adoption_here();
+    let mut restored_tracked = moves && !ckpt_tests::slurm::adoption_here();
     while checksum_in(&read(&progress)).is_none() {
         // The restored parts went into the new Slurm job: the one moved to n4 among them.
         if moves && !restored_tracked && read(&out).contains("resuming from epoch") {
-            slurm_tracks(&cluster, &slurm, "n4", id, "heat.mpich");
-            slurm_tracks(&cluster, &slurm, "n2", id, "heat.mpich");
+            slurm.tracks(&cluster, "n4", id, "heat.mpich");
+            slurm.tracks(&cluster, "n2", id, "heat.mpich");
             restored_tracked = true;
         }
         assert!(
@@ -542,44 +491,6 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
     }
 }
 
-/// More resident memory than the extern step's own `sleep` has (about 1.5 MB).
-const ACCOUNTED: u64 = 8 << 20;
-
-/// The largest resident size (bytes) of a task of job `id`'s extern step, as `sstat` reports
-/// it from Slurm's accounting of the running job; 0 if it reports none.
-fn extern_max_rss(slurm: &Slurm, id: u64) -> u64 {
-    let begin = Instant::now();
-    loop {
-        let o = slurm
-            .command("sstat")
-            .args([
-                "-a",
-                "-n",
-                "-P",
-                "--noconvert",
-                "-o",
-                "JobID,MaxRSS,AveCPU",
-                "-j",
-            ])
-            .arg(id.to_string())
-            .output()
-            .expect("sstat");
-        let text = String::from_utf8_lossy(&o.stdout).to_string();
-        let rss = text
-            .lines()
-            .find(|l| l.starts_with(&format!("{id}.extern|")))
-            .and_then(|l| l.split('|').nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        // Slurm samples every 2 s (JobAcctGatherFrequency): wait for a sample with the parts.
-        if rss > ACCOUNTED || begin.elapsed() > Duration::from_secs(20) {
-            println!("sstat of job {id}:\n{text}");
-            return rss;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
-
 /// `scontrol ARGS`, which must succeed.
 #[track_caller]
 fn scontrol(slurm: &Slurm, args: &[&str]) {
@@ -680,208 +591,6 @@ fn slurm_preemption_by_a_higher_priority_job_checkpoints_and_resumes() {
 #[test]
 fn slurm_one_line_script_checkpoints_on_the_time_limit_warning_requeues_itself_and_resumes() {
     preempted_batch_job_resumes_from_its_checkpoint(Preemption::TimeLimitWarning);
-}
-
-/// Agents with `[slurm] enforce`: a user without a Slurm job on a node is refused there, with
-/// a message naming Slurm; the same user's batch job on n2 runs a program there under ckpt,
-/// and from it a part on n1, outside its allocation, is refused. A restart is held to the same
-/// rule as a launch.
-#[test]
-fn enforcing_agents_run_parts_only_for_users_slurm_gave_the_node() {
-    use std::os::unix::fs::chown;
-    skip_unless_ready!("nsenter");
-    if let Some(why) = Cluster::unavailable().or_else(Slurm::unavailable) {
-        eprintln!("SKIPPED: {why}");
-        return;
-    }
-    let cluster = Cluster::create(2).expect("create test hosts");
-    let mut d = Ckptd::start(Options {
-        no_agent: true,
-        ..Options::default()
-    });
-    d.open_to_users();
-    let slurm_dir = d.dir.path().join("slurm");
-    let gate = format!(
-        "[slurm]\nenforce = true\nconf = \"{}\"\n",
-        slurm_dir.join("slurm.conf").display()
-    );
-    for n in ["n1", "n2"] {
-        d.start_agent_in_with(&cluster, n, &gate);
-    }
-    d.wait_agents(&["n1", "n2"]);
-    let slurm = Slurm::start(&cluster, &slurm_dir).expect("start Slurm");
-    let ctl = bin_dir().join("ckptctl");
-
-    // No Slurm job: refused on n2, nothing started.
-    let refused = d.ctl_as(NOBODY, &["run", "--node", "n2", "--", "/bin/sleep", "30"]);
-    assert_eq!(refused.code, 5, "refused as a permission: {refused:?}");
-    for word in ["node n2", "Slurm", "uid 65534 has none there", "sbatch"] {
-        assert!(refused.stderr.contains(word), "{word}: {refused:?}");
-    }
-    let jobs: Vec<serde_json::Value> =
-        serde_json::from_str(d.ctl(&["list", "--json"]).ok()).unwrap();
-    assert!(
-        jobs.iter().all(|j| j["state"] != "running"),
-        "nothing runs: {jobs:?}"
-    );
-
-    // A batch job of the same user on n2: admitted there, not on n1.
-    let work = tempfile::Builder::new()
-        .prefix("ckpt-slurm-user-")
-        .tempdir()
-        .unwrap();
-    chown(work.path(), Some(NOBODY), Some(NOBODY)).unwrap();
-    let out = work.path().join("batch.out");
-    let script = format!(
-        "{ctl} --socket {s} run --wait --node n2 -- /bin/echo admitted; echo \"n2: $?\"; \
-         {ctl} --socket {s} run --node n1 -- /bin/true; echo \"n1: $?\"",
-        ctl = ctl.display(),
-        s = d.socket.display(),
-    );
-    let mut sbatch = slurm.command("sbatch");
-    sbatch
-        .args(["--parsable", "-N1", "-w", "n2", "-o"])
-        .arg(&out)
-        .arg("-D")
-        .arg(work.path())
-        .args(["--wrap", &script]);
-    ckpt_tests::as_user(&mut sbatch, NOBODY);
-    let o = sbatch.output().expect("sbatch");
-    let id: u64 = String::from_utf8_lossy(&o.stdout)
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("sbatch as nobody: {o:?}"));
-    slurm.wait_job(id, "COMPLETED", LIMIT);
-    let text = read(&out);
-    assert!(text.contains("n2: 0"), "admitted on n2: {text}");
-    assert!(text.contains("started on node n2"), "{text}");
-    assert!(text.contains("n1: 5"), "refused on n1 (permission): {text}");
-    assert!(
-        text.contains("node n1 runs jobs only for users with a running Slurm job on it"),
-        "{text}"
-    );
-
-    // Inside the Slurm job (`adopt`): Slurm tracks the part among the job's processes, and
-    // `scancel` stops it as it stops any of them.
-    if adoption_here() {
-        scancel_stops_an_adopted_part(&cluster, &d, &slurm, work.path());
-    }
-
-    // A restart passes the same gate: root's program, started from root's batch job on n2 and
-    // stopped by a checkpoint, is refused on n2 once that batch job ended (root is held to
-    // the rule too), and restarts from root's next batch job there.
-    let root_batch = |name: &str, script: String| {
-        let out = work.path().join(name);
-        let o = slurm
-            .command("sbatch")
-            .args(["--parsable", "-N1", "-w", "n2", "-o"])
-            .arg(&out)
-            .args(["--wrap", &script])
-            .output()
-            .expect("sbatch");
-        let id: u64 = String::from_utf8_lossy(&o.stdout)
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("sbatch as root: {o:?}"));
-        slurm.wait_job(id, "COMPLETED", LIMIT);
-        read(&out)
-    };
-    let ckptctl = format!("{} --socket {}", ctl.display(), d.socket.display());
-    let text = root_batch(
-        "root-1.out",
-        format!(
-            "J=$({ckptctl} run --node n2 -- /bin/sleep 300) && echo job=$J && \
-             {ckptctl} checkpoint $J --kill; echo \"stopped: $?\""
-        ),
-    );
-    assert!(text.contains("stopped: 0"), "{text}");
-    let job = text
-        .lines()
-        .find_map(|l| l.strip_prefix("job="))
-        .unwrap_or_else(|| panic!("no job id: {text}"))
-        .to_string();
-    let refused = d.ctl(&["restart", &job]);
-    assert_eq!(
-        refused.code, 5,
-        "restart refused as a permission: {refused:?}"
-    );
-    assert!(
-        refused.stderr.contains("node n2") && refused.stderr.contains("Slurm"),
-        "{refused:?}"
-    );
-    let text = root_batch(
-        "root-2.out",
-        format!("{ckptctl} restart {job}; echo \"restarted: $?\"; {ckptctl} cancel {job}"),
-    );
-    assert!(text.contains("restarted: 0"), "{text}");
-}
-
-/// A part started from nobody's batch job on n2, inside that Slurm job: Slurm tracks it among
-/// the job's processes, and `scancel` of the batch job stops it.
-fn scancel_stops_an_adopted_part(
-    cluster: &Cluster,
-    d: &Ckptd,
-    slurm: &Slurm,
-    work: &std::path::Path,
-) {
-    let ctl = bin_dir().join("ckptctl");
-    let adopted_out = work.join("adopted.out");
-    let script = format!(
-        "J=$({ctl} --socket {s} run --node n2 -- /bin/sleep 301) && echo job=$J; \
-         {ctl} --socket {s} run --node n2 -- /bin/sleep 302; echo \"second: $?\"; sleep 600",
-        ctl = ctl.display(),
-        s = d.socket.display(),
-    );
-    let mut sbatch = slurm.command("sbatch");
-    sbatch
-        .args(["--parsable", "-N1", "-w", "n2", "-o"])
-        .arg(&adopted_out)
-        .arg("-D")
-        .arg(work)
-        .args(["--wrap", &script]);
-    ckpt_tests::as_user(&mut sbatch, NOBODY);
-    let o = sbatch.output().expect("sbatch");
-    let held: u64 = String::from_utf8_lossy(&o.stdout)
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("sbatch as nobody: {o:?}"));
-    let begin = Instant::now();
-    let adopted = loop {
-        if let Some(j) = read(&adopted_out)
-            .lines()
-            .find_map(|l| l.strip_prefix("job="))
-        {
-            break j.to_string();
-        }
-        assert!(begin.elapsed() < LIMIT, "no job: {}", read(&adopted_out));
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    slurm_tracks(cluster, slurm, "n2", held, "sleep 301");
-    // A second ckpt job in the same Slurm job's step there is refused: a checkpoint of either
-    // would freeze the other.
-    let begin = Instant::now();
-    while !read(&adopted_out).contains("second: ") {
-        assert!(begin.elapsed() < LIMIT, "{}", read(&adopted_out));
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let text = read(&adopted_out);
-    assert!(!text.contains("second: 0"), "{text}");
-    assert!(
-        text.contains(&format!(
-            "ckpt job {adopted} already runs in Slurm job {held}'s extern step"
-        )),
-        "{text}"
-    );
-    run_ok(slurm, "scancel", &[&held.to_string()]);
-    slurm.wait_job(held, "CANCELLED", LIMIT);
-    let begin = Instant::now();
-    while d.status(adopted.parse().unwrap())["state"] == "running" {
-        assert!(
-            begin.elapsed() < LIMIT,
-            "scancel did not stop job {adopted}'s part"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 /// The one-line script's batch job cancelled: its program is checkpointed and stopped, and the

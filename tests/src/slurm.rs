@@ -280,6 +280,80 @@ impl Slurm {
         }
     }
 
+    /// The processes Slurm's extern step of job `id` tracks on `node` (`scontrol listpids`, run
+    /// on that node), with their command lines.
+    pub fn extern_pids(&self, cluster: &netns::Cluster, node: &str, id: u64) -> Vec<(i32, String)> {
+        let o = cluster
+            .command_in(node, &std::path::PathBuf::from("scontrol"))
+            .args(["listpids", &id.to_string()])
+            .env("SLURM_CONF", &self.conf)
+            .output()
+            .expect("scontrol listpids");
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| l.split_whitespace().nth(2) == Some("extern"))
+            .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+            .filter(|&p: &i32| p > 0)
+            .map(|p| {
+                let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+                (p, String::from_utf8_lossy(&cmd).replace('\0', " "))
+            })
+            .collect()
+    }
+
+    /// Whether Slurm's extern step of job `id` on `node` tracks a process whose command line
+    /// contains `what`; waits for it (bounded) and says what it saw if not.
+    #[track_caller]
+    pub fn tracks(&self, cluster: &netns::Cluster, node: &str, id: u64, what: &str) {
+        let begin = Instant::now();
+        loop {
+            let seen = self.extern_pids(cluster, node, id);
+            if seen.iter().any(|(_, cmd)| cmd.contains(what)) {
+                return;
+            }
+            assert!(
+                begin.elapsed() < Duration::from_secs(30),
+                "Slurm's job {id} tracks no {what} on {node}: {seen:?}"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// The largest resident size (bytes) of a task of job `id`'s extern step, as `sstat` reports
+    /// it from Slurm's accounting of the running job; 0 if it reports none.
+    pub fn extern_max_rss(&self, id: u64) -> u64 {
+        let begin = Instant::now();
+        loop {
+            let o = self
+                .command("sstat")
+                .args([
+                    "-a",
+                    "-n",
+                    "-P",
+                    "--noconvert",
+                    "-o",
+                    "JobID,MaxRSS,AveCPU",
+                    "-j",
+                ])
+                .arg(id.to_string())
+                .output()
+                .expect("sstat");
+            let text = String::from_utf8_lossy(&o.stdout).to_string();
+            let rss = text
+                .lines()
+                .find(|l| l.starts_with(&format!("{id}.extern|")))
+                .and_then(|l| l.split('|').nth(1))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            // Slurm samples every 2 s (JobAcctGatherFrequency): wait for a sample with the parts.
+            if rss > ACCOUNTED || begin.elapsed() > Duration::from_secs(20) {
+                println!("sstat of job {id}:\n{text}");
+                return rss;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
     /// The tails of the daemons' logs, for failure messages.
     pub fn logs(&self) -> String {
         let mut out = String::new();
@@ -384,6 +458,19 @@ fn remove_cgroup_tree(dir: &Path) {
     }
     let _ = std::fs::remove_dir(dir);
 }
+
+/// Whether agents here can put parts into Slurm jobs (a cgroup v1 freezer: adoption on cgroup
+/// v2 is not built); says so when not.
+pub fn adoption_here() -> bool {
+    let here = std::path::Path::new("/sys/fs/cgroup/freezer/cgroup.procs").exists();
+    if !here {
+        eprintln!("SKIPPED (the checks of parts inside Slurm jobs): no cgroup v1 freezer here");
+    }
+    here
+}
+
+/// More resident memory than the extern step's own `sleep` has (about 1.5 MB).
+pub const ACCOUNTED: u64 = 8 << 20;
 
 fn wait_for(mut ok: impl FnMut() -> bool, what: &str) -> Result<(), String> {
     let begin = Instant::now();

@@ -89,6 +89,16 @@ pub struct JobRecord {
     pub slurm: Option<crate::os::cgroup::Lent>,
 }
 
+impl JobRecord {
+    /// Whether the current incarnation's shim still runs (the same process: PID and start
+    /// time).
+    pub(crate) fn shim_alive(&self) -> bool {
+        self.shim.is_some_and(|(pid, start)| {
+            procfs::stat(pid).is_some_and(|s| s.start_ticks == start && s.state != 'Z')
+        })
+    }
+}
+
 /// Where one epoch is on this node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NodePhase {
@@ -245,10 +255,7 @@ impl NodeJob {
         }
         // The processes are gone but the shim has not written the exit status yet: it is
         // about to, so the job is not lost.
-        let shim_alive = self.record.shim.is_some_and(|(pid, start)| {
-            procfs::stat(pid).is_some_and(|s| s.start_ticks == start && s.state != 'Z')
-        });
-        if shim_alive {
+        if self.record.shim_alive() {
             return Observed::Running;
         }
         Observed::Lost
@@ -704,9 +711,7 @@ fn live_holder(state_dir: &Path, freezer: &Path, except: u64) -> Option<u64> {
         .find(|r| {
             r.id != except
                 && r.slurm.as_ref().is_some_and(|l| l.freezer == freezer)
-                && r.shim.is_some_and(|(pid, start)| {
-                    procfs::stat(pid).is_some_and(|s| s.start_ticks == start && s.state != 'Z')
-                })
+                && r.shim_alive()
         })
         .map(|r| r.id)
 }

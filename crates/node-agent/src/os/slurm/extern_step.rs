@@ -274,7 +274,7 @@ fn step_cgroups(proc_cgroup: &str, mountinfo: &str, suffix: &str) -> Option<Step
         {
             return None; // not where Slurm makes a step's cgroups
         }
-        let Some(mount) = v1_mount(mountinfo, controllers) else {
+        let Some(mount) = crate::os::cgroup::v1_mount(mountinfo, controllers) else {
             continue;
         };
         let dir = mount.join(path.trim_start_matches('/'));
@@ -287,24 +287,6 @@ fn step_cgroups(proc_cgroup: &str, mountinfo: &str, suffix: &str) -> Option<Step
     Some(StepCgroups {
         freezer: freezer?,
         others,
-    })
-}
-
-/// The mount point of the cgroup v1 hierarchy whose controllers are `controllers` (as
-/// `/proc/PID/cgroup` names them), mounted at its root.
-fn v1_mount(mountinfo: &str, controllers: &str) -> Option<PathBuf> {
-    let want: Vec<&str> = controllers.split(',').collect();
-    mountinfo.lines().find_map(|line| {
-        let (left, right) = line.split_once(" - ")?;
-        let mut r = right.split_whitespace();
-        if r.next()? != "cgroup" {
-            return None;
-        }
-        let options = r.nth(1)?;
-        let l: Vec<&str> = left.split_whitespace().collect();
-        let (root, point) = (l.get(3)?, l.get(4)?);
-        let has = |c: &&str| options.split(',').any(|o| o == *c);
-        (*root == "/" && want.iter().all(has)).then(|| PathBuf::from(point))
     })
 }
 

@@ -81,7 +81,7 @@ impl SlurmGate {
                 )))
             }
         };
-        if !v1_freezer_mounted() {
+        if !crate::os::cgroup::v1_freezer_mounted() {
             tracing::warn!(
                 job,
                 slurm_job,
@@ -161,20 +161,6 @@ impl SlurmGate {
             })
         }
     }
-}
-
-/// Whether a cgroup v1 freezer hierarchy is mounted here (Slurm's proctrack/cgroup on v1).
-fn v1_freezer_mounted() -> bool {
-    std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|m| {
-        m.lines().any(|l| {
-            l.split_once(" - ").is_some_and(|(_, r)| {
-                let mut f = r.split_whitespace();
-                f.next() == Some("cgroup")
-                    && f.nth(1)
-                        .is_some_and(|o| o.split(',').any(|o| o == "freezer"))
-            })
-        })
-    })
 }
 
 /// The jobs squeue's answer names (`--format=%A`: one job id a line, an array's element by
