@@ -315,11 +315,7 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
             unreachable!("the batch job ends: its own tests")
         }
         Preemption::TimeLimitWarning => {
-            run_ok(
-                &slurm,
-                "scancel",
-                &["--batch", "--signal=USR1", &id.to_string()],
-            );
+            slurm.run_ok("scancel", &["--batch", "--signal=USR1", &id.to_string()]);
             None
         }
         Preemption::HigherPriorityJob => Some(
@@ -494,14 +490,7 @@ fn preempted_batch_job_resumes_from_its_checkpoint(how: Preemption) {
 /// `scontrol ARGS`, which must succeed.
 #[track_caller]
 fn scontrol(slurm: &Slurm, args: &[&str]) {
-    run_ok(slurm, "scontrol", args);
-}
-
-/// Slurm's `program ARGS`, which must succeed.
-#[track_caller]
-fn run_ok(slurm: &Slurm, program: &str, args: &[&str]) {
-    let st = slurm.command(program).args(args).status().unwrap();
-    assert!(st.success(), "{program} {args:?}: {st}");
+    slurm.run_ok("scontrol", args);
 }
 
 fn read(p: &std::path::Path) -> String {
@@ -609,7 +598,7 @@ fn slurm_one_line_script_cancelled_with_scancel_stops_its_program_and_is_not_req
         out,
         ..
     } = b;
-    run_ok(&slurm, "scancel", &[&id.to_string()]);
+    slurm.run_ok("scancel", &[&id.to_string()]);
     d.wait_state(job, "stopped", LIMIT);
     slurm.wait_job(id, "CANCELLED", LIMIT);
     // Not requeued: still cancelled a while later (a requeue shows at once).
@@ -655,11 +644,7 @@ fn slurm_epilog_stops_the_program_of_a_batch_job_whose_ckptctl_was_killed() {
     let o = other.output().unwrap();
     assert!(o.status.success(), "{o:?}");
     assert_eq!(d.status(job)["state"], "running", "{o:?}");
-    run_ok(
-        &slurm,
-        "scancel",
-        &["--batch", "--signal=KILL", &id.to_string()],
-    );
+    slurm.run_ok("scancel", &["--batch", "--signal=KILL", &id.to_string()]);
     slurm.wait_job(id, "FAILED", LIMIT);
     d.wait_state(job, "stopped", LIMIT);
     let log = read(&epilog_log);

@@ -9,13 +9,6 @@ use ckpt_tests::{bin_dir, skip_unless_ready, Ckptd, Options, NOBODY};
 
 const LIMIT: Duration = Duration::from_secs(180);
 
-/// Slurm's `program ARGS`, which must succeed.
-#[track_caller]
-fn run_ok(slurm: &Slurm, program: &str, args: &[&str]) {
-    let st = slurm.command(program).args(args).status().unwrap();
-    assert!(st.success(), "{program} {args:?}: {st}");
-}
-
 fn read(p: &std::path::Path) -> String {
     std::fs::read_to_string(p).unwrap_or_default()
 }
@@ -208,7 +201,7 @@ fn scancel_stops_an_adopted_part(
         )),
         "{text}"
     );
-    run_ok(slurm, "scancel", &[&held.to_string()]);
+    slurm.run_ok("scancel", &[&held.to_string()]);
     slurm.wait_job(held, "CANCELLED", LIMIT);
     let begin = Instant::now();
     while d.status(adopted.parse().unwrap())["state"] == "running" {

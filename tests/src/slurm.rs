@@ -354,6 +354,13 @@ impl Slurm {
         }
     }
 
+    /// Runs Slurm's `program ARGS`, which must succeed.
+    #[track_caller]
+    pub fn run_ok(&self, program: &str, args: &[&str]) {
+        let st = self.command(program).args(args).status().unwrap();
+        assert!(st.success(), "{program} {args:?}: {st}");
+    }
+
     /// The tails of the daemons' logs, for failure messages.
     pub fn logs(&self) -> String {
         let mut out = String::new();
