@@ -531,6 +531,17 @@ impl TomlConfig for CoordinatorConfig {
                 problem: "must be an absolute path".into(),
             });
         }
+        // ckptctl takes a list of sockets (`CKPT_SOCKET=a,b`, one per ckptd of a machine);
+        // ckptd, reading the same variable, would bind one file named after the whole list.
+        if self.socket.as_os_str().as_encoded_bytes().contains(&b',') {
+            return Err(ConfigError::Invalid {
+                key: "socket",
+                problem: format!(
+                    "{} is a list: a list of sockets is for ckptctl (CKPT_SOCKET, --socket); ckptd binds one, so give it one path (unset CKPT_SOCKET where ckptd starts, or pass --socket PATH)",
+                    self.socket.display()
+                ),
+            });
+        }
         Ok(())
     }
 }
@@ -570,6 +581,25 @@ mod tests {
             .groups(&nodes)
             .len(),
             10
+        );
+    }
+
+    /// `CKPT_SOCKET=a,b`, the documented list for ckptctl, reaches ckptd too: refused, not
+    /// bound as one file named after the list.
+    #[test]
+    fn a_socket_list_is_refused_naming_what_to_do() {
+        let e = CoordinatorConfig::from_toml(
+            Path::new("c.toml"),
+            "socket = \"/run/a/ckptd.sock,/run/b/ckptd.sock\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("socket") && e.contains("is a list") && e.contains("--socket PATH"),
+            "{e}"
+        );
+        assert!(
+            CoordinatorConfig::from_toml(Path::new("c.toml"), "socket = \"/run/a.sock\"\n").is_ok()
         );
     }
 

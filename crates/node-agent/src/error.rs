@@ -321,6 +321,28 @@ pub enum AgentError {
         /// What it holds.
         why: String,
     },
+    /// A process of the job is stopped: the engine cannot seize it in the frozen cgroup.
+    #[error("job {job}: process {pid} ({comm}) is {how}; a stopped process cannot be checkpointed (the engine would wait for it for ever inside the frozen job), so the checkpoint is refused and the job is left as it was: continue it (`kill -CONT {pid}`, or `scontrol resume` for a job Slurm suspended) and checkpoint again")]
+    Stopped {
+        /// Job id.
+        job: u64,
+        /// The process.
+        pid: i32,
+        /// Its command name.
+        comm: String,
+        /// "stopped (SIGSTOP or SIGTSTP)" or "stopped by a debugger or tracer".
+        how: &'static str,
+    },
+    /// The epoch's images could not be restored: it is not sealed, so never committed.
+    #[error("job {job}: epoch {epoch} is not committed: {why}. The job runs on, and the last committed checkpoint stays the restart point")]
+    Unrestorable {
+        /// Job id.
+        job: u64,
+        /// The epoch.
+        epoch: u32,
+        /// What its restore would miss.
+        why: String,
+    },
     /// A caller presented the wrong job secret.
     #[error("job {job}: wrong job token, or no such job on this node")]
     BadToken {

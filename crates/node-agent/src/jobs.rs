@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 use tracing::warn;
 
-use crate::engine::{Engines, SnapshotEngine};
+use crate::engine::{EngineStop, Engines, SnapshotEngine};
 use crate::error::{io_err, AgentError};
 use crate::failpoint::{Action, Failpoints};
 use crate::ibq::Channels;
@@ -340,6 +340,9 @@ pub struct Jobs {
     /// What this node has and runs its jobs with.
     pub(crate) node: Node,
     jobs: std::sync::Mutex<HashMap<u64, Arc<Mutex<NodeJob>>>>,
+    /// Each job's dump in progress, reached without the job's lock (which the dump holds):
+    /// an abort or a cancel ends it ([`EngineStop`]).
+    stops: std::sync::Mutex<HashMap<u64, Arc<EngineStop>>>,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -472,6 +475,7 @@ impl Jobs {
                 host: Arc::new(RealHost),
             },
             jobs: std::sync::Mutex::new(map),
+            stops: std::sync::Mutex::default(),
         })
     }
 
@@ -617,6 +621,17 @@ impl Jobs {
             .get(&job)
             .cloned()
             .ok_or(AgentError::UnknownJob { job })
+    }
+
+    /// Job `job`'s dump in progress, to begin, run or stop one: reached without the job's
+    /// lock, which a dump holds.
+    pub(crate) fn engine_stop(&self, job: u64) -> Arc<EngineStop> {
+        self.stops
+            .lock()
+            .expect("stops lock")
+            .entry(job)
+            .or_default()
+            .clone()
     }
 
     pub(crate) fn get_or_create(&self, job: u64) -> Result<Arc<Mutex<NodeJob>>, AgentError> {

@@ -12,7 +12,7 @@ use ckpt_store::chain;
 use ckpt_store::manifest::{OpenFile, PreservedFile};
 use tracing::info;
 
-use crate::engine::{DumpSpec, SnapshotEngine};
+use crate::engine::{DumpSpec, EngineStop, SnapshotEngine};
 use crate::error::{io_err, AgentError};
 use crate::jobs::{NodeJob, OWNER_NOTE};
 use crate::os::modes::{ensure_dir, PRIVATE_DIR, PRIVATE_FILE};
@@ -49,6 +49,7 @@ fn note_owner(job: &mut NodeJob) -> Result<u32, AgentError> {
 pub(super) fn dump_running(
     job: &mut NodeJob,
     engine: &dyn SnapshotEngine,
+    stop: &EngineStop,
 ) -> Result<(), AgentError> {
     let id = job.record.id;
     let owner = note_owner(job)?;
@@ -69,6 +70,7 @@ pub(super) fn dump_running(
         session: Some(&session),
         owner: Some(owner),
         guarded_ns: None,
+        stop: Some(stop),
     });
     let took = begin.elapsed();
     w.suspended = Some(took);
@@ -126,6 +128,7 @@ struct OpenScan {
 pub(super) fn dump_frozen(
     job: &mut NodeJob,
     engine: &dyn SnapshotEngine,
+    stop: &EngineStop,
 ) -> Result<(), AgentError> {
     let id = job.record.id;
     let owner = note_owner(job)?;
@@ -182,6 +185,7 @@ pub(super) fn dump_frozen(
         session: None,
         owner: Some(owner),
         guarded_ns: job.record.guarded_ns,
+        stop: Some(stop),
     };
     let files = ToCopy {
         owner,
@@ -190,8 +194,10 @@ pub(super) fn dump_frozen(
         job_dir: &own_dir,
         outputs: &outputs,
     };
-    let (engine_time, (preserved, copied_bytes, copy_time)) =
+    let (engine_time, (mut preserved, copied_bytes, copy_time)) =
         dump_beside_copy(id, engine, &spec, &files)?;
+    // Still frozen: the files the engine's restore opens through links it removed again.
+    preserved.extend(save_linked_remaps(id, owner, &w.node_dir, &w.pids)?);
     let w = job.work.as_mut().expect("checked by caller");
     w.preserved = preserved;
     record_dump(w, Some(scanned), engine_time, (copy_time, copied_bytes));
@@ -378,6 +384,104 @@ fn dump_beside_copy(
         .with_label_values(&[engine.name()])
         .observe(engine_time.as_secs_f64());
     Ok((engine_time, copied?))
+}
+
+/// Where the files of [`save_linked_remaps`] are kept, in the node directory.
+pub(crate) const REMAPS_DIR: &str = "remaps";
+
+/// Saves what a restore of the images in `node_dir` opens through a link remap
+/// ([`crate::engine::criu_images`]): each such file (deleted while open, still linked
+/// elsewhere) is copied through a descriptor the frozen job holds, to be put back as its owner
+/// at the link's path before the engine restores. Refused, naming the file, where none of the
+/// job's processes holds it (the engine found it through a mapping only) or it is not the
+/// owner's.
+fn save_linked_remaps(
+    job: u64,
+    owner: u32,
+    node_dir: &Path,
+    pids: &[i32],
+) -> Result<Vec<PreservedFile>, AgentError> {
+    let images = node_dir.join(chain::IMAGES_DIR);
+    let remaps = crate::engine::criu_images::linked_remaps(&images).map_err(io_err(
+        job,
+        "read the engine's file remaps in",
+        &images,
+    ))?;
+    let mut out = Vec::new();
+    for (i, r) in remaps.iter().enumerate() {
+        let refused = |problem: String| AgentError::FileRefused {
+            job,
+            action: "save",
+            path: r.path.clone(),
+            uid: owner,
+            problem,
+        };
+        let held = format!("{} (deleted)", r.path);
+        let fd = pids.iter().find_map(|&pid| {
+            fs::read_dir(format!("/proc/{pid}/fd"))
+                .ok()?
+                .flatten()
+                .map(|e| e.path())
+                .find(|p| fs::read_link(p).is_ok_and(|t| t.as_os_str() == held.as_str()))
+        });
+        let Some(fd) = fd else {
+            return Err(refused(
+                "it was deleted while open and is still linked elsewhere, and no process of the job holds it open (a mapping only): its restore would need a link the engine removes after the dump. Close or unmap it, or keep its name until the checkpoint".into(),
+            ));
+        };
+        // The file itself, reopened through the process's descriptor (never by a path).
+        let mut src = fs::File::open(&fd).map_err(io_err(job, "read", &fd))?;
+        let meta = src.metadata().map_err(io_err(job, "stat", &fd))?;
+        if meta.uid() != owner {
+            return Err(refused(format!(
+                "it was deleted while open, belongs to uid {} and not to the job's owner; a checkpoint saves only the owner's files",
+                meta.uid()
+            )));
+        }
+        let dir = node_dir.join(REMAPS_DIR);
+        ensure_dir(&dir, PRIVATE_DIR).map_err(io_err(job, "create", &dir))?;
+        let saved = format!("{REMAPS_DIR}/{i}");
+        let dst_path = node_dir.join(&saved);
+        let mut dst = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(PRIVATE_FILE)
+            .open(&dst_path)
+            .map_err(io_err(job, "create", &dst_path))?;
+        std::io::copy(&mut src, &mut dst).map_err(io_err(job, "copy", &dst_path))?;
+        info!(job, file = %r.path, link = %r.link, bytes = meta.len(), "saved a file deleted while open, for its restore's link");
+        out.push(PreservedFile {
+            path: r.link.clone(),
+            saved_as: saved,
+            mode: meta.mode() & 0o7777,
+            uid: meta.uid(),
+            gid: meta.gid(),
+            fifo: false,
+        });
+    }
+    Ok(out)
+}
+
+/// Refuses to seal an epoch whose restore would open a file through a link remap that the
+/// epoch does not put back (see [`save_linked_remaps`]): committed, it could not be restored.
+pub(crate) fn check_linked_remaps(
+    node_dir: &Path,
+    preserved: &[PreservedFile],
+) -> Result<(), String> {
+    let images = node_dir.join(chain::IMAGES_DIR);
+    let remaps = crate::engine::criu_images::linked_remaps(&images).map_err(|e| e.to_string())?;
+    for r in remaps {
+        let kept = preserved
+            .iter()
+            .any(|p| p.path == r.link && node_dir.join(&p.saved_as).is_file());
+        if !kept {
+            return Err(format!(
+                "its restore opens {} (deleted while open, still linked elsewhere) through {}, which the engine removed after the dump and the epoch does not hold",
+                r.path, r.link
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Records what the dump took (times, bytes) in the epoch's notes.

@@ -68,6 +68,22 @@ pub struct Synced {
     pub channels: u32,
 }
 
+/// Refuses a job holding a stopped process ([`Host::stopped`]), naming it.
+fn refuse_stopped(host: &dyn Host, job: u64, pids: &[i32]) -> Result<(), AgentError> {
+    match host.stopped(pids) {
+        None => Ok(()),
+        Some(p) => Err(AgentError::Stopped {
+            job,
+            pid: p.pid,
+            how: match p.state {
+                't' => "stopped by a debugger or tracer",
+                _ => "stopped (SIGSTOP or SIGTSTP)",
+            },
+            comm: p.comm,
+        }),
+    }
+}
+
 /// Refuses a user's job (not root's: `owner` 0 or unknown) holding a process with more than its
 /// owner's rights ([`Host::privilege_of`]): a set-user-ID or set-group-ID program or one with
 /// capabilities would be dumped and restored privileged, so the checkpoint is refused at initial
@@ -180,6 +196,7 @@ impl Jobs {
             self.node.channels.socket(),
         )?;
         refuse_rdma_cm(job_id, &pids)?;
+        refuse_stopped(self.node.host.as_ref(), job_id, &pids)?;
         refuse_privileged(self.node.host.as_ref(), job_id, &pids, job.record.owner)?;
         self.check_channels(job_id, &channeled).await?;
         for &pid in &pids {
@@ -337,6 +354,9 @@ impl Jobs {
         let w = job.work.as_mut().expect("checked");
         w.frozen_at = Some(begin);
         w.pids = pids;
+        // Stopped since initial-sync: refused now, before the engine would wait for it. The
+        // coordinator's abort thaws the job.
+        refuse_stopped(self.node.host.as_ref(), job_id, &w.pids)?;
         Ok((job, begin.elapsed()))
     }
 
@@ -353,11 +373,15 @@ impl Jobs {
             .await?;
         let begin = Instant::now();
         let engine = self.engine_named(job_id, &job.record.engine)?;
+        // An abort or a cancel ends the dump through this, without the job's lock.
+        let stop = self.engine_stop(job_id);
+        stop.begin(epoch);
         let (mut job, r) = tokio::task::spawn_blocking(move || {
             let r = match engine.freezes() {
-                true => dump_frozen(&mut job, engine.as_ref()),
-                false => dump_running(&mut job, engine.as_ref()),
+                true => dump_frozen(&mut job, engine.as_ref(), &stop),
+                false => dump_running(&mut job, engine.as_ref(), &stop),
             };
+            stop.end();
             (job, r)
         })
         .await
@@ -425,6 +449,16 @@ impl Jobs {
             .await?;
         let engine = self.engine_named(job_id, &job.record.engine)?;
         let engine = (engine.name().to_string(), engine.version().to_string());
+        // Nothing is committed that the engine could not restore.
+        if let Some(w) = &job.work {
+            dump::check_linked_remaps(&w.node_dir, &w.preserved).map_err(|why| {
+                AgentError::Unrestorable {
+                    job: job_id,
+                    epoch,
+                    why,
+                }
+            })?;
+        }
         let mut w = job.work.take().expect("checked");
         let chain = w.chain.take();
         let node = self.node.name.clone();
@@ -473,6 +507,14 @@ impl Jobs {
     #[instrument(skip_all, fields(phase = "abort", job = job_id, epoch = epoch, node = self.node()))]
     pub async fn abort(&self, job_id: u64, epoch: u32, reason: &str) -> Result<(), AgentError> {
         let j = self.get(job_id)?;
+        // A dump still running holds the job: it is stopped first (its engine killed), so
+        // that the thaw below comes now, not when the engine ends by itself (if ever).
+        if self.engine_stop(job_id).stop(Some(epoch)) {
+            warn!(
+                job = job_id,
+                epoch, "the epoch's dump was still running: its engine is stopped"
+            );
+        }
         let mut job = j.lock_owned().await;
         if job.work.as_ref().is_some_and(|w| w.epoch == epoch) {
             if let Some(mut c) = job.work.take().and_then(|w| w.chain) {

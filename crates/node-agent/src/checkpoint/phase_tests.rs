@@ -90,6 +90,46 @@ async fn initial_sync_refuses_a_privileged_process_and_begins_nothing() {
     assert!(!node.host.frozen());
 }
 
+/// A stopped process (SIGSTOP, a Slurm suspend) is refused at once, named, before anything is
+/// frozen: the engine would wait for it for ever inside the frozen cgroup.
+#[tokio::test]
+async fn initial_sync_refuses_a_stopped_process_and_freezes_nothing() {
+    let node = running().await;
+    node.host.script_stopped(CHILD, true);
+    let e = node.jobs.initial_sync(JOB, 1).await.unwrap_err();
+    match &e {
+        AgentError::Stopped { job, pid, .. } => assert_eq!((*job, *pid), (JOB, CHILD)),
+        other => panic!("{other}"),
+    }
+    let text = e.to_string();
+    assert!(
+        text.contains(&format!("kill -CONT {CHILD}")) && text.contains("scontrol resume"),
+        "the message says what to do: {text}"
+    );
+    assert!(!epoch_begun(&node, 1).await);
+    assert_eq!(node.host.actions(), []);
+    // Continued, it is checkpointed.
+    node.host.script_stopped(CHILD, false);
+    node.checkpoint(1, false).await;
+}
+
+/// A process stopped after initial-sync is found once the job is frozen: quiesce fails, before
+/// any dump, and the abort thaws.
+#[tokio::test]
+async fn a_process_stopped_after_initial_sync_fails_quiesce_and_the_abort_thaws() {
+    let node = running().await;
+    node.jobs.initial_sync(JOB, 1).await.expect("initial-sync");
+    node.host.script_stopped(ROOT, true);
+    let e = node.jobs.quiesce(JOB, 1).await.unwrap_err();
+    assert!(matches!(e, AgentError::Stopped { pid: ROOT, .. }), "{e}");
+    node.jobs
+        .abort(JOB, 1, "quiesce failed")
+        .await
+        .expect("abort");
+    assert_eq!(node.host.actions(), [Call::FreezeForSnapshot, Call::Thaw]);
+    assert!(!node.host.frozen());
+}
+
 #[tokio::test]
 async fn initial_sync_refuses_a_process_outside_the_tree() {
     let node = running().await;
@@ -250,23 +290,77 @@ async fn a_failed_dump_fails_local_checkpoint_and_the_abort_thaws_and_deletes() 
     assert!(!node.node_dir(1).exists());
 }
 
-/// A dump that outlasts the coordinator's deadline: the abort waits for it, then thaws the
-/// job and deletes the images it wrote.
+/// A dump that never ends by itself (CRIU seizing a stopped process in a frozen cgroup): the
+/// abort after the coordinator's deadline stops the engine, without waiting for it to end,
+/// thaws the job and deletes the images; the dump fails saying it was stopped. An abort of
+/// another epoch stops nothing.
 #[tokio::test]
-async fn a_dump_past_the_deadline_is_thawed_and_deleted_by_the_abort_once_it_ends() {
+async fn a_dump_past_the_deadline_is_stopped_and_thawed_by_the_abort() {
     let node = running().await;
     let latch = TestNode::latch();
     node.engine.script_dump(Step::Hang(latch.clone()));
     frozen(&node).await;
-    let cut = tokio::time::timeout(DEADLINE, node.jobs.local_checkpoint(JOB, 1)).await;
-    assert!(cut.is_err(), "still dumping at the deadline");
-    abort_after_hang(&node, &latch, 1).await;
+    let (dumped, aborted) = tokio::join!(node.jobs.local_checkpoint(JOB, 1), async {
+        tokio::time::sleep(DEADLINE).await;
+        assert!(
+            !node.jobs.engine_stop(JOB).stop(Some(2)),
+            "an abort of epoch 2 does not stop epoch 1's dump"
+        );
+        tokio::time::timeout(Duration::from_secs(10), node.jobs.abort(JOB, 1, "deadline")).await
+    });
+    aborted
+        .expect("the abort does not wait for the engine to end by itself")
+        .expect("abort");
+    assert!(!latch.is_open(), "nothing but the stop ended the dump");
+    let e = dumped.unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            AgentError::Engine {
+                source: crate::engine::EngineError::Stopped { .. },
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("was stopped"), "{e}");
     assert_eq!(
         node.host.actions(),
         [Call::FreezeForSnapshot, Call::Dump, Call::Thaw]
     );
     assert!(!node.host.frozen());
     assert!(!node.node_dir(1).exists());
+    assert!(!epoch_begun(&node, 1).await);
+}
+
+/// A cancel's signal does not wait for a dump that hangs either: the dump is stopped, and
+/// the signal goes out at once.
+#[tokio::test]
+async fn a_cancel_during_a_hung_dump_stops_the_dump() {
+    let node = running().await;
+    let latch = TestNode::latch();
+    node.engine.script_dump(Step::Hang(latch.clone()));
+    frozen(&node).await;
+    let (dumped, signalled) = tokio::join!(node.jobs.local_checkpoint(JOB, 1), async {
+        tokio::time::sleep(DEADLINE).await;
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            node.jobs.signal(JOB, libc::SIGTERM),
+        )
+        .await
+    });
+    assert!(signalled.is_ok(), "the signal does not wait for the dump");
+    assert!(
+        matches!(
+            dumped,
+            Err(AgentError::Engine {
+                source: crate::engine::EngineError::Stopped { .. },
+                ..
+            })
+        ),
+        "{dumped:?}"
+    );
+    assert!(!latch.is_open());
 }
 
 #[tokio::test]

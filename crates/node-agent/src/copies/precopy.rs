@@ -268,6 +268,7 @@ fn precopy_step(
         session: None,
         owner: None,
         guarded_ns: t.guarded_ns,
+        stop: None,
     });
     let took = begin.elapsed();
     match r {

@@ -19,7 +19,7 @@ use std::process::{Command, Stdio};
 
 use ckpt_proto::Engine;
 
-use super::{DumpSpec, EngineError, RestoreSpec, SnapshotEngine};
+use super::{DumpSpec, EngineError, EngineStop, RestoreSpec, SnapshotEngine};
 use crate::config::CriuConfig;
 
 /// Oldest CRIU that works on current kernels (4.1 fails on TCP sockets on kernels >= 6.16;
@@ -207,6 +207,7 @@ impl Criu {
         args: &[String],
         log: &Path,
         ns: Option<std::fs::File>,
+        stop: Option<&EngineStop>,
     ) -> Result<(), EngineError> {
         let mut cmd = Command::new(&self.path);
         if let Some(ns) = ns {
@@ -225,18 +226,37 @@ impl Criu {
                 });
             }
         }
-        let out = cmd
+        // A process group of its own: a stop kills CRIU and whatever it forked.
+        use std::os::unix::process::CommandExt;
+        let child = cmd
             .args(args)
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
-            .output()
+            .spawn()
+            .map_err(|source| EngineError::Spawn {
+                path: self.path.clone(),
+                source,
+            })?;
+        if let Some(stop) = stop {
+            stop.started(child.id() as i32);
+        }
+        let out = child
+            .wait_with_output()
             .map_err(|source| EngineError::Spawn {
                 path: self.path.clone(),
                 source,
             })?;
         if out.status.success() {
             return Ok(());
+        }
+        if stop.is_some_and(EngineStop::stopped) {
+            return Err(EngineError::Stopped {
+                engine: Engine::Criu.as_str(),
+                op,
+                log: log.to_path_buf(),
+            });
         }
         let log_text = std::fs::read_to_string(log).unwrap_or_default();
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -276,6 +296,55 @@ fn resolve_path(configured: &str) -> String {
         .find(|p| Path::new(p).exists())
         .unwrap_or("criu")
         .to_string()
+}
+
+/// The nftables tables of CRIU's network lock that a dump's log names (`inet CRIU-…`): CRIU
+/// names its table after the dump, so these are this dump's alone.
+fn lock_tables(log: &str) -> Vec<String> {
+    let mut tables: Vec<String> = log
+        .match_indices("inet CRIU-")
+        .filter_map(|(at, _)| {
+            let name: String = log[at + "inet ".len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+                .collect();
+            (name.len() > "CRIU-".len()).then_some(name)
+        })
+        .collect();
+    tables.sort();
+    tables.dedup();
+    tables
+}
+
+/// After a dump the agent stopped: CRIU, killed, did not remove the lock it had put on the
+/// job's connections, which would drop the job's TCP for ever once thawed. Its tables are
+/// deleted in the job's network namespace (entered through its root process) and in the
+/// agent's own.
+fn unlock_stopped(spec: &DumpSpec<'_>) {
+    let tables = lock_tables(&std::fs::read_to_string(spec.log_file).unwrap_or_default());
+    let netns = format!("/proc/{}/ns/net", spec.root_pid);
+    for table in tables {
+        for inside in [true, false] {
+            let mut cmd = match inside {
+                true => {
+                    let mut c = Command::new("nsenter");
+                    c.arg(format!("--net={netns}")).arg("nft");
+                    c
+                }
+                false => Command::new("nft"),
+            };
+            let done = cmd
+                .args(["delete", "table", "inet", &table])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if done {
+                tracing::warn!(%table, "removed the network lock of a stopped dump");
+            }
+        }
+    }
 }
 
 /// Extracts "4.2.1" from `criu --version` output ("Version: 4.2.1").
@@ -348,7 +417,17 @@ impl SnapshotEngine for Criu {
         args.extend(self.tree_args(spec));
         args.extend(self.common_args());
         args.extend(self.cfg.extra_dump_args.iter().cloned());
-        self.run("dump", &args, spec.log_file, Self::tree_mount_ns(spec))
+        let r = self.run(
+            "dump",
+            &args,
+            spec.log_file,
+            Self::tree_mount_ns(spec),
+            spec.stop,
+        );
+        if matches!(r, Err(EngineError::Stopped { .. })) {
+            unlock_stopped(spec);
+        }
+        r
     }
 
     fn precopy_support(&self) -> Result<(), String> {
@@ -381,7 +460,13 @@ impl SnapshotEngine for Criu {
         {
             args.extend(["-L".to_string(), dir.display().to_string()]);
         }
-        self.run("pre-dump", &args, spec.log_file, Self::tree_mount_ns(spec))
+        self.run(
+            "pre-dump",
+            &args,
+            spec.log_file,
+            Self::tree_mount_ns(spec),
+            spec.stop,
+        )
     }
 
     fn restore_argv(&self, spec: &RestoreSpec<'_>) -> Vec<String> {
@@ -515,12 +600,23 @@ mod tests {
             session: None,
             owner: None,
             guarded_ns,
+            stop: None,
         };
         assert!(Criu::tree_mount_ns(&spec(None)).is_none(), "not recorded");
         assert!(Criu::tree_mount_ns(&spec(Some((theirs.0, theirs.1 + 1)))).is_none());
         assert!(Criu::tree_mount_ns(&spec(Some(theirs))).is_some());
         let _ = child.kill();
         let _ = child.wait();
+    }
+
+    #[test]
+    fn a_stopped_dumps_lock_tables_are_found_in_its_log() {
+        let log = "(00.05) net: Lock network\n\
+            (00.07) \tRunning nftables [add element inet CRIU-e0ceb391-4d4f-43ce-a7 conns4 { 127.0.0.1 . 1 . 127.0.0.1 . 2 }]\n\
+            (00.07) \tRunning nftables [add element inet CRIU-e0ceb391-4d4f-43ce-a7 conns4 { 127.0.0.1 . 2 . 127.0.0.1 . 1 }]\n\
+            (00.08) inet CRIU- (no name)\n";
+        assert_eq!(lock_tables(log), ["CRIU-e0ceb391-4d4f-43ce-a7"]);
+        assert!(lock_tables("(00.01) Dumping processes").is_empty());
     }
 
     #[test]

@@ -13,8 +13,12 @@ use std::sync::Arc;
 use ckpt_proto::Engine;
 
 pub mod criu;
+pub mod criu_images;
 pub mod criu_rpc;
 pub mod dmtcp;
+pub mod stop;
+
+pub use stop::EngineStop;
 
 /// What to dump.
 #[derive(Debug, Clone)]
@@ -45,6 +49,8 @@ pub struct DumpSpec<'a> {
     /// (`shim/guard.rs`), which the engine enters to dump it; a namespace the tree is in that is
     /// not this one (one a user made) is never entered.
     pub guarded_ns: Option<(u64, u64)>,
+    /// How an abort or a cancel ends this dump while it runs (None: it cannot be ended).
+    pub stop: Option<&'a EngineStop>,
 }
 
 /// What to restore.
@@ -154,6 +160,16 @@ pub enum EngineError {
         status: String,
         /// The log's error lines.
         summary: String,
+        /// The log file.
+        log: PathBuf,
+    },
+    /// A dump was ended by the agent: its epoch was aborted or its job cancelled.
+    #[error("{engine} {op} was stopped: its epoch was aborted (a phase deadline passed, or another node failed) or the job was cancelled (log so far: {})", log.display())]
+    Stopped {
+        /// "criu" or "dmtcp".
+        engine: &'static str,
+        /// "dump".
+        op: &'static str,
         /// The log file.
         log: PathBuf,
     },

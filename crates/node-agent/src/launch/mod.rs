@@ -544,6 +544,15 @@ impl Jobs {
     /// after [`KILL_WAIT`]: whoever sent it counts on them being gone, not on their way out.
     pub async fn signal(&self, job_id: u64, sig: i32) -> Result<usize, AgentError> {
         let j = self.get(job_id)?;
+        // A job told to end (a cancel, a fence, its launcher gone) is not kept waiting by its
+        // dump, which holds the job: the dump is stopped, its epoch fails and is aborted.
+        if matches!(sig, libc::SIGTERM | libc::SIGKILL) && self.engine_stop(job_id).stop(None) {
+            tracing::warn!(
+                job = job_id,
+                sig,
+                "a dump was running: stopped, so that the signal reaches the job now"
+            );
+        }
         let job = j.lock().await;
         let cgroup_err = |source| AgentError::Cgroup {
             job: job_id,

@@ -49,6 +49,10 @@ pub trait Host: Send + Sync + std::fmt::Debug {
     fn privilege_of(&self, pid: i32, owner: u32) -> Option<String>;
     /// Resident bytes of process `pid` (0 if it is gone).
     fn rss_bytes(&self, pid: i32) -> u64;
+    /// The first of `pids` that is stopped (state T: SIGSTOP, SIGTSTP, a Slurm suspend) or
+    /// stopped by a tracer (t), if any: the engine cannot seize such a process in a frozen
+    /// cgroup (the kernel keeps it waiting for ever).
+    fn stopped(&self, pids: &[i32]) -> Option<ProcStat>;
     /// Starts `exe shim SPEC` in a session of its own, its stdout and stderr into `output`,
     /// passing it the write end `ready_fd` of the pipe it says it is ready on, and reaps it
     /// when it ends. Returns its PID and start time (`/proc/PID/stat`), read before it can be
@@ -105,6 +109,12 @@ impl Host for RealHost {
 
     fn rss_bytes(&self, pid: i32) -> u64 {
         procfs::rss_bytes(pid)
+    }
+
+    fn stopped(&self, pids: &[i32]) -> Option<ProcStat> {
+        pids.iter()
+            .filter_map(|&p| procfs::stat(p))
+            .find(|s| matches!(s.state, 'T' | 't'))
     }
 
     fn spawn_shim(

@@ -48,7 +48,9 @@ pub fn to_status(e: AgentError) -> Status {
         | AgentError::UnsupportedVerbsFeature { .. }
         | AgentError::AddressMissing { .. }
         | AgentError::OutsideTree { .. }
-        | AgentError::Privileged { .. } => Status::failed_precondition(msg),
+        | AgentError::Privileged { .. }
+        | AgentError::Stopped { .. }
+        | AgentError::Unrestorable { .. } => Status::failed_precondition(msg),
         AgentError::BadToken { .. } => Status::permission_denied(msg),
         AgentError::RootRefused { .. }
         | AgentError::UidBelowMinimum { .. }

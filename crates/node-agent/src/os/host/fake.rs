@@ -41,6 +41,8 @@ pub(crate) enum Call {
     PrivilegeOf(i32),
     /// This process's resident size was read.
     Rss(i32),
+    /// The job's processes were looked at for a stopped one.
+    Stopped,
     /// A shim was started: a restore's (behind a gate or not) or a launch's.
     SpawnShim {
         /// It runs the engine's restore.
@@ -88,6 +90,11 @@ impl Latch {
         self.opened.notify_all();
     }
 
+    /// Whether the latch is open.
+    pub(crate) fn is_open(&self) -> bool {
+        *self.open.lock().expect("latch lock")
+    }
+
     /// Waits until the latch is open (at most a minute, so that a failed test ends).
     pub(crate) fn wait(&self) {
         let open = self.open.lock().expect("latch lock");
@@ -125,6 +132,8 @@ struct State {
     outside: Vec<ProcStat>,
     /// Processes with more rights than their owner, and why.
     privileged: BTreeMap<i32, String>,
+    /// Processes stopped (state T).
+    stopped: Vec<i32>,
     /// Resident bytes of each process.
     rss: u64,
     /// The PID the shim's restores report, or why the engine failed.
@@ -154,6 +163,7 @@ impl FakeHost {
                 thaw: Step::Succeed,
                 outside: Vec::new(),
                 privileged: BTreeMap::new(),
+                stopped: Vec::new(),
                 rss: 1 << 20,
                 restores: Ok(RESTORED_PID),
             })),
@@ -212,6 +222,16 @@ impl FakeHost {
     /// Gives process `pid` more rights than its owner, for `why`.
     pub(crate) fn script_privileged(&self, pid: i32, why: &str) {
         self.with(|s| s.privileged.insert(pid, why.into()));
+    }
+
+    /// Stops process `pid` (state T), or continues it (`false`).
+    pub(crate) fn script_stopped(&self, pid: i32, stopped: bool) {
+        self.with(|s| {
+            s.stopped.retain(|&p| p != pid);
+            if stopped {
+                s.stopped.push(pid);
+            }
+        });
     }
 
     /// Makes the engine's restores fail with `why`.
@@ -333,6 +353,21 @@ impl Host for FakeHost {
     fn privilege_of(&self, pid: i32, _owner: u32) -> Option<String> {
         self.note(Call::PrivilegeOf(pid));
         self.with(|s| s.privileged.get(&pid).cloned())
+    }
+
+    fn stopped(&self, pids: &[i32]) -> Option<ProcStat> {
+        self.note(Call::Stopped);
+        self.with(|s| {
+            pids.iter()
+                .find(|p| s.stopped.contains(p))
+                .map(|&pid| ProcStat {
+                    pid,
+                    comm: "stopped".into(),
+                    state: 'T',
+                    ppid: 1,
+                    start_ticks: 1,
+                })
+        })
     }
 
     fn rss_bytes(&self, pid: i32) -> u64 {

@@ -88,7 +88,23 @@ impl SnapshotEngine for RecordingEngine {
                     log: spec.log_file.to_path_buf(),
                 })
             }
-            Step::Hang(latch) => latch.wait(),
+            // It hangs as an engine does that never ends by itself: until the latch opens,
+            // or a stop ends it (then it fails as a stopped engine does).
+            Step::Hang(latch) => {
+                let begin = std::time::Instant::now();
+                while !latch.is_open() && begin.elapsed() < std::time::Duration::from_secs(60) {
+                    if spec
+                        .stop
+                        .is_some_and(|s| s.wait_stopped(std::time::Duration::from_millis(10)))
+                    {
+                        return Err(EngineError::Stopped {
+                            engine: "criu",
+                            op: "dump",
+                            log: spec.log_file.to_path_buf(),
+                        });
+                    }
+                }
+            }
         }
         let io = |source| EngineError::Spawn {
             path: spec.images_dir.display().to_string(),

@@ -1,0 +1,268 @@
+//! End-to-end tests of the promises docs/operations.md makes, on programs ckpt did not write
+//! (the shell, `sleep`, the engine itself): a failed or aborted checkpoint leaves the job
+//! running (thawed, the engine gone, cancel answering within seconds), whatever made it fail.
+//! Each test failed before its fix; each skips with a printed reason where root or CRIU is
+//! missing.
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use ckpt_tests::{script, skip_unless_ready, Ckptd, Ctl, Options};
+
+/// Bound on any wait of these tests; what they wait for takes seconds when it works.
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// A job of the shell's: `prelude`, then a counter printing `iter N` every 0.2 s for at most
+/// two minutes.
+fn counting(prelude: &str) -> Vec<String> {
+    vec![
+        "sh".into(),
+        "-c".into(),
+        format!(
+            "{prelude}\ni=0; while [ $i -lt 600 ]; do echo \"iter $i\"; i=$((i+1)); sleep 0.2; done"
+        ),
+    ]
+}
+
+/// The job's cgroup's freezer state ("THAWED" where the file is gone).
+fn freezer(d: &Ckptd, job: u64) -> String {
+    std::fs::read_to_string(d.cgroup(job).join("freezer.state"))
+        .unwrap_or_else(|_| "THAWED".into())
+        .trim()
+        .to_string()
+}
+
+/// Waits (bounded) until the job's cgroup is in `state`.
+#[track_caller]
+fn wait_freezer(d: &Ckptd, job: u64, state: &str) {
+    let begin = Instant::now();
+    while freezer(d, job) != state {
+        assert!(
+            begin.elapsed() < LIMIT,
+            "job {job}'s cgroup is still {} after {LIMIT:?}, wanted {state}",
+            freezer(d, job)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Asserts that the job goes on printing: `more` lines past what it has printed now.
+#[track_caller]
+fn assert_runs_on(d: &Ckptd, job: u64, more: usize) {
+    let now = d.output(job).matches("iter ").count();
+    d.wait_progress(job, now + more, LIMIT);
+}
+
+/// The state letter of process `pid` (`/proc/PID/stat`).
+fn proc_state(pid: i32) -> Option<char> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    text[text.rfind(')')? + 2..].chars().next()
+}
+
+/// The engine of [`start_with_hanging_criu`]: a dump that hangs is `sleep SECONDS`, a number
+/// of this test's own (so that no other test's leftover is taken for it).
+struct Hanging {
+    /// While this file exists, dumps hang.
+    file: PathBuf,
+    /// The command line of a hanging dump.
+    cmdline: Vec<u8>,
+}
+
+impl Hanging {
+    /// Whether a hanging dump runs.
+    fn running(&self) -> bool {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+            .any(|c| c == self.cmdline)
+    }
+
+    /// Waits (bounded) until a hanging dump runs (`true`) or none does.
+    #[track_caller]
+    fn wait(&self, running: bool) {
+        let begin = Instant::now();
+        while self.running() != running {
+            assert!(
+                begin.elapsed() < LIMIT,
+                "the hanging engine {} after {LIMIT:?}",
+                if running {
+                    "never started"
+                } else {
+                    "still runs"
+                }
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// A coordinator whose criu is the real one, except that a dump hangs for ever (as one
+/// seizing a stopped process in a frozen cgroup does) while the returned file exists.
+fn start_with_hanging_criu(extra_toml: &str) -> (Ckptd, Hanging) {
+    let holder = tempfile::Builder::new()
+        .prefix("ckpt-criu-")
+        .tempdir()
+        .unwrap();
+    let real = ckpt_tests::criu_path().unwrap();
+    let file = holder.path().join("hang-dump");
+    let seconds = 100_000 + std::process::id() % 100_000;
+    let path = holder.path().join("criu");
+    script(
+        &path,
+        &format!(
+            "if [ \"$1\" = dump ] && [ -e {h} ]; then exec sleep {seconds}; fi\nexec {real} \"$@\"",
+            h = file.display(),
+            real = real.display()
+        ),
+    );
+    let d = Ckptd::start(Options {
+        criu: Some(path),
+        extra_toml: extra_toml.into(),
+        ..Options::default()
+    });
+    std::mem::forget(holder);
+    let cmdline = format!("sleep\0{seconds}\0").into_bytes();
+    (d, Hanging { file, cmdline })
+}
+
+/// A job holding a stopped process (SIGSTOP; Slurm's suspend sends it): the engine would wait
+/// for it for ever inside the frozen cgroup, and the job stayed frozen for ever. The checkpoint
+/// is refused at once, naming the process and what to do; the job runs on, thawed, with its
+/// process still stopped as it was; continued, it is checkpointed; a cancel ends it.
+#[test]
+fn a_stopped_process_is_refused_at_once_and_the_job_left_as_it_was() {
+    skip_unless_ready!();
+    let d = Ckptd::start(Options::default());
+    let job = d.run_job("stopped", &counting("sleep 600 & kill -STOP $!"));
+    d.wait_progress(job, 2, LIMIT);
+    // The shell's child, stopped (before or after it became `sleep`).
+    let sleeper = d
+        .job_pids(job)
+        .into_iter()
+        .find(|&p| proc_state(p) == Some('T'))
+        .expect("a stopped process in the job");
+    assert_eq!(proc_state(sleeper), Some('T'), "stopped");
+    let out = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
+    assert_eq!(out.code, 6, "refused: {out:?}");
+    assert!(
+        out.stderr.contains(&format!("process {sleeper} ("))
+            && out.stderr.contains("is stopped (SIGSTOP or SIGTSTP)")
+            && out.stderr.contains(&format!("kill -CONT {sleeper}")),
+        "names the process and what to do: {out:?}"
+    );
+    assert_eq!(freezer(&d, job), "THAWED");
+    assert_eq!(d.status(job)["state"], "running");
+    assert_runs_on(&d, job, 3);
+    assert_eq!(proc_state(sleeper), Some('T'), "left stopped, as it was");
+    let epochs = d.epochs(job);
+    assert_eq!(epochs.len(), 1, "{epochs:?}");
+    assert_eq!(epochs[0]["state"], "failed", "{epochs:?}");
+    assert!(!d.images(job, 1).exists(), "nothing left of the epoch");
+
+    // SAFETY: kill(2) on a PID of the job's own cgroup.
+    unsafe { libc::kill(sleeper, libc::SIGCONT) };
+    let out = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
+    assert!(out.ok().contains("epoch 2 committed"), "{out:?}");
+    assert_runs_on(&d, job, 2);
+    d.ctl(&["cancel", &job.to_string()]).ok();
+    assert_eq!(d.status(job)["state"], "cancelled");
+}
+
+/// A dump that never ends by itself: meanwhile a cancel is refused at once (the job is being
+/// checkpointed); at the coordinator's deadline the epoch is aborted, the engine killed and the
+/// job thawed at once (before, the abort waited for the dump, which held the job frozen for
+/// ever, and every call on it waiting); the job runs on, the next checkpoint commits, and a
+/// cancel ends it.
+#[test]
+fn a_hung_dump_is_stopped_at_its_deadline_and_the_job_thawed() {
+    skip_unless_ready!();
+    let (d, hang) = start_with_hanging_criu("[deadlines]\ndump = \"5s\"\n");
+    let job = d.run_job("hung", &counting(""));
+    d.wait_progress(job, 2, LIMIT);
+    std::fs::write(&hang.file, b"").unwrap();
+    let waiting = d.ctl_spawn(&["checkpoint", &job.to_string(), "--wait"]);
+    wait_freezer(&d, job, "FROZEN");
+    hang.wait(true);
+    let refused = d.ctl(&["cancel", &job.to_string()]);
+    assert_eq!(refused.code, 4, "{refused:?}");
+    assert!(refused.stderr.contains("checkpointing"), "{refused:?}");
+    let out = Ctl::finish(waiting, LIMIT);
+    assert_eq!(out.code, 9, "the deadline's own exit code: {out:?}");
+    assert!(out.stderr.contains("deadline"), "{out:?}");
+    wait_freezer(&d, job, "THAWED");
+    hang.wait(false);
+    assert_eq!(d.status(job)["state"], "running");
+    assert_runs_on(&d, job, 3);
+    let epochs = d.epochs(job);
+    assert_eq!(epochs[0]["state"], "failed", "{epochs:?}");
+    std::fs::remove_file(&hang.file).unwrap();
+    let out = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
+    assert!(out.ok().contains("epoch 2 committed"), "{out:?}");
+    assert_runs_on(&d, job, 2);
+    d.ctl(&["cancel", &job.to_string()]).ok();
+    assert_eq!(d.status(job)["state"], "cancelled");
+    assert!(d.job_pids(job).is_empty(), "the job ended");
+}
+
+/// A file deleted while open and still linked elsewhere: the engine restores it through a link
+/// it makes at the dump and removes after a dump that lets the job run on, so the committed
+/// epoch could not be restored ("Can't link …/link_remap.N"). The agent keeps a copy in the
+/// epoch and puts it back for the restore: the job is killed, restarted, and reads the file's
+/// contents through the descriptor it held, twice over (a second epoch after the restart).
+#[test]
+fn a_file_deleted_while_open_is_restored_from_a_committed_epoch() {
+    skip_unless_ready!();
+    let d = Ckptd::start(Options::default());
+    let files = tempfile::Builder::new()
+        .prefix("ckpt-deleted-")
+        .tempdir()
+        .unwrap();
+    let dir = files.path().display().to_string();
+    // The shell holds `held` on descriptor 3, then its name goes; `other` still links it.
+    let job = d.run_job(
+        "deleted",
+        &[
+            "sh".into(),
+            "-c".into(),
+            format!(
+                "cd {dir} && echo kept-data > held && exec 3<held && ln held other && rm held && \
+                 i=0; while [ $i -lt 600 ]; do echo \"iter $i $(cat /proc/$$/fd/3)\"; i=$((i+1)); sleep 0.2; done"
+            ),
+        ],
+    );
+    d.wait_progress(job, 2, LIMIT);
+    assert!(d.output(job).contains("kept-data"), "{}", d.output(job));
+    for epoch in 1..=2 {
+        let out = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
+        assert!(
+            out.ok().contains(&format!("epoch {epoch} committed")),
+            "{out:?}"
+        );
+        let before = d.output(job).matches("iter ").count();
+        d.kill_job(job);
+        d.wait_state(job, "killed", LIMIT);
+        let out = d.ctl(&["restart", &job.to_string()]);
+        assert_eq!(out.code, 0, "epoch {epoch} restores: {out:?}");
+        d.wait_progress(job, before + 2, LIMIT);
+        let last = d
+            .output(job)
+            .lines()
+            .rev()
+            .find(|l| l.starts_with("iter "))
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            last.ends_with(" kept-data"),
+            "read after the restart: {last:?}"
+        );
+    }
+    // Nothing of the engine's links is left beside the user's file.
+    let mut names: Vec<String> = std::fs::read_dir(files.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["other"], "the directory is as the job left it");
+    d.ctl(&["cancel", &job.to_string()]).ok();
+}
