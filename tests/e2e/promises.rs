@@ -266,3 +266,37 @@ fn a_file_deleted_while_open_is_restored_from_a_committed_epoch() {
     assert_eq!(names, ["other"], "the directory is as the job left it");
     d.ctl(&["cancel", &job.to_string()]).ok();
 }
+
+/// A program that daemonizes (util-linux's `setsid -f`, as a site's script starts a helper in
+/// the background), and a helper that ignores SIGTERM: the job was reported "exited (0)" while
+/// they ran on in its cgroup, which then stayed behind. A job ends with its command, as a batch
+/// job does: what it left running is ended with it (SIGTERM, then SIGKILL), its stderr says
+/// so, and nothing of the job is left on the node, processes or cgroup.
+#[test]
+fn a_daemonizing_program_ends_with_its_command() {
+    skip_unless_ready!("setsid");
+    let d = Ckptd::start(Options::default());
+    let job = d.run_job(
+        "daemon",
+        &[
+            "sh".into(),
+            "-c".into(),
+            "setsid -f sleep 600; (trap '' TERM; exec sleep 601) & echo launched".into(),
+        ],
+    );
+    let state = d.wait_state(job, "exited", LIMIT);
+    assert_eq!(state, "exited (0)");
+    assert!(d.job_pids(job).is_empty(), "{:?}", d.job_pids(job));
+    let stderr = std::fs::read_to_string(d.job_dir(job).join("stderr")).unwrap_or_default();
+    assert!(
+        stderr.contains("2 process(es) it left running were ended with it"),
+        "the job's stderr says so: {stderr:?}"
+    );
+    let begin = Instant::now();
+    while d.cgroup(job).exists() {
+        assert!(begin.elapsed() < LIMIT, "the job's cgroup was left behind");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
+    assert_eq!(out.code, 4, "an ended job is not checkpointed: {out:?}");
+}

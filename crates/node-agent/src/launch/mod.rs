@@ -625,10 +625,14 @@ pub struct PartView {
 
 /// Human text for an exit status.
 pub fn exit_text(e: &Exit) -> String {
-    match (e.code, e.signal) {
+    let how = match (e.code, e.signal) {
         (Some(c), _) => format!("exited with code {c}"),
         (None, Some(s)) => format!("killed by signal {s}"),
         _ => "ended".into(),
+    };
+    match e.ended {
+        0 => how,
+        n => format!("{how}; {n} process(es) it left running were ended with it"),
     }
 }
 

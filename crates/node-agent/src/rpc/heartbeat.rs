@@ -29,9 +29,9 @@ pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
     for j in jobs.snapshot() {
         let Ok(job) = j.try_lock() else { continue };
         let observed = job.observe(jobs.node.host.as_ref());
-        if let Observed::Exited(_) = observed {
-            // The job is over on this node: its (empty) cgroup is not needed until a
-            // restore, which creates it again.
+        if observed != Observed::Running {
+            // The job is over on this node (ended, or its shim gone with it): its (empty)
+            // cgroup is not needed until a restore, which creates it again.
             job.remove_empty_cgroup();
         }
         if observed != Observed::Running && job.record.sandbox.is_some() {

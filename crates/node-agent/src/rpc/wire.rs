@@ -185,7 +185,13 @@ mod tests {
 
     #[test]
     fn observed_states_and_ends_on_the_wire() {
-        let exit = |code, signal| Observed::Exited(Exit { code, signal });
+        let exit = |code, signal| {
+            Observed::Exited(Exit {
+                code,
+                signal,
+                ended: 0,
+            })
+        };
         assert_eq!(Observed::Running.to_wire(), (pb::PartState::Running, None));
         assert_eq!(Observed::Lost.to_wire(), (pb::PartState::Absent, None));
         assert_eq!(

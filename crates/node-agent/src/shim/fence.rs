@@ -45,7 +45,7 @@ pub(super) fn fence_on_expiry(
 /// where the kernel has it, else one by one; then thaws it, since a part fenced while frozen
 /// (its agent gone in the middle of a checkpoint) dies only once thawed. Thawed after the kill,
 /// it runs no instruction of its own before it dies.
-fn kill_cgroup(procs: &Path) {
+pub(super) fn kill_cgroup(procs: &Path) {
     let dir = procs.parent().unwrap_or(Path::new("/"));
     if fs::write(dir.join("cgroup.kill"), b"1").is_err() {
         kill_each(procs);

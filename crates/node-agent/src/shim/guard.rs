@@ -194,6 +194,7 @@ pub(crate) fn in_namespace_of(pid: i32, what: &str, work: impl Fn() -> bool) -> 
         super::Exit {
             code: Some(0),
             signal: None,
+            ..
         } => Ok(()),
         e => Err(format!("{what} in {theirs} failed: {e:?}")),
     }

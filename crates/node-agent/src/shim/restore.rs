@@ -70,7 +70,7 @@ fn run(
     if status
         != (Exit {
             code: Some(0),
-            signal: None,
+            ..Exit::default()
         })
     {
         return Err(exit_text(&status));
