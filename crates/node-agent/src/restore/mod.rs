@@ -263,14 +263,22 @@ impl Jobs {
     }
 }
 
-/// Lock that serializes restores on one machine. Agents sharing a machine (test hosts, or
-/// several agents with their own cgroup prefixes) share `/dev/shm` and `/tmp`, where the engine
-/// re-creates deleted files under temporary names derived from the image: two restores at once
-/// would collide on them. With one agent per machine the lock is never contended. It lives in
-/// a directory of root's alone: in a directory every user may write (`/run/lock`), a user could
-/// make the file first and hold the lock, and so hang every restore on the machine.
+/// Locks that serialize the restores of one job on a machine. Agents sharing a machine (test
+/// hosts, or several agents with their own cgroup prefixes) share `/dev/shm` and `/tmp`, where
+/// the engine re-creates deleted files under temporary names derived from the image: two parts
+/// of one job restored there at once would collide on them. Other jobs' restores do not wait:
+/// one lock a machine let one job's hung restore (up to [`RESTORE_TIMEOUT`]) hold every other
+/// restore of the node. A job takes lock `job % RESTORE_LOCK_SLOTS`, so the files are few. They
+/// live in a directory of root's alone: in a directory every user may write (`/run/lock`), a
+/// user could make a file first and hold the lock, and so hang restores on the machine.
 const RESTORE_LOCK_DIR: &str = "/run/ckpt";
-const RESTORE_LOCK: &str = "restore.lock";
+/// How many restore locks a machine has (see [`RESTORE_LOCK_DIR`]).
+const RESTORE_LOCK_SLOTS: u64 = 64;
+
+/// The name of job `job`'s restore lock in [`RESTORE_LOCK_DIR`].
+fn restore_lock_name(job: u64) -> String {
+    format!("restore-{}.lock", job % RESTORE_LOCK_SLOTS)
+}
 
 /// Checks a restored tree frozen, so that no restored process can act while it is checked
 /// (every process the owner's, [`verify_restored`]), then lets it run unless it is `held`
@@ -327,8 +335,8 @@ async fn check_pages(
         .map_err(|source| AgentError::Store { job, source })
 }
 
-async fn machine_restore_lock() -> Option<fs::File> {
-    tokio::task::spawn_blocking(|| match open_restore_lock(Path::new(RESTORE_LOCK_DIR)) {
+async fn machine_restore_lock(job: u64) -> Option<fs::File> {
+    tokio::task::spawn_blocking(move || match open_restore_lock(Path::new(RESTORE_LOCK_DIR), job) {
         Ok(f) => Some(f),
         Err(e) => {
             warn!(dir = RESTORE_LOCK_DIR, error = %e, "cannot take the machine's restore lock; restoring without it");
@@ -340,10 +348,10 @@ async fn machine_restore_lock() -> Option<fs::File> {
     .flatten()
 }
 
-/// Opens and takes the restore lock in `dir`, made root's 0755 if missing; a directory that is
-/// not root's or that others may write, and a lock that is not a regular file of root's (a
-/// link, a FIFO), are refused.
-fn open_restore_lock(dir: &Path) -> std::io::Result<fs::File> {
+/// Opens and takes job `job`'s restore lock in `dir`, made root's 0755 if missing; a directory
+/// that is not root's or that others may write, and a lock that is not a regular file of root's
+/// (a link, a FIFO), are refused.
+fn open_restore_lock(dir: &Path, job: u64) -> std::io::Result<fs::File> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
     match fs::DirBuilder::new().mode(0o755).create(dir) {
         Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
@@ -357,12 +365,12 @@ fn open_restore_lock(dir: &Path) -> std::io::Result<fs::File> {
         .write(true)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(dir.join(RESTORE_LOCK))?;
+        .open(dir.join(restore_lock_name(job)))?;
     let m = f.metadata()?;
     if !m.is_file() || m.uid() != 0 {
         return Err(std::io::Error::other(format!(
             "{} is not a regular file of root's",
-            dir.join(RESTORE_LOCK).display()
+            dir.join(restore_lock_name(job)).display()
         )));
     }
     use std::os::fd::AsRawFd;

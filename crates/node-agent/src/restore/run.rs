@@ -461,7 +461,7 @@ impl<'a> RestoreRun<'a> {
         let gate_path = gate.as_ref().map(|g| g.path().to_path_buf());
         let job = &mut self.job;
         let engine = async {
-            let lock = machine_restore_lock().await;
+            let lock = machine_restore_lock(self.job_id).await;
             let begin = Instant::now();
             let started = node
                 .start_shim(

@@ -68,23 +68,62 @@ fn the_restore_lock_is_taken_only_in_a_directory_of_roots() {
     let t = tempfile::tempdir().unwrap();
     fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
     let dir = t.path().join("ckpt");
-    let held = open_restore_lock(&dir).unwrap();
+    let held = open_restore_lock(&dir, 7).unwrap();
     assert!(held.metadata().unwrap().is_file());
     drop(held);
     // A directory every user may write, as /run/lock is: refused.
     let open = t.path().join("lock");
     fs::create_dir(&open).unwrap();
     fs::set_permissions(&open, fs::Permissions::from_mode(0o1777)).unwrap();
-    assert!(open_restore_lock(&open).is_err());
+    assert!(open_restore_lock(&open, 7).is_err());
     // A lock a user made first, or a link in its place: refused (the link not followed).
     let users = t.path().join("users");
     fs::create_dir(&users).unwrap();
     std::os::unix::fs::chown(&users, Some(65534), Some(65534)).unwrap();
-    assert!(open_restore_lock(&users).is_err());
+    assert!(open_restore_lock(&users, 7).is_err());
     fs::write(dir.join("target"), b"").unwrap();
-    fs::remove_file(dir.join(RESTORE_LOCK)).unwrap();
-    std::os::unix::fs::symlink(dir.join("target"), dir.join(RESTORE_LOCK)).unwrap();
-    assert!(open_restore_lock(&dir).is_err());
+    fs::remove_file(dir.join(restore_lock_name(7))).unwrap();
+    std::os::unix::fs::symlink(dir.join("target"), dir.join(restore_lock_name(7))).unwrap();
+    assert!(open_restore_lock(&dir, 7).is_err());
+}
+
+/// One job's restore holding its lock (a hung restore holds it up to the restore's timeout)
+/// does not hold another job's: restores of other jobs go on. A second restore of the same job
+/// on the machine (another agent's part of it) waits.
+#[test]
+fn one_jobs_restore_lock_does_not_hold_another_jobs() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: needs root (a directory of root's)");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("ckpt");
+    let held = open_restore_lock(&dir, 1).unwrap();
+    let take = |job: u64| {
+        let dir = dir.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let lock = open_restore_lock(&dir, job);
+            let _ = tx.send(lock.is_ok());
+        });
+        rx
+    };
+    assert_eq!(
+        take(2).recv_timeout(std::time::Duration::from_secs(10)),
+        Ok(true),
+        "another job's restore takes its lock at once"
+    );
+    let same = take(1);
+    assert!(
+        same.recv_timeout(std::time::Duration::from_millis(300))
+            .is_err(),
+        "the same job's second restore waits"
+    );
+    drop(held);
+    assert_eq!(
+        same.recv_timeout(std::time::Duration::from_secs(10)),
+        Ok(true)
+    );
 }
 use std::os::unix::fs::PermissionsExt;
 
