@@ -300,3 +300,64 @@ fn a_daemonizing_program_ends_with_its_command() {
     let out = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
     assert_eq!(out.code, 4, "an ended job is not checkpointed: {out:?}");
 }
+
+/// A mount the test makes on the machine and removes when dropped.
+struct NodeMount(PathBuf);
+
+impl NodeMount {
+    fn make(point: PathBuf) -> Self {
+        std::fs::create_dir_all(&point).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "ckpt-passing"])
+            .arg(&point)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mount a tmpfs at {}", point.display());
+        NodeMount(point)
+    }
+}
+
+impl Drop for NodeMount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// A mount the node makes after a sandboxed part started (another tool's, a login's
+/// /run/user/UID): it reached the part's namespace, was dumped with it, and once it was gone
+/// the part could not be restored ("Can't stat mountpoint"). The part's mounts are now those it
+/// started with (and the followed ones): it does not see the passing mount, and restores after
+/// the mount is gone.
+#[test]
+fn a_mount_the_node_makes_after_a_part_started_is_not_dumped_with_it() {
+    skip_unless_ready!("nsenter", "nft", "mount", "umount");
+    let Some((_cluster, d)) = ckpt_tests::hosts::hosts_with(&["n1"], false, true, None, "") else {
+        return;
+    };
+    let job = ckpt_tests::hosts::run_on(&d, "n1", &counting(""));
+    let point = PathBuf::from(format!("/run/ckpt-passing-{}", std::process::id()));
+    let passing = NodeMount::make(point.clone());
+    let part = d.job_pids_on("n1", job);
+    let seen = std::fs::read_to_string(format!("/proc/{}/mountinfo", part[0])).unwrap();
+    assert!(
+        !seen.contains(&point.display().to_string()),
+        "the part does not see a mount made after it started: {seen}"
+    );
+    let out = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
+    assert!(out.ok().contains("epoch 1 committed"), "{out:?}");
+    d.kill_job_on(&["n1"], job);
+    d.wait_state(job, "killed", LIMIT);
+    drop(passing);
+    assert!(!point.exists(), "the node's mount is gone");
+    let before = d.job_output_on("n1", job).matches("iter ").count();
+    let out = d.ctl(&["restart", &job.to_string()]);
+    assert_eq!(out.code, 0, "restored without the passing mount: {out:?}");
+    let begin = Instant::now();
+    while d.job_output_on("n1", job).matches("iter ").count() < before + 2 {
+        assert!(begin.elapsed() < LIMIT, "no progress after the restart");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    d.ctl(&["cancel", &job.to_string()]).ok();
+}

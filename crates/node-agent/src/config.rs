@@ -178,12 +178,17 @@ pub struct JobNetworkConfig {
     /// The interface job addresses are put on (each sandbox gets a macvlan of it), or `auto`:
     /// the one carrying the agent's `listen` address, else that of the default route.
     pub interface: String,
+    /// Mount points whose later submounts a sandboxed part keeps seeing (automount roots,
+    /// network file systems); every other mount of the node is private to the part once it
+    /// starts (`os/sandbox/mounts.rs`). Each must exist on every node a part may move to.
+    pub follow_mounts: Vec<PathBuf>,
 }
 
 impl Default for JobNetworkConfig {
     fn default() -> Self {
         JobNetworkConfig {
             interface: "auto".into(),
+            follow_mounts: Vec::new(),
         }
     }
 }
@@ -455,6 +460,12 @@ impl AgentConfig {
 impl TomlConfig for AgentConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         self.metrics.validate()?;
+        crate::os::sandbox::mounts::check_follow(&self.job_network.follow_mounts).map_err(
+            |problem| ConfigError::Invalid {
+                key: "job_network.follow_mounts",
+                problem,
+            },
+        )?;
         if let Err(e) = ckpt_store::validate::node_name(&self.node_name) {
             return Err(ConfigError::Invalid {
                 key: "node_name",

@@ -223,6 +223,7 @@ pub fn open_jobs(
             launcher: cfg.launcher.resolve(),
             set_mpi_env: cfg.launcher.set_mpi_env,
             verbs_layer,
+            follow_mounts: cfg.job_network.follow_mounts.clone(),
             ca: credential
                 .as_ref()
                 .map(|_| cfg.tls_dir.join(ckpt_auth::ca::CA_CERT)),

@@ -88,4 +88,6 @@ pub struct LaunchEnv {
     /// The verbs layer put in front of every job's `LD_PRELOAD` (none: preloading is off, or
     /// this node has no RDMA device).
     pub verbs_layer: Option<PathBuf>,
+    /// The mount points a sandboxed part keeps following (`[job_network] follow_mounts`).
+    pub follow_mounts: Vec<PathBuf>,
 }

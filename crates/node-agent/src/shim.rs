@@ -93,9 +93,10 @@ impl ShimMode {
 
 /// A part's sandbox: fresh PID, IPC, UTS (the node's host name kept) and mount namespaces
 /// whose process 1 is `init`, which starts the command, in the network namespace `netns`.
-/// The mount namespace is the node's (a slave copy, so later mounts still arrive) with a
-/// `/proc` of the sandbox's PIDs (programs that read `/proc/<pid>` of a peer, as UCX does,
-/// find it there) and a private `/dev/shm`, which moves with the part.
+/// The mount namespace is a copy of the node's, private to the part but for the mount points
+/// in `follow` (slaves of the node's: their later submounts still arrive), with a `/proc` of
+/// the sandbox's PIDs (programs that read `/proc/<pid>` of a peer, as UCX does, find it there)
+/// and a private `/dev/shm`, which moves with the part.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Sandbox {
     /// `ckpt-init`.
@@ -105,6 +106,10 @@ pub struct Sandbox {
     /// The namespace's first PIDs are taken after this one, so that the parts of different
     /// jobs on a node do not all count from 1 (launchers name session files after their PID).
     pub pid_base: u32,
+    /// Mount points whose later submounts the part keeps seeing (see
+    /// [`crate::os::sandbox::mounts`]).
+    #[serde(default)]
+    pub follow: Vec<PathBuf>,
 }
 
 /// The descriptor number a restore gets the part's network namespace on.
@@ -353,11 +358,12 @@ fn join_cgroup(procs: &[CString]) -> std::io::Result<()> {
 /// Marks every inherited descriptor above stderr close-on-exec, as sshd does for a session:
 /// a leaked listening socket would otherwise be dumped in a state the engine rejects.
 /// In a fresh mount namespace of a process that is 1 of a fresh PID namespace: stops mount
-/// events from going back to the node, drops the node's network namespace files (they
-/// belong to other jobs and would tie the part's images to them), mounts a `/proc` of the
-/// new PID namespace and a `/dev/shm` of the part's own. Async-signal-safe.
-fn sandbox_mounts(job_dir: &CString) -> io::Result<()> {
-    // SAFETY: mount and umount2 on static NUL-terminated strings.
+/// events from going back to the node, and from coming in but below the followed mount
+/// points (every mount of `unfollow` made private), drops the node's network namespace files
+/// (they belong to other jobs and would tie the part's images to them), mounts a `/proc` of
+/// the new PID namespace and a `/dev/shm` of the part's own. Async-signal-safe.
+fn sandbox_mounts(job_dir: &CString, unfollow: &[CString]) -> io::Result<()> {
+    // SAFETY: mount and umount2 on NUL-terminated strings allocated before the fork.
     unsafe {
         if libc::mount(
             std::ptr::null(),
@@ -368,6 +374,17 @@ fn sandbox_mounts(job_dir: &CString) -> io::Result<()> {
         ) != 0
         {
             return Err(io::Error::last_os_error());
+        }
+        for point in unfollow {
+            // A mount point hidden under another mount is not reached by its path: it stays a
+            // slave, unseen.
+            libc::mount(
+                std::ptr::null(),
+                point.as_ptr(),
+                std::ptr::null(),
+                libc::MS_PRIVATE,
+                std::ptr::null(),
+            );
         }
         // Not a mount point where no network namespace was ever named: nothing to drop.
         libc::umount2(c"/run/netns".as_ptr(), libc::MNT_DETACH);
@@ -528,6 +545,8 @@ struct ChildSetup {
     netns_fd: Option<libc::c_int>,
     /// The job directory, bound at [`crate::os::sandbox::JOB_DIR`] in a sandbox.
     job_dir: CString,
+    /// The node's mount points the sandbox makes private (all but those it follows).
+    unfollow: Vec<CString>,
     /// stdout and stderr, opened again through that bind in a sandbox.
     out_path: CString,
     err_path: CString,
@@ -569,7 +588,7 @@ impl ChildSetup {
                 if libc::unshare(libc::CLONE_NEWUTS | libc::CLONE_NEWNS) != 0 {
                     return Err(failed(ChildStep::Namespaces));
                 }
-                if sandbox_mounts(&self.job_dir).is_err() {
+                if sandbox_mounts(&self.job_dir, &self.unfollow).is_err() {
                     return Err(failed(ChildStep::Mounts));
                 }
                 if reopen_stdio(&self.out_path, &self.err_path).is_err() {
@@ -673,10 +692,24 @@ fn launch(
     }
     let (step_r, step_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| format!("cannot start {prog}: pipe: {e}"))?;
+    // The node's mounts, read here (the child may not allocate): those the sandbox does not
+    // follow become private to it.
+    let unfollow = match sandbox {
+        Some(sb) => {
+            let info = fs::read_to_string("/proc/self/mountinfo")
+                .map_err(|e| format!("cannot read the node's mounts: {e}"))?;
+            crate::os::sandbox::mounts::to_make_private(&info, &sb.follow)
+                .iter()
+                .filter_map(|p| c_path(p).ok())
+                .collect()
+        }
+        None => Vec::new(),
+    };
     let setup = ChildSetup {
         step_fd: step_w.as_raw_fd(),
         netns_fd: netns.as_ref().map(|f| f.as_raw_fd()),
         job_dir: c_path(spec.stdout.parent().unwrap_or(Path::new("/")))?,
+        unfollow,
         out_path: c_path(&in_sandbox(&spec.stdout))?,
         err_path: c_path(&in_sandbox(&spec.stderr))?,
         pid_base,

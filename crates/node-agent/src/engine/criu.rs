@@ -26,6 +26,11 @@ use crate::config::CriuConfig;
 /// 3.17 fails on the vDSO layout).
 pub const MIN_VERSION: (u32, u32) = (4, 2);
 const MIN_VERSION_TEXT: &str = "4.2";
+/// How long a dump told to stop (its epoch aborted, its job cancelled) may go without writing
+/// to its log or images before it is taken as hung and killed ([`EngineStop::wait`]): CRIU at
+/// `-v4` writes its log all through a dump, and its images as it copies memory.
+const STOPPED_DUMP_STALL: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Where `scripts/setup.sh` installs CRIU when the distribution's is too old.
 pub const PRIVATE_PREFIX_BINARY: &str = "/opt/ckpt/criu/bin/criu";
 /// Where the ckpt-daemons package puts its own CRIU (`scripts/package.sh`).
@@ -207,7 +212,7 @@ impl Criu {
         args: &[String],
         log: &Path,
         ns: Option<std::fs::File>,
-        stop: Option<&EngineStop>,
+        stop: Option<(&EngineStop, &Path)>,
     ) -> Result<(), EngineError> {
         let mut cmd = Command::new(&self.path);
         if let Some(ns) = ns {
@@ -228,30 +233,46 @@ impl Criu {
         }
         // A process group of its own: a stop kills CRIU and whatever it forked.
         use std::os::unix::process::CommandExt;
-        let child = cmd
+        let spawn_err = |source| EngineError::Spawn {
+            path: self.path.clone(),
+            source,
+        };
+        let mut child = cmd
             .args(args)
             .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|source| EngineError::Spawn {
-                path: self.path.clone(),
-                source,
-            })?;
-        if let Some(stop) = stop {
-            stop.started(child.id() as i32);
+            .map_err(spawn_err)?;
+        // Read beside the wait: a full pipe would stop CRIU.
+        let reader = child.stderr.take().map(|mut e| {
+            std::thread::spawn(move || {
+                let mut v = Vec::new();
+                let _ = std::io::Read::read_to_end(&mut e, &mut v);
+                v
+            })
+        });
+        let status = match stop {
+            Some((stop, images)) => {
+                stop.started(child.id() as i32);
+                let progress = || {
+                    let bytes = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+                    let images: u64 = std::fs::read_dir(images)
+                        .map(|rd| rd.flatten().map(|e| bytes(&e.path())).sum())
+                        .unwrap_or(0);
+                    bytes(log) + images
+                };
+                stop.wait(&mut child, progress, STOPPED_DUMP_STALL)
+            }
+            None => child.wait(),
         }
-        let out = child
-            .wait_with_output()
-            .map_err(|source| EngineError::Spawn {
-                path: self.path.clone(),
-                source,
-            })?;
-        if out.status.success() {
+        .map_err(spawn_err)?;
+        let stderr_bytes = reader.and_then(|t| t.join().ok()).unwrap_or_default();
+        if status.success() {
             return Ok(());
         }
-        if stop.is_some_and(EngineStop::stopped) {
+        if stop.is_some_and(|(s, _)| s.stopped()) {
             return Err(EngineError::Stopped {
                 engine: Engine::Criu.as_str(),
                 op,
@@ -259,7 +280,7 @@ impl Criu {
             });
         }
         let log_text = std::fs::read_to_string(log).unwrap_or_default();
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stderr = String::from_utf8_lossy(&stderr_bytes);
         let summary = match (log_text.trim().is_empty(), stderr.trim().is_empty()) {
             (false, _) => summarize(&log_text),
             (true, false) => summarize(&stderr),
@@ -268,7 +289,7 @@ impl Criu {
         Err(EngineError::Failed {
             engine: Engine::Criu.as_str(),
             op,
-            status: out.status.to_string(),
+            status: status.to_string(),
             summary,
             log: log.to_path_buf(),
         })
@@ -422,7 +443,7 @@ impl SnapshotEngine for Criu {
             &args,
             spec.log_file,
             Self::tree_mount_ns(spec),
-            spec.stop,
+            spec.stop.map(|s| (s, spec.images_dir)),
         );
         if matches!(r, Err(EngineError::Stopped { .. })) {
             unlock_stopped(spec);
@@ -465,7 +486,7 @@ impl SnapshotEngine for Criu {
             &args,
             spec.log_file,
             Self::tree_mount_ns(spec),
-            spec.stop,
+            spec.stop.map(|s| (s, spec.images_dir)),
         )
     }
 

@@ -3,11 +3,15 @@
 //! nothing that waits for that lock could end it: a dump that hangs (CRIU seizing a stopped
 //! process inside a frozen cgroup waits for ever) kept the job frozen for ever and every call
 //! on the job waiting. The stop is reached without the job's lock ([`crate::jobs::Jobs`] keeps
-//! one per job beside it); it kills the engine's process group, and the dump then returns an
-//! error at once, releasing the lock for the abort's thaw.
+//! one per job beside it). A dump told to stop is not killed while it makes progress: killed
+//! half-way, CRIU leaves the job's TCP sockets in repair mode (its connections then fail) and
+//! its code in the processes; one that stops progressing (its log and images stop growing for
+//! a while, [`EngineStop::wait`]) is hung, and its process group is killed. The dump then
+//! returns an error, releasing the lock for the abort's thaw.
 
+use std::process::{Child, ExitStatus};
 use std::sync::{Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What runs for one job now, and whether it was told to stop.
 #[derive(Debug, Default)]
@@ -57,9 +61,9 @@ impl EngineStop {
         self.changed.notify_all();
     }
 
-    /// Stops the dump of `epoch` (of any epoch: None) if one runs: its engine's process group
-    /// is killed, and a dump whose engine has not started yet never starts it. Returns whether
-    /// a dump was running.
+    /// Tells the dump of `epoch` (of any epoch: None) to stop, if one runs: an engine that has
+    /// not started yet is killed as it starts; one that runs is killed by [`EngineStop::wait`]
+    /// once it makes no progress. Returns whether a dump was running.
     pub fn stop(&self, epoch: Option<u32>) -> bool {
         let mut s = self.state.lock().expect("engine stop lock");
         let running = s.epoch.is_some_and(|e| epoch.is_none_or(|want| want == e));
@@ -67,11 +71,39 @@ impl EngineStop {
             return false;
         }
         s.stopped = true;
-        if let Some(g) = s.group {
-            kill_group(g);
-        }
         self.changed.notify_all();
         true
+    }
+
+    /// Waits for `child`, the engine (the leader of its process group). Once the dump is told
+    /// to stop, `progress` (a number that grows while the engine works: the bytes of its log
+    /// and images) is watched, and the group is killed when it has not changed for `stall`.
+    pub fn wait(
+        &self,
+        child: &mut Child,
+        progress: impl Fn() -> u64,
+        stall: Duration,
+    ) -> std::io::Result<ExitStatus> {
+        let mut seen: Option<(u64, Instant)> = None;
+        let mut killed = false;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                return Ok(status);
+            }
+            if self.stopped() && !killed {
+                let now = progress();
+                match seen {
+                    Some((last, since)) if last == now => {
+                        if since.elapsed() >= stall {
+                            kill_group(child.id() as i32);
+                            killed = true;
+                        }
+                    }
+                    _ => seen = Some((now, Instant::now())),
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Whether the running dump was told to stop.
@@ -107,8 +139,11 @@ mod tests {
     use std::os::unix::process::CommandExt;
     use std::sync::Arc;
 
+    /// A stopped engine that makes no progress (as one that hangs) is killed with its
+    /// children once it has not progressed for the stall; an abort of another epoch stops
+    /// nothing.
     #[test]
-    fn a_stop_kills_the_running_engine_and_its_children_and_only_that_epoch() {
+    fn a_stopped_engine_that_makes_no_progress_is_killed_with_its_children() {
         let stop = EngineStop::default();
         assert!(!stop.stop(None), "nothing runs");
         stop.begin(3);
@@ -122,11 +157,12 @@ mod tests {
         assert!(!stop.stop(Some(2)), "another epoch's abort stops nothing");
         assert!(!stop.stopped());
         assert!(stop.stop(Some(3)));
-        let status = child.wait().expect("wait");
+        let status = stop
+            .wait(&mut child, || 7, Duration::from_millis(300))
+            .expect("wait");
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(status.signal(), Some(libc::SIGKILL));
-        // The group's other member is gone too (its parent was the shell, now reaped: it
-        // would be re-parented, and kill(-group, 0) would still find it).
+        // The group's other member is gone too.
         let begin = std::time::Instant::now();
         // SAFETY: signal 0 only checks that the group exists.
         while unsafe { libc::kill(-(child.id() as i32), 0) } == 0 {
@@ -139,6 +175,33 @@ mod tests {
         assert!(stop.stopped());
         stop.end();
         assert!(!stop.stopped());
+    }
+
+    /// A stopped engine that still makes progress is left to finish: killed half-way, a dump
+    /// leaves the job's sockets in repair mode.
+    #[test]
+    fn a_stopped_engine_that_makes_progress_finishes() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log");
+        let stop = EngineStop::default();
+        stop.begin(1);
+        let mut child = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "for i in 1 2 3 4 5 6 7 8; do echo step >> {}; sleep 0.1; done",
+                log.display()
+            ))
+            .process_group(0)
+            .spawn()
+            .expect("sh");
+        assert!(stop.started(child.id() as i32));
+        assert!(stop.stop(None));
+        let progress = || std::fs::metadata(&log).map_or(0, |m| m.len());
+        let status = stop
+            .wait(&mut child, progress, Duration::from_millis(500))
+            .expect("wait");
+        assert!(status.success(), "not killed: {status:?}");
+        assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 8);
     }
 
     #[test]

@@ -469,6 +469,7 @@ impl Jobs {
             init,
             netns,
             pid_base: pid_base(job),
+            follow: self.node.launch_env.follow_mounts.clone(),
         })
     }
 
@@ -686,6 +687,7 @@ mod tests {
             set_mpi_env: true,
             ca: Some("/etc/ckpt/tls/ca.pem".into()),
             verbs_layer: None,
+            follow_mounts: Vec::new(),
         };
         let mut env = BTreeMap::from([("OMPI_MCA_plm_rsh_agent".to_string(), "ssh".to_string())]);
         le.apply(&mut env, 7, "secret", "n1");

@@ -8,6 +8,7 @@
 //! which restores the part's connections into it. The namespace is named after the node and the
 //! job (`/run/netns/ckpt-<node>-<job>`) and removed when the part ends.
 pub(crate) mod job_dir;
+pub(crate) mod mounts;
 
 use std::net::IpAddr;
 use std::path::PathBuf;
