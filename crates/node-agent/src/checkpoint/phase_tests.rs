@@ -290,16 +290,35 @@ async fn a_failed_dump_fails_local_checkpoint_and_the_abort_thaws_and_deletes() 
     assert!(!node.node_dir(1).exists());
 }
 
+/// A frozen job whose dump will hang until the latch opens or a stop ends it.
+async fn dump_hangs() -> (TestNode, std::sync::Arc<crate::os::host::fake::Latch>) {
+    let node = running().await;
+    let latch = TestNode::latch();
+    node.engine.script_dump(Step::Hang(latch.clone()));
+    frozen(&node).await;
+    (node, latch)
+}
+
+/// The error of a dump that was stopped (anything else fails the test).
+fn stopped<T: std::fmt::Debug>(dumped: Result<T, AgentError>) -> AgentError {
+    match dumped {
+        Err(
+            e @ AgentError::Engine {
+                source: crate::engine::EngineError::Stopped { .. },
+                ..
+            },
+        ) => e,
+        other => panic!("not a stopped dump: {other:?}"),
+    }
+}
+
 /// A dump that never ends by itself (CRIU seizing a stopped process in a frozen cgroup): the
 /// abort after the coordinator's deadline stops the engine, without waiting for it to end,
 /// thaws the job and deletes the images; the dump fails saying it was stopped. An abort of
 /// another epoch stops nothing.
 #[tokio::test]
 async fn a_dump_past_the_deadline_is_stopped_and_thawed_by_the_abort() {
-    let node = running().await;
-    let latch = TestNode::latch();
-    node.engine.script_dump(Step::Hang(latch.clone()));
-    frozen(&node).await;
+    let (node, latch) = dump_hangs().await;
     let (dumped, aborted) = tokio::join!(node.jobs.local_checkpoint(JOB, 1), async {
         tokio::time::sleep(DEADLINE).await;
         assert!(
@@ -312,17 +331,7 @@ async fn a_dump_past_the_deadline_is_stopped_and_thawed_by_the_abort() {
         .expect("the abort does not wait for the engine to end by itself")
         .expect("abort");
     assert!(!latch.is_open(), "nothing but the stop ended the dump");
-    let e = dumped.unwrap_err();
-    assert!(
-        matches!(
-            &e,
-            AgentError::Engine {
-                source: crate::engine::EngineError::Stopped { .. },
-                ..
-            }
-        ),
-        "{e}"
-    );
+    let e = stopped(dumped);
     assert!(e.to_string().contains("was stopped"), "{e}");
     assert_eq!(
         node.host.actions(),
@@ -337,10 +346,7 @@ async fn a_dump_past_the_deadline_is_stopped_and_thawed_by_the_abort() {
 /// the signal goes out at once.
 #[tokio::test]
 async fn a_cancel_during_a_hung_dump_stops_the_dump() {
-    let node = running().await;
-    let latch = TestNode::latch();
-    node.engine.script_dump(Step::Hang(latch.clone()));
-    frozen(&node).await;
+    let (node, latch) = dump_hangs().await;
     let (dumped, signalled) = tokio::join!(node.jobs.local_checkpoint(JOB, 1), async {
         tokio::time::sleep(DEADLINE).await;
         tokio::time::timeout(
@@ -350,16 +356,7 @@ async fn a_cancel_during_a_hung_dump_stops_the_dump() {
         .await
     });
     assert!(signalled.is_ok(), "the signal does not wait for the dump");
-    assert!(
-        matches!(
-            dumped,
-            Err(AgentError::Engine {
-                source: crate::engine::EngineError::Stopped { .. },
-                ..
-            })
-        ),
-        "{dumped:?}"
-    );
+    stopped(dumped);
     assert!(!latch.is_open());
 }
 
