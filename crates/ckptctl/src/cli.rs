@@ -87,6 +87,12 @@ pub enum Cmd {
         /// does this too. Exit 10 when too few spares are free.
         #[arg(long, conflicts_with_all = ["nodes", "map"])]
         on_spares: bool,
+        /// Nodes you know are down for good (powered off, or their ckpt-agent and the job's
+        /// processes stopped). A job run without `--on-failure restart` is not fenced: a node
+        /// cut off from ckptd keeps running its part, so ckptd moves a part off a node it
+        /// cannot reach only when that node is named here (exit 4 otherwise).
+        #[arg(long, value_delimiter = ',', value_name = "NODE")]
+        down: Vec<String>,
     },
     /// Empty a node being reclaimed: checkpoint and stop its jobs, or move them (root only).
     ///

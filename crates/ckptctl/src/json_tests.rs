@@ -73,6 +73,11 @@ fn killed_job() -> pb::JobInfo {
             since_unix_ms: 900,
             noticed_unix_ms: 950,
         }),
+        unreachable: vec![pb::LostInfo {
+            node: "n3".into(),
+            since_unix_ms: 800,
+            noticed_unix_ms: 960,
+        }],
         on_failure: "restart:3".into(),
         recoveries: vec![recovery()],
         recovery_note: "waiting".into(),
@@ -97,6 +102,7 @@ fn a_jobs_json_keeps_its_keys_and_values() {
             "fetch_ms": 40, "restore_ms": 90,
         }],
         "lost": {"node": "n2", "since_unix_ms": 900, "noticed_unix_ms": 950},
+        "unreachable": [{"node": "n3", "since_unix_ms": 800, "noticed_unix_ms": 960}],
         "policy": {
             "every": "auto", "interval_s": 600, "why": "5% of run time",
             "next_checkpoint_unix_ms": 0, "deadline_unix_ms": null,

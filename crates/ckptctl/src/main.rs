@@ -115,6 +115,7 @@ async fn run(mut cli: Cli) -> Result<(), Failure> {
             nodes,
             map,
             on_spares,
+            down,
         } => {
             let stream = c
                 .restart(pb::RestartRequest {
@@ -124,6 +125,7 @@ async fn run(mut cli: Cli) -> Result<(), Failure> {
                     map,
                     on_spares,
                     allocation: None,
+                    down,
                 })
                 .await?
                 .into_inner();

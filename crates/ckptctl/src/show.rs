@@ -26,6 +26,9 @@ pub fn job_json(j: &pb::JobInfo) -> Value {
         "lost": j.lost.as_ref().map(|l| json!({
             "node": l.node, "since_unix_ms": l.since_unix_ms, "noticed_unix_ms": l.noticed_unix_ms,
         })),
+        "unreachable": j.unreachable.iter().map(|l| json!({
+            "node": l.node, "since_unix_ms": l.since_unix_ms, "noticed_unix_ms": l.noticed_unix_ms,
+        })).collect::<Vec<_>>(),
         "policy": j.policy.as_ref().map(|p| json!({
             "every": p.every, "interval_s": p.interval_s, "why": p.why,
             "next_checkpoint_unix_ms": p.next_checkpoint_unix_ms,

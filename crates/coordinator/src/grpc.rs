@@ -12,7 +12,7 @@ use tonic::{Code, Request, Response, Status};
 use crate::agents::FailureKind;
 use crate::driver::{Caller, Coordinator, DriveError, OperationPhase, RunSpec, Step};
 use crate::model::{Every, Phase, Policy, PolicyChange, Trigger};
-use crate::wire::{epoch_info, job_info};
+use crate::wire::{epoch_info, job_info, with_unreachable};
 
 /// Maps a coordinator error to a status.
 pub fn to_status(e: &DriveError) -> Status {
@@ -29,7 +29,7 @@ pub fn to_status(e: &DriveError) -> Status {
         DriveError::Quota(_) => Code::ResourceExhausted,
         DriveError::NoAgents => Code::Unavailable,
         DriveError::UnknownNode { .. } => Code::NotFound,
-        DriveError::NodeNotFree { .. } => Code::FailedPrecondition,
+        DriveError::NodeNotFree { .. } | DriveError::PartMayRun { .. } => Code::FailedPrecondition,
         DriveError::NoSpare { .. } => Code::ResourceExhausted,
         DriveError::EpochFailed { failure, .. } => match failure.kind {
             FailureKind::Deadline => Code::DeadlineExceeded,
@@ -275,6 +275,7 @@ impl pb::control_server::Control for ControlHandler {
             map: r.map.clone(),
             on_spares: r.on_spares,
             vacate: Vec::new(),
+            down: r.down.clone(),
             allocation: r.allocation.as_ref().map(|a| crate::driver::Allocation {
                 name: if a.name.is_empty() {
                     "the allocation".into()
@@ -398,6 +399,7 @@ impl pb::control_server::Control for ControlHandler {
         let job = self.coord.refresh(id).await.map_err(|e| to_status(&e))?;
         let nodes = self.coord.inspect(&job).await;
         let mut info = job_info(&job, nodes);
+        with_unreachable(&mut info, &job, self.coord.unreachable(&job));
         info.flush = self.coord.flush_summary(id);
         info.policy = self.coord.policy_info(&job);
         Ok(Response::new(pb::StatusReply { job: Some(info) }))
@@ -429,6 +431,7 @@ impl pb::control_server::Control for ControlHandler {
             .filter(|j| who.uid == 0 || j.owner_uid == who.uid)
             .map(|j| {
                 let mut info = job_info(j, vec![]);
+                with_unreachable(&mut info, j, self.coord.unreachable(j));
                 info.policy = self.coord.policy_info(j);
                 info
             })

@@ -16,6 +16,39 @@ fn recovering(job: &Job) -> bool {
         && job.gave_up != Some(job.incarnation)
 }
 
+/// Adds to a job's wire form the nodes ckptd does not hear from while the job has no restart
+/// policy ([`crate::Coordinator::unreachable`]), in `unreachable` and in words.
+pub fn with_unreachable(info: &mut pb::JobInfo, job: &Job, nodes: Vec<crate::model::LostNode>) {
+    if nodes.is_empty() {
+        return;
+    }
+    let said: Vec<String> = nodes
+        .iter()
+        .map(|l| {
+            format!(
+                "{} (last heard from {})",
+                l.node,
+                humantime::format_rfc3339_seconds(
+                    std::time::UNIX_EPOCH + std::time::Duration::from_millis(l.since_unix_ms)
+                )
+            )
+        })
+        .collect();
+    info.detail = format!(
+        "unreachable: ckptd has no heartbeat from {}; the job has no restart policy, so its parts there are not fenced and it is not lost: it goes on as long as they do. If a node is down for good, cancel the job and restart it with `ckptctl restart {} --down NODE`",
+        said.join(", "),
+        job.id
+    );
+    info.unreachable = nodes
+        .into_iter()
+        .map(|l| pb::LostInfo {
+            node: l.node,
+            since_unix_ms: l.since_unix_ms,
+            noticed_unix_ms: l.noticed_unix_ms,
+        })
+        .collect();
+}
+
 /// Wire form of a job.
 pub fn job_info(job: &Job, nodes: Vec<pb::NodeJobInfo>) -> pb::JobInfo {
     let (exit_code, exit_signal) = match &job.state {
@@ -69,6 +102,7 @@ pub fn job_info(job: &Job, nodes: Vec<pb::NodeJobInfo>) -> pb::JobInfo {
                 since_unix_ms: l.since_unix_ms,
                 noticed_unix_ms: l.noticed_unix_ms,
             }),
+        unreachable: Vec::new(),
         on_failure: job.on_failure.text(),
         on_failure_max_restarts: match job.on_failure {
             OnFailure::Stop => 0,

@@ -87,6 +87,10 @@ pub struct JobRecord {
     /// extern step. None: the agent's own.
     #[serde(default)]
     pub slurm: Option<crate::os::cgroup::Lent>,
+    /// ckptd may restart the part elsewhere by itself (the job has a restart policy): its shim
+    /// kills it once the node's lease runs out ([`crate::rpc::lease`]). False: never fenced.
+    #[serde(default)]
+    pub may_move: bool,
 }
 
 impl JobRecord {
@@ -663,6 +667,7 @@ impl Jobs {
                 guarded_ns: None,
                 coordinator_port: None,
                 slurm: None,
+                may_move: false,
             },
             dir,
             cgroup: self.node.cgroups.job(job),

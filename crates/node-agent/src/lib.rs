@@ -97,6 +97,9 @@ pub enum StartError {
     /// The Prometheus endpoint cannot start (its token file, its address).
     #[error("{0}")]
     Metrics(String),
+    /// The heartbeat's thread cannot start (out of threads or memory).
+    #[error("cannot start the heartbeat thread: {0}")]
+    Heartbeat(#[source] std::io::Error),
     /// Serving failed.
     #[error("agent gRPC server: {0}")]
     Serve(#[from] tonic::transport::Error),
@@ -324,12 +327,10 @@ pub async fn run(
     let hb = if cfg.coordinator.is_empty() {
         None
     } else {
-        Some(tokio::spawn(rpc::heartbeat::run(
-            cfg.clone(),
-            advertise,
-            dial,
-            jobs.clone(),
-        )))
+        Some(
+            rpc::heartbeat::spawn(cfg.clone(), advertise, dial, jobs.clone())
+                .map_err(StartError::Heartbeat)?,
+        )
     };
     launch::exits::watch(jobs.node.exits.clone());
     let precopy = tokio::spawn(jobs.clone().precopy_loop());
@@ -365,9 +366,7 @@ pub async fn run(
                 .await
         }
     };
-    if let Some(h) = hb {
-        h.abort();
-    }
+    drop(hb);
     precopy.abort();
     if let Some(h) = ibq {
         h.abort();

@@ -202,6 +202,7 @@ impl Coordinator {
             token: job.token.clone(),
             part,
             engine: job.engine.map(Engine::as_str).unwrap_or_default().into(),
+            may_move: job.may_move(),
             job_address: job.addresses.get(&node).cloned().unwrap_or_default(),
             job_gateway: if job.addresses.contains_key(&node) {
                 self.job_gateway()

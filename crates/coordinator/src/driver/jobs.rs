@@ -174,6 +174,15 @@ impl Coordinator {
         true
     }
 
+    /// Whether the current incarnation's launcher reported a failed end that is held back
+    /// ([`Coordinator::hold_end`]): the job is over, unless it is lost with a node.
+    pub(super) fn end_held(&self, job: &Job) -> bool {
+        self.held_ends
+            .lock()
+            .expect("held ends")
+            .contains_key(&(job.id, job.incarnation))
+    }
+
     /// SIGKILLs what is left of a job on `nodes`, each within `deadlines.resume`; `what`
     /// names the step in errors, which are not returned (a node that cannot be reached is
     /// down, or kills its parts itself when its lease runs out).
@@ -358,6 +367,7 @@ impl Coordinator {
             token,
             part: 0,
             engine: asked.map(Engine::as_str).unwrap_or_default().into(),
+            may_move: matches!(on_failure, crate::model::OnFailure::Restart { .. }),
             job_gateway: if job_address.is_empty() {
                 String::new()
             } else {

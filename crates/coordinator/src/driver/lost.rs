@@ -1,15 +1,27 @@
 //! Lost nodes. A node whose agent has sent no heartbeat for `node_timeout` (or that has not
 //! registered within `node_timeout` of ckptd's start) takes every running job with a part
-//! there to `lost`, whichever part it ran (the launcher's or an attached one), naming the node
-//! and since when; so does a node that reports parts its shims fenced. What is left of the job
-//! on its other nodes is killed: an MPI job missing a rank cannot go on, and a restart needs its
-//! parts gone. The job's committed epochs stay restorable, and `ckptctl restart` takes it from
-//! there.
+//! there that ckptd may move by itself (a restart policy, [`Job::may_move`]) to `lost`,
+//! whichever part it ran (the launcher's or an attached one), naming the node and since when;
+//! so does a node that reports parts its shims fenced. What is left of the job on its other
+//! nodes is killed: an MPI job missing a rank cannot go on, and a restart needs its parts gone.
+//! The job's committed epochs stay restorable, and the restart policy takes it from there.
 //!
-//! A node cut off from ckptd but alive has killed its parts by then: every answer of ckptd
+//! A node cut off from ckptd but alive has killed those parts by then: every answer of ckptd
 //! grants a lease (`fence_lease`) shorter than `node_timeout`, and a node's shims kill its
-//! parts once the lease runs out (the node agent's `lease.rs` has the arithmetic). So a part
-//! restarted elsewhere never runs twice.
+//! movable parts once the lease runs out (the node agent's `lease.rs` has the arithmetic). So a
+//! part restarted elsewhere never runs twice.
+//!
+//! A job without a restart policy is never fenced and never lost this way while it runs:
+//! nobody would restart it, and a node ckptd cannot hear (a slow ckptd, a cut management link)
+//! may well run its part on. Only once its launcher has ended with a failure (held back until
+//! its nodes are heard from, `jobs.rs`) does a silent node make it lost. Its status names the node as unreachable ([`Coordinator::unreachable`]);
+//! if the node is really gone, the job ends as its launcher ends, or the node comes back and
+//! reports its part absent. A restart by hand moves such a part off a node ckptd cannot reach
+//! only when the caller says the node is down (`restart.rs`).
+//!
+//! ckptd's own stalls (a stopped process, a starved runtime) are not the nodes' silence: a
+//! node is down only once it has been silent for `node_timeout` of ckptd's own running time
+//! since its last stall.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,6 +39,9 @@ const TICK: Duration = Duration::from_millis(100);
 /// How often the jobs are looked at, besides at once when a node goes down: for nodes that
 /// never registered since ckptd started, failures other than a lost node, and backoffs.
 const SCAN_EVERY: u32 = 5;
+/// A tick of the node watcher this late means ckptd itself did not run (stopped, starved):
+/// the nodes' heartbeats of that time may be waiting unread, so silence counts afresh.
+const STALL: Duration = Duration::from_secs(1);
 
 impl Coordinator {
     /// The nodes down now, with the time each was last heard from (ms since the Unix epoch):
@@ -35,6 +50,11 @@ impl Coordinator {
     fn down_nodes(&self, wanted: &[String]) -> HashMap<String, u64> {
         let timeout = self.cfg.node_timeout;
         let mut down = HashMap::new();
+        if self.awake.lock().expect("awake lock").elapsed() <= timeout {
+            // ckptd stalled within node_timeout: it cannot tell a silent node from its own
+            // sleep yet.
+            return down;
+        }
         let views = self.agents.views();
         for v in &views {
             if v.since_seen > timeout {
@@ -58,7 +78,7 @@ impl Coordinator {
             .registry
             .jobs()?
             .into_iter()
-            .filter(|j| j.state == JobState::Running)
+            .filter(|j| j.state == JobState::Running && (j.may_move() || self.end_held(j)))
             .collect();
         if jobs.is_empty() {
             return Ok(Vec::new());
@@ -158,16 +178,75 @@ impl Coordinator {
         }
     }
 
+    /// The nodes of a running job without a restart policy that ckptd has not heard from for
+    /// `node_timeout`: the job is not lost (its parts there are not fenced and may run on), and
+    /// its status says so.
+    pub fn unreachable(&self, job: &Job) -> Vec<LostNode> {
+        if job.state != JobState::Running || job.may_move() {
+            return Vec::new();
+        }
+        let nodes = job.nodes();
+        let down = self.down_nodes(&nodes);
+        let noticed = now_ms();
+        nodes
+            .into_iter()
+            .filter_map(|n| {
+                down.get(&n).map(|&since| LostNode {
+                    node: n,
+                    since_unix_ms: since,
+                    noticed_unix_ms: noticed,
+                })
+            })
+            .collect()
+    }
+
+    /// ckptd itself did not run for a while: every node's silence counts from now.
+    fn stalled(&self) {
+        *self.awake.lock().expect("awake lock") = std::time::Instant::now();
+    }
+
+    /// Says which jobs a node just gone silent holds that it does not fence.
+    fn warn_unreachable(&self, node: &str) {
+        let Ok(jobs) = self.registry.jobs() else {
+            return;
+        };
+        let kept: Vec<u64> = jobs
+            .iter()
+            .filter(|j| j.state == JobState::Running && !j.may_move())
+            .filter(|j| j.nodes().iter().any(|n| n == node))
+            .map(|j| j.id)
+            .collect();
+        if !kept.is_empty() {
+            warn!(
+                node,
+                jobs = ?kept,
+                "no heartbeat from the node for node_timeout; these jobs have no restart policy, so their parts there are not fenced and they are not lost: they go on if the node does (if it is down for good, a restart moves its part only with `ckptctl restart --down NODE`)"
+            );
+        }
+    }
+
     /// Marks jobs lost as their nodes go down, until `stop` turns true.
     pub async fn watch_nodes(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let mut tick = 0u32;
         let mut was_down = std::collections::BTreeSet::new();
+        let mut last = std::time::Instant::now();
         loop {
             tick = tick.wrapping_add(1);
+            if last.elapsed() > STALL {
+                warn!(
+                    stalled_ms = last.elapsed().as_millis() as u64,
+                    "ckptd did not run for a while (stopped or starved): nodes get node_timeout afresh before any is taken for down"
+                );
+                self.stalled();
+            }
+            last = std::time::Instant::now();
             // A node just gone down is acted on at once; one down for long, at the jobs' pace.
             let down: std::collections::BTreeSet<String> =
                 self.down_nodes(&[]).into_keys().collect();
             let news = down.iter().any(|n| !was_down.contains(n));
+            for n in down.iter().filter(|n| !was_down.contains(*n)) {
+                self.warn_unreachable(n);
+            }
             was_down = down;
             if news || tick % SCAN_EVERY == 0 {
                 if let Err(e) = self.mark_lost().await {
@@ -191,6 +270,39 @@ mod tests {
     use crate::config::CoordinatorConfig;
     use crate::model::fixtures::job;
     use crate::registry::Registry;
+
+    /// A node is down once silent for node_timeout, but not right after a stall of ckptd's
+    /// own: the heartbeats it sent meanwhile may wait unread. It gets node_timeout afresh.
+    #[tokio::test]
+    async fn a_stall_of_ckptd_gives_every_node_its_node_timeout_afresh() {
+        let d = tempfile::tempdir().unwrap();
+        let reg = Registry::open(&d.path().join("r.redb")).unwrap();
+        let cfg = CoordinatorConfig {
+            node_timeout: Duration::from_secs(1),
+            ..CoordinatorConfig::default()
+        };
+        let c = Coordinator::new(reg, cfg, None).unwrap();
+        let at = crate::agents::Registration {
+            address: "unix:/nonexistent/agent.sock".into(),
+            ..Default::default()
+        };
+        c.agents
+            .register("n1", at, ckpt_auth::transport::Dial::LocalOnly)
+            .unwrap();
+        assert!(c.down_nodes(&[]).is_empty(), "just heard from");
+        std::thread::sleep(Duration::from_millis(1100));
+        assert!(
+            c.down_nodes(&[]).contains_key("n1"),
+            "silent for node_timeout"
+        );
+        c.stalled();
+        assert!(c.down_nodes(&[]).is_empty(), "ckptd was not running");
+        std::thread::sleep(Duration::from_millis(1100));
+        assert!(
+            c.down_nodes(&[]).contains_key("n1"),
+            "silent for node_timeout since"
+        );
+    }
 
     /// A coordinator restart in the middle of a restart takes the job back to where the
     /// restart began (the old incarnation's late reports are stale: a `--kill` checkpoint's

@@ -123,6 +123,17 @@ pub enum DriveError {
         /// Why.
         reason: String,
     },
+    /// A restart would move a part of a job without a restart policy off a node ckptd cannot
+    /// reach: the part there is not fenced and may still run.
+    #[error("job {job}'s part on {node} may still run: ckptd has not heard from {node} {since}, and the job has no restart policy, so {node} does not fence (kill) its part when cut off from ckptd; a copy restored elsewhere would run beside it. Restart once {node} is back (its part is then stopped first), or, if {node} is down for good (powered off, or its ckpt-agent and processes stopped), say so: `ckptctl restart {job} --down {node} ...`")]
+    PartMayRun {
+        /// The job.
+        job: u64,
+        /// The node.
+        node: String,
+        /// "for 40s", "since ckptd started".
+        since: String,
+    },
     /// Fewer free spares than nodes to replace.
     #[error("{down} must be replaced but {free}: {hint}")]
     NoSpare {
@@ -292,6 +303,9 @@ pub struct Coordinator {
     /// is down.
     started: std::time::Instant,
     started_unix_ms: u64,
+    /// The end of ckptd's last stall (its start at first): a node's silence counts from no
+    /// earlier (`lost.rs`).
+    awake: std::sync::Mutex<std::time::Instant>,
     /// The coordinator's cluster credential: agents are called over TLS with it. None for a
     /// standalone ckptd without one, which reaches only its embedded agent (local socket).
     credential: Option<ckpt_auth::tls::Credential>,
@@ -378,6 +392,7 @@ impl Coordinator {
             usage: Default::default(),
             started: std::time::Instant::now(),
             started_unix_ms: now_ms(),
+            awake: std::sync::Mutex::new(std::time::Instant::now()),
         }))
     }
 

@@ -20,6 +20,9 @@ pub struct Placement {
     pub on_spares: bool,
     /// Nodes whose parts go to spares even though they are up (a node being drained).
     pub vacate: Vec<String>,
+    /// Nodes the caller says are down for good: a part of a job without a restart policy
+    /// moves off one of them though ckptd never heard it was gone ([`DriveError::PartMayRun`]).
+    pub down: Vec<String>,
     /// The nodes a batch scheduler gave the job: its parts restart there (see
     /// [`onto_allocation`]).
     pub allocation: Option<Allocation>,

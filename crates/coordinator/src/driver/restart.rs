@@ -135,6 +135,7 @@ impl Coordinator {
         let e = self.restorable_epoch(&job, epoch)?;
         self.check_addresses_free(&job)?;
         let moves = self.place(&job, &e, placement)?;
+        self.check_moved_parts_gone(&job, &moves, placement)?;
         let mut previous = job.state.clone();
         let mut unpruned = Vec::new();
         let job = self
@@ -162,6 +163,44 @@ impl Coordinator {
             previous,
             moves,
         })
+    }
+
+    /// Refuses to move a part of a job without a restart policy off a node ckptd has not heard
+    /// from for `node_timeout` (or since it started), unless the caller says that node is down:
+    /// such a part is never fenced ([`Job::may_move`]), so it may run on behind a cut link. A
+    /// job stopped by ckpt had every part's end confirmed; a batch scheduler's allocation comes
+    /// after the scheduler ended the old one.
+    fn check_moved_parts_gone(
+        &self,
+        job: &Job,
+        moves: &Moves,
+        placement: &Placement,
+    ) -> Result<(), DriveError> {
+        if job.may_move() || job.state == JobState::Stopped || placement.allocation.is_some() {
+            return Ok(());
+        }
+        let views = self.agents.views();
+        for old in moves.keys() {
+            if placement.down.iter().any(|d| d == old) {
+                continue;
+            }
+            let since = match views.iter().find(|v| &v.node == old) {
+                Some(v) if v.since_seen <= self.cfg.node_timeout => continue,
+                Some(v) => format!(
+                    "for {}",
+                    humantime::format_duration(std::time::Duration::from_secs(
+                        v.since_seen.as_secs()
+                    ))
+                ),
+                None => "since ckptd started".into(),
+            };
+            return Err(DriveError::PartMayRun {
+                job: job.id,
+                node: old.clone(),
+                since,
+            });
+        }
+        Ok(())
     }
 
     /// Restores every node of an epoch begun by [`Coordinator::begin_restart`]. With
@@ -412,6 +451,7 @@ impl Coordinator {
             source_node: if moved { source.clone() } else { String::new() },
             encoding: String::new(),
             group: Vec::new(),
+            may_move: job.may_move(),
         };
         if moved && !req.partner.is_empty() {
             // The part moved: the node keeping its partner copy serves it to n only with a

@@ -131,6 +131,13 @@ impl Recovery {
 }
 
 impl Job {
+    /// Whether ckptd may restart the job's parts elsewhere by itself (it has a restart
+    /// policy): only such parts are fenced by their nodes when ckptd is out of reach, and only
+    /// such a job is taken to `lost` by a node ckptd does not hear from.
+    pub fn may_move(&self) -> bool {
+        matches!(self.on_failure, OnFailure::Restart { .. })
+    }
+
     /// Why the job failed in a way `--on-failure restart` acts on: a node lost, or a process
     /// killed by a signal ckpt did not send (a cancel, a `--kill` checkpoint and a drain leave
     /// other states). None otherwise.

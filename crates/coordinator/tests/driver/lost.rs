@@ -1,6 +1,7 @@
-//! Lost nodes, against the in-process fake agents of the phase tests: a job whose node goes
-//! silent is lost, and with `--on-failure restart` comes back by itself on a spare, once and not
-//! in a loop.
+//! Lost nodes, against the in-process fake agents of the phase tests: a job with a restart
+//! policy whose node goes silent is lost, and comes back by itself on a spare, once and not in
+//! a loop; a job without one is not fenced, so it is not lost either, and its part is moved off
+//! a silent node only when the caller says that node is down.
 use std::time::Duration;
 
 use crate::cluster::*;
@@ -9,13 +10,14 @@ use coordinator::model::JobState;
 use crate::placement::{placed, with_job_network};
 use crate::spares::{beat, only_up, with_spares};
 
-/// The launcher's node (n1) goes silent while the job runs: the job becomes lost, naming n1,
-/// what is left of it on n2 and n3 is killed, and a plain restart puts n1's part (the
-/// launcher) on the free spare; the job then runs again and is no longer lost.
+/// The launcher's node (n1) goes silent while a job that may move runs: the job becomes lost,
+/// naming n1, what is left of it on n2 and n3 is killed, and a plain restart puts n1's part
+/// (the launcher) on the free spare; the job then runs again and is no longer lost.
 #[tokio::test]
 async fn a_job_whose_launcher_node_goes_down_is_lost_and_restarts_on_a_spare() {
     let c = with_spares().await;
     let job = c.job().await;
+    set_policy(&c, job, "restart");
     c.checkpoint(job, false).await.unwrap();
     assert!(
         c.coord.mark_lost().await.unwrap().is_empty(),
@@ -32,7 +34,7 @@ async fn a_job_whose_launcher_node_goes_down_is_lost_and_restarts_on_a_spare() {
     assert_eq!(c.nodes_called("signal"), ["n2", "n3"], "the rest is killed");
     let info = coordinator::wire::job_info(&lost, vec![]);
     assert!(
-        info.detail.contains("node n1") && info.detail.contains(&format!("ckptctl restart {job}")),
+        info.detail.contains("node n1") && info.detail.contains("restarts it by itself"),
         "{}",
         info.detail
     );
@@ -52,6 +54,7 @@ async fn a_job_whose_launcher_node_goes_down_is_lost_and_restarts_on_a_spare() {
 async fn a_job_whose_attached_node_goes_down_is_lost_and_a_stopped_one_is_not() {
     let c = with_spares().await;
     let running = c.job().await;
+    set_policy(&c, running, "restart");
     let stopped = c.stopped_job().await;
     only_up(&c, &["n1", "n2", "n4", "n5"]).await;
     c.world.lock().unwrap().log.clear();
@@ -60,6 +63,76 @@ async fn a_job_whose_attached_node_goes_down_is_lost_and_a_stopped_one_is_not() 
     assert_eq!(lost.lost.map(|l| l.node).as_deref(), Some("n3"));
     assert_eq!(c.nodes_called("signal"), ["n1", "n2"]);
     assert_eq!(c.job_state(stopped), JobState::Stopped);
+}
+
+/// A job without a restart policy is not fenced by its nodes, so a silent node does not make
+/// it lost: nothing is killed, it stays running, and its status names the node as
+/// unreachable. Once cancelled, a restart that would move the silent node's part elsewhere is
+/// refused, naming the node, until the caller says the node is down; in place it is not.
+#[tokio::test]
+async fn a_job_without_a_restart_policy_is_not_lost_with_a_silent_node_nor_moved_off_it() {
+    let c = with_spares().await;
+    let job = c.job().await;
+    c.checkpoint(job, false).await.unwrap();
+    only_up(&c, &["n1", "n2", "n4", "n5"]).await;
+    c.world.lock().unwrap().log.clear();
+    assert!(c.coord.mark_lost().await.unwrap().is_empty());
+    assert_eq!(c.job_state(job), JobState::Running);
+    assert!(c.nodes_called("signal").is_empty(), "nothing killed");
+    let j = c.coord.registry.job(job).unwrap().unwrap();
+    let unreachable = c.coord.unreachable(&j);
+    assert_eq!(
+        unreachable
+            .iter()
+            .map(|l| l.node.as_str())
+            .collect::<Vec<_>>(),
+        ["n3"]
+    );
+    let mut info = coordinator::wire::job_info(&j, vec![]);
+    coordinator::wire::with_unreachable(&mut info, &j, unreachable);
+    assert_eq!(info.state, "running");
+    assert!(
+        info.detail.contains("unreachable") && info.detail.contains("n3"),
+        "{}",
+        info.detail
+    );
+    // n3 heard from again: nothing to say.
+    beat(&c, &["n3"]).await;
+    assert!(c.coord.unreachable(&j).is_empty());
+
+    only_up(&c, &["n1", "n2", "n4", "n5"]).await;
+    c.coord.cancel(&OWNER, job).await.unwrap();
+    let moved = |down: &[&str]| coordinator::driver::Placement {
+        map: vec!["n3=n4".into()],
+        down: down.iter().map(|d| d.to_string()).collect(),
+        ..Default::default()
+    };
+    let e = c
+        .coord
+        .begin_restart(&OWNER, job, 0, &moved(&[]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, coordinator::driver::DriveError::PartMayRun { node, .. } if node == "n3"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("--down n3"), "{e}");
+    assert_eq!(c.job_state(job), JobState::Cancelled, "left as it was");
+    let e = c
+        .coord
+        .begin_restart(&OWNER, job, 0, &moved(&["n2"]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, coordinator::driver::DriveError::PartMayRun { .. }),
+        "another node named: {e}"
+    );
+    let begun = c
+        .coord
+        .begin_restart(&OWNER, job, 0, &moved(&["n3"]))
+        .await
+        .expect("n3 said down");
+    assert_eq!(begun.moves.get("n3").map(String::as_str), Some("n4"));
 }
 
 /// Gives the job a policy on failure, as `ckptctl run --on-failure` would have.

@@ -60,6 +60,8 @@ pub struct LaunchSpec {
     pub sandbox: Option<crate::os::sandbox::JobAddress>,
     /// The snapshot engine ("": the default).
     pub engine: String,
+    /// ckptd may restart the part elsewhere by itself: it is fenced when the lease runs out.
+    pub may_move: bool,
 }
 
 /// A job whose environment sets this to `off` is started without the verbs layer.
@@ -233,7 +235,10 @@ impl Jobs {
             run_dir: run_dir.clone(),
             output_owner: Some((owner.uid, owner.gid)),
             ready_fd: Some(ready_fd),
-            lease: Some(self.node.lease.path().to_path_buf()),
+            lease: job
+                .record
+                .may_move
+                .then(|| self.node.lease.path().to_path_buf()),
         };
         let spec_path = run_dir.join(shim::SPEC);
         // It holds the job's secret and whole environment.
@@ -357,6 +362,7 @@ impl Jobs {
         );
         job.record.token = spec.token;
         job.record.part = spec.part;
+        job.record.may_move = spec.may_move;
         job.record.owner = Some(owner.uid);
         let sandbox = match &spec.sandbox {
             Some(addr) => {

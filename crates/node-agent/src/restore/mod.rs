@@ -29,6 +29,18 @@ use run::RestoreRun;
 /// How long a restore may take: the engine reads every image page back; at a pessimistic
 /// 100 MB/s this covers 60 GB per node.
 pub const RESTORE_TIMEOUT: Duration = Duration::from_secs(600);
+/// What a restore is asked besides its epoch and where the images are.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Terms<'a> {
+    /// Leave the restored processes frozen and their TCP ports blocked until the release.
+    pub hold: bool,
+    /// The job's token from this restart on (empty: the one it has).
+    pub token: &'a str,
+    /// ckptd may restart the part elsewhere by itself: its shim fences it when the node's
+    /// lease runs out ([`crate::jobs::JobRecord::may_move`]).
+    pub may_move: bool,
+}
+
 /// How long a restore waits for the PIDs of a just-killed incarnation to be released. Zombies
 /// of killed processes linger until reaped, which init can take over a second to do.
 pub const PID_FREE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -67,8 +79,7 @@ impl Jobs {
         job_id: u64,
         epoch: u32,
         committed_digest: &str,
-        hold: bool,
-        token: &str,
+        terms: Terms<'_>,
         sources: &Sources,
     ) -> Result<Restored, AgentError> {
         self.failpoint(job_id, "restore").await?;
@@ -79,7 +90,7 @@ impl Jobs {
                 job_id,
                 epoch,
                 committed_digest,
-                (hold, token),
+                terms,
                 sources,
                 Some(&mut pages_refused),
             )
@@ -89,15 +100,8 @@ impl Jobs {
                 // The gate killed the tree before it ran. Verifying everything first may find
                 // an intact copy elsewhere, and names what is damaged as always.
                 warn!(job = job_id, epoch, %error, "page data refused before any restored process ran; verifying every file first");
-                self.restore_from(
-                    job_id,
-                    epoch,
-                    committed_digest,
-                    (hold, token),
-                    sources,
-                    None,
-                )
-                .await
+                self.restore_from(job_id, epoch, committed_digest, terms, sources, None)
+                    .await
             }
             r => r,
         };
@@ -119,13 +123,13 @@ impl Jobs {
         job_id: u64,
         epoch: u32,
         committed_digest: &str,
-        hold_token: (bool, &str),
+        terms: Terms<'_>,
         sources: &Sources,
         gated: Option<&mut bool>,
     ) -> Result<Restored, AgentError> {
         let j = self.get_or_create(job_id)?;
         let job = j.lock().await;
-        RestoreRun::new(self, job, (job_id, epoch), hold_token, gated)
+        RestoreRun::new(self, job, (job_id, epoch), terms, gated)
             .run(committed_digest, sources)
             .await
     }

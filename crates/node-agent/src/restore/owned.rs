@@ -32,6 +32,7 @@ pub(super) struct Verified<'a> {
     pub(super) pages: Option<tokio::task::JoinHandle<ckpt_store::Result<Duration>>>,
     pub(super) hold: bool,
     pub(super) token: &'a str,
+    pub(super) may_move: bool,
     pub(super) source: Location,
     pub(super) note: String,
     pub(super) fetch_ms: u64,
@@ -78,6 +79,7 @@ impl Jobs {
         if !v.token.is_empty() {
             job.record.token = v.token.to_string();
         }
+        job.record.may_move = v.may_move;
         job.remove_empty_cgroup();
         let inc = job.record.incarnation + 1;
         let session = make_session(&job, &owner, engine.session_subdirs(), |dir| {

@@ -45,6 +45,8 @@ pub(super) struct RestoreRun<'a> {
     hold: bool,
     /// The job's token from this restart on (empty: the one it has).
     token: &'a str,
+    /// Whether the restored part is fenced when the node's lease runs out.
+    may_move: bool,
     /// Set when the page data is refused, so that the attempt is repeated with every file
     /// verified first; `None` in that repeat, which verifies everything before the engine.
     refused: Option<&'a mut bool>,
@@ -110,7 +112,7 @@ impl<'a> RestoreRun<'a> {
         node: &'a Jobs,
         job: MutexGuard<'a, NodeJob>,
         (job_id, epoch): (u64, u32),
-        (hold, token): (bool, &'a str),
+        terms: super::Terms<'a>,
         refused: Option<&'a mut bool>,
     ) -> Self {
         RestoreRun {
@@ -118,8 +120,9 @@ impl<'a> RestoreRun<'a> {
             job,
             job_id,
             epoch,
-            hold,
-            token,
+            hold: terms.hold,
+            token: terms.token,
+            may_move: terms.may_move,
             refused,
         }
     }
@@ -271,6 +274,7 @@ impl<'a> RestoreRun<'a> {
             pages: found.pages.take(),
             hold: self.hold,
             token: self.token,
+            may_move: self.may_move,
             source: found.source,
             note: found.note,
             fetch_ms: found.verify_ms,
@@ -346,6 +350,7 @@ impl<'a> RestoreRun<'a> {
         if !self.token.is_empty() {
             job.record.token = self.token.to_string();
         }
+        job.record.may_move = self.may_move;
         // A cgroup the engine creates gets the freezer state of dump time (frozen); an existing
         // one would let the restored processes run at once.
         job.remove_empty_cgroup();

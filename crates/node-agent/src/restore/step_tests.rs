@@ -32,7 +32,16 @@ async fn checkpointed(pages: Pages) -> (TestNode, String, usize) {
 /// Restores epoch 1 of the job with `digest`, held for the release or not.
 async fn restore(node: &TestNode, digest: &str, hold: bool) -> Result<Restored, AgentError> {
     node.jobs
-        .restore(JOB, 1, digest, hold, "", &Sources::default())
+        .restore(
+            JOB,
+            1,
+            digest,
+            crate::restore::Terms {
+                hold,
+                ..Default::default()
+            },
+            &Sources::default(),
+        )
         .await
 }
 

@@ -152,6 +152,7 @@ impl Agent for AgentHandler {
             token: r.token,
             part: r.part,
             engine: r.engine,
+            may_move: r.may_move,
             sandbox: match r.job_address.as_str() {
                 "" => None,
                 a => Some(
@@ -225,8 +226,11 @@ impl Agent for AgentHandler {
                 r.job_id,
                 r.epoch,
                 &r.manifest_digest,
-                r.hold,
-                &r.token,
+                crate::restore::Terms {
+                    hold: r.hold,
+                    token: &r.token,
+                    may_move: r.may_move,
+                },
                 &crate::copies::Sources {
                     partner: (!r.partner.is_empty()).then_some((r.partner, r.partner_address)),
                     shared_durable: r.shared_durable,

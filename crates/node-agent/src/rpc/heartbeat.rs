@@ -88,6 +88,32 @@ pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
     out
 }
 
+/// Runs [`run`] on a thread and a runtime of its own, so that no other work of the agent (a
+/// dump's blocking steps, a restore's copies, a flood of calls) delays a heartbeat: a late one
+/// costs the node its lease. The heartbeats stop when the returned handle is dropped.
+pub fn spawn(
+    cfg: AgentConfig,
+    advertise: String,
+    dial: ckpt_auth::transport::Dial,
+    jobs: Arc<Jobs>,
+) -> std::io::Result<tokio::sync::oneshot::Sender<()>> {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("heartbeat".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                tokio::select! {
+                    _ = run(cfg, advertise, dial, jobs) => {}
+                    _ = stopped => {}
+                }
+            })
+        })?;
+    Ok(stop)
+}
+
 /// Registers, then heartbeats every `heartbeat_interval`; re-registers after any failure
 /// (for example a restarted coordinator). `dial` says how the coordinator is reached (TLS with
 /// this node's credential, or its local socket).
@@ -226,7 +252,7 @@ fn renew(jobs: &Jobs, sent: u64, lease_ms: u64, fence: u64) {
         warn!(
             unrenewed_ms = unrenewed.as_millis() as u64,
             lease_ms,
-            "ckptd's answer came late, past half of this node's lease: had none come within the lease, this node's job parts would have been killed (fenced); a ckptd or a node this loaded needs a longer node_timeout and fence_lease in ckptd.toml"
+            "ckptd's answer came late, past half of this node's lease: had none come within the lease, this node's parts of jobs with a restart policy (--on-failure restart) would have been killed (fenced); a ckptd or a node this loaded needs a longer node_timeout and fence_lease in ckptd.toml"
         );
     }
 }
