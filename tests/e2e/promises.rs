@@ -316,28 +316,49 @@ impl NodeMount {
         assert!(ok, "mount a tmpfs at {}", point.display());
         NodeMount(point)
     }
+
+    /// A tmpfs at `point` in a peer group of its own (`mount --make-shared`), as systemd makes
+    /// every mount of a node: what is mounted below it later propagates to its copies.
+    fn shared(point: PathBuf) -> Self {
+        let m = NodeMount::make(point);
+        let ok = std::process::Command::new("mount")
+            .arg("--make-shared")
+            .arg(&m.0)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "make {} shared", m.0.display());
+        m
+    }
 }
 
 impl Drop for NodeMount {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        let _ = std::process::Command::new("umount")
+            .arg("-R")
+            .arg(&self.0)
+            .status();
         let _ = std::fs::remove_dir(&self.0);
     }
 }
 
 /// A mount the node makes after a sandboxed part started (another tool's, a login's
-/// /run/user/UID): it reached the part's namespace, was dumped with it, and once it was gone
-/// the part could not be restored ("Can't stat mountpoint"). The part's mounts are now those it
-/// started with (and the followed ones): it does not see the passing mount, and restores after
-/// the mount is gone.
+/// /run/user/UID), below a mount that is shared as systemd makes them: it reached the part's
+/// namespace, was dumped with it, and once it was gone the part could not be restored ("Can't
+/// stat mountpoint"). The part's mounts are now those it started with (and the followed ones):
+/// it does not see the passing mount, and restores after the mount is gone.
 #[test]
 fn a_mount_the_node_makes_after_a_part_started_is_not_dumped_with_it() {
     skip_unless_ready!("nsenter", "nft", "mount", "umount");
     let Some((_cluster, d)) = ckpt_tests::hosts::hosts_with(&["n1"], false, true, None, "") else {
         return;
     };
+    let parent = NodeMount::shared(PathBuf::from(format!(
+        "/run/ckpt-shared-{}",
+        std::process::id()
+    )));
     let job = ckpt_tests::hosts::run_on(&d, "n1", &counting(""));
-    let point = PathBuf::from(format!("/run/ckpt-passing-{}", std::process::id()));
+    let point = parent.0.join("passing");
     let passing = NodeMount::make(point.clone());
     let part = d.job_pids_on("n1", job);
     let seen = std::fs::read_to_string(format!("/proc/{}/mountinfo", part[0])).unwrap();
