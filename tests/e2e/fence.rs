@@ -11,12 +11,12 @@
 //! Without a restart policy no part is ever killed: the original processes all live after the
 //! outage, no node wrote `fenced.json`, nothing was restarted, and the job ends with the
 //! answer of an uninterrupted run. With one, the job ends with that answer too, and if a part
-//! was fenced and restarted, every original process of it was dead before the restart began
-//! (the last seen gone, looked at every 5 ms, against the restart's `at_unix_ms`): no part ran
-//! in two copies. Each cell prints what happened, with its times, for the table.
+//! was fenced and restarted, every original process was dead before the restored parts ran
+//! (the last seen gone, looked at every 5 ms, against the restart's `running_unix_ms`), and a
+//! cut-off node's part before ckptd declared the node lost: no part ran in two copies. Each cell prints what happened, with its times, for the table.
 use std::time::{Duration, Instant};
 
-use ckpt_tests::hosts::{hosts_with, result_on, run_on, wait_copied, LIMIT};
+use ckpt_tests::hosts::{heat_on_first, hosts_with, outcome, result_on, wait_copied, LIMIT};
 use ckpt_tests::netns::Cluster;
 use ckpt_tests::{skip_unless_ready, Ckptd, Mpi};
 
@@ -50,15 +50,7 @@ fn cluster_and_job(policy: bool) -> Option<(Cluster, Ckptd, u64)> {
         None,
         &format!("node_timeout = \"2s\"\n{recovery}[spares]\nnodes = [\"n4\"]\n"),
     )?;
-    let hosts: Vec<&str> = cluster.nodes[..3]
-        .iter()
-        .map(|n| n.netns.as_str())
-        .collect();
-    let job = run_on(
-        &d,
-        "n1",
-        &Mpi::Mpich.heat_argv_on(&hosts, RANKS, N, ITERS, SLEEP_US),
-    );
+    let job = heat_on_first(&d, &cluster, 3, Mpi::Mpich, (RANKS, N, ITERS, SLEEP_US));
     Some((cluster, d, job))
 }
 
@@ -219,10 +211,14 @@ fn cell(outage: Outage, policy: bool) -> String {
         let dead = watcher.join().unwrap().expect("the original parts died");
         let n3_dead = n3_watcher.join().unwrap().expect("n3's part died");
         let began = r["at_unix_ms"].as_u64().unwrap();
+        let running = r["running_unix_ms"].as_u64().unwrap();
         let noticed = r["noticed_unix_ms"].as_u64().unwrap_or(0);
+        // The restored parts are held frozen until every node is restored, and released
+        // together: none of them runs before then. (The watcher sees a death up to 5 ms late,
+        // and the kill of the surviving nodes' parts comes just before the restart begins.)
         assert!(
-            dead < began,
-            "an original process lived at {dead}, after the restart began at {began}: {st}"
+            dead < running,
+            "an original process lived at {dead}, after the restored parts ran at {running}: {st}"
         );
         let cut = if outage == Outage::LinkCut {
             // The order that matters: n3's part was dead before ckptd declared n3 lost, so
@@ -240,12 +236,13 @@ fn cell(outage: Outage, policy: bool) -> String {
             String::new()
         };
         format!(
-            "fenced {} part(s), {} restart(s) ({}), right answer; every original dead {} ms into the outage, {} ms before the restart began{cut}",
+            "fenced {} part(s), {} restart(s) ({}), right answer; every original dead {} ms into the outage, {} ms before the restart began, {} ms before the restored parts ran{cut}",
             fences.len(),
             restarts.len(),
             r["trigger"].as_str().unwrap_or_default(),
             dead as i64 - outage_ms as i64,
-            began as i64 - dead as i64
+            began as i64 - dead as i64,
+            running as i64 - dead as i64
         )
     } else {
         assert!(fences.is_empty(), "fenced but not restarted: {fences:?}");
@@ -263,17 +260,7 @@ fn a_fence_kills_only_what_may_move() {
     for outage in [Outage::Stopped, Outage::Slowed, Outage::LinkCut] {
         for policy in [false, true] {
             let begin = Instant::now();
-            let r = std::panic::catch_unwind(|| cell(outage, policy));
-            let what = match r {
-                Ok(s) => format!("ok: {s}"),
-                Err(e) => format!(
-                    "FAILED: {}",
-                    e.downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_default()
-                ),
-            };
+            let what = outcome(std::panic::catch_unwind(|| cell(outage, policy)));
             rows.push(format!(
                 "{:<8} {:<10} {:>4.0} s  {what}",
                 format!("{outage:?}"),

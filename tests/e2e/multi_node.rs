@@ -7,8 +7,8 @@
 use std::time::{Duration, Instant};
 
 use ckpt_tests::hosts::{
-    assert_still_committed, committed_epochs, destroy_sandbox, hosts_with, result_on, run_on,
-    wait_copied, BOTH_MPIS, LIMIT,
+    assert_still_committed, committed_epochs, destroy_sandbox, heat_on_first, hosts_with, outcome,
+    result_on, run_on, wait_copied, BOTH_MPIS, LIMIT,
 };
 use ckpt_tests::netns::Cluster;
 use ckpt_tests::{checksum_in, skip_unless_ready, slow_variant, Ckptd, Mpi, Options};
@@ -606,15 +606,7 @@ fn three_and_a_spare_with(
         shared.then_some("512M"),
         &format!("node_timeout = \"2s\"\n{more_toml}[spares]\nnodes = [\"n4\"]\n"),
     )?;
-    let hosts: Vec<&str> = cluster.nodes[..3]
-        .iter()
-        .map(|n| n.netns.as_str())
-        .collect();
-    let job = run_on(
-        &d,
-        "n1",
-        &mpi.heat_argv_on(&hosts, RANKS, N, ITERS, SLEEP_US),
-    );
+    let job = heat_on_first(&d, &cluster, 3, mpi, (RANKS, N, ITERS, SLEEP_US));
     Some((cluster, d, job))
 }
 
@@ -1109,23 +1101,7 @@ fn recovery_matrix() {
     let mut rows = Vec::new();
     for cell in cells {
         let begin = Instant::now();
-        let r = std::panic::catch_unwind(|| run_cell(cell));
-        let what = match r {
-            Ok(s) => format!("ok: {s}"),
-            Err(e) => format!(
-                "FAILED: {}",
-                e.downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default()
-                    .lines()
-                    .next()
-                    .unwrap_or_default()
-                    .chars()
-                    .take(200)
-                    .collect::<String>()
-            ),
-        };
+        let what = outcome(std::panic::catch_unwind(|| run_cell(cell)));
         let row = format!(
             "| {} | {} | {:.0} s |",
             cell.name(),

@@ -3,7 +3,7 @@
 //! parts of nodes lost with their disks are rebuilt from it on spares.
 use std::time::{Duration, Instant};
 
-use ckpt_tests::hosts::{destroy_sandbox, hosts_with, result_on, run_on, LIMIT};
+use ckpt_tests::hosts::{destroy_sandbox, heat_on_first, hosts_with, result_on, LIMIT};
 use ckpt_tests::{skip_unless_ready, slow_variant, Mpi};
 
 /// heat's size, iterations and sleep per iteration (µs), as in `multi_node.rs`.
@@ -67,15 +67,7 @@ fn parity_rebuilds_lost_nodes(scheme: &str, job_nodes: usize, lose: &[&str], fli
     ) else {
         return;
     };
-    let hosts: Vec<&str> = cluster.nodes[..job_nodes]
-        .iter()
-        .map(|n| n.netns.as_str())
-        .collect();
-    let job = run_on(
-        &d,
-        "n1",
-        &mpi.heat_argv_on(&hosts, ranks, N, ITERS, SLEEP_US),
-    );
+    let job = heat_on_first(&d, &cluster, job_nodes, mpi, (ranks, N, ITERS, SLEEP_US));
     let id = job.to_string();
     let parity = scheme
         .parse::<ckpt_store::erasure::Scheme>()

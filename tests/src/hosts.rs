@@ -78,6 +78,47 @@ pub fn hosts_with_agents(
     Some((cluster, d))
 }
 
+/// Starts the heat program with `(ranks, n, iters, sleep_us)` over the first `nodes` test hosts
+/// of `cluster`, launched from n1, and waits (bounded) until it prints progress.
+pub fn heat_on_first(
+    d: &Ckptd,
+    cluster: &Cluster,
+    nodes: usize,
+    mpi: crate::Mpi,
+    (ranks, n, iters, sleep_us): (u32, u32, u32, u32),
+) -> u64 {
+    let hosts: Vec<&str> = cluster.nodes[..nodes]
+        .iter()
+        .map(|n| n.netns.as_str())
+        .collect();
+    run_on(
+        d,
+        "n1",
+        &mpi.heat_argv_on(&hosts, ranks, n, iters, sleep_us),
+    )
+}
+
+/// A matrix cell's outcome, for its row of the table: `ok: ` and what it returned, or `FAILED: `
+/// and the first line of its panic (200 characters at most).
+pub fn outcome(r: std::thread::Result<String>) -> String {
+    match r {
+        Ok(s) => format!("ok: {s}"),
+        Err(e) => format!(
+            "FAILED: {}",
+            e.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default()
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .chars()
+                .take(200)
+                .collect::<String>()
+        ),
+    }
+}
+
 /// Starts a job from `node` and waits (bounded) until it prints progress.
 pub fn run_on(d: &Ckptd, node: &str, argv: &[String]) -> u64 {
     let mut args = vec!["run", "--name", "heat", "--node", node, "--"];

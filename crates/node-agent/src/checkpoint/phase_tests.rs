@@ -115,6 +115,16 @@ async fn initial_sync_refuses_a_stopped_process_and_freezes_nothing() {
 
 /// A process stopped after initial-sync is found once the job is frozen: quiesce fails, before
 /// any dump, and the abort thaws.
+/// The abort of an epoch whose quiesce failed after the freeze thaws the job, and does no more.
+async fn aborted_thaws(node: &TestNode) {
+    node.jobs
+        .abort(JOB, 1, "quiesce failed")
+        .await
+        .expect("abort");
+    assert_eq!(node.host.actions(), [Call::FreezeForSnapshot, Call::Thaw]);
+    assert!(!node.host.frozen());
+}
+
 #[tokio::test]
 async fn a_process_stopped_after_initial_sync_fails_quiesce_and_the_abort_thaws() {
     let node = running().await;
@@ -122,12 +132,7 @@ async fn a_process_stopped_after_initial_sync_fails_quiesce_and_the_abort_thaws(
     node.host.script_stopped(ROOT, true);
     let e = node.jobs.quiesce(JOB, 1).await.unwrap_err();
     assert!(matches!(e, AgentError::Stopped { pid: ROOT, .. }), "{e}");
-    node.jobs
-        .abort(JOB, 1, "quiesce failed")
-        .await
-        .expect("abort");
-    assert_eq!(node.host.actions(), [Call::FreezeForSnapshot, Call::Thaw]);
-    assert!(!node.host.frozen());
+    aborted_thaws(&node).await;
 }
 
 #[tokio::test]
@@ -213,12 +218,7 @@ async fn a_stuck_freeze_fails_quiesce_and_the_abort_thaws() {
         ),
         "{e}"
     );
-    node.jobs
-        .abort(JOB, 1, "quiesce failed")
-        .await
-        .expect("abort");
-    assert_eq!(node.host.actions(), [Call::FreezeForSnapshot, Call::Thaw]);
-    assert!(!node.host.frozen());
+    aborted_thaws(&node).await;
     assert!(!node.node_dir(1).exists(), "the epoch's directory deleted");
 }
 
