@@ -494,6 +494,10 @@ impl EpochRun<'_> {
             bytes = e.image_bytes,
             "epoch committed"
         );
+        if let Some(why) = coord.parity_skipped(e) {
+            warn!(job = id, epoch = e.number, "{why}");
+            self.say(Phase::Commit, why);
+        }
         let m = metrics();
         m.epochs.with_label_values(&["committed", ""]).inc();
         for (phase, took) in &self.timings {

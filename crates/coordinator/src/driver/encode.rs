@@ -21,6 +21,22 @@ impl Coordinator {
         (e.nodes.len() > s.parity()).then_some(s)
     }
 
+    /// Why a just-committed epoch gets no parity though its job's scheme is an erasure code:
+    /// the job has no more nodes than the scheme's parity shards per row, so there is nowhere
+    /// to put parity apart from the images it protects. None when it gets parity, or when the
+    /// scheme is not an erasure code.
+    pub(crate) fn parity_skipped(&self, e: &Epoch) -> Option<String> {
+        let s = self.scheme_of(e.job_id)?;
+        s.code()?;
+        (e.nodes.len() <= s.parity()).then(|| {
+            format!(
+                "no parity: {s} needs more nodes than its {} parity shard(s) per row, and this job has {}; until the epoch is in shared storage, losing a node loses its part of it (run such a job with --redundancy partner)",
+                s.parity(),
+                e.nodes.len()
+            )
+        })
+    }
+
     /// Encodes every group of the epoch's nodes, in parallel; returns the groups whose parity
     /// is complete (a failed group is logged and left unprotected by parity).
     pub(super) async fn encode_groups(&self, e: &Epoch, scheme: Scheme) -> Vec<Encoding> {

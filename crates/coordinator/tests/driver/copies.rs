@@ -159,6 +159,32 @@ async fn an_encoded_epoch_records_its_groups_parity_and_a_moved_part_gets_the_gr
     assert!(n4.ends_with(" group=n1,n2,n3 from=n3"), "{n4}");
 }
 
+/// A job with no more nodes than its scheme's parity shards per row gets no parity: the commit
+/// says so in its progress (as ckptctl shows it), and no node is asked to encode.
+#[tokio::test]
+async fn a_job_too_small_for_its_parity_is_told_it_has_none() {
+    let c = Cluster::start_with(|cfg| cfg.redundancy.scheme = "rs:2+2".into()).await;
+    let job = c.job_on("n1").await;
+    let (j, epoch) = c
+        .coord
+        .begin_checkpoint(&OWNER, job, false, coordinator::model::Trigger::User)
+        .await
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    c.coord.drive_checkpoint(j, epoch, tx).await.unwrap();
+    let mut said = Vec::new();
+    while let Ok(step) = rx.try_recv() {
+        said.push(step.message);
+    }
+    assert!(
+        said.iter()
+            .any(|m| m.starts_with("no parity: rs:2+2") && m.contains("this job has 1")),
+        "{said:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(c.calls("encode").is_empty(), "nothing encoded");
+}
+
 /// A member whose encode fails leaves its group without a record: the epoch is not shown as
 /// protected by parity, and stays restorable.
 #[tokio::test]
