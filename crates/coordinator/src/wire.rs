@@ -49,8 +49,25 @@ pub fn with_unreachable(info: &mut pb::JobInfo, job: &Job, nodes: Vec<crate::mod
         .collect();
 }
 
+/// What to say of a running job whose processes the freezer holds on some node: it is not
+/// running there, whatever its record says.
+fn frozen_detail(job: &Job, nodes: &[pb::NodeJobInfo]) -> Option<String> {
+    let frozen: Vec<&str> = nodes
+        .iter()
+        .filter(|n| n.state() == pb::PartState::Frozen)
+        .map(|n| n.node.as_str())
+        .collect();
+    (job.state == JobState::Running && !frozen.is_empty()).then(|| {
+        format!(
+            "frozen on {}: its processes there are held by the freezer and do not run (a checkpoint or restart step in progress, or one that did not thaw them: ckpt-agent's log on that node says which)",
+            frozen.join(", ")
+        )
+    })
+}
+
 /// Wire form of a job.
 pub fn job_info(job: &Job, nodes: Vec<pb::NodeJobInfo>) -> pb::JobInfo {
+    let frozen = frozen_detail(job, &nodes);
     let (exit_code, exit_signal) = match &job.state {
         JobState::Exited { code, signal } => (*code, *signal),
         _ => (None, None),
@@ -88,7 +105,7 @@ pub fn job_info(job: &Job, nodes: Vec<pb::NodeJobInfo>) -> pb::JobInfo {
                     format!("restart it with `ckptctl restart {}`", job.id)
                 }
             ),
-            _ => String::new(),
+            _ => frozen.unwrap_or_default(),
         },
         flush: String::new(),
         policy: None,
@@ -281,6 +298,29 @@ pub fn storage(s: Storage) -> pb::EpochStorage {
 mod tests {
     use super::*;
     use crate::model::fixtures::PHASES;
+
+    /// A running job frozen on a node says so, naming the node; a checkpointing one does not
+    /// (it is frozen by design), nor one whose nodes all run.
+    #[test]
+    fn a_running_job_frozen_on_a_node_says_so() {
+        let node = |name: &str, state: pb::PartState| pb::NodeJobInfo {
+            node: name.into(),
+            state: state.into(),
+            ..Default::default()
+        };
+        let nodes = vec![
+            node("n1", pb::PartState::Running),
+            node("n2", pb::PartState::Frozen),
+        ];
+        let running = crate::model::fixtures::job(1, JobState::Running);
+        let info = job_info(&running, nodes.clone());
+        assert_eq!(info.state, "running");
+        assert!(info.detail.starts_with("frozen on n2:"), "{}", info.detail);
+        let busy = crate::model::fixtures::job(1, JobState::Checkpointing);
+        assert_eq!(job_info(&busy, nodes).detail, "");
+        let thawed = vec![node("n1", pb::PartState::Running)];
+        assert_eq!(job_info(&running, thawed).detail, "");
+    }
 
     #[test]
     fn every_job_state_has_its_kind() {

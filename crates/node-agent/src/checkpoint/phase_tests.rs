@@ -480,3 +480,24 @@ async fn abort_thaws_a_frozen_job_and_only_a_frozen_one() {
         .expect("a second abort");
     assert_eq!(node.host.actions().len(), 3, "nothing more to do");
 }
+
+/// A look at the part (what `ckptctl status` shows) says it is frozen while a phase holds it
+/// frozen, and answers while a step holds the part's lock (a dump may take minutes) with what
+/// its cgroup shows, saying it is busy.
+#[tokio::test]
+async fn a_look_at_a_frozen_or_busy_part_says_so() {
+    let node = running().await;
+    let v = node.jobs.part_view(JOB).await.expect("view");
+    assert!(!v.frozen && !v.busy, "{v:?}");
+    frozen(&node).await;
+    let v = node.jobs.part_view(JOB).await.expect("view");
+    assert!(v.frozen && !v.busy, "{v:?}");
+    node.jobs.abort(JOB, 1, "looked").await.expect("abort");
+    let j = node.jobs.get(JOB).expect("job");
+    let _step = j.lock().await;
+    let v = tokio::time::timeout(Duration::from_secs(30), node.jobs.part_view(JOB))
+        .await
+        .expect("an answer though the lock is held")
+        .expect("view");
+    assert!(v.busy && !v.frozen, "{v:?}");
+}

@@ -317,6 +317,14 @@ impl Jobs {
         }
     }
 
+    /// Whether the freezer holds `cgroup`'s processes.
+    fn frozen(&self, cgroup: &crate::os::cgroup::JobCgroup) -> bool {
+        self.node
+            .host
+            .freezer_state(cgroup)
+            .is_ok_and(|s| s == "FROZEN")
+    }
+
     /// Starts a job's command on this node.
     #[instrument(skip_all, fields(job = spec.job))]
     pub async fn launch(&self, spec: LaunchSpec) -> Result<(i32, u32), AgentError> {
@@ -596,25 +604,49 @@ impl Jobs {
     /// is one), which part of the job this node runs and how its checkpoints are taken.
     pub async fn part_view(&self, job_id: u64) -> Result<PartView, AgentError> {
         let j = self.get(job_id)?;
-        let job = j.lock().await;
-        let processes = job
-            .cgroup
-            .pids()
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(procfs::stat)
-            .map(|s| {
-                let rank = procfs::mpi_rank(s.pid);
-                (s, rank)
-            })
-            .collect();
+        let Ok(job) = tokio::time::timeout(VIEW_LOCK_WAIT, j.lock()).await else {
+            // A phase or a restore holds the part (a dump may take minutes): what its cgroup
+            // shows now, without the record.
+            let cgroup = self.node.cgroups.job(job_id);
+            return Ok(PartView {
+                observed: Observed::Running,
+                part: 0,
+                frozen: self.frozen(&cgroup),
+                processes: processes_of(self.node.host.as_ref(), &cgroup),
+                snapshot_mode: String::new(),
+                busy: true,
+            });
+        };
+        let observed = job.observe(self.node.host.as_ref());
         Ok(PartView {
-            observed: job.observe(self.node.host.as_ref()),
+            frozen: observed == Observed::Running && self.frozen(&job.cgroup),
+            observed,
             part: job.record.part,
-            processes,
+            processes: processes_of(self.node.host.as_ref(), &job.cgroup),
             snapshot_mode: self.precopy_text(&job),
+            busy: false,
         })
     }
+}
+
+/// How long a look at a part ([`Jobs::part_view`]) waits for its lock before it answers with
+/// what the part's cgroup shows.
+const VIEW_LOCK_WAIT: Duration = Duration::from_secs(1);
+
+/// The processes in `cgroup`, with their MPI ranks.
+fn processes_of(
+    host: &dyn crate::os::host::Host,
+    cgroup: &crate::os::cgroup::JobCgroup,
+) -> Vec<(procfs::ProcStat, Option<i32>)> {
+    host.pids(cgroup)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(procfs::stat)
+        .map(|s| {
+            let rank = procfs::mpi_rank(s.pid);
+            (s, rank)
+        })
+        .collect()
 }
 
 /// A job's part on this node, as [`Jobs::part_view`] sees it.
@@ -622,6 +654,10 @@ impl Jobs {
 pub struct PartView {
     /// Its state.
     pub observed: Observed,
+    /// Its processes are frozen (a checkpoint, a held restore, or one left so).
+    pub frozen: bool,
+    /// A phase or a restore held the part's lock: `part` and `snapshot_mode` are not known.
+    pub busy: bool,
     /// Which part (0: the job's command).
     pub part: u32,
     /// Its processes and their MPI ranks.

@@ -340,7 +340,10 @@ impl Agent for AgentHandler {
         from_coordinator(&req, "Agent.Inspect")?;
         let r = req.into_inner();
         let view = self.jobs.part_view(r.job_id).await.map_err(to_status)?;
-        let (state, end) = view.observed.to_wire();
+        let (mut state, end) = view.observed.to_wire();
+        if view.frozen {
+            state = pb::PartState::Frozen;
+        }
         Ok(Response::new(pb::NodeJobInfo {
             node: self.jobs.node().to_string(),
             state: state.into(),
@@ -356,13 +359,19 @@ impl Agent for AgentHandler {
                     rss_bytes: crate::os::procfs::rss_bytes(p.pid),
                 })
                 .collect(),
-            role: if view.part == 0 {
+            role: if view.busy {
+                ""
+            } else if view.part == 0 {
                 "launcher"
             } else {
                 "attached"
             }
             .into(),
-            detail: String::new(),
+            detail: if view.busy {
+                "busy: a checkpoint or restore step holds this part".into()
+            } else {
+                String::new()
+            },
             moved_from: String::new(),
             snapshot_mode: view.snapshot_mode,
             // The coordinator knows the part's job address.
