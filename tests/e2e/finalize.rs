@@ -5,6 +5,7 @@
 //! about a third of the jobs without a checkpoint, two thirds with two: docs/operations.md,
 //! "Known limits"): skipped unless `CKPT_FINALIZE_RUNS` is set.
 //!
+//! `CKPT_FINALIZE_SANDBOX=0` runs the parts without sandboxes, in the test hosts' namespaces.
 //! `CKPT_FINALIZE_RUNS` jobs of `CKPT_FINALIZE_ITERS` iterations (default 1500),
 //! each with `CKPT_FINALIZE_CHECKPOINTS` (default 2) committed checkpoints. A job still running `PATIENCE` after its result is a hang (a clean
 //! exit takes well under a second): it is counted, cancelled, and the test fails. The table
@@ -38,12 +39,24 @@ fn mpich_jobs_checkpointed_across_hosts_end_by_themselves() {
     }
     let runs = env_count("CKPT_FINALIZE_RUNS", 3);
     let checkpoints = env_count("CKPT_FINALIZE_CHECKPOINTS", 2);
-    let Some((cluster, d)) = hosts_with(&["n1", "n2", "n3"], false, true, None, "") else {
+    // CKPT_FINALIZE_SANDBOX=0: the parts in the test hosts' own namespaces, without sandboxes.
+    let sandboxes = std::env::var("CKPT_FINALIZE_SANDBOX").as_deref() != Ok("0");
+    let Some((cluster, d)) = hosts_with(&["n1", "n2", "n3"], false, sandboxes, None, "") else {
         return;
     };
     let iters = env_count("CKPT_FINALIZE_ITERS", ITERS);
     let want = Mpi::Mpich.reference_checksum(RANKS, N, iters);
-    let hosts: Vec<&str> = cluster.nodes.iter().map(|n| n.netns.as_str()).collect();
+    let hosts: Vec<&str> = cluster
+        .nodes
+        .iter()
+        .map(|n| {
+            if sandboxes {
+                n.netns.as_str()
+            } else {
+                n.ip.as_str()
+            }
+        })
+        .collect();
     let argv = Mpi::Mpich.heat_argv_on(&hosts, RANKS, N, iters, SLEEP_US);
     let mut hung = Vec::new();
     let mut ends = Vec::new();
