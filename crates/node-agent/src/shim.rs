@@ -26,12 +26,12 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 mod fence;
 pub(crate) mod guard;
+mod reap;
 mod restore;
 
 pub use crate::os::modes::read_json;
@@ -176,6 +176,22 @@ pub struct Exit {
     pub ended: u32,
 }
 
+impl Exit {
+    /// In words: "exited with code 0", "killed by signal 9", and how many processes the root
+    /// left running were ended with it.
+    pub fn text(&self) -> String {
+        let how = match (self.code, self.signal) {
+            (Some(c), _) => format!("exited with code {c}"),
+            (None, Some(s)) => format!("killed by signal {s}"),
+            _ => "ended".into(),
+        };
+        match self.ended {
+            0 => how,
+            n => format!("{how}; {n} process(es) it left running were ended with it"),
+        }
+    }
+}
+
 fn is_zero(n: &u32) -> bool {
     *n == 0
 }
@@ -277,32 +293,12 @@ pub fn main(spec_path: &Path) -> i32 {
     };
     write_json(&started, &Started::Running { root_pid: root });
     tell_ready(spec.ready_fd);
-    let exit = reap_until_empty(root, &spec.cgroup_procs);
+    let exit = reap::reap_until_empty(root, &spec.cgroup_procs);
     if exit.ended > 0 {
-        note_ended(&spec.stderr, &exit);
+        reap::note_ended(&spec.stderr, &exit);
     }
     write_json(&spec.run_dir.join(EXIT), &exit);
     0
-}
-
-/// Tells the job's owner, on the job's stderr, that processes its command left running were
-/// ended with it. The file is in the agent's job directory (root's); never through a link.
-fn note_ended(stderr: &Path, exit: &Exit) {
-    let opened = OpenOptions::new()
-        .append(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(stderr);
-    if let Ok(mut f) = opened {
-        let _ = std::io::Write::write_all(
-            &mut f,
-            format!(
-                "ckpt: the job's command ended ({}); {} process(es) it left running were ended with it (a job ends with its command, as a batch job does: run a program that must go on in the foreground)\n",
-                crate::launch::exit_text(&Exit { ended: 0, ..*exit }),
-                exit.ended
-            )
-            .as_bytes(),
-        );
-    }
 }
 
 /// Writes the byte that tells the agent `started.json` is there, and closes the pipe.
@@ -316,7 +312,6 @@ fn tell_ready(fd: Option<i32>) {
     }
 }
 
-/// The `cgroup.procs` files the job joins: its cgroup's first.
 /// Whether this shim's job cgroup is one Slurm lent ([`ShimSpec::lent`]).
 static LENT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -329,6 +324,7 @@ pub(super) fn job_members(procs: &Path) -> Vec<i32> {
     crate::os::cgroup::members(procs, of)
 }
 
+/// The `cgroup.procs` files the job joins: its cgroup's first.
 fn cgroup_join_paths(spec: &ShimSpec) -> Result<Vec<CString>, String> {
     std::iter::once(&spec.cgroup_procs)
         .chain(&spec.also_join)
@@ -763,125 +759,6 @@ fn launch(
         }
     })?;
     Ok(child.id() as i32)
-}
-
-fn decode(status: libc::c_int) -> Exit {
-    if libc::WIFSIGNALED(status) {
-        Exit {
-            signal: Some(libc::WTERMSIG(status)),
-            ..Exit::default()
-        }
-    } else {
-        Exit {
-            code: Some(libc::WEXITSTATUS(status)),
-            ..Exit::default()
-        }
-    }
-}
-
-/// Waits for one specific child.
-fn wait_pid(pid: i32) -> Exit {
-    let mut status = 0;
-    loop {
-        // SAFETY: waitpid writes to a valid local int.
-        let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
-        if rc == pid {
-            return decode(status);
-        }
-        if rc < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            return Exit {
-                code: Some(-1),
-                ..Exit::default()
-            };
-        }
-    }
-}
-
-/// How long the processes a job's command left running have after SIGTERM before SIGKILL
-/// (as Slurm's `KillWait` gives a batch job's, but short: the job's result is in already).
-const LEFT_GRACE: Duration = Duration::from_secs(2);
-/// How long the shim waits for them after the SIGKILL (a process in uninterruptible sleep, or
-/// frozen by a checkpoint that began meanwhile) before it records the job's end anyway.
-const LEFT_WAIT: Duration = Duration::from_secs(30);
-
-/// Reaps every child (the root and any orphans re-parented to this subreaper). A job ends with
-/// its command, as a batch job does: once the root has ended, what is left of the job in its
-/// cgroup (`procs`; a daemon it started, a helper in the background) is ended too
-/// ([`end_left`]), and the job's end is the root's status with how many were. Returns once
-/// nothing of the job is left (or [`LEFT_WAIT`] after the SIGKILL).
-fn reap_until_empty(root: i32, procs: &Path) -> Exit {
-    let mut exit: Option<Exit> = None;
-    let mut ending: Option<Ending> = None;
-    loop {
-        let mut status = 0;
-        let flags = if exit.is_some() { libc::WNOHANG } else { 0 };
-        // SAFETY: waitpid writes to a valid local int.
-        let rc = unsafe { libc::waitpid(-1, &mut status, flags) };
-        if rc < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-            continue;
-        }
-        if rc == root {
-            exit = Some(decode(status));
-            ending = Some(Ending::begin(procs));
-            continue;
-        }
-        if rc > 0 {
-            continue;
-        }
-        // ECHILD (no child left) or, after the root, no child ended since the last look.
-        let Some(e) = exit.as_mut() else {
-            // The root was never our descendant (it vanished before adoption).
-            return Exit::default();
-        };
-        let Some(end) = ending.as_mut() else {
-            return *e;
-        };
-        if !end.go_on(procs) {
-            e.ended = end.count;
-            return *e;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Ending what a job's command left running: SIGTERM, then SIGKILL after [`LEFT_GRACE`].
-struct Ending {
-    /// When the SIGTERM went.
-    begun: Instant,
-    /// How many processes were left when the root ended.
-    count: u32,
-    /// Whether the SIGKILL went.
-    killed: bool,
-}
-
-impl Ending {
-    /// Sends SIGTERM to every process left in the job's cgroup.
-    fn begin(procs: &Path) -> Self {
-        let left = job_members(procs);
-        for &pid in &left {
-            // SAFETY: kill takes integers only.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-        }
-        Ending {
-            begun: Instant::now(),
-            count: left.len() as u32,
-            killed: false,
-        }
-    }
-
-    /// Whether any process of the job is left to wait for; SIGKILLs them past the grace.
-    fn go_on(&mut self, procs: &Path) -> bool {
-        let left = job_members(procs);
-        if left.is_empty() {
-            return false;
-        }
-        let waited = self.begun.elapsed();
-        if !self.killed && waited >= LEFT_GRACE {
-            fence::kill_cgroup(procs);
-            self.killed = true;
-        }
-        waited < LEFT_GRACE + LEFT_WAIT
-    }
 }
 
 #[cfg(test)]

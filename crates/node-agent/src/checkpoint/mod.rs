@@ -16,7 +16,6 @@ use tracing::{info, instrument, warn};
 
 use crate::error::{io_err, AgentError};
 use crate::jobs::{now_ms, EpochWork, Jobs, NodeJob, NodePhase, Observed, PauseGuard};
-use crate::launch::exit_text;
 use crate::os::host::Host;
 use crate::os::modes::{set_mode, PRIVATE_DIR};
 use crate::os::procfs;
@@ -160,7 +159,7 @@ impl Jobs {
             Observed::Exited(e) => {
                 return Err(AgentError::NotRunning {
                     job: job_id,
-                    state: exit_text(&e),
+                    state: e.text(),
                 })
             }
             Observed::Lost => {

@@ -18,13 +18,10 @@ use ckpt_store::manifest::NodeManifest;
 use tonic::transport::Channel;
 use tracing::{info, warn};
 
-use super::read_ahead::ReadAhead;
+use super::read_ahead::{read_remote, ReadAhead, MAX_SEGMENT_READ};
 use super::{install, Location, Usable};
 use crate::error::AgentError;
 use crate::jobs::Jobs;
-
-/// The most bytes one `ReadSegment` call returns.
-pub const MAX_SEGMENT_READ: u64 = 4 << 20;
 
 /// Encodes started by this agent, naming their files in progress.
 static ENCODES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -76,36 +73,6 @@ fn parity_path(dir: &Path, row: usize, index: usize) -> PathBuf {
 enum Source {
     Local(Box<NodeStream>),
     Remote(Box<ReadAhead>),
-}
-
-/// Reads one range of a member's images or parity through its agent.
-pub(super) async fn read_remote(
-    c: &mut AgentClient<Channel>,
-    req: pb::SegmentRequest,
-) -> Result<(u64, u64, Vec<u8>), tonic::Status> {
-    use tokio_stream::StreamExt;
-    let want = req.length as usize;
-    let mut s = c.read_segment(req).await?.into_inner();
-    let mut lens = None;
-    let mut data = Vec::with_capacity(want);
-    while let Some(chunk) = s.next().await {
-        let chunk = chunk?;
-        if lens.is_none() {
-            lens = Some((chunk.stream_len, chunk.manifest_len));
-        }
-        if data.len() + chunk.data.len() > want {
-            return Err(tonic::Status::data_loss("more bytes than asked for"));
-        }
-        data.extend_from_slice(&chunk.data);
-    }
-    if data.len() != want {
-        return Err(tonic::Status::data_loss(format!(
-            "{} bytes of the {want} asked for",
-            data.len()
-        )));
-    }
-    let (stream_len, manifest_len) = lens.unwrap_or_default();
-    Ok((stream_len, manifest_len, data))
 }
 
 impl Jobs {

@@ -11,7 +11,8 @@ use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
-use super::erasure::MAX_SEGMENT_READ;
+/// The most bytes one `ReadSegment` call returns.
+pub const MAX_SEGMENT_READ: u64 = 4 << 20;
 
 /// Blocks asked for beyond the one being read.
 pub const DEPTH: u64 = 2;
@@ -136,11 +137,7 @@ impl ReadAhead {
             length: MAX_SEGMENT_READ.min(self.len - start),
             ..self.base.clone()
         };
-        handle.spawn(async move {
-            super::erasure::read_remote(&mut c, req)
-                .await
-                .map(|(_, _, d)| d)
-        })
+        handle.spawn(async move { read_remote(&mut c, req).await.map(|(_, _, d)| d) })
     }
 }
 
@@ -150,4 +147,34 @@ impl Drop for ReadAhead {
             call.abort();
         }
     }
+}
+
+/// Reads one range of a member's images or parity through its agent.
+pub(super) async fn read_remote(
+    c: &mut AgentClient<Channel>,
+    req: pb::SegmentRequest,
+) -> Result<(u64, u64, Vec<u8>), tonic::Status> {
+    use tokio_stream::StreamExt;
+    let want = req.length as usize;
+    let mut s = c.read_segment(req).await?.into_inner();
+    let mut lens = None;
+    let mut data = Vec::with_capacity(want);
+    while let Some(chunk) = s.next().await {
+        let chunk = chunk?;
+        if lens.is_none() {
+            lens = Some((chunk.stream_len, chunk.manifest_len));
+        }
+        if data.len() + chunk.data.len() > want {
+            return Err(tonic::Status::data_loss("more bytes than asked for"));
+        }
+        data.extend_from_slice(&chunk.data);
+    }
+    if data.len() != want {
+        return Err(tonic::Status::data_loss(format!(
+            "{} bytes of the {want} asked for",
+            data.len()
+        )));
+    }
+    let (stream_len, manifest_len) = lens.unwrap_or_default();
+    Ok((stream_len, manifest_len, data))
 }

@@ -26,7 +26,7 @@ use crate::node::LaunchEnv;
 use crate::os::modes::{ensure_dir, write_private, PRIVATE_DIR, PRIVATE_FILE};
 use crate::os::owner::Identity;
 use crate::os::procfs;
-use crate::shim::{self, Exit, ShimMode, ShimSpec, Started};
+use crate::shim::{self, ShimMode, ShimSpec, Started};
 
 /// How long a newly started shim may take to report the job's root running. Exec of a
 /// launcher is milliseconds; 30 s covers a loaded node.
@@ -664,19 +664,6 @@ pub struct PartView {
     pub processes: Vec<(procfs::ProcStat, Option<i32>)>,
     /// How its checkpoints are taken here, in words.
     pub snapshot_mode: String,
-}
-
-/// Human text for an exit status.
-pub fn exit_text(e: &Exit) -> String {
-    let how = match (e.code, e.signal) {
-        (Some(c), _) => format!("exited with code {c}"),
-        (None, Some(s)) => format!("killed by signal {s}"),
-        _ => "ended".into(),
-    };
-    match e.ended {
-        0 => how,
-        n => format!("{how}; {n} process(es) it left running were ended with it"),
-    }
 }
 
 #[cfg(test)]

@@ -190,7 +190,7 @@ pub(crate) fn in_namespace_of(pid: i32, what: &str, work: impl Fn() -> bool) -> 
             libc::_exit(if work() { 0 } else { 1 });
         }
     }
-    match super::wait_pid(child) {
+    match super::reap::wait_pid(child) {
         super::Exit {
             code: Some(0),
             signal: None,

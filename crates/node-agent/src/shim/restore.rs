@@ -11,7 +11,8 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use super::{decode, join_cgroup, wait_pid, Exit, RESTORE_NETNS_FD};
+use super::reap::{decode, wait_pid};
+use super::{join_cgroup, Exit, RESTORE_NETNS_FD};
 
 /// Restores with `argv` (the engine's restore command), the part's network namespace at
 /// `netns` and the restore gate's FIFO `gate`; the restored root's PID. `pid_file` is where
