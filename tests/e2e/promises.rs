@@ -382,3 +382,105 @@ fn a_mount_the_node_makes_after_a_part_started_is_not_dumped_with_it() {
     }
     d.ctl(&["cancel", &job.to_string()]).ok();
 }
+
+/// A program that watches the mount its files are on (fanotify, as an auditing or caching tool
+/// does) and checks each of its writes is reported, with a named socket beside them: its
+/// restore is guarded against links in that directory (sticky `/tmp` is a user's). The guard
+/// used to bind the directory onto itself for good, so after a restart the writes went through
+/// a mount the program's mark did not cover ("MISSED"), and the agent's staging and state
+/// directories showed as mounts in the job's view. The restored program sees the node's mounts
+/// again, and none of the agent's.
+#[test]
+fn a_mark_on_a_mount_still_covers_the_files_of_a_restored_job() {
+    skip_unless_ready!("python3");
+    let d = Ckptd::start(Options::default());
+    let files = tempfile::Builder::new()
+        .prefix("ckpt-fanotify-")
+        .tempdir()
+        .unwrap();
+    let dir = files.path().display().to_string();
+    let job = d.run_job(
+        "fanotify",
+        &["python3".into(), "-c".into(), FANOTIFY.into(), dir.clone()],
+    );
+    d.wait_progress(job, 2, LIMIT);
+    assert!(!d.output(job).contains("MISSED"), "{}", d.output(job));
+    let out = d.ctl(&["checkpoint", &job.to_string(), "--wait"]);
+    assert!(out.ok().contains("epoch 1 committed"), "{out:?}");
+    d.kill_job(job);
+    d.wait_state(job, "killed", LIMIT);
+    let _ = std::fs::remove_file(files.path().join("sock"));
+    let before = d.output(job).matches("iter ").count();
+    let out = d.ctl(&["restart", &job.to_string()]);
+    assert_eq!(out.code, 0, "{out:?}");
+    d.wait_progress(job, before + 3, LIMIT);
+    let output = d.output(job);
+    let after: Vec<&str> = output
+        .lines()
+        .filter(|l| l.starts_with("iter "))
+        .skip(before)
+        .collect();
+    assert!(
+        !after.is_empty() && after.iter().all(|l| l.ends_with(" seen")),
+        "every write after the restart is reported: {after:?}"
+    );
+    let pid = d.job_pids(job)[0];
+    let view = |p: &str| -> Vec<String> {
+        std::fs::read_to_string(format!("/proc/{p}/mountinfo"))
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4).map(String::from))
+            .collect()
+    };
+    let (theirs, ours) = (view(&pid.to_string()), view("self"));
+    let agent = d.dir.path().display().to_string();
+    let extra: Vec<&String> = theirs
+        .iter()
+        .filter(|m| !ours.contains(m))
+        .filter(|m| dir.starts_with(m.as_str()) || m.starts_with(&agent))
+        .collect();
+    assert!(
+        extra.is_empty(),
+        "mounts in the restored job's view the node does not have, on the way to its files or of the agent's: {extra:?}"
+    );
+    d.ctl(&["cancel", &job.to_string()]).ok();
+}
+
+/// The watcher of [`a_mark_on_a_mount_still_covers_the_files_of_a_restored_job`]: marks the
+/// mount of directory `argv[1]`, then every 0.2 s writes a file there and prints `iter N seen`
+/// once the mark reports its close, `iter N MISSED` after 2 s without.
+const FANOTIFY: &str = r#"
+import ctypes, os, select, socket, struct, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.fanotify_mark.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p]
+d = sys.argv[1]
+s = socket.socket(socket.AF_UNIX)
+s.bind(os.path.join(d, "sock"))
+fan = libc.fanotify_init(0x1 | 0x2, os.O_RDONLY)
+if fan < 0 or libc.fanotify_mark(fan, 0x1 | 0x10, 0x8, -100, d.encode()) != 0:
+    sys.exit("fanotify: " + os.strerror(ctypes.get_errno()))
+probe = os.path.join(d, "probe")
+for i in range(600):
+    with open(probe, "w") as f:
+        f.write("x")
+    seen, end = False, time.time() + 2
+    while not seen and time.time() < end:
+        if not select.select([fan], [], [], 0.5)[0]:
+            continue
+        try:
+            buf = os.read(fan, 65536)
+        except BlockingIOError:
+            continue
+        off = 0
+        while off + 24 <= len(buf):
+            size, _, _, _, mask, fd, pid = struct.unpack_from("IBBHQii", buf, off)
+            if fd >= 0:
+                try:
+                    seen = seen or os.readlink("/proc/self/fd/%d" % fd) == probe
+                except OSError:
+                    pass
+                os.close(fd)
+            off += size
+    print("iter %d %s" % (i, "seen" if seen else "MISSED"), flush=True)
+    time.sleep(0.2)
+"#;

@@ -23,8 +23,10 @@ use prost::Message;
 /// `criu_req_type`.
 const RESTORE: i32 = 2;
 const NOTIFY: i32 = 6;
+/// The stage before CRIU restores anything (its own programs and libraries loaded).
+pub const PRE_RESTORE: &str = "pre-restore";
 /// The stage at which the restored processes have their memory and none has run.
-const POST_RESTORE: &str = "post-restore";
+pub const POST_RESTORE: &str = "post-restore";
 
 #[derive(Clone, PartialEq, Message)]
 struct CriuOpts {
@@ -201,7 +203,7 @@ impl Session {
         &self,
         plan: &Plan,
         config_file: &str,
-        mut gate: Option<impl FnMut() -> Result<(), String>>,
+        mut stage: impl FnMut(&str) -> Result<(), String>,
         mut ended: impl FnMut() -> Option<String>,
         limit: Duration,
     ) -> Result<i32, String> {
@@ -225,10 +227,7 @@ impl Session {
             match resp.kind {
                 NOTIFY => {
                     let script = resp.notify.and_then(|n| n.script).unwrap_or_default();
-                    let verdict = match gate.as_mut() {
-                        Some(g) if script == POST_RESTORE => g(),
-                        _ => Ok(()),
-                    };
+                    let verdict = stage(&script);
                     self.send(&CriuReq {
                         kind: NOTIFY,
                         opts: None,
@@ -454,7 +453,7 @@ mod tests {
                 Some("/run/1/criu-restore.conf")
             );
             let mut answers = Vec::new();
-            for script in ["pre-restore", POST_RESTORE] {
+            for script in [PRE_RESTORE, POST_RESTORE] {
                 put(&fd, &notice(script));
                 answers.push(take(&fd).notify_success);
             }
@@ -481,13 +480,21 @@ mod tests {
         let t = Duration::from_secs(10);
         let (session, theirs) = Session::pair().unwrap();
         let criu = service(theirs);
-        let pass = Some(|| Ok(()));
+        let mut stages = Vec::new();
+        let pass = |s: &str| {
+            stages.push(s.to_string());
+            Ok(())
+        };
         assert_eq!(session.restore(&plan, conf, pass, never, t), Ok(4242));
         assert_eq!(criu.join().unwrap(), [Some(true), Some(true)]);
+        assert_eq!(stages, [PRE_RESTORE, POST_RESTORE], "each stage is asked");
 
         let (session, theirs) = Session::pair().unwrap();
         let criu = service(theirs);
-        let refuse = Some(|| Err("page data refused".to_string()));
+        let refuse = |s: &str| match s {
+            POST_RESTORE => Err("page data refused".to_string()),
+            _ => Ok(()),
+        };
         let err = session.restore(&plan, conf, refuse, never, t).unwrap_err();
         assert_eq!(err, "page data refused", "the gate's reason, not CRIU's");
         assert_eq!(criu.join().unwrap(), [Some(true), Some(false)]);
@@ -503,9 +510,14 @@ mod tests {
             asked += 1;
             (asked >= 2).then(|| "killed by signal 9".to_string())
         };
-        let none: Option<fn() -> Result<(), String>> = None;
         let err = session
-            .restore(&plan, "/c", none, ended, Duration::from_secs(10))
+            .restore(
+                &plan,
+                "/c",
+                |_: &str| Ok(()),
+                ended,
+                Duration::from_secs(10),
+            )
             .unwrap_err();
         assert!(
             err.contains("criu ended before it answered (killed by signal 9)"),

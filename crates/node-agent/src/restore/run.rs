@@ -438,8 +438,10 @@ impl<'a> RestoreRun<'a> {
     ) -> Engined {
         let node = self.node;
         let (job_id, hold) = (self.job_id, self.hold);
+        // Without a link on the way: the engine follows none on a guarded mount.
+        let node_dir = fs::canonicalize(&found.node_dir).unwrap_or_else(|_| found.node_dir.clone());
         let argv = node.node.engine.restore_argv(&RestoreSpec {
-            images_dir: &found.node_dir.join(ckpt_store::chain::IMAGES_DIR),
+            images_dir: &node_dir.join(ckpt_store::chain::IMAGES_DIR),
             log_file: &ready.log,
             pid_file: &ready.pid_file,
             netns_fd: ready
@@ -454,12 +456,10 @@ impl<'a> RestoreRun<'a> {
         });
         // A sandbox's mounts are made again by the engine from the guarded ones it sees.
         let guard = guards(&found.manifest.notes);
-        // Root's own trees (the trust check at start holds them root's alone), where the
-        // engine follows its own links (a pre-copy chain's `parent`), even below a guard.
-        let exempt: Vec<PathBuf> = [node.node.staging.root(), node.node.state_dir.as_path()]
-            .iter()
-            .filter_map(|p| fs::canonicalize(p).ok())
-            .collect();
+        // The epoch's images, in root's own staging (the trust check at start holds it root's
+        // alone), where the engine follows its own links (a pre-copy chain's `parent`), even
+        // below a guard. Nothing the job holds is there: the bind is gone once it is restored.
+        let exempt = vec![node_dir.clone()];
         let guarded = !guard.is_empty();
         let prepare_ms = ready.begin.elapsed().as_millis() as u64;
         let behind_gate = gate.is_some();

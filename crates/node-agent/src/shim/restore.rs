@@ -16,7 +16,8 @@ use super::{join_cgroup, Exit, RESTORE_NETNS_FD};
 
 /// Restores with `argv` (the engine's restore command), the part's network namespace at
 /// `netns` and the restore gate's FIFO `gate`; the restored root's PID. `pid_file` is where
-/// the command line restore writes it.
+/// the command line restore writes it. `guard` is guarded against links while the engine
+/// restores, with `exempt` below it following them ([`super::guard`]).
 pub(super) fn start(
     engine: &Engine<'_>,
     run_dir: &Path,
@@ -26,24 +27,17 @@ pub(super) fn start(
     gate: Option<&Path>,
     (guard, exempt): (&[std::path::PathBuf], &[std::path::PathBuf]),
 ) -> Result<i32, String> {
-    super::guard::guard(guard, exempt)?;
-    let pid = run(engine, run_dir, argv, pid_file, netns, gate)?;
-    if let Err(e) = super::guard::lift(guard, pid) {
-        kill_cgroup(engine.cgroup_procs);
-        return Err(e);
-    }
-    Ok(pid)
-}
-
-/// [`start`] once the guard is in place.
-fn run(
-    engine: &Engine<'_>,
-    run_dir: &Path,
-    argv: &[String],
-    pid_file: &Path,
-    netns: Option<&Path>,
-    gate: Option<&Path>,
-) -> Result<i32, String> {
+    // Through CRIU's RPC service where the options allow: the gate is then an answer
+    // on a socket, not a script CRIU starts at each stage, and the guard goes on at the first.
+    let plan = crate::engine::criu_rpc::Plan::from_argv(argv, gate.is_some())
+        .filter(|_| run_dir.to_str().is_some());
+    // A sandboxed part lives in the mount namespace the engine makes for it, never in this
+    // one: the binds of the command line's guard do not show there, and its tmpfs is filled by
+    // a program the engine starts once the restore is under way (`tar`).
+    let guard = match (&plan, netns) {
+        (Some(_), None) => super::guard::prepare(guard, exempt)?,
+        _ => super::guard::bind_guard(guard, exempt)?,
+    };
     let netns = match netns {
         Some(p) => Some(fs::File::open(p).map_err(|e| {
             format!(
@@ -54,13 +48,25 @@ fn run(
         None => None,
     };
     let netns_fd = netns.as_ref().map(|f| f.as_raw_fd());
-    // Through CRIU's RPC service where the options allow: the gate is then an answer
-    // on a socket, not a script CRIU starts at each stage.
-    let plan = crate::engine::criu_rpc::Plan::from_argv(argv, gate.is_some())
-        .filter(|_| run_dir.to_str().is_some());
-    if let Some(plan) = plan {
-        return restore_rpc(engine, &plan, netns_fd, gate, run_dir);
+    let pid = match &plan {
+        Some(plan) => restore_rpc(engine, plan, netns_fd, gate, guard.as_ref(), run_dir)?,
+        None => restore_command(engine, argv, pid_file, netns_fd, gate)?,
+    };
+    if let Some(Err(e)) = guard.map(|g| g.lift(pid)) {
+        kill_cgroup(engine.cgroup_procs);
+        return Err(e);
     }
+    Ok(pid)
+}
+
+/// The command line restore: `argv` run with the gate as its action script.
+fn restore_command(
+    engine: &Engine<'_>,
+    argv: &[String],
+    pid_file: &Path,
+    netns_fd: Option<i32>,
+    gate: Option<&Path>,
+) -> Result<i32, String> {
     let gate_env = gate.map(|g| (crate::restore::gate::ENV, g.as_os_str()));
     let pass: Vec<(i32, i32)> = netns_fd
         .map(|fd| (fd, RESTORE_NETNS_FD))
@@ -165,9 +171,10 @@ fn restore_rpc(
     plan: &crate::engine::criu_rpc::Plan,
     netns_fd: Option<i32>,
     gate: Option<&Path>,
+    guard: Option<&super::guard::Guard>,
     run_dir: &Path,
 ) -> Result<i32, String> {
-    use crate::engine::criu_rpc::Session;
+    use crate::engine::criu_rpc::{Session, POST_RESTORE, PRE_RESTORE};
     let config = run_dir.join("criu-restore.conf");
     write_private_file(&config, plan.config.as_bytes())
         .map_err(|e| format!("{}: {e}", config.display()))?;
@@ -188,7 +195,16 @@ fn restore_rpc(
     let restored = session.restore(
         plan,
         config.to_str().expect("checked by the caller"),
-        gate.map(|fifo| move || crate::restore::gate::wait_verdict(fifo)),
+        |stage| match (stage, guard) {
+            // Nothing of the job is made before this stage; CRIU runs no program after it.
+            (PRE_RESTORE, Some(g)) => g.arm(),
+            (POST_RESTORE, Some(g)) if !g.armed() => Err(
+                "the restore's guard against links was never put in place (CRIU sent no stage for it)"
+                    .to_string(),
+            ),
+            (POST_RESTORE, _) => gate.map_or(Ok(()), crate::restore::gate::wait_verdict),
+            _ => Ok(()),
+        },
         || {
             let mut raw = 0;
             // SAFETY: waitpid without blocking on our own child, into a local int.
