@@ -28,7 +28,9 @@
 //! ([`make_mount_points`]) and the clone carries the flag.
 use std::ffi::CString;
 use std::io;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
+
+use crate::os::sandbox::mounts::unescape;
 use std::path::{Path, PathBuf};
 
 /// `MOUNT_ATTR_NOSYMFOLLOW` (include/uapi/linux/mount.h).
@@ -132,29 +134,6 @@ fn mount_table() -> Vec<(u64, PathBuf)> {
             Some((id, PathBuf::from(unescape(f.nth(3)?))))
         })
         .collect()
-}
-
-/// A mountinfo field with its octal escapes (`\040` for a space) undone.
-fn unescape(field: &str) -> std::ffi::OsString {
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let oct = b
-            .get(i + 1..i + 4)
-            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
-        match (b[i], oct) {
-            (b'\\', Some(d)) => {
-                out.push(d.iter().fold(0u8, |v, c| v.wrapping_mul(8) + (c - b'0')));
-                i += 4;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    std::ffi::OsString::from_vec(out)
 }
 
 /// The ID of the mount `path` is on.
@@ -273,6 +252,17 @@ impl Guard {
                 .map_err(|e| format!("cannot guard the mount at {p:?} against links: {e}"))?;
         }
         self.armed.set(true);
+        Ok(())
+    }
+
+    /// Lets the guarded mounts follow links again, in this namespace, once the engine made
+    /// every file of the job (its "post-restore" stage) and before it lets the processes run:
+    /// a process that ran under the flag could not load a library through a link
+    /// (`libibverbs.so.1`). The binds of [`bind_guard`] are lifted by [`Guard::lift`] only.
+    pub(super) fn disarm(&self) -> Result<(), String> {
+        for p in &self.points {
+            set_nosymfollow(p, false, false).map_err(|e| format!("{p:?}: {e}"))?;
+        }
         Ok(())
     }
 
@@ -417,14 +407,6 @@ pub(crate) fn in_namespace_of(pid: i32, what: &str, work: impl Fn() -> bool) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mountinfo_escapes_are_undone_and_the_rest_kept() {
-        assert_eq!(unescape("/mnt/a\\040b\\134c"), "/mnt/a b\\c");
-        assert_eq!(unescape("/plain"), "/plain");
-        // Not an escape: kept as it is.
-        assert_eq!(unescape("/x\\09y\\"), "/x\\09y\\");
-    }
 
     #[test]
     fn the_mount_table_names_the_root_and_finds_this_processs_mounts() {

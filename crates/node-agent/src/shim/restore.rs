@@ -202,7 +202,10 @@ fn restore_rpc(
                 "the restore's guard against links was never put in place (CRIU sent no stage for it)"
                     .to_string(),
             ),
-            (POST_RESTORE, _) => gate.map_or(Ok(()), crate::restore::gate::wait_verdict),
+            // Every file of the job is made; its processes run once CRIU goes on.
+            (POST_RESTORE, g) => gate
+                .map_or(Ok(()), crate::restore::gate::wait_verdict)
+                .and_then(|()| g.map_or(Ok(()), |g| g.disarm())),
             _ => Ok(()),
         },
         || {

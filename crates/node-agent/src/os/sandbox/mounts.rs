@@ -25,9 +25,11 @@ pub(crate) fn to_make_private(mountinfo: &str, follow: &[PathBuf]) -> Vec<PathBu
     out
 }
 
-/// A mount point as the kernel writes it in mountinfo: space, tab, newline and backslash as
-/// octal escapes (`\040`, `\011`, `\012`, `\134`).
-fn unescape(field: &str) -> String {
+/// A mount point as the kernel writes it in mountinfo, its octal escapes undone: space, tab,
+/// newline and backslash (`\040`, `\011`, `\012`, `\134`); a backslash not followed by three
+/// octal digits is kept. The bytes are the path's, UTF-8 or not.
+pub(crate) fn unescape(field: &str) -> std::ffi::OsString {
+    use std::os::unix::ffi::OsStringExt;
     let b = field.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -37,7 +39,7 @@ fn unescape(field: &str) -> String {
             .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
         match (b[i], octal) {
             (b'\\', Some(d)) => {
-                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                out.push(d.iter().fold(0u8, |v, c| v.wrapping_mul(8) + (c - b'0')));
                 i += 4;
             }
             (c, _) => {
@@ -46,7 +48,7 @@ fn unescape(field: &str) -> String {
             }
         }
     }
-    String::from_utf8_lossy(&out).into_owned()
+    std::ffi::OsString::from_vec(out)
 }
 
 /// Whether every path a site names to follow is absolute (they are compared with mount points).
@@ -63,6 +65,14 @@ pub(crate) fn check_follow(follow: &[PathBuf]) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mountinfo_escapes_are_undone_and_the_rest_kept() {
+        assert_eq!(unescape("/mnt/a\\040b\\134c"), "/mnt/a b\\c");
+        assert_eq!(unescape("/plain"), "/plain");
+        // Not an escape: kept as it is.
+        assert_eq!(unescape("/x\\09y\\"), "/x\\09y\\");
+    }
 
     const INFO: &str = "\
 22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda rw
