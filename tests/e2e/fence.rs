@@ -1,4 +1,5 @@
-//! The fence matrix: a fence kills only what may move. An MPICH job across three test hosts
+//! The fence matrix: a fence kills only what may move. An MPICH job (and with `CKPT_FULL=1` an
+//! Open MPI one too, the flavour of the first report) across three test hosts
 //! (n4 a spare, `node_timeout` 2 s, so a lease of 1 s), with and without a restart policy,
 //! meets an outage of ckptd or of a node's link:
 //!
@@ -37,7 +38,7 @@ enum Outage {
 
 /// Four test hosts, the job on n1..n3, launched from n1; with `policy`, `[recovery]
 /// on_failure = "restart:2"`.
-fn cluster_and_job(policy: bool) -> Option<(Cluster, Ckptd, u64)> {
+fn cluster_and_job(policy: bool, mpi: Mpi) -> Option<(Cluster, Ckptd, u64)> {
     let recovery = if policy {
         "[recovery]\non_failure = \"restart:2\"\nbackoff = \"1s\"\n"
     } else {
@@ -50,7 +51,7 @@ fn cluster_and_job(policy: bool) -> Option<(Cluster, Ckptd, u64)> {
         None,
         &format!("node_timeout = \"2s\"\n{recovery}[spares]\nnodes = [\"n4\"]\n"),
     )?;
-    let job = heat_on_first(&d, &cluster, 3, Mpi::Mpich, (RANKS, N, ITERS, SLEEP_US));
+    let job = heat_on_first(&d, &cluster, 3, mpi, (RANKS, N, ITERS, SLEEP_US));
     Some((cluster, d, job))
 }
 
@@ -110,9 +111,9 @@ impl Drop for Hogs {
 }
 
 /// One cell; returns its row of the table.
-fn cell(outage: Outage, policy: bool) -> String {
-    let want = Mpi::Mpich.reference_checksum(RANKS, N, ITERS);
-    let Some((cluster, d, job)) = cluster_and_job(policy) else {
+fn cell(outage: Outage, policy: bool, mpi: Mpi) -> String {
+    let want = mpi.reference_checksum(RANKS, N, ITERS);
+    let Some((cluster, d, job)) = cluster_and_job(policy, mpi) else {
         return "skipped".into();
     };
     let id = job.to_string();
@@ -248,7 +249,7 @@ fn cell(outage: Outage, policy: bool) -> String {
         assert!(fences.is_empty(), "fenced but not restarted: {fences:?}");
         "not fenced, no restart, right answer".into()
     };
-    eprintln!("fence cell {outage:?} / policy {policy}: {row}");
+    eprintln!("fence cell {mpi:?} {outage:?} / policy {policy}: {row}");
     row
 }
 
@@ -256,20 +257,30 @@ fn cell(outage: Outage, policy: bool) -> String {
 #[test]
 fn a_fence_kills_only_what_may_move() {
     skip_unless_ready!("mpiexec.mpich", "mpicc.mpich", "nsenter", "nft");
+    let mut flavours = vec![Mpi::Mpich];
+    if ckpt_tests::full() && ckpt_tests::skip_reason(&["mpirun.openmpi", "mpicc.openmpi"]).is_none()
+    {
+        flavours.push(Mpi::OpenMpi);
+    }
     let mut rows = Vec::new();
-    for outage in [Outage::Stopped, Outage::Slowed, Outage::LinkCut] {
-        for policy in [false, true] {
+    for (mpi, outage, policy) in flavours.iter().flat_map(|m| {
+        [Outage::Stopped, Outage::Slowed, Outage::LinkCut]
+            .into_iter()
+            .flat_map(move |o| [false, true].map(|p| (*m, o, p)))
+    }) {
+        {
             let begin = Instant::now();
-            let what = outcome(std::panic::catch_unwind(|| cell(outage, policy)));
+            let what = outcome(std::panic::catch_unwind(|| cell(outage, policy, mpi)));
             rows.push(format!(
-                "{:<8} {:<10} {:>4.0} s  {what}",
+                "{:<8} {:<8} {:<10} {:>4.0} s  {what}",
+                format!("{mpi:?}"),
                 format!("{outage:?}"),
                 if policy { "restart:2" } else { "none" },
                 begin.elapsed().as_secs_f64()
             ));
         }
     }
-    eprintln!("fence matrix (outage, policy, time, outcome):");
+    eprintln!("fence matrix (MPI, outage, policy, time, outcome):");
     for r in &rows {
         eprintln!("  {r}");
     }
