@@ -86,6 +86,9 @@ impl EngineStop {
     ) -> std::io::Result<ExitStatus> {
         let mut seen: Option<(u64, Instant)> = None;
         let mut killed = false;
+        // The engine's end is seen at once (its pidfd turns readable), not at the next tick: the
+        // job is frozen until then.
+        let exited = pidfd(child.id());
         loop {
             if let Some(status) = child.try_wait()? {
                 return Ok(status);
@@ -102,7 +105,7 @@ impl EngineStop {
                     _ => seen = Some((now, Instant::now())),
                 }
             }
-            std::thread::sleep(Duration::from_millis(50));
+            wait_readable(exited.as_ref(), Duration::from_millis(50));
         }
     }
 
@@ -130,6 +133,33 @@ fn kill_group(group: i32) {
         unsafe {
             libc::kill(-group, libc::SIGKILL);
         }
+    }
+}
+
+/// A pidfd of process `pid` (None where the kernel has none).
+fn pidfd(pid: u32) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open returns a new descriptor this function owns, or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) } as i32;
+    // SAFETY: `fd` is a descriptor just opened, owned by nothing else.
+    (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// Waits up to `limit` for `fd` to turn readable (a pidfd: its process ended); sleeps `limit`
+/// without one.
+fn wait_readable(fd: Option<&std::os::fd::OwnedFd>, limit: Duration) {
+    use std::os::fd::AsRawFd;
+    match fd {
+        Some(fd) => {
+            let mut p = libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: poll on one pollfd on this stack.
+            unsafe { libc::poll(&mut p, 1, limit.as_millis() as libc::c_int) };
+        }
+        None => std::thread::sleep(limit),
     }
 }
 
