@@ -484,3 +484,169 @@ for i in range(600):
     print("iter %d %s" % (i, "seen" if seen else "MISSED"), flush=True)
     time.sleep(0.2)
 "#;
+
+/// A server's connections to a client outside the job, in each state a connection may be in
+/// when the job is stopped by `checkpoint --kill` and restarted (as the engine's own tests of
+/// those states do by hand), over IPv4 and IPv6: the client's half closed (the server in
+/// CLOSE_WAIT), the server's half closed (FIN_WAIT2), both open. The engine's lock was gone at
+/// the end of the dump, so the kill's FIN reached the client: after the restart it read an end
+/// of file where the answer should be ("received b''"), and its words to the server were lost.
+/// The connections now stay locked from the kill to the end of the restart: the client gets
+/// its answer, the server goes on, and nothing of the lock is left.
+#[test]
+fn connections_to_a_client_outside_the_job_survive_a_checkpoint_kill_and_restart() {
+    skip_unless_ready!("python3");
+    let d = Ckptd::start(Options::default());
+    let mut failed = Vec::new();
+    for host in ["127.0.0.1", "::1"] {
+        if std::net::TcpListener::bind((host, 0)).is_err() {
+            eprintln!("SKIPPED {host}: no such address here");
+            continue;
+        }
+        for (mode, answer) in [
+            ("close-wait", "answer after the restart"),
+            ("fin-wait-2", "heard late words"),
+            ("established", "answer after the restart"),
+        ] {
+            let got = client_across_a_restart(&d, host, mode);
+            let ok = got.contains(&format!("received b'{answer}'"));
+            eprintln!("{host:>9} {mode:<11} {}", if ok { "ok" } else { &got });
+            if !ok {
+                failed.push(format!("{host} {mode}: {got}"));
+            }
+        }
+    }
+    assert!(failed.is_empty(), "the client outside the job: {failed:#?}");
+    let tables = std::process::Command::new("nft")
+        .args(["list", "tables"])
+        .output()
+        .unwrap();
+    let tables = String::from_utf8_lossy(&tables.stdout);
+    assert!(
+        !tables.contains("ckpt_lock_") && !tables.contains("ckpt_hold_"),
+        "no lock or hold is left: {tables}"
+    );
+}
+
+/// One cell of [`connections_to_a_client_outside_the_job_survive_a_checkpoint_kill_and_restart`]:
+/// the server as a job on `host`, its client outside, the connections brought to `mode`, a
+/// `checkpoint --kill` and a restart; then the client asks. Returns what the client printed and,
+/// where the server did not go on after answering, what it printed.
+fn client_across_a_restart(d: &Ckptd, host: &str, mode: &str) -> String {
+    let port = ckpt_tests::free_port().to_string();
+    let args = [port.as_str(), mode, host];
+    let mut argv = vec!["python3".to_string(), "-c".into(), TCP_SERVER.into()];
+    argv.extend(args.iter().map(|a| a.to_string()));
+    let job = d.run_job("tcp-peer", &argv);
+    let wait_for = |text: &str| {
+        let begin = Instant::now();
+        while !d.output(job).contains(text) {
+            assert!(begin.elapsed() < LIMIT, "{}", d.output(job));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_for("listening");
+    let mut client = std::process::Command::new("python3")
+        .args(["-c", TCP_CLIENT])
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("ready");
+    d.wait_progress(job, 2, LIMIT);
+    let out = d.ctl(&["checkpoint", &job.to_string(), "--kill"]);
+    assert!(out.ok().contains("epoch 1 committed"), "{out:?}");
+    d.wait_state(job, "stopped", LIMIT);
+    // Long enough for a FIN, or the reset of a peer gone, to reach the client.
+    std::thread::sleep(Duration::from_secs(1));
+    let before = d.output(job).matches("iter ").count();
+    let out = d.ctl(&["restart", &job.to_string()]);
+    assert_eq!(out.code, 0, "{out:?}");
+    d.wait_progress(job, before + 2, LIMIT);
+    {
+        use std::io::Write;
+        let mut stdin = client.stdin.take().unwrap();
+        stdin.write_all(b"go\n").unwrap();
+    }
+    let mut got = Ctl::finish(client, LIMIT).stdout.trim().to_string();
+    let before = d.output(job).matches("iter ").count();
+    let begin = Instant::now();
+    while d.output(job).matches("iter ").count() < before + 2 && begin.elapsed() < LIMIT / 4 {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = d.output(job);
+    if !output.contains("answered") || output.matches("iter ").count() < before + 2 {
+        got += &format!(" | the server: {output}");
+    }
+    d.ctl(&["cancel", &job.to_string()]).ok();
+    got
+}
+
+/// The server of [`client_across_a_restart`]: on `argv[3]`:`argv[1]`, accepts a data and a
+/// control connection and brings the data connection to `argv[2]` (`close-wait`: waits for the
+/// client's end of file; `fin-wait-2`: closes its own side). Then prints `iter N` every 0.2 s;
+/// told `go` on the control connection it answers: on the data connection, which it then
+/// closes, or (`fin-wait-2`) on the control connection, with what the client sent on the
+/// data connection. It runs on once the client is gone.
+const TCP_SERVER: &str = r#"
+import select, socket, sys
+port, mode, host = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+srv = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind((host, port))
+srv.listen(2)
+print("listening", flush=True)
+data, _ = srv.accept()
+ctl, _ = srv.accept()
+if mode == "close-wait" and data.recv(16) != b"":
+    sys.exit("the client sent data where its end of file was awaited")
+if mode == "fin-wait-2":
+    data.shutdown(socket.SHUT_WR)
+print("ready", flush=True)
+watched = [ctl]
+for i in range(600):
+    if select.select(watched, [], [], 0.2)[0]:
+        word = ctl.recv(16)
+        if word == b"go" and mode == "fin-wait-2":
+            ctl.sendall(b"heard " + data.recv(64))
+            print("answered", flush=True)
+        elif word == b"go":
+            data.sendall(b"answer after the restart")
+            data.shutdown(socket.SHUT_WR)
+            print("answered", flush=True)
+        elif word == b"":
+            watched = []
+        else:
+            sys.exit("the control connection said %r" % word)
+    print("iter %d" % i, flush=True)
+"#;
+
+/// The client of [`client_across_a_restart`], outside the job: connects twice (closing its
+/// side of the first for `close-wait`), waits for a line on its stdin, then says `go` on the
+/// second (first sending `late words` on the first, for `fin-wait-2`) and prints what the
+/// answer's connection brings, to its end.
+const TCP_CLIENT: &str = r#"
+import socket, sys
+port, mode, host = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+data = socket.create_connection((host, port))
+ctl = socket.create_connection((host, port))
+if mode == "close-wait":
+    data.shutdown(socket.SHUT_WR)
+sys.stdin.readline()
+if mode == "fin-wait-2":
+    data.sendall(b"late words")
+ctl.sendall(b"go")
+answers = ctl if mode == "fin-wait-2" else data
+answers.settimeout(20)
+got = b""
+try:
+    while not (mode == "fin-wait-2" and got.startswith(b"heard ") and len(got) >= 16):
+        chunk = answers.recv(4096)
+        if not chunk:
+            break
+        got += chunk
+except OSError as e:
+    print("error %s after %r" % (e, got), flush=True)
+print("received %r" % got, flush=True)
+"#;

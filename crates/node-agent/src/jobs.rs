@@ -91,6 +91,10 @@ pub struct JobRecord {
     /// kills it once the node's lease runs out ([`crate::rpc::lease`]). False: never fenced.
     #[serde(default)]
     pub may_move: bool,
+    /// The part's TCP connections are locked on this node (`ckpt_lock_<node>_<job>`) since ckpt
+    /// killed it after a checkpoint: lifted when the part runs here again.
+    #[serde(default)]
+    pub tcp_locked: bool,
 }
 
 impl JobRecord {
@@ -668,6 +672,7 @@ impl Jobs {
                 coordinator_port: None,
                 slurm: None,
                 may_move: false,
+                tcp_locked: false,
             },
             dir,
             cgroup: self.node.cgroups.job(job),

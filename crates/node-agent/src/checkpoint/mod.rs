@@ -400,13 +400,19 @@ impl Jobs {
         epoch: u32,
         kill: bool,
     ) -> Result<(Duration, Duration), AgentError> {
-        let job = self
+        let mut job = self
             .enter_phase(job_id, epoch, NodePhase::Checkpointed, "resume")
             .await?;
         let begin = Instant::now();
         // The engine that suspended the job itself has let it run on already.
         let thaw = self.engine_named(job_id, &job.record.engine)?.freezes();
         let host = self.node.host.clone();
+        if kill {
+            // Frozen since the dump: its connections are as the images have them.
+            let pids = host.pids(&job.cgroup).unwrap_or_default();
+            let connections = host.tcp_connections(&pids);
+            self.lock_tcp_before_kill(&mut job, &connections).await;
+        }
         let (mut job, r) = tokio::task::spawn_blocking(move || {
             let r = if kill {
                 host.kill_all(&job.cgroup)

@@ -21,6 +21,7 @@ pub(crate) mod fake;
 pub(crate) mod test_node;
 
 use std::fs;
+use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::path::Path;
 
@@ -53,6 +54,8 @@ pub trait Host: Send + Sync + std::fmt::Debug {
     /// stopped by a tracer (t), if any: the engine cannot seize such a process in a frozen
     /// cgroup (the kernel keeps it waiting for ever).
     fn stopped(&self, pids: &[i32]) -> Option<ProcStat>;
+    /// The TCP connections `pids` hold: (local, remote) ends, listening sockets left out.
+    fn tcp_connections(&self, pids: &[i32]) -> Vec<(SocketAddr, SocketAddr)>;
     /// Starts `exe shim SPEC` in a session of its own, its stdout and stderr into `output`,
     /// passing it the write end `ready_fd` of the pipe it says it is ready on, and reaps it
     /// when it ends. Returns its PID and start time (`/proc/PID/stat`), read before it can be
@@ -115,6 +118,10 @@ impl Host for RealHost {
         pids.iter()
             .filter_map(|&p| procfs::stat(p))
             .find(|s| matches!(s.state, 'T' | 't'))
+    }
+
+    fn tcp_connections(&self, pids: &[i32]) -> Vec<(SocketAddr, SocketAddr)> {
+        procfs::tcp_endpoints(pids).connections
     }
 
     fn spawn_shim(

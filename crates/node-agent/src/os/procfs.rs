@@ -249,6 +249,18 @@ pub struct TcpEndpoints {
     pub ports: Vec<u16>,
     /// Local addresses other than loopback and the wildcard.
     pub addrs: Vec<std::net::IpAddr>,
+    /// The connections (every socket but a listening one): local and remote end. An IPv6
+    /// socket's IPv4-mapped ends are given as the IPv4 addresses its packets carry.
+    pub connections: Vec<(std::net::SocketAddr, std::net::SocketAddr)>,
+}
+
+/// `/proc/net/tcp`'s state of a listening socket.
+const TCP_LISTEN: &str = "0A";
+
+/// An `ADDR:PORT` of `/proc/net/tcp{,6}`.
+fn proc_net_endpoint(text: &str) -> Option<(std::net::IpAddr, u16)> {
+    let (addr, port) = text.rsplit_once(':')?;
+    Some((proc_net_addr(addr)?, u16::from_str_radix(port, 16).ok()?))
 }
 
 /// Decodes an address of `/proc/net/tcp{,6}`: 32-bit words in host (little-endian) order.
@@ -294,21 +306,24 @@ pub fn tcp_endpoints(pids: &[i32]) -> TcpEndpoints {
             };
             for line in text.lines().skip(1) {
                 let f: Vec<&str> = line.split_whitespace().collect();
-                let (Some(local), Some(inode)) = (f.get(1), f.get(9)) else {
+                let (Some(local), Some(remote), Some(state), Some(inode)) =
+                    (f.get(1), f.get(2), f.get(3), f.get(9))
+                else {
                     continue;
                 };
                 if !inodes.contains(*inode) {
                     continue;
                 }
-                let Some((addr, port)) = local.rsplit_once(':') else {
+                let Some((addr, port)) = proc_net_endpoint(local) else {
                     continue;
                 };
-                if let Ok(port) = u16::from_str_radix(port, 16) {
-                    out.ports.push(port);
+                out.ports.push(port);
+                if !addr.is_loopback() && !addr.is_unspecified() {
+                    out.addrs.push(addr);
                 }
-                if let Some(a) = proc_net_addr(addr) {
-                    if !a.is_loopback() && !a.is_unspecified() {
-                        out.addrs.push(a);
+                if *state != TCP_LISTEN {
+                    if let Some(peer) = proc_net_endpoint(remote) {
+                        out.connections.push(((addr, port).into(), peer.into()));
                     }
                 }
             }
@@ -318,6 +333,8 @@ pub fn tcp_endpoints(pids: &[i32]) -> TcpEndpoints {
     out.ports.dedup();
     out.addrs.sort_unstable();
     out.addrs.dedup();
+    out.connections.sort_unstable();
+    out.connections.dedup();
     out
 }
 
@@ -686,10 +703,18 @@ mod tests {
         assert!(!pid_taken(i32::MAX - 1));
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (accepted, _) = l.accept().unwrap();
+        let (here, there) = (c.local_addr().unwrap(), c.peer_addr().unwrap());
+        let tcp = tcp_endpoints(&[me]);
+        assert!(tcp.ports.contains(&port), "own listening port found");
+        // Both ends of the connection are this process's; the listener is none.
         assert!(
-            tcp_endpoints(&[me]).ports.contains(&port),
-            "own listening port found"
+            tcp.connections.contains(&(here, there)) && tcp.connections.contains(&(there, here)),
+            "{tcp:?}"
         );
+        assert!(tcp.connections.iter().all(|(_, peer)| peer.port() != 0));
+        drop((c, accepted));
         assert!(outside_tree(me, &[me]).is_empty());
         assert_eq!(uid_of(me), Some(nix::unistd::getuid().as_raw()));
         assert_eq!(uid_of(i32::MAX - 1), None);

@@ -1,22 +1,87 @@
 //! Restart, TCP hold: nftables drops a restored job's TCP traffic until every node is restored;
-//! closing sockets of the killed incarnation are cleared first.
+//! closing sockets of the killed incarnation are cleared first. And the lock a part's
+//! connections are under from the kill that ends a checkpoint to the restart that brings them
+//! back.
+
+use std::net::SocketAddr;
 
 use tracing::{debug, warn};
 
 use crate::error::AgentError;
-use crate::jobs::Jobs;
+use crate::jobs::{Jobs, NodeJob};
 use crate::os::sockdiag;
 
 impl Jobs {
-    /// Name of the nftables table that holds a job's TCP traffic during a restart.
-    fn hold_table(&self, job: u64) -> String {
+    /// Name of this node's nftables table `kind` (`hold`, `lock`) of a job.
+    fn job_table(&self, kind: &str, job: u64) -> String {
         let node: String = self
             .node
             .name
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
             .collect();
-        format!("ckpt_hold_{node}_{job}")
+        format!("ckpt_{kind}_{node}_{job}")
+    }
+
+    /// Before a checkpointed part is killed (`checkpoint --kill`, a drain, a preemption): its
+    /// TCP connections are locked, each by its two ends, as the engine locks them while it
+    /// dumps. The engine's own lock ended with the dump (the job was to run on); without this
+    /// one the kill's FIN or reset reached the peers, and a peer outside the job (a client of
+    /// a server) saw its connection end though the restart brings it back. Locked, the peer's
+    /// packets go unanswered and TCP sends them again until the part is restored and runs
+    /// ([`Jobs::unlock_killed_tcp`]). A sandbox is held whole, as for a restart (its namespace
+    /// goes with the kill). A lock that cannot be made does not stop the kill: it is logged.
+    pub(crate) async fn lock_tcp_before_kill(
+        &self,
+        job: &mut NodeJob,
+        connections: &[(SocketAddr, SocketAddr)],
+    ) {
+        let id = job.record.id;
+        let r = if job.record.sandbox.is_some() {
+            crate::os::sandbox::hold(&self.netns(id)).await
+        } else if connections.is_empty() {
+            return;
+        } else {
+            let script = lock_script(&self.job_table("lock", id), connections);
+            crate::os::sandbox::run("nft", &["-f", "-"], Some(&script)).await
+        };
+        if let Err(e) = r {
+            warn!(job = id, error = %e, "cannot lock the part's TCP connections before its kill: peers outside the job see them end");
+            return;
+        }
+        debug!(
+            job = id,
+            connections = connections.len(),
+            "the part's TCP connections are locked for its kill"
+        );
+        if job.record.sandbox.is_none() {
+            job.record.tcp_locked = true;
+            if let Err(e) = job.save() {
+                warn!(job = id, error = %e, "cannot record the lock on the part's TCP connections");
+            }
+        }
+    }
+
+    /// Lifts the lock of [`Jobs::lock_tcp_before_kill`], if there is one: the restored part
+    /// is about to run.
+    pub(super) async fn unlock_killed_tcp(&self, job: &mut NodeJob) {
+        if !job.record.tcp_locked {
+            return;
+        }
+        let id = job.record.id;
+        let table = self.job_table("lock", id);
+        match crate::os::sandbox::run("nft", &["delete", "table", "inet", &table], None).await {
+            Ok(()) => debug!(
+                job = id,
+                "the TCP connections locked since the part's kill are open again"
+            ),
+            // Gone already (deleted by hand, the node rebooted): nothing holds them.
+            Err(e) => debug!(job = id, error = %e, "no lock on the part's TCP connections to lift"),
+        }
+        job.record.tcp_locked = false;
+        if let Err(e) = job.save() {
+            warn!(job = id, error = %e, "cannot record that the part's TCP connections are open");
+        }
     }
 
     /// Drops TCP traffic on the job's ports in this node's network namespace, so that restored
@@ -50,7 +115,7 @@ impl Jobs {
             .map(u16::to_string)
             .collect::<Vec<_>>()
             .join(", ");
-        let table = self.hold_table(job);
+        let table = self.job_table("hold", job);
         // One transaction: a hold left by an earlier attempt is replaced (the table is added
         // first so that deleting it cannot fail).
         let script = format!(
@@ -75,9 +140,42 @@ impl Jobs {
             crate::os::sandbox::release(&netns).await;
             return;
         }
-        let table = self.hold_table(job);
+        let table = self.job_table("hold", job);
         let _ = crate::os::sandbox::run("nft", &["delete", "table", "inet", &table], None).await;
     }
+}
+
+/// The nftables script of a lock on `connections` (local, remote): packets of each, either way,
+/// are dropped. A lock left by an earlier kill is replaced.
+fn lock_script(table: &str, connections: &[(SocketAddr, SocketAddr)]) -> String {
+    let mut sets = String::new();
+    let (mut output, mut input) = (String::new(), String::new());
+    for (set, ty, ip, v4) in [
+        ("conns4", "ipv4_addr", "ip", true),
+        ("conns6", "ipv6_addr", "ip6", false),
+    ] {
+        let elements: Vec<String> = connections
+            .iter()
+            .filter(|(l, r)| l.is_ipv4() == v4 && r.is_ipv4() == v4)
+            .map(|(l, r)| format!("{} . {} . {} . {}", l.ip(), l.port(), r.ip(), r.port()))
+            .collect();
+        if elements.is_empty() {
+            continue;
+        }
+        sets += &format!(
+            "set {set} {{ type {ty} . inet_service . {ty} . inet_service; elements = {{ {} }}; }}\n",
+            elements.join(", ")
+        );
+        output += &format!(" {ip} saddr . tcp sport . {ip} daddr . tcp dport @{set} drop;");
+        input += &format!(" {ip} daddr . tcp dport . {ip} saddr . tcp sport @{set} drop;");
+    }
+    format!(
+        "add table inet {table}\ndelete table inet {table}\n\
+         table inet {table} {{\n{sets}\
+         chain output {{ type filter hook output priority -10; policy accept;{output} }}\n\
+         chain input {{ type filter hook input priority -10; policy accept;{input} }}\n\
+         }}\n"
+    )
 }
 
 /// Whether an address is configured on this node (in the agent's network namespace).
@@ -153,6 +251,72 @@ fn destroy_stale(ports: &[u16]) -> std::io::Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lock_drops_each_connection_by_its_two_ends_either_way() {
+        let c = |l: &str, r: &str| (l.parse().unwrap(), r.parse().unwrap());
+        let script = lock_script(
+            "ckpt_lock_n1_7",
+            &[
+                c("127.0.0.1:8880", "127.0.0.1:40000"),
+                c("[fd00::1]:8880", "[fd00::2]:40001"),
+            ],
+        );
+        assert!(
+            script.starts_with("add table inet ckpt_lock_n1_7\ndelete table inet ckpt_lock_n1_7\n")
+        );
+        assert!(script.contains("elements = { 127.0.0.1 . 8880 . 127.0.0.1 . 40000 }"));
+        assert!(script.contains("elements = { fd00::1 . 8880 . fd00::2 . 40001 }"));
+        assert!(script.contains("ip saddr . tcp sport . ip daddr . tcp dport @conns4 drop;"));
+        assert!(script.contains("ip6 daddr . tcp dport . ip6 saddr . tcp sport @conns6 drop;"));
+        // Only the families it has.
+        let v4 = lock_script("t", &[c("10.0.0.1:1", "10.0.0.2:2")]);
+        assert!(!v4.contains("conns6"), "{v4}");
+    }
+
+    /// Real nftables: the script loads, and loads again over itself.
+    #[test]
+    fn a_lock_script_is_taken_by_nft() {
+        if !nix::unistd::geteuid().is_root()
+            || std::process::Command::new("nft")
+                .arg("--version")
+                .output()
+                .is_err()
+        {
+            eprintln!("SKIPPED: needs root and nftables");
+            return;
+        }
+        let table = format!("ckpt_lock_unit_{}", std::process::id());
+        let c: (SocketAddr, SocketAddr) = (
+            "127.0.0.1:1".parse().unwrap(),
+            "127.0.0.1:2".parse().unwrap(),
+        );
+        let load = || {
+            let mut child = std::process::Command::new("nft")
+                .args(["-f", "-"])
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(lock_script(&table, &[c]).as_bytes())
+                .unwrap();
+            child.wait().unwrap().success()
+        };
+        assert!(load() && load(), "nft takes the lock, and again over it");
+        let listed = std::process::Command::new("nft")
+            .args(["list", "table", "inet", &table])
+            .output()
+            .unwrap();
+        let _ = std::process::Command::new("nft")
+            .args(["delete", "table", "inet", &table])
+            .status();
+        let text = String::from_utf8_lossy(&listed.stdout);
+        assert!(text.contains("127.0.0.1 . 1 . 127.0.0.1 . 2"), "{text}");
+    }
 
     #[test]
     fn addresses_not_on_this_node_are_told_apart() {

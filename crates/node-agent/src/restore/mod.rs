@@ -142,12 +142,13 @@ impl Jobs {
             self.failpoint(job_id, "release").await?;
         }
         let j = self.get(job_id)?;
-        let job = j.lock_owned().await;
+        let mut job = j.lock_owned().await;
         let sandboxed = job.record.sandbox.is_some();
         // Running processes get their network back before they thaw; killed ones after they
         // are gone, so that nothing of theirs leaks out.
         if !kill {
             self.release_tcp(job_id, sandboxed).await;
+            self.unlock_killed_tcp(&mut job).await;
         }
         let host = self.node.host.clone();
         let (_job, r) = tokio::task::spawn_blocking(move || {

@@ -138,6 +138,9 @@ impl Jobs {
         };
         // Held frozen until the release where the coordinator asked.
         check_restored(self.node.host.as_ref(), &job, &owner, v.hold)?;
+        if !v.hold {
+            self.unlock_killed_tcp(&mut job).await;
+        }
         info!(
             pid,
             engine = engine.name(),

@@ -595,8 +595,17 @@ impl<'a> RestoreRun<'a> {
             }
             Ok(pid) => {
                 // Checked frozen, as a held part is, so that no restored process can act
-                // while it is checked; then it runs.
-                check_restored(host, job, &ready.owner, false)?;
+                // while it is checked; then its connections are let through, and it runs.
+                check_restored(host, job, &ready.owner, true)?;
+                node.unlock_killed_tcp(&mut self.job).await;
+                let (job, host) = (&self.job, node.node.host.as_ref());
+                if let Err(source) = host.thaw(&job.cgroup) {
+                    let _ = host.kill_all(&job.cgroup);
+                    return Err(AgentError::Cgroup {
+                        job: job_id,
+                        source,
+                    });
+                }
                 Ok(pid)
             }
             Err(e) => {

@@ -375,6 +375,10 @@ impl Host for FakeHost {
         self.with(|s| s.rss)
     }
 
+    fn tcp_connections(&self, _pids: &[i32]) -> Vec<(std::net::SocketAddr, std::net::SocketAddr)> {
+        Vec::new()
+    }
+
     fn spawn_shim(
         &self,
         _exe: &Path,
