@@ -16,6 +16,7 @@ mod rdma;
 mod run;
 mod show;
 mod slurm;
+mod stop;
 mod when;
 
 use ckpt_proto::v1 as pb;

@@ -191,8 +191,8 @@ pub async fn epilog(
         // As on a signal: a checkpoint in progress (the batch job killed during its last one)
         // is waited for, not cut short.
         let why = format!("the end of Slurm job {id}");
-        match crate::run::checkpoint_and_stop(c, j.id, &why, json).await {
-            Err(f) if f.code == crate::run::STOPPED => {}
+        match crate::stop::checkpoint_and_stop(c, j.id, &why, json).await {
+            Err(f) if f.code == crate::stop::STOPPED => {}
             Ok(()) => {}
             Err(f) => {
                 say_err!("ckptctl: job {}: {}; cancelling it", j.id, f.message);

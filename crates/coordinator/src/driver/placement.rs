@@ -50,6 +50,52 @@ pub fn onto_allocation(epoch_nodes: &[String], allocation: &[String]) -> Moves {
         .collect()
 }
 
+/// The moves that `--nodes` (every node, in the epoch's order) or `--map` (OLD=NEW) name.
+fn named_moves(id: u64, epoch: &Epoch, placement: &Placement) -> Result<Moves, DriveError> {
+    let number = epoch.number;
+    let ran_on = epoch.nodes.join(", ");
+    let mut moves = Moves::new();
+    if !placement.nodes.is_empty() && !placement.map.is_empty() {
+        return Err(DriveError::Invalid(
+            "give either --nodes (every node, in order) or --map (single moves), not both".into(),
+        ));
+    }
+    if !placement.nodes.is_empty() {
+        if placement.nodes.len() != epoch.nodes.len() {
+            return Err(DriveError::Invalid(format!(
+                "epoch {number} of job {id} ran on {} node(s) ({ran_on}) but --nodes names {}: name one node for each, in that order",
+                epoch.nodes.len(),
+                placement.nodes.len()
+            )));
+        }
+        for (old, new) in epoch.nodes.iter().zip(&placement.nodes) {
+            if old != new {
+                moves.insert(old.clone(), new.clone());
+            }
+        }
+        return Ok(moves);
+    }
+    for m in &placement.map {
+        let (old, new) = m
+            .split_once('=')
+            .map(|(a, b)| (a.trim(), b.trim()))
+            .filter(|(a, b)| !a.is_empty() && !b.is_empty())
+            .ok_or_else(|| {
+                DriveError::Invalid(format!("--map {m:?}: write OLD=NEW, e.g. n3=n4"))
+            })?;
+        if !epoch.nodes.iter().any(|n| n == old) {
+            return Err(DriveError::Invalid(format!(
+                "--map {m}: {old} is not a node of epoch {number} of job {id} (it ran on {ran_on})"
+            )));
+        }
+        if moves.insert(old.to_string(), new.to_string()).is_some() {
+            return Err(DriveError::Invalid(format!("--map names {old} twice")));
+        }
+    }
+    moves.retain(|old, new| old != new);
+    Ok(moves)
+}
+
 /// The epoch's nodes that move, to where; nodes not in it restart where they ran.
 pub type Moves = BTreeMap<String, String>;
 
@@ -61,7 +107,7 @@ impl Coordinator {
         epoch: &Epoch,
         placement: &Placement,
     ) -> Result<Moves, DriveError> {
-        let (id, number) = (job.id, epoch.number);
+        let id = job.id;
         let ran_on = epoch.nodes.join(", ");
         let mut moves = Moves::new();
         let named = !placement.nodes.is_empty() || !placement.map.is_empty();
@@ -79,59 +125,16 @@ impl Coordinator {
                 "--on-spares replaces the nodes that are down; name nodes with --nodes or --map instead, not both".into(),
             ));
         }
-        match (placement.nodes.is_empty(), placement.map.is_empty()) {
-            (false, false) => {
-                return Err(DriveError::Invalid(
-                    "give either --nodes (every node, in order) or --map (single moves), not both"
-                        .into(),
-                ))
-            }
-            (false, true) => {
-                if placement.nodes.len() != epoch.nodes.len() {
-                    return Err(DriveError::Invalid(format!(
-                        "epoch {number} of job {id} ran on {} node(s) ({ran_on}) but --nodes names {}: name one node for each, in that order",
-                        epoch.nodes.len(),
-                        placement.nodes.len()
-                    )));
-                }
-                for (old, new) in epoch.nodes.iter().zip(&placement.nodes) {
-                    if old != new {
-                        moves.insert(old.clone(), new.clone());
-                    }
-                }
-            }
-            (true, false) => {
-                for m in &placement.map {
-                    let (old, new) = m
-                        .split_once('=')
-                        .map(|(a, b)| (a.trim(), b.trim()))
-                        .filter(|(a, b)| !a.is_empty() && !b.is_empty())
-                        .ok_or_else(|| {
-                            DriveError::Invalid(format!("--map {m:?}: write OLD=NEW, e.g. n3=n4"))
-                        })?;
-                    if !epoch.nodes.iter().any(|n| n == old) {
-                        return Err(DriveError::Invalid(format!(
-                            "--map {m}: {old} is not a node of epoch {number} of job {id} (it ran on {ran_on})"
-                        )));
-                    }
-                    if moves.insert(old.to_string(), new.to_string()).is_some() {
-                        return Err(DriveError::Invalid(format!("--map names {old} twice")));
-                    }
-                }
-                moves.retain(|old, new| old != new);
-            }
-            (true, true) if placement.allocation.is_some() => {}
-            (true, true) => {
-                if placement.on_spares
-                    || !placement.vacate.is_empty()
-                    || !self.cfg.spares.nodes.is_empty()
-                {
-                    moves = self.onto_spares(job, epoch, placement)?;
-                }
-            }
+        if named {
+            moves = named_moves(id, epoch, placement)?;
+        } else if placement.allocation.is_none()
+            && (placement.on_spares
+                || !placement.vacate.is_empty()
+                || !self.cfg.spares.nodes.is_empty())
+        {
+            moves = self.onto_spares(job, epoch, placement)?;
         }
         // DMTCP virtualizes PIDs and reconnects sockets itself: its jobs move without one.
-        let engine = job.snapshot_engine();
         if !moves.is_empty() && job.addresses.is_empty() && !job.engine_virtualizes() {
             let reason = match &placement.allocation {
                 Some(a) => format!(
@@ -150,7 +153,21 @@ impl Coordinator {
                 reason,
             });
         }
-        // Every part lands on a registered node, one part per node.
+        self.check_targets(job, epoch, placement, &moves)?;
+        Ok(moves)
+    }
+
+    /// Every part lands on a registered node that is up and has the job's engine, one part
+    /// per node, and no node a moved part goes to runs a part of another job.
+    fn check_targets(
+        &self,
+        job: &Job,
+        epoch: &Epoch,
+        placement: &Placement,
+        moves: &Moves,
+    ) -> Result<(), DriveError> {
+        let (id, number) = (job.id, epoch.number);
+        let engine = job.snapshot_engine();
         let mut taken = BTreeSet::new();
         for n in &epoch.nodes {
             let target = moves.get(n).unwrap_or(n);
@@ -207,7 +224,7 @@ impl Coordinator {
                 });
             }
         }
-        Ok(moves)
+        Ok(())
     }
 
     /// The moves onto a scheduler's allocation ([`onto_allocation`]); refused when it has fewer

@@ -262,24 +262,8 @@ impl Jobs {
         tmp: &Path,
     ) -> Result<NodeManifest, AgentError> {
         let (_, layout) = encoding.layout().map_err(|e| failed(job, epoch, e))?;
-        let lost = encoding
-            .members
-            .iter()
-            .position(|m| m.node == node)
-            .ok_or_else(|| failed(job, epoch, format!("node {node} is not in the group")))?;
-        if encoding.members[lost].manifest_digest != committed {
-            return Err(failed(
-                job,
-                epoch,
-                "the group's record is of other images than the committed ones",
-            ));
-        }
-        let code = encoding
-            .scheme
-            .parse::<Scheme>()
-            .ok()
-            .and_then(|s| s.code())
-            .ok_or_else(|| failed(job, epoch, "not an erasure-coded scheme"))?;
+        let (lost, code) =
+            lost_member(encoding, node, committed).map_err(|e| failed(job, epoch, e))?;
         // Every other member, where the coordinator says its agent is.
         let members: Vec<Member> = encoding
             .members
@@ -294,38 +278,9 @@ impl Jobs {
                 digest: m.manifest_digest.clone(),
             })
             .collect();
-        let mut losses = Losses {
-            members: vec![lost],
-            damaged: Vec::new(),
-        };
-        let mut sources: Vec<Option<Source>> = Vec::new();
-        let mut why = Vec::new();
-        let probed = self.sources(job, epoch, &members, Some(lost)).await;
-        for (i, r) in probed.into_iter().enumerate() {
-            match r {
-                Ok((s, len, _)) if i != lost && len == layout.len(i) => sources.push(Some(s)),
-                Ok(_) if i == lost => sources.push(None),
-                Ok((_, len, _)) => {
-                    why.push(format!(
-                        "{}: its images are {len} bytes, the record says {}",
-                        members[i].node,
-                        layout.len(i)
-                    ));
-                    losses.members.push(i);
-                    sources.push(None);
-                }
-                Err(e) => {
-                    if i != lost {
-                        why.push(format!("{}: {e}", members[i].node));
-                        losses.members.push(i);
-                    }
-                    sources.push(None);
-                }
-            }
-        }
-        if !why.is_empty() {
-            warn!(job, epoch, %node, unavailable = %why.join("; "), "members of the group left out of the rebuild");
-        }
+        let (mut sources, losses) = self
+            .group_sources(job, epoch, &members, lost, &layout)
+            .await;
         let stream = self
             .node
             .staging
@@ -333,51 +288,31 @@ impl Jobs {
             .join(format!(".{node}.rebuild"));
         let handle = tokio::runtime::Handle::current();
         let names: Vec<String> = members.iter().map(|m| m.node.clone()).collect();
-        // Parity is read over readers of its own (the data reads hold the sources), one shard
-        // at a time per holder.
-        let mut parity_readers: Vec<Option<(AgentClient<Channel>, Option<ReadAhead>)>> = sources
-            .iter()
-            .map(|s| match s {
-                Some(Source::Remote(r)) => Some((r.client(), None)),
-                _ => None,
-            })
-            .collect();
+        let mut parity = ParityReader {
+            job,
+            epoch,
+            layout: layout.clone(),
+            names: names.clone(),
+            me: self.node.name.clone(),
+            here: parity_dir(self, job, epoch),
+            // Parity is read over readers of its own (the data reads hold the sources), one
+            // shard at a time per holder.
+            readers: sources
+                .iter()
+                .map(|s| match s {
+                    Some(Source::Remote(r)) => Some((r.client(), None)),
+                    _ => None,
+                })
+                .collect(),
+            handle: handle.clone(),
+        };
         let member = encoding.members[lost].clone();
         let shards = encoding.parity.clone();
         let dest = tmp.to_path_buf();
-        let me = self.node.name.clone();
-        let parity_here = parity_dir(self, job, epoch);
         let task = tokio::task::spawn_blocking(move || -> Result<NodeManifest, String> {
-            let mut read_parity =
-                |row: usize, index: usize, at: u64, buf: &mut [u8]| -> std::io::Result<()> {
-                    let holder = layout.holders(row)[index];
-                    if names[holder] == me {
-                        return fs::File::open(parity_path(&parity_here, row, index))?
-                            .read_exact_at(buf, at);
-                    }
-                    let Some((c, reader)) = &mut parity_readers[holder] else {
-                        return Err(std::io::Error::other(format!(
-                            "{} is not reachable",
-                            names[holder]
-                        )));
-                    };
-                    let base = pb::SegmentRequest {
-                        job_id: job,
-                        epoch,
-                        node: names[holder].clone(),
-                        parity: true,
-                        row: row as u32,
-                        index: index as u32,
-                        ..Default::default()
-                    };
-                    if !reader.as_ref().is_some_and(|r| r.reads(&base)) {
-                        *reader = Some(ReadAhead::new(c.clone(), base, layout.row_size(row)));
-                    }
-                    reader
-                        .as_mut()
-                        .expect("a reader of the shard")
-                        .read_at(&handle, at, buf)
-                };
+            let mut read_parity = |row: usize, index: usize, at: u64, buf: &mut [u8]| {
+                parity.read(row, index, at, buf)
+            };
             let mut attempt = |losses: &Losses,
                                read_parity: &mut erasure::ReadParity<'_>|
              -> Result<NodeManifest, String> {
@@ -438,6 +373,53 @@ impl Jobs {
         task.await
             .expect("rebuild task")
             .map_err(|e| failed(job, epoch, e))
+    }
+
+    /// The members of the group to rebuild member `lost` from, as sources (none where a
+    /// member is lost, unreachable or holds images of another length than the record's), and
+    /// which members the rebuild goes without.
+    async fn group_sources(
+        &self,
+        job: u64,
+        epoch: u32,
+        members: &[Member],
+        lost: usize,
+        layout: &Layout,
+    ) -> (Vec<Option<Source>>, Losses) {
+        let mut losses = Losses {
+            members: vec![lost],
+            damaged: Vec::new(),
+        };
+        let mut sources: Vec<Option<Source>> = Vec::new();
+        let mut why = Vec::new();
+        let probed = self.sources(job, epoch, members, Some(lost)).await;
+        for (i, r) in probed.into_iter().enumerate() {
+            match r {
+                Ok((s, len, _)) if i != lost && len == layout.len(i) => sources.push(Some(s)),
+                Ok(_) if i == lost => sources.push(None),
+                Ok((_, len, _)) => {
+                    why.push(format!(
+                        "{}: its images are {len} bytes, the record says {}",
+                        members[i].node,
+                        layout.len(i)
+                    ));
+                    losses.members.push(i);
+                    sources.push(None);
+                }
+                Err(e) => {
+                    if i != lost {
+                        why.push(format!("{}: {e}", members[i].node));
+                        losses.members.push(i);
+                    }
+                    sources.push(None);
+                }
+            }
+        }
+        if !why.is_empty() {
+            let node = &members[lost].node;
+            warn!(job, epoch, %node, unavailable = %why.join("; "), "members of the group left out of the rebuild");
+        }
+        (sources, losses)
     }
 
     /// The rebuild as a source of [`Jobs::usable_images`].
@@ -563,6 +545,79 @@ fn check_members(job: u64, epoch: u32, members: &[Member]) -> Result<(), AgentEr
 }
 
 /// Reads `buf.len()` bytes at `at` of a member's images, here or through its agent.
+/// The place of `node` in the group of `encoding` and the group's code, checked against the
+/// committed digest of `node`'s manifest.
+fn lost_member(
+    encoding: &Encoding,
+    node: &str,
+    committed: &str,
+) -> Result<(usize, erasure::Code), String> {
+    let lost = encoding
+        .members
+        .iter()
+        .position(|m| m.node == node)
+        .ok_or_else(|| format!("node {node} is not in the group"))?;
+    if encoding.members[lost].manifest_digest != committed {
+        return Err("the group's record is of other images than the committed ones".into());
+    }
+    let code = encoding
+        .scheme
+        .parse::<Scheme>()
+        .ok()
+        .and_then(|s| s.code())
+        .ok_or("not an erasure-coded scheme")?;
+    Ok((lost, code))
+}
+
+/// Reads parity shards for a rebuild: this node's own from its staging, the others' over
+/// `ReadSegment` from their holders.
+struct ParityReader {
+    job: u64,
+    epoch: u32,
+    layout: Layout,
+    /// The group's nodes, in order.
+    names: Vec<String>,
+    /// This node.
+    me: String,
+    /// Where this node keeps the parity it holds.
+    here: PathBuf,
+    /// Per member: a client of its agent and the reader of the shard read last.
+    readers: Vec<Option<(AgentClient<Channel>, Option<ReadAhead>)>>,
+    handle: tokio::runtime::Handle,
+}
+
+impl ParityReader {
+    /// Reads `buf` at `at` of shard `index` of row `row`.
+    fn read(&mut self, row: usize, index: usize, at: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        let holder = self.layout.holders(row)[index];
+        if self.names[holder] == self.me {
+            return fs::File::open(parity_path(&self.here, row, index))?.read_exact_at(buf, at);
+        }
+        let Some((c, reader)) = &mut self.readers[holder] else {
+            return Err(std::io::Error::other(format!(
+                "{} is not reachable",
+                self.names[holder]
+            )));
+        };
+        let base = pb::SegmentRequest {
+            job_id: self.job,
+            epoch: self.epoch,
+            node: self.names[holder].clone(),
+            parity: true,
+            row: row as u32,
+            index: index as u32,
+            ..Default::default()
+        };
+        if !reader.as_ref().is_some_and(|r| r.reads(&base)) {
+            *reader = Some(ReadAhead::new(c.clone(), base, self.layout.row_size(row)));
+        }
+        reader
+            .as_mut()
+            .expect("a reader of the shard")
+            .read_at(&self.handle, at, buf)
+    }
+}
+
 fn read_member(
     handle: &tokio::runtime::Handle,
     source: &mut Source,

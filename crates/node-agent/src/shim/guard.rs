@@ -331,7 +331,7 @@ pub(crate) fn mount_points(pid: i32) -> std::collections::HashSet<PathBuf> {
         .unwrap_or_default()
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .map(PathBuf::from)
+        .map(|field| PathBuf::from(crate::os::sandbox::mounts::unescape(field)))
         .collect()
 }
 
