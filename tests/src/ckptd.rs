@@ -831,24 +831,6 @@ impl Drop for Ckptd {
             let _ = a.kill();
             let _ = a.wait();
         }
-        // The sandboxes' network namespaces of this instance's test hosts (named
-        // ckpt-<node>-<job>), which its killed agents could not remove.
-        if let Ok(rd) = std::fs::read_dir("/run/netns") {
-            for e in rd.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                let ours = nodes.iter().any(|n| {
-                    name.strip_prefix(&format!("ckpt-{n}-")).is_some_and(|job| {
-                        !job.is_empty() && job.bytes().all(|b| b.is_ascii_digit())
-                    })
-                });
-                if ours {
-                    let _ = Command::new("ip")
-                        .args(["netns", "del", &name])
-                        .stdin(Stdio::null())
-                        .status();
-                }
-            }
-        }
         // Kill what is left in this instance's job cgroups, by PID, then remove the cgroups.
         for parent in [
             "/sys/fs/cgroup/freezer",
@@ -881,6 +863,27 @@ impl Drop for Ckptd {
                     std::thread::sleep(Duration::from_millis(20));
                 }
                 let _ = std::fs::remove_dir(&cg);
+            }
+        }
+        // The sandboxes' network namespaces of this instance's test hosts (named
+        // ckpt-<node>-<job>), which its killed agents could not remove: those no process is
+        // in any more. Another instance on this machine names its test hosts' sandboxes the
+        // same way (n1, n2...); one with a process in it is a live part of that instance's.
+        if let Ok(rd) = std::fs::read_dir("/run/netns") {
+            let in_use = crate::netns::namespaces_in_use();
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let ours = nodes.iter().any(|n| {
+                    name.strip_prefix(&format!("ckpt-{n}-")).is_some_and(|job| {
+                        !job.is_empty() && job.bytes().all(|b| b.is_ascii_digit())
+                    })
+                });
+                if ours && !crate::netns::is_in_use(&e.path(), &in_use) {
+                    let _ = Command::new("ip")
+                        .args(["netns", "del", &name])
+                        .stdin(Stdio::null())
+                        .status();
+                }
             }
         }
         if self.opts.local_size.is_some() {

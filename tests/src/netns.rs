@@ -193,9 +193,31 @@ impl Cluster {
     }
 }
 
+/// The network namespaces (by inode) some process of this machine is in.
+pub(crate) fn namespaces_in_use() -> std::collections::HashSet<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir("/proc")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| std::fs::metadata(e.path().join("ns/net")).ok())
+                .map(|m| m.ino())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether the namespace named by `path` (under /run/netns) is one of `in_use`.
+pub(crate) fn is_in_use(path: &std::path::Path, in_use: &std::collections::HashSet<u64>) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).is_ok_and(|m| in_use.contains(&m.ino()))
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
-        // Sandboxes of jobs (`ckpt-<node>-<job>`) an agent killed by the test left behind.
+        // Sandboxes of jobs (`ckpt-<node>-<job>`) an agent killed by the test left behind, no
+        // process in them any more: another instance on this machine names its test hosts'
+        // sandboxes the same way (n1, n2...), and one with a process in it is a live part.
+        let in_use = namespaces_in_use();
         let sandboxes: Vec<String> = std::fs::read_dir("/run/netns")
             .into_iter()
             .flatten()
@@ -205,7 +227,7 @@ impl Drop for Cluster {
                 self.nodes.iter().any(|n| {
                     e.strip_prefix(&format!("ckpt-{}-", n.name))
                         .is_some_and(|job| job.bytes().all(|b| b.is_ascii_digit()))
-                })
+                }) && !is_in_use(&std::path::Path::new("/run/netns").join(e), &in_use)
             })
             .collect();
         for s in sandboxes {
