@@ -42,10 +42,6 @@ use crate::os::owner::{fix_job_dir_modes, LaunchPolicy};
 use crate::os::procfs;
 use crate::shim::{self, launched_as, Exit};
 
-/// Manifest note naming the uid of the job's owner: a restore puts files back as that user,
-/// and checks that the node still lets it run jobs.
-pub(crate) const OWNER_NOTE: &str = "owner_uid";
-
 /// Name of the session directory under `<job dir>/session` ([`NodeJob::session_dir`]).
 pub(crate) const SESSION: &str = "current";
 

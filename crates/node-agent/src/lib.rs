@@ -10,8 +10,10 @@
 //! the node's policy, and the agent acts in the owner's directories only as the owner
 //! (`os/owner.rs`); what it keeps is root's alone (`os/modes.rs`).
 //!
-//! The folders are layers: `os/` (the machine) imports nothing above it; `launch/` and
-//! `copies/` use it and the table; `checkpoint/` and `restore/` are the phases; `rpc/` is the
+//! The folders are layers: `os/` (the machine) imports nothing above it; `part/` (what a part
+//! holds, and the typed notes a dump writes for its restore) uses only `os/`; `launch/` and
+//! `copies/` use them and the table; `checkpoint/` and `restore/` are the phases, and
+//! `restore/` reads what a dump wrote through `part/`, never from `checkpoint/`; `rpc/` is the
 //! transport, its service and heartbeat on top of everything. Each folder's `mod.rs` says what
 //! it may import.
 //!
@@ -32,6 +34,7 @@ mod launch;
 pub mod metrics;
 mod node;
 mod os;
+mod part;
 mod restore;
 mod rpc;
 pub mod shim;

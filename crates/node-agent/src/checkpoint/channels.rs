@@ -1,7 +1,6 @@
 //! Checkpoint and restart, ib-quiesce channels: quiesced before the freeze, rebuilt and
 //! reconnected after the thaw or a restart's release.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,8 +14,6 @@ use crate::ibq::{ChannelFailure, Channels, Rebuilt};
 use crate::jobs::{Jobs, NodeJob};
 use crate::os::procfs;
 
-/// The manifest note listing the processes whose ib-quiesce channels were quiesced.
-const CHANNEL_NOTE: &str = "ibq_channels";
 /// How long channels have to drain and flush before the freeze, and drained verbs layers to
 /// release their objects.
 const CHANNEL_QUIESCE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -174,28 +171,12 @@ pub(super) fn refuse_beyond_library(job: u64, held: &[(i32, Holdings)]) -> Resul
     Ok(())
 }
 
-fn join_pids(pids: &[i32]) -> String {
-    pids.iter()
-        .map(|p| p.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 /// Records in the epoch's manifest notes which processes' channels are down, so a restore
 /// rebuilds them.
 fn note_channels(job: &mut NodeJob) {
     if let Some(w) = job.work.as_mut() {
-        w.notes
-            .insert(CHANNEL_NOTE.into(), join_pids(&job.ibq_down));
+        crate::part::notes::PartNotes::write_channels(&mut w.notes, &job.ibq_down);
     }
-}
-
-/// The processes of a manifest whose channels must be rebuilt after a restore.
-pub(crate) fn channel_pids(notes: &BTreeMap<String, String>) -> Vec<i32> {
-    notes
-        .get(CHANNEL_NOTE)
-        .map(|v| v.split(',').filter_map(|p| p.trim().parse().ok()).collect())
-        .unwrap_or_default()
 }
 
 impl Jobs {

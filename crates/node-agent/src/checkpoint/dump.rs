@@ -14,10 +14,12 @@ use tracing::info;
 
 use crate::engine::{DumpSpec, EngineStop, SnapshotEngine};
 use crate::error::{io_err, AgentError};
-use crate::jobs::{NodeJob, OWNER_NOTE};
+use crate::jobs::NodeJob;
 use crate::os::modes::{ensure_dir, PRIVATE_DIR, PRIVATE_FILE};
 use crate::os::procfs;
 use crate::os::sandbox;
+use crate::part::notes::PartNotes;
+use crate::part::OUTPUTS_DIR;
 
 /// Files under these prefixes are shared memory or session state that the engine does not put in
 /// the image and that launchers delete when the job ends (Open MPI's `vader_segment.*` in
@@ -39,7 +41,7 @@ fn note_owner(job: &mut NodeJob) -> Result<u32, AgentError> {
         })?;
     job.record.owner = Some(owner);
     let w = job.work.as_mut().expect("checked by caller");
-    w.notes.insert(OWNER_NOTE.into(), owner.to_string());
+    PartNotes::write_owner(&mut w.notes, owner);
     Ok(owner)
 }
 
@@ -119,7 +121,7 @@ struct OpenScan {
     open: BTreeMap<String, u64>,
     /// Files the engine does not save, to copy (see [`PRESERVE_PREFIXES`]).
     preserve: Vec<PathBuf>,
-    /// Directories the engine's restore creates files in by path (see `GUARD_NOTE`).
+    /// Directories the engine's restore creates files in by path (see `PartNotes::guard_paths`).
     guard: Vec<String>,
 }
 
@@ -136,10 +138,11 @@ pub(super) fn dump_frozen(
     let begin = Instant::now();
     let w = job.work.as_mut().expect("checked by caller");
     let scan = scan_open(&w.pids, external_netns.is_some());
-    w.notes.insert(GUARD_NOTE.into(), scan.guard.join("\n"));
+    PartNotes::write_guard_paths(&mut w.notes, &scan.guard);
     if external_netns.is_some() {
         // A sandbox's own /dev/shm is restored as the engine made it, not from the node's.
-        let dirs: Vec<PathBuf> = guards(&w.notes)
+        let dirs: Vec<PathBuf> = PartNotes::read(&w.notes)
+            .guards()
             .into_iter()
             .filter(|d| !d.starts_with("/dev/shm"))
             .collect();
@@ -241,10 +244,7 @@ fn note_sandbox(job: &mut NodeJob) -> Result<Option<u64>, AgentError> {
         return Ok(None);
     };
     let w = job.work.as_mut().expect("checked by caller");
-    w.notes.insert(sandbox::ADDRESS_NOTE.into(), a.cidr());
-    if let Some(g) = a.gateway {
-        w.notes.insert(sandbox::GATEWAY_NOTE.into(), g.to_string());
-    }
+    PartNotes::write_sandbox(&mut w.notes, a);
     let root = w.root_pid;
     sandbox::netns_inode(root)
         .map(Some)
@@ -272,7 +272,7 @@ fn scan_open(pids: &[i32], sandboxed: bool) -> OpenScan {
                 .into_iter()
                 .map(|p| p.display().to_string()),
         );
-        // The directories the engine's restore creates in (see `GUARD_NOTE`).
+        // The directories the engine's restore creates in (see `PartNotes::guard_paths`).
         for p in &used {
             if let Some(ino) = procfs::socket_inode(Path::new(p)) {
                 sockets.push(ino);
@@ -554,39 +554,6 @@ fn adopt_links(job: &mut NodeJob) -> Result<Option<String>, AgentError> {
 /// of MPI libraries are megabytes to a few GiB per node; a longer one (a user's sparse file of
 /// terabytes) is refused, naming it, rather than read whole.
 const PRESERVE_MAX_BYTES: u64 = 16 << 30;
-
-/// Where an epoch's node directory keeps the part's own stdout and stderr as they were at the
-/// checkpoint: a restore on a node whose job directory has none (the part moved, or its node's
-/// disks were lost) puts them back from there, rather than as zeros of the same length.
-pub const OUTPUTS_DIR: &str = "outputs";
-
-/// The epoch's note of the directories the engine's restore creates files in by path (named
-/// sockets, files the job held and those beside them, working directories), one per line.
-pub const GUARD_NOTE: &str = "guard_paths";
-
-/// The directories to guard against links during the engine's restore (`shim/guard.rs`): for
-/// each directory of [`GUARD_NOTE`], the first one on the way to it that a user controls;
-/// those below another are left out (its guard covers them).
-pub fn guards(notes: &std::collections::BTreeMap<String, String>) -> Vec<std::path::PathBuf> {
-    let mut found: Vec<std::path::PathBuf> = notes
-        .get(GUARD_NOTE)
-        .map(|t| {
-            t.lines()
-                .filter(|l| l.starts_with('/'))
-                .filter_map(|l| ckpt_store::trust::untrusted_prefix(Path::new(l)))
-                .collect()
-        })
-        .unwrap_or_default();
-    found.sort();
-    found.dedup();
-    let mut top: Vec<std::path::PathBuf> = Vec::new();
-    for d in found {
-        if !top.iter().any(|t| d.starts_with(t)) {
-            top.push(d);
-        }
-    }
-    top
-}
 
 /// Copies the first `size` bytes of each of the part's outputs (`stdout`, `stderr` in
 /// `job_dir`, a directory of root's) into [`OUTPUTS_DIR`]; the bytes copied.

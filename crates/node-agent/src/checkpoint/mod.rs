@@ -22,9 +22,6 @@ use crate::os::procfs;
 use channels::{refuse_rdma_cm, refuse_verbs_without_channel};
 use dump::{dump_frozen, dump_running};
 
-pub(crate) use channels::channel_pids;
-pub(crate) use dump::{guards, OUTPUTS_DIR};
-
 /// Headroom over the resident size when checking staging room: images add metadata, and a
 /// checkpoint that fills the disk fails late.
 const ROOM_FACTOR: f64 = 1.10;

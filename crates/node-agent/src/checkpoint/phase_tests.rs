@@ -267,8 +267,8 @@ async fn local_checkpoint_dumps_the_frozen_job() {
     let w = job.work.as_ref().expect("epoch");
     assert_eq!(w.phase, NodePhase::Checkpointed);
     assert_eq!(
-        w.notes.get(crate::jobs::OWNER_NOTE),
-        Some(&OWNER.to_string())
+        crate::part::notes::PartNotes::read(&w.notes).owner,
+        Some(OWNER)
     );
 }
 

@@ -317,7 +317,10 @@ fn a_drained_layer_is_released_and_frozen_in_the_second_quiesce_round() {
             assert_eq!(job.ibq_down, [pid], "down: rebuilt after the resume");
             let w = job.work.as_ref().unwrap();
             assert!(w.frozen_at.is_some());
-            assert_eq!(w.notes.get("ibq_channels"), Some(&pid.to_string()));
+            assert_eq!(
+                crate::part::notes::PartNotes::read(&w.notes).channels,
+                [pid]
+            );
         }
         jobs.resume(JOB, 3, true).await.unwrap();
         assert!(j.lock().await.ibq_down.is_empty());

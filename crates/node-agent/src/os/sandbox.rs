@@ -17,10 +17,6 @@ use serde::{Deserialize, Serialize};
 
 pub use job_dir::{JOB_DIR, JOB_DIR_KEY};
 
-/// Manifest note with the part's job address (`ADDR/PREFIX`).
-pub const ADDRESS_NOTE: &str = "sandbox_address";
-/// Manifest note with the job network's gateway, if any.
-pub const GATEWAY_NOTE: &str = "sandbox_gateway";
 /// The key under which the engine is given the part's network namespace.
 pub const NETNS_KEY: &str = "ckpt-job-net";
 /// The interface name inside the sandbox.

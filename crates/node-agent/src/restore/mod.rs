@@ -186,10 +186,8 @@ impl Jobs {
         epoch: u32,
     ) -> Result<Identity, AgentError> {
         let job_id = job.record.id;
-        let uid = m
-            .notes
-            .get(crate::jobs::OWNER_NOTE)
-            .and_then(|v| v.parse().ok())
+        let uid = crate::part::notes::PartNotes::read(&m.notes)
+            .owner
             .or(job.record.owner)
             .ok_or_else(|| AgentError::OwnerUnknown {
                 job: job_id,
@@ -250,7 +248,7 @@ impl Jobs {
             // As the checkpoint saw it, if the epoch carries it (see `OUTPUTS_DIR`).
             let saved = Path::new(&f.path)
                 .file_name()
-                .map(|n| node_dir.join(crate::checkpoint::OUTPUTS_DIR).join(n));
+                .map(|n| node_dir.join(crate::part::OUTPUTS_DIR).join(n));
             put_back_own_output(job_id, f, owner, saved.as_deref())?;
         }
         if theirs.is_empty() && m.preserved.is_empty() {

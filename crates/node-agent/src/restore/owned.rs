@@ -15,12 +15,12 @@ use tokio::sync::MutexGuard;
 use tracing::info;
 
 use super::{check_pages, check_restored, Restored, RESTORE_TIMEOUT};
-use crate::checkpoint::channel_pids;
 use crate::copies::Location;
 use crate::engine::{RestoreSpec, SnapshotEngine, SESSION_IMAGES as IMAGES};
 use crate::error::{io_err, AgentError};
 use crate::jobs::{Jobs, NodeJob};
 use crate::launch::make_session;
+use crate::part::notes::PartNotes;
 use crate::shim::ShimMode;
 
 /// What [`Jobs::restore_as_owner`] needs of the restore so far.
@@ -152,7 +152,7 @@ impl Jobs {
         );
         // The restored processes' channels come back down, waiting for a rebuild flag named
         // by their new PIDs: found at the rebuild.
-        let channels = channel_pids(&v.manifest.notes).len();
+        let channels = PartNotes::read(&v.manifest.notes).channels.len();
         job.ibq_down.clear();
         job.ibq_restored = channels;
         job.layer_drained.clear();

@@ -19,13 +19,12 @@ use super::{
     check_pages, check_restored, gate, gate_verify_pool, machine_restore_lock, open_gate, owned,
     wait_pids_free, Restored, PID_FREE_TIMEOUT, RESTORE_TIMEOUT,
 };
-use crate::checkpoint::{channel_pids, guards};
 use crate::copies::{Location, Sources, Usable};
 use crate::engine::{RestoreSpec, SnapshotEngine};
 use crate::error::AgentError;
 use crate::jobs::{Jobs, NodeJob};
 use crate::os::owner::{verify_restored, Identity};
-use crate::os::sandbox;
+use crate::part::notes::PartNotes;
 use crate::shim::ShimMode;
 
 /// A check of page data running beside the other steps: the time it took, or what failed.
@@ -300,21 +299,11 @@ impl<'a> RestoreRun<'a> {
         })?;
         // A part that ran in a sandbox gets a fresh one with its job address, on this node as
         // on any other; its PIDs are its namespace's, free wherever it goes.
-        let sandbox = match m.notes.get(sandbox::ADDRESS_NOTE) {
-            Some(a) => Some(
-                sandbox::JobAddress::parse(
-                    a,
-                    m.notes
-                        .get(sandbox::GATEWAY_NOTE)
-                        .map_or("", String::as_str),
-                )
-                .map_err(|message| AgentError::Start {
-                    job: job_id,
-                    message: format!("epoch {epoch}: {message}"),
-                })?,
-            ),
-            None => None,
-        };
+        let notes = PartNotes::read(&m.notes);
+        let sandbox = notes.sandbox().map_err(|message| AgentError::Start {
+            job: job_id,
+            message: format!("epoch {epoch}: {message}"),
+        })?;
         if sandbox.is_none() && source_node != node.node() {
             return Err(AgentError::Start {
                 job: job_id,
@@ -338,7 +327,7 @@ impl<'a> RestoreRun<'a> {
             let ids: Vec<i32> = m.pids.iter().chain(&m.tids).copied().collect();
             wait_pids_free(job_id, &ids).await?;
         }
-        let channels = channel_pids(&m.notes);
+        let channels = notes.channels;
         let own_dir = fs::canonicalize(&job.dir).unwrap_or_else(|_| job.dir.clone());
         node.put_back_files(job, &owner, m, &found.node_dir).await?;
         let netns = match &sandbox {
@@ -455,7 +444,7 @@ impl<'a> RestoreRun<'a> {
             coordinator_port: None,
         });
         // A sandbox's mounts are made again by the engine from the guarded ones it sees.
-        let guard = guards(&found.manifest.notes);
+        let guard = PartNotes::read(&found.manifest.notes).guards();
         // The epoch's images, in root's own staging (the trust check at start holds it root's
         // alone), where the engine follows its own links (a pre-copy chain's `parent`), even
         // below a guard. Nothing the job holds is there: the bind is gone once it is restored.

@@ -7,7 +7,7 @@
 //!
 //! So the shim restores in a mount namespace of its own (a slave copy of the node's), and in it,
 //! while the engine restores, no link is followed on the mounts that hold a directory a user
-//! controls on the way to such a path ([`crate::checkpoint::guards`]), nor on any mount below
+//! controls on the way to such a path ([`crate::part::notes::PartNotes::guards`]), nor on any mount below
 //! one: the calls fail and the restore with them, and nothing outside is touched. The flag is set
 //! on those same mounts, not on new ones: once the engine is done, and before the restored
 //! processes run, it is cleared and the job's view is the node's again, mount for mount (a
