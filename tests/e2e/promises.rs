@@ -488,15 +488,21 @@ for i in range(600):
 /// A server's connections to a client outside the job, in each state a connection may be in
 /// when the job is stopped by `checkpoint --kill` and restarted (as the engine's own tests of
 /// those states do by hand), over IPv4 and IPv6: the client's half closed (the server in
-/// CLOSE_WAIT), the server's half closed (FIN_WAIT2), both open. The engine's lock was gone at
-/// the end of the dump, so the kill's FIN reached the client: after the restart it read an end
-/// of file where the answer should be ("received b''"), and its words to the server were lost.
-/// The connections now stay locked from the kill to the end of the restart: the client gets
-/// its answer, the server goes on, and nothing of the lock is left.
+/// CLOSE_WAIT), the server's half closed (FIN_WAIT2), both open; and words the client sends
+/// after the dump, before the kill (the kill held back by a failpoint); and a `--kill` whose
+/// epoch fails after the dump (the job runs on, its connections open). The engine's lock was
+/// gone at the end of the dump, so the kill's FIN reached the client: after the restart it read
+/// an end of file where the answer should be ("received b''"), and its words to the server were
+/// lost; words sent before the kill were taken in by the frozen server's kernel, which the
+/// images did not hold. The connections now stay locked from before the dump to the end of the
+/// restart: the client gets its answer, the server goes on, and nothing of the lock is left.
 #[test]
 fn connections_to_a_client_outside_the_job_survive_a_checkpoint_kill_and_restart() {
     skip_unless_ready!("python3");
-    let d = Ckptd::start(Options::default());
+    let d = Ckptd::start(Options {
+        failpoints: true,
+        ..Options::default()
+    });
     let mut failed = Vec::new();
     for host in ["127.0.0.1", "::1"] {
         if std::net::TcpListener::bind((host, 0)).is_err() {
@@ -507,6 +513,8 @@ fn connections_to_a_client_outside_the_job_survive_a_checkpoint_kill_and_restart
             ("close-wait", "answer after the restart"),
             ("fin-wait-2", "heard late words"),
             ("established", "answer after the restart"),
+            ("sent-before-the-kill", "heard late words"),
+            ("kill-aborted", "heard late words"),
         ] {
             let got = client_across_a_restart(&d, host, mode);
             let ok = got.contains(&format!("received b'{answer}'"));
@@ -555,20 +563,51 @@ fn client_across_a_restart(d: &Ckptd, host: &str, mode: &str) -> String {
         .unwrap();
     wait_for("ready");
     d.wait_progress(job, 2, LIMIT);
-    let out = d.ctl(&["checkpoint", &job.to_string(), "--kill"]);
-    assert!(out.ok().contains("epoch 1 committed"), "{out:?}");
-    d.wait_state(job, "stopped", LIMIT);
-    // Long enough for a FIN, or the reset of a peer gone, to reach the client.
-    std::thread::sleep(Duration::from_secs(1));
-    let before = d.output(job).matches("iter ").count();
-    let out = d.ctl(&["restart", &job.to_string()]);
-    assert_eq!(out.code, 0, "{out:?}");
-    d.wait_progress(job, before + 2, LIMIT);
-    {
+    let say = |client: &mut std::process::Child, line: &str| {
         use std::io::Write;
-        let mut stdin = client.stdin.take().unwrap();
-        stdin.write_all(b"go\n").unwrap();
+        let stdin = client.stdin.as_mut().unwrap();
+        stdin.write_all(format!("{line}\n").as_bytes()).unwrap();
+        stdin.flush().unwrap();
+    };
+    if mode == "sent-before-the-kill" {
+        // The kill waits 3 s after the dump: the client's words come in that time.
+        d.set_failpoints("resume=delay:3s\n");
+        let kill = d.ctl_spawn(&["checkpoint", &job.to_string(), "--kill"]);
+        let begin = Instant::now();
+        while !d
+            .epochs(job)
+            .iter()
+            .any(|e| e["state"].as_str().unwrap_or_default().contains("resume"))
+        {
+            assert!(begin.elapsed() < LIMIT, "the epoch never reached resume");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        say(&mut client, "send");
+        let out = Ctl::finish(kill, LIMIT);
+        assert!(out.ok().contains("epoch 1 committed"), "{out:?}");
+        d.set_failpoints("");
+    } else if mode == "kill-aborted" {
+        // The epoch fails after its dump, before the kill: the job runs on, its connections
+        // with it.
+        d.set_failpoints("resume=error\n");
+        let out = d.ctl(&["checkpoint", &job.to_string(), "--kill"]);
+        assert_ne!(out.code, 0, "the epoch fails: {out:?}");
+        d.set_failpoints("");
+        say(&mut client, "send");
+    } else {
+        let out = d.ctl(&["checkpoint", &job.to_string(), "--kill"]);
+        assert!(out.ok().contains("epoch 1 committed"), "{out:?}");
     }
+    if mode != "kill-aborted" {
+        d.wait_state(job, "stopped", LIMIT);
+        // Long enough for a FIN, or the reset of a peer gone, to reach the client.
+        std::thread::sleep(Duration::from_secs(1));
+        let before = d.output(job).matches("iter ").count();
+        let out = d.ctl(&["restart", &job.to_string()]);
+        assert_eq!(out.code, 0, "{out:?}");
+        d.wait_progress(job, before + 2, LIMIT);
+    }
+    say(&mut client, "go");
     let mut got = Ctl::finish(client, LIMIT).stdout.trim().to_string();
     let before = d.output(job).matches("iter ").count();
     let begin = Instant::now();
@@ -587,8 +626,8 @@ fn client_across_a_restart(d: &Ckptd, host: &str, mode: &str) -> String {
 /// control connection and brings the data connection to `argv[2]` (`close-wait`: waits for the
 /// client's end of file; `fin-wait-2`: closes its own side). Then prints `iter N` every 0.2 s;
 /// told `go` on the control connection it answers: on the data connection, which it then
-/// closes, or (`fin-wait-2`) on the control connection, with what the client sent on the
-/// data connection. It runs on once the client is gone.
+/// closes, or (`fin-wait-2`, `sent-before-the-kill`, `kill-aborted`) on the control connection, with what the
+/// client sent on the data connection. It runs on once the client is gone.
 const TCP_SERVER: &str = r#"
 import select, socket, sys
 port, mode, host = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -608,7 +647,7 @@ watched = [ctl]
 for i in range(600):
     if select.select(watched, [], [], 0.2)[0]:
         word = ctl.recv(16)
-        if word == b"go" and mode == "fin-wait-2":
+        if word == b"go" and mode in ("fin-wait-2", "sent-before-the-kill", "kill-aborted"):
             ctl.sendall(b"heard " + data.recv(64))
             print("answered", flush=True)
         elif word == b"go":
@@ -624,8 +663,9 @@ for i in range(600):
 
 /// The client of [`client_across_a_restart`], outside the job: connects twice (closing its
 /// side of the first for `close-wait`), waits for a line on its stdin, then says `go` on the
-/// second (first sending `late words` on the first, for `fin-wait-2`) and prints what the
-/// answer's connection brings, to its end.
+/// second (first sending `late words` on the first, for `fin-wait-2`; for
+/// `sent-before-the-kill` and `kill-aborted`, at a line before) and prints what the answer's connection brings,
+/// to its end.
 const TCP_CLIENT: &str = r#"
 import socket, sys
 port, mode, host = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -633,15 +673,18 @@ data = socket.create_connection((host, port))
 ctl = socket.create_connection((host, port))
 if mode == "close-wait":
     data.shutdown(socket.SHUT_WR)
+if mode in ("sent-before-the-kill", "kill-aborted"):
+    sys.stdin.readline()
+    data.sendall(b"late words")
 sys.stdin.readline()
 if mode == "fin-wait-2":
     data.sendall(b"late words")
 ctl.sendall(b"go")
-answers = ctl if mode == "fin-wait-2" else data
+answers = ctl if mode in ("fin-wait-2", "sent-before-the-kill", "kill-aborted") else data
 answers.settimeout(20)
 got = b""
 try:
-    while not (mode == "fin-wait-2" and got.startswith(b"heard ") and len(got) >= 16):
+    while not (answers is ctl and got.startswith(b"heard ") and len(got) >= 16):
         chunk = answers.recv(4096)
         if not chunk:
             break

@@ -318,9 +318,20 @@ fn round(cluster: &Cluster, d: &mut Ckptd, mpi: Mpi, fault: Fault) -> String {
     }
     d.wait_agents(&HOSTS);
     for n in HOSTS {
+        // A part on another node than the launcher's ends after it (its init reaps what is
+        // left), within seconds.
+        let begin = Instant::now();
+        while !d.job_pids_on(n, job).is_empty() && begin.elapsed() < PART_END {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let left = d.job_pids_on(n, job);
         assert!(
-            d.job_pids_on(n, job).is_empty(),
-            "{what}: {n} still runs a part; {}",
+            left.is_empty(),
+            "{what}: {n} still runs a part {PART_END:?} after the job's end: {}; {}",
+            left.iter()
+                .map(|&p| describe(p))
+                .collect::<Vec<_>>()
+                .join("; "),
             d.status(job)
         );
     }
@@ -473,4 +484,35 @@ fn ci_rounds_cover_what_no_other_test_runs() {
         .collect();
     assert!(lost.contains(&"n1"), "the launcher's node: {rounds:?}");
     assert!(lost.iter().any(|n| *n != "n1"), "another node: {rounds:?}");
+}
+
+/// How long after a job's end each of its parts may take to end.
+const PART_END: Duration = Duration::from_secs(10);
+
+/// What process `pid` is doing: its state, where it waits in the kernel, the system call it
+/// is in, its signals pending and blocked, and its children.
+fn describe(pid: i32) -> String {
+    let read = |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).unwrap_or_default();
+    let stat = read("stat");
+    let state = stat
+        .rfind(')')
+        .and_then(|i| stat.get(i + 2..i + 3))
+        .unwrap_or("?");
+    let signals: Vec<String> = read("status")
+        .lines()
+        .filter(|l| {
+            ["SigPnd", "ShdPnd", "SigBlk"]
+                .iter()
+                .any(|k| l.starts_with(k))
+        })
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    format!(
+        "pid {pid} ({}) state {state} wchan {} syscall [{}] {} children [{}]",
+        read("comm").trim(),
+        read("wchan").trim(),
+        read("syscall").trim(),
+        signals.join(" "),
+        read(&format!("task/{pid}/children")).trim()
+    )
 }

@@ -155,6 +155,9 @@ pub(crate) struct EpochWork {
     pub(crate) chain: Option<tokio::sync::OwnedMutexGuard<crate::copies::precopy::chain::Chain>>,
     /// The pre-dumps below this epoch's dump, as its manifest lists them.
     pub(crate) links: Vec<String>,
+    /// The part's TCP connections are locked for the kill that ends this epoch (`--kill`),
+    /// from before its dump: an abort lifts the lock.
+    pub(crate) kill_lock: bool,
 }
 
 impl EpochWork {

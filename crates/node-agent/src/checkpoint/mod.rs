@@ -253,6 +253,7 @@ impl Jobs {
             pause: None,
             chain,
             links: Vec::new(),
+            kill_lock: false,
         });
         Ok(Synced {
             processes: job.work.as_ref().map(|w| w.pids.len() as u32).unwrap_or(0),
@@ -363,12 +364,28 @@ impl Jobs {
         &self,
         job_id: u64,
         epoch: u32,
+        kill: bool,
     ) -> Result<(Duration, Duration), AgentError> {
         let mut job = self
             .enter_phase(job_id, epoch, NodePhase::Quiesced, "local-checkpoint")
             .await?;
         let begin = Instant::now();
         let engine = self.engine_named(job_id, &job.record.engine)?;
+        if kill && engine.freezes() {
+            // The epoch ends the part: its connections are locked now, while it is frozen and
+            // the engine's own lock not yet on, and stay so through the kill to the restart.
+            // The engine lifts its lock at the end of its dump (the job was to run on), and
+            // the frozen part's kernel would meanwhile take in (and acknowledge) what a peer
+            // sends, which the images do not hold.
+            let pids = job
+                .work
+                .as_ref()
+                .map(|w| w.pids.clone())
+                .unwrap_or_default();
+            let connections = self.node.host.tcp_connections(&pids);
+            let locked = self.lock_tcp_before_kill(&mut job, &connections).await;
+            job.work.as_mut().expect("checked").kill_lock = locked;
+        }
         // An abort or a cancel ends the dump through this, without the job's lock.
         let stop = self.engine_stop(job_id);
         stop.begin(epoch);
@@ -404,8 +421,8 @@ impl Jobs {
         // The engine that suspended the job itself has let it run on already.
         let thaw = self.engine_named(job_id, &job.record.engine)?.freezes();
         let host = self.node.host.clone();
-        if kill {
-            // Frozen since the dump: its connections are as the images have them.
+        if kill && !job.work.as_ref().is_some_and(|w| w.kill_lock) {
+            // Not locked at the dump (an engine that suspends the job itself): now.
             let pids = host.pids(&job.cgroup).unwrap_or_default();
             let connections = host.tcp_connections(&pids);
             self.lock_tcp_before_kill(&mut job, &connections).await;
@@ -518,12 +535,19 @@ impl Jobs {
             );
         }
         let mut job = j.lock_owned().await;
+        let mut kill_lock = false;
         if job.work.as_ref().is_some_and(|w| w.epoch == epoch) {
-            if let Some(mut c) = job.work.take().and_then(|w| w.chain) {
+            let w = job.work.take().expect("checked");
+            kill_lock = w.kill_lock;
+            if let Some(mut c) = w.chain {
                 c.epoch_ended();
             }
         }
         warn!(reason, "aborting epoch");
+        if kill_lock {
+            // The part runs on: its connections with it.
+            self.unlock_tcp_after_abort(&mut job).await;
+        }
         let staging = self.node.staging.clone();
         let node = self.node.name.clone();
         let host = self.node.host.clone();

@@ -242,14 +242,14 @@ async fn a_freeze_past_the_deadline_is_thawed_by_the_abort_once_it_ends() {
 async fn local_checkpoint_dumps_the_frozen_job() {
     let node = running().await;
     node.jobs.initial_sync(JOB, 1).await.expect("initial-sync");
-    let e = node.jobs.local_checkpoint(JOB, 1).await.unwrap_err();
+    let e = node.jobs.local_checkpoint(JOB, 1, false).await.unwrap_err();
     assert!(
         matches!(e, AgentError::WrongPhase { .. }),
         "no dump before the freeze: {e}"
     );
     node.jobs.quiesce(JOB, 1).await.expect("quiesce");
     node.jobs
-        .local_checkpoint(JOB, 1)
+        .local_checkpoint(JOB, 1, false)
         .await
         .expect("local-checkpoint");
     assert_eq!(
@@ -279,7 +279,7 @@ async fn a_failed_dump_fails_local_checkpoint_and_the_abort_thaws_and_deletes() 
     let node = running().await;
     node.engine.script_dump(Step::Stuck);
     frozen(&node).await;
-    let e = node.jobs.local_checkpoint(JOB, 1).await.unwrap_err();
+    let e = node.jobs.local_checkpoint(JOB, 1, false).await.unwrap_err();
     assert!(matches!(e, AgentError::Engine { job: JOB, .. }), "{e}");
     node.jobs.abort(JOB, 1, "dump failed").await.expect("abort");
     assert_eq!(
@@ -319,7 +319,7 @@ fn stopped<T: std::fmt::Debug>(dumped: Result<T, AgentError>) -> AgentError {
 #[tokio::test]
 async fn a_dump_past_the_deadline_is_stopped_and_thawed_by_the_abort() {
     let (node, latch) = dump_hangs().await;
-    let (dumped, aborted) = tokio::join!(node.jobs.local_checkpoint(JOB, 1), async {
+    let (dumped, aborted) = tokio::join!(node.jobs.local_checkpoint(JOB, 1, false), async {
         tokio::time::sleep(DEADLINE).await;
         assert!(
             !node.jobs.engine_stop(JOB).stop(Some(2)),
@@ -347,7 +347,7 @@ async fn a_dump_past_the_deadline_is_stopped_and_thawed_by_the_abort() {
 #[tokio::test]
 async fn a_cancel_during_a_hung_dump_stops_the_dump() {
     let (node, latch) = dump_hangs().await;
-    let (dumped, signalled) = tokio::join!(node.jobs.local_checkpoint(JOB, 1), async {
+    let (dumped, signalled) = tokio::join!(node.jobs.local_checkpoint(JOB, 1, false), async {
         tokio::time::sleep(DEADLINE).await;
         tokio::time::timeout(
             Duration::from_secs(10),
@@ -371,7 +371,7 @@ async fn resume_thaws_the_job_and_finalize_seals_the_epoch() {
     );
     node.jobs.quiesce(JOB, 1).await.expect("quiesce");
     node.jobs
-        .local_checkpoint(JOB, 1)
+        .local_checkpoint(JOB, 1, false)
         .await
         .expect("local-checkpoint");
     node.jobs.resume(JOB, 1, false).await.expect("resume");
@@ -413,7 +413,7 @@ async fn a_thaw_past_the_deadline_or_stuck_ends_with_the_job_thawed() {
     node.host.script_thaw(Step::Hang(latch.clone()));
     frozen(&node).await;
     node.jobs
-        .local_checkpoint(JOB, 1)
+        .local_checkpoint(JOB, 1, false)
         .await
         .expect("local-checkpoint");
     let cut = tokio::time::timeout(DEADLINE, node.jobs.resume(JOB, 1, false)).await;
@@ -430,7 +430,7 @@ async fn a_thaw_past_the_deadline_or_stuck_ends_with_the_job_thawed() {
     node.jobs.initial_sync(JOB, 2).await.expect("initial-sync");
     node.jobs.quiesce(JOB, 2).await.expect("quiesce");
     node.jobs
-        .local_checkpoint(JOB, 2)
+        .local_checkpoint(JOB, 2, false)
         .await
         .expect("local-checkpoint");
     let e = node.jobs.resume(JOB, 2, false).await.unwrap_err();
@@ -460,7 +460,7 @@ async fn abort_thaws_a_frozen_job_and_only_a_frozen_one() {
     node.jobs.initial_sync(JOB, 2).await.expect("initial-sync");
     node.jobs.quiesce(JOB, 2).await.expect("quiesce");
     node.jobs
-        .local_checkpoint(JOB, 2)
+        .local_checkpoint(JOB, 2, false)
         .await
         .expect("local-checkpoint");
     node.jobs

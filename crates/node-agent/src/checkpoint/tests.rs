@@ -280,7 +280,7 @@ fn a_drained_layer_is_released_and_frozen_in_the_second_quiesce_round() {
             assert_eq!(job.layer_drained, [pid]);
             assert!(job.work.as_ref().unwrap().frozen_at.is_none());
         }
-        let e = jobs.local_checkpoint(JOB, 1).await.unwrap_err();
+        let e = jobs.local_checkpoint(JOB, 1, false).await.unwrap_err();
         assert!(
             e.to_string().contains("quiesce (first round"),
             "no dump before the second round: {e}"
@@ -309,7 +309,7 @@ fn a_drained_layer_is_released_and_frozen_in_the_second_quiesce_round() {
         );
         assert_eq!(state(), "FROZEN", "frozen after the release");
         assert_eq!(jobs.quiesce(JOB, 3).await.unwrap(), (Duration::ZERO, 0));
-        jobs.local_checkpoint(JOB, 3).await.unwrap();
+        jobs.local_checkpoint(JOB, 3, false).await.unwrap();
         assert_eq!(engine.dumps.load(Ordering::SeqCst), 1);
         {
             let job = j.lock().await;

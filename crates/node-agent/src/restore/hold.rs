@@ -23,31 +23,32 @@ impl Jobs {
         format!("ckpt_{kind}_{node}_{job}")
     }
 
-    /// Before a checkpointed part is killed (`checkpoint --kill`, a drain, a preemption): its
-    /// TCP connections are locked, each by its two ends, as the engine locks them while it
-    /// dumps. The engine's own lock ended with the dump (the job was to run on); without this
+    /// Before a part is dumped for a checkpoint that kills it (`checkpoint --kill`, a drain,
+    /// a preemption), or at the kill where the engine suspends the job itself: its TCP
+    /// connections are locked, each by its two ends, as the engine locks them while it dumps. The engine's own lock ended with the dump (the job was to run on); without this
     /// one the kill's FIN or reset reached the peers, and a peer outside the job (a client of
     /// a server) saw its connection end though the restart brings it back. Locked, the peer's
     /// packets go unanswered and TCP sends them again until the part is restored and runs
     /// ([`Jobs::unlock_killed_tcp`]). A sandbox is held whole, as for a restart (its namespace
     /// goes with the kill). A lock that cannot be made does not stop the kill: it is logged.
+    /// Returns whether the part is locked.
     pub(crate) async fn lock_tcp_before_kill(
         &self,
         job: &mut NodeJob,
         connections: &[(SocketAddr, SocketAddr)],
-    ) {
+    ) -> bool {
         let id = job.record.id;
         let r = if job.record.sandbox.is_some() {
             crate::os::sandbox::hold(&self.netns(id)).await
         } else if connections.is_empty() {
-            return;
+            return false;
         } else {
             let script = lock_script(&self.job_table("lock", id), connections);
             crate::os::sandbox::run("nft", &["-f", "-"], Some(&script)).await
         };
         if let Err(e) = r {
             warn!(job = id, error = %e, "cannot lock the part's TCP connections before its kill: peers outside the job see them end");
-            return;
+            return false;
         }
         debug!(
             job = id,
@@ -60,11 +61,21 @@ impl Jobs {
                 warn!(job = id, error = %e, "cannot record the lock on the part's TCP connections");
             }
         }
+        true
+    }
+
+    /// Lifts the lock of [`Jobs::lock_tcp_before_kill`] from a part that was not killed after
+    /// all (its epoch aborted): it runs on, and its connections with it.
+    pub(crate) async fn unlock_tcp_after_abort(&self, job: &mut NodeJob) {
+        if job.record.sandbox.is_some() {
+            crate::os::sandbox::release(&self.netns(job.record.id)).await;
+        }
+        self.unlock_killed_tcp(job).await;
     }
 
     /// Lifts the lock of [`Jobs::lock_tcp_before_kill`], if there is one: the restored part
     /// is about to run.
-    pub(super) async fn unlock_killed_tcp(&self, job: &mut NodeJob) {
+    pub(crate) async fn unlock_killed_tcp(&self, job: &mut NodeJob) {
         if !job.record.tcp_locked {
             return;
         }

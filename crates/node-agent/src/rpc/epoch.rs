@@ -166,7 +166,7 @@ async fn run_phase(
                 .await
                 .map(|(_, drained)| ev.drained = drained),
             pb::Phase::LocalCheckpoint => jobs
-                .local_checkpoint(job, epoch)
+                .local_checkpoint(job, epoch, cmd.kill)
                 .await
                 .map(|(_, frozen)| ev.frozen_us = us(frozen)),
             pb::Phase::Resume => jobs

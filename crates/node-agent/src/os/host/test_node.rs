@@ -220,7 +220,7 @@ impl TestNode {
         let jobs = &self.jobs;
         jobs.initial_sync(JOB, epoch).await.expect("initial-sync");
         jobs.quiesce(JOB, epoch).await.expect("quiesce");
-        jobs.local_checkpoint(JOB, epoch)
+        jobs.local_checkpoint(JOB, epoch, false)
             .await
             .expect("local-checkpoint");
         jobs.resume(JOB, epoch, kill).await.expect("resume");
