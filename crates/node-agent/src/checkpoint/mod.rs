@@ -151,20 +151,13 @@ impl Jobs {
                 root,
             });
         }
-        match job.observe(self.node.host.as_ref()) {
-            Observed::Running => {}
-            Observed::Exited(e) => {
-                return Err(AgentError::NotRunning {
-                    job: job_id,
-                    state: e.text(),
-                })
-            }
-            Observed::Lost => {
-                return Err(AgentError::NotRunning {
-                    job: job_id,
-                    state: "no processes".into(),
-                })
-            }
+        let ended = match job.observe(self.node.host.as_ref()) {
+            Observed::Running => None,
+            Observed::Exited(e) => Some(e.text()),
+            Observed::Lost => Some("no processes".to_string()),
+        };
+        if let Some(state) = ended {
+            return Err(AgentError::NotRunning { job: job_id, state });
         }
         let pids = self
             .node
@@ -183,7 +176,6 @@ impl Jobs {
                 .expect("engine status task")
                 .map_err(|state| AgentError::NotRunning { job: job_id, state })?;
         }
-        let mut estimated = 0u64;
         // A process with a channel releases the device before the freeze; checked again then.
         let channeled = self.node.channels.up(&pids).await;
         refuse_verbs_without_channel(
@@ -195,9 +187,7 @@ impl Jobs {
         refuse_stopped(self.node.host.as_ref(), job_id, &pids)?;
         refuse_privileged(self.node.host.as_ref(), job_id, &pids, job.record.owner)?;
         self.check_channels(job_id, &channeled).await?;
-        for &pid in &pids {
-            estimated += self.node.host.rss_bytes(pid);
-        }
+        let estimated: u64 = pids.iter().map(|&p| self.node.host.rss_bytes(p)).sum();
         // On top of a chain of pre-dumps, the dump writes what was written since the newest.
         let on_chain = chain.as_ref().and_then(|c| {
             (c.incarnation == job.record.incarnation && !c.links.is_empty()).then(|| {
