@@ -372,8 +372,7 @@ impl Jobs {
                 .as_ref()
                 .map(|w| w.pids.clone())
                 .unwrap_or_default();
-            let connections = self.node.host.tcp_connections(&pids);
-            let locked = self.lock_tcp_before_kill(&mut job, &connections).await;
+            let locked = self.lock_tcp_before_kill(&mut job, &pids).await;
             job.work.as_mut().expect("checked").kill_lock = locked;
         }
         // An abort or a cancel ends the dump through this, without the job's lock.
@@ -414,8 +413,7 @@ impl Jobs {
         if kill && !job.work.as_ref().is_some_and(|w| w.kill_lock) {
             // Not locked at the dump (an engine that suspends the job itself): now.
             let pids = host.pids(&job.cgroup).unwrap_or_default();
-            let connections = host.tcp_connections(&pids);
-            self.lock_tcp_before_kill(&mut job, &connections).await;
+            self.lock_tcp_before_kill(&mut job, &pids).await;
         }
         let (mut job, r) = tokio::task::spawn_blocking(move || {
             let r = if kill {

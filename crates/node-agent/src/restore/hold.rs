@@ -25,25 +25,23 @@ impl Jobs {
 
     /// Before a part is dumped for a checkpoint that kills it (`checkpoint --kill`, a drain,
     /// a preemption), or at the kill where the engine suspends the job itself: its TCP
-    /// connections are locked, each by its two ends, as the engine locks them while it dumps. The engine's own lock ended with the dump (the job was to run on); without this
-    /// one the kill's FIN or reset reached the peers, and a peer outside the job (a client of
+    /// connections (those `pids` hold) are locked, each by its two ends, as the engine locks
+    /// them while it dumps. The engine's own lock ended with the dump (the job was to run
+    /// on); without this one the kill's FIN or reset reached the peers, and a peer outside the job (a client of
     /// a server) saw its connection end though the restart brings it back. Locked, the peer's
     /// packets go unanswered and TCP sends them again until the part is restored and runs
     /// ([`Jobs::unlock_killed_tcp`]). A sandbox is held whole, as for a restart (its namespace
     /// goes with the kill). A lock that cannot be made does not stop the kill: it is logged.
     /// Returns whether the part is locked.
-    pub(crate) async fn lock_tcp_before_kill(
-        &self,
-        job: &mut NodeJob,
-        connections: &[(SocketAddr, SocketAddr)],
-    ) -> bool {
+    pub(crate) async fn lock_tcp_before_kill(&self, job: &mut NodeJob, pids: &[i32]) -> bool {
         let id = job.record.id;
+        let connections = self.node.host.tcp_connections(pids);
         let r = if job.record.sandbox.is_some() {
             crate::os::sandbox::hold(&self.netns(id)).await
         } else if connections.is_empty() {
             return false;
         } else {
-            let script = lock_script(&self.job_table("lock", id), connections);
+            let script = lock_script(&self.job_table("lock", id), &connections);
             crate::os::sandbox::run("nft", &["-f", "-"], Some(&script)).await
         };
         if let Err(e) = r {
