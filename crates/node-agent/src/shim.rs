@@ -274,11 +274,14 @@ pub fn main(spec_path: &Path) -> i32 {
         }
     }
     LENT.store(spec.lent, std::sync::atomic::Ordering::Relaxed);
+    // The part's network namespace, held from here to the end: its interface is taken off
+    // the network when the part ends or is fenced ([`fence::unplug`]).
+    let job_net = spec.mode.netns().and_then(|p| fs::File::open(p).ok());
     if let Some(lease) = &spec.lease {
         fence::fence_on_expiry(
             crate::rpc::lease::Expiry::new(lease.clone()),
             spec.cgroup_procs.clone(),
-            spec.mode.netns().map(Path::to_path_buf),
+            job_net.as_ref().and_then(|f| f.try_clone().ok()),
             spec.run_dir.join(crate::rpc::lease::FENCED),
         );
     }
@@ -296,6 +299,9 @@ pub fn main(spec_path: &Path) -> i32 {
     let exit = reap::reap_until_empty(root, &spec.cgroup_procs);
     if exit.ended > 0 {
         reap::note_ended(&spec.stderr, &exit);
+    }
+    if let Some(ns) = &job_net {
+        fence::unplug(ns);
     }
     write_json(&spec.run_dir.join(EXIT), &exit);
     0
