@@ -176,6 +176,11 @@ impl Proxy {
     }
 }
 
+/// Whether a failed read of a non-blocking real descriptor only found nothing.
+pub fn nothing_yet(rc: c_int) -> bool {
+    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

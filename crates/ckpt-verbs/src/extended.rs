@@ -1,12 +1,12 @@
 //! rdma-core's newer post calls (`ibv_create_qp_ex` with send operations, `ibv_qp_to_qp_ex`,
 //! `ibv_wr_start` ... `ibv_wr_complete`), which libraries other than UCX use.
 //!
-//! The header's `ibv_create_qp_ex` finds [`create_qp_ex`] among a shadow context's extended
+//! The header's `ibv_create_qp_ex` finds the exported calls' `create_qp_ex` among a shadow context's extended
 //! operations ([`crate::shadow::ExtendedOps`]); the QP it makes is a shadow like any other, over
 //! a real QP made with `ibv_create_qp`, so a rebuild makes it again the same way. Its
 //! `ibv_qp_ex` (the shadow's first field, as the provider's is) carries this module's builders:
 //! between `ibv_wr_start` and `ibv_wr_complete` they only note each work request in the QP's
-//! [`Session`] (inline data copied, as the calls promise), and `ibv_wr_complete` posts the lot as
+//! [`session::Session`] (inline data copied, as the calls promise), and `ibv_wr_complete` posts the lot as
 //! one chain through [`crate::fastpath::post_send`]. So the requests are translated, counted
 //! and held at the gate exactly as `ibv_post_send`'s are, a session never straddles a
 //! checkpoint, and what the device sees of it is one post, as from the provider's builders.
@@ -25,10 +25,12 @@ use std::ptr::null_mut;
 
 use ffi::ibv_wr_opcode as op;
 use ibverbs_sys as ffi;
-use smallvec::SmallVec;
 
-use crate::exports::set_errno;
-use crate::shadow::{layer, lock, ShadowQp};
+use crate::shadow::{lock, ShadowQp};
+
+pub mod session;
+
+use session::Noted;
 
 /// The send operations a shadow QP offers through the extended calls: those
 /// [`crate::fastpath`] translates.
@@ -77,104 +79,6 @@ pub fn send_op_names(ops: u64) -> String {
         names.push(format!("{left:#x}"));
     }
     names.join("|")
-}
-
-/// One work request of a session: the request as `ibv_post_send` takes it (its list and link
-/// set when posted), its scatter list and its inline data.
-#[derive(Clone)]
-struct Noted {
-    wr: ffi::ibv_send_wr,
-    sges: SmallVec<[ffi::ibv_sge; 2]>,
-    inline: Vec<u8>,
-}
-
-/// The work requests of one QP since `ibv_wr_start`.
-#[derive(Default)]
-pub struct Session {
-    noted: Vec<Noted>,
-    /// The first error of a builder (posted nothing at `ibv_wr_complete`), 0 if none.
-    error: c_int,
-    /// The chain handed to the post, kept between sessions for its capacity.
-    chain: Vec<ffi::ibv_send_wr>,
-}
-
-impl std::fmt::Debug for Session {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Session")
-            .field("requests", &self.noted.len())
-            .field("error", &self.error)
-            .finish()
-    }
-}
-
-impl Session {
-    /// Starts over (`ibv_wr_start`, `ibv_wr_abort`).
-    fn clear(&mut self) {
-        self.noted.clear();
-        self.error = 0;
-    }
-
-    /// A new request with the program's id and flags.
-    fn begin(&mut self, wr_id: u64, flags: u32, opcode: u32) -> &mut ffi::ibv_send_wr {
-        let mut wr: ffi::ibv_send_wr = crate::shadow::zeroed();
-        wr.wr_id = wr_id;
-        wr.send_flags = flags;
-        wr.opcode = opcode;
-        self.noted.push(Noted {
-            wr,
-            sges: SmallVec::new(),
-            inline: Vec::new(),
-        });
-        &mut self.noted.last_mut().expect("just pushed").wr
-    }
-
-    /// The request a setter applies to: the last one begun (an error if none).
-    fn last(&mut self) -> Option<&mut Noted> {
-        if self.noted.is_empty() && self.error == 0 {
-            self.error = libc::EINVAL;
-        }
-        self.noted.last_mut()
-    }
-
-    /// Links the noted requests into a chain for `ibv_post_send`: each with its own list, the
-    /// inline ones pointing at their copied data. The chain points into the session, which
-    /// must not change until the post returns.
-    fn link(&mut self) -> *mut ffi::ibv_send_wr {
-        let Session { noted, chain, .. } = self;
-        chain.clear();
-        for n in noted.iter_mut() {
-            let mut wr = n.wr;
-            if wr.send_flags & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0 && !n.inline.is_empty() {
-                n.sges.clear();
-                n.sges.push(ffi::ibv_sge {
-                    addr: n.inline.as_ptr() as u64,
-                    length: n.inline.len() as u32,
-                    lkey: 0,
-                });
-            }
-            wr.sg_list = if n.sges.is_empty() {
-                null_mut()
-            } else {
-                n.sges.as_mut_ptr()
-            };
-            wr.num_sge = n.sges.len() as c_int;
-            chain.push(wr);
-        }
-        let base = chain.as_mut_ptr();
-        let len = chain.len();
-        for (i, w) in chain.iter_mut().enumerate() {
-            w.next = if i + 1 < len {
-                base.wrapping_add(i + 1)
-            } else {
-                null_mut()
-            };
-        }
-        if len == 0 {
-            null_mut()
-        } else {
-            base
-        }
-    }
 }
 
 /// The shadow QP whose `ibv_qp_ex` is `qp`, with the program's id and flags for the next
@@ -468,7 +372,7 @@ pub fn offer(s: &mut ShadowQp, send_ops: u64) {
 }
 
 /// Why the layer cannot make a QP `ibv_create_qp_ex` asks for, if it cannot.
-pub fn refusal(a: &ffi::ibv_qp_init_attr_ex) -> Option<String> {
+pub(crate) fn refusal(a: &ffi::ibv_qp_init_attr_ex) -> Option<String> {
     let known = ffi::IBV_QP_INIT_ATTR_PD | ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
     if a.comp_mask & ffi::IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
         return Some("ibv_create_qp_ex without a PD (XRC and RSS QPs are not supported)".into());
@@ -492,65 +396,6 @@ pub fn refusal(a: &ffi::ibv_qp_init_attr_ex) -> Option<String> {
         ));
     }
     None
-}
-
-/// `create_qp_ex` of a shadow context: what the header's `ibv_create_qp_ex` calls for a request
-/// with more than a PD. A shadow QP over a real one made with `ibv_create_qp`, with the
-/// extended post calls when send operations were asked for.
-pub unsafe extern "C" fn create_qp_ex(
-    ctx: *mut ffi::ibv_context,
-    attr: *mut ffi::ibv_qp_init_attr_ex,
-) -> *mut ffi::ibv_qp {
-    // SAFETY: the program's attributes, as `ibv_create_qp_ex` takes them.
-    let a = unsafe { &mut *attr };
-    if let Some(why) = refusal(a) {
-        layer().refuse(why);
-        set_errno(libc::EOPNOTSUPP);
-        return null_mut();
-    }
-    // SAFETY: `pd` is the program's PD, checked above.
-    if unsafe { (*a.pd).context } != ctx {
-        set_errno(libc::EINVAL);
-        return null_mut();
-    }
-    let mut init = ffi::ibv_qp_init_attr {
-        qp_context: a.qp_context,
-        send_cq: a.send_cq,
-        recv_cq: a.recv_cq,
-        srq: a.srq,
-        cap: a.cap,
-        qp_type: a.qp_type,
-        sq_sig_all: a.sq_sig_all,
-    };
-    let ops = if a.comp_mask & ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
-        a.send_ops_flags
-    } else {
-        0
-    };
-    // SAFETY: the program's PD and attributes.
-    let qp = unsafe { crate::exports::create_shadow_qp(a.pd, &mut init, ops) };
-    if !qp.is_null() {
-        a.cap = init.cap;
-    }
-    qp
-}
-
-/// `ibv_qp_to_qp_ex`: a shadow QP made with send operations hands out its own `ibv_qp_ex`;
-/// another has none (as libibverbs answers for a QP made without them).
-#[no_mangle]
-pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ffi::ibv_qp) -> *mut ffi::ibv_qp_ex {
-    let f = crate::exports::real_or!(ibv_qp_to_qp_ex, null_mut());
-    // SAFETY: the program's QP.
-    unsafe {
-        if !layer().is_shadow((*qp).context) {
-            return f(qp);
-        }
-        let s = qp as *mut ShadowQp;
-        if (*s).send_ops == 0 {
-            return null_mut();
-        }
-        &mut (*s).ex
-    }
 }
 
 #[cfg(test)]

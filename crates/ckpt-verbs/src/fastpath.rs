@@ -398,7 +398,7 @@ fn translate_source(t: &Tables, wc: &mut ffi::ibv_wc, r: &Receive) {
     };
     // A sender the layer holds nothing of since the reconnect: its endpoints are asked for.
     if !t.knows_port(from) && t.needs_lookup(from.id()) {
-        crate::cycle::meet(from.id());
+        crate::lookup::meet(from.id());
     }
     wc.src_qp = t.remote_source_qpn(from, wc.src_qp);
 }

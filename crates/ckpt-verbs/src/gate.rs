@@ -319,7 +319,7 @@ impl Gate {
     }
 
     /// Runs `f` (with the gate closed) in the opening thread when it waits at the gate, or
-    /// here when it does not come within [`PICKUP`]. The thread that ran it becomes the
+    /// here when it does not come within `PICKUP`. The thread that ran it becomes the
     /// opener when `opens` (it opened the device again).
     pub fn run<R: Send + 'static>(
         &'static self,
@@ -345,6 +345,26 @@ impl Gate {
                 rx.recv().expect("a taken task always answers")
             }
         }
+    }
+}
+
+/// Waits on a proxy for the real call `get` to have something: `get` runs inside the gate
+/// (the real object may be released and rebuilt meanwhile), the waiting outside it. A program
+/// that made its descriptor non-blocking gets EAGAIN instead of a wait.
+pub fn wait_on(proxy: &crate::events::Proxy, mut get: impl FnMut() -> Option<c_int>) -> c_int {
+    loop {
+        {
+            let _pass = gate().enter();
+            if let Some(rc) = get() {
+                return rc;
+            }
+            proxy.settle();
+            if proxy.nonblocking() {
+                crate::real::set_errno(libc::EAGAIN);
+                return -1;
+            }
+        }
+        proxy.wait(100);
     }
 }
 

@@ -24,6 +24,7 @@ pub mod exports;
 pub mod extended;
 pub mod fastpath;
 pub mod gate;
+pub mod lookup;
 pub mod real;
 pub mod shadow;
 pub mod status;

@@ -137,3 +137,16 @@ pub unsafe fn device_name(dev: *mut ffi::ibv_device) -> String {
         .to_string_lossy()
         .into_owned()
 }
+
+/// A zeroed plain-data verbs struct (all of them are valid zeroed, mutexes included: glibc's
+/// static initializer is all zeros).
+pub fn zeroed<T>() -> T {
+    // SAFETY: used only for libibverbs' plain C structs, for which all-zero is valid.
+    unsafe { std::mem::zeroed() }
+}
+
+/// Sets `errno` for the program.
+pub fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns this thread's errno.
+    unsafe { *libc::__errno_location() = e };
+}

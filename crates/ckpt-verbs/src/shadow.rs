@@ -17,10 +17,15 @@ use std::sync::Mutex;
 
 use ibverbs_sys as ffi;
 
+use crate::real::real;
 use crate::xlate::{Addr, Tables};
 
 /// What the program sees of a verbs object, whose real counterpart a rebuild replaces.
 pub type Real<T> = AtomicPtr<T>;
+
+/// A context's `create_qp_ex` operation (the layer's is the exported calls' `create_qp_ex`).
+pub type CreateQpEx =
+    unsafe extern "C" fn(*mut ffi::ibv_context, *mut ffi::ibv_qp_init_attr_ex) -> *mut ffi::ibv_qp;
 
 /// The extended operations libibverbs' header reads just before a context whose `abi_compat`
 /// says it is extended (the tail of rdma-core's `struct verbs_context`, from `create_qp_ex` to
@@ -32,12 +37,7 @@ pub type Real<T> = AtomicPtr<T>;
 #[derive(Default)]
 pub struct ExtendedOps {
     /// `create_qp_ex`.
-    pub create_qp_ex: Option<
-        unsafe extern "C" fn(
-            *mut ffi::ibv_context,
-            *mut ffi::ibv_qp_init_attr_ex,
-        ) -> *mut ffi::ibv_qp,
-    >,
+    pub create_qp_ex: Option<CreateQpEx>,
     /// `get_srq_num`, `create_srq_ex`, `open_xrcd`, `close_xrcd` and a placeholder: none.
     pub none: [usize; 5],
     /// The size of the extended part, counted from `create_qp_ex` to the context's end.
@@ -75,18 +75,20 @@ pub struct ShadowCtx {
 }
 
 impl ShadowCtx {
-    /// A shadow of `real`, a context on `device`.
+    /// A shadow of `real`, a context on `device`, whose extended operations offer
+    /// `create_qp_ex`.
     pub fn new(
         ctx: ffi::ibv_context,
         real: *mut ffi::ibv_context,
         device: String,
         async_proxy: crate::events::Proxy,
+        create_qp_ex: CreateQpEx,
     ) -> Self {
         let mut ctx = ctx;
         ctx.abi_compat = usize::MAX as *mut std::ffi::c_void;
         ShadowCtx {
             ext: ExtendedOps {
-                create_qp_ex: Some(crate::extended::create_qp_ex),
+                create_qp_ex: Some(create_qp_ex),
                 none: [0; 5],
                 sz: std::mem::size_of::<ExtendedOps>() + std::mem::size_of::<ffi::ibv_context>(),
             },
@@ -103,6 +105,100 @@ impl ShadowCtx {
     /// The shadow whose `ctx` is at `ctx`.
     pub fn of(ctx: *const ffi::ibv_context) -> *mut ShadowCtx {
         ctx.wrapping_byte_sub(std::mem::offset_of!(ShadowCtx, ctx)) as *mut ShadowCtx
+    }
+}
+
+impl ShadowCtx {
+    /// The context's address now, at the GID index its peers know it by (port 1), for the
+    /// status: after a restart on another node it differs from the one named by
+    /// [`ShadowCtx::ident`].
+    pub fn addr_now(&self) -> Option<Addr> {
+        if self.real.load(Ordering::Acquire).is_null() {
+            return None;
+        }
+        self.own_addr(1, self.gid_index.load(Ordering::Relaxed))
+    }
+
+    /// This process's address on the context's `port` now: the GID at `index`, or (−1) the
+    /// LID.
+    pub fn own_addr(&self, port: u8, index: i32) -> Option<Addr> {
+        let real_ctx = self.real.load(Ordering::Acquire);
+        if index >= 0 {
+            let mut gid: ffi::ibv_gid = zeroed();
+            let q = real().ibv_query_gid?;
+            // SAFETY: a live real context and a GID to fill.
+            // SAFETY: every bit pattern of the union is a valid `raw` array.
+            (unsafe { q(real_ctx, port, index, &mut gid) } == 0).then_some(Addr(unsafe { gid.raw }))
+        } else {
+            port_attr(real_ctx, port).map(|a| Addr::lid(a.lid))
+        }
+    }
+}
+
+/// A port's attributes.
+pub(crate) fn port_attr(ctx: *mut ffi::ibv_context, port: u8) -> Option<ffi::ibv_port_attr> {
+    let q = real().ibv_query_port?;
+    let mut a: ffi::ibv_port_attr = zeroed();
+    // SAFETY: a live real context; the exported call fills a `struct ibv_port_attr`.
+    (unsafe {
+        q(
+            ctx,
+            port,
+            &mut a as *mut _ as *mut ffi::_compat_ibv_port_attr,
+        )
+    } == 0)
+        .then_some(a)
+}
+
+/// Where the layer is in the cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Objects exist; the program's calls go through.
+    Up,
+    /// Drained, objects alive, the program's calls held.
+    Drained,
+    /// Everything released: the process can be snapshotted.
+    Down,
+    /// Objects made again, waiting for the peers' new endpoints.
+    Rebuilt,
+}
+
+static STAGE: Mutex<Stage> = Mutex::new(Stage::Up);
+
+/// Where the layer is.
+pub fn stage() -> Stage {
+    *lock(&STAGE)
+}
+
+pub(crate) fn set_stage(s: Stage) {
+    *lock(&STAGE) = s;
+}
+
+/// The real context behind `ctx`, or `ctx` itself when it is libibverbs' own.
+///
+/// # Safety
+/// `ctx` is a context pointer; a shadow's is read inside the gate.
+pub unsafe fn real_ctx(ctx: *mut ffi::ibv_context) -> *mut ffi::ibv_context {
+    if layer().is_shadow(ctx) {
+        // SAFETY: a registered shadow context.
+        unsafe { (*ShadowCtx::of(ctx)).real.load(Ordering::Acquire) }
+    } else {
+        ctx
+    }
+}
+
+/// The real PD behind `pd` (a PD's context tells whether it is a shadow).
+///
+/// # Safety
+/// `pd` is a PD pointer.
+pub unsafe fn real_pd(pd: *mut ffi::ibv_pd) -> *mut ffi::ibv_pd {
+    // SAFETY: a PD's first field is its context; a shadow PD's is a shadow context.
+    unsafe {
+        if !pd.is_null() && layer().is_shadow((*pd).context) {
+            (*(pd as *mut ShadowPd)).real.load(Ordering::Acquire)
+        } else {
+            pd
+        }
     }
 }
 
@@ -320,7 +416,7 @@ pub struct ShadowQp {
     pub send_ops: u64,
     /// The extended post calls' work requests since `ibv_wr_start`, posted at once by
     /// `ibv_wr_complete`.
-    pub session: Mutex<crate::extended::Session>,
+    pub session: Mutex<crate::extended::session::Session>,
 }
 
 impl ShadowQp {
@@ -345,7 +441,7 @@ impl ShadowQp {
             markers: AtomicU32::new(0),
             async_events: AsyncAcks::default(),
             send_ops: 0,
-            session: Mutex::new(crate::extended::Session::default()),
+            session: Mutex::new(crate::extended::session::Session::default()),
         }
     }
 }
@@ -525,12 +621,7 @@ pub unsafe fn free<T>(p: *mut T) {
     drop(unsafe { Box::from_raw(p) });
 }
 
-/// A zeroed plain-data verbs struct (all of them are valid zeroed, mutexes included: glibc's
-/// static initializer is all zeros).
-pub fn zeroed<T>() -> T {
-    // SAFETY: used only for libibverbs' plain C structs, for which all-zero is valid.
-    unsafe { std::mem::zeroed() }
-}
+pub use crate::real::zeroed;
 
 #[cfg(test)]
 mod async_acks_tests {

@@ -52,7 +52,7 @@ fn write_now() {
     }
 }
 
-/// Notes a lookup of address `id` after a reconnect ([`crate::cycle::meet`]): the endpoints
+/// Notes a lookup of address `id` after a reconnect ([`crate::lookup::meet`]): the endpoints
 /// found there, or why there was no answer; and writes the report (lookups are rare: one per
 /// address met between two checkpoints).
 pub fn looked_up(id: u64, endpoints: usize, error: Option<String>) {
@@ -133,7 +133,7 @@ fn contexts(l: &Layer) -> Vec<Value> {
             json!({
                 "device": c.device,
                 "ident": format!("{:016x}", c.ident.load(Relaxed)),
-                "gid_now": crate::cycle::addr_now(c).map(|a| hex(&a.0)),
+                "gid_now": c.addr_now().map(|a| hex(&a.0)),
             })
         })
         .collect()

@@ -33,38 +33,14 @@ use crate::shadow::{
     addr_of, layer, lock, Layer, ShadowAh, ShadowChannel, ShadowCq, ShadowCtx, ShadowMr, ShadowPd,
     ShadowQp, ShadowSrq,
 };
-use crate::xlate::Addr;
 
 mod peers;
 mod rebuild;
-pub use peers::meet;
-
-/// Where the layer is in the cycle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stage {
-    /// Objects exist; the program's calls go through.
-    Up,
-    /// Drained, objects alive, the program's calls held.
-    Drained,
-    /// Everything released: the process can be snapshotted.
-    Down,
-    /// Objects made again, waiting for the peers' new endpoints.
-    Rebuilt,
-}
-
-static STAGE: Mutex<Stage> = Mutex::new(Stage::Up);
+use crate::shadow::set_stage;
+pub use crate::shadow::{stage, Stage};
 
 /// What the last release kept for the program (for the status after the rebuild).
 static KEPT: Mutex<Option<QuiesceReport>> = Mutex::new(None);
-
-/// Where the layer is.
-pub fn stage() -> Stage {
-    *lock(&STAGE)
-}
-
-fn set_stage(s: Stage) {
-    *lock(&STAGE) = s;
-}
 
 fn need(want: Stage, op: &str) -> Result<(), String> {
     let now = stage();
@@ -242,48 +218,10 @@ pub unsafe fn note_source(ctx: *mut ffi::ibv_context, ah: &ffi::ibv_ah_attr) {
         -1
     };
     let port = if ah.port_num == 0 { 1 } else { ah.port_num };
-    if let Some(me) = own_addr(c, port, index) {
+    if let Some(me) = c.own_addr(port, index) {
         c.gid_index.store(index, Relaxed);
         let _ = c.ident.compare_exchange(0, me.id(), Relaxed, Relaxed);
     }
-}
-
-/// A context's address now, at the GID index its peers know it by (port 1), for the status:
-/// after a restart on another node it differs from the one named by [`ShadowCtx::ident`].
-pub fn addr_now(c: &ShadowCtx) -> Option<Addr> {
-    if c.real.load(std::sync::atomic::Ordering::Acquire).is_null() {
-        return None;
-    }
-    own_addr(c, 1, c.gid_index.load(std::sync::atomic::Ordering::Relaxed))
-}
-
-/// This process's address on `ctx`'s port now: the GID at `index`, or (−1) the LID.
-fn own_addr(c: &ShadowCtx, port: u8, index: i32) -> Option<Addr> {
-    let real_ctx = c.real.load(std::sync::atomic::Ordering::Acquire);
-    if index >= 0 {
-        let mut gid: ffi::ibv_gid = crate::shadow::zeroed();
-        let q = real().ibv_query_gid?;
-        // SAFETY: a live real context and a GID to fill.
-        // SAFETY: every bit pattern of the union is a valid `raw` array.
-        (unsafe { q(real_ctx, port, index, &mut gid) } == 0).then_some(Addr(unsafe { gid.raw }))
-    } else {
-        port_attr(real_ctx, port).map(|a| Addr::lid(a.lid))
-    }
-}
-
-/// A port's attributes.
-fn port_attr(ctx: *mut ffi::ibv_context, port: u8) -> Option<ffi::ibv_port_attr> {
-    let q = real().ibv_query_port?;
-    let mut a: ffi::ibv_port_attr = crate::shadow::zeroed();
-    // SAFETY: a live real context; the exported call fills a `struct ibv_port_attr`.
-    (unsafe {
-        q(
-            ctx,
-            port,
-            &mut a as *mut _ as *mut ffi::_compat_ibv_port_attr,
-        )
-    } == 0)
-        .then_some(a)
 }
 
 /// Points an address vector the program gave (its peer as it knows it) at where that peer is

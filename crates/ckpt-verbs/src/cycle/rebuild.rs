@@ -9,9 +9,10 @@ use ib_quiesce::verbs::Port;
 use ib_quiesce::Endpoint;
 use ibverbs_sys as ffi;
 
-use super::{all, each, port_attr, to_real_av};
+use super::{all, each, to_real_av};
 use crate::exports::real_channel;
 use crate::real::{device_name, real};
+use crate::shadow::port_attr;
 use crate::shadow::{
     addr_of, layer, lock, Receive, ShadowAh, ShadowChannel, ShadowCq, ShadowCtx, ShadowMr,
     ShadowPd, ShadowQp, ShadowSrq, Transition,
@@ -376,7 +377,7 @@ fn endpoints() -> Vec<Endpoint> {
 /// kept receives posted again, the CQs the program armed armed again.
 pub(super) fn reconnect(eps: &[Endpoint]) -> Result<(), String> {
     let l = layer();
-    super::peers::learn(eps);
+    crate::lookup::learn(eps);
     let r = real();
     let create_ah = r.ibv_create_ah.ok_or("libibverbs lacks ibv_create_ah")?;
     let notify = |cq: *mut ffi::ibv_cq| {

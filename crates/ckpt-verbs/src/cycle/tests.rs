@@ -115,6 +115,7 @@ fn check_reports_the_contexts_descriptors_and_quiesce_refuses_a_group_in_use() {
             null_mut(),
             "none".into(),
             Proxy::new().expect("eventfd"),
+            crate::exports::create_qp_ex,
         ));
         // SAFETY: just made.
         unsafe { (*c).cmd_fd.store(fd, Relaxed) };

@@ -8,42 +8,14 @@ use std::sync::atomic::Ordering::Acquire;
 use ibverbs_sys as ffi;
 
 use super::{real_or, set_errno};
-use crate::events::Proxy;
+use crate::events::{nothing_yet, Proxy};
 use crate::fastpath;
-use crate::gate::{gate, tid};
+use crate::gate::{gate, tid, wait_on};
 use crate::real::device_name;
 use crate::shadow::{
-    boxed, free, layer, zeroed, Layer, Registration, ShadowCq, ShadowCtx, ShadowMr, ShadowPd,
-    ShadowQp, ShadowSrq,
+    boxed, free, layer, real_ctx, real_pd, zeroed, Layer, Registration, ShadowCq, ShadowCtx,
+    ShadowMr, ShadowPd, ShadowQp, ShadowSrq,
 };
-
-/// The real context behind `ctx`, or `ctx` itself when it is libibverbs' own.
-///
-/// # Safety
-/// `ctx` is a context pointer; a shadow's is read inside the gate.
-pub(super) unsafe fn real_ctx(ctx: *mut ffi::ibv_context) -> *mut ffi::ibv_context {
-    if layer().is_shadow(ctx) {
-        // SAFETY: a registered shadow context.
-        unsafe { (*ShadowCtx::of(ctx)).real.load(Acquire) }
-    } else {
-        ctx
-    }
-}
-
-/// The real PD behind `pd` (a PD's context tells whether it is a shadow).
-///
-/// # Safety
-/// `pd` is a PD pointer.
-pub(super) unsafe fn real_pd(pd: *mut ffi::ibv_pd) -> *mut ffi::ibv_pd {
-    // SAFETY: a PD's first field is its context; a shadow PD's is a shadow context.
-    unsafe {
-        if !pd.is_null() && layer().is_shadow((*pd).context) {
-            (*(pd as *mut ShadowPd)).real.load(Acquire)
-        } else {
-            pd
-        }
-    }
-}
 
 /// Whether the program drives its verbs objects through ib-quiesce's own channel
 /// (`libib_quiesce.so` is loaded): then that channel takes them through checkpoints, and the
@@ -102,7 +74,13 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi:
     ctx.ops.post_srq_recv = Some(fastpath::post_srq_recv);
     ctx.ops.poll_cq = Some(fastpath::poll_cq);
     ctx.ops.req_notify_cq = Some(fastpath::req_notify_cq);
-    let s = boxed(ShadowCtx::new(ctx, rc, name.clone(), proxy));
+    let s = boxed(ShadowCtx::new(
+        ctx,
+        rc,
+        name.clone(),
+        proxy,
+        super::queues::create_qp_ex,
+    ));
     // SAFETY: `s` was just made, `rc` is a live context.
     unsafe {
         (*s).cmd_fd
@@ -156,31 +134,6 @@ fn event_kind(t: ffi::ibv_event_type) -> Option<char> {
         ffi::IBV_EVENT_SRQ_ERR | ffi::IBV_EVENT_SRQ_LIMIT_REACHED => Some('s'),
         _ => None,
     }
-}
-
-/// Waits on a proxy for the real call `get` to have something: `get` runs inside the gate
-/// (the real object may be released and rebuilt meanwhile), the waiting outside it. A program
-/// that made its descriptor non-blocking gets EAGAIN instead of a wait.
-pub(super) fn wait_on(proxy: &Proxy, mut get: impl FnMut() -> Option<c_int>) -> c_int {
-    loop {
-        {
-            let _pass = gate().enter();
-            if let Some(rc) = get() {
-                return rc;
-            }
-            proxy.settle();
-            if proxy.nonblocking() {
-                set_errno(libc::EAGAIN);
-                return -1;
-            }
-        }
-        proxy.wait(100);
-    }
-}
-
-/// Whether a failed read of a non-blocking real descriptor only found nothing.
-pub(super) fn nothing_yet(rc: c_int) -> bool {
-    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN)
 }
 
 /// `ibv_get_async_event`: the real event, its QP, CQ or SRQ replaced by the shadow; waits on

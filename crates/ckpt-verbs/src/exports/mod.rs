@@ -10,23 +10,20 @@
 //! - `device.rs`: contexts, asynchronous events, queries, PDs, memory regions, and the calls
 //!   refused (`ibv_import_*`, `ibv_reg_dmabuf_mr`, `ibv_rereg_mr`).
 //! - `queues.rs`: completion channels and queues, SRQs, QPs and address handles, the QP calls
-//!   refused (ECE), and multicast, passed through and reported in use. `ibv_qp_to_qp_ex` and
-//!   the extended QP are [`crate::extended`]'s.
+//!   refused (ECE), and multicast, passed through and reported in use; the extended QP's
+//!   `create_qp_ex` and `ibv_qp_to_qp_ex` (its builders are [`crate::extended`]'s).
 // Each function here is libibverbs' call of the same name, with the contract verbs.h and its
 // manual page give it; they are not restated per function.
 #![allow(clippy::missing_safety_doc)]
-use std::os::raw::c_int;
 
 mod device;
 mod queues;
 
-pub(crate) use queues::{create_shadow_qp, real_channel};
+#[cfg(test)]
+pub(crate) use queues::create_qp_ex;
+pub(crate) use queues::real_channel;
 
-/// Sets `errno` for the program.
-pub(crate) fn set_errno(e: c_int) {
-    // SAFETY: __errno_location returns this thread's errno.
-    unsafe { *libc::__errno_location() = e };
-}
+pub(crate) use crate::real::set_errno;
 
 /// The real function, or `errno = ENOSYS` and `$fail` when this libibverbs lacks it.
 macro_rules! real_or {

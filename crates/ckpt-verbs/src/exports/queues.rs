@@ -7,13 +7,12 @@ use std::sync::Mutex;
 
 use ibverbs_sys as ffi;
 
-use super::device::{nothing_yet, real_ctx, real_pd, wait_on};
 use super::{real_or, set_errno};
-use crate::events::Proxy;
-use crate::gate::gate;
+use crate::events::{nothing_yet, Proxy};
+use crate::gate::{gate, wait_on};
 use crate::shadow::{
-    addr_of, boxed, free, layer, lock, zeroed, Attachment, Layer, ShadowAh, ShadowChannel,
-    ShadowCq, ShadowQp, ShadowSrq, Transition,
+    addr_of, boxed, free, layer, lock, real_ctx, real_pd, zeroed, Attachment, Layer, ShadowAh,
+    ShadowChannel, ShadowCq, ShadowQp, ShadowSrq, Transition,
 };
 
 /// `ibv_create_comp_channel`: the real channel behind a shadow whose `fd` is a proxy.
@@ -489,6 +488,65 @@ pub(crate) unsafe fn create_shadow_qp(
     }
 }
 
+/// `create_qp_ex` of a shadow context: what the header's `ibv_create_qp_ex` calls for a request
+/// with more than a PD. A shadow QP over a real one made with `ibv_create_qp`, with the
+/// extended post calls when send operations were asked for.
+pub unsafe extern "C" fn create_qp_ex(
+    ctx: *mut ffi::ibv_context,
+    attr: *mut ffi::ibv_qp_init_attr_ex,
+) -> *mut ffi::ibv_qp {
+    // SAFETY: the program's attributes, as `ibv_create_qp_ex` takes them.
+    let a = unsafe { &mut *attr };
+    if let Some(why) = crate::extended::refusal(a) {
+        layer().refuse(why);
+        set_errno(libc::EOPNOTSUPP);
+        return null_mut();
+    }
+    // SAFETY: `pd` is the program's PD, checked above.
+    if unsafe { (*a.pd).context } != ctx {
+        set_errno(libc::EINVAL);
+        return null_mut();
+    }
+    let mut init = ffi::ibv_qp_init_attr {
+        qp_context: a.qp_context,
+        send_cq: a.send_cq,
+        recv_cq: a.recv_cq,
+        srq: a.srq,
+        cap: a.cap,
+        qp_type: a.qp_type,
+        sq_sig_all: a.sq_sig_all,
+    };
+    let ops = if a.comp_mask & ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
+        a.send_ops_flags
+    } else {
+        0
+    };
+    // SAFETY: the program's PD and attributes.
+    let qp = unsafe { create_shadow_qp(a.pd, &mut init, ops) };
+    if !qp.is_null() {
+        a.cap = init.cap;
+    }
+    qp
+}
+
+/// `ibv_qp_to_qp_ex`: a shadow QP made with send operations hands out its own `ibv_qp_ex`;
+/// another has none (as libibverbs answers for a QP made without them).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ffi::ibv_qp) -> *mut ffi::ibv_qp_ex {
+    let f = real_or!(ibv_qp_to_qp_ex, null_mut());
+    // SAFETY: the program's QP.
+    unsafe {
+        if !layer().is_shadow((*qp).context) {
+            return f(qp);
+        }
+        let s = qp as *mut ShadowQp;
+        if (*s).send_ops == 0 {
+            return null_mut();
+        }
+        &mut (*s).ex
+    }
+}
+
 /// `ibv_modify_qp`: the peer's QP number and address translated to the real ones, the
 /// transition recorded for a rebuild, the shadow's state kept current (libraries read
 /// `qp->state`).
@@ -512,7 +570,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
         let m = mask as c_uint;
         if m & ffi::ibv_qp_attr_mask::IBV_QP_AV.0 != 0 {
             crate::cycle::note_source(s.ex.qp_base.context, &given.ah_attr);
-            crate::cycle::meet(addr_of(&given.ah_attr).id());
+            crate::lookup::meet(addr_of(&given.ah_attr).id());
             crate::cycle::to_real_av(&mut a.ah_attr);
         }
         if m & ffi::ibv_qp_attr_mask::IBV_QP_DEST_QPN.0 != 0 {
@@ -630,7 +688,7 @@ pub unsafe extern "C" fn ibv_create_ah(
         let _pass = gate().enter();
         let given = *attr;
         crate::cycle::note_source((*pd).context, &given);
-        crate::cycle::meet(addr_of(&given).id());
+        crate::lookup::meet(addr_of(&given).id());
         let mut a = given;
         crate::cycle::to_real_av(&mut a);
         let real = create(real_pd(pd), &mut a);

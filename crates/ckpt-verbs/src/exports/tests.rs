@@ -7,8 +7,8 @@ use ibverbs_sys as ffi;
 
 use super::device::{ibv_reg_dmabuf_mr, ibv_rereg_mr};
 use super::queues::ibv_create_qp;
+use super::queues::ibv_qp_to_qp_ex;
 use crate::events::Proxy;
-use crate::extended::ibv_qp_to_qp_ex;
 use crate::shadow::{boxed, free, layer, zeroed, ShadowCtx, ShadowPd, ShadowQp};
 use crate::status::report;
 
@@ -35,6 +35,7 @@ fn unsupported_qp_types_extended_qp_requests_and_foreign_memory_are_refused_and_
         null_mut(),
         "none".into(),
         Proxy::new().expect("eventfd"),
+        super::create_qp_ex,
     ));
     l.add_context(ctx);
     // SAFETY: `ctx` was just made.

@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicPtr;
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::*;
-use crate::shadow::{zeroed, ShadowAh};
+use crate::shadow::{layer, zeroed, ShadowAh};
 use crate::xlate::Addr;
 
 /// What the fake device got of one request.
