@@ -144,36 +144,8 @@ async fn run(mut cli: Cli) -> Result<(), Failure> {
             every,
             deadline,
         } => policy(&mut c, job, every, deadline, json).await?,
-        Cmd::Estimate { job } => {
-            let r = c
-                .estimate(pb::EstimateRequest { job_id: job })
-                .await?
-                .into_inner();
-            if json {
-                println!("{}", estimate_json(&r));
-            } else {
-                print_estimate(&r);
-            }
-        }
-        Cmd::Status { job: Some(job) } => {
-            let reply = c.status(pb::StatusRequest { job_id: job }).await?;
-            print_job(reply.into_inner().job, json, print_status);
-        }
-        Cmd::Status { job: None } => {
-            let r = c.nodes(pb::NodesRequest {}).await?.into_inner();
-            let jobs = c
-                .list(pb::ListRequest { all_users: true })
-                .await?
-                .into_inner()
-                .jobs;
-            if json {
-                println!("{}", nodes::cluster_json(&r, &jobs));
-            } else {
-                // SAFETY: getuid cannot fail.
-                let root = unsafe { libc::getuid() } == 0;
-                nodes::print_cluster(&r, &jobs, root);
-            }
-        }
+        Cmd::Estimate { job } => estimate(&mut c, job, json).await?,
+        Cmd::Status { job } => status(&mut c, job, json).await?,
         Cmd::Nodes => {
             let r = c.nodes(pb::NodesRequest {}).await?.into_inner();
             if json {
@@ -200,6 +172,47 @@ async fn run(mut cli: Cli) -> Result<(), Failure> {
         Cmd::SlurmEpilog => slurm::epilog(&mut c, json).await?,
         Cmd::Completions { .. } | Cmd::Manual { .. } => {} // answered above
     }
+    Ok(())
+}
+
+/// `ckptctl estimate`.
+async fn estimate(c: &mut ControlClient<Channel>, job: u64, json: bool) -> Result<(), Failure> {
+    let r = c
+        .estimate(pb::EstimateRequest { job_id: job })
+        .await?
+        .into_inner();
+    if json {
+        println!("{}", estimate_json(&r));
+    } else {
+        print_estimate(&r);
+    }
+    Ok(())
+}
+
+/// `ckptctl status`: of a job, or without one of the cluster (its nodes and jobs).
+async fn status(
+    c: &mut ControlClient<Channel>,
+    job: Option<u64>,
+    json: bool,
+) -> Result<(), Failure> {
+    let Some(job) = job else {
+        let r = c.nodes(pb::NodesRequest {}).await?.into_inner();
+        let jobs = c
+            .list(pb::ListRequest { all_users: true })
+            .await?
+            .into_inner()
+            .jobs;
+        if json {
+            println!("{}", nodes::cluster_json(&r, &jobs));
+        } else {
+            // SAFETY: getuid cannot fail.
+            let root = unsafe { libc::getuid() } == 0;
+            nodes::print_cluster(&r, &jobs, root);
+        }
+        return Ok(());
+    };
+    let reply = c.status(pb::StatusRequest { job_id: job }).await?;
+    print_job(reply.into_inner().job, json, print_status);
     Ok(())
 }
 

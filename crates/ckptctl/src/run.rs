@@ -70,46 +70,7 @@ pub async fn run(
         handlers.push((name, s));
     }
     let wait = a.wait || !handlers.is_empty();
-    let deadline_unix_ms = match &a.deadline {
-        Some(t) => crate::when::parse_deadline(t).map_err(invalid)?,
-        None => 0,
-    };
-    let cwd = std::env::current_dir()
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|_| "/".into());
-    let mut env: std::collections::HashMap<String, String> = std::env::vars().collect();
-    let mut part_env = Default::default();
-    if a.rdma
-        && a.engine
-            .as_deref()
-            .is_some_and(|e| e.parse() != Ok(Engine::Criu))
-    {
-        return Err(invalid(
-            "--rdma needs the criu engine: the verbs layer for unmodified programs is not tested under DMTCP (programs that use ib-quiesce's API are: run them without --rdma)".into(),
-        ));
-    }
-    if a.rdma {
-        let r = rdma::apply(&mut env);
-        if !json && !r.set.is_empty() {
-            let set: Vec<String> = r.set.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            say_err!("--rdma set {}", set.join(" "));
-        }
-        part_env = r.part_env;
-    }
-    let req = pb::RunRequest {
-        name: a.name.clone().unwrap_or_default(),
-        argv: a.command,
-        cwd,
-        env,
-        node: a.node.unwrap_or_default(),
-        part_env,
-        every: a.every.unwrap_or_default(),
-        on_failure: a.on_failure.clone().unwrap_or_default(),
-        redundancy: a.redundancy.clone().unwrap_or_default(),
-        resume: a.resume,
-        deadline_unix_ms,
-        engine: a.engine.clone().unwrap_or_default(),
-    };
+    let req = request(&a, json)?;
     let reply = match c.run(req.clone()).await {
         // A time limit too short for a final checkpoint: the job runs without one.
         Err(s)
@@ -139,37 +100,7 @@ pub async fn run(
                 reply.resume_epoch
             );
         }
-        // Inside a Slurm job, onto its allocation: Slurm gives a requeued job whatever
-        // nodes are free.
-        let allocation = crate::slurm::allocation().map_err(invalid)?;
-        if let (Some(a), false) = (&allocation, json) {
-            say_err!(
-                "job {id}: restarting on the nodes of {} ({})",
-                a.name,
-                a.nodes.join(", ")
-            );
-        }
-        let stream = c
-            .restart(pb::RestartRequest {
-                job_id: id,
-                epoch: 0,
-                allocation,
-                ..Default::default()
-            })
-            .await?
-            .into_inner();
-        // The restart's result goes to stderr: stdout carries the job id, as for a fresh run.
-        follow_to(stream, true, json, "restart", true).await?;
-        let st = c
-            .status(pb::StatusRequest { job_id: id })
-            .await?
-            .into_inner();
-        print_job(st.job, json, |j| {
-            say!("{}", j.id);
-            if let Some(p) = &j.policy {
-                say_err!("job {}: {}", j.id, policy_text(p));
-            }
-        });
+        resume(c, id, json).await?;
     } else {
         if a.resume && !json {
             say_err!(
@@ -202,6 +133,90 @@ pub async fn run(
         }
     }
     end
+}
+
+/// The request of `ckptctl run` for `a`: the command with ckptctl's working directory and
+/// environment (with `--rdma`'s settings, said on stderr unless `json`).
+fn request(a: &RunArgs, json: bool) -> Result<pb::RunRequest, Failure> {
+    let invalid = |message: String| Failure { code: 2, message };
+    let deadline_unix_ms = match &a.deadline {
+        Some(t) => crate::when::parse_deadline(t).map_err(invalid)?,
+        None => 0,
+    };
+    let cwd = std::env::current_dir()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "/".into());
+    let mut env: std::collections::HashMap<String, String> = std::env::vars().collect();
+    let mut part_env = Default::default();
+    if a.rdma
+        && a.engine
+            .as_deref()
+            .is_some_and(|e| e.parse() != Ok(Engine::Criu))
+    {
+        return Err(invalid(
+            "--rdma needs the criu engine: the verbs layer for unmodified programs is not tested under DMTCP (programs that use ib-quiesce's API are: run them without --rdma)".into(),
+        ));
+    }
+    if a.rdma {
+        let r = rdma::apply(&mut env);
+        if !json && !r.set.is_empty() {
+            let set: Vec<String> = r.set.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            say_err!("--rdma set {}", set.join(" "));
+        }
+        part_env = r.part_env;
+    }
+    Ok(pb::RunRequest {
+        name: a.name.clone().unwrap_or_default(),
+        argv: a.command.clone(),
+        cwd,
+        env,
+        node: a.node.clone().unwrap_or_default(),
+        part_env,
+        every: a.every.clone().unwrap_or_default(),
+        on_failure: a.on_failure.clone().unwrap_or_default(),
+        redundancy: a.redundancy.clone().unwrap_or_default(),
+        resume: a.resume,
+        deadline_unix_ms,
+        engine: a.engine.clone().unwrap_or_default(),
+    })
+}
+
+/// The restart of job `id` that `run --resume` found with a checkpoint: inside a Slurm job,
+/// onto its allocation; the job's id on stdout, as for a fresh run.
+async fn resume(c: &mut ControlClient<Channel>, id: u64, json: bool) -> Result<(), Failure> {
+    let invalid = |message: String| Failure { code: 2, message };
+    // Inside a Slurm job, onto its allocation: Slurm gives a requeued job whatever
+    // nodes are free.
+    let allocation = crate::slurm::allocation().map_err(invalid)?;
+    if let (Some(a), false) = (&allocation, json) {
+        say_err!(
+            "job {id}: restarting on the nodes of {} ({})",
+            a.name,
+            a.nodes.join(", ")
+        );
+    }
+    let stream = c
+        .restart(pb::RestartRequest {
+            job_id: id,
+            epoch: 0,
+            allocation,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    // The restart's result goes to stderr: stdout carries the job id, as for a fresh run.
+    follow_to(stream, true, json, "restart", true).await?;
+    let st = c
+        .status(pb::StatusRequest { job_id: id })
+        .await?
+        .into_inner();
+    print_job(st.job, json, |j| {
+        say!("{}", j.id);
+        if let Some(p) = &j.policy {
+            say_err!("job {}: {}", j.id, policy_text(p));
+        }
+    });
+    Ok(())
 }
 
 /// Waits for any of `handlers`' signals; never, without handlers.
