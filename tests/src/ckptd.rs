@@ -73,6 +73,9 @@ pub struct Ckptd {
     standby_config: PathBuf,
     standby_socket: PathBuf,
     standby_port: u16,
+    /// Where `ckptd.log` ended when ckptd last started: what its agents said before is not
+    /// what they said to it.
+    daemon_log_from: usize,
 }
 
 /// A TCP port free on loopback now.
@@ -209,6 +212,7 @@ impl Ckptd {
             standby_config,
             standby_socket,
             standby_port,
+            daemon_log_from: 0,
         };
         me.start_daemon();
         if me.opts.no_agent {
@@ -275,6 +279,9 @@ impl Ckptd {
         if !self.opts.separate_agent {
             cmd.arg("--standalone");
         }
+        self.daemon_log_from = std::fs::metadata(self.dir.path().join("ckptd.log"))
+            .map(|m| m.len() as usize)
+            .unwrap_or(0);
         self.daemon = Some(self.spawn_logged(&mut cmd, "ckptd.log", "start ckptd"));
     }
 
@@ -509,14 +516,18 @@ impl Ckptd {
         }
     }
 
-    /// Waits (bounded) until ckptd answers and every named node's agent registered.
+    /// Waits (bounded) until ckptd answers and every named node's agent registered with the
+    /// ckptd running now (a registration with the one before a restart is not one).
     pub fn wait_agents(&mut self, nodes: &[&str]) {
         let begin = Instant::now();
         loop {
-            let log =
-                std::fs::read_to_string(self.dir.path().join("ckptd.log")).unwrap_or_default();
+            let log = std::fs::read(self.dir.path().join("ckptd.log")).unwrap_or_default();
+            let since =
+                String::from_utf8_lossy(log.get(self.daemon_log_from..).unwrap_or_default());
+            let log = String::from_utf8_lossy(&log);
             let registered = |n: &&str| {
-                log.lines()
+                since
+                    .lines()
                     .any(|l| l.contains("agent registered") && l.contains(&format!("\"{n}\"")))
             };
             if self.socket.exists() && nodes.iter().all(registered) && self.ctl(&["list"]).code == 0

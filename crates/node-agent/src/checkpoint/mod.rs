@@ -134,6 +134,55 @@ impl Jobs {
             });
         }
         self.failpoint(job_id, "initial-sync").await?;
+        let (pids, channeled) = self.processes_to_dump(job_id, &job).await?;
+        let estimated: u64 = pids.iter().map(|&p| self.node.host.rss_bytes(p)).sum();
+        // On top of a chain of pre-dumps, the dump writes what was written since the newest.
+        let on_chain = chain.as_ref().and_then(|c| {
+            (c.incarnation == job.record.incarnation && !c.links.is_empty()).then(|| {
+                let dirty = pids
+                    .iter()
+                    .map(|&p| procfs::soft_dirty_bytes(p).unwrap_or(0));
+                (dirty.sum(), c.links.iter().map(|l| l.bytes).sum())
+            })
+        });
+        let (node_dir, free) = self.stage_room(job_id, epoch, room_needed(estimated, on_chain))?;
+        let root_pid = job.record.root_pid.unwrap_or(0);
+        job.work = Some(EpochWork {
+            epoch,
+            phase: NodePhase::Synced,
+            node_dir,
+            frozen_at: None,
+            pids,
+            root_pid,
+            open_files: Vec::new(),
+            preserved: Vec::new(),
+            tcp_ports: Vec::new(),
+            tcp_addrs: Vec::new(),
+            tids: Vec::new(),
+            notes: BTreeMap::new(),
+            suspended: None,
+            pause: None,
+            chain,
+            links: Vec::new(),
+            kill_lock: false,
+        });
+        Ok(Synced {
+            processes: job.work.as_ref().map(|w| w.pids.len() as u32).unwrap_or(0),
+            estimated_bytes: estimated,
+            staging_free_bytes: free,
+            channels: channeled.len() as u32,
+        })
+    }
+
+    /// The processes of `job` that the epoch dumps, and those of them with an ib-quiesce
+    /// channel up, once every check passed: each is in the job's tree (unless its engine finds
+    /// them itself), the job runs, and none is stopped, privileged or holds verbs resources
+    /// its channel (or verbs layer) cannot take through a checkpoint.
+    async fn processes_to_dump(
+        &self,
+        job_id: u64,
+        job: &NodeJob,
+    ) -> Result<(Vec<i32>, Vec<i32>), AgentError> {
         let engine = self.engine_named(job_id, &job.record.engine)?;
         let root = job.record.root_pid.unwrap_or(0);
         let live = self.node.host.pids(&job.cgroup).unwrap_or_default();
@@ -187,16 +236,17 @@ impl Jobs {
         refuse_stopped(self.node.host.as_ref(), job_id, &pids)?;
         refuse_privileged(self.node.host.as_ref(), job_id, &pids, job.record.owner)?;
         self.check_channels(job_id, &channeled).await?;
-        let estimated: u64 = pids.iter().map(|&p| self.node.host.rss_bytes(p)).sum();
-        // On top of a chain of pre-dumps, the dump writes what was written since the newest.
-        let on_chain = chain.as_ref().and_then(|c| {
-            (c.incarnation == job.record.incarnation && !c.links.is_empty()).then(|| {
-                let dirty = pids
-                    .iter()
-                    .map(|&p| procfs::soft_dirty_bytes(p).unwrap_or(0));
-                (dirty.sum(), c.links.iter().map(|l| l.bytes).sum())
-            })
-        });
+        Ok((pids, channeled))
+    }
+
+    /// Room for the epoch in staging (`need` bytes, else the error says how much is free) and
+    /// the node's directory of the epoch made there; with the free bytes.
+    fn stage_room(
+        &self,
+        job_id: u64,
+        epoch: u32,
+        need: u64,
+    ) -> Result<(std::path::PathBuf, u64), AgentError> {
         let free = self
             .node
             .staging
@@ -205,7 +255,6 @@ impl Jobs {
                 job: job_id,
                 source,
             })?;
-        let need = room_needed(estimated, on_chain);
         if free < need {
             return Err(AgentError::NoRoom {
                 job: job_id,
@@ -225,32 +274,7 @@ impl Jobs {
         // Root's alone even where staging is a shared directory (see `protect_staging`).
         let job_stage = self.node.staging.job_dir(job_id);
         set_mode(&job_stage, PRIVATE_DIR).map_err(io_err(job_id, "chmod", &job_stage))?;
-        let root_pid = job.record.root_pid.unwrap_or(0);
-        job.work = Some(EpochWork {
-            epoch,
-            phase: NodePhase::Synced,
-            node_dir,
-            frozen_at: None,
-            pids,
-            root_pid,
-            open_files: Vec::new(),
-            preserved: Vec::new(),
-            tcp_ports: Vec::new(),
-            tcp_addrs: Vec::new(),
-            tids: Vec::new(),
-            notes: BTreeMap::new(),
-            suspended: None,
-            pause: None,
-            chain,
-            links: Vec::new(),
-            kill_lock: false,
-        });
-        Ok(Synced {
-            processes: job.work.as_ref().map(|w| w.pids.len() as u32).unwrap_or(0),
-            estimated_bytes: estimated,
-            staging_free_bytes: free,
-            channels: channeled.len() as u32,
-        })
+        Ok((node_dir, free))
     }
 
     /// The job, locked, for the checkpoint step `call` of `epoch`: it must have reached `phase`
