@@ -130,33 +130,7 @@ impl Coordinator {
         let (job, part) = {
             let _g = self.state.lock().await;
             let mut job = self.job_by_token(id, &req.token)?;
-            // The launcher may call here before the launch reply is in (`Starting`).
-            match job.state {
-                JobState::Running | JobState::Starting => {}
-                JobState::Checkpointing | JobState::Restarting => {
-                    return Err(DriveError::Busy(format!(
-                        "job {id} is {}; try again when it is done",
-                        job.state.name()
-                    )))
-                }
-                _ => {
-                    return Err(DriveError::Invalid(format!(
-                        "job {id} is {}: no new processes can join it",
-                        job.state.name()
-                    )))
-                }
-            }
-            if job.engine_virtualizes() {
-                return Err(DriveError::Invalid(format!(
-                    "job {id} runs under {}, which ckpt runs on one node: its MPI launcher may not start processes on node {node} (DMTCP 4.2's restart cannot reconnect TCP between nodes, so the job could be checkpointed but not restarted; docs/dmtcp.md); run the job on one node, or with --engine criu",
-                    job.snapshot_engine()
-                )));
-            }
-            if node == job.node {
-                return Err(DriveError::Invalid(format!(
-                    "node {node} runs job {id}'s launcher, which starts its processes there itself; name each host once in mpiexec's host list"
-                )));
-            }
+            may_join(&job, &node)?;
             if job.parts.contains(&node) {
                 if let Some(rx) = self.attaches.of(id, &node, &req.attempt) {
                     drop(_g);
@@ -173,24 +147,7 @@ impl Coordinator {
             let part = job.parts.len() as u32;
             (job, part)
         };
-        let user = nix::unistd::User::from_uid(job.owner_uid.into())
-            .ok()
-            .flatten();
-        let home = user
-            .as_ref()
-            .map(|u| u.dir.display().to_string())
-            .unwrap_or_else(|| "/".into());
-        let mut env = std::collections::HashMap::new();
-        env.insert("PATH".to_string(), DEFAULT_PATH.to_string());
-        env.insert("HOME".to_string(), home.clone());
-        if let Some(u) = &user {
-            env.insert("USER".to_string(), u.name.clone());
-            env.insert("LOGNAME".to_string(), u.name.clone());
-            env.insert("SHELL".to_string(), "/bin/sh".to_string());
-        }
-        for (k, v) in &job.part_env {
-            env.insert(k.clone(), v.clone());
-        }
+        let (home, env) = part_env(&job);
         let launch = pb::LaunchRequest {
             job_id: id,
             argv: vec!["/bin/sh".into(), "-c".into(), req.command.clone()],
@@ -265,3 +222,61 @@ impl Coordinator {
 
 /// PATH of commands started on other nodes, as sshd sets it.
 const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// Whether a part of `job` may start on `node` now: the job runs (or is starting), under an
+/// engine that runs across nodes, and `node` is not its launcher's.
+fn may_join(job: &Job, node: &str) -> Result<(), DriveError> {
+    let id = job.id;
+    // The launcher may call here before the launch reply is in (`Starting`).
+    match job.state {
+        JobState::Running | JobState::Starting => {}
+        JobState::Checkpointing | JobState::Restarting => {
+            return Err(DriveError::Busy(format!(
+                "job {id} is {}; try again when it is done",
+                job.state.name()
+            )))
+        }
+        _ => {
+            return Err(DriveError::Invalid(format!(
+                "job {id} is {}: no new processes can join it",
+                job.state.name()
+            )))
+        }
+    }
+    if job.engine_virtualizes() {
+        return Err(DriveError::Invalid(format!(
+            "job {id} runs under {}, which ckpt runs on one node: its MPI launcher may not start processes on node {node} (DMTCP 4.2's restart cannot reconnect TCP between nodes, so the job could be checkpointed but not restarted; docs/dmtcp.md); run the job on one node, or with --engine criu",
+            job.snapshot_engine()
+        )));
+    }
+    if node == job.node {
+        return Err(DriveError::Invalid(format!(
+            "node {node} runs job {id}'s launcher, which starts its processes there itself; name each host once in mpiexec's host list"
+        )));
+    }
+    Ok(())
+}
+
+/// The home directory and environment of a part started for `job`'s launcher: what sshd would
+/// give its owner, and the job's own part environment.
+fn part_env(job: &Job) -> (String, HashMap<String, String>) {
+    let user = nix::unistd::User::from_uid(job.owner_uid.into())
+        .ok()
+        .flatten();
+    let home = user
+        .as_ref()
+        .map(|u| u.dir.display().to_string())
+        .unwrap_or_else(|| "/".into());
+    let mut env = std::collections::HashMap::new();
+    env.insert("PATH".to_string(), DEFAULT_PATH.to_string());
+    env.insert("HOME".to_string(), home.clone());
+    if let Some(u) = &user {
+        env.insert("USER".to_string(), u.name.clone());
+        env.insert("LOGNAME".to_string(), u.name.clone());
+        env.insert("SHELL".to_string(), "/bin/sh".to_string());
+    }
+    for (k, v) in &job.part_env {
+        env.insert(k.clone(), v.clone());
+    }
+    (home, env)
+}

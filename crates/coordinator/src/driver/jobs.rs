@@ -283,27 +283,8 @@ impl Coordinator {
                 .parse::<ckpt_store::erasure::Scheme>()
                 .map_err(|e| DriveError::Invalid(format!("--redundancy {e}, or `none`")))?;
         }
-        let node = if spec.node.is_empty() {
-            // The first node that has the engine.
-            let nodes = self.agents.list();
-            nodes
-                .iter()
-                .map(|(n, _, _)| n.clone())
-                .find(|n| self.agents.has_engine(n, engine))
-                .or_else(|| nodes.first().map(|(n, _, _)| n.clone()))
-                .ok_or(DriveError::NoAgents)?
-        } else {
-            spec.node.clone()
-        };
+        let node = self.launch_node(&spec.node, engine)?;
         let mut client = self.agents.client(&node)?;
-        if !self.agents.has_engine(&node, engine) {
-            let has = self.agents.engines(&node);
-            return Err(DriveError::Invalid(format!(
-                "node {node} has no {engine} engine (its agent reported {}): install {} there and restart its ckpt-agent (see docs/dmtcp.md), run on a node that has it with --node, or choose another engine with --engine",
-                if has.is_empty() { "none".to_string() } else { has.iter().map(|(n, v)| format!("{n} {v}")).collect::<Vec<_>>().join(", ") },
-                engine.as_str().to_uppercase(),
-            )));
-        }
         let (id, name, token, job_address) = {
             let _g = self.state.lock().await;
             let id = self.registry.next_job_id()?;
@@ -315,39 +296,7 @@ impl Coordinator {
             } else {
                 spec.name.clone()
             };
-            let job = Job {
-                id,
-                name: name.clone(),
-                owner_uid: caller.uid,
-                owner_gid: caller.gid,
-                argv: spec.argv.clone(),
-                cwd: spec.cwd.clone(),
-                node: node.clone(),
-                state: JobState::Starting,
-                incarnation: 0,
-                last_epoch: 0,
-                latest_committed: 0,
-                created_unix_ms: now_ms(),
-                job_dir: String::new(),
-                parts: vec![],
-                token: new_token(),
-                part_env: spec.part_env.clone().into_iter().collect(),
-                addresses: Default::default(),
-                moved: Default::default(),
-                policy: spec.policy.clone(),
-                running_since_unix_ms: 0,
-                engine: asked,
-                lost: None,
-                on_failure,
-                redundancy: spec.redundancy.clone(),
-                recoveries: Vec::new(),
-                recovery_note: String::new(),
-                gave_up: None,
-                killed: String::new(),
-                before_restart: None,
-                unpruned: Vec::new(),
-            };
-            let mut job = job;
+            let mut job = fresh_job(id, name.clone(), &caller, &spec, &node, asked, on_failure);
             self.check_live_jobs(&job)?;
             self.take_address(&mut job, &node)?;
             self.registry.put_job(&job)?;
@@ -400,6 +349,32 @@ impl Coordinator {
         self.registry.put_job(&job)?;
         info!(job = id, name, node, pid = reply.pid, "job started");
         Ok(job)
+    }
+
+    /// The node a new job's launcher runs on: the one `asked` (`""`: the first node whose agent
+    /// has the job's `engine`), which must have that engine.
+    fn launch_node(&self, asked: &str, engine: Engine) -> Result<String, DriveError> {
+        let node = if asked.is_empty() {
+            // The first node that has the engine.
+            let nodes = self.agents.list();
+            nodes
+                .iter()
+                .map(|(n, _, _)| n.clone())
+                .find(|n| self.agents.has_engine(n, engine))
+                .or_else(|| nodes.first().map(|(n, _, _)| n.clone()))
+                .ok_or(DriveError::NoAgents)?
+        } else {
+            asked.to_string()
+        };
+        if !self.agents.has_engine(&node, engine) {
+            let has = self.agents.engines(&node);
+            return Err(DriveError::Invalid(format!(
+                "node {node} has no {engine} engine (its agent reported {}): install {} there and restart its ckpt-agent (see docs/dmtcp.md), run on a node that has it with --node, or choose another engine with --engine",
+                if has.is_empty() { "none".to_string() } else { has.iter().map(|(n, v)| format!("{n} {v}")).collect::<Vec<_>>().join(", ") },
+                engine.as_str().to_uppercase(),
+            )));
+        }
+        Ok(node)
     }
 
     /// Kills a running job (SIGTERM, then SIGKILL); gives up one that ended in a way a restart
@@ -608,6 +583,51 @@ fn new_token() -> String {
 /// SIGTERM grace period of `cancel`, in 100 ms steps: MPI launchers forward SIGTERM to ranks
 /// and need a moment to tear down.
 const CANCEL_GRACE_STEPS: u32 = 50;
+
+/// The record of a new job `id` called `name`, started by `caller` as `spec` says on `node`,
+/// before its launch.
+fn fresh_job(
+    id: u64,
+    name: String,
+    caller: &Caller,
+    spec: &RunSpec,
+    node: &str,
+    engine: Option<Engine>,
+    on_failure: crate::model::OnFailure,
+) -> Job {
+    Job {
+        id,
+        name,
+        owner_uid: caller.uid,
+        owner_gid: caller.gid,
+        argv: spec.argv.clone(),
+        cwd: spec.cwd.clone(),
+        node: node.to_string(),
+        state: JobState::Starting,
+        incarnation: 0,
+        last_epoch: 0,
+        latest_committed: 0,
+        created_unix_ms: now_ms(),
+        job_dir: String::new(),
+        parts: vec![],
+        token: new_token(),
+        part_env: spec.part_env.clone().into_iter().collect(),
+        addresses: Default::default(),
+        moved: Default::default(),
+        policy: spec.policy.clone(),
+        running_since_unix_ms: 0,
+        engine,
+        lost: None,
+        on_failure,
+        redundancy: spec.redundancy.clone(),
+        recoveries: Vec::new(),
+        recovery_note: String::new(),
+        gave_up: None,
+        killed: String::new(),
+        before_restart: None,
+        unpruned: Vec::new(),
+    }
+}
 
 #[cfg(test)]
 mod tests {
