@@ -635,6 +635,32 @@ impl ChildSetup {
     }
 }
 
+/// The part's network namespace, opened, and the base of its PID namespace's numbers, for a
+/// part in a sandbox: the shim's children from here on go into a new PID namespace. Nothing
+/// for a part without one.
+fn enter_sandbox(sandbox: Option<&Sandbox>) -> Result<(Option<fs::File>, Option<CString>), String> {
+    Ok(match sandbox {
+        Some(sb) => {
+            let f = fs::File::open(&sb.netns).map_err(|e| {
+                format!(
+                    "cannot open the part's network namespace {}: {e}",
+                    sb.netns.display()
+                )
+            })?;
+            // SAFETY: unshare with a flag that only affects the children made after it.
+            if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
+                return Err(format!(
+                    "cannot make the part's PID namespace: {}",
+                    io::Error::last_os_error()
+                ));
+            }
+            let base = CString::new(sb.pid_base.to_string()).expect("digits");
+            (Some(f), Some(base))
+        }
+        None => (None, None),
+    })
+}
+
 /// Starts the job's command (in a sandbox: `ckpt-init`, which starts it, as process 1 of a new
 /// PID namespace, in the part's network namespace and IPC and UTS ones of its own) as the
 /// job's user, in its cgroup; a failed step of the child is named in the error.
@@ -658,26 +684,7 @@ fn launch(
     };
     let (prog, args) = argv.split_first().ok_or("empty command")?;
     let (uid, gid) = (*uid, *gid);
-    let (netns, pid_base) = match sandbox {
-        Some(sb) => {
-            let f = fs::File::open(&sb.netns).map_err(|e| {
-                format!(
-                    "cannot open the part's network namespace {}: {e}",
-                    sb.netns.display()
-                )
-            })?;
-            // SAFETY: unshare with a flag that only affects the children made after it.
-            if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
-                return Err(format!(
-                    "cannot make the part's PID namespace: {}",
-                    io::Error::last_os_error()
-                ));
-            }
-            let base = CString::new(sb.pid_base.to_string()).expect("digits");
-            (Some(f), Some(base))
-        }
-        None => (None, None),
-    };
+    let (netns, pid_base) = enter_sandbox(sandbox.as_ref())?;
     // In a sandbox, the job directory (which holds the outputs) is bound at the same path on
     // every node, and the outputs are opened again through it: a file open through a mount of
     // another namespace is one the engine cannot dump, and one bound per node follows the part

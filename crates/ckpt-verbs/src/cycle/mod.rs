@@ -395,20 +395,19 @@ impl FirstError {
     }
 }
 
-/// Step 2 (see the module documentation). Runs with the gate closed; goes on past errors so
-/// that nothing is left open, and names the first.
-fn release() -> Result<QuiesceReport, String> {
-    use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-    sweep()?;
-    let l = layer();
-    let r = real();
-    let mut err = FirstError::default();
-    // SAFETY: live shadows with live real objects (the gate is closed); each real object is
-    // released once and its pointer cleared.
+/// Acknowledges, before the release, every event the device's destroy calls wait for: the
+/// completion events of `cqs` handed out, and the asynchronous events of a QP, CQ or SRQ the
+/// program got and has not acknowledged (its own acknowledgements of them then stop at the
+/// layer).
+///
+/// # Safety
+/// As in [`release`]: live shadows with live real objects, the gate closed.
+unsafe fn acknowledge_events(l: &Layer, r: &crate::real::Real, cqs: &[&ShadowCq]) {
+    use std::sync::atomic::Ordering::{Acquire, Relaxed};
+    // SAFETY: as the caller promises.
     unsafe {
-        let cqs = all::<ShadowCq>(&l.cqs);
         // The device's destroy waits for every event handed out to be acknowledged.
-        for cq in &cqs {
+        for cq in cqs {
             let n = cq.unacked.swap(0, Relaxed);
             if n > 0 {
                 r.ibv_ack_cq_events.expect("resolved")(cq.real.load(Acquire), n);
@@ -426,7 +425,7 @@ fn release() -> Result<QuiesceReport, String> {
             }
             acked_for_program += n;
         };
-        for cq in &cqs {
+        for cq in cqs {
             let mut e: ffi::ibv_async_event = crate::shadow::zeroed();
             e.event_type = ffi::IBV_EVENT_CQ_ERR;
             e.element.cq = cq.real.load(Acquire);
@@ -449,6 +448,22 @@ fn release() -> Result<QuiesceReport, String> {
                 .async_events_acked_for_program
                 .fetch_add(u64::from(acked_for_program), Relaxed);
         }
+    }
+}
+
+/// Step 2 (see the module documentation). Runs with the gate closed; goes on past errors so
+/// that nothing is left open, and names the first.
+fn release() -> Result<QuiesceReport, String> {
+    use std::sync::atomic::Ordering::{Acquire, Release};
+    sweep()?;
+    let l = layer();
+    let r = real();
+    let mut err = FirstError::default();
+    // SAFETY: live shadows with live real objects (the gate is closed); each real object is
+    // released once and its pointer cleared.
+    unsafe {
+        let cqs = all::<ShadowCq>(&l.cqs);
+        acknowledge_events(l, r, &cqs);
         for ah in all::<ShadowAh>(&l.ahs) {
             err.check(
                 "ibv_destroy_ah",

@@ -264,20 +264,7 @@ impl Jobs {
         let (_, layout) = encoding.layout().map_err(|e| failed(job, epoch, e))?;
         let (lost, code) =
             lost_member(encoding, node, committed).map_err(|e| failed(job, epoch, e))?;
-        // Every other member, where the coordinator says its agent is.
-        let members: Vec<Member> = encoding
-            .members
-            .iter()
-            .map(|m| Member {
-                node: m.node.clone(),
-                address: group
-                    .iter()
-                    .find(|g| g.node == m.node)
-                    .map(|g| g.address.clone())
-                    .unwrap_or_default(),
-                digest: m.manifest_digest.clone(),
-            })
-            .collect();
+        let members = group_members(encoding, group);
         let (mut sources, losses) = self
             .group_sources(job, epoch, &members, lost, &layout)
             .await;
@@ -628,6 +615,24 @@ fn read_member(
         Source::Local(s) => s.read_at(at, buf),
         Source::Remote(r) => r.read_at(handle, at, buf),
     }
+}
+
+/// Every member of the encoded group, where the coordinator says its agent is (`group`), with
+/// the digest of its manifest.
+fn group_members(encoding: &Encoding, group: &[Member]) -> Vec<Member> {
+    encoding
+        .members
+        .iter()
+        .map(|m| Member {
+            node: m.node.clone(),
+            address: group
+                .iter()
+                .find(|g| g.node == m.node)
+                .map(|g| g.address.clone())
+                .unwrap_or_default(),
+            digest: m.manifest_digest.clone(),
+        })
+        .collect()
 }
 
 #[cfg(test)]
