@@ -214,14 +214,23 @@ fn main() {
         }
     };
 
-    // Tables, between markers for benches/ibq_rxe.sh.
+    print_tables(&rows, ov.as_ref(), o.ops);
+    println!("BENCH wall_s={:.1}", begin.elapsed().as_secs_f64());
+    if failed {
+        std::process::exit(1);
+    }
+}
+
+/// The results as markdown tables, between the markers benches/ibq_rxe.sh reads: the cycle's
+/// steps per size (`rows`), and the post-and-poll overhead (`ov`, of `ops` operations).
+fn print_tables(rows: &[(usize, usize, SweepResult)], ov: Option<&Overhead>, ops: usize) {
     println!("--- tables");
     println!(
         "| QPs and MRs per channel | reps | quiesce | raw release | rebuild | raw create | \
          reconnect | raw connect + receives |"
     );
     println!("|---|---|---|---|---|---|---|---|");
-    for (n, reps, r) in &rows {
+    for (n, reps, r) in rows {
         let cell = |v: &[f64]| {
             let (m, min) = med_min(v);
             format!("{m:.1} ({min:.1})")
@@ -236,12 +245,12 @@ fn main() {
             cell(&r.raw_connect)
         );
     }
-    if let Some(ov) = &ov {
+    if let Some(ov) = ov {
         println!();
         println!(
             "| path ({} signalled 64-byte RDMA writes, post then poll) | ns/op, median (min–max) \
              | in post_send, ns/op | polls/op |",
-            o.ops
+            ops
         );
         println!("|---|---|---|---|");
         for (name, v) in [
@@ -269,8 +278,4 @@ fn main() {
         );
     }
     println!("--- end");
-    println!("BENCH wall_s={:.1}", begin.elapsed().as_secs_f64());
-    if failed {
-        std::process::exit(1);
-    }
 }

@@ -102,7 +102,16 @@ impl<V: Verbs> Channel<V> {
             kept_receives: self.qps.iter().map(|q| q.receives.len()).sum(),
             held_completions: self.cqs.iter().map(|c| c.held.len()).sum(),
         };
-        // 4. Release everything, continuing past errors so that nothing is left open.
+        // 4. Release everything.
+        let released = self.release_all();
+        self.state = State::Down;
+        released.map(|()| report)
+    }
+
+    /// Releases every real object (QPs, CQs, memory regions after marking what the adapter
+    /// wrote, the PD, the device), continuing past errors so that nothing is left open; the
+    /// first error.
+    fn release_all(&mut self) -> Result<()> {
         let mut first: Option<VerbsError> = None;
         let mut keep = |r: std::result::Result<(), VerbsError>| {
             if let Err(e) = r {
@@ -145,10 +154,9 @@ impl<V: Verbs> Channel<V> {
             keep(self.v.dealloc_pd(pd));
         }
         keep(self.v.close());
-        self.state = State::Down;
         match first {
             Some(e) => Err(e.into()),
-            None => Ok(report),
+            None => Ok(()),
         }
     }
 
