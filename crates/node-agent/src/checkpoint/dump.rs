@@ -83,7 +83,7 @@ pub(super) fn dump_running(
         .observe(took.as_secs_f64());
     // The ports of the job's TCP sockets: the engine's restart binds them again, which the
     // closing remains of a killed incarnation's connections would prevent.
-    w.tcp_ports = procfs::tcp_endpoints(&w.pids).ports;
+    w.tcp_ports = crate::part::tcp::noted_at_dump(&w.pids).0;
     // What the engine's restart needs beside its images, saved while the job runs on.
     let beside = engine.beside(&images, &session);
     let mut files = Vec::new();
@@ -168,9 +168,7 @@ pub(super) fn dump_frozen(
         .map(|(path, size)| OpenFile { path, size })
         .collect();
     w.tids = procfs::thread_ids(&w.pids);
-    let tcp = procfs::tcp_endpoints(&w.pids);
-    w.tcp_ports = tcp.ports;
-    w.tcp_addrs = tcp.addrs.iter().map(|a| a.to_string()).collect();
+    (w.tcp_ports, w.tcp_addrs) = crate::part::tcp::noted_at_dump(&w.pids);
     let scanned = begin.elapsed();
     let images = w.node_dir.join(chain::IMAGES_DIR);
     fs::create_dir_all(&images).map_err(io_err(id, "create", &images))?;

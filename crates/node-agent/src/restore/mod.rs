@@ -3,7 +3,6 @@
 //! `hold.rs`.
 
 pub(crate) mod gate;
-mod hold;
 mod owned;
 mod run;
 

@@ -94,7 +94,7 @@ impl Jobs {
         self.put_back_files(&job, &owner, v.manifest, node_dir)
             .await?;
         // The engine binds the sockets' ports again; every process of the job is gone.
-        super::hold::clear_stale_sockets(&v.manifest.tcp_ports).await;
+        crate::part::tcp::clear_stale_sockets(&v.manifest.tcp_ports).await;
         let log = job
             .dir
             .join("logs")

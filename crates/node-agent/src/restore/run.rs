@@ -14,7 +14,6 @@ use tokio::sync::MutexGuard;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use super::hold::{address_is_local, clear_stale_sockets};
 use super::{
     check_pages, check_restored, gate, gate_verify_pool, machine_restore_lock, open_gate, owned,
     wait_pids_free, Restored, PID_FREE_TIMEOUT, RESTORE_TIMEOUT,
@@ -25,6 +24,7 @@ use crate::error::AgentError;
 use crate::jobs::{Jobs, NodeJob};
 use crate::os::owner::{verify_restored, Identity};
 use crate::part::notes::PartNotes;
+use crate::part::tcp::{address_is_local, clear_stale_sockets};
 use crate::shim::ShimMode;
 
 /// A check of page data running beside the other steps: the time it took, or what failed.

@@ -1,7 +1,15 @@
-//! Restart, TCP hold: nftables drops a restored job's TCP traffic until every node is restored;
-//! closing sockets of the killed incarnation are cleared first. And the lock a part's
-//! connections are under from the kill that ends a checkpoint to the restart that brings them
-//! back.
+//! A part's TCP connections, across a checkpoint and a restart, in one place:
+//!
+//! - at the dump, the ports and addresses of its sockets are noted in the manifest
+//!   ([`noted_at_dump`]): the restart binds the ports again, and a part whose addresses are
+//!   not the node's restores only where they are;
+//! - a checkpoint that kills the part locks its connections before the dump, so that neither
+//!   the kill nor the peers' words in between reach the other side
+//!   ([`Jobs::lock_tcp_before_kill`]); an aborted one lifts the lock;
+//! - at the restart, closing sockets of the killed incarnation are cleared
+//!   ([`clear_stale_sockets`]), and nftables drops the restored job's TCP traffic until every
+//!   node is restored ([`Jobs::hold_tcp`], [`Jobs::release_tcp`]); the kill's lock ends when
+//!   the restored part runs ([`Jobs::unlock_killed_tcp`]).
 
 use std::net::SocketAddr;
 
@@ -10,6 +18,12 @@ use tracing::{debug, warn};
 use crate::error::AgentError;
 use crate::jobs::{Jobs, NodeJob};
 use crate::os::sockdiag;
+
+/// The ports and addresses of the TCP sockets of `pids`, as a dump notes them.
+pub(crate) fn noted_at_dump(pids: &[i32]) -> (Vec<u16>, Vec<String>) {
+    let tcp = crate::os::procfs::tcp_endpoints(pids);
+    (tcp.ports, tcp.addrs.iter().map(|a| a.to_string()).collect())
+}
 
 impl Jobs {
     /// Name of this node's nftables table `kind` (`hold`, `lock`) of a job.
@@ -100,7 +114,7 @@ impl Jobs {
     /// `sandboxed` comes from the part's record, never from the namespace's path existing:
     /// `/run/netns/ckpt-<node>-<job>` is a machine-wide name, where a leftover of another
     /// agent may sit, and a part held there would not be held at all.
-    pub(super) async fn hold_tcp(
+    pub(crate) async fn hold_tcp(
         &self,
         job: u64,
         sandboxed: bool,
@@ -143,7 +157,7 @@ impl Jobs {
     }
 
     /// Removes the hold of [`Jobs::hold_tcp`], if any.
-    pub(super) async fn release_tcp(&self, job: u64, sandboxed: bool) {
+    pub(crate) async fn release_tcp(&self, job: u64, sandboxed: bool) {
         let netns = self.netns(job);
         if sandboxed {
             crate::os::sandbox::release(&netns).await;
@@ -188,7 +202,7 @@ fn lock_script(table: &str, connections: &[(SocketAddr, SocketAddr)]) -> String 
 }
 
 /// Whether an address is configured on this node (in the agent's network namespace).
-pub(super) fn address_is_local(addr: &str) -> bool {
+pub(crate) fn address_is_local(addr: &str) -> bool {
     let Ok(ip) = addr.parse::<std::net::IpAddr>() else {
         return true;
     };
@@ -214,7 +228,7 @@ const STALE_TCP_STATES: [u8; 5] = [
 /// touched, never an open one, and only after every process of the job is gone and the hold
 /// is in place: destroying a socket sends a reset with the sequence numbers of the checkpoint,
 /// which a peer part restored already would accept.
-pub(super) async fn clear_stale_sockets(ports: &[u16]) {
+pub(crate) async fn clear_stale_sockets(ports: &[u16]) {
     if ports.is_empty() {
         return;
     }
