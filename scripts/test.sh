@@ -19,10 +19,12 @@ echo "[test] cargo fmt --check"
 cargo fmt --all -- --check
 
 # The structure's guards, before anything is built: no import circle between the files of a
-# crate, no function over 120 lines in crates/ (each names what it finds).
-echo "[test] structure: import circles (scripts/modgraph.py), long functions (scripts/longfns.py)"
+# crate, no function over 120 lines in crates/, no file over 700 lines whose header does not
+# say why it is one (each names what it finds).
+echo "[test] structure: import circles (scripts/modgraph.py), long functions (scripts/longfns.py), long files (scripts/longfiles.py)"
 python3 scripts/modgraph.py $(ls crates)
 python3 scripts/longfns.py 120
+python3 scripts/longfiles.py 700
 
 # Where cargo builds: target/ in the checkout, or CARGO_TARGET_DIR. .ci/run keeps one build
 # directory and one copy of the sources between runs: the dependencies are compiled once, and

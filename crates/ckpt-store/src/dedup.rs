@@ -1,6 +1,6 @@
 //! Deduplicated copies of a node's images in shared storage.
 //!
-//! One file (~650 lines, tests in `dedup/tests.rs`): the writer and the reader of the pack and
+//! One file (tests in `dedup/tests.rs`): the writer and the reader of the pack and
 //! recipe format sit side by side so that a change to the format is made to both at once.
 //!
 //! ```text

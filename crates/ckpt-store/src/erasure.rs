@@ -24,6 +24,9 @@
 //! **Integrity.** Every parity shard has a BLAKE3 digest in the [`Encoding`] record (committed
 //! with the epoch); a shard that does not match is treated as lost ([`verify_parity`]), and a
 //! rebuild that then lacks shards is refused, naming the row and what is missing.
+//!
+//! One file: a group's parity layout, its encoder and its rebuild share the row arithmetic, which
+//! must not differ between them.
 use std::fmt;
 use std::str::FromStr;
 

@@ -1,5 +1,8 @@
 //! ckptd configuration (`/etc/ckpt/ckptd.toml`); every key is documented in
 //! `packaging/config/ckptd.toml`.
+//!
+//! One file: every key of ckptd.toml with its default and its check, in the order
+//! `packaging/config/ckptd.toml` documents them.
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! The control channel between a process's [`Channel`] and the local node agent.
 //!
-//! One file (~700 lines, tests in `control/tests.rs`): the line protocol, both its ends (the
+//! One file (tests in `control/tests.rs`): the line protocol, both its ends (the
 //! agent's and the process's control thread) and their checks are read together.
 //!
 //! When the agent starts a job's processes it sets [`SOCKET_ENV`] to its control socket. A

@@ -1,5 +1,8 @@
 //! Agent configuration (`/etc/ckpt/agent.toml`); every key is documented in
 //! `packaging/config/agent.toml`.
+//!
+//! One file: every key of agent.toml with its default and its check, in the order
+//! `packaging/config/agent.toml` documents them.
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;

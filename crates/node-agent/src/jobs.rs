@@ -1,7 +1,7 @@
 //! The jobs of this node and the checkpoint phases the agent runs on them. This file is the
 //! table ([`Jobs`]: the map of jobs, each job's record and epoch state, their loading, saving and
 //! locking); the services every step uses are the [`Node`] it holds (`node.rs`). The phases are
-//! `impl Jobs` blocks in `launch/`, `checkpoint/`, `restore/` and `copies/`.
+//! `impl Jobs` blocks in `launch/`, `checkpoint/`, `restore/`, `copies/` and `part/`.
 //!
 //! Each job has a directory `<state_dir>/jobs/<id>/` with its persisted record (`job.json`), its
 //! stdout/stderr, engine logs, and one run directory per incarnation (`run/<n>/`) owned by that
@@ -16,6 +16,9 @@
 //! records, launch specs, engine logs, staging) is root's alone. Root does nothing by path in a
 //! directory a job's owner controls: dump-time reads refuse symbolic links and other users'
 //! files, and the put-back before a restore runs as the owner ([`crate::os::owner::PutBack`]).
+//!
+//! One file: the table with the record and epoch state of a job, which every step reads and the
+//! table alone loads, saves and locks.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;

@@ -16,6 +16,9 @@
 //!
 //! The same program, given a [`crate::os::owner::PutBack`] task, is the helper that puts a job's
 //! files back before a restore as the job's owner (see [`crate::os::owner`]).
+//!
+//! One file: the shim's spec, its main and the child's steps between fork and exec, which must be
+//! read together (the child may not allocate).
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::fs::{self, OpenOptions};

@@ -1,4 +1,7 @@
 //! Completion channels and queues, shared receive queues, queue pairs and address handles.
+//!
+//! One file: one exported function per libibverbs call on queues, QPs and address handles, every
+//! one defined (a shadow handed to libibverbs would crash), in verbs.h's order.
 use std::os::raw::{c_int, c_uint, c_void};
 use std::ptr::null_mut;
 use std::sync::atomic::AtomicPtr;

@@ -14,6 +14,9 @@
 //! epoch's partner copies only, not for its flush to shared storage (slower, and deduplicated
 //! against the epochs before, so in order). A node lost soon after a checkpoint then finds the
 //! newest epoch copied off it sooner.
+//!
+//! One file: partner copies, the flush and retention together decide which copies of an epoch
+//! exist, and each must see what the others did.
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;

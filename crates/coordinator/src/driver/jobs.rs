@@ -1,5 +1,8 @@
 //! A job's life outside its checkpoints: agents registering and reporting, `run`, `cancel`,
 //! and what ckptctl shows of a job on its nodes.
+//!
+//! One file: a job record's life between checkpoints (registration, reports, run, cancel, the view
+//! of its nodes), each a transition of the same record under the same lock.
 use std::sync::Arc;
 
 use ckpt_proto::v1 as pb;

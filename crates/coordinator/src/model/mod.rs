@@ -2,6 +2,9 @@
 //!
 //! Every transition is: check the guard, act, persist. A call in the wrong state is refused with
 //! [`TransitionError`], which names the job or epoch, the state it is in and the state asked for.
+//!
+//! One file: every guarded transition of jobs and epochs, so that a state's guard, its effect and
+//! its persistence are read together.
 use std::collections::BTreeMap;
 
 use ckpt_proto::Engine;

@@ -1,5 +1,8 @@
 //! The fake agents and the cluster the phase tests drive: one scripted `Agent` service per
 //! node on a Unix socket, and the real coordinator over them.
+//!
+//! One file: the scripted fake agent and the cluster of them the phase tests drive, whose scripts
+//! and assertions name each other.
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};

@@ -1,5 +1,8 @@
 //! Checkpoint, local dump of the frozen job: what it has open, the files the engine does not
 //! save, and the engine's dump.
+//!
+//! One file: what the dump scans, preserves and hands the engine, in the order it happens while the
+//! job is frozen.
 
 use std::collections::BTreeMap;
 use std::fs;

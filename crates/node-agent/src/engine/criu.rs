@@ -14,6 +14,9 @@
 //!   job directory mount (`mnt[/run/ckpt-job]`) is bound to the restoring node's job directory.
 //! * `pre-dump`, `--track-mem`, `--prev-images-dir` — pre-copy (see `copies/precopy.rs`): memory copied
 //!   while the job runs, then a dump of only the pages written since, on top of it.
+//!
+//! One file: the flags CRIU runs with, the dump, pre-dump and restore that pass them, and the
+//! reading of what it answers, so that a flag and what it changes are read together.
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 

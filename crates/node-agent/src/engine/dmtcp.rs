@@ -31,6 +31,9 @@
 //! What it cannot do: pre-copy (no pre-dumps), InfiniBand verbs (DMTCP's plugin was removed
 //! upstream; such a job is refused at checkpoint as with CRIU), and, in this version, a job
 //! whose parts run on several nodes (refused at the second node's launch).
+//!
+//! One file: DMTCP's launch, coordinator, checkpoint and restart, which each rely on how the others
+//! name and own the session directory.
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::fs;

@@ -23,6 +23,9 @@
 //! refused with a warning naming pid, uid and why. Lines are capped ([`MAX_LINE`]), and so are
 //! the connections of one job ([`MAX_CONNS_PER_JOB`]) and those not yet identified
 //! ([`MAX_UNIDENTIFIED`]).
+//!
+//! One file: the socket's server and the calls that drive the channels around a checkpoint share
+//! each process's connection state.
 use std::collections::HashMap;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};

@@ -7,6 +7,9 @@
 //! of `rpc/`. `exits.rs` imports nothing of the crate. The shim itself (`shim.rs`) stays
 //! beside `lib.rs`: it is a process of its own with a public path (`node_agent::shim`), and its
 //! restore half imports `restore/`.
+//!
+//! One file: a part's start under its shim and the calls a running part answers, which all read the
+//! files its shim writes.
 
 pub(crate) mod exits;
 

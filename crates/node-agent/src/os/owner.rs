@@ -9,6 +9,9 @@
 //! nothing their owner may not use. A job's stdout and stderr are given to its owner through
 //! the open file ([`give_output`]), also in a job directory an older agent made
 //! ([`fix_job_dir_modes`], which brings the rest of it to the modes of `modes.rs`).
+//!
+//! One file: every act root does in a user's name, so that the rules for those acts (no link
+//! followed, the owner's credentials) are checked in one place.
 use std::ffi::CString;
 use std::fs;
 use std::io;

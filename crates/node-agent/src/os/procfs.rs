@@ -2,6 +2,9 @@
 //! (for the staging-room estimate), regular files open for writing (their sizes are recorded at
 //! checkpoint and restored before a restore), shared-memory files the engine does not save, and
 //! verbs device mappings (which need an ib-quiesce channel).
+//!
+//! One file: every reader of `/proc` the agent has, sharing one set of parsers (maps, fd info,
+//! sockets, status).
 use std::fs;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};

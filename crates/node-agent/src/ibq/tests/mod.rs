@@ -1,4 +1,6 @@
 //! Tests of [`super`] (the ib-quiesce control socket).
+//!
+//! One file: the tests of the control socket, over one fake process side and its scripted answers.
 use super::*;
 use proptest::prelude::*;
 use tokio::io::AsyncReadExt;
