@@ -53,6 +53,60 @@ fn idle_job_on(d: &Ckptd, node: &str) -> u64 {
     .expect("job id")
 }
 
+/// A job started on a node right after ckptd restarted, before the node's agent has registered
+/// again, waits for it (within `node_timeout` of ckptd's start) and starts: it is not refused as
+/// an unknown node. Past `node_timeout`, a node that never registered is refused, named.
+#[test]
+fn a_run_right_after_ckptd_restarts_waits_for_the_nodes_agent_to_register_again() {
+    skip_unless_ready!("nsenter", "sleep");
+    if let Some(why) = Cluster::unavailable() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let cluster = Cluster::create(1).expect("create test hosts");
+    let mut d = Ckptd::start(Options {
+        no_agent: true,
+        extra_toml: "node_timeout = \"4s\"\n".into(),
+        ..Options::default()
+    });
+    d.start_agent_in(&cluster, "n1");
+    d.wait_agents(&["n1"]);
+    // n1's agent cannot register with the new ckptd until it is let go.
+    d.pause_agent_on("n1", true);
+    d.stop_daemon();
+    d.start_daemon();
+    let begin = Instant::now();
+    while d.ctl(&["list"]).code != 0 {
+        assert!(begin.elapsed() < LIMIT, "ckptd did not come back");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let run = d.ctl_spawn(&["run", "--node", "n1", "--", "sleep", "300"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    d.pause_agent_on("n1", false);
+    let out = run.wait_with_output().expect("ckptctl run");
+    assert!(
+        out.status.success(),
+        "refused: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let job: u64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("job id");
+    assert_eq!(d.status(job)["state"], "running");
+    // Long after the start, a node that never registered is refused at once, naming it.
+    while begin.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let r = d.ctl(&["run", "--node", "n7", "--", "sleep", "300"]);
+    assert_ne!(r.code, 0, "{r:?}");
+    assert!(
+        r.stderr.contains("n7") && r.stderr.contains("no agent is registered"),
+        "{r:?}"
+    );
+    d.ctl(&["cancel", &job.to_string()]).ok();
+}
+
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -492,6 +492,16 @@ impl Ckptd {
         }
     }
 
+    /// Stops (SIGSTOP) or continues (SIGCONT) the agent on a namespace node, as a node that
+    /// is slow to answer.
+    pub fn pause_agent_on(&self, node: &str, pause: bool) {
+        if let Some((_, a)) = self.node_agents.iter().find(|(n, _)| n == node) {
+            let sig = if pause { libc::SIGSTOP } else { libc::SIGCONT };
+            // SAFETY: kill(2) on the PID of a child this harness started.
+            unsafe { libc::kill(a.id() as i32, sig) };
+        }
+    }
+
     /// SIGKILLs every process of a job on the given namespace nodes and waits (bounded) until
     /// none is left.
     pub fn kill_job_on(&self, nodes: &[&str], job: u64) {

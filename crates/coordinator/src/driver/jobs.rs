@@ -286,8 +286,7 @@ impl Coordinator {
                 .parse::<ckpt_store::erasure::Scheme>()
                 .map_err(|e| DriveError::Invalid(format!("--redundancy {e}, or `none`")))?;
         }
-        let node = self.launch_node(&spec.node, engine)?;
-        let mut client = self.agents.client(&node)?;
+        let (node, mut client) = self.launch_node(&spec.node, engine).await?;
         let (id, name, token, job_address) = {
             let _g = self.state.lock().await;
             let id = self.registry.next_job_id()?;
@@ -354,9 +353,15 @@ impl Coordinator {
         Ok(job)
     }
 
-    /// The node a new job's launcher runs on: the one `asked` (`""`: the first node whose agent
-    /// has the job's `engine`), which must have that engine.
-    fn launch_node(&self, asked: &str, engine: Engine) -> Result<String, DriveError> {
+    /// The node a new job's launcher runs on, with its agent's client: the one `asked` (`""`:
+    /// the first node whose agent has the job's `engine`), which must have that engine. Right
+    /// after ckptd started, a node named that has not registered again yet is waited for
+    /// ([`Coordinator::registered_client`]).
+    async fn launch_node(
+        &self,
+        asked: &str,
+        engine: Engine,
+    ) -> Result<(String, ckpt_proto::FencedAgentClient), DriveError> {
         let node = if asked.is_empty() {
             // The first node that has the engine.
             let nodes = self.agents.list();
@@ -369,6 +374,7 @@ impl Coordinator {
         } else {
             asked.to_string()
         };
+        let client = self.registered_client(&node).await?;
         if !self.agents.has_engine(&node, engine) {
             let has = self.agents.engines(&node);
             return Err(DriveError::Invalid(format!(
@@ -377,7 +383,27 @@ impl Coordinator {
                 engine.as_str().to_uppercase(),
             )));
         }
-        Ok(node)
+        Ok((node, client))
+    }
+
+    /// The client of `node`'s agent. In ckptd's first `node_timeout` a node not registered
+    /// may only not have re-registered yet (its agent does on its next heartbeat after ckptd
+    /// restarts or a standby takes over): it is waited for until then, so that a request right
+    /// after a restart is not refused for it. After that, an unregistered node is refused at
+    /// once.
+    pub(super) async fn registered_client(
+        &self,
+        node: &str,
+    ) -> Result<ckpt_proto::FencedAgentClient, DriveError> {
+        loop {
+            match self.agents.client(node) {
+                Ok(c) => return Ok(c),
+                Err(_) if self.started.elapsed() < self.cfg.node_timeout => {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// Kills a running job (SIGTERM, then SIGKILL); gives up one that ended in a way a restart
