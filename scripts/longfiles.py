@@ -12,33 +12,28 @@ The header is the file's leading `//!` block; the reason is a line of it that be
 import os
 import sys
 
+from longfns import rust_files
 
-def header(path):
-    lines = []
-    with open(path, encoding='utf-8') as f:
-        for line in f:
-            if not line.startswith('//!'):
-                break
-            lines.append(line[3:].strip())
-    return lines
+
+def header(lines):
+    """The file's leading `//!` block, without the markers."""
+    out = []
+    for line in lines:
+        if not line.startswith('//!'):
+            break
+        out.append(line[3:].strip())
+    return out
 
 
 def main():
     limit = int(sys.argv[1]) if len(sys.argv) > 1 else 700
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'crates')
     found = []
-    for top, _, files in os.walk(root):
-        for name in files:
-            if not name.endswith('.rs'):
-                continue
-            path = os.path.join(top, name)
-            with open(path, encoding='utf-8') as f:
-                n = sum(1 for _ in f)
-            if n <= limit:
-                continue
-            reasons = [l for l in header(path) if l.startswith('One file') and ':' in l]
-            if not reasons:
-                found.append((n, os.path.relpath(path, os.path.join(root, '..'))))
+    for path, lines in rust_files(root):
+        n = len(lines) - (lines[-1] == '')
+        reasons = [l for l in header(lines) if l.startswith('One file') and ':' in l]
+        if n > limit and not reasons:
+            found.append((n, os.path.relpath(path, os.path.join(root, '..'))))
     for n, path in sorted(found, reverse=True):
         print(f'  {n:4} lines  {path}: no `//! One file: ...` line in its header says why')
     if found:

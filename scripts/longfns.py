@@ -22,31 +22,35 @@ def code(line):
     return line.split('//')[0]
 
 
-def long_functions(root, limit):
-    found = []
+def rust_files(root):
+    """Every `.rs` file below `root`, as (path, its lines)."""
     for top, _, files in os.walk(root):
         for name in files:
-            if not name.endswith('.rs'):
+            if name.endswith('.rs'):
+                path = os.path.join(top, name)
+                with open(path, errors='replace') as f:
+                    yield path, f.read().split('\n')
+
+
+def long_functions(root, limit):
+    found = []
+    for path, lines in rust_files(root):
+        for i, line in enumerate(lines):
+            m = FN.match(line)
+            if not m:
                 continue
-            path = os.path.join(top, name)
-            with open(path, errors='replace') as f:
-                lines = f.read().split('\n')
-            for i, line in enumerate(lines):
-                m = FN.match(line)
-                if not m:
-                    continue
-                depth, opened, j = 0, False, i
-                while j < len(lines):
-                    c = code(lines[j])
-                    if not opened and ';' in c and '{' not in c:
-                        break  # a declaration without a body
-                    depth += c.count('{') - c.count('}')
-                    opened = opened or '{' in c
-                    if opened and depth <= 0:
-                        break
-                    j += 1
-                if j - i + 1 > limit:
-                    found.append((j - i + 1, path, i + 1, m.group(7)))
+            depth, opened, j = 0, False, i
+            while j < len(lines):
+                c = code(lines[j])
+                if not opened and ';' in c and '{' not in c:
+                    break  # a declaration without a body
+                depth += c.count('{') - c.count('}')
+                opened = opened or '{' in c
+                if opened and depth <= 0:
+                    break
+                j += 1
+            if j - i + 1 > limit:
+                found.append((j - i + 1, path, i + 1, m.group(7)))
     return sorted(found, reverse=True)
 
 
