@@ -79,7 +79,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi:
         rc,
         name.clone(),
         proxy,
-        super::queues::create_qp_ex,
+        super::qps::create_qp_ex,
     ));
     // SAFETY: `s` was just made, `rc` is a live context.
     unsafe {

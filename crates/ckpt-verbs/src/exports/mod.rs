@@ -9,18 +9,20 @@
 //!
 //! - `device.rs`: contexts, asynchronous events, queries, PDs, memory regions, and the calls
 //!   refused (`ibv_import_*`, `ibv_reg_dmabuf_mr`, `ibv_rereg_mr`).
-//! - `queues.rs`: completion channels and queues, SRQs, QPs and address handles, the QP calls
-//!   refused (ECE), and multicast, passed through and reported in use; the extended QP's
-//!   `create_qp_ex` and `ibv_qp_to_qp_ex` (its builders are [`crate::extended`]'s).
+//! - `queues.rs`: completion channels and queues, SRQs and address handles.
+//! - `qps.rs`: QPs, the QP calls refused (ECE), and multicast, passed through and reported in
+//!   use; the extended QP's `create_qp_ex` and `ibv_qp_to_qp_ex` (its builders are
+//!   [`crate::extended`]'s).
 // Each function here is libibverbs' call of the same name, with the contract verbs.h and its
 // manual page give it; they are not restated per function.
 #![allow(clippy::missing_safety_doc)]
 
 mod device;
+mod qps;
 mod queues;
 
 #[cfg(test)]
-pub(crate) use queues::create_qp_ex;
+pub(crate) use qps::create_qp_ex;
 pub(crate) use queues::real_channel;
 
 pub(crate) use crate::real::set_errno;

@@ -6,8 +6,8 @@ use std::sync::atomic::AtomicPtr;
 use ibverbs_sys as ffi;
 
 use super::device::{ibv_reg_dmabuf_mr, ibv_rereg_mr};
-use super::queues::ibv_create_qp;
-use super::queues::ibv_qp_to_qp_ex;
+use super::qps::ibv_create_qp;
+use super::qps::ibv_qp_to_qp_ex;
 use crate::events::Proxy;
 use crate::shadow::{boxed, free, layer, zeroed, ShadowCtx, ShadowPd, ShadowQp};
 use crate::status::report;
