@@ -625,36 +625,20 @@ fn fresh_job(
     on_failure: crate::model::OnFailure,
 ) -> Job {
     Job {
-        id,
         name,
         owner_uid: caller.uid,
         owner_gid: caller.gid,
         argv: spec.argv.clone(),
         cwd: spec.cwd.clone(),
         node: node.to_string(),
-        state: JobState::Starting,
-        incarnation: 0,
-        last_epoch: 0,
-        latest_committed: 0,
         created_unix_ms: now_ms(),
-        job_dir: String::new(),
-        parts: vec![],
         token: new_token(),
         part_env: spec.part_env.clone().into_iter().collect(),
-        addresses: Default::default(),
-        moved: Default::default(),
         policy: spec.policy.clone(),
-        running_since_unix_ms: 0,
         engine,
-        lost: None,
         on_failure,
         redundancy: spec.redundancy.clone(),
-        recoveries: Vec::new(),
-        recovery_note: String::new(),
-        gave_up: None,
-        killed: String::new(),
-        before_restart: None,
-        unpruned: Vec::new(),
+        ..Job::new(id, JobState::Starting)
     }
 }
 

@@ -27,36 +27,14 @@ fn every_phase_is_in_phases(p: Phase) {
 /// A job of uid 1000 in `state`, launched on n1.
 pub(crate) fn job(id: u64, state: JobState) -> Job {
     Job {
-        id,
         name: "heat".into(),
         owner_uid: 1000,
         owner_gid: 1000,
         argv: vec!["mpiexec".into()],
         cwd: "/".into(),
         node: "n1".into(),
-        state,
         incarnation: 1,
-        last_epoch: 0,
-        latest_committed: 0,
-        created_unix_ms: 0,
-        job_dir: String::new(),
-        parts: vec![],
-        part_env: Default::default(),
-        addresses: Default::default(),
-        moved: Default::default(),
-        token: String::new(),
-        policy: Policy::default(),
-        running_since_unix_ms: 0,
-        engine: None,
-        lost: None,
-        on_failure: OnFailure::Stop,
-        redundancy: String::new(),
-        recoveries: Vec::new(),
-        recovery_note: String::new(),
-        gave_up: None,
-        killed: String::new(),
-        before_restart: None,
-        unpruned: Vec::new(),
+        ..Job::new(id, state)
     }
 }
 

@@ -572,6 +572,44 @@ mod engine_or_empty {
 }
 
 impl Job {
+    /// A record of job `id` in `state` with nothing else set yet: no name, command, owner,
+    /// node, token, epochs, parts or history, the default policies. Its maker fills in the
+    /// rest (`Job { name, .., ..Job::new(id, state) }`).
+    pub fn new(id: u64, state: JobState) -> Job {
+        Job {
+            id,
+            name: String::new(),
+            owner_uid: 0,
+            owner_gid: 0,
+            argv: Vec::new(),
+            cwd: String::new(),
+            node: String::new(),
+            state,
+            incarnation: 0,
+            last_epoch: 0,
+            latest_committed: 0,
+            created_unix_ms: 0,
+            job_dir: String::new(),
+            parts: Vec::new(),
+            part_env: Default::default(),
+            addresses: Default::default(),
+            moved: Default::default(),
+            token: String::new(),
+            policy: Default::default(),
+            running_since_unix_ms: 0,
+            engine: None,
+            lost: None,
+            on_failure: Default::default(),
+            redundancy: String::new(),
+            recoveries: Vec::new(),
+            recovery_note: String::new(),
+            gave_up: None,
+            killed: String::new(),
+            before_restart: None,
+            unpruned: Vec::new(),
+        }
+    }
+
     /// The job's snapshot engine (CRIU where none was named).
     pub fn snapshot_engine(&self) -> Engine {
         self.engine.unwrap_or_default()
