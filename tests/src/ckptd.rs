@@ -843,8 +843,41 @@ impl Ckptd {
     }
 }
 
+impl Ckptd {
+    /// The end of every daemon log of this instance, on stderr: a failed test shows why
+    /// (`CKPT_KEEP_DIR=1` keeps the whole directory instead of removing it).
+    fn print_log_tails(&mut self) {
+        const LINES: usize = 40;
+        let Ok(rd) = std::fs::read_dir(self.dir.path()) else {
+            return;
+        };
+        let mut logs: Vec<PathBuf> = rd
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "log"))
+            .collect();
+        logs.sort();
+        for log in logs {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(LINES)..];
+            eprintln!("---- last {} lines of {} ----", tail.len(), log.display());
+            for l in tail {
+                eprintln!("{l}");
+            }
+        }
+        if std::env::var_os("CKPT_KEEP_DIR").is_some() {
+            let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("tempdir"));
+            eprintln!("kept {}", dir.keep().display());
+        }
+    }
+}
+
 impl Drop for Ckptd {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.print_log_tails();
+        }
         self.stop_daemon();
         self.kill_agent();
         let nodes: Vec<String> = self.node_agents.iter().map(|(n, _)| n.clone()).collect();

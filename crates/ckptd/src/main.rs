@@ -391,7 +391,7 @@ async fn serve(s: Serve) -> Result<(), String> {
         tokio::spawn(m.serve(Arc::new(move || {
             coord.refresh_metrics();
             if let Some(j) = &jobs {
-                j.refresh_metrics();
+                node_agent::metrics::refresh(j);
             }
         })));
     }

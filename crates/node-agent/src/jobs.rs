@@ -35,7 +35,7 @@ use tracing::warn;
 
 use crate::engine::{EngineStop, Engines, SnapshotEngine};
 use crate::error::{io_err, AgentError};
-use crate::failpoint::{Action, Failpoints};
+use crate::failpoint::Failpoints;
 use crate::ibq::Channels;
 use crate::node::{LaunchEnv, Node};
 use crate::os::cgroup::{CgroupParent, JobCgroup};
@@ -381,7 +381,7 @@ fn ibq_job_owner(
         let (job, record) = match own {
             Some(job) => (job, record(job)?),
             // Else a cgroup Slurm lent (`.../step_extern`): the job whose live part holds it
-            // (one at a time, `Jobs::step_free`).
+            // (one at a time, `Node::step_free`).
             None => {
                 let job = live_holder(&state_dir, cgroup, 0)?;
                 (job, record(job)?)
@@ -539,11 +539,6 @@ impl Jobs {
         self
     }
 
-    /// The network namespace of the job's sandbox on this node.
-    pub(crate) fn netns(&self, job: u64) -> PathBuf {
-        crate::os::sandbox::netns_path(&self.node.name, job)
-    }
-
     /// Sets who may run jobs here.
     pub fn with_launch_policy(mut self, policy: LaunchPolicy) -> Self {
         self.node.policy = policy;
@@ -575,16 +570,9 @@ impl Jobs {
         self
     }
 
-    /// Runs the failpoint of `phase`, if one is set (tests only; see [`crate::failpoint`]).
-    pub(crate) async fn failpoint(&self, job: u64, phase: &'static str) -> Result<(), AgentError> {
-        match self.node.failpoints.action(phase, &self.node.name) {
-            None => Ok(()),
-            Some(Action::Error) => Err(AgentError::Injected { job, phase }),
-            Some(Action::Delay(d)) => {
-                tokio::time::sleep(d).await;
-                Ok(())
-            }
-        }
+    /// The ib-quiesce channel registry (the daemon serves its socket).
+    pub fn channels(&self) -> &Arc<Channels> {
+        &self.node.channels
     }
 
     /// Node name.
@@ -605,23 +593,6 @@ impl Jobs {
     /// Every snapshot engine of this node.
     pub fn engines(&self) -> &Engines {
         &self.node.engines
-    }
-
-    /// The engine called `name` ("": the default), or an error naming what this node has.
-    pub(crate) fn engine_named(
-        &self,
-        job: u64,
-        name: &str,
-    ) -> Result<Arc<dyn SnapshotEngine>, AgentError> {
-        self.node
-            .engines
-            .get(name)
-            .cloned()
-            .map_err(|problem| AgentError::NoEngine {
-                job,
-                node: self.node.name.clone(),
-                problem,
-            })
     }
 
     pub(crate) fn get(&self, job: u64) -> Result<Arc<Mutex<NodeJob>>, AgentError> {
@@ -702,7 +673,9 @@ impl Jobs {
     pub fn job_dir(&self, job: u64) -> PathBuf {
         self.node.state_dir.join("jobs").join(job.to_string())
     }
+}
 
+impl Node {
     /// Refuses to put job `job`'s part into a Slurm job's step (`place`) that another live
     /// part of this node already holds: the step is frozen as one, so a checkpoint of either
     /// would freeze and thaw the other.
@@ -713,10 +686,10 @@ impl Jobs {
         place: Option<&crate::os::slurm::SlurmPlace>,
     ) -> Result<(), AgentError> {
         let Some(p) = place else { return Ok(()) };
-        if let Some(other) = live_holder(&self.node.state_dir, &p.cgroups.freezer, job) {
+        if let Some(other) = live_holder(&self.state_dir, &p.cgroups.freezer, job) {
             return Err(AgentError::SlurmAdoption {
                 job,
-                node: self.node.name.clone(),
+                node: self.name.clone(),
                 uid,
                 why: format!(
                     "ckpt job {other} already runs in Slurm job {}'s extern step here, and a step holds one (a checkpoint freezes the whole step): cancel job {other}, run this one from another Slurm job, or set [slurm] adopt = false",

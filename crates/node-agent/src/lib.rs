@@ -336,7 +336,7 @@ pub async fn run(
         )
     };
     launch::exits::watch(jobs.node.exits.clone());
-    let precopy = tokio::spawn(jobs.clone().precopy_loop());
+    let precopy = tokio::spawn(copies::precopy::run_loop(jobs.clone()));
     let ibq = match jobs.channels().bind() {
         Ok(l) => Some(tokio::spawn(jobs.channels().clone().serve(l))),
         Err(e) => {

@@ -142,7 +142,9 @@ fn main() -> ExitCode {
             ));
             node_agent::metrics::metrics();
             let jobs = jobs.clone();
-            tokio::spawn(m.serve(std::sync::Arc::new(move || jobs.refresh_metrics())));
+            tokio::spawn(m.serve(std::sync::Arc::new(move || {
+                node_agent::metrics::refresh(&jobs)
+            })));
         }
         let listener = node_agent::Listener::Cluster {
             tcp: listener,

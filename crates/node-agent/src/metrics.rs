@@ -1,6 +1,6 @@
 //! The agent's Prometheus metrics, in the process's default registry: served by ckpt-agent's
 //! own endpoint, or by a standalone ckptd's with its own. Times of this node's dumps, restores
-//! and verifications; its staging space, set at each scrape by [`Jobs::refresh_metrics`].
+//! and verifications; its staging space, set at each scrape by [`refresh`].
 use std::sync::OnceLock;
 
 use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts};
@@ -105,15 +105,13 @@ pub fn metrics() -> &'static Metrics {
     })
 }
 
-impl Jobs {
-    /// Sets the gauges of this node: staging space, jobs. Run before each scrape.
-    pub fn refresh_metrics(&self) {
-        let m = metrics();
-        if let Ok((free, size)) = self.node.staging.space() {
-            m.staging_free.set(i64::try_from(free).unwrap_or(i64::MAX));
-            m.staging_size.set(i64::try_from(size).unwrap_or(i64::MAX));
-        }
-        m.jobs
-            .set(i64::try_from(self.snapshot().len()).unwrap_or(i64::MAX));
+/// Sets the gauges of this node: staging space, jobs. Run before each scrape.
+pub fn refresh(jobs: &Jobs) {
+    let m = metrics();
+    if let Ok((free, size)) = jobs.node.staging.space() {
+        m.staging_free.set(i64::try_from(free).unwrap_or(i64::MAX));
+        m.staging_size.set(i64::try_from(size).unwrap_or(i64::MAX));
     }
+    m.jobs
+        .set(i64::try_from(jobs.snapshot().len()).unwrap_or(i64::MAX));
 }

@@ -12,7 +12,8 @@ use ckpt_store::copy::CopyOptions;
 use ckpt_store::layout::Staging;
 
 use crate::engine::{Engines, SnapshotEngine};
-use crate::failpoint::Failpoints;
+use crate::error::AgentError;
+use crate::failpoint::{Action, Failpoints};
 use crate::ibq::Channels;
 use crate::os::cgroup::CgroupParent;
 use crate::os::host::Host;
@@ -70,6 +71,41 @@ pub(crate) struct Node {
     pub(crate) exits: Arc<crate::launch::exits::Exits>,
     /// What the checkpoint and restore steps ask of the machine ([`crate::os::host`]).
     pub(crate) host: Arc<dyn Host>,
+}
+
+impl Node {
+    /// The network namespace of the job's sandbox on this node.
+    pub(crate) fn netns(&self, job: u64) -> PathBuf {
+        crate::os::sandbox::netns_path(&self.name, job)
+    }
+
+    /// Runs the failpoint of `phase`, if one is set (tests only; see [`crate::failpoint`]).
+    pub(crate) async fn failpoint(&self, job: u64, phase: &'static str) -> Result<(), AgentError> {
+        match self.failpoints.action(phase, &self.name) {
+            None => Ok(()),
+            Some(Action::Error) => Err(AgentError::Injected { job, phase }),
+            Some(Action::Delay(d)) => {
+                tokio::time::sleep(d).await;
+                Ok(())
+            }
+        }
+    }
+
+    /// The engine called `name` ("": the default), or an error naming what this node has.
+    pub(crate) fn engine_named(
+        &self,
+        job: u64,
+        name: &str,
+    ) -> Result<Arc<dyn SnapshotEngine>, AgentError> {
+        self.engines
+            .get(name)
+            .cloned()
+            .map_err(|problem| AgentError::NoEngine {
+                job,
+                node: self.name.clone(),
+                problem,
+            })
+    }
 }
 
 /// What the agent adds to every job's environment so that its MPI launcher reaches other

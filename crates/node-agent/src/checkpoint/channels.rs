@@ -2,7 +2,6 @@
 //! reconnected after the thaw or a restart's release.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::info;
@@ -10,8 +9,9 @@ use tracing::info;
 use ib_quiesce::control::Holdings;
 
 use crate::error::AgentError;
-use crate::ibq::{ChannelFailure, Channels, Rebuilt};
-use crate::jobs::{Jobs, NodeJob};
+use crate::ibq::{ChannelFailure, Rebuilt};
+use crate::jobs::NodeJob;
+use crate::node::Node;
 use crate::os::procfs;
 
 /// How long channels have to drain and flush before the freeze, and drained verbs layers to
@@ -179,7 +179,7 @@ fn note_channels(job: &mut NodeJob) {
     }
 }
 
-impl Jobs {
+impl Node {
     /// Initial sync: asks the channels of `channeled` (processes whose layer or channel is up)
     /// what they hold, and fails naming the first process that holds on verbs devices more
     /// than its library knows, or uses a feature it cannot rebuild. Changes nothing.
@@ -192,7 +192,6 @@ impl Jobs {
             return Ok(());
         }
         let held = self
-            .node
             .channels
             .check(channeled, CHANNEL_CHECK_TIMEOUT)
             .await
@@ -203,7 +202,7 @@ impl Jobs {
     /// Pre-checkpoint, before the freeze: quiesce the ib-quiesce channels of the job's
     /// processes (all at once: their flush handshakes need each other), then check that no
     /// process still maps a verbs device. Verbs layers that drained (objects alive) are kept in
-    /// `layer_drained` for [`Jobs::release_layers`], and skipped by that check until then.
+    /// `layer_drained` for [`Node::release_layers`], and skipped by that check until then.
     pub(super) async fn quiesce_channels(&self, job: &mut NodeJob) -> Result<(), AgentError> {
         let job_id = job.record.id;
         let pids = job
@@ -211,18 +210,14 @@ impl Jobs {
             .as_ref()
             .map(|w| w.pids.clone())
             .unwrap_or_default();
-        let up = self.node.channels.up(&pids).await;
+        let up = self.channels.up(&pids).await;
         if !up.is_empty() {
-            let (done, failed) = self
-                .node
-                .channels
-                .quiesce(&up, CHANNEL_QUIESCE_TIMEOUT)
-                .await;
+            let (done, failed) = self.channels.quiesce(&up, CHANNEL_QUIESCE_TIMEOUT).await;
             job.ibq_down.extend(&done.released);
             if let Some(f) = failed.into_iter().next() {
                 // Channels still up, and drained layers, run on; those that quiesced wait for
                 // the rebuild that follows the abort.
-                self.node.channels.resume(&up).await;
+                self.channels.resume(&up).await;
                 return Err(channel_error(job_id, "quiesce")(f));
             }
             job.layer_drained.extend(&done.drained);
@@ -245,7 +240,7 @@ impl Jobs {
         refuse_verbs_without_channel(
             job_id,
             pids.iter().filter(|p| !drained.contains(p)),
-            self.node.channels.socket(),
+            self.channels.socket(),
         )
     }
 
@@ -257,7 +252,6 @@ impl Jobs {
     pub(super) async fn release_layers(&self, job: &mut NodeJob) -> Result<(), AgentError> {
         let job_id = job.record.id;
         let (done, failed) = self
-            .node
             .channels
             .release(&job.layer_drained, CHANNEL_QUIESCE_TIMEOUT)
             .await;
@@ -277,18 +271,17 @@ impl Jobs {
             .as_ref()
             .map(|w| w.pids.as_slice())
             .unwrap_or_default();
-        refuse_verbs_without_channel(job_id, pids, self.node.channels.socket())
+        refuse_verbs_without_channel(job_id, pids, self.channels.socket())
     }
 
     /// Post-checkpoint (or after a restart's release): the job's channels that are down
     /// recreate their objects; returns their new endpoints (none without channels) and the
     /// peer QPs whose endpoints they need back.
-    pub async fn rebuild_channels(&self, job_id: u64) -> Result<Rebuilt, AgentError> {
-        let j = self.get(job_id)?;
-        let mut job = j.lock().await;
+    pub(crate) async fn rebuild_channels(&self, job: &mut NodeJob) -> Result<Rebuilt, AgentError> {
+        let job_id = job.id();
         if job.ibq_restored > 0 {
             let found = self
-                .find_restored_channels(&job, job.ibq_restored)
+                .find_restored_channels(job, job.ibq_restored)
                 .await
                 .map_err(channel_error(job_id, "rebuild"))?;
             job.ibq_down = found;
@@ -297,8 +290,7 @@ impl Jobs {
         if job.ibq_down.is_empty() {
             return Ok((Vec::new(), Some(Vec::new())));
         }
-        self.node
-            .channels
+        self.channels
             .rebuild(&job.ibq_down, CHANNEL_REBUILD_TIMEOUT)
             .await
             .map_err(channel_error(job_id, "rebuild"))
@@ -318,19 +310,18 @@ impl Jobs {
             let pids = job.cgroup.pids().unwrap_or_default();
             for &p in &pids {
                 if flagged.insert(p) {
-                    self.node.channels.raise_flag(p)?;
+                    self.channels.raise_flag(p)?;
                 }
             }
-            let down = self.node.channels.down_among(&pids).await;
+            let down = self.channels.down_among(&pids).await;
             if down.len() >= expected {
                 // Every flag raised but the channels' own, those of processes gone since too.
-                self.node
-                    .channels
+                self.channels
                     .lower_flags(flagged.into_iter().filter(|p| !down.contains(p)));
                 return Ok(down);
             }
             if begin.elapsed() > CHANNEL_REBUILD_TIMEOUT {
-                self.node.channels.lower_flags(flagged);
+                self.channels.lower_flags(flagged);
                 return Err(ChannelFailure {
                     pid: pids.first().copied().unwrap_or(0),
                     message: format!(
@@ -344,27 +335,20 @@ impl Jobs {
     }
 
     /// Connects the rebuilt channels to the job's endpoints (all nodes) and lets them run.
-    pub async fn reconnect_channels(
+    pub(crate) async fn reconnect_channels(
         &self,
-        job_id: u64,
+        job: &mut NodeJob,
         endpoints: &[ib_quiesce::Endpoint],
     ) -> Result<(), AgentError> {
-        let j = self.get(job_id)?;
-        let mut job = j.lock().await;
+        let job_id = job.id();
         if job.ibq_down.is_empty() {
             return Ok(());
         }
-        self.node
-            .channels
+        self.channels
             .reconnect(&job.ibq_down, endpoints, CHANNEL_REBUILD_TIMEOUT)
             .await
             .map_err(channel_error(job_id, "reconnect"))?;
         job.ibq_down.clear();
         Ok(())
-    }
-
-    /// The ib-quiesce channel registry (the daemon serves its socket).
-    pub fn channels(&self) -> &Arc<Channels> {
-        &self.node.channels
     }
 }

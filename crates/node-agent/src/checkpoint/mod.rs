@@ -114,7 +114,10 @@ impl Jobs {
     pub async fn initial_sync(&self, job_id: u64, epoch: u32) -> Result<Synced, AgentError> {
         // A pre-dump in progress finishes first; none starts until the epoch ends.
         let begin = Instant::now();
-        let chain = self.hold_chain(job_id).await;
+        let chain = match self.get(job_id) {
+            Ok(job) => self.node.hold_chain(&job).await,
+            Err(_) => None,
+        };
         if begin.elapsed() > Duration::from_secs(1) {
             info!(
                 job = job_id,
@@ -133,7 +136,7 @@ impl Jobs {
                 state: format!("epoch {} is {:?}", w.epoch, w.phase),
             });
         }
-        self.failpoint(job_id, "initial-sync").await?;
+        self.node.failpoint(job_id, "initial-sync").await?;
         let (pids, channeled) = self.processes_to_dump(job_id, &job).await?;
         let estimated: u64 = pids.iter().map(|&p| self.node.host.rss_bytes(p)).sum();
         // On top of a chain of pre-dumps, the dump writes what was written since the newest.
@@ -183,7 +186,7 @@ impl Jobs {
         job_id: u64,
         job: &NodeJob,
     ) -> Result<(Vec<i32>, Vec<i32>), AgentError> {
-        let engine = self.engine_named(job_id, &job.record.engine)?;
+        let engine = self.node.engine_named(job_id, &job.record.engine)?;
         let root = job.record.root_pid.unwrap_or(0);
         let live = self.node.host.pids(&job.cgroup).unwrap_or_default();
         // An engine that is not given the tree's root finds the processes itself (DMTCP's
@@ -235,7 +238,7 @@ impl Jobs {
         refuse_rdma_cm(job_id, &pids)?;
         refuse_stopped(self.node.host.as_ref(), job_id, &pids)?;
         refuse_privileged(self.node.host.as_ref(), job_id, &pids, job.record.owner)?;
-        self.check_channels(job_id, &channeled).await?;
+        self.node.check_channels(job_id, &channeled).await?;
         Ok((pids, channeled))
     }
 
@@ -288,7 +291,7 @@ impl Jobs {
     ) -> Result<OwnedMutexGuard<NodeJob>, AgentError> {
         let mut job = self.get(job_id)?.lock_owned().await;
         job.expect_phase(epoch, phase, call)?;
-        self.failpoint(job_id, call).await?;
+        self.node.failpoint(job_id, call).await?;
         Ok(job)
     }
 
@@ -307,8 +310,8 @@ impl Jobs {
             .map(|w| w.phase)
         {
             Some(NodePhase::Synced) => {
-                self.failpoint(job_id, "quiesce").await?;
-                self.quiesce_channels(&mut job).await?;
+                self.node.failpoint(job_id, "quiesce").await?;
+                self.node.quiesce_channels(&mut job).await?;
                 if !job.layer_drained.is_empty() {
                     let n = job.layer_drained.len() as u32;
                     info!(
@@ -319,13 +322,17 @@ impl Jobs {
                     return Ok((Duration::ZERO, n));
                 }
             }
-            Some(NodePhase::Drained) => self.release_layers(&mut job).await?,
+            Some(NodePhase::Drained) => self.node.release_layers(&mut job).await?,
             // The second round, on a node that froze in the first.
             Some(NodePhase::Quiesced) => return Ok((Duration::ZERO, 0)),
             _ => return Err(job.wrong_phase(epoch, "quiesce")),
         }
         // An engine that suspends the job itself needs it running.
-        if !self.engine_named(job_id, &job.record.engine)?.freezes() {
+        if !self
+            .node
+            .engine_named(job_id, &job.record.engine)?
+            .freezes()
+        {
             job.work.as_mut().expect("checked").phase = NodePhase::Quiesced;
             return Ok((Duration::ZERO, 0));
         }
@@ -384,7 +391,7 @@ impl Jobs {
             .enter_phase(job_id, epoch, NodePhase::Quiesced, "local-checkpoint")
             .await?;
         let begin = Instant::now();
-        let engine = self.engine_named(job_id, &job.record.engine)?;
+        let engine = self.node.engine_named(job_id, &job.record.engine)?;
         if kill && engine.freezes() {
             // The epoch ends the part: its connections are locked now, while it is frozen and
             // the engine's own lock not yet on, and stay so through the kill to the restart.
@@ -396,7 +403,7 @@ impl Jobs {
                 .as_ref()
                 .map(|w| w.pids.clone())
                 .unwrap_or_default();
-            let locked = self.lock_tcp_before_kill(&mut job, &pids).await;
+            let locked = self.node.lock_tcp_before_kill(&mut job, &pids).await;
             job.work.as_mut().expect("checked").kill_lock = locked;
         }
         // An abort or a cancel ends the dump through this, without the job's lock.
@@ -432,12 +439,15 @@ impl Jobs {
             .await?;
         let begin = Instant::now();
         // The engine that suspended the job itself has let it run on already.
-        let thaw = self.engine_named(job_id, &job.record.engine)?.freezes();
+        let thaw = self
+            .node
+            .engine_named(job_id, &job.record.engine)?
+            .freezes();
         let host = self.node.host.clone();
         if kill && !job.work.as_ref().is_some_and(|w| w.kill_lock) {
             // Not locked at the dump (an engine that suspends the job itself): now.
             let pids = host.pids(&job.cgroup).unwrap_or_default();
-            self.lock_tcp_before_kill(&mut job, &pids).await;
+            self.node.lock_tcp_before_kill(&mut job, &pids).await;
         }
         let (mut job, r) = tokio::task::spawn_blocking(move || {
             let r = if kill {
@@ -462,7 +472,7 @@ impl Jobs {
                 // Its job address (and the MAC derived from it) leaves the network now, not at
                 // the next heartbeat: a restart may put the part on another node at once (drain
                 // --migrate), and two interfaces with one address would split its traffic.
-                crate::os::sandbox::remove(&self.netns(job_id)).await;
+                crate::os::sandbox::remove(&self.node.netns(job_id)).await;
             }
         }
         let w = job.work.as_mut().expect("checked");
@@ -478,7 +488,7 @@ impl Jobs {
         let mut job = self
             .enter_phase(job_id, epoch, NodePhase::Resumed, "finalize")
             .await?;
-        let engine = self.engine_named(job_id, &job.record.engine)?;
+        let engine = self.node.engine_named(job_id, &job.record.engine)?;
         let engine = (engine.name().to_string(), engine.version().to_string());
         // Nothing is committed that the engine could not restore.
         if let Some(w) = &job.work {
@@ -558,7 +568,7 @@ impl Jobs {
         warn!(reason, "aborting epoch");
         if kill_lock {
             // The part runs on: its connections with it.
-            self.unlock_tcp_after_abort(&mut job).await;
+            self.node.unlock_tcp_after_abort(&mut job).await;
         }
         let staging = self.node.staging.clone();
         let node = self.node.name.clone();

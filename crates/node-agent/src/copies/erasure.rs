@@ -21,7 +21,7 @@ use tracing::{info, warn};
 use super::read_ahead::{read_remote, ReadAhead, MAX_SEGMENT_READ};
 use super::{install, Location, Usable};
 use crate::error::AgentError;
-use crate::jobs::Jobs;
+use crate::node::Node;
 
 /// Encodes started by this agent, naming their files in progress.
 static ENCODES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -61,8 +61,8 @@ fn failed(job: u64, epoch: u32, message: impl std::fmt::Display) -> AgentError {
 }
 
 /// Where a node keeps the parity it holds of an epoch.
-pub fn parity_dir(jobs: &Jobs, job: u64, epoch: u32) -> PathBuf {
-    jobs.node.staging.epoch_dir(job, epoch).join("parity")
+pub(crate) fn parity_dir(node: &Node, job: u64, epoch: u32) -> PathBuf {
+    node.staging.epoch_dir(job, epoch).join("parity")
 }
 
 fn parity_path(dir: &Path, row: usize, index: usize) -> PathBuf {
@@ -75,7 +75,7 @@ enum Source {
     Remote(Box<ReadAhead>),
 }
 
-impl Jobs {
+impl Node {
     /// Connects to each member (this node's own images read here), learning every member's
     /// stream and manifest lengths. A member that cannot be reached is `None` with why.
     async fn sources(
@@ -89,8 +89,8 @@ impl Jobs {
         for (i, m) in members.iter().enumerate() {
             let r = if Some(i) == skip {
                 Err("lost".to_string())
-            } else if m.node == self.node.name {
-                let dir = self.node.staging.node_dir(job, epoch, &m.node);
+            } else if m.node == self.name {
+                let dir = self.staging.node_dir(job, epoch, &m.node);
                 let digest = m.digest.clone();
                 tokio::task::spawn_blocking(move || NodeStream::open(&dir, &digest))
                     .await
@@ -106,7 +106,7 @@ impl Jobs {
                     job,
                     &m.node,
                     &m.address,
-                    self.node.credential.as_ref(),
+                    self.credential.as_ref(),
                 )
                 .await
                 {
@@ -153,12 +153,12 @@ impl Jobs {
             .ok_or_else(|| failed(job, epoch, "partner copies are not encoded"))?;
         let me = members
             .iter()
-            .position(|m| m.node == self.node.name)
+            .position(|m| m.node == self.name)
             .ok_or_else(|| {
                 failed(
                     job,
                     epoch,
-                    format!("node {} is not in the group", self.node.name),
+                    format!("node {} is not in the group", self.name),
                 )
             })?;
         check_members(job, epoch, &members)?;
@@ -186,10 +186,9 @@ impl Jobs {
             })
             .collect();
         let handle = tokio::runtime::Handle::current();
-        let progress = ckpt_store::copy::CopyProgress::pausing_on(self.node.frozen.clone());
+        let progress = ckpt_store::copy::CopyProgress::pausing_on(self.frozen.clone());
         // The flush's bandwidth limit bounds what an encode reads too.
         let throttle = self
-            .node
             .copy_opts
             .bandwidth
             .map(ckpt_store::copy::Throttle::new);
@@ -269,7 +268,6 @@ impl Jobs {
             .group_sources(job, epoch, &members, lost, &layout)
             .await;
         let stream = self
-            .node
             .staging
             .epoch_dir(job, epoch)
             .join(format!(".{node}.rebuild"));
@@ -280,7 +278,7 @@ impl Jobs {
             epoch,
             layout: layout.clone(),
             names: names.clone(),
-            me: self.node.name.clone(),
+            me: self.name.clone(),
             here: parity_dir(self, job, epoch),
             // Parity is read over readers of its own (the data reads hold the sources), one
             // shard at a time per holder.
@@ -409,7 +407,7 @@ impl Jobs {
         (sources, losses)
     }
 
-    /// The rebuild as a source of [`Jobs::usable_images`].
+    /// The rebuild as a source of [`Node::usable_images`].
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn usable_from_group(
         &self,
@@ -451,7 +449,7 @@ impl Jobs {
         offset: u64,
         length: u64,
     ) -> Result<(u64, u64, Vec<u8>), AgentError> {
-        let dir = self.node.staging.node_dir(job, epoch, node);
+        let dir = self.staging.node_dir(job, epoch, node);
         let mut s =
             NodeStream::open(&dir, digest).map_err(|source| AgentError::Store { job, source })?;
         let ml = s.manifest_len();

@@ -22,7 +22,7 @@ use ckpt_store::manifest::{self, NodeManifest};
 use tracing::{info, warn};
 
 use crate::error::{io_err, AgentError};
-use crate::jobs::Jobs;
+use crate::node::Node;
 
 /// Where a restore may find this node's images besides its own staging.
 #[derive(Debug, Clone, Default)]
@@ -53,7 +53,7 @@ pub(crate) struct Usable {
     pub source: Location,
     /// Why copies tried before it were not used (empty if none was).
     pub note: String,
-    /// Files of the manifest not verified yet (see [`Jobs::usable_images`]).
+    /// Files of the manifest not verified yet (see [`Node::usable_images`]).
     pub unverified: Vec<FileEntry>,
 }
 
@@ -114,29 +114,25 @@ pub(crate) fn trusted_shared(root: &Path) -> Result<(), ckpt_store::trust::Untru
     }
 }
 
-impl Jobs {
+impl Node {
     /// The shared storage mount, if configured.
     pub fn shared_dir(&self) -> Option<&Path> {
-        self.node.shared.as_ref().map(|s| s.root())
+        self.shared.as_ref().map(|s| s.root())
     }
 
     /// The shared store, if configured and mounted.
     fn shared(&self, job: u64) -> Result<Staging, AgentError> {
-        let s = self
-            .node
-            .shared
-            .clone()
-            .ok_or_else(|| AgentError::NoShared {
-                job,
-                problem: format!("node {} has no shared storage", self.node.name),
-            })?;
+        let s = self.shared.clone().ok_or_else(|| AgentError::NoShared {
+            job,
+            problem: format!("node {} has no shared storage", self.name),
+        })?;
         if !s.root().is_dir() {
             return Err(AgentError::NoShared {
                 job,
                 problem: format!(
                     "shared_dir {} does not exist on node {} (is the file system mounted?)",
                     s.root().display(),
-                    self.node.name
+                    self.name
                 ),
             });
         }
@@ -145,7 +141,7 @@ impl Jobs {
                 job,
                 problem: format!(
                     "shared_dir on node {}: {e}; make it root's (or, on NFS with root squashed, the squash user's) and not writable by other users",
-                    self.node.name
+                    self.name
                 ),
             });
         }
@@ -162,16 +158,16 @@ impl Jobs {
         committed_digest: &str,
     ) -> Result<(Arc<CopyProgress>, FlushTask), AgentError> {
         let shared = self.shared(job_id)?;
-        let src = self.node.staging.node_dir(job_id, epoch, &self.node.name);
-        let progress = Arc::new(CopyProgress::pausing_on(self.node.frozen.clone()));
+        let src = self.staging.node_dir(job_id, epoch, &self.name);
+        let progress = Arc::new(CopyProgress::pausing_on(self.frozen.clone()));
         let (p, opts, digest, node) = (
             progress.clone(),
-            self.node.copy_opts.clone(),
+            self.copy_opts.clone(),
             committed_digest.to_string(),
-            self.node.name.clone(),
+            self.name.clone(),
         );
         // A failpoint holds the copy back, not the call: progress is reported meanwhile.
-        let held = self.node.failpoints.action("flush", &self.node.name);
+        let held = self.failpoints.action("flush", &self.name);
         let copy = move || {
             let r = ckpt_store::dedup::flush(
                 &src,
@@ -244,12 +240,12 @@ impl Jobs {
         epoch: u32,
         committed_digest: &str,
     ) -> Result<NodeManifest, AgentError> {
-        self.verify_of(job_id, epoch, committed_digest, &self.node.name, None)
+        self.verify_of(job_id, epoch, committed_digest, &self.name, None)
             .await
             .map(|(m, _)| m)
     }
 
-    /// [`Jobs::verify`] of the images of `node` kept here. With `later`, the files it names
+    /// [`Node::verify`] of the images of `node` kept here. With `later`, the files it names
     /// are left out and returned (their entries) for the caller to verify.
     async fn verify_of(
         &self,
@@ -259,7 +255,7 @@ impl Jobs {
         node: &str,
         later: Option<fn(&str) -> bool>,
     ) -> Result<(NodeManifest, Vec<FileEntry>), AgentError> {
-        let nd = self.node.staging.node_dir(job_id, epoch, node);
+        let nd = self.staging.node_dir(job_id, epoch, node);
         let committed = committed_digest.to_string();
         tokio::task::spawn_blocking(
             move || -> Result<(NodeManifest, Vec<FileEntry>), AgentError> {
@@ -306,7 +302,7 @@ impl Jobs {
     ) -> Result<NodeManifest, AgentError> {
         let shared = self.shared(job_id)?;
         let (opts, digest, node) = (
-            self.node.copy_opts.clone(),
+            self.copy_opts.clone(),
             committed_digest.to_string(),
             node.to_string(),
         );
@@ -347,7 +343,7 @@ impl Jobs {
             out.push(CopyCheck {
                 location: Location::Shared,
                 result: self
-                    .rebuild_shared(job_id, epoch, committed_digest, None, &self.node.name)
+                    .rebuild_shared(job_id, epoch, committed_digest, None, &self.name)
                     .await,
             });
         }
@@ -370,12 +366,12 @@ impl Jobs {
         sources: &Sources,
         later: Option<fn(&str) -> bool>,
     ) -> Result<Usable, AgentError> {
-        let node = sources.source_node.as_deref().unwrap_or(&self.node.name);
+        let node = sources.source_node.as_deref().unwrap_or(&self.name);
         let local_err = if sources.local_pruned {
             AgentError::Store {
                 job: job_id,
                 source: ckpt_store::StoreError::FileMissing {
-                    path: self.node.staging.node_dir(job_id, epoch, node),
+                    path: self.staging.node_dir(job_id, epoch, node),
                 },
             }
         } else {
@@ -399,16 +395,15 @@ impl Jobs {
         } else {
             format!("local copy unusable: {local_err}")
         }];
-        let dest = self.node.staging.node_dir(job_id, epoch, node);
+        let dest = self.staging.node_dir(job_id, epoch, node);
         let tmp = self
-            .node
             .staging
             .epoch_dir(job_id, epoch)
             .join(format!(".{node}.fetch"));
         // For a part moving here, the partner keeping the copy serves it with the
         // coordinator's grant.
         if let Some((pn, pa)) = sources.partner.as_ref() {
-            if node == self.node.name {
+            if node == self.name {
                 warn!(job = job_id, epoch, partner = %pn, error = %local_err, "local images unusable; fetching the partner copy");
             } else {
                 // A part that moved here has no local copy: nothing is wrong.
@@ -451,7 +446,7 @@ impl Jobs {
             }
         }
         if sources.shared_durable {
-            if node == self.node.name {
+            if node == self.name {
                 warn!(job = job_id, epoch, "fetching the shared copy");
             } else {
                 info!(job = job_id, epoch, source = %node, "fetching the shared copy of a part that moved here");
@@ -502,7 +497,7 @@ impl Jobs {
             message: s.message().to_string(),
         };
         let mut c =
-            crate::rpc::partner::connect(job_id, partner, address, self.node.credential.as_ref())
+            crate::rpc::partner::connect(job_id, partner, address, self.credential.as_ref())
                 .await?;
         let s = c
             .send(ckpt_proto::v1::SendRequest {
@@ -537,19 +532,19 @@ impl Jobs {
     ) -> Result<(), AgentError> {
         use tokio_stream::StreamExt;
         let mut c =
-            crate::rpc::partner::connect(job_id, partner, address, self.node.credential.as_ref())
+            crate::rpc::partner::connect(job_id, partner, address, self.credential.as_ref())
                 .await?;
         let header = ckpt_proto::v1::ChunkHeader {
             job_id,
             epoch,
-            node: self.node.name.clone(),
+            node: self.name.clone(),
             ..Default::default()
         };
         let rx = crate::rpc::partner::chunks(
-            self.node.staging.node_dir(job_id, epoch, &self.node.name),
+            self.staging.node_dir(job_id, epoch, &self.name),
             header,
             committed_digest.to_string(),
-            self.node.frozen.clone(),
+            self.frozen.clone(),
         );
         // A damaged local file ends the stream early; the partner then refuses the incomplete
         // copy, and the local error is the one worth reporting.
@@ -575,7 +570,7 @@ impl Jobs {
 
     /// Where this node keeps its own or a partner's images of an epoch.
     pub fn node_dir(&self, job_id: u64, epoch: u32, node: &str) -> PathBuf {
-        self.node.staging.node_dir(job_id, epoch, node)
+        self.staging.node_dir(job_id, epoch, node)
     }
 
     /// Deletes this node's images of the given epochs (retention): the local copies (with the
@@ -589,13 +584,13 @@ impl Jobs {
         shared: bool,
         keep_local: bool,
     ) -> Result<(), AgentError> {
-        let staging = self.node.staging.clone();
+        let staging = self.staging.clone();
         let shared = if shared {
             Some(self.shared(job_id)?)
         } else {
             None
         };
-        let node = self.node.name.clone();
+        let node = self.name.clone();
         let epochs = epochs.to_vec();
         tokio::task::spawn_blocking(move || {
             let store_err = |source| AgentError::Store {

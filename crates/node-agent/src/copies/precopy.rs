@@ -32,6 +32,7 @@ use tracing::{info, warn};
 use crate::config::PrecopyConfig;
 use crate::engine::{DumpSpec, SnapshotEngine};
 use crate::jobs::{Jobs, NodeJob, Observed};
+use crate::node::Node;
 use crate::os::modes::{ensure_dir, PRIVATE_DIR};
 use crate::os::{procfs, sandbox};
 use chain::Link;
@@ -95,21 +96,21 @@ fn decide(c: &Chain, dirty: Option<u64>, cfg: &PrecopyConfig, delay: Duration) -
     }
 }
 
-impl Jobs {
-    /// Pre-dumps the node's jobs as the policy says, every `check_every`, until the agent
-    /// stops. Runs only when the mode is [`Mode::On`].
-    pub async fn precopy_loop(self: Arc<Self>) {
-        let Mode::On(cfg) = self.node.precopy.clone() else {
-            return;
-        };
-        loop {
-            tokio::time::sleep(cfg.check_every).await;
-            for j in self.snapshot() {
-                self.precopy_job(&cfg, j).await;
-            }
+/// Pre-dumps the node's jobs as the policy says, every `check_every`, until the agent stops.
+/// Runs only when the mode is [`Mode::On`].
+pub async fn run_loop(jobs: Arc<Jobs>) {
+    let Mode::On(cfg) = jobs.node.precopy.clone() else {
+        return;
+    };
+    loop {
+        tokio::time::sleep(cfg.check_every).await;
+        for j in jobs.snapshot() {
+            jobs.node.precopy_job(&cfg, j).await;
         }
     }
+}
 
+impl Node {
     async fn precopy_job(&self, cfg: &PrecopyConfig, j: Arc<Mutex<NodeJob>>) {
         // A job whose lock is taken is in a checkpoint step, a restore or a launch: next time.
         let Ok(job) = j.try_lock() else { return };
@@ -120,8 +121,8 @@ impl Jobs {
         if job.work.is_some() {
             return;
         }
-        let waiting = self.node.staging.job_dir(id).join(WAITING_DIR);
-        let running = job.observe(self.node.host.as_ref()) == Observed::Running;
+        let waiting = self.staging.job_dir(id).join(WAITING_DIR);
+        let running = job.observe(self.host.as_ref()) == Observed::Running;
         if !running || chain.incarnation != job.incarnation() {
             if chain.incarnation != job.incarnation() || !chain.links.is_empty() {
                 let inc = job.incarnation();
@@ -163,7 +164,7 @@ impl Jobs {
         };
         drop(job);
         let cfg = cfg.clone();
-        let engine = self.node.engine.clone();
+        let engine = self.engine.clone();
         tokio::task::spawn_blocking(move || {
             precopy_step(id, &cfg, engine.as_ref(), &mut chain, &target, &waiting)
         })
@@ -173,17 +174,17 @@ impl Jobs {
 
     /// The job's chain, for a checkpoint to hold from initial synchronization on: waits for a
     /// pre-dump in progress.
-    pub(crate) async fn hold_chain(&self, job_id: u64) -> Option<OwnedMutexGuard<Chain>> {
-        if !matches!(self.node.precopy, Mode::On(_)) {
+    pub(crate) async fn hold_chain(&self, job: &Mutex<NodeJob>) -> Option<OwnedMutexGuard<Chain>> {
+        if !matches!(self.precopy, Mode::On(_)) {
             return None;
         }
-        let chain = self.get(job_id).ok()?.lock().await.precopy.clone();
+        let chain = job.lock().await.precopy.clone();
         Some(chain.lock_owned().await)
     }
 
     /// This node's pre-copy state for the job, in words (for `ckptctl status`).
     pub(crate) fn precopy_text(&self, job: &NodeJob) -> String {
-        match &self.node.precopy {
+        match &self.precopy {
             Mode::Off(why) => format!("full dumps: {why}"),
             Mode::On(_) => match job.precopy.try_lock() {
                 Err(_) => "pre-copy: a pre-dump or checkpoint is running".into(),

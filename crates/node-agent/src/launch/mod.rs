@@ -25,7 +25,7 @@ use tracing::{info, instrument, warn};
 
 use crate::error::{io_err, AgentError};
 use crate::jobs::{Jobs, NodeJob, Observed};
-use crate::node::LaunchEnv;
+use crate::node::{LaunchEnv, Node};
 use crate::os::modes::{ensure_dir, write_private, PRIVATE_DIR, PRIVATE_FILE};
 use crate::os::owner::Identity;
 use crate::os::procfs;
@@ -199,127 +199,6 @@ pub(crate) fn make_session(
 const POLL_CHUNK: u64 = 1 << 20;
 
 impl Jobs {
-    pub(crate) async fn start_shim(
-        &self,
-        job: &mut NodeJob,
-        mode: ShimMode,
-        owner: &Identity,
-        timeout: Duration,
-    ) -> Result<i32, AgentError> {
-        let id = job.record.id;
-        if let Some((since, lease)) = self.node.lease.overdue() {
-            return Err(AgentError::Fenced {
-                job: id,
-                node: self.node.name.clone(),
-                since,
-                lease,
-            });
-        }
-        job.record.incarnation += 1;
-        job.record.root_pid = None;
-        let run_dir = job.run_dir();
-        let io = |what, path: &Path| io_err(id, what, path);
-        ensure_dir(&job.dir.join("run"), PRIVATE_DIR)
-            .and_then(|()| ensure_dir(&run_dir, PRIVATE_DIR))
-            .map_err(io("create", &run_dir))?;
-        job.cgroup
-            .create()
-            .map_err(|source| AgentError::Cgroup { job: id, source })?;
-        let (ready, ready_w) =
-            crate::os::clone_into::pipe_cloexec().map_err(io("create a pipe for", &run_dir))?;
-        let ready_fd = ready_w.as_raw_fd();
-        let spec = ShimSpec {
-            mode,
-            cgroup_procs: job.cgroup.procs_file(),
-            also_join: job.cgroup.other_procs_files(),
-            lent: job.cgroup.lender().is_some(),
-            stdout: job.dir.join("stdout"),
-            stderr: job.dir.join("stderr"),
-            run_dir: run_dir.clone(),
-            output_owner: Some((owner.uid, owner.gid)),
-            ready_fd: Some(ready_fd),
-            lease: job
-                .record
-                .may_move
-                .then(|| self.node.lease.path().to_path_buf()),
-        };
-        let spec_path = run_dir.join(shim::SPEC);
-        // It holds the job's secret and whole environment.
-        write_private(
-            &spec_path,
-            &serde_json::to_vec_pretty(&spec).expect("serializable"),
-        )
-        .map_err(io("write", &spec_path))?;
-        job.save()?;
-        let log = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(PRIVATE_FILE)
-            .open(run_dir.join("shim.log"))
-            .map_err(io("create", &run_dir))?;
-        let log2 = log.try_clone().map_err(io("create", &run_dir))?;
-        job.record.shim = self
-            .node
-            .host
-            .spawn_shim(&self.node.shim_exe, &spec_path, (log, log2), ready_fd)
-            .map_err(|e| AgentError::Start {
-                job: id,
-                message: format!("cannot start shim {}: {e}", self.node.shim_exe.display()),
-            })?;
-        job.cgroup.set_tree(job.record.shim);
-        // Only the shim holds the write end now: its byte, or its end-of-file if it dies.
-        drop(ready_w);
-        let started_file = run_dir.join(shim::STARTED);
-        let mut ready =
-            tokio::net::unix::pipe::Receiver::from_owned_fd(ready).map_err(io("read", &run_dir))?;
-        let mut byte = [0u8; 1];
-        let told = tokio::time::timeout(timeout, ready.read(&mut byte)).await;
-        let started = match told {
-            Err(_) => {
-                return Err(AgentError::Timeout {
-                    job: id,
-                    what: "job start",
-                    waited: timeout,
-                })
-            }
-            Ok(_) => shim::read_json::<Started>(&started_file).ok_or_else(|| {
-                let log = fs::read_to_string(run_dir.join("shim.log")).unwrap_or_default();
-                AgentError::Start {
-                    job: id,
-                    message: format!(
-                        "the job shim ended before it wrote {}: {}",
-                        started_file.display(),
-                        shim_log_tail(&log)
-                    ),
-                }
-            })?,
-        };
-        match started {
-            Started::Running { root_pid } => {
-                job.record.root_pid = Some(root_pid);
-                job.save()?;
-                if let Some(lent) = job.cgroup.lender() {
-                    // Already in the step's cgroups; this adds it to Slurm's accounting.
-                    let step =
-                        crate::os::slurm::ExternStep::at(lent.slurm_job, lent.socket.clone());
-                    let adopted = tokio::task::spawn_blocking(move || step.adopt(root_pid)).await;
-                    match adopted.map_err(|e| e.to_string()).and_then(|r| r) {
-                        Ok(()) => info!(root_pid, slurm_job = lent.slurm_job, "adopted by Slurm"),
-                        Err(e) => {
-                            warn!(root_pid, error = %e, "Slurm does not account for the part")
-                        }
-                    }
-                }
-                Ok(root_pid)
-            }
-            Started::Failed { error } => Err(AgentError::Start {
-                job: id,
-                message: error,
-            }),
-        }
-    }
-
     /// Whether the freezer holds `cgroup`'s processes.
     fn frozen(&self, cgroup: &crate::os::cgroup::JobCgroup) -> bool {
         self.node
@@ -342,8 +221,8 @@ impl Jobs {
             .slurm
             .place(spec.job, &self.node.name, owner.uid)
             .await?;
-        self.step_free(spec.job, owner.uid, place.as_ref())?;
-        let engine = self.engine_named(spec.job, &spec.engine)?;
+        self.node.step_free(spec.job, owner.uid, place.as_ref())?;
+        let engine = self.node.engine_named(spec.job, &spec.engine)?;
         if !engine.freezes() && (spec.part > 0 || spec.sandbox.is_some()) {
             return Err(AgentError::NoEngine {
                 job: spec.job,
@@ -385,7 +264,7 @@ impl Jobs {
                 // the images carry, rather than descriptors reached through /proc/<pid>/fd.
                 env.entry("UCX_POSIX_USE_PROC_LINK".into())
                     .or_insert_with(|| "n".into());
-                Some(self.make_sandbox(spec.job, addr).await?)
+                Some(self.node.make_sandbox(spec.job, addr).await?)
             }
             None => None,
         };
@@ -396,7 +275,9 @@ impl Jobs {
         } else {
             let session = make_session(&job, &owner, engine.session_subdirs(), |_| Ok(()))
                 .map_err(io_err(spec.job, "create the engine session of", &job.dir))?;
-            let port = self.coordinator_port(&mut job, engine.as_ref(), owner.uid)?;
+            let port = self
+                .node
+                .coordinator_port(&mut job, engine.as_ref(), owner.uid)?;
             engine.launch_argv(spec.argv, &mut env, &session, port)
         };
         let mode = ShimMode::Launch {
@@ -409,13 +290,14 @@ impl Jobs {
             sandbox,
         };
         let pid = match self
+            .node
             .start_shim(&mut job, mode, &owner, LAUNCH_TIMEOUT)
             .await
         {
             Ok(pid) => pid,
             Err(e) => {
                 if job.record.sandbox.is_some() {
-                    crate::os::sandbox::remove(&self.netns(spec.job)).await;
+                    crate::os::sandbox::remove(&self.node.netns(spec.job)).await;
                 }
                 return Err(e);
             }
@@ -425,69 +307,6 @@ impl Jobs {
             None => info!(pid, "job started"),
         }
         Ok((pid, job.record.incarnation))
-    }
-
-    /// A fenced port for the coordinator of `job`'s next incarnation, if `engine` runs one
-    /// ([`crate::os::fence`]), recorded in the job's record.
-    pub(crate) fn coordinator_port(
-        &self,
-        job: &mut NodeJob,
-        engine: &dyn crate::engine::SnapshotEngine,
-        owner: u32,
-    ) -> Result<Option<u16>, AgentError> {
-        if !engine.has_coordinator() {
-            return Ok(None);
-        }
-        let port = self
-            .node
-            .fence
-            .reserve(owner)
-            .map_err(|message| AgentError::Start {
-                job: job.record.id,
-                message,
-            })?;
-        job.record.coordinator_port = port;
-        Ok(port)
-    }
-
-    /// Makes the network namespace of a part's sandbox with its job address; the shim makes
-    /// the rest when it starts the part.
-    pub(crate) async fn make_sandbox(
-        &self,
-        job: u64,
-        addr: &crate::os::sandbox::JobAddress,
-    ) -> Result<shim::Sandbox, AgentError> {
-        let link = self.node.job_link.as_deref().ok_or_else(|| AgentError::Start {
-            job,
-            message: format!(
-                "node {} has no job network interface: set [job_network] interface in its agent.toml (see docs/operations.md, \"Job sandboxes\")",
-                self.node.name
-            ),
-        })?;
-        let init = self.node.shim_exe.with_file_name("ckpt-init");
-        if !init.is_file() {
-            return Err(AgentError::Start {
-                job,
-                message: format!(
-                    "{} is missing: install it next to ckpt-agent",
-                    init.display()
-                ),
-            });
-        }
-        // The mount point of the job directory inside sandboxes (empty, root's).
-        std::fs::create_dir_all(crate::os::sandbox::JOB_DIR).map_err(|e| AgentError::Start {
-            job,
-            message: format!("cannot make {}: {e}", crate::os::sandbox::JOB_DIR),
-        })?;
-        let netns = crate::os::sandbox::create(&self.node.name, job, link, addr)
-            .await
-            .map_err(|message| AgentError::Start { job, message })?;
-        Ok(shim::Sandbox {
-            init,
-            netns,
-            pid_base: pid_base(job),
-            follow: self.node.launch_env.follow_mounts.clone(),
-        })
     }
 
     /// New output of the job's part on this node after the given offsets, and its exit status
@@ -626,8 +445,189 @@ impl Jobs {
             observed,
             part: job.record.part,
             processes: processes_of(self.node.host.as_ref(), &job.cgroup),
-            snapshot_mode: self.precopy_text(&job),
+            snapshot_mode: self.node.precopy_text(&job),
             busy: false,
+        })
+    }
+}
+
+impl Node {
+    pub(crate) async fn start_shim(
+        &self,
+        job: &mut NodeJob,
+        mode: ShimMode,
+        owner: &Identity,
+        timeout: Duration,
+    ) -> Result<i32, AgentError> {
+        let id = job.record.id;
+        if let Some((since, lease)) = self.lease.overdue() {
+            return Err(AgentError::Fenced {
+                job: id,
+                node: self.name.clone(),
+                since,
+                lease,
+            });
+        }
+        job.record.incarnation += 1;
+        job.record.root_pid = None;
+        let run_dir = job.run_dir();
+        let io = |what, path: &Path| io_err(id, what, path);
+        ensure_dir(&job.dir.join("run"), PRIVATE_DIR)
+            .and_then(|()| ensure_dir(&run_dir, PRIVATE_DIR))
+            .map_err(io("create", &run_dir))?;
+        job.cgroup
+            .create()
+            .map_err(|source| AgentError::Cgroup { job: id, source })?;
+        let (ready, ready_w) =
+            crate::os::clone_into::pipe_cloexec().map_err(io("create a pipe for", &run_dir))?;
+        let ready_fd = ready_w.as_raw_fd();
+        let spec = ShimSpec {
+            mode,
+            cgroup_procs: job.cgroup.procs_file(),
+            also_join: job.cgroup.other_procs_files(),
+            lent: job.cgroup.lender().is_some(),
+            stdout: job.dir.join("stdout"),
+            stderr: job.dir.join("stderr"),
+            run_dir: run_dir.clone(),
+            output_owner: Some((owner.uid, owner.gid)),
+            ready_fd: Some(ready_fd),
+            lease: job.record.may_move.then(|| self.lease.path().to_path_buf()),
+        };
+        let spec_path = run_dir.join(shim::SPEC);
+        // It holds the job's secret and whole environment.
+        write_private(
+            &spec_path,
+            &serde_json::to_vec_pretty(&spec).expect("serializable"),
+        )
+        .map_err(io("write", &spec_path))?;
+        job.save()?;
+        let log = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(PRIVATE_FILE)
+            .open(run_dir.join("shim.log"))
+            .map_err(io("create", &run_dir))?;
+        let log2 = log.try_clone().map_err(io("create", &run_dir))?;
+        job.record.shim = self
+            .host
+            .spawn_shim(&self.shim_exe, &spec_path, (log, log2), ready_fd)
+            .map_err(|e| AgentError::Start {
+                job: id,
+                message: format!("cannot start shim {}: {e}", self.shim_exe.display()),
+            })?;
+        job.cgroup.set_tree(job.record.shim);
+        // Only the shim holds the write end now: its byte, or its end-of-file if it dies.
+        drop(ready_w);
+        let started_file = run_dir.join(shim::STARTED);
+        let mut ready =
+            tokio::net::unix::pipe::Receiver::from_owned_fd(ready).map_err(io("read", &run_dir))?;
+        let mut byte = [0u8; 1];
+        let told = tokio::time::timeout(timeout, ready.read(&mut byte)).await;
+        let started = match told {
+            Err(_) => {
+                return Err(AgentError::Timeout {
+                    job: id,
+                    what: "job start",
+                    waited: timeout,
+                })
+            }
+            Ok(_) => shim::read_json::<Started>(&started_file).ok_or_else(|| {
+                let log = fs::read_to_string(run_dir.join("shim.log")).unwrap_or_default();
+                AgentError::Start {
+                    job: id,
+                    message: format!(
+                        "the job shim ended before it wrote {}: {}",
+                        started_file.display(),
+                        shim_log_tail(&log)
+                    ),
+                }
+            })?,
+        };
+        match started {
+            Started::Running { root_pid } => {
+                job.record.root_pid = Some(root_pid);
+                job.save()?;
+                if let Some(lent) = job.cgroup.lender() {
+                    // Already in the step's cgroups; this adds it to Slurm's accounting.
+                    let step =
+                        crate::os::slurm::ExternStep::at(lent.slurm_job, lent.socket.clone());
+                    let adopted = tokio::task::spawn_blocking(move || step.adopt(root_pid)).await;
+                    match adopted.map_err(|e| e.to_string()).and_then(|r| r) {
+                        Ok(()) => info!(root_pid, slurm_job = lent.slurm_job, "adopted by Slurm"),
+                        Err(e) => {
+                            warn!(root_pid, error = %e, "Slurm does not account for the part")
+                        }
+                    }
+                }
+                Ok(root_pid)
+            }
+            Started::Failed { error } => Err(AgentError::Start {
+                job: id,
+                message: error,
+            }),
+        }
+    }
+
+    /// A fenced port for the coordinator of `job`'s next incarnation, if `engine` runs one
+    /// ([`crate::os::fence`]), recorded in the job's record.
+    pub(crate) fn coordinator_port(
+        &self,
+        job: &mut NodeJob,
+        engine: &dyn crate::engine::SnapshotEngine,
+        owner: u32,
+    ) -> Result<Option<u16>, AgentError> {
+        if !engine.has_coordinator() {
+            return Ok(None);
+        }
+        let port = self
+            .fence
+            .reserve(owner)
+            .map_err(|message| AgentError::Start {
+                job: job.record.id,
+                message,
+            })?;
+        job.record.coordinator_port = port;
+        Ok(port)
+    }
+
+    /// Makes the network namespace of a part's sandbox with its job address; the shim makes
+    /// the rest when it starts the part.
+    pub(crate) async fn make_sandbox(
+        &self,
+        job: u64,
+        addr: &crate::os::sandbox::JobAddress,
+    ) -> Result<shim::Sandbox, AgentError> {
+        let link = self.job_link.as_deref().ok_or_else(|| AgentError::Start {
+            job,
+            message: format!(
+                "node {} has no job network interface: set [job_network] interface in its agent.toml (see docs/operations.md, \"Job sandboxes\")",
+                self.name
+            ),
+        })?;
+        let init = self.shim_exe.with_file_name("ckpt-init");
+        if !init.is_file() {
+            return Err(AgentError::Start {
+                job,
+                message: format!(
+                    "{} is missing: install it next to ckpt-agent",
+                    init.display()
+                ),
+            });
+        }
+        // The mount point of the job directory inside sandboxes (empty, root's).
+        std::fs::create_dir_all(crate::os::sandbox::JOB_DIR).map_err(|e| AgentError::Start {
+            job,
+            message: format!("cannot make {}: {e}", crate::os::sandbox::JOB_DIR),
+        })?;
+        let netns = crate::os::sandbox::create(&self.name, job, link, addr)
+            .await
+            .map_err(|message| AgentError::Start { job, message })?;
+        Ok(shim::Sandbox {
+            init,
+            netns,
+            pid_base: pid_base(job),
+            follow: self.launch_env.follow_mounts.clone(),
         })
     }
 }

@@ -5,18 +5,19 @@
 //!   not the node's restores only where they are;
 //! - a checkpoint that kills the part locks its connections before the dump, so that neither
 //!   the kill nor the peers' words in between reach the other side
-//!   ([`Jobs::lock_tcp_before_kill`]); an aborted one lifts the lock;
+//!   ([`Node::lock_tcp_before_kill`]); an aborted one lifts the lock;
 //! - at the restart, closing sockets of the killed incarnation are cleared
 //!   ([`clear_stale_sockets`]), and nftables drops the restored job's TCP traffic until every
-//!   node is restored ([`Jobs::hold_tcp`], [`Jobs::release_tcp`]); the kill's lock ends when
-//!   the restored part runs ([`Jobs::unlock_killed_tcp`]).
+//!   node is restored ([`Node::hold_tcp`], [`Node::release_tcp`]); the kill's lock ends when
+//!   the restored part runs ([`Node::unlock_killed_tcp`]).
 
 use std::net::SocketAddr;
 
 use tracing::{debug, warn};
 
 use crate::error::AgentError;
-use crate::jobs::{Jobs, NodeJob};
+use crate::jobs::NodeJob;
+use crate::node::Node;
 use crate::os::sockdiag;
 
 /// The ports and addresses of the TCP sockets of `pids`, as a dump notes them.
@@ -25,11 +26,10 @@ pub(crate) fn noted_at_dump(pids: &[i32]) -> (Vec<u16>, Vec<String>) {
     (tcp.ports, tcp.addrs.iter().map(|a| a.to_string()).collect())
 }
 
-impl Jobs {
+impl Node {
     /// Name of this node's nftables table `kind` (`hold`, `lock`) of a job.
     fn job_table(&self, kind: &str, job: u64) -> String {
         let node: String = self
-            .node
             .name
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
@@ -44,12 +44,12 @@ impl Jobs {
     /// on); without this one the kill's FIN or reset reached the peers, and a peer outside the job (a client of
     /// a server) saw its connection end though the restart brings it back. Locked, the peer's
     /// packets go unanswered and TCP sends them again until the part is restored and runs
-    /// ([`Jobs::unlock_killed_tcp`]). A sandbox is held whole, as for a restart (its namespace
+    /// ([`Node::unlock_killed_tcp`]). A sandbox is held whole, as for a restart (its namespace
     /// goes with the kill). A lock that cannot be made does not stop the kill: it is logged.
     /// Returns whether the part is locked.
     pub(crate) async fn lock_tcp_before_kill(&self, job: &mut NodeJob, pids: &[i32]) -> bool {
         let id = job.record.id;
-        let connections = self.node.host.tcp_connections(pids);
+        let connections = self.host.tcp_connections(pids);
         let r = if job.record.sandbox.is_some() {
             crate::os::sandbox::hold(&self.netns(id)).await
         } else if connections.is_empty() {
@@ -76,7 +76,7 @@ impl Jobs {
         true
     }
 
-    /// Lifts the lock of [`Jobs::lock_tcp_before_kill`] from a part that was not killed after
+    /// Lifts the lock of [`Node::lock_tcp_before_kill`] from a part that was not killed after
     /// all (its epoch aborted): it runs on, and its connections with it.
     pub(crate) async fn unlock_tcp_after_abort(&self, job: &mut NodeJob) {
         if job.record.sandbox.is_some() {
@@ -85,7 +85,7 @@ impl Jobs {
         self.unlock_killed_tcp(job).await;
     }
 
-    /// Lifts the lock of [`Jobs::lock_tcp_before_kill`], if there is one: the restored part
+    /// Lifts the lock of [`Node::lock_tcp_before_kill`], if there is one: the restored part
     /// is about to run.
     pub(crate) async fn unlock_killed_tcp(&self, job: &mut NodeJob) {
         if !job.record.tcp_locked {
@@ -156,7 +156,7 @@ impl Jobs {
             })
     }
 
-    /// Removes the hold of [`Jobs::hold_tcp`], if any.
+    /// Removes the hold of [`Node::hold_tcp`], if any.
     pub(crate) async fn release_tcp(&self, job: u64, sandboxed: bool) {
         let netns = self.netns(job);
         if sandboxed {

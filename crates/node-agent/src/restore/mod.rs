@@ -16,6 +16,7 @@ use tracing::{instrument, warn};
 use crate::copies::{Location, Sources};
 use crate::error::AgentError;
 use crate::jobs::{Jobs, NodeJob};
+use crate::node::Node;
 use crate::os::host::Host;
 use crate::os::modes::{ensure_dir, PRIVATE_DIR};
 use crate::os::owner::{
@@ -81,7 +82,7 @@ impl Jobs {
         terms: Terms<'_>,
         sources: &Sources,
     ) -> Result<Restored, AgentError> {
-        self.failpoint(job_id, "restore").await?;
+        self.node.failpoint(job_id, "restore").await?;
         let begin = std::time::Instant::now();
         let mut pages_refused = false;
         let gated = self
@@ -128,7 +129,7 @@ impl Jobs {
     ) -> Result<Restored, AgentError> {
         let j = self.get_or_create(job_id)?;
         let job = j.lock().await;
-        RestoreRun::new(self, job, (job_id, epoch), terms, gated)
+        RestoreRun::new(&self.node, job, (job_id, epoch), terms, gated)
             .run(committed_digest, sources)
             .await
     }
@@ -138,7 +139,7 @@ impl Jobs {
     #[instrument(skip_all, fields(phase = "release", job = job_id, kill = kill, node = self.node()))]
     pub async fn release(&self, job_id: u64, kill: bool) -> Result<(), AgentError> {
         if !kill {
-            self.failpoint(job_id, "release").await?;
+            self.node.failpoint(job_id, "release").await?;
         }
         let j = self.get(job_id)?;
         let mut job = j.lock_owned().await;
@@ -146,8 +147,8 @@ impl Jobs {
         // Running processes get their network back before they thaw; killed ones after they
         // are gone, so that nothing of theirs leaks out.
         if !kill {
-            self.release_tcp(job_id, sandboxed).await;
-            self.unlock_killed_tcp(&mut job).await;
+            self.node.release_tcp(job_id, sandboxed).await;
+            self.node.unlock_killed_tcp(&mut job).await;
         }
         let host = self.node.host.clone();
         let (_job, r) = tokio::task::spawn_blocking(move || {
@@ -163,9 +164,9 @@ impl Jobs {
         .await
         .expect("release task");
         if kill {
-            self.release_tcp(job_id, sandboxed).await;
+            self.node.release_tcp(job_id, sandboxed).await;
             if sandboxed {
-                sandbox::remove(&self.netns(job_id)).await;
+                sandbox::remove(&self.node.netns(job_id)).await;
             }
         }
         r.map_err(|source| AgentError::Cgroup {
@@ -173,7 +174,9 @@ impl Jobs {
             source,
         })
     }
+}
 
+impl Node {
     /// The owner recorded at checkpoint time (committed with the manifest; an older epoch
     /// without the note: the job's record), who must still be allowed to run jobs here: the
     /// restored part's files are put back, and it runs, as that user (with `[slurm] enforce`,
@@ -191,16 +194,12 @@ impl Jobs {
             .ok_or_else(|| AgentError::OwnerUnknown {
                 job: job_id,
                 epoch,
-                node: self.node.name.clone(),
+                node: self.name.clone(),
             })?;
-        let owner = self.node.policy.authorize(job_id, &self.node.name, uid)?;
-        let place = self
-            .node
-            .slurm
-            .place(job_id, &self.node.name, owner.uid)
-            .await?;
+        let owner = self.policy.authorize(job_id, &self.name, uid)?;
+        let place = self.slurm.place(job_id, &self.name, owner.uid).await?;
         self.step_free(job_id, owner.uid, place.as_ref())?;
-        job.settle_cgroup(&self.node.cgroups, place.as_ref());
+        job.settle_cgroup(&self.cgroups, place.as_ref());
         job.record.owner = Some(owner.uid);
         Ok(owner)
     }
@@ -261,7 +260,7 @@ impl Jobs {
                 saved_dir: node_dir.to_path_buf(),
             },
         };
-        run_put_back(job_id, &self.node.shim_exe, &task).await
+        run_put_back(job_id, &self.shim_exe, &task).await
     }
 }
 

@@ -18,12 +18,13 @@ use super::{check_pages, check_restored, Restored, RESTORE_TIMEOUT};
 use crate::copies::Location;
 use crate::engine::{RestoreSpec, SnapshotEngine, SESSION_IMAGES as IMAGES};
 use crate::error::{io_err, AgentError};
-use crate::jobs::{Jobs, NodeJob};
+use crate::jobs::NodeJob;
 use crate::launch::make_session;
+use crate::node::Node;
 use crate::part::notes::PartNotes;
 use crate::shim::ShimMode;
 
-/// What [`Jobs::restore_as_owner`] needs of the restore so far.
+/// What [`Node::restore_as_owner`] needs of the restore so far.
 pub(super) struct Verified<'a> {
     pub(super) job_id: u64,
     pub(super) epoch: u32,
@@ -60,7 +61,7 @@ fn link_images(from: &Path, to: &Path) -> std::io::Result<()> {
     fs::set_permissions(to, fs::Permissions::from_mode(0o755))
 }
 
-impl Jobs {
+impl Node {
     pub(super) async fn restore_as_owner(
         &self,
         mut job: MutexGuard<'_, NodeJob>,
@@ -137,7 +138,7 @@ impl Jobs {
             Err(e) => return Err(e),
         };
         // Held frozen until the release where the coordinator asked.
-        check_restored(self.node.host.as_ref(), &job, &owner, v.hold)?;
+        check_restored(self.host.as_ref(), &job, &owner, v.hold)?;
         if !v.hold {
             self.unlock_killed_tcp(&mut job).await;
         }

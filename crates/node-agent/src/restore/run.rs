@@ -21,7 +21,8 @@ use super::{
 use crate::copies::{Location, Sources, Usable};
 use crate::engine::{RestoreSpec, SnapshotEngine};
 use crate::error::AgentError;
-use crate::jobs::{Jobs, NodeJob};
+use crate::jobs::NodeJob;
+use crate::node::Node;
 use crate::os::owner::{verify_restored, Identity};
 use crate::part::notes::PartNotes;
 use crate::part::tcp::{address_is_local, clear_stale_sockets};
@@ -36,7 +37,7 @@ type Verdict = (Result<Option<Duration>, AgentError>, Result<(), AgentError>);
 /// One attempt at restoring this node's part of a job ([`Jobs::restore`]). The job stays
 /// locked for the whole attempt; [`RestoreRun::run`] takes the steps in order.
 pub(super) struct RestoreRun<'a> {
-    node: &'a Jobs,
+    node: &'a Node,
     job: MutexGuard<'a, NodeJob>,
     job_id: u64,
     epoch: u32,
@@ -108,7 +109,7 @@ struct Engined {
 impl<'a> RestoreRun<'a> {
     /// An attempt over `job`, locked (see the fields for the rest).
     pub(super) fn new(
-        node: &'a Jobs,
+        node: &'a Node,
         job: MutexGuard<'a, NodeJob>,
         (job_id, epoch): (u64, u32),
         terms: super::Terms<'a>,
@@ -178,12 +179,7 @@ impl<'a> RestoreRun<'a> {
     async fn wait_old_incarnation_gone(&self) -> Result<(), AgentError> {
         let begin = Instant::now();
         loop {
-            let live = self
-                .node
-                .node
-                .host
-                .pids(&self.job.cgroup)
-                .unwrap_or_default();
+            let live = self.node.host.pids(&self.job.cgroup).unwrap_or_default();
             if live.is_empty() {
                 return Ok(());
             }
@@ -210,17 +206,10 @@ impl<'a> RestoreRun<'a> {
         let source_node = sources
             .source_node
             .clone()
-            .unwrap_or_else(|| node.node().to_string());
-        let node_dir = node
-            .node
-            .staging
-            .node_dir(self.job_id, self.epoch, &source_node);
+            .unwrap_or_else(|| node.name.clone());
+        let node_dir = node.staging.node_dir(self.job_id, self.epoch, &source_node);
         let begin = Instant::now();
-        let later = node
-            .node
-            .engine
-            .memory_only()
-            .filter(|_| self.refused.is_some());
+        let later = node.engine.memory_only().filter(|_| self.refused.is_some());
         let Usable {
             manifest,
             source,
@@ -231,7 +220,7 @@ impl<'a> RestoreRun<'a> {
             .await?;
         let verify_ms = begin.elapsed().as_millis() as u64;
         let page_bytes: u64 = unverified.iter().map(|e| e.size).sum();
-        let overlapped = later.is_some() && page_bytes >= node.node.engine.gate_min_bytes();
+        let overlapped = later.is_some() && page_bytes >= node.engine.gate_min_bytes();
         let pages = (!unverified.is_empty()).then(|| {
             let dir = node_dir.clone();
             tokio::task::spawn_blocking(move || {
@@ -304,7 +293,7 @@ impl<'a> RestoreRun<'a> {
             job: job_id,
             message: format!("epoch {epoch}: {message}"),
         })?;
-        if sandbox.is_none() && source_node != node.node() {
+        if sandbox.is_none() && source_node != node.name {
             return Err(AgentError::Start {
                 job: job_id,
                 message: format!(
@@ -316,7 +305,7 @@ impl<'a> RestoreRun<'a> {
             if !address_is_local(a) {
                 return Err(AgentError::AddressMissing {
                     job: job_id,
-                    node: node.node().to_string(),
+                    node: node.name.clone(),
                     addr: a.clone(),
                 });
             }
@@ -357,7 +346,7 @@ impl<'a> RestoreRun<'a> {
         // find it. A part dumped on another node was in that node's job cgroup, whose path need
         // not be this one's; without this node's path, it cannot move here.
         let cgroup_roots = job.cgroup.engine_roots().unwrap_or_default();
-        if cgroup_roots.is_empty() && source_node != node.node() {
+        if cgroup_roots.is_empty() && source_node != node.name {
             return Err(AgentError::Start {
                 job: job_id,
                 message: format!(
@@ -429,7 +418,7 @@ impl<'a> RestoreRun<'a> {
         let (job_id, hold) = (self.job_id, self.hold);
         // Without a link on the way: the engine follows none on a guarded mount.
         let node_dir = fs::canonicalize(&found.node_dir).unwrap_or_else(|_| found.node_dir.clone());
-        let argv = node.node.engine.restore_argv(&RestoreSpec {
+        let argv = node.engine.restore_argv(&RestoreSpec {
             images_dir: &node_dir.join(ckpt_store::chain::IMAGES_DIR),
             log_file: &ready.log,
             pid_file: &ready.pid_file,
@@ -439,7 +428,7 @@ impl<'a> RestoreRun<'a> {
                 .then_some(crate::shim::RESTORE_NETNS_FD),
             job_dir: ready.netns.is_some().then_some(ready.own_dir.as_path()),
             cgroup_roots: ready.cgroup_roots.clone(),
-            gate: gate.as_ref().map(|_| node.node.shim_exe.as_path()),
+            gate: gate.as_ref().map(|_| node.shim_exe.as_path()),
             session: None,
             coordinator_port: None,
         });
@@ -525,7 +514,7 @@ impl<'a> RestoreRun<'a> {
             (Ok(_), Err(e)) => e,
         };
         // The engine failed at the gate; nothing it restored may be left.
-        let _ = self.node.node.host.kill_all(&self.job.cgroup);
+        let _ = self.node.host.kill_all(&self.job.cgroup);
         if self.hold {
             self.node.release_tcp(self.job_id, ready.sandboxed).await;
         }
@@ -559,7 +548,7 @@ impl<'a> RestoreRun<'a> {
         ready: &Ready,
     ) -> Result<i32, AgentError> {
         let (node, job_id, sandboxed) = (self.node, self.job_id, ready.sandboxed);
-        let (job, host) = (&self.job, node.node.host.as_ref());
+        let (job, host) = (&self.job, node.host.as_ref());
         match started {
             Ok(pid) if self.hold => {
                 // Released together with the other nodes (`release`). A part that cannot be
@@ -587,7 +576,7 @@ impl<'a> RestoreRun<'a> {
                 // while it is checked; then its connections are let through, and it runs.
                 check_restored(host, job, &ready.owner, true)?;
                 node.unlock_killed_tcp(&mut self.job).await;
-                let (job, host) = (&self.job, node.node.host.as_ref());
+                let (job, host) = (&self.job, node.host.as_ref());
                 if let Err(source) = host.thaw(&job.cgroup) {
                     let _ = host.kill_all(&job.cgroup);
                     return Err(AgentError::Cgroup {
@@ -604,7 +593,7 @@ impl<'a> RestoreRun<'a> {
                 match e {
                     AgentError::Start { message, .. } => Err(AgentError::Engine {
                         job: job_id,
-                        source: node.node.engine.restore_failed(message, &ready.log),
+                        source: node.engine.restore_failed(message, &ready.log),
                     }),
                     e => Err(e),
                 }

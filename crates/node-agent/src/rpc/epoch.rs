@@ -209,7 +209,7 @@ async fn prune_expired(
     if old.is_empty() {
         return Ok(());
     }
-    jobs.prune(job, &old, false, false).await
+    jobs.node.prune(job, &old, false, false).await
 }
 
 /// The event of a phase that failed with `s`.

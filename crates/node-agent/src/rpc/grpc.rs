@@ -278,9 +278,11 @@ impl Agent for AgentHandler {
         from_coordinator(&req, "Agent.Rebuild")?;
         let r = req.into_inner();
         let begin = std::time::Instant::now();
+        let job = self.jobs.get(r.job_id).map_err(to_status)?;
         let (eps, wants) = self
             .jobs
-            .rebuild_channels(r.job_id)
+            .node
+            .rebuild_channels(&mut *job.lock().await)
             .await
             .map_err(to_status)?;
         let qp = |(channel, qpn): (u64, u32)| pb::QpRef { channel, qpn };
@@ -305,8 +307,10 @@ impl Agent for AgentHandler {
             .map(wire::endpoint_from_wire)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| Status::invalid_argument(format!("reconnect of job {}: {e}", r.job_id)))?;
+        let job = self.jobs.get(r.job_id).map_err(to_status)?;
         self.jobs
-            .reconnect_channels(r.job_id, &eps)
+            .node
+            .reconnect_channels(&mut *job.lock().await, &eps)
             .await
             .map_err(to_status)?;
         Ok(took(begin.elapsed()))
@@ -404,6 +408,7 @@ impl Agent for AgentHandler {
         // A damaged image is this call's answer, not its failure.
         let copies: Vec<pb::CopyCheck> = self
             .jobs
+            .node
             .verify_copies(
                 r.job_id,
                 r.epoch,
@@ -466,6 +471,7 @@ impl Agent for AgentHandler {
         let r = req.into_inner();
         let begin = std::time::Instant::now();
         self.jobs
+            .node
             .prune(r.job_id, &r.epochs, r.shared, r.keep_local)
             .await
             .map_err(to_status)?;
@@ -485,6 +491,7 @@ impl Agent for AgentHandler {
         let begin = std::time::Instant::now();
         let (progress, mut task) = self
             .jobs
+            .node
             .flush(r.job_id, r.epoch, &r.manifest_digest)
             .map_err(to_status)?;
         let (tx, rx) = tokio::sync::mpsc::channel(4);
@@ -541,6 +548,7 @@ impl Agent for AgentHandler {
         let r = req.into_inner();
         let begin = std::time::Instant::now();
         self.jobs
+            .node
             .publish(ckpt_store::commit::CommitRecord {
                 job_id: r.job_id,
                 epoch: r.epoch,

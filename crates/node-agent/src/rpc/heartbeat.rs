@@ -41,7 +41,7 @@ pub fn reports(jobs: &Jobs) -> Vec<pb::JobReport> {
             // The removal runs later, under the job's lock, and only if the part is still
             // this incarnation and still not running: a restore that took the lock first has
             // made a namespace of the same name for its new incarnation.
-            let netns = jobs.netns(job.id());
+            let netns = jobs.node.netns(job.id());
             if netns.exists() {
                 let incarnation = job.incarnation();
                 let j = Arc::clone(&j);
@@ -164,6 +164,7 @@ pub async fn run(
                     .collect(),
                 hostname: crate::config::hostname(),
                 shared_dir: jobs
+                    .node
                     .shared_dir()
                     .map(|d| d.display().to_string())
                     .unwrap_or_default(),

@@ -18,6 +18,7 @@ impl AgentHandler {
         let begin = std::time::Instant::now();
         let e = self
             .jobs
+            .node
             .encode(
                 r.job_id,
                 r.epoch,
@@ -79,17 +80,18 @@ impl AgentHandler {
         let jobs = self.jobs.clone();
         let read = tokio::task::spawn_blocking(move || {
             if r.parity {
-                jobs.read_parity(
-                    r.job_id,
-                    r.epoch,
-                    r.row as usize,
-                    r.index as usize,
-                    r.offset,
-                    r.length,
-                )
-                .map(|(size, data)| (size, 0, data))
+                jobs.node
+                    .read_parity(
+                        r.job_id,
+                        r.epoch,
+                        r.row as usize,
+                        r.index as usize,
+                        r.offset,
+                        r.length,
+                    )
+                    .map(|(size, data)| (size, 0, data))
             } else {
-                jobs.read_images(
+                jobs.node.read_images(
                     r.job_id,
                     r.epoch,
                     &r.node,
@@ -130,6 +132,7 @@ impl AgentHandler {
         let r = req.into_inner();
         let begin = std::time::Instant::now();
         self.jobs
+            .node
             .replicate(
                 r.job_id,
                 r.epoch,
@@ -175,7 +178,7 @@ impl AgentHandler {
             )));
         }
         let (job, digest) = (header.job_id, header.manifest_digest.clone());
-        let dest = self.jobs.node_dir(job, header.epoch, &header.node);
+        let dest = self.jobs.node.node_dir(job, header.epoch, &header.node);
         let sender = header.node.clone();
         crate::rpc::partner::receive(job, &sender, dest, header, &digest, rest)
             .await
@@ -235,7 +238,7 @@ impl AgentHandler {
             ..Default::default()
         };
         let rx = crate::rpc::partner::chunks(
-            self.jobs.node_dir(r.job_id, r.epoch, &r.node),
+            self.jobs.node.node_dir(r.job_id, r.epoch, &r.node),
             header,
             r.manifest_digest,
             // A restore is waiting for this copy: it does not yield to checkpoints.

@@ -232,7 +232,7 @@ impl TestNode {
 
     /// The epoch's node directory in staging.
     pub(crate) fn node_dir(&self, epoch: u32) -> PathBuf {
-        self.jobs.node_dir(JOB, epoch, NODE)
+        self.jobs.node.node_dir(JOB, epoch, NODE)
     }
 
     /// Sets the node's failpoints (lines `PHASE=error` or `PHASE=delay:DURATION`).
