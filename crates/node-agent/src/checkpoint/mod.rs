@@ -11,11 +11,15 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use ckpt_store::manifest::{self, NodeManifest};
-use tokio::sync::OwnedMutexGuard;
+use std::sync::Arc;
+
+use tokio::sync::{Mutex, OwnedMutexGuard};
 use tracing::{info, instrument, warn};
 
+use crate::engine::stop::EngineStop;
 use crate::error::{io_err, AgentError};
 use crate::jobs::{now_ms, EpochWork, Jobs, NodeJob, NodePhase, Observed, PauseGuard};
+use crate::node::Node;
 use crate::os::host::Host;
 use crate::os::modes::{set_mode, PRIVATE_DIR};
 use crate::os::procfs;
@@ -106,27 +110,62 @@ fn refuse_privileged(
     Ok(())
 }
 
-impl Jobs {
+/// The checkpoint steps of one job's part on this node: what they use of the node and the
+/// job's entry in the table, with the stop of its dump (which an abort reaches without the
+/// job's lock). Made for each step ([`CheckpointRun::of`]); each step locks the job itself.
+pub struct CheckpointRun<'a> {
+    node: &'a Node,
+    job_id: u64,
+    /// None: the job is unknown here, the error of every step.
+    job: Option<Arc<Mutex<NodeJob>>>,
+    stop: Arc<EngineStop>,
+}
+
+impl<'a> CheckpointRun<'a> {
+    /// The steps of job `job_id` of the table `jobs`.
+    pub fn of(jobs: &'a Jobs, job_id: u64) -> Self {
+        let job = jobs.get(job_id).ok();
+        let stop = match job {
+            Some(_) => jobs.engine_stop(job_id),
+            None => Arc::default(),
+        };
+        CheckpointRun {
+            node: &jobs.node,
+            job_id,
+            job,
+            stop,
+        }
+    }
+
+    fn entry(&self) -> Result<Arc<Mutex<NodeJob>>, AgentError> {
+        self.job
+            .clone()
+            .ok_or(AgentError::UnknownJob { job: self.job_id })
+    }
+}
+
+impl CheckpointRun<'_> {
     /// Phase 1, initial synchronization: the job runs, no process holds verbs resources without
     /// a channel, no process with one holds on verbs devices more than its channel (or verbs
     /// layer) knows or uses a feature it cannot rebuild, the engine works, and staging has room.
-    #[instrument(skip_all, fields(phase = "initial-sync", job = job_id, epoch = epoch, node = self.node()))]
-    pub async fn initial_sync(&self, job_id: u64, epoch: u32) -> Result<Synced, AgentError> {
+    #[instrument(skip_all, fields(phase = "initial-sync", job = self.job_id, epoch = epoch, node = self.node.name.as_str()))]
+    pub async fn initial_sync(&self, epoch: u32) -> Result<Synced, AgentError> {
+        let job_id = self.job_id;
         // A pre-dump in progress finishes first; none starts until the epoch ends.
         let begin = Instant::now();
-        let chain = match self.get(job_id) {
+        let chain = match self.entry() {
             Ok(job) => self.node.hold_chain(&job).await,
             Err(_) => None,
         };
         if begin.elapsed() > Duration::from_secs(1) {
             info!(
-                job = job_id,
+                job = self.job_id,
                 epoch,
                 waited_ms = begin.elapsed().as_millis() as u64,
                 "initial-sync waited for the job's pre-dump in progress (the wait counts against ckptd's deadlines.sync)"
             );
         }
-        let j = self.get(job_id)?;
+        let j = self.entry()?;
         let mut job = j.lock().await;
         if let Some(w) = &job.work {
             return Err(AgentError::WrongPhase {
@@ -289,7 +328,7 @@ impl Jobs {
         phase: NodePhase,
         call: &'static str,
     ) -> Result<OwnedMutexGuard<NodeJob>, AgentError> {
-        let mut job = self.get(job_id)?.lock_owned().await;
+        let mut job = self.entry()?.lock_owned().await;
         job.expect_phase(epoch, phase, call)?;
         self.node.failpoint(job_id, call).await?;
         Ok(job)
@@ -300,9 +339,10 @@ impl Jobs {
     /// round: the node does not freeze, and says how many drained; the coordinator then runs a
     /// second round on every node, which releases them and freezes (a node that froze in the
     /// first round has nothing to do). Returns the freeze's time and the processes drained.
-    #[instrument(skip_all, fields(phase = "quiesce", job = job_id, epoch = epoch, node = self.node()))]
-    pub async fn quiesce(&self, job_id: u64, epoch: u32) -> Result<(Duration, u32), AgentError> {
-        let mut job = self.get(job_id)?.lock_owned().await;
+    #[instrument(skip_all, fields(phase = "quiesce", job = self.job_id, epoch = epoch, node = self.node.name.as_str()))]
+    pub async fn quiesce(&self, epoch: u32) -> Result<(Duration, u32), AgentError> {
+        let job_id = self.job_id;
+        let mut job = self.entry()?.lock_owned().await;
         match job
             .work
             .as_ref()
@@ -364,7 +404,7 @@ impl Jobs {
         })?;
         if retries > 0 {
             info!(
-                job = job_id,
+                job = self.job_id,
                 retries, "froze again: a process was waiting for a vfork child"
             );
         }
@@ -380,13 +420,13 @@ impl Jobs {
 
     /// Phase 3, local checkpoint: record open-file sizes, save what the engine does not, and
     /// have the engine dump the frozen tree into staging. Returns (elapsed, frozen so far).
-    #[instrument(skip_all, fields(phase = "local-checkpoint", job = job_id, epoch = epoch, node = self.node()))]
+    #[instrument(skip_all, fields(phase = "local-checkpoint", job = self.job_id, epoch = epoch, node = self.node.name.as_str()))]
     pub async fn local_checkpoint(
         &self,
-        job_id: u64,
         epoch: u32,
         kill: bool,
     ) -> Result<(Duration, Duration), AgentError> {
+        let job_id = self.job_id;
         let mut job = self
             .enter_phase(job_id, epoch, NodePhase::Quiesced, "local-checkpoint")
             .await?;
@@ -407,7 +447,7 @@ impl Jobs {
             job.work.as_mut().expect("checked").kill_lock = locked;
         }
         // An abort or a cancel ends the dump through this, without the job's lock.
-        let stop = self.engine_stop(job_id);
+        let stop = self.stop.clone();
         stop.begin(epoch);
         let (mut job, r) = tokio::task::spawn_blocking(move || {
             let r = match engine.freezes() {
@@ -427,13 +467,9 @@ impl Jobs {
 
     /// Phase 4, post-checkpoint coordination: thaw the job (or kill it for `--kill`). Returns
     /// (elapsed, time frozen from the freeze to the end of the thaw).
-    #[instrument(skip_all, fields(phase = "resume", job = job_id, epoch = epoch, kill = kill, node = self.node()))]
-    pub async fn resume(
-        &self,
-        job_id: u64,
-        epoch: u32,
-        kill: bool,
-    ) -> Result<(Duration, Duration), AgentError> {
+    #[instrument(skip_all, fields(phase = "resume", job = self.job_id, epoch = epoch, kill = kill, node = self.node.name.as_str()))]
+    pub async fn resume(&self, epoch: u32, kill: bool) -> Result<(Duration, Duration), AgentError> {
+        let job_id = self.job_id;
         let mut job = self
             .enter_phase(job_id, epoch, NodePhase::Checkpointed, "resume")
             .await?;
@@ -483,8 +519,9 @@ impl Jobs {
 
     /// Seals the epoch on this node: digest and fsync every image, write the node manifest.
     /// Runs after the job has resumed, so it costs the job no frozen time.
-    #[instrument(skip_all, fields(phase = "finalize", job = job_id, epoch = epoch, node = self.node()))]
-    pub async fn finalize(&self, job_id: u64, epoch: u32) -> Result<Finalized, AgentError> {
+    #[instrument(skip_all, fields(phase = "finalize", job = self.job_id, epoch = epoch, node = self.node.name.as_str()))]
+    pub async fn finalize(&self, epoch: u32) -> Result<Finalized, AgentError> {
+        let job_id = self.job_id;
         let mut job = self
             .enter_phase(job_id, epoch, NodePhase::Resumed, "finalize")
             .await?;
@@ -545,14 +582,15 @@ impl Jobs {
     /// Abandons an epoch: thaw the job if it is frozen, delete the epoch's images on this node,
     /// and let verbs layers still drained run on (their objects are intact). Safe to call in
     /// any phase and more than once.
-    #[instrument(skip_all, fields(phase = "abort", job = job_id, epoch = epoch, node = self.node()))]
-    pub async fn abort(&self, job_id: u64, epoch: u32, reason: &str) -> Result<(), AgentError> {
-        let j = self.get(job_id)?;
+    #[instrument(skip_all, fields(phase = "abort", job = self.job_id, epoch = epoch, node = self.node.name.as_str()))]
+    pub async fn abort(&self, epoch: u32, reason: &str) -> Result<(), AgentError> {
+        let job_id = self.job_id;
+        let j = self.entry()?;
         // A dump still running holds the job: it is stopped first (its engine killed), so
         // that the thaw below comes now, not when the engine ends by itself (if ever).
-        if self.engine_stop(job_id).stop(Some(epoch)) {
+        if self.stop.clone().stop(Some(epoch)) {
             warn!(
-                job = job_id,
+                job = self.job_id,
                 epoch, "the epoch's dump was still running: its engine is stopped"
             );
         }

@@ -14,6 +14,7 @@ use tonic::Status;
 
 use super::grpc::{to_status, us, AgentHandler};
 use super::relay::{authorize, Relaying};
+use crate::checkpoint::CheckpointRun;
 use crate::error::AgentError;
 use crate::jobs::Jobs;
 
@@ -148,45 +149,48 @@ async fn run_phase(
             "this epoch stream carries job {j}, not job {}",
             cmd.job_id
         ))),
-        (job, epoch) => match phase {
-            // Retention's deletions come first: the free staging reported counts their room.
-            // Never the epoch the command begins.
-            pb::Phase::InitialSync => match prune_expired(jobs, job, epoch, &cmd.prune).await {
-                Ok(()) => jobs.initial_sync(job, epoch).await,
-                Err(e) => Err(e),
+        (job, epoch) => {
+            let run = CheckpointRun::of(jobs, job);
+            match phase {
+                // Retention's deletions come first: the free staging reported counts their room.
+                // Never the epoch the command begins.
+                pb::Phase::InitialSync => match prune_expired(jobs, job, epoch, &cmd.prune).await {
+                    Ok(()) => run.initial_sync(epoch).await,
+                    Err(e) => Err(e),
+                }
+                .map(|p| {
+                    ev.processes = p.processes;
+                    ev.estimated_bytes = p.estimated_bytes;
+                    ev.staging_free_bytes = p.staging_free_bytes;
+                    ev.channels = p.channels;
+                }),
+                pb::Phase::Quiesce => run
+                    .quiesce(epoch)
+                    .await
+                    .map(|(_, drained)| ev.drained = drained),
+                pb::Phase::LocalCheckpoint => run
+                    .local_checkpoint(epoch, cmd.kill)
+                    .await
+                    .map(|(_, frozen)| ev.frozen_us = us(frozen)),
+                pb::Phase::Resume => run
+                    .resume(epoch, cmd.kill)
+                    .await
+                    .map(|(_, frozen)| ev.frozen_us = us(frozen)),
+                pb::Phase::Finalize => run.finalize(epoch).await.map(|f| {
+                    ev.image_bytes = f.image_bytes;
+                    ev.image_files = f.image_files;
+                    ev.manifests = [(jobs.node().to_string(), f.manifest_digest)].into();
+                }),
+                pb::Phase::Unspecified => {
+                    return failed(
+                        ev,
+                        jobs,
+                        &Status::invalid_argument("epoch command without a phase"),
+                    )
+                }
             }
-            .map(|p| {
-                ev.processes = p.processes;
-                ev.estimated_bytes = p.estimated_bytes;
-                ev.staging_free_bytes = p.staging_free_bytes;
-                ev.channels = p.channels;
-            }),
-            pb::Phase::Quiesce => jobs
-                .quiesce(job, epoch)
-                .await
-                .map(|(_, drained)| ev.drained = drained),
-            pb::Phase::LocalCheckpoint => jobs
-                .local_checkpoint(job, epoch, cmd.kill)
-                .await
-                .map(|(_, frozen)| ev.frozen_us = us(frozen)),
-            pb::Phase::Resume => jobs
-                .resume(job, epoch, cmd.kill)
-                .await
-                .map(|(_, frozen)| ev.frozen_us = us(frozen)),
-            pb::Phase::Finalize => jobs.finalize(job, epoch).await.map(|f| {
-                ev.image_bytes = f.image_bytes;
-                ev.image_files = f.image_files;
-                ev.manifests = [(jobs.node().to_string(), f.manifest_digest)].into();
-            }),
-            pb::Phase::Unspecified => {
-                return failed(
-                    ev,
-                    jobs,
-                    &Status::invalid_argument("epoch command without a phase"),
-                )
-            }
+            .map_err(to_status)
         }
-        .map_err(to_status),
     };
     match done {
         Ok(()) => {

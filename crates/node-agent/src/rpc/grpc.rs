@@ -200,8 +200,8 @@ impl Agent for AgentHandler {
     ) -> Result<Response<pb::PhaseReply>, Status> {
         from_coordinator(&req, "Agent.Abort")?;
         let r = req.into_inner();
-        self.jobs
-            .abort(r.job_id, r.epoch, &r.reason)
+        crate::checkpoint::CheckpointRun::of(&self.jobs, r.job_id)
+            .abort(r.epoch, &r.reason)
             .await
             .map_err(to_status)?;
         Ok(Response::new(pb::PhaseReply::default()))

@@ -217,17 +217,14 @@ impl TestNode {
     /// A whole checkpoint of [`JOB`] as `epoch`, the job thawed (or killed, with `kill`) after
     /// it; returns the node manifest's digest (what the coordinator commits).
     pub(crate) async fn checkpoint(&self, epoch: u32, kill: bool) -> String {
-        let jobs = &self.jobs;
-        jobs.initial_sync(JOB, epoch).await.expect("initial-sync");
-        jobs.quiesce(JOB, epoch).await.expect("quiesce");
-        jobs.local_checkpoint(JOB, epoch, false)
+        let run = crate::checkpoint::CheckpointRun::of(&self.jobs, JOB);
+        run.initial_sync(epoch).await.expect("initial-sync");
+        run.quiesce(epoch).await.expect("quiesce");
+        run.local_checkpoint(epoch, false)
             .await
             .expect("local-checkpoint");
-        jobs.resume(JOB, epoch, kill).await.expect("resume");
-        jobs.finalize(JOB, epoch)
-            .await
-            .expect("finalize")
-            .manifest_digest
+        run.resume(epoch, kill).await.expect("resume");
+        run.finalize(epoch).await.expect("finalize").manifest_digest
     }
 
     /// The epoch's node directory in staging.
