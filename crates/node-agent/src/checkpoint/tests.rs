@@ -270,22 +270,10 @@ fn a_drained_layer_is_released_and_frozen_in_the_second_quiesce_round() {
         let pid = layer.pid();
         let j = jobs.get(JOB).unwrap();
         let state = || j.try_lock().unwrap().cgroup.state().unwrap();
+        let run = CheckpointRun::of(&jobs, JOB);
 
-        assert_eq!(
-            crate::checkpoint::CheckpointRun::of(&jobs, JOB)
-                .initial_sync(1)
-                .await
-                .unwrap()
-                .channels,
-            1
-        );
-        assert_eq!(
-            crate::checkpoint::CheckpointRun::of(&jobs, JOB)
-                .quiesce(1)
-                .await
-                .unwrap(),
-            (Duration::ZERO, 1)
-        );
+        assert_eq!(run.initial_sync(1).await.unwrap().channels, 1);
+        assert_eq!(run.quiesce(1).await.unwrap(), (Duration::ZERO, 1));
         assert_eq!(layer.commands(), ["check", "quiesce"]);
         assert_eq!(state(), "THAWED", "the freeze waits for the release");
         {
@@ -293,78 +281,36 @@ fn a_drained_layer_is_released_and_frozen_in_the_second_quiesce_round() {
             assert_eq!(job.layer_drained, [pid]);
             assert!(job.work.as_ref().unwrap().frozen_at.is_none());
         }
-        let e = crate::checkpoint::CheckpointRun::of(&jobs, JOB)
-            .local_checkpoint(1, false)
-            .await
-            .unwrap_err();
+        let e = run.local_checkpoint(1, false).await.unwrap_err();
         assert!(
             e.to_string().contains("quiesce (first round"),
             "no dump before the second round: {e}"
         );
-        crate::checkpoint::CheckpointRun::of(&jobs, JOB)
-            .abort(1, "another node failed")
-            .await
-            .unwrap();
+        run.abort(1, "another node failed").await.unwrap();
         assert_eq!(layer.commands(), ["check", "quiesce", "resume"]);
         assert!(j.lock().await.layer_drained.is_empty());
         assert_eq!(jobs.channels().up(&[pid]).await, [pid]);
 
         // A failpoint in the first round fires before the layer hears anything.
         fs::write(&failpoints, "quiesce=error\n").unwrap();
-        crate::checkpoint::CheckpointRun::of(&jobs, JOB)
-            .initial_sync(2)
-            .await
-            .unwrap();
-        let e = crate::checkpoint::CheckpointRun::of(&jobs, JOB)
-            .quiesce(2)
-            .await
-            .unwrap_err();
+        run.initial_sync(2).await.unwrap();
+        let e = run.quiesce(2).await.unwrap_err();
         assert!(matches!(e, AgentError::Injected { .. }), "{e}");
         assert_eq!(layer.commands(), ["check", "quiesce", "resume", "check"]);
-        crate::checkpoint::CheckpointRun::of(&jobs, JOB)
-            .abort(2, "injected")
-            .await
-            .unwrap();
+        run.abort(2, "injected").await.unwrap();
 
         fs::write(&failpoints, "").unwrap();
-        crate::checkpoint::CheckpointRun::of(&jobs, JOB)
-            .initial_sync(3)
-            .await
-            .unwrap();
-        assert_eq!(
-            crate::checkpoint::CheckpointRun::of(&jobs, JOB)
-                .quiesce(3)
-                .await
-                .unwrap()
-                .1,
-            1
-        );
+        run.initial_sync(3).await.unwrap();
+        assert_eq!(run.quiesce(3).await.unwrap().1, 1);
         assert_eq!(state(), "THAWED");
-        assert_eq!(
-            crate::checkpoint::CheckpointRun::of(&jobs, JOB)
-                .quiesce(3)
-                .await
-                .unwrap()
-                .1,
-            0,
-            "second round"
-        );
+        assert_eq!(run.quiesce(3).await.unwrap().1, 0, "second round");
         assert_eq!(
             layer.commands(),
             ["check", "quiesce", "resume", "check", "check", "quiesce", "release"]
         );
         assert_eq!(state(), "FROZEN", "frozen after the release");
-        assert_eq!(
-            crate::checkpoint::CheckpointRun::of(&jobs, JOB)
-                .quiesce(3)
-                .await
-                .unwrap(),
-            (Duration::ZERO, 0)
-        );
-        crate::checkpoint::CheckpointRun::of(&jobs, JOB)
-            .local_checkpoint(3, false)
-            .await
-            .unwrap();
+        assert_eq!(run.quiesce(3).await.unwrap(), (Duration::ZERO, 0));
+        run.local_checkpoint(3, false).await.unwrap();
         assert_eq!(engine.dumps.load(Ordering::SeqCst), 1);
         {
             let job = j.lock().await;
@@ -377,10 +323,7 @@ fn a_drained_layer_is_released_and_frozen_in_the_second_quiesce_round() {
                 [pid]
             );
         }
-        crate::checkpoint::CheckpointRun::of(&jobs, JOB)
-            .resume(3, true)
-            .await
-            .unwrap();
+        run.resume(3, true).await.unwrap();
         assert!(j.lock().await.ibq_down.is_empty());
         drop(layer);
     });
@@ -401,7 +344,7 @@ fn a_layer_with_a_feature_in_use_it_cannot_rebuild_is_refused_at_initial_sync() 
         let feature = "multicast (ibv_attach_mcast): 1 group(s) attached";
         let layer = LayerJob::start(&jobs, dir.path(), Some(feature)).await;
         let pid = layer.pid();
-        let e = crate::checkpoint::CheckpointRun::of(&jobs, JOB)
+        let e = CheckpointRun::of(&jobs, JOB)
             .initial_sync(1)
             .await
             .unwrap_err();
