@@ -1,6 +1,6 @@
 //! Restart on this node: restore a part of a job from a committed epoch (the job's files put
-//! back as its owner, then the engine's restore), then release or kill it. The TCP hold is in
-//! `hold.rs`.
+//! back as its owner, then the engine's restore), then release or kill it ([`RestartRun`]).
+//! The TCP hold is in `part/tcp.rs`.
 
 pub(crate) mod gate;
 mod owned;
@@ -8,9 +8,11 @@ mod run;
 
 use std::fs;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ckpt_store::manifest::{NodeManifest, OpenFile};
+use tokio::sync::Mutex;
 use tracing::{instrument, warn};
 
 use crate::copies::{Location, Sources};
@@ -62,7 +64,36 @@ pub struct Restored {
     pub fetch_ms: u64,
 }
 
-impl Jobs {
+/// A restart's steps of one job's part on this node, the restore and then the release, over
+/// the node and the job's entry in the table ([`RestartRun::to_restore`], [`RestartRun::of`]).
+pub struct RestartRun<'a> {
+    node: &'a Node,
+    job_id: u64,
+    job: Arc<Mutex<NodeJob>>,
+}
+
+impl<'a> RestartRun<'a> {
+    /// For the restore of job `job_id`: its entry in `jobs`, made if this node has none (a
+    /// part that moves here).
+    pub fn to_restore(jobs: &'a Jobs, job_id: u64) -> Result<Self, AgentError> {
+        Ok(RestartRun {
+            node: &jobs.node,
+            job_id,
+            job: jobs.get_or_create(job_id)?,
+        })
+    }
+
+    /// For the release of job `job_id`, which `jobs` must know.
+    pub fn of(jobs: &'a Jobs, job_id: u64) -> Result<Self, AgentError> {
+        Ok(RestartRun {
+            node: &jobs.node,
+            job_id,
+            job: jobs.get(job_id)?,
+        })
+    }
+}
+
+impl RestartRun<'_> {
     /// Restores this node's part of a job from a committed epoch: verify the manifest and every
     /// image against the committed digest, put the job's files back as they were, then have
     /// the shim run the engine's restore.
@@ -73,15 +104,15 @@ impl Jobs {
     /// else before it starts; no restored process runs before the page data has passed
     /// ([`gate`]). If it does not pass, the attempt is repeated with every file verified first,
     /// as with copies from elsewhere.
-    #[instrument(skip_all, fields(phase = "restore", job = job_id, epoch = epoch, node = self.node()))]
+    #[instrument(skip_all, fields(phase = "restore", job = self.job_id, epoch = epoch, node = self.node.name.as_str()))]
     pub async fn restore(
         &self,
-        job_id: u64,
         epoch: u32,
         committed_digest: &str,
         terms: Terms<'_>,
         sources: &Sources,
     ) -> Result<Restored, AgentError> {
+        let job_id = self.job_id;
         self.node.failpoint(job_id, "restore").await?;
         let begin = std::time::Instant::now();
         let mut pages_refused = false;
@@ -115,7 +146,7 @@ impl Jobs {
         r
     }
 
-    /// One attempt of [`Jobs::restore`] ([`RestoreRun`]); with `gated`, the local page data is
+    /// One attempt of [`RestartRun::restore`] ([`RestoreRun`]); with `gated`, the local page data is
     /// verified while the engine runs, and a refusal of it is reported there as well as in the
     /// error.
     async fn restore_from(
@@ -127,22 +158,21 @@ impl Jobs {
         sources: &Sources,
         gated: Option<&mut bool>,
     ) -> Result<Restored, AgentError> {
-        let j = self.get_or_create(job_id)?;
-        let job = j.lock().await;
-        RestoreRun::new(&self.node, job, (job_id, epoch), terms, gated)
+        let job = self.job.lock().await;
+        RestoreRun::new(self.node, job, (job_id, epoch), terms, gated)
             .run(committed_digest, sources)
             .await
     }
 
     /// Restart, second step: lets a part restored with `hold` run (TCP first, then thaw), or
     /// kills it when the restart failed elsewhere.
-    #[instrument(skip_all, fields(phase = "release", job = job_id, kill = kill, node = self.node()))]
-    pub async fn release(&self, job_id: u64, kill: bool) -> Result<(), AgentError> {
+    #[instrument(skip_all, fields(phase = "release", job = self.job_id, kill = kill, node = self.node.name.as_str()))]
+    pub async fn release(&self, kill: bool) -> Result<(), AgentError> {
+        let job_id = self.job_id;
         if !kill {
             self.node.failpoint(job_id, "release").await?;
         }
-        let j = self.get(job_id)?;
-        let mut job = j.lock_owned().await;
+        let mut job = self.job.clone().lock_owned().await;
         let sandboxed = job.record.sandbox.is_some();
         // Running processes get their network back before they thaw; killed ones after they
         // are gone, so that nothing of theirs leaks out.

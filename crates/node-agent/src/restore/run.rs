@@ -34,7 +34,7 @@ type PagesCheck = JoinHandle<ckpt_store::Result<Duration>>;
 /// What decides a gate: the page data's check (its time, if there was one) and the TCP hold.
 type Verdict = (Result<Option<Duration>, AgentError>, Result<(), AgentError>);
 
-/// One attempt at restoring this node's part of a job ([`Jobs::restore`]). The job stays
+/// One attempt at restoring this node's part of a job ([`RestartRun::restore`]). The job stays
 /// locked for the whole attempt; [`RestoreRun::run`] takes the steps in order.
 pub(super) struct RestoreRun<'a> {
     node: &'a Node,
@@ -195,7 +195,7 @@ impl<'a> RestoreRun<'a> {
 
     /// Finds a usable copy of the images (fetching it if need be) and verifies it; the page
     /// data of a local copy is left to check beside the engine's restore when this attempt
-    /// may (see [`Jobs::restore`]).
+    /// may (see [`RestartRun::restore`]).
     async fn locate(
         &self,
         committed_digest: &str,

@@ -31,9 +31,8 @@ async fn checkpointed(pages: Pages) -> (TestNode, String, usize) {
 
 /// Restores epoch 1 of the job with `digest`, held for the release or not.
 async fn restore(node: &TestNode, digest: &str, hold: bool) -> Result<Restored, AgentError> {
-    node.jobs
+    RestartRun::to_restore(&node.jobs, JOB)?
         .restore(
-            JOB,
             1,
             digest,
             crate::restore::Terms {
@@ -189,14 +188,12 @@ async fn a_held_restore_stays_frozen_until_the_release() {
         "left frozen as the engine made it"
     );
     assert!(node.host.frozen());
-    node.jobs.release(JOB, false).await.expect("release");
+    let run = RestartRun::of(&node.jobs, JOB).expect("the job");
+    run.release(false).await.expect("release");
     assert_eq!(node.host.actions().last(), Some(&Call::Thaw));
     assert!(!node.host.frozen());
 
-    node.jobs
-        .release(JOB, true)
-        .await
-        .expect("release with kill");
+    run.release(true).await.expect("release with kill");
     assert_eq!(node.host.actions().last(), Some(&Call::KillAll));
     assert!(node.host.members().is_empty());
 }

@@ -220,10 +220,10 @@ impl Agent for AgentHandler {
             )));
         }
         let begin = std::time::Instant::now();
-        let done = self
-            .jobs
+        let run =
+            crate::restore::RestartRun::to_restore(&self.jobs, r.job_id).map_err(to_status)?;
+        let done = run
             .restore(
-                r.job_id,
                 r.epoch,
                 &r.manifest_digest,
                 crate::restore::Terms {
@@ -390,8 +390,9 @@ impl Agent for AgentHandler {
         from_coordinator(&req, "Agent.Release")?;
         let r = req.into_inner();
         let begin = std::time::Instant::now();
-        self.jobs
-            .release(r.job_id, r.kill)
+        crate::restore::RestartRun::of(&self.jobs, r.job_id)
+            .map_err(to_status)?
+            .release(r.kill)
             .await
             .map_err(to_status)?;
         Ok(took(begin.elapsed()))
