@@ -604,6 +604,24 @@ impl Jobs {
             .ok_or(AgentError::UnknownJob { job })
     }
 
+    /// Starts a job's command on this node: admitted by the node first, so that a refused
+    /// launch leaves no entry behind, then started in the job's entry.
+    pub async fn launch(&self, spec: crate::launch::LaunchSpec) -> Result<(i32, u32), AgentError> {
+        let admitted = self.node.admit(&spec).await?;
+        let j = self.get_or_create(spec.job)?;
+        let mut job = j.lock().await;
+        self.node.launch(&mut job, spec, admitted).await
+    }
+
+    /// Job `job`'s entry, if this node knows it, with the stop of its dump (for an unknown
+    /// job, a stop nobody else holds): what a step of one job uses of the table.
+    pub(crate) fn entry(&self, job: u64) -> (Option<Arc<Mutex<NodeJob>>>, Arc<EngineStop>) {
+        match self.get(job) {
+            Ok(j) => (Some(j), self.engine_stop(job)),
+            Err(_) => (None, Arc::default()),
+        }
+    }
+
     /// Job `job`'s dump in progress, to begin, run or stop one: reached without the job's
     /// lock, which a dump holds.
     pub(crate) fn engine_stop(&self, job: u64) -> Arc<EngineStop> {

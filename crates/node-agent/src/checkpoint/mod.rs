@@ -124,11 +124,7 @@ pub struct CheckpointRun<'a> {
 impl<'a> CheckpointRun<'a> {
     /// The steps of job `job_id` of the table `jobs`.
     pub fn of(jobs: &'a Jobs, job_id: u64) -> Self {
-        let job = jobs.get(job_id).ok();
-        let stop = match job {
-            Some(_) => jobs.engine_stop(job_id),
-            None => Arc::default(),
-        };
+        let (job, stop) = jobs.entry(job_id);
         CheckpointRun {
             node: &jobs.node,
             job_id,

@@ -428,7 +428,7 @@ async fn a_cancel_during_a_hung_dump_stops_the_dump() {
         tokio::time::sleep(DEADLINE).await;
         tokio::time::timeout(
             Duration::from_secs(10),
-            node.jobs.signal(JOB, libc::SIGTERM),
+            crate::launch::PartRun::of(&node.jobs, JOB).signal(libc::SIGTERM),
         )
         .await
     });
@@ -601,10 +601,16 @@ async fn abort_thaws_a_frozen_job_and_only_a_frozen_one() {
 #[tokio::test]
 async fn a_look_at_a_frozen_or_busy_part_says_so() {
     let node = running().await;
-    let v = node.jobs.part_view(JOB).await.expect("view");
+    let v = crate::launch::PartRun::of(&node.jobs, JOB)
+        .part_view()
+        .await
+        .expect("view");
     assert!(!v.frozen && !v.busy, "{v:?}");
     frozen(&node).await;
-    let v = node.jobs.part_view(JOB).await.expect("view");
+    let v = crate::launch::PartRun::of(&node.jobs, JOB)
+        .part_view()
+        .await
+        .expect("view");
     assert!(v.frozen && !v.busy, "{v:?}");
     CheckpointRun::of(&node.jobs, JOB)
         .abort(1, "looked")
@@ -612,9 +618,12 @@ async fn a_look_at_a_frozen_or_busy_part_says_so() {
         .expect("abort");
     let j = node.jobs.get(JOB).expect("job");
     let _step = j.lock().await;
-    let v = tokio::time::timeout(Duration::from_secs(30), node.jobs.part_view(JOB))
-        .await
-        .expect("an answer though the lock is held")
-        .expect("view");
+    let v = tokio::time::timeout(
+        Duration::from_secs(30),
+        crate::launch::PartRun::of(&node.jobs, JOB).part_view(),
+    )
+    .await
+    .expect("an answer though the lock is held")
+    .expect("view");
     assert!(v.busy && !v.frozen, "{v:?}");
 }

@@ -18,11 +18,14 @@ use std::fs;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
+use tokio::sync::Mutex;
 use tracing::{info, instrument, warn};
 
+use crate::engine::stop::EngineStop;
 use crate::error::{io_err, AgentError};
 use crate::jobs::{Jobs, NodeJob, Observed};
 use crate::node::{LaunchEnv, Node};
@@ -35,7 +38,7 @@ use crate::shim::{self, ShimMode, ShimSpec, Started};
 /// launcher is milliseconds; 30 s covers a loaded node.
 pub const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long a SIGKILL sent through [`Jobs::signal`] waits for the part's processes to be gone.
+/// How long a SIGKILL sent through [`PartRun::signal`] waits for the part's processes to be gone.
 pub const KILL_WAIT: Duration = Duration::from_secs(5);
 
 /// What a launch needs.
@@ -198,7 +201,41 @@ pub(crate) fn make_session(
 /// Largest chunk of each stream one poll returns.
 const POLL_CHUNK: u64 = 1 << 20;
 
-impl Jobs {
+/// What a launch checked: who the job runs as, where Slurm put it, its engine.
+pub(crate) struct Admitted {
+    owner: Identity,
+    place: Option<crate::os::slurm::SlurmPlace>,
+    engine: Arc<dyn crate::engine::SnapshotEngine>,
+}
+
+/// One job's part on this node between checkpoints: its output, its token, its signals, a
+/// look at it; over the node, the job's entry and its dump's stop (a SIGKILL stops a dump).
+pub struct PartRun<'a> {
+    node: &'a Node,
+    job_id: u64,
+    /// None: the job is unknown here.
+    job: Option<Arc<Mutex<NodeJob>>>,
+    stop: Arc<EngineStop>,
+}
+
+impl<'a> PartRun<'a> {
+    /// The part of job `job_id` in the table `jobs`.
+    pub fn of(jobs: &'a Jobs, job_id: u64) -> Self {
+        let (job, stop) = jobs.entry(job_id);
+        PartRun {
+            node: &jobs.node,
+            job_id,
+            job,
+            stop,
+        }
+    }
+
+    fn entry(&self) -> Result<Arc<Mutex<NodeJob>>, AgentError> {
+        self.job
+            .clone()
+            .ok_or(AgentError::UnknownJob { job: self.job_id })
+    }
+
     /// Whether the freezer holds `cgroup`'s processes.
     fn frozen(&self, cgroup: &crate::os::cgroup::JobCgroup) -> bool {
         self.node
@@ -206,122 +243,23 @@ impl Jobs {
             .freezer_state(cgroup)
             .is_ok_and(|s| s == "FROZEN")
     }
+}
 
-    /// Starts a job's command on this node.
-    #[instrument(skip_all, fields(job = spec.job))]
-    pub async fn launch(&self, spec: LaunchSpec) -> Result<(i32, u32), AgentError> {
-        // Checked before anything is created: a refused launch leaves nothing behind. The
-        // request's gid and groups are not used.
-        let owner = self
-            .node
-            .policy
-            .authorize(spec.job, &self.node.name, spec.uid)?;
-        let place = self
-            .node
-            .slurm
-            .place(spec.job, &self.node.name, owner.uid)
-            .await?;
-        self.node.step_free(spec.job, owner.uid, place.as_ref())?;
-        let engine = self.node.engine_named(spec.job, &spec.engine)?;
-        if !engine.freezes() && (spec.part > 0 || spec.sandbox.is_some()) {
-            return Err(AgentError::NoEngine {
-                job: spec.job,
-                node: self.node.name.clone(),
-                problem: format!(
-                    "the {} engine runs a job on one node, in the node's namespaces: its MPI launcher may not start parts on other nodes, nor may the job have a sandbox (use the criu engine for that)",
-                    engine.name()
-                ),
-            });
-        }
-        let j = self.get_or_create(spec.job)?;
-        let mut job = j.lock().await;
-        if job.observe(self.node.host.as_ref()) == Observed::Running {
-            return Err(AgentError::StillRunning {
-                job: spec.job,
-                pids: job.cgroup.pids().unwrap_or_default(),
-            });
-        }
-        job.settle_cgroup(&self.node.cgroups, place.as_ref());
-        let mut env = spec.env;
-        self.node
-            .launch_env
-            .apply(&mut env, spec.job, &spec.token, &self.node.name);
-        env.insert(
-            ib_quiesce::control::SOCKET_ENV.into(),
-            self.node.channels.socket().display().to_string(),
-        );
-        job.record.token = spec.token;
-        job.record.part = spec.part;
-        job.record.may_move = spec.may_move;
-        job.record.owner = Some(owner.uid);
-        let sandbox = match &spec.sandbox {
-            Some(addr) => {
-                // Hydra tells its proxies to call back on its host name, which names the node,
-                // not the sandbox: have it give the job address instead.
-                env.entry("HYDRA_IFACE".into())
-                    .or_insert_with(|| crate::os::sandbox::JOB_INTERFACE.into());
-                // UCX's shared memory as named files in the sandbox's own /dev/shm, which
-                // the images carry, rather than descriptors reached through /proc/<pid>/fd.
-                env.entry("UCX_POSIX_USE_PROC_LINK".into())
-                    .or_insert_with(|| "n".into());
-                Some(self.node.make_sandbox(spec.job, addr).await?)
-            }
-            None => None,
-        };
-        job.record.sandbox = spec.sandbox.clone();
-        job.record.engine = spec.engine.clone();
-        let argv = if engine.freezes() {
-            spec.argv
-        } else {
-            let session = make_session(&job, &owner, engine.session_subdirs(), |_| Ok(()))
-                .map_err(io_err(spec.job, "create the engine session of", &job.dir))?;
-            let port = self
-                .node
-                .coordinator_port(&mut job, engine.as_ref(), owner.uid)?;
-            engine.launch_argv(spec.argv, &mut env, &session, port)
-        };
-        let mode = ShimMode::Launch {
-            argv,
-            cwd: spec.cwd,
-            env,
-            uid: owner.uid,
-            gid: owner.gid,
-            groups: owner.groups.clone(),
-            sandbox,
-        };
-        let pid = match self
-            .node
-            .start_shim(&mut job, mode, &owner, LAUNCH_TIMEOUT)
-            .await
-        {
-            Ok(pid) => pid,
-            Err(e) => {
-                if job.record.sandbox.is_some() {
-                    crate::os::sandbox::remove(&self.node.netns(spec.job)).await;
-                }
-                return Err(e);
-            }
-        };
-        match &spec.sandbox {
-            Some(a) => info!(pid, address = %a.cidr(), "job started in a sandbox"),
-            None => info!(pid, "job started"),
-        }
-        Ok((pid, job.record.incarnation))
-    }
-
+impl PartRun<'_> {
     /// New output of the job's part on this node after the given offsets, and its exit status
     /// once all output has been returned. Never waits for a phase in progress.
     pub async fn poll(
         &self,
-        job_id: u64,
         token: &str,
         stdout_offset: u64,
         stderr_offset: u64,
     ) -> Result<PollResult, AgentError> {
+        let job_id = self.job_id;
         // An unknown job is answered as a wrong token: no one learns which jobs exist here.
         let j = self
-            .get(job_id)
-            .map_err(|_| AgentError::BadToken { job: job_id })?;
+            .job
+            .clone()
+            .ok_or(AgentError::BadToken { job: job_id })?;
         let Ok(job) = j.try_lock() else {
             return Ok(PollResult {
                 stdout: Vec::new(),
@@ -363,11 +301,13 @@ impl Jobs {
     }
 
     /// Whether `token` is the job's (constant time; an empty token never is).
-    pub async fn check_token(&self, job_id: u64, token: &str) -> Result<(), AgentError> {
+    pub async fn check_token(&self, token: &str) -> Result<(), AgentError> {
+        let job_id = self.job_id;
         // An unknown job is answered as a wrong token (see `poll`).
         let j = self
-            .get(job_id)
-            .map_err(|_| AgentError::BadToken { job: job_id })?;
+            .job
+            .clone()
+            .ok_or(AgentError::BadToken { job: job_id })?;
         let job = j.lock().await;
         if ckpt_auth::token_eq(&job.record.token, token) {
             Ok(())
@@ -379,11 +319,12 @@ impl Jobs {
     /// Sends a signal to every process of the job on this node. A SIGKILL (a cancel, the rest
     /// of a job after its launcher, a fence) returns once the part's processes are gone, or
     /// after [`KILL_WAIT`]: whoever sent it counts on them being gone, not on their way out.
-    pub async fn signal(&self, job_id: u64, sig: i32) -> Result<usize, AgentError> {
-        let j = self.get(job_id)?;
+    pub async fn signal(&self, sig: i32) -> Result<usize, AgentError> {
+        let job_id = self.job_id;
+        let j = self.entry()?;
         // A job told to end (a cancel, a fence, its launcher gone) is not kept waiting by its
         // dump, which holds the job: the dump is stopped, its epoch fails and is aborted.
-        if matches!(sig, libc::SIGTERM | libc::SIGKILL) && self.engine_stop(job_id).stop(None) {
+        if matches!(sig, libc::SIGTERM | libc::SIGKILL) && self.stop.stop(None) {
             tracing::warn!(
                 job = job_id,
                 sig,
@@ -424,8 +365,9 @@ impl Jobs {
 
     /// What this node has of the job: its state, its processes (each with its MPI rank if it
     /// is one), which part of the job this node runs and how its checkpoints are taken.
-    pub async fn part_view(&self, job_id: u64) -> Result<PartView, AgentError> {
-        let j = self.get(job_id)?;
+    pub async fn part_view(&self) -> Result<PartView, AgentError> {
+        let job_id = self.job_id;
+        let j = self.entry()?;
         let Ok(job) = tokio::time::timeout(VIEW_LOCK_WAIT, j.lock()).await else {
             // A phase or a restore holds the part (a dump may take minutes): what its cgroup
             // shows now, without the record.
@@ -452,6 +394,112 @@ impl Jobs {
 }
 
 impl Node {
+    /// Starts a job's command on this node.
+    /// Admits a launch: its owner may run jobs here (the request's gid and groups are not
+    /// used), Slurm gave them this node if it must, and the engine can run it. Checked before
+    /// the job's entry is made: a refused launch leaves nothing behind.
+    pub(crate) async fn admit(&self, spec: &LaunchSpec) -> Result<Admitted, AgentError> {
+        let owner = self.policy.authorize(spec.job, &self.name, spec.uid)?;
+        let place = self.slurm.place(spec.job, &self.name, owner.uid).await?;
+        self.step_free(spec.job, owner.uid, place.as_ref())?;
+        let engine = self.engine_named(spec.job, &spec.engine)?;
+        if !engine.freezes() && (spec.part > 0 || spec.sandbox.is_some()) {
+            return Err(AgentError::NoEngine {
+                job: spec.job,
+                node: self.name.clone(),
+                problem: format!(
+                    "the {} engine runs a job on one node, in the node's namespaces: its MPI launcher may not start parts on other nodes, nor may the job have a sandbox (use the criu engine for that)",
+                    engine.name()
+                ),
+            });
+        }
+        Ok(Admitted {
+            owner,
+            place,
+            engine,
+        })
+    }
+
+    /// Starts a job's command on this node, in its (locked) entry, once [`Node::admit`]ted.
+    #[instrument(skip_all, fields(job = spec.job))]
+    pub(crate) async fn launch(
+        &self,
+        job: &mut NodeJob,
+        spec: LaunchSpec,
+        admitted: Admitted,
+    ) -> Result<(i32, u32), AgentError> {
+        let Admitted {
+            owner,
+            place,
+            engine,
+        } = admitted;
+        if job.observe(self.host.as_ref()) == Observed::Running {
+            return Err(AgentError::StillRunning {
+                job: spec.job,
+                pids: job.cgroup.pids().unwrap_or_default(),
+            });
+        }
+        job.settle_cgroup(&self.cgroups, place.as_ref());
+        let mut env = spec.env;
+        self.launch_env
+            .apply(&mut env, spec.job, &spec.token, &self.name);
+        env.insert(
+            ib_quiesce::control::SOCKET_ENV.into(),
+            self.channels.socket().display().to_string(),
+        );
+        job.record.token = spec.token;
+        job.record.part = spec.part;
+        job.record.may_move = spec.may_move;
+        job.record.owner = Some(owner.uid);
+        let sandbox = match &spec.sandbox {
+            Some(addr) => {
+                // Hydra tells its proxies to call back on its host name, which names the node,
+                // not the sandbox: have it give the job address instead.
+                env.entry("HYDRA_IFACE".into())
+                    .or_insert_with(|| crate::os::sandbox::JOB_INTERFACE.into());
+                // UCX's shared memory as named files in the sandbox's own /dev/shm, which
+                // the images carry, rather than descriptors reached through /proc/<pid>/fd.
+                env.entry("UCX_POSIX_USE_PROC_LINK".into())
+                    .or_insert_with(|| "n".into());
+                Some(self.make_sandbox(spec.job, addr).await?)
+            }
+            None => None,
+        };
+        job.record.sandbox = spec.sandbox.clone();
+        job.record.engine = spec.engine.clone();
+        let argv = if engine.freezes() {
+            spec.argv
+        } else {
+            let session = make_session(job, &owner, engine.session_subdirs(), |_| Ok(()))
+                .map_err(io_err(spec.job, "create the engine session of", &job.dir))?;
+            let port = self.coordinator_port(job, engine.as_ref(), owner.uid)?;
+            engine.launch_argv(spec.argv, &mut env, &session, port)
+        };
+        let mode = ShimMode::Launch {
+            argv,
+            cwd: spec.cwd,
+            env,
+            uid: owner.uid,
+            gid: owner.gid,
+            groups: owner.groups.clone(),
+            sandbox,
+        };
+        let pid = match self.start_shim(job, mode, &owner, LAUNCH_TIMEOUT).await {
+            Ok(pid) => pid,
+            Err(e) => {
+                if job.record.sandbox.is_some() {
+                    crate::os::sandbox::remove(&self.netns(spec.job)).await;
+                }
+                return Err(e);
+            }
+        };
+        match &spec.sandbox {
+            Some(a) => info!(pid, address = %a.cidr(), "job started in a sandbox"),
+            None => info!(pid, "job started"),
+        }
+        Ok((pid, job.record.incarnation))
+    }
+
     pub(crate) async fn start_shim(
         &self,
         job: &mut NodeJob,
@@ -632,7 +680,7 @@ impl Node {
     }
 }
 
-/// How long a look at a part ([`Jobs::part_view`]) waits for its lock before it answers with
+/// How long a look at a part ([`PartRun::part_view`]) waits for its lock before it answers with
 /// what the part's cgroup shows.
 const VIEW_LOCK_WAIT: Duration = Duration::from_secs(1);
 
@@ -652,7 +700,7 @@ fn processes_of(
         .collect()
 }
 
-/// A job's part on this node, as [`Jobs::part_view`] sees it.
+/// A job's part on this node, as [`PartRun::part_view`] sees it.
 #[derive(Debug)]
 pub struct PartView {
     /// Its state.

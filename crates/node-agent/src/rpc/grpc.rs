@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status};
 
 use crate::error::AgentError;
 use crate::jobs::Jobs;
-use crate::launch::LaunchSpec;
+use crate::launch::{LaunchSpec, PartRun};
 use crate::os::grants::Grants;
 use crate::rpc::wire;
 
@@ -324,14 +324,17 @@ impl Agent for AgentHandler {
         // the job's token).
         if !ckpt_auth::peer_of(&req).is_coordinator() {
             let r = req.get_ref();
-            if let Err(e) = self.jobs.check_token(r.job_id, &r.token).await {
+            if let Err(e) = PartRun::of(&self.jobs, r.job_id)
+                .check_token(&r.token)
+                .await
+            {
                 tracing::warn!(job = r.job_id, peer = %ckpt_auth::peer_of(&req), "refused a signal without the job's token");
                 return Err(to_status(e));
             }
         }
         let r = req.into_inner();
-        self.jobs
-            .signal(r.job_id, r.signal)
+        PartRun::of(&self.jobs, r.job_id)
+            .signal(r.signal)
             .await
             .map_err(to_status)?;
         Ok(Response::new(pb::PhaseReply::default()))
@@ -343,7 +346,10 @@ impl Agent for AgentHandler {
     ) -> Result<Response<pb::NodeJobInfo>, Status> {
         from_coordinator(&req, "Agent.Inspect")?;
         let r = req.into_inner();
-        let view = self.jobs.part_view(r.job_id).await.map_err(to_status)?;
+        let view = PartRun::of(&self.jobs, r.job_id)
+            .part_view()
+            .await
+            .map_err(to_status)?;
         let (mut state, end) = view.observed.to_wire();
         if view.frozen {
             state = pb::PartState::Frozen;
@@ -595,9 +601,8 @@ impl Agent for AgentHandler {
 
     async fn poll(&self, req: Request<pb::PollRequest>) -> Result<Response<pb::PollReply>, Status> {
         let r = req.into_inner();
-        let p = self
-            .jobs
-            .poll(r.job_id, &r.token, r.stdout_offset, r.stderr_offset)
+        let p = PartRun::of(&self.jobs, r.job_id)
+            .poll(&r.token, r.stdout_offset, r.stderr_offset)
             .await
             .map_err(to_status)?;
         let (state, end) = p.observed.to_wire();
