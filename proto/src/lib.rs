@@ -17,6 +17,14 @@ pub mod v1 {
 
 use v1::{job_end::How, CopyLocation, JobEnd, PartState, ProcessState};
 
+/// The wall clock as the protocol carries it (every `*_unix_ms` field): milliseconds since
+/// the Unix epoch, 0 if the clock is before it.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// The metadata key on a ckptd status that names what kind of refusal it is, for a client that
 /// acts on the kind (the message is for people, and may change).
 pub const REFUSAL_KEY: &str = "ckpt-refusal";

@@ -1,15 +1,9 @@
 //! Times users write for `--deadline`: `08:00`, `tomorrow 08:00`, `2026-11-25 08:00`,
 //! `+90m` (from now), `@1795600000` (Unix seconds); local time unless they end in `Z`. And
 //! times as ckptctl shows them, in local time: [`local`] in full, [`clock`] short for today.
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-/// Milliseconds since the Unix epoch now.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub use ckpt_proto::now_ms;
 
 fn tm_now() -> libc::tm {
     let t: libc::time_t = (now_ms() / 1000) as libc::time_t;

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use ckpt_proto::{Engine, FencedAgentClient};
 
-use crate::clock::now_ms;
 use crate::link::EpochLink;
+use ckpt_proto::now_ms;
 
 pub use crate::failure::{from_status, FailureKind, NodeFailure, UNREACHABLE_FIX};
 

@@ -572,7 +572,7 @@ impl RegistryHandler {
     pub fn new(coord: Arc<Coordinator>) -> Self {
         RegistryHandler {
             coord,
-            id: format!("ckptd-{}-{}", std::process::id(), crate::clock::now_ms()),
+            id: format!("ckptd-{}-{}", std::process::id(), ckpt_proto::now_ms()),
         }
     }
 }

@@ -15,7 +15,6 @@
 #![warn(missing_docs)]
 
 pub mod agents;
-pub mod clock;
 pub mod config;
 pub mod driver;
 pub mod grpc;

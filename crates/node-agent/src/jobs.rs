@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use ckpt_store::copy::CopyOptions;
 use ckpt_store::layout::Staging;
@@ -355,12 +355,7 @@ pub struct Jobs {
     stops: std::sync::Mutex<HashMap<u64, Arc<EngineStop>>>,
 }
 
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub(crate) use ckpt_proto::now_ms;
 
 /// For the ib-quiesce control socket: the job whose cgroup is `cgroup`, and its owner (from the
 /// job's record, set at launch and at restore).

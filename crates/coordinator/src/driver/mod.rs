@@ -40,7 +40,7 @@ pub use placement::{Allocation, Moves, Placement};
 pub use restart::Begun;
 pub use resume::Resume;
 
-pub use crate::clock::now_ms;
+pub use ckpt_proto::now_ms;
 
 use std::sync::Arc;
 

@@ -298,7 +298,7 @@ fn precopy_step(
                 why.insert_str(0, "a process maps a device (an InfiniBand verbs device?), which pre-dumps cannot copy: ");
             }
             c.reset(c.incarnation);
-            if why.contains("No space left on device") {
+            if e.no_room() {
                 // Staging filled up: the job's next checkpoint needs the room more; pre-copy
                 // starts over after the usual delay.
                 warn!(job, error = %why, "pre-dump failed for lack of room in staging; its pre-dumps were deleted, pre-copy starts over later");

@@ -175,6 +175,24 @@ pub enum EngineError {
     },
 }
 
+impl EngineError {
+    /// Whether it failed for lack of room where it wrote (ENOSPC): a failed run of the engine
+    /// says so only in its log's words (`strerror(ENOSPC)`, which its summary carries), so
+    /// that is read here, once, for every caller.
+    pub fn no_room(&self) -> bool {
+        let enospc = std::io::Error::from_raw_os_error(libc::ENOSPC).to_string();
+        match self {
+            EngineError::Failed { summary, .. } => {
+                // "No space left on device (os error 28)": the words before the number.
+                let words = enospc.split(" (os error").next().unwrap_or(&enospc);
+                summary.contains(words)
+            }
+            EngineError::Spawn { source, .. } => source.raw_os_error() == Some(libc::ENOSPC),
+            _ => false,
+        }
+    }
+}
+
 /// The directory of an engine's session that a restore links the images into, for an
 /// engine that restores as the job's owner.
 pub const SESSION_IMAGES: &str = "images";
@@ -319,5 +337,39 @@ impl Engines {
             .values()
             .map(|e| (e.name().to_string(), e.version().to_string()))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed(summary: &str) -> EngineError {
+        EngineError::Failed {
+            engine: "criu",
+            op: "pre-dump",
+            status: "exit status 1".into(),
+            summary: summary.into(),
+            log: PathBuf::from("/dev/null"),
+        }
+    }
+
+    /// A full disk is told apart from other failures, whether the engine's log or the
+    /// system call that started it says so.
+    #[test]
+    fn a_full_disk_is_told_apart() {
+        assert!(failed(
+            "Error (criu/bfd.c:131): bfd: Error flushing image: No space left on device"
+        )
+        .no_room());
+        assert!(
+            !failed("Error (criu/proc_parse.c:663): Can't handle non-regular mapping").no_room()
+        );
+        let spawn = |errno| EngineError::Spawn {
+            path: "criu".into(),
+            source: std::io::Error::from_raw_os_error(errno),
+        };
+        assert!(spawn(libc::ENOSPC).no_room());
+        assert!(!spawn(libc::ENOENT).no_room());
     }
 }

@@ -46,11 +46,7 @@ fn denied(message: String) -> Status {
     Status::permission_denied(message)
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+use ckpt_proto::now_ms;
 
 impl Grant {
     /// Checks the grant node `caller` showed to this node, `me`: signed by the coordinator of
