@@ -36,17 +36,9 @@ pub fn to_status(e: &DriveError) -> Status {
             FailureKind::NoRoom => Code::ResourceExhausted,
             _ => Code::Aborted,
         },
-        DriveError::RestartFailed { failure, .. } | DriveError::Node(failure) => match failure.kind
-        {
-            FailureKind::Unreachable => Code::Unavailable,
-            FailureKind::Deadline => Code::DeadlineExceeded,
-            FailureKind::Refused => Code::FailedPrecondition,
-            FailureKind::Denied => Code::PermissionDenied,
-            FailureKind::NotFound => Code::NotFound,
-            FailureKind::DataLoss => Code::DataLoss,
-            FailureKind::NoRoom => Code::ResourceExhausted,
-            FailureKind::Internal => Code::Aborted,
-        },
+        DriveError::RestartFailed { failure, .. } | DriveError::Node(failure) => {
+            failure.kind.code()
+        }
         DriveError::Registry(_) => Code::Internal,
     };
     let mut status = Status::new(code, msg);

@@ -56,8 +56,11 @@ impl FailureKind {
         }
     }
 
-    /// The status code that carries this kind (a relay passing a failure up): [`FailureKind::of`]
-    /// gives the kind back.
+    /// The status code that carries this kind, the one table from kind to code: a relay
+    /// passing a failure up, and ckptd answering its clients about a node's failure (a
+    /// restart's; an epoch's failure is the epoch aborted, see `coordinator::grpc::to_status`).
+    /// [`FailureKind::of`] gives the kind back. `Internal` (an engine failed, an I/O error) is
+    /// `Aborted`: the step was tried and failed, which `ckptctl` exits 6 for.
     pub fn code(self) -> tonic::Code {
         use tonic::Code;
         match self {
@@ -68,7 +71,7 @@ impl FailureKind {
             FailureKind::NotFound => Code::NotFound,
             FailureKind::DataLoss => Code::DataLoss,
             FailureKind::NoRoom => Code::ResourceExhausted,
-            FailureKind::Internal => Code::Internal,
+            FailureKind::Internal => Code::Aborted,
         }
     }
 }
@@ -102,6 +105,7 @@ mod tests {
             Unreachable,
             Deadline,
             Refused,
+            Denied,
             NotFound,
             DataLoss,
             NoRoom,
