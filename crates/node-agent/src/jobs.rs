@@ -38,7 +38,7 @@ use crate::error::{io_err, AgentError};
 use crate::failpoint::Failpoints;
 use crate::ibq::Channels;
 use crate::node::{LaunchEnv, Node};
-use crate::os::cgroup::{CgroupParent, JobCgroup};
+use crate::os::cgroup::{CgroupParent, Freezer, JobCgroup};
 use crate::os::host::{Host, RealHost};
 use crate::os::modes::{ensure_dir, protect_staging, write_private, PRIVATE_DIR, TRAVERSE_ONLY};
 use crate::os::owner::{fix_job_dir_modes, LaunchPolicy};
@@ -427,7 +427,7 @@ impl Jobs {
             });
             record.owner = owner.or_else(|| launched_as(&ent.path(), record.incarnation));
             fix_job_dir_modes(&ent.path(), record.owner);
-            if cgroup.exists() && cgroup.state().map(|s| s != "THAWED").unwrap_or(false) {
+            if cgroup.exists() && cgroup.state().is_ok_and(|s| s != Freezer::Thawed) {
                 warn!(
                     job = record.id,
                     "thawing a job left frozen by an interrupted checkpoint"
@@ -597,15 +597,6 @@ impl Jobs {
             .get(&job)
             .cloned()
             .ok_or(AgentError::UnknownJob { job })
-    }
-
-    /// Starts a job's command on this node: admitted by the node first, so that a refused
-    /// launch leaves no entry behind, then started in the job's entry.
-    pub async fn launch(&self, spec: crate::launch::LaunchSpec) -> Result<(i32, u32), AgentError> {
-        let admitted = self.node.admit(&spec).await?;
-        let j = self.get_or_create(spec.job)?;
-        let mut job = j.lock().await;
-        self.node.launch(&mut job, spec, admitted).await
     }
 
     /// Job `job`'s entry, if this node knows it, with the stop of its dump (for an unknown

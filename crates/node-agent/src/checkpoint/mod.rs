@@ -20,6 +20,7 @@ use crate::engine::stop::EngineStop;
 use crate::error::{io_err, AgentError};
 use crate::jobs::{now_ms, EpochWork, Jobs, NodeJob, NodePhase, Observed, PauseGuard};
 use crate::node::Node;
+use crate::os::cgroup::Freezer;
 use crate::os::host::Host;
 use crate::os::modes::{set_mode, PRIVATE_DIR};
 use crate::os::procfs;
@@ -610,7 +611,8 @@ impl CheckpointRun<'_> {
         let (mut job, r) = tokio::task::spawn_blocking(move || {
             let mut r = Ok(());
             let cg = &job.cgroup;
-            if host.cgroup_exists(cg) && host.freezer_state(cg).is_ok_and(|s| s != "THAWED") {
+            if host.cgroup_exists(cg) && host.freezer_state(cg).is_ok_and(|s| s != Freezer::Thawed)
+            {
                 r = host.thaw(cg).map_err(|source| AgentError::Cgroup {
                     job: job_id,
                     source,

@@ -275,7 +275,11 @@ fn a_drained_layer_is_released_and_frozen_in_the_second_quiesce_round() {
         assert_eq!(run.initial_sync(1).await.unwrap().channels, 1);
         assert_eq!(run.quiesce(1).await.unwrap(), (Duration::ZERO, 1));
         assert_eq!(layer.commands(), ["check", "quiesce"]);
-        assert_eq!(state(), "THAWED", "the freeze waits for the release");
+        assert_eq!(
+            state(),
+            crate::os::cgroup::Freezer::Thawed,
+            "the freeze waits for the release"
+        );
         {
             let job = j.lock().await;
             assert_eq!(job.layer_drained, [pid]);
@@ -302,13 +306,17 @@ fn a_drained_layer_is_released_and_frozen_in_the_second_quiesce_round() {
         fs::write(&failpoints, "").unwrap();
         run.initial_sync(3).await.unwrap();
         assert_eq!(run.quiesce(3).await.unwrap().1, 1);
-        assert_eq!(state(), "THAWED");
+        assert_eq!(state(), crate::os::cgroup::Freezer::Thawed);
         assert_eq!(run.quiesce(3).await.unwrap().1, 0, "second round");
         assert_eq!(
             layer.commands(),
             ["check", "quiesce", "resume", "check", "check", "quiesce", "release"]
         );
-        assert_eq!(state(), "FROZEN", "frozen after the release");
+        assert_eq!(
+            state(),
+            crate::os::cgroup::Freezer::Frozen,
+            "frozen after the release"
+        );
         assert_eq!(run.quiesce(3).await.unwrap(), (Duration::ZERO, 0));
         run.local_checkpoint(3, false).await.unwrap();
         assert_eq!(engine.dumps.load(Ordering::SeqCst), 1);
@@ -366,7 +374,10 @@ fn a_layer_with_a_feature_in_use_it_cannot_rebuild_is_refused_at_initial_sync() 
         assert_eq!(jobs.channels().up(&[pid]).await, [pid], "still connected");
         let j = jobs.get(JOB).unwrap();
         assert!(j.lock().await.work.is_none(), "no epoch begun");
-        assert_eq!(j.lock().await.cgroup.state().unwrap(), "THAWED");
+        assert_eq!(
+            j.lock().await.cgroup.state().unwrap(),
+            crate::os::cgroup::Freezer::Thawed
+        );
         drop(layer);
     });
 }

@@ -33,6 +33,7 @@ use crate::config::PrecopyConfig;
 use crate::engine::{DumpSpec, SnapshotEngine};
 use crate::jobs::{Jobs, NodeJob, Observed};
 use crate::node::Node;
+use crate::os::cgroup::Freezer;
 use crate::os::modes::{ensure_dir, PRIVATE_DIR};
 use crate::os::{procfs, sandbox};
 use chain::Link;
@@ -142,7 +143,7 @@ impl Node {
             return;
         }
         // A part held frozen after a restore waits for its release; the engine would thaw it.
-        if chain.failed.is_some() || job.cgroup.state().ok().as_deref() != Some("THAWED") {
+        if chain.failed.is_some() || job.cgroup.state().ok() != Some(Freezer::Thawed) {
             return;
         }
         let root_pid = job.record.root_pid.unwrap_or(0);

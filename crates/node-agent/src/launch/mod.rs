@@ -29,6 +29,7 @@ use crate::engine::stop::EngineStop;
 use crate::error::{io_err, AgentError};
 use crate::jobs::{Jobs, NodeJob, Observed};
 use crate::node::{LaunchEnv, Node};
+use crate::os::cgroup::Freezer;
 use crate::os::modes::{ensure_dir, write_private, PRIVATE_DIR, PRIVATE_FILE};
 use crate::os::owner::Identity;
 use crate::os::procfs;
@@ -52,12 +53,9 @@ pub struct LaunchSpec {
     pub cwd: PathBuf,
     /// Environment.
     pub env: BTreeMap<String, String>,
-    /// User.
+    /// User. The request's gid and groups are not taken: the job gets the uid's primary
+    /// group and supplementary groups from this node's own databases.
     pub uid: u32,
-    /// Group: not used, the agent takes the uid's primary group from this node's passwd.
-    pub gid: u32,
-    /// Supplementary groups: not used, the agent asks this node's group database.
-    pub groups: Vec<u32>,
     /// The job's secret.
     pub token: String,
     /// 0: the job's command; >0: a part started through `ckpt-rsh`.
@@ -201,6 +199,15 @@ pub(crate) fn make_session(
 /// Largest chunk of each stream one poll returns.
 const POLL_CHUNK: u64 = 1 << 20;
 
+/// Starts a job's command on this node: admitted by the node first, so that a refused launch
+/// leaves no entry behind, then started in the entry the table makes for it.
+pub async fn launch(jobs: &Jobs, spec: LaunchSpec) -> Result<(i32, u32), AgentError> {
+    let admitted = jobs.node.admit(&spec).await?;
+    let j = jobs.get_or_create(spec.job)?;
+    let mut job = j.lock().await;
+    jobs.node.launch(&mut job, spec, admitted).await
+}
+
 /// What a launch checked: who the job runs as, where Slurm put it, its engine.
 pub(crate) struct Admitted {
     owner: Identity,
@@ -241,7 +248,7 @@ impl<'a> PartRun<'a> {
         self.node
             .host
             .freezer_state(cgroup)
-            .is_ok_and(|s| s == "FROZEN")
+            .is_ok_and(|s| s == Freezer::Frozen)
     }
 }
 
@@ -341,7 +348,7 @@ impl PartRun<'_> {
             return Ok(sent);
         }
         // A frozen process takes its SIGKILL only once thawed.
-        if job.cgroup.state().is_ok_and(|s| s != "THAWED") {
+        if job.cgroup.state().is_ok_and(|s| s != Freezer::Thawed) {
             job.cgroup.thaw().map_err(cgroup_err)?;
         }
         let begin = std::time::Instant::now();

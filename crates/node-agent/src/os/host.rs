@@ -25,7 +25,7 @@ use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::path::Path;
 
-use crate::os::cgroup::{CgroupError, JobCgroup};
+use crate::os::cgroup::{CgroupError, Freezer, JobCgroup};
 use crate::os::procfs::{self, ProcStat};
 
 /// What the agent asks of the machine for a job's checkpoint and restore.
@@ -34,8 +34,8 @@ pub trait Host: Send + Sync + std::fmt::Debug {
     fn pids(&self, cgroup: &JobCgroup) -> Result<Vec<i32>, CgroupError>;
     /// Whether the job's cgroup exists.
     fn cgroup_exists(&self, cgroup: &JobCgroup) -> bool;
-    /// The cgroup's freezer state: "THAWED", "FREEZING" or "FROZEN".
-    fn freezer_state(&self, cgroup: &JobCgroup) -> Result<String, CgroupError>;
+    /// The cgroup's freezer state.
+    fn freezer_state(&self, cgroup: &JobCgroup) -> Result<Freezer, CgroupError>;
     /// Freezes the cgroup and waits until it is frozen.
     fn freeze(&self, cgroup: &JobCgroup) -> Result<(), CgroupError>;
     /// Freezes the cgroup for a snapshot (again past a vfork); the retries it took.
@@ -82,7 +82,7 @@ impl Host for RealHost {
         cgroup.exists()
     }
 
-    fn freezer_state(&self, cgroup: &JobCgroup) -> Result<String, CgroupError> {
+    fn freezer_state(&self, cgroup: &JobCgroup) -> Result<Freezer, CgroupError> {
         cgroup.state()
     }
 

@@ -23,6 +23,7 @@ use crate::engine::{RestoreSpec, SnapshotEngine};
 use crate::error::AgentError;
 use crate::jobs::NodeJob;
 use crate::node::Node;
+use crate::os::cgroup::Freezer;
 use crate::os::owner::{verify_restored, Identity};
 use crate::part::notes::PartNotes;
 use crate::part::tcp::{address_is_local, clear_stale_sockets};
@@ -554,7 +555,10 @@ impl<'a> RestoreRun<'a> {
                 // Released together with the other nodes (`release`). A part that cannot be
                 // held is not left running on its own: the coordinator only releases (or
                 // kills) the parts that reported restored.
-                if host.freezer_state(&job.cgroup).is_ok_and(|s| s == "THAWED") {
+                if host
+                    .freezer_state(&job.cgroup)
+                    .is_ok_and(|s| s == Freezer::Thawed)
+                {
                     if let Err(source) = host.freeze(&job.cgroup) {
                         let _ = host.kill_all(&job.cgroup);
                         node.release_tcp(job_id, sandboxed).await;

@@ -147,8 +147,6 @@ impl Agent for AgentHandler {
             cwd: r.cwd.into(),
             env: r.env.into_iter().collect::<BTreeMap<_, _>>(),
             uid: r.uid,
-            gid: r.gid,
-            groups: r.groups,
             token: r.token,
             part: r.part,
             engine: r.engine,
@@ -161,7 +159,9 @@ impl Agent for AgentHandler {
                 ),
             },
         };
-        let (pid, incarnation) = self.jobs.launch(spec).await.map_err(to_status)?;
+        let (pid, incarnation) = crate::launch::launch(&self.jobs, spec)
+            .await
+            .map_err(to_status)?;
         Ok(Response::new(pb::LaunchReply {
             pid,
             job_dir: self.jobs.job_dir(r.job_id).display().to_string(),

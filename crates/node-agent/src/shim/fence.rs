@@ -5,6 +5,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use super::write_json;
+use crate::os::cgroup::Freezer;
 
 /// Takes the part's job address off the network: sets the job interface of the network
 /// namespace `netns` down (held open since the shim began, so never a later incarnation's
@@ -105,8 +106,9 @@ pub(super) fn kill_cgroup(procs: &Path) {
     }
     // cgroup v1's freezer holds a frozen task's SIGKILL until it thaws (v2's lets it through).
     let state = dir.join("freezer.state");
-    if fs::read_to_string(&state).is_ok_and(|s| s.trim() != "THAWED") {
-        let _ = fs::write(&state, b"THAWED");
+    let thawed = Freezer::Thawed.name();
+    if fs::read_to_string(&state).is_ok_and(|s| s.trim() != thawed) {
+        let _ = fs::write(&state, thawed);
         // A process put there between the kill and the thaw was not killed: now it is.
         kill_each(procs);
     }

@@ -13,6 +13,7 @@ use std::process::{Command, Stdio};
 
 use super::reap::{decode, wait_pid};
 use super::{join_cgroup, Exit, RESTORE_NETNS_FD};
+use crate::os::cgroup::Freezer;
 
 /// Restores with `argv` (the engine's restore command), the part's network namespace at
 /// `netns` and the restore gate's FIFO `gate`; the restored root's PID. `pid_file` is where
@@ -250,7 +251,7 @@ fn kill_cgroup(procs: &Path) {
         }
         // A frozen task dies only once thawed (CRIU restores the freezer state of dump time).
         if let Some(dir) = procs.parent() {
-            let _ = fs::write(dir.join("freezer.state"), "THAWED");
+            let _ = fs::write(dir.join("freezer.state"), Freezer::Thawed.name());
             let _ = fs::write(dir.join("cgroup.freeze"), "0");
         }
         std::thread::sleep(std::time::Duration::from_millis(10));

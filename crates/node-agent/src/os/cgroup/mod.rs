@@ -24,6 +24,35 @@ const REASSERT_EVERY: Duration = Duration::from_secs(1);
 const V1_FREEZER: &str = "/sys/fs/cgroup/freezer";
 const V2_ROOTS: [&str; 2] = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"];
 
+/// A freezer's state, as cgroup v1's `freezer.state` names it (v2's `cgroup.freeze` and
+/// `cgroup.events` read as the same three).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Freezer {
+    /// Its processes run.
+    Thawed,
+    /// Asked to freeze, some processes not frozen yet.
+    Freezing,
+    /// Every process frozen.
+    Frozen,
+}
+
+impl Freezer {
+    /// The word cgroup v1 reads and writes for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Freezer::Thawed => "THAWED",
+            Freezer::Freezing => "FREEZING",
+            Freezer::Frozen => "FROZEN",
+        }
+    }
+}
+
+impl std::fmt::Display for Freezer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Errors of cgroup handling, each naming the cgroup.
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
@@ -295,15 +324,16 @@ impl JobCgroup {
         }
     }
 
-    /// Current freezer state: "THAWED", "FREEZING" or "FROZEN".
-    pub fn state(&self) -> Result<String, CgroupError> {
+    /// Current freezer state.
+    pub fn state(&self) -> Result<Freezer, CgroupError> {
         match self.flavor {
             Flavor::V1 => {
                 let f = self.state_file();
-                Ok(fs::read_to_string(&f)
-                    .map_err(self.io("read", f))?
-                    .trim()
-                    .to_string())
+                let text = fs::read_to_string(&f).map_err(self.io("read", f))?;
+                Ok([Freezer::Frozen, Freezer::Freezing]
+                    .into_iter()
+                    .find(|f| f.name() == text.trim())
+                    .unwrap_or(Freezer::Thawed))
             }
             Flavor::V2 => {
                 let ev = self.path.join("cgroup.events");
@@ -311,11 +341,10 @@ impl JobCgroup {
                 let frozen = text.lines().any(|l| l.trim() == "frozen 1");
                 let want = fs::read_to_string(self.state_file()).unwrap_or_default();
                 Ok(match (frozen, want.trim()) {
-                    (true, _) => "FROZEN",
-                    (false, "1") => "FREEZING",
-                    _ => "THAWED",
-                }
-                .into())
+                    (true, _) => Freezer::Frozen,
+                    (false, "1") => Freezer::Freezing,
+                    _ => Freezer::Thawed,
+                })
             }
         }
     }
@@ -323,8 +352,8 @@ impl JobCgroup {
     fn write_state(&self, frozen: bool) -> Result<(), CgroupError> {
         let f = self.state_file();
         let value = match (self.flavor, frozen) {
-            (Flavor::V1, true) => "FROZEN",
-            (Flavor::V1, false) => "THAWED",
+            (Flavor::V1, true) => Freezer::Frozen.name(),
+            (Flavor::V1, false) => Freezer::Thawed.name(),
             (Flavor::V2, true) => "1",
             (Flavor::V2, false) => "0",
         };
@@ -340,7 +369,7 @@ impl JobCgroup {
     /// signal every task of the cgroup again, which frees a freeze a task missed (one that
     /// joined the cgroup, or forked, at the moment of the first write) at no cost to a healthy
     /// one.
-    fn wait_for(&self, wanted: &'static str) -> Result<(), CgroupError> {
+    fn wait_for(&self, wanted: Freezer) -> Result<(), CgroupError> {
         let start = Instant::now();
         let mut asserted = start;
         let mut pause = Duration::from_micros(200);
@@ -352,14 +381,14 @@ impl JobCgroup {
             if start.elapsed() > FREEZE_TIMEOUT {
                 return Err(CgroupError::Stuck {
                     path: self.path.clone(),
-                    state: s,
-                    wanted,
+                    state: s.name().into(),
+                    wanted: wanted.name(),
                     waited: start.elapsed(),
                     tasks: self.describe_tasks(),
                 });
             }
             if asserted.elapsed() >= REASSERT_EVERY {
-                self.write_state(wanted == "FROZEN")?;
+                self.write_state(wanted == Freezer::Frozen)?;
                 asserted = Instant::now();
             }
             std::thread::sleep(pause);
@@ -396,7 +425,7 @@ impl JobCgroup {
     /// Freezes every process in the cgroup and waits until the kernel reports FROZEN.
     pub fn freeze(&self) -> Result<(), CgroupError> {
         self.write_state(true)?;
-        self.wait_for("FROZEN")
+        self.wait_for(Freezer::Frozen)
     }
 
     /// Freezes for a snapshot. cgroup v2 counts a parent blocked in `vfork()` (state D until its
@@ -482,7 +511,7 @@ impl JobCgroup {
     /// Thaws the cgroup and waits until it reports THAWED.
     pub fn thaw(&self) -> Result<(), CgroupError> {
         self.write_state(false)?;
-        self.wait_for("THAWED")
+        self.wait_for(Freezer::Thawed)
     }
 
     /// Sends `sig` to every process in the cgroup. A PID read from `cgroup.procs` may belong
@@ -540,7 +569,7 @@ impl JobCgroup {
     /// [`FREEZE_TIMEOUT`], until the cgroup is empty.
     pub fn kill_all(&self) -> Result<(), CgroupError> {
         self.signal_all(libc::SIGKILL)?;
-        if self.state().map(|s| s != "THAWED").unwrap_or(false) {
+        if self.state().is_ok_and(|s| s != Freezer::Thawed) {
             self.thaw()?;
         }
         let start = Instant::now();

@@ -26,14 +26,14 @@ fn a_real_cgroup_freezes_thaws_and_names_its_tasks() {
         .unwrap();
     fs::write(cg.procs_file(), child.id().to_string()).unwrap();
     cg.freeze().unwrap();
-    assert_eq!(cg.state().unwrap(), "FROZEN");
+    assert_eq!(cg.state().unwrap(), Freezer::Frozen);
     let tasks = cg.describe_tasks();
     assert!(
         tasks.starts_with(&format!("pid {} (sleep) state ", child.id())),
         "{tasks}"
     );
     cg.thaw().unwrap();
-    assert_eq!(cg.state().unwrap(), "THAWED");
+    assert_eq!(cg.state().unwrap(), Freezer::Thawed);
     cg.kill_all().unwrap();
     let _ = child.wait();
     assert_eq!(cg.describe_tasks(), "none");

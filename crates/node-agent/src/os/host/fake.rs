@@ -13,7 +13,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use super::Host;
-use crate::os::cgroup::{CgroupError, JobCgroup};
+use crate::os::cgroup::{CgroupError, Freezer, JobCgroup};
 use crate::os::procfs::ProcStat;
 use crate::shim::{self, ShimMode, ShimSpec, Started};
 
@@ -267,16 +267,15 @@ impl FakeHost {
     }
 
     /// A failure of the freezer on `cgroup`, as the cgroup's timeout reports it.
-    fn stuck(cgroup: &JobCgroup, wanted: &'static str) -> CgroupError {
+    fn stuck(cgroup: &JobCgroup, wanted: Freezer) -> CgroupError {
+        let state = match wanted {
+            Freezer::Thawed => Freezer::Frozen,
+            _ => Freezer::Freezing,
+        };
         CgroupError::Stuck {
             path: cgroup.path().to_path_buf(),
-            state: if wanted == "THAWED" {
-                "FROZEN"
-            } else {
-                "FREEZING"
-            }
-            .into(),
-            wanted,
+            state: state.name().into(),
+            wanted: wanted.name(),
             waited: crate::os::cgroup::FREEZE_TIMEOUT,
             tasks: "pid 1 (fake) state D in fake_wait".into(),
         }
@@ -294,9 +293,13 @@ impl Host for FakeHost {
         true
     }
 
-    fn freezer_state(&self, _cgroup: &JobCgroup) -> Result<String, CgroupError> {
+    fn freezer_state(&self, _cgroup: &JobCgroup) -> Result<Freezer, CgroupError> {
         self.note(Call::State);
-        Ok(if self.frozen() { "FROZEN" } else { "THAWED" }.into())
+        Ok(if self.frozen() {
+            Freezer::Frozen
+        } else {
+            Freezer::Thawed
+        })
     }
 
     fn freeze(&self, _cgroup: &JobCgroup) -> Result<(), CgroupError> {
@@ -311,7 +314,7 @@ impl Host for FakeHost {
         self.with(|s| s.frozen = true);
         match self.with(|s| s.freeze.clone()) {
             Step::Succeed => Ok(0),
-            Step::Stuck => Err(Self::stuck(cgroup, "FROZEN")),
+            Step::Stuck => Err(Self::stuck(cgroup, Freezer::Frozen)),
             Step::Hang(latch) => {
                 latch.wait();
                 Ok(0)
@@ -323,7 +326,7 @@ impl Host for FakeHost {
         self.note(Call::Thaw);
         match self.with(|s| s.thaw.clone()) {
             Step::Succeed => {}
-            Step::Stuck => return Err(Self::stuck(cgroup, "THAWED")),
+            Step::Stuck => return Err(Self::stuck(cgroup, Freezer::Thawed)),
             Step::Hang(latch) => latch.wait(),
         }
         self.with(|s| s.frozen = false);
