@@ -44,6 +44,23 @@ pub const FAILURE_SIGNALS: [i32; 6] = [
     libc::SIGFPE,
 ];
 
+impl v1::Phase {
+    /// The phase's name, the one table of them: the agent's and ckptd's log lines (`phase`),
+    /// their errors, failpoints, ckptd's own phases (`coordinator::model::Phase`) and what
+    /// users read.
+    pub fn name(self) -> &'static str {
+        use v1::Phase;
+        match self {
+            Phase::InitialSync => "initial-sync",
+            Phase::Quiesce => "quiesce",
+            Phase::LocalCheckpoint => "local-checkpoint",
+            Phase::Resume => "resume",
+            Phase::Finalize => "finalize",
+            Phase::Unspecified => "unspecified phase",
+        }
+    }
+}
+
 impl PartState {
     /// Name shown to users: "running", "exited", "frozen", "absent", or "unknown" (unspecified).
     pub fn name(self) -> &'static str {

@@ -37,18 +37,6 @@ pub trait EpochLink: Send + std::fmt::Debug {
     }
 }
 
-/// The user-facing name of a protocol phase (the coordinator's phases carry the same names).
-pub fn phase_name(p: pb::Phase) -> &'static str {
-    match p {
-        pb::Phase::InitialSync => "initial-sync",
-        pb::Phase::Quiesce => "quiesce",
-        pb::Phase::LocalCheckpoint => "local-checkpoint",
-        pb::Phase::Resume => "resume",
-        pb::Phase::Finalize => "finalize",
-        pb::Phase::Unspecified => "unspecified phase",
-    }
-}
-
 /// The failure an event reports, if it reports one: the node it names, the kind its code
 /// means and its message as it is.
 pub fn failure_of(ev: &pb::EpochEvent) -> Option<NodeFailure> {
@@ -103,7 +91,7 @@ pub async fn barrier(
     let answers = join_all(links.iter_mut().map(|l| async move {
         match tokio::time::timeout(deadline, l.next()).await {
             Ok(r) => r,
-            Err(_) => Err(missed(l.node(), phase_name(phase), deadline)),
+            Err(_) => Err(missed(l.node(), phase.name(), deadline)),
         }
     }))
     .await;
@@ -220,7 +208,7 @@ impl EpochLink for GrpcLink {
             kind: FailureKind::Unreachable,
             message: format!(
                 "agent unreachable during {} (the epoch stream is closed); {}",
-                phase_name(phase),
+                phase.name(),
                 UNREACHABLE_FIX
             ),
         })?;
@@ -233,7 +221,7 @@ impl EpochLink for GrpcLink {
     }
 
     async fn next(&mut self) -> Result<pb::EpochEvent, NodeFailure> {
-        let what = self.pending.front().map_or("the epoch", |p| phase_name(*p));
+        let what = self.pending.front().map_or("the epoch", |p| p.name());
         if let Inbound::Opening(call) = &mut self.inbound {
             match call.await {
                 Ok(r) => self.inbound = Inbound::Open(r.into_inner()),

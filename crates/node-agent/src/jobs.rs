@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ckpt_proto::v1::Phase;
 use ckpt_store::copy::CopyOptions;
 use ckpt_store::layout::Staging;
 use ckpt_store::manifest::{OpenFile, PreservedFile};
@@ -126,11 +127,11 @@ impl NodePhase {
     /// The protocol's name of the last phase this node finished.
     pub fn done(self) -> &'static str {
         match self {
-            NodePhase::Synced => "initial-sync",
+            NodePhase::Synced => Phase::InitialSync.name(),
             NodePhase::Drained => "quiesce (first round: verbs layers drained)",
-            NodePhase::Quiesced => "quiesce",
-            NodePhase::Checkpointed => "local-checkpoint",
-            NodePhase::Resumed => "resume",
+            NodePhase::Quiesced => Phase::Quiesce.name(),
+            NodePhase::Checkpointed => Phase::LocalCheckpoint.name(),
+            NodePhase::Resumed => Phase::Resume.name(),
         }
     }
 }

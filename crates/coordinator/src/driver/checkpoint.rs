@@ -198,7 +198,7 @@ impl EpochRun<'_> {
 
     /// Initial synchronization: every node's epoch stream opens, and every node checks it can
     /// take the checkpoint and says how much it holds.
-    #[instrument(skip_all, fields(phase = "initial-sync"))]
+    #[instrument(skip_all, fields(phase = pb::Phase::InitialSync.name()))]
     async fn sync(&mut self) -> StepResult<pb::EpochEvent> {
         self.say(
             Phase::InitialSync,
@@ -337,7 +337,7 @@ impl EpochRun<'_> {
     /// When verbs layers only drained (they hold their objects while a peer may still be
     /// sending to them), a second round follows once every node drained: they release, and
     /// every node freezes. So all nodes are frozen before any dumps, as without layers.
-    #[instrument(skip_all, fields(phase = "quiesce"))]
+    #[instrument(skip_all, fields(phase = pb::Phase::Quiesce.name()))]
     async fn quiesce(&mut self, synced: &pb::EpochEvent) -> StepResult<()> {
         self.enter(Phase::Quiesce);
         self.say(
@@ -363,7 +363,7 @@ impl EpochRun<'_> {
     }
 
     /// Local checkpoint: every node snapshots its frozen processes into its staging.
-    #[instrument(skip_all, fields(phase = "local-checkpoint"))]
+    #[instrument(skip_all, fields(phase = pb::Phase::LocalCheckpoint.name()))]
     async fn dump(&mut self) -> StepResult<()> {
         self.enter(Phase::LocalCheckpoint);
         self.say(Phase::LocalCheckpoint, "all nodes frozen; dumping".into());
@@ -375,7 +375,7 @@ impl EpochRun<'_> {
     /// Resume: every node thaws (or, for `--kill`, stops) the job; then its InfiniBand
     /// channels are rebuilt and reconnected across the nodes. Sealing needs no barrier after
     /// the thaw: without channels to rebuild, finalize follows resume on every stream at once.
-    #[instrument(skip_all, fields(phase = "resume"))]
+    #[instrument(skip_all, fields(phase = pb::Phase::Resume.name()))]
     async fn resume(&mut self) -> StepResult<()> {
         self.enter(Phase::Resume);
         let kill = self.epoch.kill;
@@ -412,7 +412,7 @@ impl EpochRun<'_> {
 
     /// Finalize: every node digests and syncs its images and seals them with a manifest.
     /// Returns each node's manifest digest.
-    #[instrument(skip_all, fields(phase = "finalize"))]
+    #[instrument(skip_all, fields(phase = pb::Phase::Finalize.name()))]
     async fn finalize(&mut self) -> StepResult<BTreeMap<String, String>> {
         self.enter(Phase::Finalize);
         self.say(
@@ -620,7 +620,7 @@ mod tests {
             Phase::Resume,
             Phase::Finalize,
         ] {
-            assert_eq!(crate::link::phase_name(wire_phase(p)), p.name());
+            assert_eq!(wire_phase(p).name(), p.name());
         }
     }
 }

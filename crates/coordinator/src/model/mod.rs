@@ -7,6 +7,7 @@
 //! its persistence are read together.
 use std::collections::BTreeMap;
 
+use ckpt_proto::v1 as pb;
 use ckpt_proto::Engine;
 use serde::{Deserialize, Serialize};
 
@@ -41,11 +42,12 @@ impl Phase {
     /// Name shown to users.
     pub fn name(self) -> &'static str {
         match self {
-            Phase::InitialSync => "initial-sync",
-            Phase::Quiesce => "quiesce",
-            Phase::LocalCheckpoint => "local-checkpoint",
-            Phase::Resume => "resume",
-            Phase::Finalize => "finalize",
+            Phase::InitialSync => pb::Phase::InitialSync.name(),
+            Phase::Quiesce => pb::Phase::Quiesce.name(),
+            Phase::LocalCheckpoint => pb::Phase::LocalCheckpoint.name(),
+            Phase::Resume => pb::Phase::Resume.name(),
+            Phase::Finalize => pb::Phase::Finalize.name(),
+            // ckptd's own, after the nodes' phases.
             Phase::Commit => "commit",
         }
     }

@@ -10,6 +10,7 @@ mod dump;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use ckpt_proto::v1::Phase;
 use ckpt_store::manifest::{self, NodeManifest};
 use std::sync::Arc;
 
@@ -145,7 +146,7 @@ impl CheckpointRun<'_> {
     /// Phase 1, initial synchronization: the job runs, no process holds verbs resources without
     /// a channel, no process with one holds on verbs devices more than its channel (or verbs
     /// layer) knows or uses a feature it cannot rebuild, the engine works, and staging has room.
-    #[instrument(skip_all, fields(phase = "initial-sync", job = self.job_id, epoch = epoch, node = self.node.name.as_str()))]
+    #[instrument(skip_all, fields(phase = Phase::InitialSync.name(), job = self.job_id, epoch = epoch, node = self.node.name.as_str()))]
     pub async fn initial_sync(&self, epoch: u32) -> Result<Synced, AgentError> {
         let job_id = self.job_id;
         // A pre-dump in progress finishes first; none starts until the epoch ends.
@@ -168,11 +169,13 @@ impl CheckpointRun<'_> {
             return Err(AgentError::WrongPhase {
                 job: job_id,
                 epoch,
-                call: "initial-sync",
+                call: Phase::InitialSync.name(),
                 state: format!("epoch {} is {:?}", w.epoch, w.phase),
             });
         }
-        self.node.failpoint(job_id, "initial-sync").await?;
+        self.node
+            .failpoint(job_id, Phase::InitialSync.name())
+            .await?;
         let (pids, channeled) = self.processes_to_dump(job_id, &job).await?;
         let estimated: u64 = pids.iter().map(|&p| self.node.host.rss_bytes(p)).sum();
         // On top of a chain of pre-dumps, the dump writes what was written since the newest.
@@ -336,7 +339,7 @@ impl CheckpointRun<'_> {
     /// round: the node does not freeze, and says how many drained; the coordinator then runs a
     /// second round on every node, which releases them and freezes (a node that froze in the
     /// first round has nothing to do). Returns the freeze's time and the processes drained.
-    #[instrument(skip_all, fields(phase = "quiesce", job = self.job_id, epoch = epoch, node = self.node.name.as_str()))]
+    #[instrument(skip_all, fields(phase = Phase::Quiesce.name(), job = self.job_id, epoch = epoch, node = self.node.name.as_str()))]
     pub async fn quiesce(&self, epoch: u32) -> Result<(Duration, u32), AgentError> {
         let job_id = self.job_id;
         let mut job = self.entry()?.lock_owned().await;
@@ -347,7 +350,7 @@ impl CheckpointRun<'_> {
             .map(|w| w.phase)
         {
             Some(NodePhase::Synced) => {
-                self.node.failpoint(job_id, "quiesce").await?;
+                self.node.failpoint(job_id, Phase::Quiesce.name()).await?;
                 self.node.quiesce_channels(&mut job).await?;
                 if !job.layer_drained.is_empty() {
                     let n = job.layer_drained.len() as u32;
@@ -362,7 +365,7 @@ impl CheckpointRun<'_> {
             Some(NodePhase::Drained) => self.node.release_layers(&mut job).await?,
             // The second round, on a node that froze in the first.
             Some(NodePhase::Quiesced) => return Ok((Duration::ZERO, 0)),
-            _ => return Err(job.wrong_phase(epoch, "quiesce")),
+            _ => return Err(job.wrong_phase(epoch, Phase::Quiesce.name())),
         }
         // An engine that suspends the job itself needs it running.
         if !self
@@ -417,7 +420,7 @@ impl CheckpointRun<'_> {
 
     /// Phase 3, local checkpoint: record open-file sizes, save what the engine does not, and
     /// have the engine dump the frozen tree into staging. Returns (elapsed, frozen so far).
-    #[instrument(skip_all, fields(phase = "local-checkpoint", job = self.job_id, epoch = epoch, node = self.node.name.as_str()))]
+    #[instrument(skip_all, fields(phase = Phase::LocalCheckpoint.name(), job = self.job_id, epoch = epoch, node = self.node.name.as_str()))]
     pub async fn local_checkpoint(
         &self,
         epoch: u32,
@@ -425,7 +428,12 @@ impl CheckpointRun<'_> {
     ) -> Result<(Duration, Duration), AgentError> {
         let job_id = self.job_id;
         let mut job = self
-            .enter_phase(job_id, epoch, NodePhase::Quiesced, "local-checkpoint")
+            .enter_phase(
+                job_id,
+                epoch,
+                NodePhase::Quiesced,
+                Phase::LocalCheckpoint.name(),
+            )
             .await?;
         let begin = Instant::now();
         let engine = self.node.engine_named(job_id, &job.record.engine)?;
@@ -464,11 +472,11 @@ impl CheckpointRun<'_> {
 
     /// Phase 4, post-checkpoint coordination: thaw the job (or kill it for `--kill`). Returns
     /// (elapsed, time frozen from the freeze to the end of the thaw).
-    #[instrument(skip_all, fields(phase = "resume", job = self.job_id, epoch = epoch, kill = kill, node = self.node.name.as_str()))]
+    #[instrument(skip_all, fields(phase = Phase::Resume.name(), job = self.job_id, epoch = epoch, kill = kill, node = self.node.name.as_str()))]
     pub async fn resume(&self, epoch: u32, kill: bool) -> Result<(Duration, Duration), AgentError> {
         let job_id = self.job_id;
         let mut job = self
-            .enter_phase(job_id, epoch, NodePhase::Checkpointed, "resume")
+            .enter_phase(job_id, epoch, NodePhase::Checkpointed, Phase::Resume.name())
             .await?;
         let begin = Instant::now();
         // The engine that suspended the job itself has let it run on already.
@@ -516,11 +524,11 @@ impl CheckpointRun<'_> {
 
     /// Seals the epoch on this node: digest and fsync every image, write the node manifest.
     /// Runs after the job has resumed, so it costs the job no frozen time.
-    #[instrument(skip_all, fields(phase = "finalize", job = self.job_id, epoch = epoch, node = self.node.name.as_str()))]
+    #[instrument(skip_all, fields(phase = Phase::Finalize.name(), job = self.job_id, epoch = epoch, node = self.node.name.as_str()))]
     pub async fn finalize(&self, epoch: u32) -> Result<Finalized, AgentError> {
         let job_id = self.job_id;
         let mut job = self
-            .enter_phase(job_id, epoch, NodePhase::Resumed, "finalize")
+            .enter_phase(job_id, epoch, NodePhase::Resumed, Phase::Finalize.name())
             .await?;
         let engine = self.node.engine_named(job_id, &job.record.engine)?;
         let engine = (engine.name().to_string(), engine.version().to_string());

@@ -106,7 +106,7 @@ impl Grant {
         if !self.phases.contains(&cmd.phase()) {
             return Err(denied(format!(
                 "node {who}'s relay grant does not cover {}",
-                epoch_link::link::phase_name(cmd.phase())
+                cmd.phase().name()
             )));
         }
         let now = now_ms();
