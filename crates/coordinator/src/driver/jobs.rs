@@ -332,7 +332,7 @@ impl Coordinator {
                 // Keep the record, so the id is never reused and `ckptctl list` says why.
                 let reason = failure.message.clone();
                 self.update_job(id, |j| {
-                    j.state = JobState::FailedToStart { reason };
+                    j.failed_to_start(reason);
                     Ok(())
                 })
                 .await?;
@@ -344,10 +344,7 @@ impl Coordinator {
             .registry
             .job(id)?
             .ok_or(DriveError::UnknownJob { job: id })?;
-        job.state = JobState::Running;
-        job.running_since_unix_ms = now_ms();
-        job.incarnation = reply.incarnation;
-        job.job_dir = reply.job_dir;
+        job.started(reply.incarnation, reply.job_dir, now_ms());
         self.registry.put_job(&job)?;
         info!(job = id, name, node, pid = reply.pid, "job started");
         Ok(job)
@@ -473,9 +470,7 @@ impl Coordinator {
         // The job was running when the cancel began; an end seen since (its exit on SIGTERM,
         // reported by a heartbeat) is the cancel's doing.
         self.update_job(id, |j| {
-            if j.state == JobState::Running || matches!(j.state, JobState::Exited { .. }) {
-                j.state = JobState::Cancelled;
-            }
+            j.killed_by_cancel();
             Ok(())
         })
         .await

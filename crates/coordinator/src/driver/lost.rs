@@ -132,10 +132,7 @@ impl Coordinator {
         let incarnation = job.incarnation;
         let updated = self
             .update_job(job.id, |j| {
-                if j.state == JobState::Running && j.incarnation == incarnation {
-                    j.state = JobState::Lost;
-                    j.lost = Some(lost.clone());
-                }
+                j.lose(incarnation, lost.clone());
                 Ok(())
             })
             .await?;

@@ -352,26 +352,13 @@ impl Coordinator {
                     }
                 }
             }
-            match job.state {
-                JobState::Checkpointing => {
-                    job.state = JobState::Running;
-                    changed = true;
-                }
-                // Interrupted by this coordinator's restart: what became of the processes is
-                // unknown until an agent reports.
-                // A restart goes back to where it began (the old incarnation had ended: its
-                // late reports are stale); its parts held on nodes are killed as they register.
-                JobState::Restarting => {
-                    interrupted.insert(job.id);
-                    job.state = job.before_restart.take().unwrap_or(JobState::Lost);
-                    changed = true;
-                }
-                JobState::Starting => {
-                    job.state = JobState::Lost;
-                    changed = true;
-                }
-                _ => {}
+            // Interrupted by this coordinator's restart: what became of the processes is
+            // unknown until an agent reports. A restart's parts held on nodes are killed as
+            // they register.
+            if job.state == JobState::Restarting {
+                interrupted.insert(job.id);
             }
+            changed |= job.interrupted();
             if changed {
                 registry.put_job(&job)?;
             }

@@ -795,6 +795,52 @@ impl Job {
         self.state = JobState::Cancelled;
         Ok(())
     }
+
+    /// The launch failed: the record stays (its id is never reused) and says why.
+    pub fn failed_to_start(&mut self, reason: String) {
+        self.state = JobState::FailedToStart { reason };
+    }
+
+    /// The launcher runs, as `incarnation`, with its job directory; since `now_ms`.
+    pub fn started(&mut self, incarnation: u32, job_dir: String, now_ms: u64) {
+        self.state = JobState::Running;
+        self.running_since_unix_ms = now_ms;
+        self.incarnation = incarnation;
+        self.job_dir = job_dir;
+    }
+
+    /// A cancel killed the job's processes: a job still running, or whose end was seen since
+    /// the cancel began (its exit on SIGTERM), is cancelled; any other end stands.
+    pub fn killed_by_cancel(&mut self) {
+        if self.state == JobState::Running || matches!(self.state, JobState::Exited { .. }) {
+            self.state = JobState::Cancelled;
+        }
+    }
+
+    /// Incarnation `incarnation`, running, is lost with a node (`lost`); false if the job is
+    /// no longer that one running.
+    pub fn lose(&mut self, incarnation: u32, lost: LostNode) -> bool {
+        if self.state != JobState::Running || self.incarnation != incarnation {
+            return false;
+        }
+        self.state = JobState::Lost;
+        self.lost = Some(lost);
+        true
+    }
+
+    /// What a checkpoint or restart in progress, or a start, interrupted by ckptd's own restart
+    /// leaves: a checkpoint's job runs on; a restart goes back to where it began (lost if
+    /// that is not known); a start's processes are unknown (lost). False if nothing was in
+    /// progress.
+    pub fn interrupted(&mut self) -> bool {
+        self.state = match self.state {
+            JobState::Checkpointing => JobState::Running,
+            JobState::Restarting => self.before_restart.take().unwrap_or(JobState::Lost),
+            JobState::Starting => JobState::Lost,
+            _ => return false,
+        };
+        true
+    }
 }
 
 /// Jobs and epochs for the unit tests of the modules that keep them.
