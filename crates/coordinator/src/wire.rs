@@ -57,7 +57,7 @@ fn frozen_detail(job: &Job, nodes: &[pb::NodeJobInfo]) -> Option<String> {
         .filter(|n| n.state() == pb::PartState::Frozen)
         .map(|n| n.node.as_str())
         .collect();
-    (job.state == JobState::Running && !frozen.is_empty()).then(|| {
+    (*job.state() == JobState::Running && !frozen.is_empty()).then(|| {
         format!(
             "frozen on {}: its processes there are held by the freezer and do not run (a checkpoint or restart step in progress, or one that did not thaw them: ckpt-agent's log on that node says which)",
             frozen.join(", ")
@@ -68,7 +68,7 @@ fn frozen_detail(job: &Job, nodes: &[pb::NodeJobInfo]) -> Option<String> {
 /// Wire form of a job.
 pub fn job_info(job: &Job, nodes: Vec<pb::NodeJobInfo>) -> pb::JobInfo {
     let frozen = frozen_detail(job, &nodes);
-    let (exit_code, exit_signal) = match &job.state {
+    let (exit_code, exit_signal) = match job.state() {
         JobState::Exited { code, signal } => (*code, *signal),
         _ => (None, None),
     };
@@ -76,7 +76,7 @@ pub fn job_info(job: &Job, nodes: Vec<pb::NodeJobInfo>) -> pb::JobInfo {
         id: job.id,
         name: job.name.clone(),
         owner_uid: job.owner_uid,
-        state: job.state.name(),
+        state: job.state().name(),
         argv: job.argv.clone(),
         cwd: job.cwd.clone(),
         created_unix_ms: job.created_unix_ms,
@@ -86,7 +86,7 @@ pub fn job_info(job: &Job, nodes: Vec<pb::NodeJobInfo>) -> pb::JobInfo {
         latest_committed_epoch: job.latest_committed,
         nodes,
         job_dir: job.job_dir.clone(),
-        detail: match (&job.state, &job.lost) {
+        detail: match (&job.state(), &job.lost) {
             (JobState::Lost, Some(l)) => format!(
                 "lost: node {} was last heard from {} and declared lost {} later; {}",
                 l.node,
@@ -113,7 +113,7 @@ pub fn job_info(job: &Job, nodes: Vec<pb::NodeJobInfo>) -> pb::JobInfo {
         lost: job
             .lost
             .as_ref()
-            .filter(|_| job.state == JobState::Lost)
+            .filter(|_| *job.state() == JobState::Lost)
             .map(|l| pb::LostInfo {
                 node: l.node.clone(),
                 since_unix_ms: l.since_unix_ms,
@@ -128,7 +128,7 @@ pub fn job_info(job: &Job, nodes: Vec<pb::NodeJobInfo>) -> pb::JobInfo {
         recoveries: job.recoveries.iter().map(recovery_info).collect(),
         recovery_note: job.recovery_note.clone(),
         recovering: recovering(job),
-        state_kind: job_state(&job.state).into(),
+        state_kind: job_state(job.state()).into(),
     }
 }
 

@@ -228,18 +228,18 @@ const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 fn may_join(job: &Job, node: &str) -> Result<(), DriveError> {
     let id = job.id;
     // The launcher may call here before the launch reply is in (`Starting`).
-    match job.state {
+    match job.state() {
         JobState::Running | JobState::Starting => {}
         JobState::Checkpointing | JobState::Restarting => {
             return Err(DriveError::Busy(format!(
                 "job {id} is {}; try again when it is done",
-                job.state.name()
+                job.state().name()
             )))
         }
         _ => {
             return Err(DriveError::Invalid(format!(
                 "job {id} is {}: no new processes can join it",
-                job.state.name()
+                job.state().name()
             )))
         }
     }

@@ -41,7 +41,7 @@ impl Coordinator {
             .ok_or(DriveError::UnknownJob { job: id })?;
         let number = match job.begin_checkpoint() {
             Ok(n) => n,
-            Err(e) if matches!(job.state, JobState::Exited { .. } | JobState::Stopped | JobState::Cancelled | JobState::Lost) => {
+            Err(e) if matches!(job.state(), JobState::Exited { .. } | JobState::Stopped | JobState::Cancelled | JobState::Lost) => {
                 return Err(DriveError::State(TransitionError {
                     action: format!("checkpoint it: it has no running processes (restart it with `ckptctl restart {id}`)"),
                     ..e

@@ -573,7 +573,7 @@ impl Coordinator {
             let Ok(Some(mut job)) = self.registry.job(id) else {
                 return;
             };
-            if job.state.is_active() || job.unpruned.is_empty() {
+            if job.state().is_active() || job.unpruned.is_empty() {
                 return;
             }
             let taken = std::mem::take(&mut job.unpruned);

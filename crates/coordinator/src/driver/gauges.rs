@@ -24,7 +24,7 @@ impl Coordinator {
         if let Ok(jobs) = self.registry.jobs() {
             m.jobs.reset();
             for j in &jobs {
-                let state = match &j.state {
+                let state = match &j.state() {
                     JobState::Exited { .. } => "exited".to_string(),
                     s => s.name().replace(' ', "_"),
                 };

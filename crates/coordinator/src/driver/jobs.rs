@@ -107,7 +107,7 @@ impl Coordinator {
             if let Ok(Some(mut job)) = self.registry.job(r.job_id) {
                 let part = job.node == node || job.parts.iter().any(|p| p == node);
                 if part
-                    && job.state == JobState::Running
+                    && *job.state() == JobState::Running
                     && job.killed.is_empty()
                     && !self.is_cancelling(job.id)
                 {
@@ -127,7 +127,7 @@ impl Coordinator {
                     continue;
                 }
                 if job.observe(r.incarnation, observed) {
-                    info!(job = job.id, state = %job.state.name(), "job ended");
+                    info!(job = job.id, state = %job.state().name(), "job ended");
                     let _ = self.registry.put_job(&job);
                     self.agents.forget_job(job.id);
                 }
@@ -155,7 +155,7 @@ impl Coordinator {
         ) || matches!(observed, JobState::Exited { code: Some(c), .. } if *c < 0);
         if job.parts.is_empty()
             || !failed
-            || job.state != JobState::Running
+            || *job.state() != JobState::Running
             || incarnation != job.incarnation
         {
             return false;
@@ -222,7 +222,7 @@ impl Coordinator {
             .registry
             .job(id)?
             .ok_or(DriveError::UnknownJob { job: id })?;
-        if job.state != JobState::Running && job.state != JobState::Lost {
+        if *job.state() != JobState::Running && *job.state() != JobState::Lost {
             return Ok(job);
         }
         let timeout = self.cfg.node_timeout;
@@ -409,10 +409,10 @@ impl Coordinator {
     pub async fn cancel(&self, caller: &Caller, id: u64) -> Result<Job, DriveError> {
         self.job_for(caller, id)?;
         let job = self.refresh(id).await?;
-        if job.state != JobState::Running {
+        if *job.state() != JobState::Running {
             // Nothing runs: only its state changes (refused by the guard, with the job's
             // state in the message, when it is not one a restart follows).
-            let was = job.state.name();
+            let was = job.state().name();
             let job = self
                 .update_job(id, |j| j.cancel().map_err(DriveError::from))
                 .await?;
@@ -619,22 +619,21 @@ fn fresh_job(
     engine: Option<Engine>,
     on_failure: crate::model::OnFailure,
 ) -> Job {
-    Job {
-        name,
-        owner_uid: caller.uid,
-        owner_gid: caller.gid,
-        argv: spec.argv.clone(),
-        cwd: spec.cwd.clone(),
-        node: node.to_string(),
-        created_unix_ms: now_ms(),
-        token: new_token(),
-        part_env: spec.part_env.clone().into_iter().collect(),
-        policy: spec.policy.clone(),
-        engine,
-        on_failure,
-        redundancy: spec.redundancy.clone(),
-        ..Job::new(id, JobState::Starting)
-    }
+    let mut job = Job::new(id, JobState::Starting);
+    job.name = name;
+    job.owner_uid = caller.uid;
+    job.owner_gid = caller.gid;
+    job.argv = spec.argv.clone();
+    job.cwd = spec.cwd.clone();
+    job.node = node.to_string();
+    job.created_unix_ms = now_ms();
+    job.token = new_token();
+    job.part_env = spec.part_env.clone().into_iter().collect();
+    job.policy = spec.policy.clone();
+    job.engine = engine;
+    job.on_failure = on_failure;
+    job.redundancy = spec.redundancy.clone();
+    job
 }
 
 #[cfg(test)]

@@ -78,7 +78,7 @@ impl Coordinator {
             .registry
             .jobs()?
             .into_iter()
-            .filter(|j| j.state == JobState::Running && (j.may_move() || self.end_held(j)))
+            .filter(|j| *j.state() == JobState::Running && (j.may_move() || self.end_held(j)))
             .collect();
         if jobs.is_empty() {
             return Ok(Vec::new());
@@ -136,7 +136,7 @@ impl Coordinator {
                 Ok(())
             })
             .await?;
-        if updated.lost.as_ref() != Some(&lost) || updated.state != JobState::Lost {
+        if updated.lost.as_ref() != Some(&lost) || *updated.state() != JobState::Lost {
             return Ok(false);
         }
         warn!(
@@ -160,7 +160,7 @@ impl Coordinator {
             };
             let nodes = job.nodes();
             // A report of a part that has moved, or of a job no longer running, is stale.
-            if job.state != JobState::Running || !nodes.iter().any(|n| n == node) {
+            if *job.state() != JobState::Running || !nodes.iter().any(|n| n == node) {
                 continue;
             }
             let alive = nodes.into_iter().filter(|n| n != node).collect();
@@ -179,7 +179,7 @@ impl Coordinator {
     /// `node_timeout`: the job is not lost (its parts there are not fenced and may run on), and
     /// its status says so.
     pub fn unreachable(&self, job: &Job) -> Vec<LostNode> {
-        if job.state != JobState::Running || job.may_move() {
+        if *job.state() != JobState::Running || job.may_move() {
             return Vec::new();
         }
         let nodes = job.nodes();
@@ -209,7 +209,7 @@ impl Coordinator {
         };
         let kept: Vec<u64> = jobs
             .iter()
-            .filter(|j| j.state == JobState::Running && !j.may_move())
+            .filter(|j| *j.state() == JobState::Running && !j.may_move())
             .filter(|j| j.nodes().iter().any(|n| n == node))
             .map(|j| j.id)
             .collect();
@@ -319,7 +319,7 @@ mod tests {
             reg.put_job(j).unwrap();
         }
         let c = Coordinator::new(reg, CoordinatorConfig::default(), None).unwrap();
-        let state = |id| c.registry.job(id).unwrap().unwrap().state;
+        let state = |id| c.registry.job(id).unwrap().unwrap().state().clone();
         assert_eq!(state(1), JobState::Stopped);
         assert_eq!(state(2), JobState::Lost);
         assert_eq!(

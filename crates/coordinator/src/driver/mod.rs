@@ -355,7 +355,7 @@ impl Coordinator {
             // Interrupted by this coordinator's restart: what became of the processes is
             // unknown until an agent reports. A restart's parts held on nodes are killed as
             // they register.
-            if job.state == JobState::Restarting {
+            if *job.state() == JobState::Restarting {
                 interrupted.insert(job.id);
             }
             changed |= job.interrupted();

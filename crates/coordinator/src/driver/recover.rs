@@ -169,10 +169,10 @@ impl Coordinator {
             return Ok(());
         }
         let incarnation = job.incarnation;
-        let state = job.state.clone();
+        let state = job.state().clone();
         self.update_job(job.id, |j| {
             // Only while the job is still in the failure read.
-            if j.incarnation == incarnation && j.state == state {
+            if j.incarnation == incarnation && *j.state() == state {
                 j.recovery_note = note.clone();
                 if final_ {
                     j.gave_up = Some(incarnation);

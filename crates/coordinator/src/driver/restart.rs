@@ -136,12 +136,12 @@ impl Coordinator {
         self.check_addresses_free(&job)?;
         let moves = self.place(&job, &e, placement)?;
         self.check_moved_parts_gone(&job, &moves, placement)?;
-        let mut previous = job.state.clone();
+        let mut previous = job.state().clone();
         let mut unpruned = Vec::new();
         let job = self
             .update_job(id, |j| {
-                previous = j.state.clone();
-                if !j.state.is_active() {
+                previous = j.state().clone();
+                if !j.state().is_active() {
                     self.check_live_jobs(j)?;
                 }
                 j.begin_restart()?;
@@ -176,7 +176,7 @@ impl Coordinator {
         moves: &Moves,
         placement: &Placement,
     ) -> Result<(), DriveError> {
-        if job.may_move() || job.state == JobState::Stopped || placement.allocation.is_some() {
+        if job.may_move() || *job.state() == JobState::Stopped || placement.allocation.is_some() {
             return Ok(());
         }
         let views = self.agents.views();

@@ -44,12 +44,12 @@ impl Coordinator {
         if latest.is_live() {
             return Err(DriveError::State(crate::model::TransitionError {
                 what: format!("job {} ({name})", latest.id),
-                from: latest.state.name(),
+                from: latest.state().name(),
                 action: "resume it: it still runs (wait for it, or `ckptctl cancel` it)".into(),
             }));
         }
         // A job that ended by itself (with an exit code) is done: run it again from the start.
-        let finished = matches!(latest.state, JobState::Exited { code: Some(_), .. });
+        let finished = matches!(latest.state(), JobState::Exited { code: Some(_), .. });
         if latest.latest_committed == 0 || finished {
             return Ok(Resume::Fresh);
         }

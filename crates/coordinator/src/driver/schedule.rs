@@ -76,7 +76,7 @@ impl Coordinator {
         let Some(every) = job.policy.every else {
             return Ok(None);
         };
-        if job.state != JobState::Running {
+        if *job.state() != JobState::Running {
             return Ok(None);
         }
         let epochs = self.registry.epoch_heads(job.id)?;
@@ -133,11 +133,11 @@ impl Coordinator {
         };
         let now = now_ms();
         for job in jobs {
-            if !job.state.is_active() && !job.unpruned.is_empty() {
+            if !job.state().is_active() && !job.unpruned.is_empty() {
                 // No next epoch will carry its deletions.
                 self.prune_unpruned(job.id).await;
             }
-            if job.state != JobState::Running {
+            if *job.state() != JobState::Running {
                 continue;
             }
             if let Some(deadline) = job.policy.deadline_unix_ms {

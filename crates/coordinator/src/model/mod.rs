@@ -465,8 +465,8 @@ pub struct Job {
     pub cwd: String,
     /// Node the job's launcher runs on.
     pub node: String,
-    /// State.
-    pub state: JobState,
+    /// State: read through [`Job::state`], changed only by the transitions below.
+    state: JobState,
     /// The agent-side incarnation that `state` describes (launches and restores bump it).
     pub incarnation: u32,
     /// Highest epoch number used.
@@ -794,6 +794,11 @@ impl Job {
         }
         self.state = JobState::Cancelled;
         Ok(())
+    }
+
+    /// The job's state.
+    pub fn state(&self) -> &JobState {
+        &self.state
     }
 
     /// The launch failed: the record stays (its id is never reused) and says why.

@@ -689,7 +689,13 @@ impl Cluster {
     }
 
     pub(crate) fn job_state(&self, job: u64) -> JobState {
-        self.coord.registry.job(job).unwrap().unwrap().state
+        self.coord
+            .registry
+            .job(job)
+            .unwrap()
+            .unwrap()
+            .state()
+            .clone()
     }
 
     pub(crate) fn epoch_state(&self, job: u64, epoch: u32) -> EpochState {

@@ -27,7 +27,7 @@ async fn a_job_whose_launcher_node_goes_down_is_lost_and_restarts_on_a_spare() {
     c.world.lock().unwrap().log.clear();
     assert_eq!(c.coord.mark_lost().await.unwrap(), [job]);
     let lost = c.coord.registry.job(job).unwrap().unwrap();
-    assert_eq!(lost.state, JobState::Lost);
+    assert_eq!(*lost.state(), JobState::Lost);
     let why = lost.lost.clone().expect("the lost node is recorded");
     assert_eq!(why.node, "n1");
     assert!(why.since_unix_ms <= why.noticed_unix_ms, "{why:?}");
@@ -42,7 +42,7 @@ async fn a_job_whose_launcher_node_goes_down_is_lost_and_restarts_on_a_spare() {
     beat(&c, &["n2", "n3", "n4", "n5"]).await;
     assert_eq!(c.restart(job, 0).await.unwrap(), 1);
     let after = c.coord.registry.job(job).unwrap().unwrap();
-    assert_eq!(after.state, JobState::Running);
+    assert_eq!(*after.state(), JobState::Running);
     assert_eq!(after.node, "n5", "the launcher's part runs on the spare");
     assert_eq!(after.lost, None);
 }
@@ -213,7 +213,7 @@ async fn a_job_with_a_restart_policy_comes_back_by_itself_once_and_not_in_a_loop
     c.coord.recover().await.unwrap();
     c.coord.recover().await.unwrap();
     let j = c.coord.registry.job(job).unwrap().unwrap();
-    assert_eq!(j.state, JobState::Lost);
+    assert_eq!(*j.state(), JobState::Lost);
     assert_eq!(j.recoveries.len(), 1, "no second restart");
     assert!(
         j.recovery_note.contains("failed again") && j.recovery_note.contains("epoch 1"),
@@ -235,7 +235,7 @@ async fn a_lost_job_waits_for_a_free_spare_without_using_a_try() {
     assert_eq!(c.coord.mark_lost().await.unwrap(), [job]);
     c.coord.recover().await.unwrap();
     let j = c.coord.registry.job(job).unwrap().unwrap();
-    assert_eq!(j.state, JobState::Lost);
+    assert_eq!(*j.state(), JobState::Lost);
     assert!(j.recoveries.is_empty());
     assert!(
         j.recovery_note
@@ -388,7 +388,7 @@ async fn a_rank_killed_on_another_node_makes_the_launchers_end_a_failure() {
         j.failure().as_deref(),
         Some("heat (pid 77) killed by signal 9 on n2"),
         "{:?}",
-        j.state
+        j.state()
     );
     c.coord.recover().await.unwrap();
     wait_state(&c, job, JobState::Running).await;
@@ -422,7 +422,7 @@ async fn cancelling_a_stopped_job_gives_back_its_job_addresses() {
         "{refused}"
     );
     let job = c.coord.cancel(&OWNER, stopped).await.unwrap();
-    assert_eq!(job.state, JobState::Cancelled);
+    assert_eq!(*job.state(), JobState::Cancelled);
     assert!(c.calls("signal").is_empty(), "{:?}", c.calls("signal"));
     let e = c.coord.registry.epoch(stopped, 2).unwrap().unwrap();
     assert!(e.is_restorable());

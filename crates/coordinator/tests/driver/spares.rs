@@ -111,7 +111,7 @@ async fn drain_checkpoints_the_jobs_of_a_node_and_migrates_them_to_a_spare() {
     // n5 is the first spare and up: it takes n2's part.
     assert_eq!(done[0].moved_to.as_deref(), Some("n5"));
     let after = c.coord.registry.job(job).unwrap().unwrap();
-    assert_eq!(after.state, JobState::Running);
+    assert_eq!(*after.state(), JobState::Running);
     assert_eq!(after.nodes(), ["n1", "n5", "n3"]);
     // Drained again without --migrate: n5's part stops, no job is left there.
     let jobs = c.coord.begin_drain(&ROOT, "n5", false).unwrap();
@@ -171,7 +171,7 @@ async fn a_restart_from_an_epoch_before_a_move_runs_on_that_epochs_nodes() {
     assert_eq!(after.nodes(), ["n1", "n2", "n3"]);
     assert_eq!(after.addresses, before.addresses);
     assert!(after.moved.is_empty(), "{:?}", after.moved);
-    assert_eq!(after.state, JobState::Running);
+    assert_eq!(*after.state(), JobState::Running);
 }
 
 /// `drain --migrate` that could not move every job is refused before anything is stopped: a
