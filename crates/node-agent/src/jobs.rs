@@ -358,6 +358,24 @@ pub struct Jobs {
 
 pub(crate) use ckpt_proto::now_ms;
 
+/// One job of the table as its steps see it (`CheckpointRun`, `PartRun`): the node, the job's
+/// id, its entry (none: the job is unknown here) and the stop of its dump.
+pub struct JobRef<'a> {
+    pub(crate) node: &'a Node,
+    pub(crate) job_id: u64,
+    pub(crate) job: Option<Arc<Mutex<NodeJob>>>,
+    pub(crate) stop: Arc<EngineStop>,
+}
+
+impl JobRef<'_> {
+    /// The job's entry, or the error that it is unknown here.
+    pub(crate) fn entry(&self) -> Result<Arc<Mutex<NodeJob>>, AgentError> {
+        self.job
+            .clone()
+            .ok_or(AgentError::UnknownJob { job: self.job_id })
+    }
+}
+
 /// For the ib-quiesce control socket: the job whose cgroup is `cgroup`, and its owner (from the
 /// job's record, set at launch and at restore).
 fn ibq_job_owner(
@@ -600,12 +618,18 @@ impl Jobs {
             .ok_or(AgentError::UnknownJob { job })
     }
 
-    /// Job `job`'s entry, if this node knows it, with the stop of its dump (for an unknown
-    /// job, a stop nobody else holds): what a step of one job uses of the table.
-    pub(crate) fn entry(&self, job: u64) -> (Option<Arc<Mutex<NodeJob>>>, Arc<EngineStop>) {
-        match self.get(job) {
+    /// What a step of job `job` uses of the table: the node, the job's entry if this node
+    /// knows it, and the stop of its dump (for an unknown job, one nobody else holds).
+    pub(crate) fn job_ref(&self, job: u64) -> JobRef<'_> {
+        let (entry, stop) = match self.get(job) {
             Ok(j) => (Some(j), self.engine_stop(job)),
             Err(_) => (None, Arc::default()),
+        };
+        JobRef {
+            node: &self.node,
+            job_id: job,
+            job: entry,
+            stop,
         }
     }
 

@@ -12,15 +12,12 @@ use std::time::{Duration, Instant};
 
 use ckpt_proto::v1::Phase;
 use ckpt_store::manifest::{self, NodeManifest};
-use std::sync::Arc;
 
-use tokio::sync::{Mutex, OwnedMutexGuard};
+use tokio::sync::OwnedMutexGuard;
 use tracing::{info, instrument, warn};
 
-use crate::engine::stop::EngineStop;
 use crate::error::{io_err, AgentError};
-use crate::jobs::{now_ms, EpochWork, Jobs, NodeJob, NodePhase, Observed, PauseGuard};
-use crate::node::Node;
+use crate::jobs::{now_ms, EpochWork, JobRef, Jobs, NodeJob, NodePhase, Observed, PauseGuard};
 use crate::os::cgroup::Freezer;
 use crate::os::host::Host;
 use crate::os::modes::{set_mode, PRIVATE_DIR};
@@ -115,30 +112,19 @@ fn refuse_privileged(
 /// The checkpoint steps of one job's part on this node: what they use of the node and the
 /// job's entry in the table, with the stop of its dump (which an abort reaches without the
 /// job's lock). Made for each step ([`CheckpointRun::of`]); each step locks the job itself.
-pub struct CheckpointRun<'a> {
-    node: &'a Node,
-    job_id: u64,
-    /// None: the job is unknown here, the error of every step.
-    job: Option<Arc<Mutex<NodeJob>>>,
-    stop: Arc<EngineStop>,
-}
+pub struct CheckpointRun<'a>(JobRef<'a>);
 
 impl<'a> CheckpointRun<'a> {
     /// The steps of job `job_id` of the table `jobs`.
     pub fn of(jobs: &'a Jobs, job_id: u64) -> Self {
-        let (job, stop) = jobs.entry(job_id);
-        CheckpointRun {
-            node: &jobs.node,
-            job_id,
-            job,
-            stop,
-        }
+        CheckpointRun(jobs.job_ref(job_id))
     }
+}
 
-    fn entry(&self) -> Result<Arc<Mutex<NodeJob>>, AgentError> {
-        self.job
-            .clone()
-            .ok_or(AgentError::UnknownJob { job: self.job_id })
+impl<'a> std::ops::Deref for CheckpointRun<'a> {
+    type Target = JobRef<'a>;
+    fn deref(&self) -> &JobRef<'a> {
+        &self.0
     }
 }
 

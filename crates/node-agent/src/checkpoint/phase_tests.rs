@@ -22,14 +22,8 @@ async fn running() -> TestNode {
 
 /// Takes the job through initial-sync and quiesce of epoch 1.
 async fn frozen(node: &TestNode) {
-    CheckpointRun::of(&node.jobs, JOB)
-        .initial_sync(1)
-        .await
-        .expect("initial-sync");
-    CheckpointRun::of(&node.jobs, JOB)
-        .quiesce(1)
-        .await
-        .expect("quiesce");
+    node.run().initial_sync(1).await.expect("initial-sync");
+    node.run().quiesce(1).await.expect("quiesce");
 }
 
 /// Whether epoch `epoch` of the job has begun on the node.
@@ -42,7 +36,7 @@ async fn epoch_begun(node: &TestNode, epoch: u32) -> bool {
 /// Runs abort in the background: it waits for the job, which a phase past its deadline still
 /// holds, and is seen not to have finished before `latch` opens.
 async fn abort_after_hang(node: &TestNode, latch: &crate::os::host::fake::Latch, epoch: u32) {
-    let run = CheckpointRun::of(&node.jobs, JOB);
+    let run = node.run();
     let abort = run.abort(epoch, "deadline");
     tokio::pin!(abort);
     assert!(
@@ -56,10 +50,7 @@ async fn abort_after_hang(node: &TestNode, latch: &crate::os::host::fake::Latch,
 #[tokio::test]
 async fn initial_sync_counts_the_processes_and_begins_the_epoch_without_freezing() {
     let node = running().await;
-    let synced = CheckpointRun::of(&node.jobs, JOB)
-        .initial_sync(1)
-        .await
-        .expect("initial-sync");
+    let synced = node.run().initial_sync(1).await.expect("initial-sync");
     assert_eq!(synced.processes, 2);
     assert_eq!(
         synced.estimated_bytes,
@@ -86,10 +77,7 @@ async fn initial_sync_counts_the_processes_and_begins_the_epoch_without_freezing
 async fn initial_sync_refuses_a_privileged_process_and_begins_nothing() {
     let node = running().await;
     node.host.script_privileged(CHILD, "set-user-ID root");
-    let e = CheckpointRun::of(&node.jobs, JOB)
-        .initial_sync(1)
-        .await
-        .unwrap_err();
+    let e = node.run().initial_sync(1).await.unwrap_err();
     match &e {
         AgentError::Privileged { job, pid, why, .. } => {
             assert_eq!((*job, *pid, why.as_str()), (JOB, CHILD, "set-user-ID root"))
@@ -98,10 +86,7 @@ async fn initial_sync_refuses_a_privileged_process_and_begins_nothing() {
     }
     assert!(!epoch_begun(&node, 1).await);
     assert_eq!(node.host.actions(), []);
-    let e = CheckpointRun::of(&node.jobs, JOB)
-        .quiesce(1)
-        .await
-        .unwrap_err();
+    let e = node.run().quiesce(1).await.unwrap_err();
     assert!(matches!(e, AgentError::WrongPhase { .. }), "{e}");
     assert!(!node.host.frozen());
 }
@@ -112,10 +97,7 @@ async fn initial_sync_refuses_a_privileged_process_and_begins_nothing() {
 async fn initial_sync_refuses_a_stopped_process_and_freezes_nothing() {
     let node = running().await;
     node.host.script_stopped(CHILD, true);
-    let e = CheckpointRun::of(&node.jobs, JOB)
-        .initial_sync(1)
-        .await
-        .unwrap_err();
+    let e = node.run().initial_sync(1).await.unwrap_err();
     match &e {
         AgentError::Stopped { job, pid, .. } => assert_eq!((*job, *pid), (JOB, CHILD)),
         other => panic!("{other}"),
@@ -136,10 +118,7 @@ async fn initial_sync_refuses_a_stopped_process_and_freezes_nothing() {
 /// any dump, and the abort thaws.
 /// The abort of an epoch whose quiesce failed after the freeze thaws the job, and does no more.
 async fn aborted_thaws(node: &TestNode) {
-    CheckpointRun::of(&node.jobs, JOB)
-        .abort(1, "quiesce failed")
-        .await
-        .expect("abort");
+    node.run().abort(1, "quiesce failed").await.expect("abort");
     assert_eq!(node.host.actions(), [Call::FreezeForSnapshot, Call::Thaw]);
     assert!(!node.host.frozen());
 }
@@ -147,15 +126,9 @@ async fn aborted_thaws(node: &TestNode) {
 #[tokio::test]
 async fn a_process_stopped_after_initial_sync_fails_quiesce_and_the_abort_thaws() {
     let node = running().await;
-    CheckpointRun::of(&node.jobs, JOB)
-        .initial_sync(1)
-        .await
-        .expect("initial-sync");
+    node.run().initial_sync(1).await.expect("initial-sync");
     node.host.script_stopped(ROOT, true);
-    let e = CheckpointRun::of(&node.jobs, JOB)
-        .quiesce(1)
-        .await
-        .unwrap_err();
+    let e = node.run().quiesce(1).await.unwrap_err();
     assert!(matches!(e, AgentError::Stopped { pid: ROOT, .. }), "{e}");
     aborted_thaws(&node).await;
 }
@@ -164,10 +137,7 @@ async fn a_process_stopped_after_initial_sync_fails_quiesce_and_the_abort_thaws(
 async fn initial_sync_refuses_a_process_outside_the_tree() {
     let node = running().await;
     node.host.script_outside(CHILD, "orted");
-    let e = CheckpointRun::of(&node.jobs, JOB)
-        .initial_sync(1)
-        .await
-        .unwrap_err();
+    let e = node.run().initial_sync(1).await.unwrap_err();
     match &e {
         AgentError::OutsideTree {
             pid, comm, root, ..
@@ -181,10 +151,7 @@ async fn initial_sync_refuses_a_process_outside_the_tree() {
 async fn initial_sync_refuses_a_job_without_processes() {
     let node = running().await;
     node.host.run(&[]);
-    let e = CheckpointRun::of(&node.jobs, JOB)
-        .initial_sync(1)
-        .await
-        .unwrap_err();
+    let e = node.run().initial_sync(1).await.unwrap_err();
     assert!(matches!(e, AgentError::NotRunning { .. }), "{e}");
     assert!(!epoch_begun(&node, 1).await);
 }
@@ -195,41 +162,25 @@ async fn initial_sync_refuses_a_job_without_processes() {
 async fn initial_sync_past_its_deadline_leaves_nothing_begun() {
     let node = running().await;
     node.failpoints("initial-sync=delay:10s\n");
-    let cut =
-        tokio::time::timeout(DEADLINE, CheckpointRun::of(&node.jobs, JOB).initial_sync(1)).await;
+    let cut = tokio::time::timeout(DEADLINE, node.run().initial_sync(1)).await;
     assert!(cut.is_err(), "still running at the deadline");
     assert!(!epoch_begun(&node, 1).await);
-    CheckpointRun::of(&node.jobs, JOB)
-        .abort(1, "deadline")
-        .await
-        .expect("abort");
+    node.run().abort(1, "deadline").await.expect("abort");
     assert_eq!(node.host.actions(), [], "no thaw of a job never frozen");
     node.failpoints("");
-    CheckpointRun::of(&node.jobs, JOB)
-        .initial_sync(1)
-        .await
-        .expect("initial-sync");
+    node.run().initial_sync(1).await.expect("initial-sync");
 }
 
 #[tokio::test]
 async fn quiesce_freezes_the_job_for_the_snapshot() {
     let node = running().await;
-    let e = CheckpointRun::of(&node.jobs, JOB)
-        .quiesce(1)
-        .await
-        .unwrap_err();
+    let e = node.run().quiesce(1).await.unwrap_err();
     assert!(
         matches!(e, AgentError::WrongPhase { .. }),
         "no quiesce before initial-sync: {e}"
     );
-    CheckpointRun::of(&node.jobs, JOB)
-        .initial_sync(1)
-        .await
-        .expect("initial-sync");
-    let (_, drained) = CheckpointRun::of(&node.jobs, JOB)
-        .quiesce(1)
-        .await
-        .expect("quiesce");
+    node.run().initial_sync(1).await.expect("initial-sync");
+    let (_, drained) = node.run().quiesce(1).await.expect("quiesce");
     assert_eq!(drained, 0);
     assert_eq!(node.host.actions(), [Call::FreezeForSnapshot]);
     assert!(node.host.frozen());
@@ -253,14 +204,8 @@ async fn quiesce_freezes_the_job_for_the_snapshot() {
 async fn a_stuck_freeze_fails_quiesce_and_the_abort_thaws() {
     let node = running().await;
     node.host.script_freeze(Step::Stuck);
-    CheckpointRun::of(&node.jobs, JOB)
-        .initial_sync(1)
-        .await
-        .expect("initial-sync");
-    let e = CheckpointRun::of(&node.jobs, JOB)
-        .quiesce(1)
-        .await
-        .unwrap_err();
+    node.run().initial_sync(1).await.expect("initial-sync");
+    let e = node.run().quiesce(1).await.unwrap_err();
     assert!(
         matches!(
             &e,
@@ -282,11 +227,8 @@ async fn a_freeze_past_the_deadline_is_thawed_by_the_abort_once_it_ends() {
     let node = running().await;
     let latch = TestNode::latch();
     node.host.script_freeze(Step::Hang(latch.clone()));
-    CheckpointRun::of(&node.jobs, JOB)
-        .initial_sync(1)
-        .await
-        .expect("initial-sync");
-    let cut = tokio::time::timeout(DEADLINE, CheckpointRun::of(&node.jobs, JOB).quiesce(1)).await;
+    node.run().initial_sync(1).await.expect("initial-sync");
+    let cut = tokio::time::timeout(DEADLINE, node.run().quiesce(1)).await;
     assert!(cut.is_err(), "still freezing at the deadline");
     abort_after_hang(&node, &latch, 1).await;
     assert_eq!(node.host.actions(), [Call::FreezeForSnapshot, Call::Thaw]);
@@ -297,23 +239,14 @@ async fn a_freeze_past_the_deadline_is_thawed_by_the_abort_once_it_ends() {
 #[tokio::test]
 async fn local_checkpoint_dumps_the_frozen_job() {
     let node = running().await;
-    CheckpointRun::of(&node.jobs, JOB)
-        .initial_sync(1)
-        .await
-        .expect("initial-sync");
-    let e = CheckpointRun::of(&node.jobs, JOB)
-        .local_checkpoint(1, false)
-        .await
-        .unwrap_err();
+    node.run().initial_sync(1).await.expect("initial-sync");
+    let e = node.run().local_checkpoint(1, false).await.unwrap_err();
     assert!(
         matches!(e, AgentError::WrongPhase { .. }),
         "no dump before the freeze: {e}"
     );
-    CheckpointRun::of(&node.jobs, JOB)
-        .quiesce(1)
-        .await
-        .expect("quiesce");
-    CheckpointRun::of(&node.jobs, JOB)
+    node.run().quiesce(1).await.expect("quiesce");
+    node.run()
         .local_checkpoint(1, false)
         .await
         .expect("local-checkpoint");
@@ -344,15 +277,9 @@ async fn a_failed_dump_fails_local_checkpoint_and_the_abort_thaws_and_deletes() 
     let node = running().await;
     node.engine.script_dump(Step::Stuck);
     frozen(&node).await;
-    let e = CheckpointRun::of(&node.jobs, JOB)
-        .local_checkpoint(1, false)
-        .await
-        .unwrap_err();
+    let e = node.run().local_checkpoint(1, false).await.unwrap_err();
     assert!(matches!(e, AgentError::Engine { job: JOB, .. }), "{e}");
-    CheckpointRun::of(&node.jobs, JOB)
-        .abort(1, "dump failed")
-        .await
-        .expect("abort");
+    node.run().abort(1, "dump failed").await.expect("abort");
     assert_eq!(
         node.host.actions(),
         [Call::FreezeForSnapshot, Call::Dump, Call::Thaw]
@@ -390,18 +317,14 @@ fn stopped<T: std::fmt::Debug>(dumped: Result<T, AgentError>) -> AgentError {
 #[tokio::test]
 async fn a_dump_past_the_deadline_is_stopped_and_thawed_by_the_abort() {
     let (node, latch) = dump_hangs().await;
-    let run = CheckpointRun::of(&node.jobs, JOB);
+    let run = node.run();
     let (dumped, aborted) = tokio::join!(run.local_checkpoint(1, false), async {
         tokio::time::sleep(DEADLINE).await;
         assert!(
             !node.jobs.engine_stop(JOB).stop(Some(2)),
             "an abort of epoch 2 does not stop epoch 1's dump"
         );
-        tokio::time::timeout(
-            Duration::from_secs(10),
-            CheckpointRun::of(&node.jobs, JOB).abort(1, "deadline"),
-        )
-        .await
+        tokio::time::timeout(Duration::from_secs(10), node.run().abort(1, "deadline")).await
     });
     aborted
         .expect("the abort does not wait for the engine to end by itself")
@@ -423,7 +346,7 @@ async fn a_dump_past_the_deadline_is_stopped_and_thawed_by_the_abort() {
 #[tokio::test]
 async fn a_cancel_during_a_hung_dump_stops_the_dump() {
     let (node, latch) = dump_hangs().await;
-    let run = CheckpointRun::of(&node.jobs, JOB);
+    let run = node.run();
     let (dumped, signalled) = tokio::join!(run.local_checkpoint(1, false), async {
         tokio::time::sleep(DEADLINE).await;
         tokio::time::timeout(
@@ -440,30 +363,18 @@ async fn a_cancel_during_a_hung_dump_stops_the_dump() {
 #[tokio::test]
 async fn resume_thaws_the_job_and_finalize_seals_the_epoch() {
     let node = running().await;
-    CheckpointRun::of(&node.jobs, JOB)
-        .initial_sync(1)
-        .await
-        .expect("initial-sync");
-    let e = CheckpointRun::of(&node.jobs, JOB)
-        .resume(1, false)
-        .await
-        .unwrap_err();
+    node.run().initial_sync(1).await.expect("initial-sync");
+    let e = node.run().resume(1, false).await.unwrap_err();
     assert!(
         matches!(e, AgentError::WrongPhase { .. }),
         "no resume before the dump: {e}"
     );
-    CheckpointRun::of(&node.jobs, JOB)
-        .quiesce(1)
-        .await
-        .expect("quiesce");
-    CheckpointRun::of(&node.jobs, JOB)
+    node.run().quiesce(1).await.expect("quiesce");
+    node.run()
         .local_checkpoint(1, false)
         .await
         .expect("local-checkpoint");
-    CheckpointRun::of(&node.jobs, JOB)
-        .resume(1, false)
-        .await
-        .expect("resume");
+    node.run().resume(1, false).await.expect("resume");
     assert_eq!(
         node.host.actions(),
         [Call::FreezeForSnapshot, Call::Dump, Call::Thaw]
@@ -477,10 +388,7 @@ async fn resume_thaws_the_job_and_finalize_seals_the_epoch() {
             .load(std::sync::atomic::Ordering::SeqCst),
         0
     );
-    let f = CheckpointRun::of(&node.jobs, JOB)
-        .finalize(1)
-        .await
-        .expect("finalize");
+    let f = node.run().finalize(1).await.expect("finalize");
     assert_eq!(f.image_files, 2);
     assert!(!f.manifest_digest.is_empty());
 }
@@ -504,15 +412,11 @@ async fn a_thaw_past_the_deadline_or_stuck_ends_with_the_job_thawed() {
     let latch = TestNode::latch();
     node.host.script_thaw(Step::Hang(latch.clone()));
     frozen(&node).await;
-    CheckpointRun::of(&node.jobs, JOB)
+    node.run()
         .local_checkpoint(1, false)
         .await
         .expect("local-checkpoint");
-    let cut = tokio::time::timeout(
-        DEADLINE,
-        CheckpointRun::of(&node.jobs, JOB).resume(1, false),
-    )
-    .await;
+    let cut = tokio::time::timeout(DEADLINE, node.run().resume(1, false)).await;
     assert!(cut.is_err(), "still thawing at the deadline");
     abort_after_hang(&node, &latch, 1).await;
     assert_eq!(
@@ -523,28 +427,16 @@ async fn a_thaw_past_the_deadline_or_stuck_ends_with_the_job_thawed() {
     assert!(!node.host.frozen());
 
     node.host.script_thaw(Step::Stuck);
-    CheckpointRun::of(&node.jobs, JOB)
-        .initial_sync(2)
-        .await
-        .expect("initial-sync");
-    CheckpointRun::of(&node.jobs, JOB)
-        .quiesce(2)
-        .await
-        .expect("quiesce");
-    CheckpointRun::of(&node.jobs, JOB)
+    node.run().initial_sync(2).await.expect("initial-sync");
+    node.run().quiesce(2).await.expect("quiesce");
+    node.run()
         .local_checkpoint(2, false)
         .await
         .expect("local-checkpoint");
-    let e = CheckpointRun::of(&node.jobs, JOB)
-        .resume(2, false)
-        .await
-        .unwrap_err();
+    let e = node.run().resume(2, false).await.unwrap_err();
     assert!(matches!(e, AgentError::Cgroup { .. }), "{e}");
     node.host.script_thaw(Step::Succeed);
-    CheckpointRun::of(&node.jobs, JOB)
-        .abort(2, "resume failed")
-        .await
-        .expect("abort");
+    node.run().abort(2, "resume failed").await.expect("abort");
     assert!(!node.host.frozen(), "the abort thawed it");
     assert_eq!(node.host.actions().last(), Some(&Call::Thaw));
 }
@@ -554,33 +446,18 @@ async fn a_thaw_past_the_deadline_or_stuck_ends_with_the_job_thawed() {
 #[tokio::test]
 async fn abort_thaws_a_frozen_job_and_only_a_frozen_one() {
     let node = running().await;
-    CheckpointRun::of(&node.jobs, JOB)
-        .initial_sync(1)
-        .await
-        .expect("initial-sync");
-    CheckpointRun::of(&node.jobs, JOB)
-        .abort(1, "another node")
-        .await
-        .expect("abort");
+    node.run().initial_sync(1).await.expect("initial-sync");
+    node.run().abort(1, "another node").await.expect("abort");
     assert_eq!(node.host.actions(), [], "nothing to thaw");
     assert!(!node.node_dir(1).exists());
 
-    CheckpointRun::of(&node.jobs, JOB)
-        .initial_sync(2)
-        .await
-        .expect("initial-sync");
-    CheckpointRun::of(&node.jobs, JOB)
-        .quiesce(2)
-        .await
-        .expect("quiesce");
-    CheckpointRun::of(&node.jobs, JOB)
+    node.run().initial_sync(2).await.expect("initial-sync");
+    node.run().quiesce(2).await.expect("quiesce");
+    node.run()
         .local_checkpoint(2, false)
         .await
         .expect("local-checkpoint");
-    CheckpointRun::of(&node.jobs, JOB)
-        .abort(2, "another node")
-        .await
-        .expect("abort");
+    node.run().abort(2, "another node").await.expect("abort");
     assert_eq!(
         node.host.actions(),
         [Call::FreezeForSnapshot, Call::Dump, Call::Thaw]
@@ -588,10 +465,7 @@ async fn abort_thaws_a_frozen_job_and_only_a_frozen_one() {
     assert!(!node.host.frozen());
     assert!(!node.node_dir(2).exists());
     assert!(!epoch_begun(&node, 2).await);
-    CheckpointRun::of(&node.jobs, JOB)
-        .abort(2, "again")
-        .await
-        .expect("a second abort");
+    node.run().abort(2, "again").await.expect("a second abort");
     assert_eq!(node.host.actions().len(), 3, "nothing more to do");
 }
 
@@ -612,10 +486,7 @@ async fn a_look_at_a_frozen_or_busy_part_says_so() {
         .await
         .expect("view");
     assert!(v.frozen && !v.busy, "{v:?}");
-    CheckpointRun::of(&node.jobs, JOB)
-        .abort(1, "looked")
-        .await
-        .expect("abort");
+    node.run().abort(1, "looked").await.expect("abort");
     let j = node.jobs.get(JOB).expect("job");
     let _step = j.lock().await;
     let v = tokio::time::timeout(

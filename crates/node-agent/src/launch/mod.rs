@@ -22,12 +22,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
-use tokio::sync::Mutex;
 use tracing::{info, instrument, warn};
 
-use crate::engine::stop::EngineStop;
 use crate::error::{io_err, AgentError};
-use crate::jobs::{Jobs, NodeJob, Observed};
+use crate::jobs::{JobRef, Jobs, NodeJob, Observed};
 use crate::node::{LaunchEnv, Node};
 use crate::os::cgroup::Freezer;
 use crate::os::modes::{ensure_dir, write_private, PRIVATE_DIR, PRIVATE_FILE};
@@ -217,30 +215,19 @@ pub(crate) struct Admitted {
 
 /// One job's part on this node between checkpoints: its output, its token, its signals, a
 /// look at it; over the node, the job's entry and its dump's stop (a SIGKILL stops a dump).
-pub struct PartRun<'a> {
-    node: &'a Node,
-    job_id: u64,
-    /// None: the job is unknown here.
-    job: Option<Arc<Mutex<NodeJob>>>,
-    stop: Arc<EngineStop>,
+pub struct PartRun<'a>(JobRef<'a>);
+
+impl<'a> std::ops::Deref for PartRun<'a> {
+    type Target = JobRef<'a>;
+    fn deref(&self) -> &JobRef<'a> {
+        &self.0
+    }
 }
 
 impl<'a> PartRun<'a> {
     /// The part of job `job_id` in the table `jobs`.
     pub fn of(jobs: &'a Jobs, job_id: u64) -> Self {
-        let (job, stop) = jobs.entry(job_id);
-        PartRun {
-            node: &jobs.node,
-            job_id,
-            job,
-            stop,
-        }
-    }
-
-    fn entry(&self) -> Result<Arc<Mutex<NodeJob>>, AgentError> {
-        self.job
-            .clone()
-            .ok_or(AgentError::UnknownJob { job: self.job_id })
+        PartRun(jobs.job_ref(job_id))
     }
 
     /// Whether the freezer holds `cgroup`'s processes.

@@ -214,10 +214,15 @@ impl TestNode {
         self.host.run(&[ROOT, CHILD]);
     }
 
+    /// The checkpoint steps of [`JOB`] here.
+    pub(crate) fn run(&self) -> crate::checkpoint::CheckpointRun<'_> {
+        crate::checkpoint::CheckpointRun::of(&self.jobs, JOB)
+    }
+
     /// A whole checkpoint of [`JOB`] as `epoch`, the job thawed (or killed, with `kill`) after
     /// it; returns the node manifest's digest (what the coordinator commits).
     pub(crate) async fn checkpoint(&self, epoch: u32, kill: bool) -> String {
-        let run = crate::checkpoint::CheckpointRun::of(&self.jobs, JOB);
+        let run = self.run();
         run.initial_sync(epoch).await.expect("initial-sync");
         run.quiesce(epoch).await.expect("quiesce");
         run.local_checkpoint(epoch, false)
