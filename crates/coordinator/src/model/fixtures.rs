@@ -1,4 +1,6 @@
 //! Jobs and epochs for the unit tests of the modules that keep them.
+use std::collections::BTreeMap;
+
 use super::*;
 
 /// Every phase, in order.
