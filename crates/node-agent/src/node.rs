@@ -4,6 +4,11 @@
 //! the ib-quiesce channels, the DMTCP fence, the lease, the exit watcher and the [`Host`] the
 //! steps reach the machine through. It is set up once at start (by [`crate::jobs::Jobs::open`]
 //! and its `with_*` calls) and holds no job's state: that is the table's.
+//!
+//! The steps that need no job's entry are its methods, each in the file of its resource:
+//! copies (`copies/`), the TCP hold and lock (`part/tcp.rs`), the channels
+//! (`checkpoint/channels.rs`), a restore's owner, files, shim and sandbox (`restore/`,
+//! `launch/`); here only failpoints, engines and the sandbox's namespace path.
 
 use std::path::PathBuf;
 use std::sync::Arc;
